@@ -1,0 +1,65 @@
+/**
+ * The one signing scheme of shoal: a JSON document `{"body": {...}, "signature": "..."}` whose
+ * signature is ed25519 over the UTF-8 bytes of `body` in RFC 8785 canonical JSON (JCS), encoded
+ * base64url without padding. Certificates, revocation lists, capability records and receipts all
+ * use it, so a third party needs only JCS and ed25519 to check any of them.
+ */
+import canonicalizeModule from 'canonicalize'
+import * as ed from '@noble/ed25519'
+import { sha512 } from '@noble/hashes/sha2.js'
+
+// @noble/ed25519 v3 needs a sha512 for its sync API.
+ed.hashes.sha512 = sha512
+
+const canonicalize = canonicalizeModule as unknown as (value: unknown) => string | undefined
+
+export interface SignedDocument<Body> {
+  body: Body
+  signature: string
+}
+
+/** RFC 8785 canonical JSON as UTF-8 bytes: exactly the bytes that are signed. */
+export function canonicalBytes (value: unknown): Uint8Array {
+  const text = canonicalize(value)
+  if (text === undefined) throw new TypeError('value has no canonical JSON form')
+  return new TextEncoder().encode(text)
+}
+
+export function toBase64url (bytes: Uint8Array): string {
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('base64url')
+}
+
+/** Strict base64url (no padding, no other alphabet); undefined when the text is not that. */
+export function fromBase64url (text: string): Uint8Array | undefined {
+  if (!/^[A-Za-z0-9_-]*$/.test(text)) return undefined
+  const bytes = new Uint8Array(Buffer.from(text, 'base64url'))
+  return toBase64url(bytes) === text ? bytes : undefined
+}
+
+/** Signs `body` with a raw 32-byte ed25519 private key (seed). */
+export function signDocument<Body> (body: Body, secretKey: Uint8Array): SignedDocument<Body> {
+  const signature = ed.sign(canonicalBytes(body), secretKey)
+  return { body, signature: toBase64url(signature) }
+}
+
+/** True when `doc.signature` is a valid ed25519 signature by `publicKey` over JCS(`doc.body`). */
+export function verifyDocument (doc: SignedDocument<unknown>, publicKey: Uint8Array): boolean {
+  if (typeof doc.signature !== 'string' || publicKey.length !== 32) return false
+  const signature = fromBase64url(doc.signature)
+  if (signature === undefined || signature.length !== 64) return false
+  let message: Uint8Array
+  try {
+    message = canonicalBytes(doc.body)
+  } catch {
+    return false
+  }
+  try {
+    return ed.verify(signature, message, publicKey)
+  } catch {
+    return false
+  }
+}
+
+export function publicKeyOf (secretKey: Uint8Array): Uint8Array {
+  return ed.getPublicKey(secretKey)
+}

@@ -1,0 +1,59 @@
+/**
+ * The daemon's error catalogue. Every error has a stable `code` (SHOAL_ERR_*) and sets `name`;
+ * code crossing a worker or wire boundary compares `code`, never `instanceof` or message text.
+ * HTTP status mapping lives in exactly one place: `httpStatusOf` below.
+ */
+export class ShoalError extends Error {
+  override name = 'ShoalError'
+  readonly code: string
+  constructor (code: string, message: string, options?: ErrorOptions) {
+    super(message, options)
+    this.code = code
+  }
+}
+
+/** The plain shape an error takes across worker_threads and the wire. */
+export interface SerializedError {
+  name: string
+  code: string
+  message: string
+}
+
+export function serializeError (err: unknown): SerializedError {
+  if (err instanceof Error) {
+    const code = typeof (err as { code?: unknown }).code === 'string' ? (err as unknown as { code: string }).code : 'SHOAL_ERR_INTERNAL'
+    return { name: err.name, code, message: err.message }
+  }
+  return { name: 'Error', code: 'SHOAL_ERR_INTERNAL', message: String(err) }
+}
+
+export function deserializeError (e: SerializedError): ShoalError {
+  const err = new ShoalError(e.code, e.message)
+  err.name = e.name
+  return err
+}
+
+export function errorCodeOf (err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code
+  return typeof code === 'string' ? code : undefined
+}
+
+/** code → [HTTP status, OpenAI error type]. Unknown codes are 500 server_error. */
+const HTTP: Record<string, [number, string]> = {
+  SHOAL_ERR_BAD_REQUEST: [400, 'invalid_request_error'],
+  SHOAL_ERR_UNSUPPORTED_PARAMETER: [400, 'invalid_request_error'],
+  SHOAL_ERR_MODEL_NOT_FOUND: [404, 'invalid_request_error'],
+  SHOAL_ERR_CONTEXT_LENGTH: [413, 'invalid_request_error'],
+  SHOAL_ERR_BODY_TOO_LARGE: [413, 'invalid_request_error'],
+  SHOAL_ERR_OVERLOADED: [429, 'rate_limit_error'],
+  SHOAL_ERR_NO_ELIGIBLE_NODE: [503, 'server_error'],
+  SHOAL_ERR_SHUTTING_DOWN: [503, 'server_error'],
+  SHOAL_ERR_DEADLINE: [504, 'server_error'],
+  SHOAL_ERR_ABORTED: [499, 'server_error'],
+  SHOAL_ERR_NOT_FOUND: [404, 'invalid_request_error'],
+}
+
+export function httpStatusOf (err: unknown): { status: number, type: string } {
+  const entry = HTTP[errorCodeOf(err) ?? '']
+  return entry === undefined ? { status: 500, type: 'server_error' } : { status: entry[0], type: entry[1] }
+}

@@ -1,0 +1,121 @@
+/**
+ * The `shoal` command table. One entry per command; each command's code is imported lazily from
+ * `scripts/commands/<name>.ts` so `shoal ca list` never loads onnxruntime or libp2p.
+ * Only this file decides exit codes: commands return normally or throw an ExitError.
+ */
+import { Command, CommanderError, Option } from 'commander'
+import { isExitError } from './exit-error.ts'
+
+function collect (value: string, previous: string[]): string[] {
+  return [...previous, value]
+}
+
+function buildProgram (): Command {
+  const program = new Command('shoal')
+    .description('A private inference mesh: one daemon per machine, any OpenAI client, any node.')
+    .showHelpAfterError(false)
+    .exitOverride()
+    .configureOutput({ outputError: () => { /* main prints the one-line reason */ } })
+
+  program.command('demo')
+    .description('Start a local mesh of N daemons on loopback with a throwaway CA and the built-in demo model')
+    .option('--nodes <n>', 'number of daemons', '3')
+    .option('--port <port>', 'API port of the first node', '8080')
+    .action(async (opts) => { await (await import('./commands/demo.ts')).demo(opts) })
+
+  program.command('serve')
+    .description('Serve one model on this machine, no mesh (HF checkpoint or shard directory)')
+    .requiredOption('--model <dir>', 'model directory')
+    .option('--api <host:port>', 'HTTP listen address', '127.0.0.1:8080')
+    .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO)', 'auto')
+    .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
+
+  program.command('node')
+    .description('Run the mesh daemon')
+    .requiredOption('--identity <dir>', 'identity directory made by `shoal ca issue`')
+    .option('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', collect, [])
+    .option('--listen <multiaddr>', 'listen address; repeatable', collect, [])
+    .option('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', collect, [])
+    .option('--api <host:port>', 'HTTP ingress address (none without it)')
+    .option('--device <device>', 'engine device', 'auto')
+    .option('--data <dir>', 'receipt log and caches')
+    .option('--revocations <file>', 'CA revocation list')
+    .option('--no-mdns', 'disable LAN discovery')
+    .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
+
+  const ca = program.command('ca').description('Operator certificate authority')
+  ca.command('init')
+    .description('Create an operator CA (ed25519); refuses to overwrite')
+    .requiredOption('--dir <dir>', 'CA directory')
+    .action(async (opts) => { await (await import('./commands/ca.ts')).caInit(opts) })
+  ca.command('issue')
+    .description('Create a node identity and its CA-signed certificate; prints the peer id')
+    .requiredOption('--dir <dir>', 'CA directory')
+    .requiredOption('--name <name>', 'node name')
+    .requiredOption('--out <dir>', 'identity directory to create')
+    .option('--days <n>', 'validity in days', '365')
+    .option('--roles <roles>', 'comma-separated: ingress,worker', 'ingress,worker')
+    .action(async (opts) => { await (await import('./commands/ca.ts')).caIssue(opts) })
+  ca.command('revoke')
+    .description("Add a node's certificate to the CA's signed revocation list")
+    .requiredOption('--dir <dir>', 'CA directory')
+    .requiredOption('--name <name>', 'node name')
+    .action(async (opts) => { await (await import('./commands/ca.ts')).caRevoke(opts) })
+  ca.command('list')
+    .description('Name, peer id, serial, roles, expiry, revoked')
+    .requiredOption('--dir <dir>', 'CA directory')
+    .action(async (opts) => { await (await import('./commands/ca.ts')).caList(opts) })
+
+  program.command('shard')
+    .description('Compile a checkpoint into per-stage shards and a manifest')
+    .requiredOption('--model <dir>', 'Hugging Face checkpoint directory')
+    .requiredOption('--out <dir>', 'shard directory to write')
+    .option('--stages <n>', 'split evenly into N stages')
+    .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
+    .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
+    .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
+
+  const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')
+  receipts.command('verify')
+    .description('Check every signature and the whole hash chain')
+    .requiredOption('--data <dir>', 'data directory')
+    .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsVerify(opts) })
+  receipts.command('show')
+    .description('Print receipts')
+    .requiredOption('--data <dir>', 'data directory')
+    .option('--last <n>', 'only the last N')
+    .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsShow(opts) })
+
+  program.command('status')
+    .description('The mesh as one node sees it')
+    .option('--api <url>', 'node API URL', 'http://127.0.0.1:8080')
+    .action(async (opts) => { await (await import('./commands/status.ts')).status(opts) })
+
+  program.command('doctor')
+    .description('Node version, engines, devices, ports, identity — with the fix for each problem')
+    .option('--identity <dir>', 'identity directory to check')
+    .action(async (opts) => { await (await import('./commands/doctor.ts')).doctor(opts) })
+
+  return program
+}
+
+/** Runs the CLI and returns the exit code (0 ok, 2 misuse or expected failure, 1 bug). */
+export async function main (argv: string[]): Promise<number> {
+  const program = buildProgram()
+  try {
+    await program.parseAsync(argv, { from: 'user' })
+    return 0
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0
+      process.stderr.write(`shoal: ${err.message.replace(/^error: /, '')}\n`)
+      return 2
+    }
+    if (isExitError(err)) {
+      if (err.message !== '') process.stderr.write(`shoal: ${err.message}\n`)
+      return err.exitCode
+    }
+    process.stderr.write(`shoal: unexpected error: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`)
+    return 1
+  }
+}

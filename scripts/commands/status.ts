@@ -1,0 +1,6 @@
+import { ExitError } from '../exit-error.ts'
+
+export async function status (_opts: Record<string, unknown>): Promise<void> {
+  throw new ExitError('status: not implemented yet')
+}
+
