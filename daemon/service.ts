@@ -1,0 +1,72 @@
+/**
+ * The contract between the HTTP ingress and whatever executes a request: a local engine, a
+ * forwarding client to a peer, or a pipeline chain. The ingress validates and shapes HTTP; the
+ * service tokenizes (the model's own tokenizer and chat template live with the model), generates
+ * and reports. Errors thrown before the `start` event become HTTP errors (see daemon/errors.ts);
+ * errors after it end the stream with an OpenAI-shaped error event.
+ */
+
+export interface ChatMessage {
+  role: string
+  content: string
+  name?: string
+}
+
+export type PromptInput =
+  | { kind: 'chat', messages: ChatMessage[] }
+  | { kind: 'text', text: string }
+  /** Token ids as given: no BOS is added. */
+  | { kind: 'tokens', ids: number[] }
+
+export interface SamplingParams {
+  /** 0 means greedy. */
+  temperature: number
+  topP: number
+  seed?: number
+}
+
+export interface GenerateRequest {
+  /** Unique per request; also the receipt id. */
+  requestId: string
+  model: string
+  prompt: PromptInput
+  /** Upper bound on generated tokens; undefined means up to the model's context limit. */
+  maxTokens?: number
+  sampling: SamplingParams
+  stop: string[]
+  /** Epoch milliseconds after which the request fails with SHOAL_ERR_DEADLINE. */
+  deadline: number
+}
+
+export type FinishReason = 'stop' | 'length'
+
+export interface Usage {
+  promptTokens: number
+  completionTokens: number
+}
+
+export type GenerateEvent =
+  /** Sent once, before any token: what the ingress needs for headers. */
+  | { type: 'start', promptTokenIds: number[], route: string[], receiptId: string }
+  /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
+  | { type: 'delta', text: string, tokenIds: number[] }
+  | { type: 'end', finishReason: FinishReason, usage: Usage }
+
+export interface ModelCard {
+  id: string
+  /** Unix seconds. */
+  created: number
+  ownedBy: string
+  /** Maximum context length in tokens. */
+  contextLength: number
+  /** Free-form notes shown in /v1/models, e.g. "random weights (demo)". */
+  description?: string
+  /** Where the model runs: peer ids or "local". */
+  servedBy?: string[]
+}
+
+export interface InferenceService {
+  models(): ModelCard[]
+  /** Throws a ShoalError (SHOAL_ERR_MODEL_NOT_FOUND, SHOAL_ERR_CONTEXT_LENGTH, …) before `start`. */
+  generate(request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent>
+}

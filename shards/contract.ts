@@ -1,0 +1,104 @@
+/**
+ * What a compiled shard directory promises to the engine: the manifest's shape and the names,
+ * dtypes and shapes of every stage graph's inputs and outputs. The shard compiler writes to this
+ * contract and the engine reads from it; neither looks at the other's code.
+ *
+ * Stage graph I/O (B = batch, S = new positions, P = past length, T = P + S, kvH = KV heads,
+ * hd = head dim, D = hidden size, V = vocab, K = logits kept):
+ *   inputs
+ *     input_ids                     int64 [B, S]          stage that holds the embedding
+ *     hidden_states                 f32   [B, S, D]       every other stage
+ *     position_ids                  int64 [B, S]
+ *     attention_mask                int64 [B, T]          1 = attend, 0 = padding
+ *     past_key_values.{l}.key       f32   [B, kvH, P, hd] for each global layer l of the stage (P may be 0)
+ *     past_key_values.{l}.value     f32   [B, kvH, P, hd]
+ *     num_logits_to_keep            int64 []              last stage only: logits for the last K positions
+ *   outputs
+ *     present.{l}.key / .value      f32   [B, kvH, T, hd]
+ *     logits                        f32   [B, K, V]       last stage
+ *     hidden_states_out             f32   [B, S, D]       every other stage
+ * Key j is visible to query i (at index P + i) iff j <= P + i and attention_mask[b, j] = 1; rotary
+ * positions come from position_ids alone, so left padding in a batch is just mask zeros.
+ */
+
+export const MANIFEST_FORMAT = 'shoal-shards/1'
+export const MANIFEST_FILE = 'manifest.json'
+export const STAGE_GRAPH_FILE = 'model.onnx'
+
+export const INPUT_IDS = 'input_ids'
+export const HIDDEN_IN = 'hidden_states'
+export const HIDDEN_OUT = 'hidden_states_out'
+export const POSITION_IDS = 'position_ids'
+export const ATTENTION_MASK = 'attention_mask'
+export const LOGITS = 'logits'
+export const NUM_LOGITS_TO_KEEP = 'num_logits_to_keep'
+export const pastKeyName = (layer: number): string => `past_key_values.${layer}.key`
+export const pastValueName = (layer: number): string => `past_key_values.${layer}.value`
+export const presentKeyName = (layer: number): string => `present.${layer}.key`
+export const presentValueName = (layer: number): string => `present.${layer}.value`
+
+export type Quantization =
+  | { kind: 'none' }
+  | { kind: 'int8' | 'int4', blockSize: 32 | 128 }
+
+/** The architecture-independent shape of a model, after normalising its HF config. */
+export interface ModelShape {
+  architecture: string
+  hiddenSize: number
+  numLayers: number
+  numHeads: number
+  numKvHeads: number
+  headDim: number
+  intermediateSize: number
+  vocabSize: number
+  /** Context limit in tokens (max_position_embeddings). */
+  maxPositions: number
+  rmsNormEps: number
+  tieWordEmbeddings: boolean
+}
+
+export interface ShardFile {
+  /** Relative to the shard directory, '/'-separated. */
+  path: string
+  sha256: string
+  bytes: number
+}
+
+export interface StageManifest {
+  index: number
+  /** Inclusive global layer range [first, last]. */
+  layers: [number, number]
+  hasEmbedding: boolean
+  hasHead: boolean
+  /** Directory of this stage, relative to the shard directory. */
+  dir: string
+  /** The stage's ONNX graph, relative to the shard directory. */
+  graph: string
+  files: ShardFile[]
+}
+
+export interface GenerationDefaults {
+  bosTokenId?: number
+  /** Generation stops at any of these. */
+  eosTokenIds: number[]
+  /** Whether a text prompt gets BOS prepended (from tokenizer_config's add_bos_token or the tokenizer's post-processor). */
+  addBosToken: boolean
+}
+
+export interface ShardManifest {
+  format: typeof MANIFEST_FORMAT
+  /** Model id served over the API (defaults to the checkpoint directory's name). */
+  modelId: string
+  /** sha256 over the checkpoint's files, so a cache can be keyed by it. */
+  sourceHash: string
+  shape: ModelShape
+  quantization: Quantization
+  /** Which op table built the graphs ('standard' is portable ONNX; 'ort-contrib' uses com.microsoft ops). */
+  opSet: string
+  generation: GenerationDefaults
+  /** Tokenizer files copied into the shard directory (relative paths). */
+  tokenizerFiles: ShardFile[]
+  stages: StageManifest[]
+  /** Free-form provenance, e.g. "random weights (demo)". */
+  description?: string
+}
