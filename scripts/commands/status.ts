@@ -1,6 +1,71 @@
+/** `shoal status`: the mesh as one node sees it, from that node's GET /v1/mesh. */
 import { ExitError } from '../exit-error.ts'
 
-export async function status (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('status: not implemented yet')
+interface MeshPeer {
+  peerId: string
+  name?: string
+  admitted?: boolean
+  reason?: string
+  state?: string
+  models?: Array<{ id: string, layers?: [number, number] | string }>
+  load?: Record<string, unknown>
+  rttMs?: number
+  certificateExpiresInDays?: number
 }
 
+interface MeshSnapshot {
+  self?: MeshPeer & Record<string, unknown>
+  peers?: MeshPeer[]
+}
+
+function formatModels (models: MeshPeer['models']): string {
+  if (models === undefined || models.length === 0) return '-'
+  return models.map(m => m.layers === undefined ? m.id : `${m.id}@${Array.isArray(m.layers) ? m.layers.join('-') : m.layers}`).join(' ')
+}
+
+function formatLoad (load: MeshPeer['load']): string {
+  if (load === undefined) return '-'
+  const q = load.queueDepth ?? load.queue_depth
+  const f = load.inFlight ?? load.in_flight
+  const t = load.decodeTokensPerSecond ?? load.tokensPerSecond
+  return `q=${String(q ?? '?')} inflight=${String(f ?? '?')} tok/s=${typeof t === 'number' ? t.toFixed(1) : '?'}`
+}
+
+export function renderStatus (snapshot: MeshSnapshot): string {
+  const rows: string[][] = [['', 'NAME', 'PEER ID', 'ADMISSION', 'MODELS', 'LOAD', 'RTT']]
+  const row = (p: MeshPeer, self: boolean): string[] => [
+    self ? '*' : '',
+    p.name ?? '-',
+    p.peerId,
+    p.admitted === false ? `refused (${p.reason ?? '?'})` : (p.state ?? 'admitted'),
+    formatModels(p.models),
+    formatLoad(p.load),
+    p.rttMs === undefined ? '-' : `${p.rttMs.toFixed(1)}ms`,
+  ]
+  if (snapshot.self !== undefined) rows.push(row(snapshot.self, true))
+  for (const p of snapshot.peers ?? []) rows.push(row(p, false))
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map(r => r[i]!.length)))
+  const lines = rows.map(r => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd())
+  const warnings = [snapshot.self, ...(snapshot.peers ?? [])]
+    .filter((p): p is MeshPeer => p !== undefined && typeof p.certificateExpiresInDays === 'number' && p.certificateExpiresInDays < 14)
+    .map(p => `warning: certificate of ${p.name ?? p.peerId} expires in ${p.certificateExpiresInDays!.toFixed(1)} days`)
+  return [...lines, ...warnings].join('\n')
+}
+
+export async function status (opts: { api: string }): Promise<void> {
+  let base: URL
+  try {
+    base = new URL(/^https?:\/\//.test(opts.api) ? opts.api : `http://${opts.api}`)
+  } catch {
+    throw new ExitError(`--api: not a URL: ${opts.api}`)
+  }
+  let res: Response
+  try {
+    res = await fetch(new URL('/v1/mesh', base), { signal: AbortSignal.timeout(5000) })
+  } catch (err) {
+    throw new ExitError(`cannot reach ${base.origin}: ${(err as Error).message}`, 1)
+  }
+  if (res.status === 404) throw new ExitError(`${base.origin} runs no mesh (shoal serve has none); try a shoal node's API`, 1)
+  if (!res.ok) throw new ExitError(`${base.origin}/v1/mesh answered ${res.status}`, 1)
+  process.stdout.write(renderStatus(await res.json() as MeshSnapshot) + '\n')
+}
