@@ -1,0 +1,8 @@
+/**
+ * The HTTP ingress: shoal's OpenAI-compatible API (chat completions, completions, models) plus
+ * receipts, mesh status, health and Prometheus metrics. It validates and shapes HTTP only; an
+ * `InferenceService` (daemon/service.ts) does the tokenizing and generating.
+ */
+export { createIngress } from './server.ts'
+export type { Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
+export { RequestError } from './errors.ts'

@@ -1,0 +1,134 @@
+/**
+ * Builds the fastify app: routes, the error reply, admission (concurrency bound, 503 while
+ * stopping), request metrics, and the start/stop lifecycle with a bounded drain.
+ */
+import { randomUUID } from 'node:crypto'
+import type { AddressInfo } from 'node:net'
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
+import type { Logger } from 'pino'
+import { Registry } from 'prom-client'
+import { ShoalError } from '../errors.ts'
+import { fromFastifyError, sendError } from './errors.ts'
+import type { GenerationContext } from './generation.ts'
+import { createIngressMetrics } from './metrics.ts'
+import { registerChatRoute } from './routes/chat.ts'
+import { registerCompletionsRoute } from './routes/completions.ts'
+import { registerInfoRoutes } from './routes/info.ts'
+import type { Ingress, IngressComponents, IngressInit } from './types.ts'
+
+const DEFAULTS = {
+  host: '127.0.0.1',
+  port: 0,
+  bodyLimitBytes: 8 * 1024 * 1024,
+  maxConcurrentRequests: 64,
+  requestTimeoutMs: 10 * 60_000,
+  drainTimeoutMs: 30_000,
+}
+
+/** After a drain times out and running requests are aborted, how long they get to unwind. */
+const ABORT_GRACE_MS = 5_000
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** Counts toward maxConcurrentRequests. */
+    completion?: boolean
+  }
+}
+
+function loggerOptions (logger: Logger | false | undefined): FastifyServerOptions {
+  if (logger === undefined) return { logger: { level: 'info' } }
+  if (logger === false) return { logger: false }
+  return { loggerInstance: logger as FastifyBaseLogger }
+}
+
+export function createIngress (init: IngressInit, components: IngressComponents): Ingress {
+  const cfg = { ...DEFAULTS, ...Object.fromEntries(Object.entries(init).filter(([, v]) => v !== undefined)) }
+  const registry = components.metrics ?? new Registry()
+  const metrics = createIngressMetrics(registry)
+
+  const app: FastifyInstance = Fastify({
+    ...loggerOptions(init.logger),
+    bodyLimit: cfg.bodyLimitBytes,
+    // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
+    // senders hold sockets forever.
+    requestTimeout: 120_000,
+    genReqId: () => randomUUID(),
+    requestIdHeader: false,
+    // Our onRequest hook answers 503 in OpenAI's shape while stopping.
+    return503OnClosing: false,
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+  })
+
+  let stopping = false
+  let active = 0
+  let onIdle: (() => void) | undefined
+  const ctx: GenerationContext = {
+    service: components.service,
+    metrics,
+    requestTimeoutMs: cfg.requestTimeoutMs,
+    running: new Set(),
+  }
+
+  const routeOf = (request: FastifyRequest): string => request.routeOptions.url ?? 'unmatched'
+
+  app.addHook('onRequest', async (request, reply) => {
+    const route = routeOf(request)
+    metrics.inFlight.inc({ route })
+    // 'close' fires for every response, also hijacked (SSE) ones and aborted ones.
+    reply.raw.once('close', () => {
+      metrics.inFlight.dec({ route })
+      metrics.requests.inc({ method: request.method, route, status: String(reply.raw.statusCode) })
+    })
+    if (stopping) {
+      reply.header('connection', 'close')
+      throw new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'Server is shutting down')
+    }
+    if (request.routeOptions.config.completion !== true) return
+    if (active >= cfg.maxConcurrentRequests) {
+      throw new ShoalError('SHOAL_ERR_OVERLOADED', `Too many requests in flight (${cfg.maxConcurrentRequests}); retry later`)
+    }
+    active++
+    reply.raw.once('close', () => {
+      active--
+      if (active === 0) onIdle?.()
+    })
+  })
+
+  app.setErrorHandler((err, _request, reply) => sendError(reply, fromFastifyError(err)))
+  app.setNotFoundHandler((request, reply) => sendError(reply,
+    new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
+
+  registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
+  registerChatRoute(app, ctx)
+  registerCompletionsRoute(app, ctx)
+
+  const waitIdle = async (ms: number): Promise<boolean> => {
+    if (active === 0) return true
+    return await new Promise<boolean>(resolve => {
+      const timer = setTimeout(() => { onIdle = undefined; resolve(false) }, ms)
+      onIdle = () => { clearTimeout(timer); onIdle = undefined; resolve(true) }
+    })
+  }
+
+  let stopped: Promise<void> | undefined
+  return {
+    app,
+    async start () {
+      await app.listen({ host: cfg.host, port: cfg.port })
+      const { address, port } = app.server.address() as AddressInfo
+      const host = address.includes(':') ? `[${address}]` : address
+      return { url: `http://${host}:${port}` }
+    },
+    async stop () {
+      stopped ??= (async () => {
+        stopping = true
+        if (!await waitIdle(cfg.drainTimeoutMs)) {
+          for (const ac of ctx.running) ac.abort(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'Server is shutting down'))
+          await waitIdle(ABORT_GRACE_MS)
+        }
+        await app.close()
+      })()
+      await stopped
+    },
+  }
+}

@@ -1,0 +1,44 @@
+/**
+ * Server-sent events on a raw Node response, as OpenAI streams them: `data: {json}\n\n` per event
+ * and `data: [DONE]\n\n` at the end. Writes respect backpressure; a closed client ends writing.
+ */
+import type { ServerResponse } from 'node:http'
+import { once } from 'node:events'
+
+export interface SseWriter {
+  /** Writes one event; resolves once the socket can take more. False when the client is gone. */
+  send (data: unknown, signal: AbortSignal): Promise<boolean>
+  /** Writes `data: [DONE]` and ends the response. */
+  done (): void
+  readonly closed: boolean
+}
+
+export function openSse (res: ServerResponse, headers: Record<string, string>): SseWriter {
+  res.writeHead(200, {
+    ...headers,
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    connection: 'keep-alive',
+    // Proxies such as nginx buffer responses unless told not to.
+    'x-accel-buffering': 'no',
+  })
+  res.flushHeaders()
+  const closed = (): boolean => res.destroyed || res.writableEnded
+  return {
+    get closed () { return closed() },
+    async send (data, signal) {
+      if (closed()) return false
+      if (!res.write(`data: ${JSON.stringify(data)}\n\n`)) {
+        try {
+          await once(res, 'drain', { signal })
+        } catch {
+          return false
+        }
+      }
+      return !closed()
+    },
+    done () {
+      if (!closed()) res.end('data: [DONE]\n\n')
+    },
+  }
+}

@@ -1,0 +1,49 @@
+/** The ingress's init, components and public object. */
+import type { FastifyInstance } from 'fastify'
+import type { Logger } from 'pino'
+import type { Registry } from 'prom-client'
+import type { InferenceService } from '../service.ts'
+
+/** Signed receipts by id, for GET /v1/receipts/{id}. */
+export interface ReceiptLookup {
+  /** The signed receipt document, or undefined when there is none with that id. */
+  get (id: string): Promise<unknown | undefined>
+}
+
+/** The mesh as this node sees it, for GET /v1/mesh. */
+export interface MeshView {
+  snapshot (): unknown
+}
+
+export interface IngressInit {
+  /** Default 127.0.0.1. */
+  host?: string
+  /** Default 0 (any free port). */
+  port?: number
+  /** Default 8 MiB. */
+  bodyLimitBytes?: number
+  /** Completions running at once before 429. Default 64. */
+  maxConcurrentRequests?: number
+  /** Deadline of one completion. Default 10 minutes. */
+  requestTimeoutMs?: number
+  /** How long stop() lets running completions finish before aborting them. Default 30 s. */
+  drainTimeoutMs?: number
+  /** A pino logger, or false for none. Default: fastify's pino logger at info level. */
+  logger?: Logger | false
+}
+
+export interface IngressComponents {
+  service: InferenceService
+  receipts?: ReceiptLookup
+  mesh?: MeshView
+  /** Where the ingress registers its metrics and what /metrics serves. Default: a new Registry. */
+  metrics?: Registry
+}
+
+export interface Ingress {
+  start (): Promise<{ url: string }>
+  /** 503 for new requests, lets running ones finish (bounded), then closes the server. */
+  stop (): Promise<void>
+  /** The fastify instance, for inject() in tests. */
+  readonly app: FastifyInstance
+}
