@@ -48,6 +48,8 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_OVERLOADED: [429, 'rate_limit_error'],
   SHOAL_ERR_NO_ELIGIBLE_NODE: [503, 'server_error'],
   SHOAL_ERR_SHUTTING_DOWN: [503, 'server_error'],
+  SHOAL_ERR_LEDGER_BUSY: [503, 'server_error'],
+  SHOAL_ERR_LEDGER_CLOSED: [503, 'server_error'],
   SHOAL_ERR_DEADLINE: [504, 'server_error'],
   SHOAL_ERR_ABORTED: [499, 'server_error'],
   SHOAL_ERR_NOT_FOUND: [404, 'invalid_request_error'],

@@ -40,6 +40,8 @@ export async function receiptsVerify (opts: { data: string }, print: Print = std
     throw new ExitError(`receipts: ${name}: ${bad.reason}: ${bad.detail} (${report.entries} entries before it verified)`, 1)
   }
   print(`ok: ${report.entries} entries, every signature and hash link verified; head ${report.headHash}`)
+  // Who signed matters: compare these with the node identities you expect (and their CA).
+  for (const s of report.signers) print(`signer ${s.peerId} (key from ${s.certificate ? 'stored certificate' : 'peer id'})`)
   return report
 }
 

@@ -1,0 +1,25 @@
+/**
+ * Receipts: every completion leaves a signed, hash-chained record a third party can check
+ * (what was asked and answered — as hashes —, which model, which nodes, when). The ledger is the
+ * node's append-only log of them in level under DATA/receipts; executors sign their share of a
+ * request as a receipt part that the ingress embeds. Byte-level format: ./README.md.
+ */
+export { createLedger } from './ledger.ts'
+export type { Ledger, LedgerInit, LedgerComponents, LedgerSigner } from './ledger.ts'
+export {
+  RECEIPT_FORMAT, RECEIPT_PART_FORMAT, GENESIS_HASH,
+  buildReceiptInput, requestContent, responseContent, requestHash, responseHash,
+  createReceiptPart, verifyReceiptPart, entryHash, hashJson, sha256Hex, checkEntry,
+} from './receipt.ts'
+export type {
+  ReceiptBody, ReceiptInput, SignedReceipt, ReceiptPartBody, ReceiptPartInput, SignedReceiptPart,
+  RouteHop, LayerRange, RequestLike, CompletionOutput, ReceiptContext,
+} from './receipt.ts'
+export { verifyLog, VERIFY_REASONS } from './verify.ts'
+export type { VerifyOptions, VerifyReport, VerifyReason } from './verify.ts'
+export { openDb, hasLog, receiptsLocation, getReceipt, tailText, allText } from './store.ts'
+export type { LedgerDb } from './store.ts'
+export { publicKeyFromPeerId, certificateKey } from './keys.ts'
+export {
+  LedgerClosedError, LedgerBusyError, InvalidReceiptError, SignerMismatchError, LedgerAbortedError, LedgerCorruptError,
+} from './errors.ts'

@@ -1,0 +1,117 @@
+/**
+ * Walks a receipt log from entry 0 and reports the first entry that breaks it: a gap, a body that
+ * is not a receipt, a wrong position, a broken hash link, an unknown signer, a bad signature, a bad
+ * embedded part, a missing id mapping, or a head pointer that disagrees with the last entry. Reads
+ * one snapshot, so it is safe while the ledger appends.
+ */
+import { verifyDocument } from '../../certs/signed.ts'
+import { resolveKey } from './keys.ts'
+import { checkEntry, entryHash, GENESIS_HASH, verifyReceiptPart } from './receipt.ts'
+import type { ReceiptBody, SignedReceipt } from './receipt.ts'
+import { ENTRY_RANGE, KEY, parseEntry, parseEntryKey, parseHead, readCertificates } from './store.ts'
+import type { LedgerDb } from './store.ts'
+
+export const VERIFY_REASONS = [
+  /** No entry at this index although later ones exist (or the head points past the end). */
+  'missing-entry',
+  /** Not JSON, or not a well-formed receipt entry. */
+  'malformed',
+  /** body.index differs from the entry's position (moved or reordered). */
+  'index-mismatch',
+  /** body.prevHash is not the hash of the entry before. */
+  'chain-broken',
+  /** No public key for body.signer: the log stores certificates but not this signer's, or it stores none and the peer id embeds no key. */
+  'unknown-signer',
+  /** The stored certificate does not belong to body.signer. */
+  'certificate-mismatch',
+  /** The entry's signature does not verify with the signer's key. */
+  'bad-signature',
+  /** An embedded receipt part has an unknown signer or a bad signature. */
+  'bad-part',
+  /** The id → index mapping for this entry is missing or points elsewhere. */
+  'id-mapping',
+  /** The head pointer is missing or differs from the last entry (e.g. the tail was cut). */
+  'head-mismatch',
+] as const
+
+export type VerifyReason = typeof VERIFY_REASONS[number]
+
+export interface VerifyOptions {
+  /** Overrides the stored certificate / peer id as the source of a signer's key. */
+  publicKeyFor?: (peerId: string) => Uint8Array | undefined
+  signal?: AbortSignal
+}
+
+export interface VerifyReport {
+  ok: boolean
+  /** Entries checked and found good before the first bad one (all of them when ok). */
+  entries: number
+  /** Hash of the last good entry (GENESIS_HASH for an empty log). */
+  headHash: string
+  /** Peer ids that signed the good entries, in order of first appearance, and whether the log holds their certificate. */
+  signers: Array<{ peerId: string, certificate: boolean }>
+  firstBad?: { index: number, id?: string, reason: VerifyReason, detail: string }
+}
+
+export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Promise<VerifyReport> {
+  const snapshot = db.snapshot()
+  try {
+    const certs = await readCertificates(db, snapshot)
+    const head = await db.get(KEY.head, { snapshot })
+    let expected = 0
+    let prevHash = GENESIS_HASH
+    let lastId: string | undefined
+    const signers: VerifyReport['signers'] = []
+    const bad = (index: number, reason: VerifyReason, detail: string, id?: string): VerifyReport =>
+      ({ ok: false, entries: expected, headHash: prevHash, signers, firstBad: id === undefined ? { index, reason, detail } : { index, id, reason, detail } })
+    // A log that stores certificates vouches for its signers through them; then a bare peer id is no key.
+    const requireCertificate = certs.size > 0
+
+    for await (const [key, text] of db.iterator({ ...ENTRY_RANGE, snapshot })) {
+      options.signal?.throwIfAborted()
+      const index = parseEntryKey(key)
+      if (index === undefined) return bad(expected, 'malformed', `unexpected key ${JSON.stringify(key)} among entries`)
+      if (index !== expected) return bad(expected, 'missing-entry', `entry ${expected} is absent; the next stored entry is ${index}`)
+      const entry = parseEntry(text)
+      const problem = entry === undefined ? 'not JSON' : checkEntry(entry)
+      const id = typeof (entry?.body as { id?: unknown } | undefined)?.id === 'string' ? entry?.body.id : undefined
+      if (entry === undefined || problem !== undefined) return bad(index, 'malformed', problem ?? 'not JSON', id)
+      const body: ReceiptBody = entry.body
+      if (body.index !== index) return bad(index, 'index-mismatch', `body.index is ${body.index}`, id)
+      if (body.prevHash !== prevHash) return bad(index, 'chain-broken', `prevHash ${body.prevHash} is not the previous entry's hash ${prevHash}`, id)
+      const signer = resolveKey(body.signer, certs.get(body.signer), options.publicKeyFor, requireCertificate)
+      if (!signer.ok) return bad(index, signer.reason, signer.detail, id)
+      if (!verifyDocument(entry, signer.publicKey)) return bad(index, 'bad-signature', `signature does not verify with ${body.signer}'s key`, id)
+      const partProblem = checkParts(body, certs, options)
+      if (partProblem !== undefined) return bad(index, 'bad-part', partProblem, id)
+      const mapped = await db.get(KEY.id(body.id), { snapshot })
+      if (mapped !== String(index)) return bad(index, 'id-mapping', mapped === undefined ? 'no id → index mapping' : `id maps to index ${mapped}`, id)
+      prevHash = entryHash(entry as SignedReceipt)
+      lastId = body.id
+      if (!signers.some((s) => s.peerId === body.signer)) signers.push({ peerId: body.signer, certificate: certs.has(body.signer) })
+      expected++
+    }
+
+    const h = parseHead(head)
+    if (expected === 0) {
+      if (head !== undefined) return bad(h?.index ?? 0, h === undefined || h.index === 0 ? 'head-mismatch' : 'missing-entry', 'the log has no entries but a head pointer')
+      return { ok: true, entries: 0, headHash: GENESIS_HASH, signers }
+    }
+    if (h === undefined) return bad(expected - 1, 'head-mismatch', head === undefined ? 'head pointer missing' : 'head pointer unreadable', lastId)
+    if (h.index >= expected) return bad(expected, 'missing-entry', `head points at entry ${h.index} (${h.id}) but the log ends at ${expected - 1}`, expected === h.index ? h.id : undefined)
+    if (h.index !== expected - 1 || h.hash !== prevHash || h.id !== lastId) return bad(expected - 1, 'head-mismatch', `head ${JSON.stringify(h)} differs from the last entry`, lastId)
+    return { ok: true, entries: expected, headHash: prevHash, signers }
+  } finally {
+    await snapshot.close()
+  }
+}
+
+function checkParts (body: ReceiptBody, certs: Map<string, unknown>, options: VerifyOptions): string | undefined {
+  for (let i = 0; i < body.parts.length; i++) {
+    const part = body.parts[i]!
+    const key = resolveKey(part.body.peerId, certs.get(part.body.peerId), options.publicKeyFor)
+    if (!key.ok) return `part ${i} (${part.body.peerId}): ${key.detail}`
+    if (!verifyReceiptPart(part, key.publicKey)) return `part ${i} (${part.body.peerId}): signature does not verify`
+  }
+  return undefined
+}
