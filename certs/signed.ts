@@ -5,11 +5,23 @@
  * use it, so a third party needs only JCS and ed25519 to check any of them.
  */
 import canonicalizeModule from 'canonicalize'
-import * as ed from '@noble/ed25519'
-import { sha512 } from '@noble/hashes/sha2.js'
+import { createPrivateKey, createPublicKey, sign as cryptoSign, verify as cryptoVerify } from 'node:crypto'
+import type { KeyObject } from 'node:crypto'
 
-// @noble/ed25519 v3 needs a sha512 for its sync API.
-ed.hashes.sha512 = sha512
+// ed25519 goes through node:crypto (OpenSSL) rather than @noble/ed25519: identical signatures,
+// measured ~10x faster to sign (0.04 ms vs 0.5 ms), which matters on the receipt path where the
+// event loop signs every completion (reproduction/results/receipts.md).
+const PKCS8_ED25519_PREFIX = Buffer.from('302e020100300506032b657004220420', 'hex')
+const SPKI_ED25519_PREFIX = Buffer.from('302a300506032b6570032100', 'hex')
+
+function privateKeyObject (secretKey: Uint8Array): KeyObject {
+  if (secretKey.length !== 32) throw new TypeError('an ed25519 secret key is 32 bytes')
+  return createPrivateKey({ key: Buffer.concat([PKCS8_ED25519_PREFIX, secretKey]), format: 'der', type: 'pkcs8' })
+}
+
+function publicKeyObject (publicKey: Uint8Array): KeyObject {
+  return createPublicKey({ key: Buffer.concat([SPKI_ED25519_PREFIX, publicKey]), format: 'der', type: 'spki' })
+}
 
 const canonicalize = canonicalizeModule as unknown as (value: unknown) => string | undefined
 
@@ -38,7 +50,7 @@ export function fromBase64url (text: string): Uint8Array | undefined {
 
 /** Signs `body` with a raw 32-byte ed25519 private key (seed). */
 export function signDocument<Body> (body: Body, secretKey: Uint8Array): SignedDocument<Body> {
-  const signature = ed.sign(canonicalBytes(body), secretKey)
+  const signature = cryptoSign(null, canonicalBytes(body), privateKeyObject(secretKey))
   return { body, signature: toBase64url(signature) }
 }
 
@@ -54,12 +66,13 @@ export function verifyDocument (doc: SignedDocument<unknown>, publicKey: Uint8Ar
     return false
   }
   try {
-    return ed.verify(signature, message, publicKey)
+    return cryptoVerify(null, message, publicKeyObject(publicKey), signature)
   } catch {
     return false
   }
 }
 
 export function publicKeyOf (secretKey: Uint8Array): Uint8Array {
-  return ed.getPublicKey(secretKey)
+  const spki = createPublicKey(privateKeyObject(secretKey)).export({ format: 'der', type: 'spki' })
+  return new Uint8Array(spki.subarray(SPKI_ED25519_PREFIX.length))
 }
