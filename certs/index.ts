@@ -25,3 +25,5 @@ export { loadIdentity, readRevocationFile, writeRevocationFile, keepNewestRevoca
 export type { NodeIdentity } from './identity.ts'
 export { createThrowawayCa } from './throwaway.ts'
 export type { ThrowawayCa } from './throwaway.ts'
+export { loadOrCreateNodeKey } from './local-key.ts'
+export type { LocalKey } from './local-key.ts'

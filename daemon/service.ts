@@ -40,6 +40,12 @@ export interface GenerateRequest {
 
 export type FinishReason = 'stop' | 'length'
 
+export interface RouteHop {
+  peerId: string
+  /** Inclusive layer range when the hop ran one pipeline stage. */
+  layers?: [number, number]
+}
+
 export interface Usage {
   promptTokens: number
   completionTokens: number
@@ -47,10 +53,20 @@ export interface Usage {
 
 export type GenerateEvent =
   /** Sent once, before any token: what the ingress needs for headers. */
-  | { type: 'start', promptTokenIds: number[], route: string[], receiptId: string }
+  | {
+    type: 'start'
+    promptTokenIds: number[]
+    route: string[]
+    receiptId: string
+    /** Identifies the exact weights that ran (sha256 of the shard manifest), for the receipt. */
+    manifestHash?: string
+    /** The route with each hop's layer range (pipeline stages); defaults to `route` without layers. */
+    hops?: RouteHop[]
+  }
   /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
   | { type: 'delta', text: string, tokenIds: number[] }
-  | { type: 'end', finishReason: FinishReason, usage: Usage }
+  /** `receiptParts`: signed shares of the work from each executing peer (forwarded or pipelined). */
+  | { type: 'end', finishReason: FinishReason, usage: Usage, receiptParts?: unknown[] }
 
 export interface ModelCard {
   id: string

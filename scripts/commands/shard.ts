@@ -1,6 +1,40 @@
+/**
+ * `shoal shard`: compile a Hugging Face checkpoint into per-stage ONNX shards and a manifest.
+ */
 import { ExitError } from '../exit-error.ts'
 
-export async function shard (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('shard: not implemented yet')
+export interface ShardCommandOptions {
+  model: string
+  out: string
+  stages?: string
+  layers?: string
+  quant?: string
 }
 
+export async function shard (opts: ShardCommandOptions): Promise<void> {
+  const { compileShards, parseLayerRanges } = await import('../../shards/index.ts')
+  const quant = opts.quant ?? 'none'
+  if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
+  let stages: number | undefined
+  if (opts.stages !== undefined) {
+    stages = Number(opts.stages)
+    if (!Number.isInteger(stages) || stages < 1) throw new ExitError(`--stages must be a positive integer, got ${opts.stages}`)
+  }
+  try {
+    const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
+    const m = await compileShards({
+      modelDir: opts.model,
+      outDir: opts.out,
+      quant,
+      ...(stages !== undefined ? { stages } : {}),
+      ...(layers !== undefined ? { layers } : {}),
+    })
+    const ranges = m.stages.map(s => `${s.layers[0]}-${s.layers[1]}`).join(', ')
+    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind} → ${opts.out}\n`)
+  } catch (err) {
+    const code = (err as { code?: unknown }).code
+    // Expected failures (bad checkpoint, unsupported architecture, bad split) are the user's to fix: exit 2 with the reason.
+    if (typeof code === 'string' && code.startsWith('SHOAL_ERR_')) throw new ExitError(`shard: ${(err as Error).message}`)
+    throw err
+  }
+}

@@ -24,7 +24,12 @@ if (spec === undefined) {
 } else if (existsSync(stamp) && readFileSync(stamp, 'utf8') === spec) {
   console.log(`openvino-types: cached declarations for openvino-node@${spec}`)
 } else {
-  fetchTypes(spec)
+  try {
+    fetchTypes(spec)
+  } catch (err) {
+    console.error(`openvino-types: could not fetch openvino-node@${spec} declarations (needs the npm registry): ${err.message}`)
+    process.exit(1)
+  }
 }
 
 function fetchTypes (spec) {

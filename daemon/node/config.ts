@@ -1,0 +1,76 @@
+/**
+ * The daemon's configuration: one schema with defaults, validated at boot and frozen. Errors name
+ * the bad key (as the CLI flag the user typed), so a typo never becomes a silent default.
+ */
+import { isAbsolute, resolve } from 'node:path'
+import { ShoalError } from '../errors.ts'
+
+export interface ModelSpec {
+  /** A Hugging Face checkpoint or a shard directory; 'demo' means the built-in demo model. */
+  dir: string
+  /** One pipeline stage of a shard directory: inclusive layer range. */
+  layers?: [number, number]
+}
+
+export interface DaemonConfig {
+  /** Identity directory from `shoal ca issue`; absent means a single machine without a mesh. */
+  identityDir?: string
+  models: ModelSpec[]
+  api?: { host: string, port: number }
+  /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO. */
+  device: string
+  dataDir: string
+  cacheRoot: string
+  listen: string[]
+  bootstrap: string[]
+  mdns: boolean
+  revocationsFile?: string
+}
+
+export class ConfigError extends ShoalError {
+  override name = 'ConfigError'
+  readonly key: string
+  constructor (key: string, message: string) {
+    super('SHOAL_ERR_CONFIG', `${key}: ${message}`)
+    this.key = key
+  }
+}
+
+const DEVICES = ['auto', 'cpu', 'CPU', 'GPU', 'NPU', 'AUTO']
+
+/** "HOST:PORT", "[v6]:PORT" or ":PORT" (loopback). */
+export function parseApiAddress (value: string, key = '--api'): { host: string, port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:]*)):(\d{1,5})$/.exec(value)
+  if (m === null) throw new ConfigError(key, `expected HOST:PORT, got "${value}"`)
+  const port = Number(m[3])
+  if (port > 65535) throw new ConfigError(key, `port ${port} is out of range`)
+  const host = m[1] ?? (m[2] === '' ? '127.0.0.1' : m[2]!)
+  return { host, port }
+}
+
+/** "DIR" or "DIR@A-B". A '@' followed by something that is not a layer range is part of the path. */
+export function parseModelSpec (value: string, key = '--model'): ModelSpec {
+  const m = /^(.*)@(\d+)-(\d+)$/.exec(value)
+  if (m === null) return { dir: value }
+  const first = Number(m[2])
+  const last = Number(m[3])
+  if (last < first) throw new ConfigError(key, `layer range ${first}-${last} is empty`)
+  return { dir: m[1]!, layers: [first, last] }
+}
+
+export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
+  if (!DEVICES.includes(input.device)) throw new ConfigError('--device', `"${input.device}" is not one of ${DEVICES.join(', ')}`)
+  if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
+  const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
+  const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
+  return Object.freeze({
+    ...input,
+    models: Object.freeze(models) as ModelSpec[],
+    dataDir: abs(input.dataDir),
+    cacheRoot: abs(input.cacheRoot),
+    listen: Object.freeze([...input.listen]) as string[],
+    bootstrap: Object.freeze([...input.bootstrap]) as string[],
+    ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
+    ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
+  })
+}

@@ -1,0 +1,13 @@
+/**
+ * The node: builds the daemon's components from a validated config and runs them in order.
+ * Commands (`shoal serve`, `shoal node`, `shoal demo`) only parse flags and call this.
+ */
+export { createDaemon } from './daemon.ts'
+export type { Daemon, DaemonComponents } from './daemon.ts'
+export { validateConfig, parseApiAddress, parseModelSpec, ConfigError } from './config.ts'
+export type { DaemonConfig, ModelSpec } from './config.ts'
+export { chooseEngine } from './device.ts'
+export { resolveModel, manifestHashOf } from './models.ts'
+export type { ResolvedModel } from './models.ts'
+export { withReceipts } from './receipted-service.ts'
+export { createModelDirectory } from './model-directory.ts'

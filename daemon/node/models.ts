@@ -1,0 +1,49 @@
+/**
+ * Turns --model arguments into shard directories the engine can load: a shard directory is used
+ * as it is, a Hugging Face checkpoint is compiled once into the cache (keyed by its content hash),
+ * and 'demo' is the built-in random-weight model, generated on first use.
+ */
+import { createHash } from 'node:crypto'
+import { canonicalBytes } from '../../certs/index.ts'
+import { compileCached, ensureDemoModel, isShardDir, loadManifest } from '../../shards/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
+import { ConfigError } from './config.ts'
+import type { ModelSpec } from './config.ts'
+
+export interface ResolvedModel {
+  shardDir: string
+  manifest: ShardManifest
+  /** sha256 (hex) of the manifest's canonical JSON: names the exact weights in gossip and receipts. */
+  manifestHash: string
+  /** Index of the stage this node serves. */
+  stageIndex: number
+  /** True when this node holds the whole model (one stage with embedding and head). */
+  whole: boolean
+}
+
+export function manifestHashOf (manifest: ShardManifest): string {
+  return createHash('sha256').update(canonicalBytes(manifest)).digest('hex')
+}
+
+export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise<ResolvedModel> {
+  let shardDir: string
+  if (spec.dir === 'demo') shardDir = await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+  else if (isShardDir(spec.dir)) shardDir = spec.dir
+  else if (spec.layers !== undefined) throw new ConfigError('--model', `${spec.dir}@${spec.layers.join('-')}: a layer range needs a shard directory (make one with shoal shard)`)
+  else shardDir = await compileCached(spec.dir, cacheRoot)
+
+  const manifest = await loadManifest(shardDir)
+  let stageIndex = 0
+  if (spec.layers !== undefined) {
+    const [a, b] = spec.layers
+    stageIndex = manifest.stages.findIndex(s => s.layers[0] === a && s.layers[1] === b)
+    if (stageIndex < 0) {
+      const have = manifest.stages.map(s => `${s.layers[0]}-${s.layers[1]}`).join(', ')
+      throw new ConfigError('--model', `${spec.dir} has no stage with layers ${a}-${b} (stages: ${have})`)
+    }
+  } else if (manifest.stages.length !== 1) {
+    throw new ConfigError('--model', `${spec.dir} has ${manifest.stages.length} stages; pick one with ${spec.dir}@A-B`)
+  }
+  const stage = manifest.stages[stageIndex]!
+  return { shardDir, manifest, manifestHash: manifestHashOf(manifest), stageIndex, whole: stage.hasEmbedding && stage.hasHead }
+}

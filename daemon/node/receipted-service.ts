@@ -1,0 +1,44 @@
+/**
+ * Every completion gets a signed receipt: this wraps the service the ingress talks to, collects
+ * what was asked and answered, and appends the receipt to the ledger BEFORE the `end` event goes
+ * out, so no acknowledged completion lacks its receipt. Failed or cancelled requests get none.
+ */
+import type { Ledger, SignedReceiptPart } from '../ledger/index.ts'
+import { buildReceiptInput } from '../ledger/index.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
+
+export function withReceipts (service: InferenceService, ledger: Ledger): InferenceService {
+  return {
+    models (): ModelCard[] {
+      return service.models()
+    },
+    async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
+      const startedAt = Date.now()
+      let firstTokenAt: number | undefined
+      let hops: RouteHop[] = []
+      let manifestHash: string | undefined
+      let text = ''
+      const tokenIds: number[] = []
+      for await (const event of service.generate(request, signal)) {
+        if (event.type === 'start') {
+          hops = event.hops ?? event.route.map(peerId => ({ peerId }))
+          manifestHash = event.manifestHash
+        } else if (event.type === 'delta') {
+          firstTokenAt ??= Date.now()
+          text += event.text
+          tokenIds.push(...event.tokenIds)
+        } else {
+          const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
+            manifestHash: manifestHash ?? null,
+            route: hops,
+            parts: (event.receiptParts ?? []) as SignedReceiptPart[],
+            usage: event.usage,
+            timing: { startedAt, firstTokenMs: firstTokenAt === undefined ? null : firstTokenAt - startedAt, totalMs: Date.now() - startedAt },
+          })
+          await ledger.append(input, { signal })
+        }
+        yield event
+      }
+    },
+  }
+}

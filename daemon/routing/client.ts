@@ -1,0 +1,138 @@
+/**
+ * The forwarding client: runs one GenerateRequest on a peer over /shoal/infer/1.0.0 and yields
+ * its events as they arrive. Every error it throws is a ForwardError whose `phase` says whether
+ * anything reached the caller (`before-start`: another replica may take the request, see
+ * `retryable`; `after-start`: the stream ends with the error). It never waits without a bound:
+ * the caller's signal, the request deadline, and an idle timeout on every read.
+ */
+import type { Stream } from '@libp2p/interface'
+import type { GenerateEvent, GenerateRequest } from '../service.ts'
+import {
+  DeadlineExceededError, ForwardAbortedError, ForwardError, InferWireError, PeerLostError,
+  PeerUnavailableError, RemoteError,
+} from './errors.ts'
+import type { ForwardPhase } from './errors.ts'
+import { createFrameReader, raceAbort, writeFrame } from './frame-stream.ts'
+import { encodeFrame, MAX_FRAME_BYTES } from './wire.ts'
+
+/** Opens a stream for /shoal/infer/1.0.0 to one peer (the mesh's `openStream(peerId, protocol, signal)`). */
+export type StreamOpener = (signal: AbortSignal) => Promise<Stream>
+
+export interface ForwardOptions {
+  /** Named in errors. */
+  peerId?: string
+  /** Longest wait for the first frame (queueing + prefill on the peer). */
+  firstFrameTimeoutMs?: number
+  /** Longest silence between frames after the first. */
+  idleTimeoutMs?: number
+  maxFrameBytes?: number
+}
+
+export const DEFAULT_FIRST_FRAME_TIMEOUT_MS = 60_000
+export const DEFAULT_IDLE_TIMEOUT_MS = 30_000
+/** setTimeout's limit; a later deadline is simply not armed. */
+const MAX_TIMER_MS = 2 ** 31 - 1
+
+/** Why the forwarding controller aborted; the error thrown follows from it. */
+type Stop = { why: 'caller', reason: unknown } | { why: 'deadline' } | { why: 'idle', ms: number }
+const isStop = (v: unknown): v is Stop => typeof v === 'object' && v !== null && 'why' in v
+
+export async function * forwardGenerate (open: StreamOpener, request: GenerateRequest, signal: AbortSignal, options: ForwardOptions = {}): AsyncGenerator<GenerateEvent, void, undefined> {
+  const peer = options.peerId
+  const maxFrameBytes = options.maxFrameBytes ?? MAX_FRAME_BYTES
+  const where = peer === undefined ? 'peer' : `peer ${peer}`
+  let phase: ForwardPhase = 'before-start'
+  if (signal.aborted) throw new ForwardAbortedError(phase, peer, { cause: signal.reason })
+  if (Date.now() >= request.deadline) throw new DeadlineExceededError('the deadline passed before forwarding', phase, peer)
+
+  const ctl = new AbortController()
+  const onCallerAbort = (): void => ctl.abort({ why: 'caller', reason: signal.reason } satisfies Stop)
+  signal.addEventListener('abort', onCallerAbort, { once: true })
+  const untilDeadline = request.deadline - Date.now()
+  const deadlineTimer = untilDeadline <= MAX_TIMER_MS ? setTimeout(() => ctl.abort({ why: 'deadline' } satisfies Stop), untilDeadline) : undefined
+
+  /** Runs `p` with an idle timer of `ms` armed only while waiting on the peer. */
+  const bounded = async <T>(p: () => Promise<T>, ms: number): Promise<T> => {
+    const t = setTimeout(() => ctl.abort({ why: 'idle', ms } satisfies Stop), ms)
+    try {
+      return await raceAbort(p(), ctl.signal)
+    } finally {
+      clearTimeout(t)
+    }
+  }
+
+  const classify = (err: unknown): ForwardError => {
+    if (ctl.signal.aborted && isStop(ctl.signal.reason)) {
+      const stop = ctl.signal.reason
+      if (stop.why === 'caller') return new ForwardAbortedError(phase, peer, { cause: stop.reason })
+      if (stop.why === 'deadline') return new DeadlineExceededError(`the deadline passed while waiting on ${where}`, phase, peer)
+      const msg = `${where} sent nothing for ${stop.ms} ms`
+      return phase === 'before-start' ? new PeerUnavailableError(msg, peer) : new PeerLostError(msg, peer)
+    }
+    if (err instanceof ForwardError) return err
+    const detail = err instanceof Error ? err.message : String(err)
+    return phase === 'before-start'
+      ? new PeerUnavailableError(`${where} failed before start: ${detail}`, peer, { cause: err })
+      : new PeerLostError(`${where} failed mid-stream: ${detail}`, peer, { cause: err })
+  }
+
+  const firstMs = options.firstFrameTimeoutMs ?? DEFAULT_FIRST_FRAME_TIMEOUT_MS
+  const idleMs = options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS
+  const unexpected = (what: string): InferWireError => new InferWireError('SHOAL_ERR_INFER_UNEXPECTED_FRAME', `${where} sent ${what}`)
+  let stream: Stream | undefined
+  let reader: ReturnType<typeof createFrameReader> | undefined
+  let settled = false // the peer sent end or error: nothing to cancel
+  try {
+    const opened = open(ctl.signal)
+    // An opener that ignores the signal must not leak the stream it opens late.
+    opened.then(s => { if (ctl.signal.aborted && stream === undefined) s.abort(new Error('forward aborted')) }, () => {})
+    stream = await bounded(async () => await opened, firstMs)
+    reader = createFrameReader(stream, maxFrameBytes)
+    const s = stream
+    await bounded(async () => { await writeFrame(s, { kind: 'request', requestId: request.requestId, request }, ctl.signal, maxFrameBytes) }, firstMs)
+    while (true) {
+      const r = reader
+      const frame = await bounded(async () => await r.next(ctl.signal), phase === 'before-start' ? firstMs : idleMs)
+      if (frame === null) throw new Error('the stream closed before the end frame')
+      if (frame.requestId !== request.requestId) throw unexpected(`a frame for request ${frame.requestId}`)
+      switch (frame.kind) {
+        case 'start':
+          if (phase !== 'before-start') throw unexpected('a second start frame')
+          phase = 'after-start'
+          yield frame.event
+          break
+        case 'delta':
+          if (phase === 'before-start') throw unexpected('a delta before start')
+          yield frame.event
+          break
+        case 'end':
+          if (phase === 'before-start') throw unexpected('end before start')
+          settled = true
+          yield frame.event
+          return
+        case 'error':
+          settled = true
+          throw new RemoteError(frame.error, phase, peer)
+        default:
+          throw unexpected(`a ${frame.kind} frame`)
+      }
+    }
+  } catch (err) {
+    throw classify(err)
+  } finally {
+    clearTimeout(deadlineTimer)
+    signal.removeEventListener('abort', onCallerAbort)
+    reader?.dispose()
+    if (stream !== undefined) release(stream, settled ? undefined : request.requestId, maxFrameBytes)
+    ctl.abort({ why: 'caller', reason: 'done' } satisfies Stop)
+  }
+}
+
+/** Closes our side; first tells the peer to stop when it has not finished. Never waits long. */
+function release (stream: Stream, cancelId: string | undefined, maxFrameBytes: number): void {
+  if (stream.status !== 'open') return
+  try {
+    if (cancelId !== undefined && stream.writeStatus === 'writable') stream.send(encodeFrame({ kind: 'cancel', requestId: cancelId }, maxFrameBytes))
+  } catch { /* the stream broke: the peer sees the reset instead */ }
+  stream.close({ signal: AbortSignal.timeout(5_000) }).catch((err: Error) => { stream.abort(err) })
+}

@@ -1,0 +1,245 @@
+/**
+ * Replica choice for whole-model requests: a pure function over what the mesh knows about each
+ * candidate (admission, liveness, live load, RTT). No clocks or randomness of its own: `now`,
+ * `random` and the round-robin counter come in the context, so every decision can be replayed.
+ *
+ * Order of preference:
+ *   1. prefix affinity — the node that served this conversation's prefix (its KV/prefix cache is
+ *      warm), kept only while its estimated completion time is within a bound of the best;
+ *   2. local — this node, when it has free batch slots and an empty queue (no network hop);
+ *   3. power of two choices over the estimated completion time (queue wait + decode + RTT).
+ * Stale load is not trusted: a stale candidate is scored as the median fresh one, and when every
+ * candidate is stale the choice is plain round-robin, so old numbers never funnel all traffic
+ * onto one node.
+ */
+
+/** A node's live load as last reported (the batcher's view; see the mesh's load protocol). */
+export interface LoadSnapshot {
+  /** Epoch ms when the node measured it. */
+  observedAt: number
+  /** Requests waiting for a batch slot. */
+  queueDepth: number
+  /** Sequences being generated now. */
+  inFlight: number
+  /** Sequences the node's batcher runs at once. */
+  slots: number
+  /** Recent aggregate decode rate; 0 when unknown. */
+  tokensPerSecond: number
+  /** The node's own estimate of how long a new request waits for a slot. */
+  expectedQueueWaitMs?: number
+  /** False when the node refuses new work (queue full, draining). */
+  accepting?: boolean
+}
+
+export interface Candidate {
+  peerId: string
+  /** This node itself. */
+  local: boolean
+  /** Holds a valid, unrevoked certificate (mesh admission). */
+  admitted: boolean
+  /** Reachable now (connected, answering). */
+  alive: boolean
+  /** Serves the whole model (not one pipeline stage of it). */
+  wholeModel: boolean
+  load?: LoadSnapshot
+  rttMs?: number
+}
+
+export interface RoutingPolicy {
+  /** Load older than this is stale. */
+  staleAfterMs: number
+  /** A queue this deep means overloaded, whatever the node says. */
+  maxQueueDepth: number
+  /** Decode rate assumed when a node reports none. */
+  defaultTokensPerSecond: number
+  /** Tokens assumed when the request gives no max. */
+  defaultExpectedTokens: number
+  /** Affinity is kept while its estimate ≤ best + max(affinitySlackMs, best × affinitySlackRatio). */
+  affinitySlackMs: number
+  affinitySlackRatio: number
+}
+
+export const DEFAULT_POLICY: Readonly<RoutingPolicy> = Object.freeze({
+  staleAfterMs: 5_000,
+  maxQueueDepth: 64,
+  defaultTokensPerSecond: 20,
+  defaultExpectedTokens: 256,
+  affinitySlackMs: 500,
+  affinitySlackRatio: 0.25,
+})
+
+export interface RoutingContext {
+  /** Epoch ms. */
+  now: number
+  /** Uniform in [0, 1). */
+  random: () => number
+  /** Incremented by the caller after every decision; drives round-robin. */
+  roundRobin: number
+  /** Tokens the request may generate (its max_tokens), for the completion estimate. */
+  expectedTokens?: number
+  /** Epoch ms; a node that cannot even start before it counts as overloaded for this request. */
+  deadline?: number
+  /** The peer that served this conversation's prefix. */
+  affinity?: string
+  /** Peers not to use (e.g. the one that just failed). */
+  exclude?: readonly string[]
+  policy?: Partial<RoutingPolicy>
+}
+
+export type ChoiceReason = 'affinity' | 'local' | 'least-loaded' | 'round-robin'
+
+export type RouteDecision =
+  | { kind: 'node', peerId: string, local: boolean, reason: ChoiceReason, estimateMs: number | undefined }
+  /** → HTTP 429 */
+  | { kind: 'overloaded', reason: string }
+  /** → HTTP 503 */
+  | { kind: 'no-eligible', reason: string }
+
+interface Scored {
+  c: Candidate
+  fresh: boolean
+  /** Estimated ms to finish; undefined for stale candidates until a prior is assigned. */
+  est: number | undefined
+}
+
+/** Estimated ms from dispatch to the first token (RTT + queue wait), without decode time. */
+export function estimateStartMs (load: LoadSnapshot, rttMs: number | undefined, expectedTokens: number, policy: RoutingPolicy): number {
+  const tps = load.tokensPerSecond > 0 ? load.tokensPerSecond : policy.defaultTokensPerSecond
+  // Without the node's own figure: requests leave the batch at about tps / expectedTokens per
+  // second, and we wait for everyone queued ahead beyond the free slots.
+  const ahead = load.queueDepth + 1 - Math.max(load.slots - load.inFlight, 0)
+  const queue = load.expectedQueueWaitMs ?? (ahead > 0 ? ahead * expectedTokens / tps * 1000 : 0)
+  return Math.max(rttMs ?? 0, 0) + Math.max(queue, 0)
+}
+
+/** Estimated ms from dispatch to the last token on this node. */
+export function estimateCompletionMs (load: LoadSnapshot, rttMs: number | undefined, expectedTokens: number, policy: RoutingPolicy): number {
+  const tps = load.tokensPerSecond > 0 ? load.tokensPerSecond : policy.defaultTokensPerSecond
+  // The batch shares its aggregate rate among its sequences, ours included.
+  const decode = expectedTokens * (Math.max(load.inFlight, 0) + 1) / tps * 1000
+  return estimateStartMs(load, rttMs, expectedTokens, policy) + decode
+}
+
+function policyOf (ctx: RoutingContext): RoutingPolicy {
+  return { ...DEFAULT_POLICY, ...ctx.policy }
+}
+
+function eligible (c: Candidate, exclude: ReadonlySet<string>): boolean {
+  return c.admitted && c.alive && c.wholeModel && !exclude.has(c.peerId)
+}
+
+function whyNone (candidates: readonly Candidate[], exclude: ReadonlySet<string>): string {
+  if (candidates.length === 0) return 'no node serves this model'
+  const n = { admitted: 0, alive: 0, whole: 0, excluded: 0 }
+  for (const c of candidates) {
+    if (!c.admitted) n.admitted++
+    else if (!c.alive) n.alive++
+    else if (!c.wholeModel) n.whole++
+    else if (exclude.has(c.peerId)) n.excluded++
+  }
+  const parts = [
+    n.admitted > 0 ? `${n.admitted} not admitted` : '',
+    n.alive > 0 ? `${n.alive} unreachable` : '',
+    n.whole > 0 ? `${n.whole} hold only a pipeline stage` : '',
+    n.excluded > 0 ? `${n.excluded} already tried` : '',
+  ].filter(p => p !== '')
+  return `no eligible node among ${candidates.length}: ${parts.join(', ')}`
+}
+
+/**
+ * Splits eligible candidates into usable (fresh and not overloaded, or stale) and overloaded,
+ * scoring fresh ones; stale ones get the median fresh estimate as a neutral prior.
+ */
+function score (candidates: readonly Candidate[], ctx: RoutingContext, policy: RoutingPolicy): { usable: Scored[], overloaded: number, eligibleCount: number, exclude: Set<string> } {
+  const exclude = new Set(ctx.exclude ?? [])
+  const tokens = ctx.expectedTokens ?? policy.defaultExpectedTokens
+  const usable: Scored[] = []
+  let overloaded = 0
+  let eligibleCount = 0
+  // Sorting makes the result independent of the order the peer table happens to list.
+  const sorted = [...candidates].sort((a, b) => a.peerId < b.peerId ? -1 : a.peerId > b.peerId ? 1 : 0)
+  for (const c of sorted) {
+    if (!eligible(c, exclude)) continue
+    eligibleCount++
+    const load = c.load
+    const fresh = load !== undefined && ctx.now - load.observedAt <= policy.staleAfterMs
+    if (!fresh) {
+      usable.push({ c, fresh: false, est: undefined })
+      continue
+    }
+    const est = estimateCompletionMs(load, c.rttMs, tokens, policy)
+    // The deadline test uses only the wait before the first token: max_tokens is an upper bound,
+    // so the decode estimate is too rough to refuse a request on.
+    const busy = load.accepting === false || load.queueDepth >= policy.maxQueueDepth ||
+      (ctx.deadline !== undefined && ctx.now + estimateStartMs(load, c.rttMs, tokens, policy) > ctx.deadline)
+    if (busy) overloaded++
+    else usable.push({ c, fresh: true, est })
+  }
+  const freshEsts = usable.filter(s => s.fresh).map(s => s.est as number).sort((a, b) => a - b)
+  if (freshEsts.length > 0) {
+    const median = freshEsts[Math.floor((freshEsts.length - 1) / 2)] as number
+    for (const s of usable) if (!s.fresh) s.est = median
+  }
+  return { usable, overloaded, eligibleCount, exclude }
+}
+
+function pick (s: Scored, reason: ChoiceReason): RouteDecision {
+  return { kind: 'node', peerId: s.c.peerId, local: s.c.local, reason, estimateMs: s.fresh ? s.est : undefined }
+}
+
+function index (random: () => number, n: number): number {
+  return Math.min(n - 1, Math.max(0, Math.floor(random() * n)))
+}
+
+/** Chooses the replica for one request. */
+export function chooseReplica (candidates: readonly Candidate[], ctx: RoutingContext): RouteDecision {
+  const policy = policyOf(ctx)
+  const { usable, overloaded, eligibleCount, exclude } = score(candidates, ctx, policy)
+  if (eligibleCount === 0) return { kind: 'no-eligible', reason: whyNone(candidates, exclude) }
+  if (usable.length === 0) {
+    return { kind: 'overloaded', reason: `all ${overloaded} eligible node(s) are overloaded or cannot meet the deadline` }
+  }
+  const fresh = usable.filter(s => s.fresh)
+  if (fresh.length === 0) {
+    // Nothing trustworthy to compare: rotate.
+    return pick(usable[ctx.roundRobin % usable.length] as Scored, 'round-robin')
+  }
+  const best = Math.min(...fresh.map(s => s.est as number))
+  if (ctx.affinity !== undefined) {
+    const a = fresh.find(s => s.c.peerId === ctx.affinity)
+    if (a !== undefined && (a.est as number) <= best + Math.max(policy.affinitySlackMs, best * policy.affinitySlackRatio)) {
+      return pick(a, 'affinity')
+    }
+  }
+  const local = fresh.find(s => s.c.local)
+  if (local?.c.load !== undefined && local.c.load.queueDepth === 0 && local.c.load.inFlight < local.c.load.slots) {
+    return pick(local, 'local')
+  }
+  if (usable.length === 1) return pick(usable[0] as Scored, 'least-loaded')
+  // Power of two choices: two distinct random candidates, the faster wins, ties go to the first
+  // drawn, so equal loads spread uniformly.
+  const i = index(ctx.random, usable.length)
+  let j = index(ctx.random, usable.length - 1)
+  if (j >= i) j++
+  const a = usable[i] as Scored
+  const b = usable[j] as Scored
+  return pick((b.est as number) < (a.est as number) ? b : a, 'least-loaded')
+}
+
+/**
+ * Every usable replica, best first (by estimate; stale ones rotated by the round-robin counter
+ * when nothing is fresh). For diagnostics and for callers that want a fallback list.
+ */
+export function rankReplicas (candidates: readonly Candidate[], ctx: RoutingContext): string[] {
+  const policy = policyOf(ctx)
+  const { usable } = score(candidates, ctx, policy)
+  const n = usable.length
+  if (n === 0) return []
+  const rotated = usable.map((s, k) => ({ s, order: (k - (ctx.roundRobin % n) + n) % n }))
+  rotated.sort((x, y) => {
+    const ex = x.s.est ?? 0
+    const ey = y.s.est ?? 0
+    return ex !== ey ? ex - ey : x.order - y.order
+  })
+  return rotated.map(r => r.s.c.peerId)
+}
