@@ -56,6 +56,9 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_DEADLINE: [504, 'server_error'],
   SHOAL_ERR_ABORTED: [499, 'server_error'],
   SHOAL_ERR_NOT_FOUND: [404, 'invalid_request_error'],
+  SHOAL_ERR_BACKEND_UNAVAILABLE: [503, 'server_error'],
+  SHOAL_ERR_SHARD_INVALID: [500, 'server_error'],
+  SHOAL_ERR_ENGINE: [500, 'server_error'],
 }
 
 export function httpStatusOf (err: unknown): { status: number, type: string } {

@@ -1,0 +1,29 @@
+/** Backend registry: name → factory. openvino is optional and may be unavailable here. */
+import { BackendUnavailableError } from '../errors.ts'
+import { createOnnxruntimeBackend } from './onnxruntime.ts'
+import { createOpenvinoBackend } from './openvino.ts'
+import type { Backend, BackendName } from './types.ts'
+
+export const BACKEND_NAMES: readonly BackendName[] = ['onnxruntime', 'openvino']
+
+export async function loadBackend (name: BackendName): Promise<Backend> {
+  switch (name) {
+    case 'onnxruntime': return createOnnxruntimeBackend()
+    case 'openvino': return await createOpenvinoBackend()
+    default: throw new BackendUnavailableError(`unknown backend "${String(name)}"`)
+  }
+}
+
+/** The backends that load on this machine, with their devices; unavailable ones say why. */
+export async function probeBackends (): Promise<Array<{ name: BackendName, devices: string[] } | { name: BackendName, unavailable: string }>> {
+  const out = []
+  for (const name of BACKEND_NAMES) {
+    try {
+      const b = await loadBackend(name)
+      out.push({ name, devices: b.devices() })
+    } catch (err) {
+      out.push({ name, unavailable: (err as Error).message })
+    }
+  }
+  return out
+}

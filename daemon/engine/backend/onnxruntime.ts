@@ -1,0 +1,73 @@
+/**
+ * onnxruntime-node backend (CPU execution provider). Always available: it is a dependency.
+ */
+import { availableParallelism } from 'node:os'
+import * as ort from 'onnxruntime-node'
+import { EngineError } from '../errors.ts'
+import type { Backend, BackendSession, HostTensor, LoadOptions, TensorMap } from './types.ts'
+
+export function createOnnxruntimeBackend (): Backend {
+  return {
+    name: 'onnxruntime',
+    devices: () => ['CPU'],
+    async load (graphPath, options) {
+      if (options.device !== 'CPU') {
+        throw new EngineError(`onnxruntime backend has no device "${options.device}" (devices: CPU)`)
+      }
+      let session: ort.InferenceSession
+      try {
+        session = await ort.InferenceSession.create(graphPath, sessionOptions(options))
+      } catch (err) {
+        throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
+      }
+      return wrap(session)
+    },
+  }
+}
+
+function sessionOptions (options: LoadOptions): ort.InferenceSession.SessionOptions {
+  return {
+    executionProviders: ['cpu'],
+    graphOptimizationLevel: 'all',
+    intraOpNumThreads: options.threads ?? availableParallelism(),
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+    logSeverityLevel: 3,
+    // Flattened by the binding into the session config key "session.intra_op.allow_spinning".
+    extra: { session: { intra_op: { allow_spinning: options.exclusiveCores === true ? '1' : '0' } } },
+  }
+}
+
+function wrap (session: ort.InferenceSession): BackendSession {
+  let closed = false
+  return {
+    inputNames: session.inputNames,
+    outputNames: session.outputNames,
+    async run (feeds) {
+      if (closed) throw new EngineError('session is closed')
+      const ortFeeds: Record<string, ort.Tensor> = {}
+      for (const [name, t] of Object.entries(feeds)) ortFeeds[name] = new ort.Tensor(t.type, t.data, t.dims)
+      let out: ort.InferenceSession.ReturnType
+      try {
+        out = await session.run(ortFeeds)
+      } catch (err) {
+        throw new EngineError(`onnxruntime run failed: ${(err as Error).message}`, { cause: err })
+      }
+      const result: TensorMap = {}
+      for (const [name, v] of Object.entries(out)) result[name] = toHost(name, v as ort.Tensor)
+      return result
+    },
+    async close () {
+      if (closed) return
+      closed = true
+      await session.release()
+    },
+  }
+}
+
+function toHost (name: string, t: ort.Tensor): HostTensor {
+  const dims = [...t.dims]
+  if (t.type === 'float32') return { type: 'float32', data: t.data as Float32Array, dims }
+  if (t.type === 'int64') return { type: 'int64', data: t.data as BigInt64Array, dims }
+  throw new EngineError(`output ${name} has unsupported type ${t.type}`)
+}

@@ -1,0 +1,44 @@
+/**
+ * The backend interface: the one seam between the engine and an inference runtime. A backend loads
+ * a stage graph (model.onnx with external weights, by path) for a device and runs it with named
+ * host tensors. Every implementation passes test/engine/backend-conformance.ts.
+ */
+
+export type HostTensor =
+  | { type: 'float32', data: Float32Array, dims: number[] }
+  | { type: 'int64', data: BigInt64Array, dims: number[] }
+
+export type TensorMap = Record<string, HostTensor>
+
+export interface LoadOptions {
+  /** Backend device name: 'CPU' for onnxruntime; 'CPU' | 'GPU' | 'NPU' | 'AUTO' for OpenVINO. */
+  device: string
+  /** Intra-op threads; default: all cores. */
+  threads?: number
+  /**
+   * True when this session has the cores to itself. Otherwise intra-op threads must not spin:
+   * two spinning sessions slow each other by 4–9 ms per step (engine-notes.md).
+   */
+  exclusiveCores?: boolean
+}
+
+export interface BackendSession {
+  readonly inputNames: readonly string[]
+  readonly outputNames: readonly string[]
+  /** Runs the graph; returns every output (owned by the caller, safe to keep across runs). */
+  run (feeds: TensorMap): Promise<TensorMap>
+  close (): Promise<void>
+}
+
+export interface Backend {
+  readonly name: BackendName
+  /** Devices this backend can load graphs on, here and now. */
+  devices (): string[]
+  load (graphPath: string, options: LoadOptions): Promise<BackendSession>
+}
+
+export type BackendName = 'onnxruntime' | 'openvino'
+
+export function tensorBytes (t: HostTensor): number {
+  return t.data.byteLength
+}

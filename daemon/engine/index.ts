@@ -1,0 +1,28 @@
+/**
+ * The engine: runs ONNX stage graphs in worker threads and generates text with them.
+ *  - backends (onnxruntime-node always; openvino-node when installed) behind one small interface;
+ *  - the stage engine (open / step / free a sequence; KV stays in the worker) that the local
+ *    service, pipeline stages and the micro-batcher build on;
+ *  - sampling (pure functions) and the decode loop;
+ *  - the local InferenceService for a whole-model shard directory.
+ */
+export { createLocalService, stageInfoOf } from './local-service.ts'
+export type { LocalService, LocalServiceInit, LocalServiceStats } from './local-service.ts'
+export { createStageEngine, abortReason } from './stage-engine.ts'
+export type { StageEngine, StageEngineInit, StageStepInput, StepOptions } from './stage-engine.ts'
+export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+export type { StageRunner, StageRunnerInit } from './stage-runner.ts'
+export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
+export type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
+export { generateSequence } from './generate.ts'
+export type { GenerationInput } from './generate.ts'
+export { argmax, createRng, nucleus, sampleToken } from './sampling.ts'
+export type { Rng, SamplerParams } from './sampling.ts'
+export { loadBackend, probeBackends, BACKEND_NAMES } from './backend/index.ts'
+export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
+export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './backend/openvino.ts'
+export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
+export {
+  AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
+  OverloadedError, ShuttingDownError,
+} from './errors.ts'

@@ -1,0 +1,105 @@
+/**
+ * The worker_threads boundary of a stage engine, as a protocol: typed message unions, a version,
+ * correlation ids, errors as {name, code, message}, cancellation as a message, and tensors as
+ * transferable typed arrays (never JSON). `parseToWorker` checks what the worker receives.
+ */
+import type { SerializedError } from '../errors.ts'
+import type { BackendName } from './backend/types.ts'
+
+export const ENGINE_PROTOCOL_VERSION = 1
+
+/** What a stage graph looks like from the engine's side (from the shard manifest). */
+export interface StageInfo {
+  hasEmbedding: boolean
+  hasHead: boolean
+  /** Inclusive global layer range. */
+  layers: [number, number]
+  hiddenSize: number
+  numKvHeads: number
+  headDim: number
+  vocabSize: number
+  /** Context limit: past + new positions never exceed it. */
+  maxPositions: number
+}
+
+/** workerData of an engine worker. */
+export interface WorkerInit {
+  version: typeof ENGINE_PROTOCOL_VERSION
+  backend: BackendName
+  graphPath: string
+  device: string
+  threads?: number
+  exclusiveCores?: boolean
+  stage: StageInfo
+  maxSequences: number
+  chunkSize: number
+}
+
+export type StepInput =
+  | { kind: 'tokens', ids: BigInt64Array }
+  | { kind: 'hidden', data: Float32Array }
+
+export type StepOutput =
+  /** Row-major [count, vocab]: logits of the last `count` positions. */
+  | { kind: 'logits', data: Float32Array, count: number, vocab: number }
+  /** Row-major [count, hidden]: hidden states of every new position. */
+  | { kind: 'hidden', data: Float32Array, count: number, hidden: number }
+
+export interface EngineStats {
+  liveSequences: number
+  maxSequences: number
+  /** Bytes held by KV caches of live sequences. */
+  kvBytes: number
+  /** Positions held per live sequence. */
+  sequences: Record<string, number>
+}
+
+export type ToWorker =
+  | { type: 'open', id: number, seqId: string }
+  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number }
+  /** Drops a sequence's KV; if a step on it is running, that step ends at its next chunk boundary. */
+  | { type: 'free', id: number, seqId: string }
+  /** Like free, and the running step (if any) fails with SHOAL_ERR_ABORTED. */
+  | { type: 'cancel', id: number, seqId: string }
+  | { type: 'stats', id: number }
+  | { type: 'close', id: number }
+
+export type FromWorker =
+  | { type: 'ready', version: typeof ENGINE_PROTOCOL_VERSION, inputNames: string[], outputNames: string[] }
+  | { type: 'init-error', error: SerializedError }
+  | { type: 'done', id: number }
+  | { type: 'stepped', id: number, output: StepOutput }
+  | { type: 'stats', id: number, stats: EngineStats }
+  | { type: 'error', id: number, error: SerializedError }
+
+/** Validates a message arriving at the worker; returns an error text when it is malformed. */
+export function parseToWorker (msg: unknown): ToWorker | string {
+  if (msg === null || typeof msg !== 'object') return 'message is not an object'
+  const m = msg as Record<string, unknown>
+  if (!Number.isSafeInteger(m.id)) return 'message has no integer id'
+  switch (m.type) {
+    case 'stats':
+    case 'close':
+      return m as unknown as ToWorker
+    case 'open':
+    case 'free':
+    case 'cancel':
+      return typeof m.seqId === 'string' && m.seqId.length > 0 ? m as unknown as ToWorker : `${m.type}: seqId must be a non-empty string`
+    case 'step': {
+      if (typeof m.seqId !== 'string' || m.seqId.length === 0) return 'step: seqId must be a non-empty string'
+      if (!(m.positions instanceof BigInt64Array)) return 'step: positions must be a BigInt64Array'
+      if (!Number.isSafeInteger(m.logitsToKeep) || (m.logitsToKeep as number) < 1) return 'step: logitsToKeep must be a positive integer'
+      const input = m.input as { kind?: unknown, ids?: unknown, data?: unknown } | undefined
+      const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
+        : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
+      return ok ? m as unknown as ToWorker : 'step: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}'
+    }
+    default:
+      return `unknown message type ${JSON.stringify(m.type)}`
+  }
+}
+
+/** The buffers to transfer with a message (a view over a larger buffer is copied first). */
+export function ownBuffer<T extends Float32Array | BigInt64Array> (a: T): T {
+  return a.byteOffset === 0 && a.byteLength === a.buffer.byteLength && a.buffer instanceof ArrayBuffer ? a : a.slice() as T
+}

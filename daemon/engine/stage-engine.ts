@@ -1,0 +1,185 @@
+/**
+ * A stage engine: one stage graph in a worker thread, driven from the daemon's event loop. This is
+ * the level the local service, pipeline stages and the micro-batcher build on: open a sequence,
+ * step it (token ids or hidden states in; logits or hidden states out), free it. Every call takes
+ * an AbortSignal; an aborted step fails with SHOAL_ERR_ABORTED only after the worker has dropped
+ * that sequence's KV.
+ */
+import { randomUUID } from 'node:crypto'
+import { Worker } from 'node:worker_threads'
+import { deserializeError } from '../errors.ts'
+import type { BackendName } from './backend/types.ts'
+import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
+import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
+import type { EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
+import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+
+export interface StageEngineInit {
+  graphPath: string
+  stage: StageInfo
+  backend?: BackendName
+  device?: string
+  threads?: number
+  exclusiveCores?: boolean
+  maxSequences?: number
+  chunkSize?: number
+  /** How long loading the graph may take. */
+  loadTimeoutMs?: number
+}
+
+export type StageStepInput = { tokenIds: number[] } | { hidden: Float32Array }
+
+export interface StepOptions {
+  /** Last stage: logits for the last K positions (default 1). */
+  logitsToKeep?: number
+}
+
+export interface StageEngine {
+  readonly stage: StageInfo
+  start (): Promise<void>
+  stop (): Promise<void>
+  /** Opens a sequence (id generated when not given); SHOAL_ERR_OVERLOADED past maxSequences. */
+  open (seqId?: string, signal?: AbortSignal): Promise<string>
+  step (seqId: string, input: StageStepInput, positions: number[], options?: StepOptions, signal?: AbortSignal): Promise<StepOutput>
+  free (seqId: string): Promise<void>
+  stats (signal?: AbortSignal): Promise<EngineStats>
+}
+
+type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' }>
+
+export function createStageEngine (init: StageEngineInit): StageEngine {
+  let worker: Worker | undefined
+  let dead: Error | undefined
+  let nextId = 1
+  const pending = new Map<number, { resolve: (r: Reply) => void, reject: (e: Error) => void }>()
+
+  const fail = (err: Error): void => {
+    dead ??= err
+    for (const p of pending.values()) p.reject(err)
+    pending.clear()
+  }
+
+  /** Sends one request; resolves with the worker's reply (errors rejected as ShoalErrors). */
+  function call (msg: ToWorker, transfer: ArrayBuffer[] = []): Promise<Reply> {
+    if (dead !== undefined) return Promise.reject(dead)
+    if (worker === undefined) return Promise.reject(new EngineError('stage engine is not started'))
+    const w = worker
+    return new Promise<Reply>((resolve, reject) => {
+      pending.set(msg.id, { resolve, reject })
+      w.postMessage(msg, transfer)
+    })
+  }
+
+  function onMessage (msg: FromWorker): void {
+    if (msg.type === 'ready' || msg.type === 'init-error') return
+    const p = pending.get(msg.id)
+    if (p === undefined) return // reply to a request given up on (aborted step)
+    pending.delete(msg.id)
+    if (msg.type === 'error') p.reject(deserializeError(msg.error))
+    else p.resolve(msg)
+  }
+
+  /** Races a request against a signal; on abort, `onAbort` runs and its completion decides. */
+  async function withSignal<T> (work: Promise<T>, signal: AbortSignal | undefined, onAbort: () => Promise<unknown>): Promise<T> {
+    if (signal === undefined) return await work
+    if (signal.aborted) { await onAbort(); throw abortReason(signal) }
+    let off = (): void => {}
+    const aborted = new Promise<never>((_resolve, reject) => {
+      const listener = (): void => { onAbort().then(() => reject(abortReason(signal)), reject) }
+      signal.addEventListener('abort', listener, { once: true })
+      off = () => signal.removeEventListener('abort', listener)
+    })
+    try {
+      return await Promise.race([work, aborted])
+    } finally {
+      off()
+    }
+  }
+
+  return {
+    stage: init.stage,
+    async start () {
+      if (worker !== undefined) return
+      const data: WorkerInit = {
+        version: ENGINE_PROTOCOL_VERSION,
+        backend: init.backend ?? 'onnxruntime',
+        graphPath: init.graphPath,
+        device: init.device ?? 'CPU',
+        stage: init.stage,
+        maxSequences: init.maxSequences ?? DEFAULT_MAX_SEQUENCES,
+        chunkSize: init.chunkSize ?? DEFAULT_CHUNK_SIZE,
+        ...(init.threads === undefined ? {} : { threads: init.threads }),
+        ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+      }
+      const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
+      worker = w
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => { reject(new EngineError(`loading ${init.graphPath} took over ${init.loadTimeoutMs ?? 300_000} ms`)) }, init.loadTimeoutMs ?? 300_000)
+        const first = (msg: FromWorker): void => {
+          clearTimeout(timer)
+          if (msg.type === 'ready') resolve()
+          else if (msg.type === 'init-error') reject(deserializeError(msg.error))
+        }
+        w.once('message', first)
+        w.once('error', (err) => { clearTimeout(timer); reject(new EngineError(`engine worker failed to start: ${err.message}`, { cause: err })) })
+      }).catch(async (err: unknown) => {
+        dead = err as Error
+        await w.terminate()
+        throw err
+      })
+      w.on('message', onMessage)
+      w.on('error', (err) => { fail(new EngineError(`engine worker crashed: ${err.message}`, { cause: err })) })
+      w.on('exit', (code) => { fail(new ShuttingDownError(`engine worker exited (code ${code})`)) })
+    },
+    async stop () {
+      const w = worker
+      if (w === undefined || dead !== undefined) return
+      const closing = call({ type: 'close', id: nextId++ }).catch(() => {})
+      const timer = setTimeout(() => { void w.terminate() }, 5_000)
+      await closing
+      await new Promise<void>(resolve => { if (dead !== undefined) resolve(); else w.once('exit', () => resolve()) })
+      clearTimeout(timer)
+      fail(new ShuttingDownError())
+    },
+    async open (seqId = randomUUID(), signal) {
+      signal?.throwIfAborted()
+      await withSignal(call({ type: 'open', id: nextId++, seqId }), signal, () => call({ type: 'free', id: nextId++, seqId }))
+      return seqId
+    },
+    async step (seqId, input, positions, options = {}, signal) {
+      const stepInput: StepInput = 'tokenIds' in input
+        ? { kind: 'tokens', ids: BigInt64Array.from(input.tokenIds, BigInt) }
+        : { kind: 'hidden', data: ownBuffer(input.hidden) }
+      const msg: ToWorker = {
+        type: 'step',
+        id: nextId++,
+        seqId,
+        input: stepInput,
+        positions: BigInt64Array.from(positions, BigInt),
+        logitsToKeep: options.logitsToKeep ?? 1,
+      }
+      const transfer = [(stepInput.kind === 'tokens' ? stepInput.ids : stepInput.data).buffer as ArrayBuffer, msg.positions.buffer as ArrayBuffer]
+      const reply = await withSignal(call(msg, transfer), signal, async () => {
+        pending.delete(msg.id)
+        await call({ type: 'cancel', id: nextId++, seqId })
+      })
+      if (reply.type !== 'stepped') throw new EngineError(`unexpected reply ${reply.type} to step`)
+      return reply.output
+    },
+    async free (seqId) {
+      await call({ type: 'free', id: nextId++, seqId })
+    },
+    async stats (signal) {
+      const reply = await withSignal(call({ type: 'stats', id: nextId++ }), signal, async () => {})
+      if (reply.type !== 'stats') throw new EngineError(`unexpected reply ${reply.type} to stats`)
+      return reply.stats
+    },
+  }
+}
+
+/** The error an aborted call fails with: the signal's own ShoalError reason, else SHOAL_ERR_ABORTED. */
+export function abortReason (signal: AbortSignal): Error {
+  const r: unknown = signal.reason
+  if (r instanceof Error && typeof (r as { code?: unknown }).code === 'string') return r
+  return new AbortedError()
+}

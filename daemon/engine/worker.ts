@@ -1,0 +1,82 @@
+/**
+ * Engine worker entry: loads one stage graph on one backend/device and serves the protocol in
+ * protocol.ts. `session.run` blocks the thread it runs on, which is why it runs here and not on
+ * the daemon's event loop. Steps run one at a time in arrival order; open/free/cancel/stats are
+ * answered between steps (the backend yields between chunks).
+ */
+import { parentPort, workerData } from 'node:worker_threads'
+import { serializeError } from '../errors.ts'
+import { loadBackend } from './backend/index.ts'
+import type { BackendSession } from './backend/types.ts'
+import { EngineError } from './errors.ts'
+import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
+import type { FromWorker, ToWorker, WorkerInit } from './protocol.ts'
+import { createStageRunner } from './stage-runner.ts'
+import type { StageRunner } from './stage-runner.ts'
+
+if (parentPort === null) throw new Error('daemon/engine/worker.ts must run in a worker thread')
+const port = parentPort
+
+const post = (msg: FromWorker, transfer: ArrayBuffer[] = []): void => { port.postMessage(msg, transfer) }
+
+async function main (init: WorkerInit): Promise<void> {
+  if (init.version !== ENGINE_PROTOCOL_VERSION) throw new EngineError(`engine protocol ${String(init.version)} is not ${ENGINE_PROTOCOL_VERSION}`)
+  const backend = await loadBackend(init.backend)
+  const session = await backend.load(init.graphPath, {
+    device: init.device,
+    ...(init.threads === undefined ? {} : { threads: init.threads }),
+    ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+  })
+  const runner = createStageRunner({ session, stage: init.stage, maxSequences: init.maxSequences, chunkSize: init.chunkSize })
+  let queue: Promise<void> = Promise.resolve()
+  port.on('message', (raw: unknown) => {
+    const msg = parseToWorker(raw)
+    if (typeof msg === 'string') {
+      const id = (raw as { id?: unknown } | null)?.id
+      post({ type: 'error', id: typeof id === 'number' ? id : -1, error: serializeError(new EngineError(`malformed engine message: ${msg}`)) })
+      return
+    }
+    if (msg.type === 'step') {
+      queue = queue.then(() => handle(msg, runner, session))
+    } else {
+      void handle(msg, runner, session)
+    }
+  })
+  post({ type: 'ready', version: ENGINE_PROTOCOL_VERSION, inputNames: [...session.inputNames], outputNames: [...session.outputNames] })
+}
+
+async function handle (msg: ToWorker, runner: StageRunner, session: BackendSession): Promise<void> {
+  try {
+    switch (msg.type) {
+      case 'open':
+        runner.open(msg.seqId)
+        post({ type: 'done', id: msg.id })
+        return
+      case 'step': {
+        const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep)
+        const data = ownBuffer(output.data)
+        post({ type: 'stepped', id: msg.id, output: { ...output, data } }, [data.buffer as ArrayBuffer])
+        return
+      }
+      case 'free':
+      case 'cancel':
+        await runner.drop(msg.seqId, msg.type)
+        post({ type: 'done', id: msg.id })
+        return
+      case 'stats':
+        post({ type: 'stats', id: msg.id, stats: runner.stats() })
+        return
+      case 'close':
+        await session.close()
+        post({ type: 'done', id: msg.id })
+        port.close()
+    }
+  } catch (err) {
+    post({ type: 'error', id: msg.id, error: serializeError(err) })
+  }
+}
+
+main(workerData as WorkerInit).catch((err: unknown) => {
+  post({ type: 'init-error', error: serializeError(err) })
+  port.close()
+})

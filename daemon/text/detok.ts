@@ -1,0 +1,46 @@
+/**
+ * Streaming detokenization. Decoding token by token can split a multi-byte UTF-8 character (byte
+ * fallback, byte-level BPE) or change earlier text (SentencePiece's leading-space handling), so we
+ * decode a small window twice — with and without the newest tokens — and emit only the growth,
+ * and only once it no longer ends in U+FFFD (an incomplete character).
+ */
+
+export interface Decoder {
+  decode (ids: number[]): string
+}
+
+export interface StreamingDetokenizer {
+  /** Add one token; returns text that is now stable ('' when still waiting). */
+  push (id: number): string
+  /** End of stream: everything not yet emitted, incomplete characters included. */
+  flush (): string
+}
+
+const REPLACEMENT = '\uFFFD'
+
+export function createStreamingDetokenizer (decoder: Decoder): StreamingDetokenizer {
+  const ids: number[] = []
+  // ids[prefix, read) were emitted and are decoded again only as left context.
+  let prefix = 0
+  let read = 0
+  const pending = (): string => {
+    const before = decoder.decode(ids.slice(prefix, read))
+    const after = decoder.decode(ids.slice(prefix))
+    return after.length > before.length ? after.slice(before.length) : ''
+  }
+  return {
+    push (id) {
+      ids.push(id)
+      const text = pending()
+      if (text.length === 0 || text.endsWith(REPLACEMENT)) return ''
+      prefix = read
+      read = ids.length
+      return text
+    },
+    flush () {
+      const text = pending()
+      prefix = read = ids.length
+      return text
+    },
+  }
+}

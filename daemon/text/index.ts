@@ -1,0 +1,12 @@
+/**
+ * Text handling for a model: tokenizer, chat template, BOS rule, streaming detokenization that
+ * never splits a UTF-8 character, and stop strings that never reach the client.
+ */
+export { createTextCodec, loadTextCodec } from './codec.ts'
+export type { TextCodec, TextCodecInit } from './codec.ts'
+export { compileChatTemplate, chatTemplateSource, specialTokenText, ChatTemplateError } from './chat-template.ts'
+export type { ChatTemplate, ChatTemplateInput } from './chat-template.ts'
+export { createStreamingDetokenizer } from './detok.ts'
+export type { StreamingDetokenizer, Decoder } from './detok.ts'
+export { createStopMatcher, earliestStop, heldSuffixLength } from './stop.ts'
+export type { StopMatcher, StopPush } from './stop.ts'
