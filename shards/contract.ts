@@ -12,7 +12,7 @@
  *     attention_mask                int64 [B, T]          1 = attend, 0 = padding
  *     past_key_values.{l}.key       f32   [B, kvH, P, hd] for each global layer l of the stage (P may be 0)
  *     past_key_values.{l}.value     f32   [B, kvH, P, hd]
- *     num_logits_to_keep            int64 []              last stage only: logits for the last K positions
+ *     num_logits_to_keep            int64 []              last stage only: logits for the last K positions (0 = all)
  *   outputs
  *     present.{l}.key / .value      f32   [B, kvH, T, hd]
  *     logits                        f32   [B, K, V]       last stage
@@ -83,6 +83,11 @@ export interface GenerationDefaults {
   eosTokenIds: number[]
   /** Whether a text prompt gets BOS prepended (from tokenizer_config's add_bos_token or the tokenizer's post-processor). */
   addBosToken: boolean
+  /**
+   * Whether tokenizer.json's post-processor already inserts BOS when encoding with special tokens
+   * (so an engine that wants BOS and encodes with add_special_tokens must not add it again).
+   */
+  tokenizerAddsBos?: boolean
 }
 
 export interface ShardManifest {
@@ -101,4 +106,6 @@ export interface ShardManifest {
   stages: StageManifest[]
   /** Free-form provenance, e.g. "random weights (demo)". */
   description?: string
+  /** Version of the shard compiler that wrote the directory (caches key on it). */
+  compilerVersion?: number
 }

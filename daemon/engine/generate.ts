@@ -1,7 +1,8 @@
 /**
- * The decode loop for one sequence on a whole-model stage engine: prefill the prompt, then sample,
- * detokenize, apply stop strings and feed each token back until EOS, a stop string, max_tokens or
- * the context end. Yields service events (deltas and the end); the caller owns open/free.
+ * The decode loop for one sequence over any token source — a whole-model stage engine here, a
+ * pipeline chain elsewhere: prefill the prompt, then detokenize, apply stop strings and feed each
+ * token back until EOS, a stop string, max_tokens or the context end. Yields service events
+ * (deltas and the end); the caller owns the sequence's lifetime (open/free).
  */
 import type { FinishReason, GenerateEvent, SamplingParams } from '../service.ts'
 import type { TextCodec } from '../text/index.ts'
@@ -9,13 +10,40 @@ import { createStopMatcher } from '../text/index.ts'
 import { EngineError } from './errors.ts'
 import { createRng, sampleToken } from './sampling.ts'
 import type { StageEngine } from './stage-engine.ts'
+import type { StepOutput } from './protocol.ts'
+
+/**
+ * Where the next token comes from. Sampling happens inside the source (for a pipeline, on the
+ * last stage), so only token ids cross into the loop.
+ */
+export interface TokenSource {
+  /** Runs the whole prompt; returns the first generated token. */
+  prefill (promptIds: number[], signal: AbortSignal): Promise<number>
+  /** Feeds back `tokenId` at `position`; returns the next token. */
+  decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
+}
+
+/** A token source over one sequence of a whole-model stage engine, sampling on this thread. */
+export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
+  const rng = createRng(sampling.seed)
+  const sample = (out: StepOutput): number => {
+    if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
+    return sampleToken(out.data, sampling, rng, (out.count - 1) * out.vocab, out.vocab)
+  }
+  return {
+    async prefill (promptIds, signal) {
+      return sample(await engine.step(seqId, { tokenIds: promptIds }, promptIds.map((_, i) => i), { logitsToKeep: 1 }, signal))
+    },
+    async decode (tokenId, position, signal) {
+      return sample(await engine.step(seqId, { tokenIds: [tokenId] }, [position], { logitsToKeep: 1 }, signal))
+    },
+  }
+}
 
 export interface GenerationInput {
-  engine: StageEngine
+  source: TokenSource
   codec: TextCodec
-  seqId: string
   promptIds: number[]
-  sampling: SamplingParams
   /** Undefined: up to the context end. */
   maxTokens: number | undefined
   stop: string[]
@@ -26,7 +54,6 @@ export interface GenerationInput {
 }
 
 export async function * generateSequence (g: GenerationInput): AsyncGenerator<Exclude<GenerateEvent, { type: 'start' }>> {
-  const rng = createRng(g.sampling.seed)
   const detok = g.codec.detokenizer()
   const stops = createStopMatcher(g.stop)
   const eos = new Set(g.eosTokenIds)
@@ -41,10 +68,8 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     yield { type: 'end', finishReason: 'length', usage: { promptTokens: n, completionTokens: 0 } }
     return
   }
-  let out = await g.engine.step(g.seqId, { tokenIds: g.promptIds }, g.promptIds.map((_, i) => i), { logitsToKeep: 1 }, g.signal)
+  let token = await g.source.prefill(g.promptIds, g.signal)
   for (;;) {
-    if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
-    const token = sampleToken(out.data, g.sampling, rng, (out.count - 1) * out.vocab, out.vocab)
     completion++
     if (eos.has(token)) { finish = 'stop'; break }
     pendingIds.push(token)
@@ -58,7 +83,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     if (pushed.stopped) { finish = 'stop'; stopped = true; break }
     if (completion >= limit || n + completion >= g.maxPositions) { finish = 'length'; break }
     g.signal.throwIfAborted()
-    out = await g.engine.step(g.seqId, { tokenIds: [token] }, [n + completion - 1], { logitsToKeep: 1 }, g.signal)
+    token = await g.source.decode(token, n + completion - 1, g.signal)
   }
   // Flush what the detokenizer and stop matcher still hold (unless a stop string already ended it).
   if (!stopped) {

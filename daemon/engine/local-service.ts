@@ -13,7 +13,7 @@ import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { AbortedError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
-import { generateSequence } from './generate.ts'
+import { engineTokenSource, generateSequence } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { StageEngine } from './stage-engine.ts'
@@ -122,11 +122,9 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
       yield * generateSequence({
-        engine: e,
+        source: engineTokenSource(e, seqId, request.sampling),
         codec,
-        seqId,
         promptIds,
-        sampling: request.sampling,
         maxTokens: request.maxTokens,
         stop: request.stop,
         eosTokenIds: generation.eosTokenIds,

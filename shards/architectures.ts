@@ -1,0 +1,199 @@
+/**
+ * The architecture registry: each entry maps one HF config family onto the single internal
+ * shape (ModelShape + ArchExtras) and says where its weights live. A new architecture is one
+ * entry here (plus at most one new graph block); nothing else branches on the architecture.
+ */
+import type { ModelShape } from './contract.ts'
+import { CheckpointError, UnsupportedArchitectureError } from './errors.ts'
+import { ropeInvFreq, type RopeSpec } from './rope.ts'
+import type { F32Tensor, WeightStore } from './safetensors.ts'
+
+/** What differs between the supported families, as data the graph blocks read. */
+export interface ArchExtras {
+  /** q/k/v projections carry a bias (Qwen2). */
+  qkvBias: boolean
+  /** RMSNorm over head_dim on q and k before RoPE (Qwen3). */
+  qkNorm: boolean
+  rope: RopeSpec
+}
+
+/** The normalised model: shape, extras, and the inverse frequencies baked into every stage. */
+export interface ModelSpec {
+  shape: ModelShape
+  extras: ArchExtras
+  invFreq: Float64Array
+  mapping: ArchMapping
+}
+
+/** One decoder layer's weights in HF layout ([out, in]); q, k, v and gate, up already fused. */
+export interface LayerWeights {
+  inputNorm: F32Tensor
+  postNorm: F32Tensor
+  /** Rows: q (H·hd), k (kvH·hd), v (kvH·hd). */
+  qkv: F32Tensor
+  qkvBias?: F32Tensor
+  qNorm?: F32Tensor
+  kNorm?: F32Tensor
+  o: F32Tensor
+  /** Rows: gate (I), up (I). */
+  gateUp: F32Tensor
+  down: F32Tensor
+}
+
+export interface ArchMapping {
+  /** HF `architectures[0]` values and `model_type` values this entry handles. */
+  architectures: string[]
+  modelTypes: string[]
+  normalize: (config: HfConfig) => { shape: ModelShape, extras: ArchExtras }
+  embedName: string
+  finalNormName: string
+  lmHeadName: string
+  layer: (w: WeightStore, l: number) => Promise<LayerWeights>
+}
+
+export type HfConfig = Record<string, unknown>
+
+function num (c: HfConfig, key: string, fallback?: number): number {
+  const v = c[key]
+  if (typeof v === 'number') return v
+  if (fallback !== undefined) return fallback
+  throw new CheckpointError(`config.json: missing numeric "${key}"`)
+}
+
+/** Fields every Llama-like family shares. */
+function baseShape (c: HfConfig, architecture: string): ModelShape {
+  const hiddenSize = num(c, 'hidden_size')
+  const numHeads = num(c, 'num_attention_heads')
+  const sliding = typeof c.sliding_window === 'number' && c.use_sliding_window !== false ? c.sliding_window : undefined
+  const maxPositions = num(c, 'max_position_embeddings', 4096)
+  return {
+    architecture,
+    hiddenSize,
+    numLayers: num(c, 'num_hidden_layers'),
+    numHeads,
+    numKvHeads: num(c, 'num_key_value_heads', numHeads),
+    headDim: typeof c.head_dim === 'number' ? c.head_dim : hiddenSize / numHeads,
+    intermediateSize: num(c, 'intermediate_size'),
+    vocabSize: num(c, 'vocab_size'),
+    // Without a sliding-window op, the window bounds the context we can serve exactly.
+    maxPositions: sliding !== undefined && sliding < maxPositions ? sliding : maxPositions,
+    rmsNormEps: num(c, 'rms_norm_eps', 1e-6),
+    tieWordEmbeddings: c.tie_word_embeddings === true,
+  }
+}
+
+function ropeOf (c: HfConfig): RopeSpec {
+  // transformers >= 5 nests everything under rope_parameters.
+  const params = (c.rope_parameters ?? c.rope_scaling ?? null) as Record<string, unknown> | null
+  const theta = typeof params?.rope_theta === 'number' ? params.rope_theta : num(c, 'rope_theta', 10000)
+  const type = (params?.rope_type ?? params?.type ?? 'default') as string
+  if (typeof c.partial_rotary_factor === 'number' && c.partial_rotary_factor !== 1) {
+    throw new CheckpointError(`config.json: partial_rotary_factor ${c.partial_rotary_factor} is not supported`)
+  }
+  return { theta, type, params: params ?? {} }
+}
+
+function checkNoExtraBias (c: HfConfig, what: string): void {
+  if (c.mlp_bias === true) throw new CheckpointError(`${what}: mlp_bias=true is not supported`)
+}
+
+async function cat (w: WeightStore, names: string[]): Promise<F32Tensor> {
+  const parts = await Promise.all(names.map(n => w.get(n)))
+  const cols = parts[0]!.shape.slice(1)
+  const rows = parts.reduce((s, p) => s + p.shape[0]!, 0)
+  const data = new Float32Array(parts.reduce((s, p) => s + p.data.length, 0))
+  let off = 0
+  for (const p of parts) { data.set(p.data, off); off += p.data.length }
+  return { shape: [rows, ...cols], data }
+}
+
+const llamaLike = (opts: { architectures: string[], modelTypes: string[], name: string, qkvBias: (c: HfConfig) => boolean, qkNorm: boolean }): ArchMapping => ({
+  architectures: opts.architectures,
+  modelTypes: opts.modelTypes,
+  normalize: (c) => {
+    checkNoExtraBias(c, opts.name)
+    return {
+      shape: baseShape(c, opts.name),
+      extras: { qkvBias: opts.qkvBias(c), qkNorm: opts.qkNorm, rope: ropeOf(c) },
+    }
+  },
+  embedName: 'model.embed_tokens.weight',
+  finalNormName: 'model.norm.weight',
+  lmHeadName: 'lm_head.weight',
+  layer: async (w, l) => {
+    const p = `model.layers.${l}`
+    const a = `${p}.self_attn`
+    const bias = w.has(`${a}.q_proj.bias`)
+    return {
+      inputNorm: await w.get(`${p}.input_layernorm.weight`),
+      postNorm: await w.get(`${p}.post_attention_layernorm.weight`),
+      qkv: await cat(w, [`${a}.q_proj.weight`, `${a}.k_proj.weight`, `${a}.v_proj.weight`]),
+      ...(bias ? { qkvBias: await cat(w, [`${a}.q_proj.bias`, `${a}.k_proj.bias`, `${a}.v_proj.bias`]) } : {}),
+      ...(opts.qkNorm ? { qNorm: await w.get(`${a}.q_norm.weight`), kNorm: await w.get(`${a}.k_norm.weight`) } : {}),
+      o: await w.get(`${a}.o_proj.weight`),
+      gateUp: await cat(w, [`${p}.mlp.gate_proj.weight`, `${p}.mlp.up_proj.weight`]),
+      down: await w.get(`${p}.mlp.down_proj.weight`),
+    }
+  },
+})
+
+/** The registry. Order matters only for listing in error messages. */
+export const ARCHITECTURES: ArchMapping[] = [
+  llamaLike({
+    name: 'llama',
+    architectures: ['LlamaForCausalLM', 'MistralForCausalLM'],
+    modelTypes: ['llama', 'mistral'],
+    qkvBias: (c) => {
+      if (c.attention_bias === true) throw new CheckpointError('llama: attention_bias=true is not supported')
+      return false
+    },
+    qkNorm: false,
+  }),
+  llamaLike({ name: 'qwen2', architectures: ['Qwen2ForCausalLM'], modelTypes: ['qwen2'], qkvBias: () => true, qkNorm: false }),
+  llamaLike({
+    name: 'qwen3',
+    architectures: ['Qwen3ForCausalLM'],
+    modelTypes: ['qwen3'],
+    qkvBias: (c) => c.attention_bias === true,
+    qkNorm: true,
+  }),
+  {
+    architectures: ['Phi3ForCausalLM'],
+    modelTypes: ['phi3'],
+    normalize: (c) => {
+      const rope = ropeOf(c)
+      return { shape: baseShape(c, 'phi3'), extras: { qkvBias: false, qkNorm: false, rope } }
+    },
+    embedName: 'model.embed_tokens.weight',
+    finalNormName: 'model.norm.weight',
+    lmHeadName: 'lm_head.weight',
+    layer: async (w, l) => {
+      const p = `model.layers.${l}`
+      return {
+        inputNorm: await w.get(`${p}.input_layernorm.weight`),
+        postNorm: await w.get(`${p}.post_attention_layernorm.weight`),
+        qkv: await w.get(`${p}.self_attn.qkv_proj.weight`),
+        o: await w.get(`${p}.self_attn.o_proj.weight`),
+        gateUp: await w.get(`${p}.mlp.gate_up_proj.weight`),
+        down: await w.get(`${p}.mlp.down_proj.weight`),
+      }
+    },
+  },
+]
+
+export function supportedArchitectures (): string[] {
+  return ARCHITECTURES.flatMap(a => a.architectures)
+}
+
+/** Finds the mapping for a config and normalises it; unknown families get a typed error naming the supported ones. */
+export function normalizeConfig (config: HfConfig): ModelSpec {
+  const archName = Array.isArray(config.architectures) && typeof config.architectures[0] === 'string' ? config.architectures[0] : undefined
+  const modelType = typeof config.model_type === 'string' ? config.model_type : undefined
+  const mapping = ARCHITECTURES.find(a => archName !== undefined ? a.architectures.includes(archName) : modelType !== undefined && a.modelTypes.includes(modelType))
+  if (mapping === undefined) throw new UnsupportedArchitectureError(archName ?? modelType ?? '(none)', supportedArchitectures())
+  const { shape, extras } = mapping.normalize(config)
+  if (shape.hiddenSize <= 0 || shape.numLayers <= 0 || shape.numHeads % shape.numKvHeads !== 0) {
+    throw new CheckpointError(`config.json: inconsistent shape (heads ${shape.numHeads}, kv heads ${shape.numKvHeads})`)
+  }
+  return { shape, extras, invFreq: ropeInvFreq(shape.headDim, extras.rope), mapping }
+}

@@ -1,0 +1,129 @@
+/**
+ * The shard compiler: HF checkpoint directory → per-stage ONNX graphs (weights as one external
+ * data file per stage), tokenizer files, and manifest.json with layer ranges and sha256 hashes.
+ */
+import { existsSync } from 'node:fs'
+import { copyFile, mkdir, open, writeFile } from 'node:fs/promises'
+import { basename, join, resolve } from 'node:path'
+import { normalizeConfig } from './architectures.ts'
+import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
+import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type Quantization, type ShardManifest, type StageManifest } from './contract.ts'
+import { CheckpointError } from './errors.ts'
+import { OP_TABLES, type OpTable } from './graph/ops.ts'
+import { buildStage, type StageSource } from './graph/stage.ts'
+import { describeFile, writeManifest } from './manifest.ts'
+import { openWeights, type F32Tensor } from './safetensors.ts'
+import { planStages } from './split.ts'
+
+/** Bumped whenever the graphs this compiler writes change; cached shards from another version are rebuilt. */
+export const COMPILER_VERSION = 1
+export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
+
+export interface CompileOptions {
+  modelDir: string
+  outDir: string
+  stages?: number
+  layers?: Array<[number, number]>
+  quant?: 'none' | 'int8' | 'int4'
+  blockSize?: 32 | 128
+  /** Served model id; default: config.json's shoal_model_id, else the checkpoint directory's name. */
+  modelId?: string
+  /** 'standard' (default, portable) or 'ort-contrib'. */
+  opSet?: OpTable['name']
+  /** MatMulNBits accuracy_level for quantized stages: 4 (int8 activations, fast; default) or 0 (f32 activations). */
+  accuracyLevel?: 0 | 4
+}
+
+export async function compileShards (options: CompileOptions): Promise<ShardManifest> {
+  const modelDir = resolve(options.modelDir)
+  const outDir = resolve(options.outDir)
+  const config = await readConfig(modelDir)
+  const spec = normalizeConfig(config)
+  const ranges = planStages(spec.shape.numLayers, {
+    ...(options.stages !== undefined ? { stages: options.stages } : {}),
+    ...(options.layers !== undefined ? { layers: options.layers } : {}),
+  })
+  const quantKind = options.quant ?? 'none'
+  const quant: Quantization = quantKind === 'none' ? { kind: 'none' } : { kind: quantKind, blockSize: options.blockSize ?? 32 }
+  const ops = OP_TABLES[options.opSet ?? 'standard']
+  const weights = await openWeights(modelDir)
+  const { shape } = spec
+  const checked = async (name: string, dims: number[]): Promise<F32Tensor> => {
+    const t = await weights.get(name)
+    if (t.shape.length !== dims.length || t.shape.some((d, i) => d !== dims[i])) {
+      throw new CheckpointError(`${name}: shape [${t.shape.join(', ')}], expected [${dims.join(', ')}]`)
+    }
+    return t
+  }
+  const src: StageSource = {
+    embed: async () => await checked(spec.mapping.embedName, [shape.vocabSize, shape.hiddenSize]),
+    finalNorm: async () => await checked(spec.mapping.finalNormName, [shape.hiddenSize]),
+    lmHead: async () => await checked(shape.tieWordEmbeddings || !weights.has(spec.mapping.lmHeadName) ? spec.mapping.embedName : spec.mapping.lmHeadName, [shape.vocabSize, shape.hiddenSize]),
+    layer: async (l) => {
+      const w = await spec.mapping.layer(weights, l)
+      const { hiddenSize: D, numHeads: H, numKvHeads: kvH, headDim: hd, intermediateSize: I } = shape
+      const expect = (t: F32Tensor | undefined, dims: number[], what: string): void => {
+        if (t !== undefined && (t.shape.length !== dims.length || t.shape.some((d, i) => d !== dims[i]))) {
+          throw new CheckpointError(`layer ${l} ${what}: shape [${t.shape.join(', ')}], expected [${dims.join(', ')}]`)
+        }
+      }
+      expect(w.qkv, [(H + 2 * kvH) * hd, D], 'qkv')
+      expect(w.o, [D, H * hd], 'o_proj')
+      expect(w.gateUp, [2 * I, D], 'gate/up')
+      expect(w.down, [D, I], 'down_proj')
+      if (spec.extras.qkvBias && w.qkvBias === undefined) throw new CheckpointError(`layer ${l}: q/k/v bias missing`)
+      return w
+    },
+  }
+
+  await mkdir(outDir, { recursive: true })
+  const stages: StageManifest[] = []
+  for (const [index, layers] of ranges.entries()) {
+    const dir = `stage-${index}`
+    await mkdir(join(outDir, dir), { recursive: true })
+    const hasEmbedding = index === 0
+    const hasHead = index === ranges.length - 1
+    const g = await buildStage(src, {
+      spec, layers, hasEmbedding, hasHead, ops, quant, accuracyLevel: options.accuracyLevel ?? 4, dataFile: STAGE_DATA_FILE,
+    })
+    const graphPath = join(outDir, dir, STAGE_GRAPH_FILE)
+    const dataPath = join(outDir, dir, STAGE_DATA_FILE)
+    await writeFile(graphPath, g.encode(`shoal-stage-${index}`, `layers ${layers[0]}-${layers[1]} of ${basename(modelDir)}`))
+    const fh = await open(dataPath, 'w')
+    try {
+      for (const chunk of g.data()) await fh.write(chunk)
+    } finally {
+      await fh.close()
+    }
+    stages.push({
+      index, layers, hasEmbedding, hasHead, dir,
+      graph: `${dir}/${STAGE_GRAPH_FILE}`,
+      files: [await describeFile(outDir, graphPath), await describeFile(outDir, dataPath)],
+    })
+  }
+
+  const tokenizerFiles = []
+  for (const f of TOKENIZER_FILES) {
+    if (!existsSync(join(modelDir, f))) continue
+    await copyFile(join(modelDir, f), join(outDir, f))
+    tokenizerFiles.push(await describeFile(outDir, join(outDir, f)))
+  }
+  if (!tokenizerFiles.some(f => f.path === 'tokenizer.json')) throw new CheckpointError(`${modelDir}: no tokenizer.json`)
+
+  const description = typeof config.shoal_description === 'string' ? config.shoal_description : undefined
+  const manifest: ShardManifest = {
+    format: MANIFEST_FORMAT,
+    modelId: options.modelId ?? (typeof config.shoal_model_id === 'string' ? config.shoal_model_id : basename(modelDir)),
+    sourceHash: await checkpointHash(modelDir),
+    shape,
+    quantization: quant,
+    opSet: ops.name,
+    generation: await readGenerationDefaults(modelDir, config),
+    tokenizerFiles,
+    stages,
+    ...(description !== undefined ? { description } : {}),
+    compilerVersion: COMPILER_VERSION,
+  }
+  await writeManifest(outDir, manifest)
+  return manifest
+}

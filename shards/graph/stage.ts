@@ -1,0 +1,75 @@
+/**
+ * One stage graph: [embedding] → layers first..last → [final norm + lm_head], with the I/O names
+ * of shards/contract.ts. Cut points are options, so one builder makes every split.
+ */
+import type { LayerWeights, ModelSpec } from '../architectures.ts'
+import {
+  ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
+  pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+} from '../contract.ts'
+import type { F32Tensor } from '../safetensors.ts'
+import { DT, GraphBuilder } from './builder.ts'
+import { makeAttentionMask, makeEmbedding, makeLayer, makeLmHead, makeRotaryTables, type BuildContext } from './blocks.ts'
+import type { OpTable } from './ops.ts'
+
+export interface StageSource {
+  embed: () => Promise<F32Tensor>
+  finalNorm: () => Promise<F32Tensor>
+  /** lm_head weight [V, D]; for tied models this is the embedding. */
+  lmHead: () => Promise<F32Tensor>
+  layer: (l: number) => Promise<LayerWeights>
+}
+
+export interface StageOptions {
+  spec: ModelSpec
+  layers: [number, number]
+  hasEmbedding: boolean
+  hasHead: boolean
+  ops: OpTable
+  quant: Quantization
+  accuracyLevel: number
+  dataFile: string
+}
+
+export async function buildStage (src: StageSource, o: StageOptions): Promise<GraphBuilder> {
+  const g = new GraphBuilder(o.dataFile)
+  const ctx: BuildContext = { g, spec: o.spec, ops: o.ops, quant: o.quant, accuracyLevel: o.accuracyLevel }
+  const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = o.spec.shape
+  let x: string
+  let embedShared: F32Tensor | undefined
+  if (o.hasEmbedding) {
+    const ids = g.input(INPUT_IDS, DT.INT64, ['batch_size', 'sequence_length'])
+    embedShared = await src.embed()
+    x = makeEmbedding(ctx, ids, embedShared)
+  } else {
+    x = g.input(HIDDEN_IN, DT.FLOAT, ['batch_size', 'sequence_length', D])
+  }
+  const positionIds = g.input(POSITION_IDS, DT.INT64, ['batch_size', 'sequence_length'])
+  const mask = g.input(ATTENTION_MASK, DT.INT64, ['batch_size', 'total_sequence_length'])
+  const rotary = makeRotaryTables(ctx, positionIds)
+  const tables = { ...rotary, allowed: makeAttentionMask(ctx, mask, o.hasEmbedding ? INPUT_IDS : HIDDEN_IN) }
+  const kvDims = ['batch_size', kvH, 'past_sequence_length', hd]
+  const presentDims = ['batch_size', kvH, 'total_sequence_length', hd]
+  const presents: Array<[number, string, string]> = []
+  for (let l = o.layers[0]; l <= o.layers[1]; l++) {
+    const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
+    const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
+    const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
+    x = r.out
+    presents.push([l, r.presentK, r.presentV])
+  }
+  if (o.hasHead) {
+    const keep = g.input(NUM_LOGITS_TO_KEEP, DT.INT64, [])
+    const tied = o.spec.shape.tieWordEmbeddings
+    const head = tied && embedShared !== undefined ? embedShared : await src.lmHead()
+    const logits = makeLmHead(ctx, x, keep, await src.finalNorm(), head, tied && embedShared !== undefined ? 'model.embed_tokens.weight' : 'lm_head.weight', tied && embedShared !== undefined)
+    g.output(LOGITS, logits, DT.FLOAT, ['batch_size', 'logits_to_keep', head.shape[0]!])
+  } else {
+    g.output(HIDDEN_OUT, x, DT.FLOAT, ['batch_size', 'sequence_length', D])
+  }
+  for (const [l, k, v] of presents) {
+    g.output(presentKeyName(l), k, DT.FLOAT, presentDims)
+    g.output(presentValueName(l), v, DT.FLOAT, presentDims)
+  }
+  return g
+}

@@ -1,0 +1,17 @@
+/**
+ * shards: turning Hugging Face checkpoints into per-stage ONNX shards the engine runs.
+ * Import (config normalisation through an architecture registry, safetensors in F32/F16/BF16),
+ * the shard compiler (one graph + one external-data file per stage, manifest with sha256s),
+ * manifest loading/verification, the random-weight test/demo checkpoint generator, and the
+ * compile cache used by `shoal serve DIR`.
+ */
+export * from './contract.ts'
+export { compileShards, COMPILER_VERSION, type CompileOptions } from './compile.ts'
+export { loadManifest, validateManifest, verifyShardFiles } from './manifest.ts'
+export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
+export { planStages, parseLayerRanges } from './split.ts'
+export { generateTestModel, TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
+export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions } from './cache.ts'
+export {
+  UnsupportedArchitectureError, CheckpointError, LayerSplitError, ManifestError, ShardIntegrityError,
+} from './errors.ts'

@@ -1,0 +1,112 @@
+/**
+ * manifest.json: writing, loading with validation, and verifying every file's size and sha256.
+ */
+import { createHash } from 'node:crypto'
+import { createReadStream } from 'node:fs'
+import { readFile, stat, writeFile, rename } from 'node:fs/promises'
+import { join, relative, sep } from 'node:path'
+import { MANIFEST_FILE, MANIFEST_FORMAT, type ShardFile, type ShardManifest } from './contract.ts'
+import { ManifestError, ShardIntegrityError } from './errors.ts'
+
+export async function sha256File (file: string): Promise<string> {
+  const h = createHash('sha256')
+  for await (const chunk of createReadStream(file, { highWaterMark: 1 << 20 })) h.update(chunk as Buffer)
+  return h.digest('hex')
+}
+
+export async function describeFile (root: string, file: string): Promise<ShardFile> {
+  return { path: relative(root, file).split(sep).join('/'), sha256: await sha256File(file), bytes: (await stat(file)).size }
+}
+
+export async function writeManifest (dir: string, manifest: ShardManifest): Promise<void> {
+  const tmp = join(dir, `${MANIFEST_FILE}.tmp`)
+  await writeFile(tmp, JSON.stringify(manifest, null, 2) + '\n')
+  await rename(tmp, join(dir, MANIFEST_FILE))
+}
+
+function fail (what: string): never {
+  throw new ManifestError(`manifest.json: ${what}`)
+}
+
+const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v)
+
+function checkFiles (files: unknown, where: string): void {
+  if (!Array.isArray(files)) fail(`${where}: files must be an array`)
+  for (const f of files as unknown[]) {
+    const o = f as Partial<ShardFile>
+    if (typeof o?.path !== 'string' || o.path.startsWith('/') || o.path.split('/').includes('..')) fail(`${where}: bad file path ${JSON.stringify(o?.path)}`)
+    if (typeof o.sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(o.sha256)) fail(`${where}: bad sha256 for ${o.path}`)
+    if (!isInt(o.bytes) || o.bytes < 0) fail(`${where}: bad size for ${o.path}`)
+  }
+}
+
+/** Structural checks: format, shape, stages contiguous from layer 0 to the last layer. */
+export function validateManifest (m: unknown): ShardManifest {
+  const o = m as Partial<ShardManifest>
+  if (o === null || typeof o !== 'object') fail('not an object')
+  if (o.format !== MANIFEST_FORMAT) fail(`format ${JSON.stringify(o.format)}, expected ${MANIFEST_FORMAT}`)
+  if (typeof o.modelId !== 'string' || o.modelId === '') fail('modelId missing')
+  if (typeof o.sourceHash !== 'string') fail('sourceHash missing')
+  const s = o.shape
+  if (s === undefined || typeof s !== 'object') fail('shape missing')
+  for (const k of ['hiddenSize', 'numLayers', 'numHeads', 'numKvHeads', 'headDim', 'intermediateSize', 'vocabSize', 'maxPositions'] as const) {
+    if (!isInt(s[k]) || s[k] <= 0) fail(`shape.${k} must be a positive integer`)
+  }
+  const q = o.quantization
+  if (q === undefined || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
+  if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
+  if (o.generation === undefined || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
+  checkFiles(o.tokenizerFiles, 'tokenizerFiles')
+  if (!Array.isArray(o.stages) || o.stages.length === 0) fail('no stages')
+  let next = 0
+  o.stages.forEach((st, i) => {
+    if (st.index !== i) fail(`stage ${i}: index ${st.index}`)
+    if (!Array.isArray(st.layers) || !isInt(st.layers[0]) || !isInt(st.layers[1]) || st.layers[0] !== next || st.layers[1] < st.layers[0]) {
+      fail(`stage ${i}: layers ${JSON.stringify(st.layers)} do not continue from layer ${next}`)
+    }
+    next = st.layers[1] + 1
+    if (st.hasEmbedding !== (i === 0)) fail(`stage ${i}: hasEmbedding must be ${i === 0}`)
+    if (st.hasHead !== (i === o.stages!.length - 1)) fail(`stage ${i}: hasHead must be ${i === o.stages!.length - 1}`)
+    if (typeof st.graph !== 'string' || typeof st.dir !== 'string') fail(`stage ${i}: graph/dir missing`)
+    checkFiles(st.files, `stage ${i}`)
+    if (!st.files.some(f => f.path === st.graph)) fail(`stage ${i}: graph ${st.graph} not among its files`)
+  })
+  if (next !== s.numLayers) fail(`stages cover layers 0..${next - 1}, model has ${s.numLayers}`)
+  return o as ShardManifest
+}
+
+export async function loadManifest (shardDir: string): Promise<ShardManifest> {
+  let text: string
+  try {
+    text = await readFile(join(shardDir, MANIFEST_FILE), 'utf8')
+  } catch (err) {
+    throw new ManifestError(`${shardDir}: no readable ${MANIFEST_FILE}`, { cause: err })
+  }
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(text)
+  } catch (err) {
+    throw new ManifestError(`${shardDir}/${MANIFEST_FILE}: not JSON`, { cause: err })
+  }
+  return validateManifest(parsed)
+}
+
+/** Checks size and sha256 of every file the manifest lists (or only those of some stages). */
+export async function verifyShardFiles (shardDir: string, manifest: ShardManifest, stages?: number[]): Promise<void> {
+  const files = [
+    ...manifest.tokenizerFiles,
+    ...manifest.stages.filter(s => stages === undefined || stages.includes(s.index)).flatMap(s => s.files),
+  ]
+  for (const f of files) {
+    const path = join(shardDir, ...f.path.split('/'))
+    let size: number
+    try {
+      size = (await stat(path)).size
+    } catch {
+      throw new ShardIntegrityError(f.path, 'missing')
+    }
+    if (size !== f.bytes) throw new ShardIntegrityError(f.path, `size ${size}, manifest says ${f.bytes}`)
+    const digest = await sha256File(path)
+    if (digest !== f.sha256) throw new ShardIntegrityError(f.path, `sha256 ${digest}, manifest says ${f.sha256}`)
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * Weight quantization into the com.microsoft MatMulNBits layout: per output row, blocks of
+ * `blockSize` input elements, each with one f32 scale; symmetric, so no zero_points input (the
+ * op's default zero point, 2^(bits-1), applies). 4-bit values pack two per byte, low nibble first.
+ * Dequantised weight = (q - 2^(bits-1)) · scale. Symmetric-without-zero-points is the form every
+ * OpenVINO ONNX-frontend version we checked reads (see DESIGN.md).
+ */
+export interface QuantizedMatrix {
+  bits: 4 | 8
+  blockSize: number
+  /** Output features (rows of the HF weight). */
+  n: number
+  /** Input features. */
+  k: number
+  /** [n, blocks, blockSize·bits/8] */
+  data: Uint8Array
+  /** [n · blocks] */
+  scales: Float32Array
+}
+
+/** The implicit zero point MatMulNBits uses when none is given. */
+export const defaultZeroPoint = (bits: 4 | 8): number => 1 << (bits - 1)
+
+/** Quantizes an HF-layout weight [n, k]; a partial last block is padded with zeros. */
+export function quantizeMatrix (w: Float32Array, n: number, k: number, bits: 4 | 8, blockSize: number): QuantizedMatrix {
+  const blocks = Math.ceil(k / blockSize)
+  const blob = blockSize * bits / 8
+  const zp = defaultZeroPoint(bits)
+  const qmax = zp - 1
+  const data = new Uint8Array(n * blocks * blob)
+  const scales = new Float32Array(n * blocks)
+  const q = new Uint8Array(blockSize)
+  for (let r = 0; r < n; r++) {
+    for (let b = 0; b < blocks; b++) {
+      const start = b * blockSize
+      const end = Math.min(k, start + blockSize)
+      let absMax = 0
+      for (let i = start; i < end; i++) absMax = Math.max(absMax, Math.abs(w[r * k + i]!))
+      const scale = Math.fround(absMax > 0 ? absMax / qmax : 1)
+      for (let i = 0; i < blockSize; i++) {
+        const v = start + i < end ? w[r * k + start + i]! : 0
+        q[i] = Math.min(qmax, Math.max(-zp, Math.round(v / scale))) + zp
+      }
+      scales[r * blocks + b] = scale
+      const base = (r * blocks + b) * blob
+      if (bits === 8) data.set(q, base)
+      else for (let i = 0; i < blockSize; i += 2) data[base + i / 2] = q[i]! | (q[i + 1]! << 4)
+    }
+  }
+  return { bits, blockSize, n, k, data, scales }
+}
+
+/** Inverse of quantizeMatrix (for tests and error reports): [n, k] f32. */
+export function dequantizeMatrix (q: QuantizedMatrix): Float32Array {
+  const blocks = Math.ceil(q.k / q.blockSize)
+  const blob = q.blockSize * q.bits / 8
+  const zp = defaultZeroPoint(q.bits)
+  const out = new Float32Array(q.n * q.k)
+  for (let r = 0; r < q.n; r++) {
+    for (let i = 0; i < q.k; i++) {
+      const b = Math.floor(i / q.blockSize)
+      const j = i % q.blockSize
+      const byte = q.data[(r * blocks + b) * blob + (q.bits === 8 ? j : j >> 1)]!
+      const v = q.bits === 8 ? byte : (j & 1) === 0 ? byte & 15 : byte >> 4
+      out[r * q.k + i] = Math.fround((v - zp) * q.scales[r * blocks + b]!)
+    }
+  }
+  return out
+}

@@ -1,0 +1,276 @@
+/**
+ * Random-weight checkpoints in real Hugging Face layout (config.json, safetensors, tokenizer.json,
+ * tokenizer_config.json with a chat template, generation_config.json) for every supported
+ * architecture. Deterministic from a seed. The weights are random: the text they produce is
+ * noise, but every code path (import, compile, split, decode) runs on them exactly as on a real model.
+ */
+import { mkdir, writeFile } from 'node:fs/promises'
+import { join } from 'node:path'
+import { writeSafetensors, type SafetensorsDtype, type TensorToWrite } from '../safetensors.ts'
+import { hash32, Prng } from './prng.ts'
+import { buildTokenizerJson } from './tokenizer.ts'
+
+export type TestArchitecture = 'llama' | 'qwen2' | 'qwen3' | 'phi3'
+export type TestModelSize = 'tiny' | 'small' | '60m' | '250m'
+
+export interface GenerateOptions {
+  architecture: TestArchitecture
+  outDir: string
+  size?: TestModelSize
+  seed?: number
+  tieWordEmbeddings?: boolean
+  /** Stored weight dtype (default F32). */
+  dtype?: SafetensorsDtype
+  /** Write the weights as N safetensors files with model.safetensors.index.json (default 1 file). */
+  weightShards?: number
+  /** HF rope_scaling block, e.g. { rope_type: 'llama3', factor: 8, ... } or { rope_type: 'linear', factor: 2 }. */
+  ropeScaling?: Record<string, unknown>
+  /** Written into config.json as shoal_description and carried into the manifest. */
+  description?: string
+  /** Written into config.json as shoal_model_id: the id the compiled manifest serves under. */
+  modelId?: string
+}
+
+interface SizeSpec { hidden: number, layers: number, heads: number, kvHeads: number, ffn: number, vocab: number, maxPositions: number }
+
+const SIZES: Record<TestModelSize, SizeSpec> = {
+  tiny: { hidden: 64, layers: 4, heads: 4, kvHeads: 2, ffn: 128, vocab: 512, maxPositions: 2048 },
+  small: { hidden: 256, layers: 6, heads: 8, kvHeads: 2, ffn: 704, vocab: 1024, maxPositions: 4096 },
+  '60m': { hidden: 512, layers: 8, heads: 8, kvHeads: 2, ffn: 1536, vocab: 32000, maxPositions: 4096 },
+  '250m': { hidden: 1024, layers: 16, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000, maxPositions: 4096 },
+}
+
+/** The tokenizer's size (bytes + merges + specials); the model vocab is padded up to SizeSpec.vocab. */
+const TOKENIZER_SIZE = 512
+
+interface ArchProfile {
+  hfArchitecture: string
+  modelType: string
+  specials: string[]
+  bos?: string
+  eos: string
+  /** Extra eos ids for generation_config (token texts). */
+  genEos: string[]
+  pad?: string
+  addBosToken: boolean
+  chatTemplate: string
+  tiedByDefault: boolean
+  extraConfig: (s: SizeSpec) => Record<string, unknown>
+  /** Weight names and shapes of one layer, in HF layout. */
+  layer: (p: string, s: SizeSpec, hd: number) => Array<[string, number[], 'linear' | 'norm' | 'bias']>
+}
+
+const LLAMA_TEMPLATE = "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = '' %}{%- set loop_messages = messages %}{%- endif %}{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}{%- if loop.first %}{{- '[INST] ' + system + message['content'] + ' [/INST]' }}{%- else %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- endif %}{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token }}{%- else %}{{- raise_exception('Only system, user and assistant roles are supported') }}{%- endif %}{%- endfor %}"
+const CHATML_TEMPLATE = "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+const PHI3_TEMPLATE = "{%- for message in messages %}{%- if message['role'] in ['system', 'user', 'assistant'] %}{{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}{%- else %}{{- raise_exception('Unknown role: ' + message['role']) }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- else %}{{- eos_token }}{%- endif %}"
+
+const llamaLayer = (bias: boolean, qkNorm: boolean) => (p: string, s: SizeSpec, hd: number): Array<[string, number[], 'linear' | 'norm' | 'bias']> => {
+  const a = `${p}.self_attn`
+  const out: Array<[string, number[], 'linear' | 'norm' | 'bias']> = [
+    [`${p}.input_layernorm.weight`, [s.hidden], 'norm'],
+    [`${a}.q_proj.weight`, [s.heads * hd, s.hidden], 'linear'],
+    [`${a}.k_proj.weight`, [s.kvHeads * hd, s.hidden], 'linear'],
+    [`${a}.v_proj.weight`, [s.kvHeads * hd, s.hidden], 'linear'],
+  ]
+  if (bias) out.push([`${a}.q_proj.bias`, [s.heads * hd], 'bias'], [`${a}.k_proj.bias`, [s.kvHeads * hd], 'bias'], [`${a}.v_proj.bias`, [s.kvHeads * hd], 'bias'])
+  if (qkNorm) out.push([`${a}.q_norm.weight`, [hd], 'norm'], [`${a}.k_norm.weight`, [hd], 'norm'])
+  out.push(
+    [`${a}.o_proj.weight`, [s.hidden, s.heads * hd], 'linear'],
+    [`${p}.post_attention_layernorm.weight`, [s.hidden], 'norm'],
+    [`${p}.mlp.gate_proj.weight`, [s.ffn, s.hidden], 'linear'],
+    [`${p}.mlp.up_proj.weight`, [s.ffn, s.hidden], 'linear'],
+    [`${p}.mlp.down_proj.weight`, [s.hidden, s.ffn], 'linear'],
+  )
+  return out
+}
+
+const PROFILES: Record<TestArchitecture, ArchProfile> = {
+  llama: {
+    hfArchitecture: 'LlamaForCausalLM',
+    modelType: 'llama',
+    specials: ['<unk>', '<s>', '</s>'],
+    bos: '<s>',
+    eos: '</s>',
+    genEos: ['</s>'],
+    addBosToken: true,
+    chatTemplate: LLAMA_TEMPLATE,
+    tiedByDefault: false,
+    extraConfig: () => ({ attention_bias: false, mlp_bias: false, hidden_act: 'silu', pretraining_tp: 1 }),
+    layer: llamaLayer(false, false),
+  },
+  qwen2: {
+    hfArchitecture: 'Qwen2ForCausalLM',
+    modelType: 'qwen2',
+    specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
+    eos: '<|im_end|>',
+    genEos: ['<|im_end|>', '<|endoftext|>'],
+    pad: '<|endoftext|>',
+    addBosToken: false,
+    chatTemplate: CHATML_TEMPLATE,
+    tiedByDefault: true,
+    extraConfig: (s) => ({ hidden_act: 'silu', use_sliding_window: false, sliding_window: s.maxPositions, max_window_layers: 0 }),
+    layer: llamaLayer(true, false),
+  },
+  qwen3: {
+    hfArchitecture: 'Qwen3ForCausalLM',
+    modelType: 'qwen3',
+    specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
+    eos: '<|im_end|>',
+    genEos: ['<|im_end|>', '<|endoftext|>'],
+    pad: '<|endoftext|>',
+    addBosToken: false,
+    chatTemplate: CHATML_TEMPLATE,
+    tiedByDefault: true,
+    extraConfig: (s) => ({ hidden_act: 'silu', attention_bias: false, use_sliding_window: false, sliding_window: null, head_dim: s.hidden / s.heads }),
+    layer: llamaLayer(false, true),
+  },
+  phi3: {
+    hfArchitecture: 'Phi3ForCausalLM',
+    modelType: 'phi3',
+    specials: ['<unk>', '<s>', '</s>', '<|endoftext|>', '<|system|>', '<|user|>', '<|assistant|>', '<|end|>'],
+    bos: '<s>',
+    eos: '<|endoftext|>',
+    genEos: ['<|endoftext|>', '<|end|>', '<|assistant|>'],
+    pad: '<|endoftext|>',
+    addBosToken: false,
+    chatTemplate: PHI3_TEMPLATE,
+    tiedByDefault: false,
+    extraConfig: () => ({ hidden_act: 'silu', sliding_window: null, original_max_position_embeddings: 4096, partial_rotary_factor: 1.0 }),
+    layer: (p, s, hd) => [
+      [`${p}.input_layernorm.weight`, [s.hidden], 'norm'],
+      [`${p}.self_attn.qkv_proj.weight`, [(s.heads + 2 * s.kvHeads) * hd, s.hidden], 'linear'],
+      [`${p}.self_attn.o_proj.weight`, [s.hidden, s.heads * hd], 'linear'],
+      [`${p}.post_attention_layernorm.weight`, [s.hidden], 'norm'],
+      [`${p}.mlp.gate_up_proj.weight`, [2 * s.ffn, s.hidden], 'linear'],
+      [`${p}.mlp.down_proj.weight`, [s.hidden, s.ffn], 'linear'],
+    ],
+  },
+}
+
+export const TEST_ARCHITECTURES = Object.keys(PROFILES) as TestArchitecture[]
+
+/** Target std of logits: peaked enough that greedy ties are rare, flat enough that text does not loop at once. */
+const LOGIT_STD = 3
+/** o_proj and down_proj are scaled up so the residual updates outweigh the (tied) embedding: otherwise greedy text echoes its last token. */
+const RESIDUAL_GAIN = 2
+
+export async function generateTestModel (options: GenerateOptions): Promise<void> {
+  const prof = PROFILES[options.architecture]
+  const size = SIZES[options.size ?? 'tiny']
+  const seed = options.seed ?? 1
+  const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
+  const hd = size.hidden / size.heads
+  const tok = buildTokenizerJson(TOKENIZER_SIZE, prof.specials, prof.addBosToken ? prof.bos : undefined)
+  const vocab = Math.max(size.vocab, tok.size)
+  const id = (t: string | undefined): number | undefined => t === undefined ? undefined : tok.specialIds.get(t)
+  await mkdir(options.outDir, { recursive: true })
+
+  const config: Record<string, unknown> = {
+    architectures: [prof.hfArchitecture],
+    model_type: prof.modelType,
+    hidden_size: size.hidden,
+    intermediate_size: size.ffn,
+    num_hidden_layers: size.layers,
+    num_attention_heads: size.heads,
+    num_key_value_heads: size.kvHeads,
+    vocab_size: vocab,
+    max_position_embeddings: size.maxPositions,
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000,
+    rope_scaling: options.ropeScaling ?? null,
+    tie_word_embeddings: tied,
+    bos_token_id: id(prof.bos) ?? null,
+    eos_token_id: id(prof.eos),
+    initializer_range: 0.02,
+    use_cache: true,
+    torch_dtype: { F32: 'float32', F16: 'float16', BF16: 'bfloat16' }[options.dtype ?? 'F32'],
+    transformers_version: '4.46.0',
+    ...prof.extraConfig(size),
+    ...(options.modelId !== undefined ? { shoal_model_id: options.modelId } : {}),
+    shoal_description: options.description ?? `random weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}); not a trained model`,
+  }
+
+  // Per-tensor streams: a tensor's values depend only on (seed, name), not on what else is written.
+  const special = new Set(tok.specialIds.values())
+  const headScale = LOGIT_STD / Math.sqrt(size.hidden)
+  const gen = (name: string, shape: number[], kind: 'linear' | 'norm' | 'bias' | 'embed'): TensorToWrite => ({
+    name,
+    shape,
+    data: () => {
+      const rng = new Prng(hash32(name) ^ Math.imul(seed, 0x9e3779b1))
+      const n = shape.reduce((a, b) => a * b, 1)
+      const out = new Float32Array(n)
+      if (kind === 'norm') for (let i = 0; i < n; i++) out[i] = 1 + 0.1 * rng.normal()
+      else if (kind === 'bias') for (let i = 0; i < n; i++) out[i] = 0.1 * rng.normal()
+      else if (kind === 'linear') { const s = (/(o_proj|down_proj)/.test(name) ? RESIDUAL_GAIN : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
+      else {
+        // Rows past the tokenizer stay zero (padding, never the argmax); special tokens are damped so random text rarely hits EOS.
+        const d = shape[1]!
+        for (let r = 0; r < Math.min(shape[0]!, tok.size); r++) {
+          const s = special.has(r) ? headScale * 0.3 : headScale
+          for (let c = 0; c < d; c++) out[r * d + c] = s * rng.normal()
+        }
+      }
+      return out
+    },
+  })
+  const tensors: TensorToWrite[] = [gen('model.embed_tokens.weight', [vocab, size.hidden], 'embed')]
+  for (let l = 0; l < size.layers; l++) {
+    for (const [name, shape, kind] of prof.layer(`model.layers.${l}`, size, hd)) tensors.push(gen(name, shape, kind))
+  }
+  tensors.push(gen('model.norm.weight', [size.hidden], 'norm'))
+  if (!tied) tensors.push(gen('lm_head.weight', [vocab, size.hidden], 'embed'))
+
+  const dtype = options.dtype ?? 'F32'
+  const shards = Math.max(1, Math.min(options.weightShards ?? 1, tensors.length))
+  if (shards === 1) {
+    await writeSafetensors(join(options.outDir, 'model.safetensors'), tensors, dtype)
+  } else {
+    const weightMap: Record<string, string> = {}
+    const per = Math.ceil(tensors.length / shards)
+    let total = 0
+    for (let i = 0; i < shards; i++) {
+      const part = tensors.slice(i * per, (i + 1) * per)
+      const file = `model-${String(i + 1).padStart(5, '0')}-of-${String(shards).padStart(5, '0')}.safetensors`
+      for (const t of part) { weightMap[t.name] = file; total += t.shape.reduce((a, b) => a * b, 1) * (dtype === 'F32' ? 4 : 2) }
+      await writeSafetensors(join(options.outDir, file), part, dtype)
+    }
+    await writeJson(join(options.outDir, 'model.safetensors.index.json'), { metadata: { total_size: total }, weight_map: weightMap })
+  }
+
+  const eosIds = prof.genEos.map(t => id(t)!)
+  await writeJson(join(options.outDir, 'config.json'), config)
+  await writeJson(join(options.outDir, 'generation_config.json'), {
+    ...(prof.bos !== undefined ? { bos_token_id: id(prof.bos) } : {}),
+    eos_token_id: eosIds.length === 1 ? eosIds[0] : eosIds,
+    ...(prof.pad !== undefined ? { pad_token_id: id(prof.pad) } : {}),
+    _from_model_config: false,
+    transformers_version: '4.46.0',
+  })
+  await writeJson(join(options.outDir, 'tokenizer.json'), tok.tokenizerJson)
+  const added = Object.fromEntries([...tok.specialIds].map(([content, i]) => [String(i), {
+    content, lstrip: false, normalized: false, rstrip: false, single_word: false, special: true,
+  }]))
+  await writeJson(join(options.outDir, 'tokenizer_config.json'), {
+    add_bos_token: prof.addBosToken,
+    add_eos_token: false,
+    added_tokens_decoder: added,
+    bos_token: prof.bos ?? null,
+    eos_token: prof.eos,
+    pad_token: prof.pad ?? null,
+    unk_token: prof.specials.includes('<unk>') ? '<unk>' : null,
+    chat_template: prof.chatTemplate,
+    clean_up_tokenization_spaces: false,
+    model_max_length: size.maxPositions,
+    tokenizer_class: prof.modelType === 'llama' || prof.modelType === 'phi3' ? 'LlamaTokenizerFast' : 'Qwen2TokenizerFast',
+  })
+  await writeJson(join(options.outDir, 'special_tokens_map.json'), {
+    ...(prof.bos !== undefined ? { bos_token: prof.bos } : {}),
+    eos_token: prof.eos,
+    ...(prof.pad !== undefined ? { pad_token: prof.pad } : {}),
+  })
+}
+
+async function writeJson (file: string, value: unknown): Promise<void> {
+  await writeFile(file, JSON.stringify(value, null, 2) + '\n')
+}

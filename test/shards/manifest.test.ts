@@ -1,0 +1,128 @@
+/**
+ * Manifest integrity and stage planning: hashes verify, tampering and truncation are detected,
+ * malformed manifests and bad --layers are typed errors; the CLI writes a shard directory;
+ * the compile cache and demo model are built once and reused.
+ */
+import { mkdtemp, readFile, rm, stat, writeFile, appendFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import {
+  compileCached, compileShards, ensureDemoModel, generateTestModel, isShardDir, loadManifest,
+  parseLayerRanges, planStages, verifyShardFiles, validateManifest,
+} from '../../shards/index.ts'
+import { main } from '../../scripts/cli.ts'
+
+let root: string
+let modelDir: string
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), 'shoal-manifest-'))
+  modelDir = join(root, 'llama')
+  await generateTestModel({ architecture: 'llama', outDir: modelDir })
+})
+afterAll(async () => { await rm(root, { recursive: true, force: true }) })
+
+describe('manifest', () => {
+  it('records layer ranges and sha256 of every file, and verifies', async () => {
+    const out = join(root, 'two')
+    const m = await compileShards({ modelDir, outDir: out, stages: 2 })
+    expect(m.stages.map(s => [s.layers, s.hasEmbedding, s.hasHead])).toEqual([[[0, 1], true, false], [[2, 3], false, true]])
+    expect(m.stages[0]!.files.map(f => f.path)).toEqual(['stage-0/model.onnx', 'stage-0/model.onnx.data'])
+    const loaded = await loadManifest(out)
+    expect(loaded).toEqual(m)
+    await verifyShardFiles(out, loaded)
+  })
+
+  it('detects a flipped byte and a truncated file', async () => {
+    const out = join(root, 'tamper')
+    const m = await compileShards({ modelDir, outDir: out, stages: 2 })
+    const data = join(out, 'stage-1', 'model.onnx.data')
+    const bytes = await readFile(data)
+    const mid = bytes.length >> 1
+    bytes[mid] = bytes[mid]! ^ 1
+    await writeFile(data, bytes)
+    await expect(verifyShardFiles(out, m)).rejects.toMatchObject({ code: 'SHOAL_ERR_SHARD_INTEGRITY', path: 'stage-1/model.onnx.data' })
+    await verifyShardFiles(out, m, [0]) // stage 0 alone is intact
+    await appendFile(join(out, 'tokenizer.json'), ' ')
+    await expect(verifyShardFiles(out, m, [0])).rejects.toMatchObject({ code: 'SHOAL_ERR_SHARD_INTEGRITY', message: expect.stringContaining('size') })
+  })
+
+  it('rejects malformed manifests with a typed error', async () => {
+    const out = join(root, 'bad')
+    const m = await compileShards({ modelDir, outDir: out, stages: 2 })
+    const bad = [
+      { ...m, format: 'shoal-shards/0' },
+      { ...m, stages: [m.stages[1]!] },
+      { ...m, stages: [{ ...m.stages[0]!, layers: [0, 2] }, m.stages[1]!] },
+      { ...m, stages: [m.stages[0]!, { ...m.stages[1]!, files: [{ path: '../x', sha256: 'a'.repeat(64), bytes: 1 }] }] },
+      { ...m, quantization: { kind: 'int3' } },
+    ]
+    for (const b of bad) expect(() => validateManifest(b)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_MANIFEST' }))
+    await writeFile(join(out, 'manifest.json'), '{nope')
+    await expect(loadManifest(out)).rejects.toMatchObject({ code: 'SHOAL_ERR_MANIFEST' })
+    await expect(loadManifest(join(root, 'missing'))).rejects.toMatchObject({ code: 'SHOAL_ERR_MANIFEST' })
+  })
+})
+
+describe('stage planning', () => {
+  it('splits evenly, earlier stages taking the remainder', () => {
+    expect(planStages(4, {})).toEqual([[0, 3]])
+    expect(planStages(10, { stages: 3 })).toEqual([[0, 3], [4, 6], [7, 9]])
+    expect(planStages(4, { stages: 4 })).toEqual([[0, 0], [1, 1], [2, 2], [3, 3]])
+    expect(parseLayerRanges('0-1, 2-2,3')).toEqual([[0, 1], [2, 2], [3, 3]])
+  })
+
+  it('rejects ranges that do not cover every layer exactly once', async () => {
+    const cases: Array<Array<[number, number]>> = [[[0, 1]], [[0, 1], [3, 3]], [[0, 2], [2, 3]], [[0, 3], [4, 4]], [[1, 3]], [[0, 3], [3, 3]]]
+    for (const layers of cases) expect(() => planStages(4, { layers })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_LAYER_SPLIT', name: 'LayerSplitError' }))
+    expect(() => planStages(4, { stages: 5 })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_LAYER_SPLIT' }))
+    expect(() => parseLayerRanges('0-a')).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_LAYER_SPLIT' }))
+    await expect(compileShards({ modelDir, outDir: join(root, 'gap'), layers: [[0, 1], [3, 3]] })).rejects.toMatchObject({ code: 'SHOAL_ERR_LAYER_SPLIT' })
+  })
+})
+
+describe('shoal shard (CLI)', () => {
+  it('writes a shard directory and exits 0; a bad split exits 2 with the reason', async () => {
+    const out = join(root, 'cli')
+    expect(await main(['shard', '--model', modelDir, '--out', out, '--layers', '0-0,1-3', '--quant', 'int4'])).toBe(0)
+    const m = await loadManifest(out)
+    expect(m.stages.map(s => s.layers)).toEqual([[0, 0], [1, 3]])
+    expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32 })
+    await verifyShardFiles(out, m)
+    const errs: string[] = []
+    const orig = process.stderr.write.bind(process.stderr)
+    process.stderr.write = ((s: string) => { errs.push(String(s)); return true }) as typeof process.stderr.write
+    try {
+      expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli2'), '--layers', '0-1,3-3'])).toBe(2)
+      expect(await main(['shard', '--model', join(root, 'nope'), '--out', join(root, 'cli3')])).toBe(2)
+    } finally {
+      process.stderr.write = orig
+    }
+    expect(errs.join('')).toMatch(/layers 2-2 are not covered/)
+  })
+})
+
+describe('caches', () => {
+  it('compileCached compiles once per checkpoint content and reuses the result', async () => {
+    const cache = join(root, 'cache')
+    const a = await compileCached(modelDir, cache)
+    expect(isShardDir(a)).toBe(true)
+    expect(isShardDir(modelDir)).toBe(false)
+    const m = await loadManifest(a)
+    expect(a.endsWith(m.sourceHash)).toBe(true)
+    expect(m.stages).toHaveLength(1)
+    const before = (await stat(join(a, 'manifest.json'))).mtimeMs
+    expect(await compileCached(modelDir, cache)).toBe(a)
+    expect((await stat(join(a, 'manifest.json'))).mtimeMs).toBe(before)
+  })
+
+  it('ensureDemoModel generates once, atomically, labelled as random weights', async () => {
+    const cache = join(root, 'demo-cache')
+    const [a, b] = await Promise.all([ensureDemoModel(cache, { size: 'tiny' }), ensureDemoModel(cache, { size: 'tiny' })])
+    expect(a).toBe(b)
+    expect(await ensureDemoModel(cache, { size: 'tiny' })).toBe(a)
+    const m = await loadManifest(await compileCached(a, cache))
+    expect(m.modelId).toBe('shoal-demo')
+    expect(m.description).toMatch(/random weights/)
+  })
+})

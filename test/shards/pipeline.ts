@@ -1,0 +1,123 @@
+/**
+ * Test helper: runs a compiled shard directory's stage graphs directly with onnxruntime-node,
+ * chaining hidden_states_out → hidden_states, with an explicit KV cache per layer (batch 1).
+ */
+import ort from 'onnxruntime-node'
+import { join } from 'node:path'
+import {
+  ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
+  pastKeyName, pastValueName, presentKeyName, presentValueName, type ShardManifest,
+} from '../../shards/index.ts'
+
+export interface Pipeline {
+  manifest: ShardManifest
+  sessions: ort.InferenceSession[]
+  release: () => Promise<void>
+}
+
+export async function openPipeline (dir: string, manifest: ShardManifest): Promise<Pipeline> {
+  const sessions: ort.InferenceSession[] = []
+  for (const s of manifest.stages) {
+    sessions.push(await ort.InferenceSession.create(join(dir, s.graph), { intraOpNumThreads: 1, interOpNumThreads: 1 }))
+  }
+  return { manifest, sessions, release: async () => { for (const s of sessions) await s.release() } }
+}
+
+const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
+
+/** Greedy decode: prefill the prompt in one call, then one token per step. Returns tokens and each step's logits. */
+export async function greedyDecode (p: Pipeline, prompt: number[], n: number): Promise<{ tokens: number[], logits: Float32Array[] }> {
+  const { numKvHeads: kvH, headDim: hd } = p.manifest.shape
+  const past = new Map<string, ort.Tensor>()
+  for (const s of p.manifest.stages) {
+    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+      past.set(pastKeyName(l), new ort.Tensor('float32', new Float32Array(0), [1, kvH, 0, hd]))
+      past.set(pastValueName(l), new ort.Tensor('float32', new Float32Array(0), [1, kvH, 0, hd]))
+    }
+  }
+  const tokens: number[] = []
+  const all: Float32Array[] = []
+  let input = prompt
+  let P = 0
+  for (let step = 0; step < n; step++) {
+    const S = input.length
+    let hidden: ort.Tensor | undefined
+    let logits: Float32Array | undefined
+    for (const [i, s] of p.manifest.stages.entries()) {
+      const feeds: Record<string, ort.Tensor> = {
+        [POSITION_IDS]: i64(input.map((_, j) => P + j), [1, S]),
+        [ATTENTION_MASK]: i64(new Array<number>(P + S).fill(1), [1, P + S]),
+      }
+      if (s.hasEmbedding) feeds[INPUT_IDS] = i64(input, [1, S])
+      else feeds[HIDDEN_IN] = hidden!
+      if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([1], [])
+      for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+        feeds[pastKeyName(l)] = past.get(pastKeyName(l))!
+        feeds[pastValueName(l)] = past.get(pastValueName(l))!
+      }
+      const out = await p.sessions[i]!.run(feeds)
+      for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+        past.set(pastKeyName(l), out[presentKeyName(l)]!)
+        past.set(pastValueName(l), out[presentValueName(l)]!)
+      }
+      if (s.hasHead) logits = out[LOGITS]!.data as Float32Array
+      else hidden = out[HIDDEN_OUT]!
+    }
+    let best = 0
+    for (let j = 1; j < logits!.length; j++) if (logits![j]! > logits![best]!) best = j
+    tokens.push(best)
+    all.push(logits!)
+    P += S
+    input = [best]
+  }
+  return { tokens, logits: all }
+}
+
+/** Every way to cut `layers` layers into `k` contiguous non-empty stages. */
+export function allSplits (layers: number, k: number): Array<Array<[number, number]>> {
+  if (k === 1) return [[[0, layers - 1]]]
+  const out: Array<Array<[number, number]>> = []
+  const rec = (start: number, left: number, acc: Array<[number, number]>): void => {
+    if (left === 1) { out.push([...acc, [start, layers - 1]]); return }
+    for (let end = start; end <= layers - left; end++) rec(end + 1, left - 1, [...acc, [start, end]])
+  }
+  rec(0, k, [])
+  return out
+}
+
+/**
+ * One prefill over `rows` (left-padded to equal length; position_ids count real tokens only)
+ * with num_logits_to_keep = `keep` (0 = all). Returns logits [B, K, V] flattened, and K.
+ */
+export async function prefill (p: Pipeline, rows: number[][], keep: number): Promise<{ logits: Float32Array, kept: number }> {
+  const { numKvHeads: kvH, headDim: hd } = p.manifest.shape
+  const B = rows.length
+  const S = Math.max(...rows.map(r => r.length))
+  const ids: number[] = []
+  const pos: number[] = []
+  const mask: number[] = []
+  for (const r of rows) {
+    const pad = S - r.length
+    for (let j = 0; j < S; j++) {
+      ids.push(j < pad ? 0 : r[j - pad]!)
+      pos.push(j < pad ? 0 : j - pad)
+      mask.push(j < pad ? 0 : 1)
+    }
+  }
+  let hidden: ort.Tensor | undefined
+  let logits: ort.Tensor | undefined
+  for (const [i, s] of p.manifest.stages.entries()) {
+    const feeds: Record<string, ort.Tensor> = { [POSITION_IDS]: i64(pos, [B, S]), [ATTENTION_MASK]: i64(mask, [B, S]) }
+    if (s.hasEmbedding) feeds[INPUT_IDS] = i64(ids, [B, S])
+    else feeds[HIDDEN_IN] = hidden!
+    if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([keep], [])
+    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+      feeds[pastKeyName(l)] = new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd])
+      feeds[pastValueName(l)] = new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd])
+    }
+    const out = await p.sessions[i]!.run(feeds)
+    if (s.hasHead) logits = out[LOGITS]
+    else hidden = out[HIDDEN_OUT]
+  }
+  return { logits: logits!.data as Float32Array, kept: logits!.dims[1]! }
+}

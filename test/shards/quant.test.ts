@@ -1,0 +1,121 @@
+/**
+ * int8/int4 (MatMulNBits) shards: report greedy token agreement and the largest logit error
+ * against fp32 shards of the same checkpoint. Quantization changes numbers by design, so the
+ * assertions are loose sanity checks; the numbers are printed for the record.
+ */
+import { copyFile, mkdir, mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import fc from 'fast-check'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
+import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
+import { greedyDecode, openPipeline, prefill } from './pipeline.ts'
+
+const N = 64
+let root: string
+let modelDir: string
+let fp32: { tokens: number[], forced: Float32Array }
+const prompt = [507, 84, 104, 101, 32, 113, 117, 105, 99, 107]
+
+beforeAll(async () => {
+  root = await mkdtemp(join(tmpdir(), 'shoal-quant-'))
+  modelDir = join(root, 'llama')
+  await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4, size: 'tiny' })
+  const m = await compileShards({ modelDir, outDir: join(root, 'fp32') })
+  const p = await openPipeline(join(root, 'fp32'), m)
+  const r = await greedyDecode(p, prompt, N)
+  const forced = (await prefill(p, [[...prompt, ...r.tokens]], 0)).logits
+  await p.release()
+  fp32 = { tokens: r.tokens, forced }
+})
+afterAll(async () => { await rm(root, { recursive: true, force: true }) })
+
+describe('quantized shards vs fp32', () => {
+  for (const quant of ['int8', 'int4'] as const) {
+    for (const blockSize of [32, 128] as const) {
+      for (const accuracyLevel of [0, 4] as const) {
+        it(`${quant} block ${blockSize} accuracy_level ${accuracyLevel}`, async () => {
+          const out = join(root, `${quant}-${blockSize}-${accuracyLevel}`)
+          const m = await compileShards({ modelDir, outDir: out, quant, blockSize, accuracyLevel, stages: 2 })
+          expect(m.quantization).toEqual({ kind: quant, blockSize })
+          const p = await openPipeline(out, m)
+          try {
+            const r = await greedyDecode(p, prompt, N)
+            // Teacher-forced on the fp32 continuation, so every position compares the same context.
+            const forced = (await prefill(p, [[...prompt, ...fp32.tokens]], 0)).logits
+            let maxErr = 0
+            for (let i = 0; i < forced.length; i++) maxErr = Math.max(maxErr, Math.abs(forced[i]! - fp32.forced[i]!))
+            let prefix = 0
+            while (prefix < N && r.tokens[prefix] === fp32.tokens[prefix]) prefix++
+            const agree = r.tokens.filter((t, i) => t === fp32.tokens[i]).length
+            console.log(`${quant} b${blockSize} acc${accuracyLevel}: greedy agreement ${agree}/${N} (identical prefix ${prefix}), max |logit − fp32| ${maxErr.toFixed(4)} (teacher-forced, ${forced.length} logits)`)
+            expect(forced.every(Number.isFinite)).toBe(true)
+            // Random Gaussian weights are quantization-hostile (no outliers to spare, K = 64), so
+            // int4 moves tiny-model logits by several units; the bound only catches garbage.
+            expect(maxErr).toBeLessThan(quant === 'int8' ? 2 : 10)
+          } finally {
+            await p.release()
+          }
+        })
+      }
+    }
+  }
+})
+
+describe('MatMulNBits graphs compute exactly the dequantized weights', () => {
+  for (const quant of ['int8', 'int4'] as const) {
+    it(`${quant}: accuracy_level 0 matches fp32 shards of the dequantized checkpoint`, async () => {
+      // Rewrite the checkpoint with every quantized matrix replaced by its dequantized value.
+      const dq = join(root, `dequant-${quant}`)
+      await mkdir(dq, { recursive: true })
+      for (const f of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json']) await copyFile(join(modelDir, f), join(dq, f))
+      const w = await openWeights(modelDir)
+      const tensors = []
+      for (const name of w.names()) {
+        const t = await w.get(name)
+        const quantized = t.shape.length === 2 && name !== 'model.embed_tokens.weight'
+        tensors.push({ name, shape: t.shape, data: quantized ? dequantizeMatrix(quantizeMatrix(t.data, t.shape[0]!, t.shape[1]!, quant === 'int4' ? 4 : 8, 32)) : t.data })
+      }
+      await writeSafetensors(join(dq, 'model.safetensors'), tensors)
+      const mq = await compileShards({ modelDir, outDir: join(root, `q-${quant}`), quant, blockSize: 32, accuracyLevel: 0 })
+      const mf = await compileShards({ modelDir: dq, outDir: join(root, `dqf-${quant}`) })
+      const pq = await openPipeline(join(root, `q-${quant}`), mq)
+      const pf = await openPipeline(join(root, `dqf-${quant}`), mf)
+      try {
+        const rq = await greedyDecode(pq, prompt, N)
+        const rf = await greedyDecode(pf, prompt, N)
+        let maxErr = 0
+        rq.logits.forEach((l, i) => l.forEach((v, j) => { maxErr = Math.max(maxErr, Math.abs(v - rf.logits[i]![j]!)) }))
+        console.log(`${quant} MatMulNBits vs f32 MatMul on dequantized weights: max |logit diff| ${maxErr.toExponential(2)}`)
+        expect(rq.tokens).toEqual(rf.tokens)
+        expect(maxErr).toBeLessThan(1e-3)
+      } finally {
+        await pq.release()
+        await pf.release()
+      }
+    })
+  }
+})
+
+describe('quantizeMatrix', () => {
+  it('dequantizes within half a step of every weight, padding blocks past K', () => {
+    fc.assert(fc.property(
+      fc.constantFrom(4 as const, 8 as const), fc.constantFrom(32, 128), fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 200 }), fc.integer(),
+      (bits, blockSize, n, k, seed) => {
+        let s = seed >>> 0
+        const w = Float32Array.from({ length: n * k }, () => { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; return (s / 2 ** 32 - 0.5) * 4 })
+        const q = quantizeMatrix(w, n, k, bits, blockSize)
+        expect(q.data.length).toBe(n * Math.ceil(k / blockSize) * blockSize * bits / 8)
+        const d = dequantizeMatrix(q)
+        for (let r = 0; r < n; r++) {
+          for (let i = 0; i < k; i++) {
+            const scale = q.scales[r * Math.ceil(k / blockSize) + Math.floor(i / blockSize)]!
+            if (Math.abs(d[r * k + i]! - w[r * k + i]!) > scale / 2 + 1e-6) return false
+          }
+        }
+        return true
+      }), { numRuns: 60 })
+  })
+})
