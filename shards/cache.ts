@@ -14,7 +14,7 @@ import { loadManifest } from './manifest.ts'
 import { generateTestModel, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 
 /** Bump when the demo checkpoint's generator output changes. */
-const DEMO_VERSION = 1
+const DEMO_VERSION = 2
 export const DEMO_MODEL_ID = 'shoal-demo'
 
 export function isShardDir (dir: string): boolean {
@@ -45,7 +45,7 @@ export interface DemoOptions {
  */
 export async function ensureDemoModel (cacheRoot: string, options: DemoOptions = {}): Promise<string> {
   const arch = options.architecture ?? 'llama'
-  const size = options.size ?? '60m'
+  const size = options.size ?? 'demo'
   const parent = join(resolve(cacheRoot), 'models')
   const dest = join(parent, `demo-${arch}-${size}-v${DEMO_VERSION}`)
   if (existsSync(join(dest, 'config.json'))) return dest

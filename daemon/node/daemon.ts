@@ -1,23 +1,32 @@
 /**
  * The daemon: one explicit components object, started in order and stopped in reverse —
- * ledger → engines → (mesh → routing) → ingress to start; ingress (503 while closing) → routing →
- * engines → mesh → ledger flush to stop. Without an identity it is a single machine (`shoal serve`).
+ * start: ledger → mesh → engines → routing → ingress;
+ * stop:  ingress (503 while closing) → routing → engines → mesh → ledger flush.
+ * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { join } from 'node:path'
 import { Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
-import { loadOrCreateNodeKey } from '../../certs/index.ts'
+import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
+import type { NodeIdentity } from '../../certs/index.ts'
 import { createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
 import { createLedger } from '../ledger/index.ts'
-import type { Ledger } from '../ledger/index.ts'
+import type { Ledger, LedgerSigner } from '../ledger/index.ts'
+import { createMesh } from '../mesh/index.ts'
+import type { Mesh } from '../mesh/index.ts'
+import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream } from '../routing/index.ts'
 import type { InferenceService } from '../service.ts'
 import type { DaemonConfig } from './config.ts'
 import { chooseEngine } from './device.ts'
+import type { EngineChoice } from './device.ts'
 import { createLifecycle } from './lifecycle.ts'
 import type { Part } from './lifecycle.ts'
+import { meterLoad } from './load-meter.ts'
+import type { LoadMeter } from './load-meter.ts'
+import { meshModelCards, replicaCandidates, servedModels } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
@@ -30,7 +39,13 @@ export interface DaemonComponents {
 export interface Daemon {
   start: () => Promise<{ peerId: string, apiUrl?: string }>
   stop: () => Promise<void>
+  /** The mesh, when this daemon runs one (tests and `shoal demo` read it). */
+  readonly mesh: Mesh | undefined
 }
+
+/** Streams a peer may open to this node for forwarded requests (libp2p's default of 32 is too few). */
+const MAX_INFER_STREAMS = 256
+const SOFTWARE = 'shoal/0.1.0'
 
 async function openvinoLoads (): Promise<boolean> {
   try {
@@ -45,67 +60,148 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const { logger } = components
   const metrics = new Registry()
   collectDefaultMetrics({ register: metrics })
-  let peerId = ''
+  let identity: NodeIdentity | undefined
+  let signer: LedgerSigner | undefined
   let ledger: Ledger | undefined
+  let mesh: Mesh | undefined
   let ingress: Ingress | undefined
   let apiUrl: string | undefined
+  let engine: EngineChoice | undefined
+  let meter: LoadMeter | undefined
   const models: ResolvedModel[] = []
   const services: LocalService[] = []
+
+  const publishCapabilities = (): void => {
+    mesh?.setCapabilities({
+      models: servedModels(models),
+      ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
+      maxContextTokens: Math.max(0, ...models.map(m => m.manifest.shape.maxPositions)),
+      ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
+      software: SOFTWARE,
+    })
+  }
 
   const parts: Part[] = [
     {
       name: 'ledger',
       async start () {
-        if (config.identityDir !== undefined) throw new Error('mesh mode is not wired yet')
-        const key = await loadOrCreateNodeKey(join(config.dataDir, 'node.key'))
-        peerId = key.peerId
-        ledger = createLedger({ dataDir: config.dataDir, signer: { peerId: key.peerId, secretKey: key.secretKey } }, { logger })
+        if (config.identityDir !== undefined) {
+          identity = await loadIdentity(config.identityDir)
+          signer = { peerId: identity.peerId, secretKey: identity.secretKey, certificate: identity.certificate }
+        } else {
+          const key = await loadOrCreateNodeKey(join(config.dataDir, 'node.key'))
+          signer = { peerId: key.peerId, secretKey: key.secretKey }
+        }
+        ledger = createLedger({ dataDir: config.dataDir, signer }, { logger })
         await ledger.start()
       },
       async stop () { await ledger?.stop() },
     },
     {
+      name: 'mesh',
+      async start () {
+        if (identity === undefined) return
+        mesh = createMesh({
+          identity,
+          listen: config.listen,
+          bootstrap: config.bootstrap,
+          mdns: config.mdns,
+          dataDir: config.dataDir,
+          ...(config.revocationsFile === undefined ? {} : { revocationsFile: config.revocationsFile }),
+        }, { logger, metrics })
+        await mesh.start()
+      },
+      async stop () { await mesh?.stop() },
+    },
+    {
       name: 'engines',
       async start () {
         for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot))
-        const choice = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
+        engine = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
         for (const model of models.filter(m => m.whole)) {
           const service = createLocalService({
             shardDir: model.shardDir,
-            nodeId: peerId,
-            backend: choice.backend,
-            device: choice.device,
+            nodeId: signer!.peerId,
+            backend: engine.backend,
+            device: engine.device,
             manifestHash: model.manifestHash,
           })
           await service.start()
           services.push(service)
-          logger.info({ model: model.manifest.modelId, backend: choice.backend, device: choice.device }, 'model loaded')
+          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
         }
+        const slots = services.reduce((n, s) => n + (s.engine === undefined ? 0 : 1), 0)
+        // One slot per engine: until the micro-batcher runs sequences together, an engine steps one
+        // sequence at a time, so "headroom" past one in-flight request is not real.
+        meter = meterLoad(createModelDirectory(services), Math.max(slots, 1))
       },
       async stop () {
         await Promise.all(services.map(async s => { await s.stop() }))
       },
     },
     {
+      name: 'routing',
+      async start () {
+        if (mesh === undefined) return
+        const m = mesh
+        const local = meter!.service
+        // Forwarded requests run on the local engines only, never re-routed: no request loops.
+        await m.handle(INFER_PROTOCOL, (stream) => {
+          void handleInferStream(stream, local, { localPeerId: m.peerId })
+        }, { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
+        m.setLoadProvider(() => {
+          const r = meter!.read()
+          return { queueDepth: 0, inFlight: r.inFlight, decodeTokPerSec: r.decodeTokPerSec, freeKvTokens: 0, expectedWaitMs: 0, slots: r.slots, accepting: r.inFlight < r.slots }
+        })
+        publishCapabilities()
+      },
+      async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
+    },
+    {
       name: 'ingress',
       async start () {
         if (config.api === undefined) return
-        const service: InferenceService = withReceipts(createModelDirectory(services), ledger!)
+        const service = withReceipts(frontService(), ledger!)
         ingress = createIngress(
           { host: config.api.host, port: config.api.port, logger },
-          { service, metrics, receipts: { get: async (id: string) => await ledger!.get(id) } },
+          {
+            service,
+            metrics,
+            receipts: { get: async (id: string) => await ledger!.get(id) },
+            ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
+          },
         )
         apiUrl = (await ingress.start()).url
+        publishCapabilities()
       },
       async stop () { await ingress?.stop() },
     },
   ]
-  const lifecycle = createLifecycle(parts, (name, err) => { logger.error({ err, part: name }, 'stop failed') })
 
+  /** What the ingress talks to: the local engines, or the mesh's routed service over them. */
+  function frontService (): InferenceService {
+    const local = meter!.service
+    if (mesh === undefined) return local
+    const m = mesh
+    const localIds = new Set(models.filter(x => x.whole).map(x => x.manifest.modelId))
+    return createRoutedService({ localPeerId: m.peerId }, {
+      local,
+      candidates: (model) => {
+        const r = meter!.read()
+        const selfLoad = { queueDepth: 0, inFlight: r.inFlight, decodeTokPerSec: r.decodeTokPerSec, freeKvTokens: 0, expectedWaitMs: 0, slots: r.slots }
+        return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: selfLoad }, m.peers(), Date.now())
+      },
+      forward: (peerId, request, signal) => forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId }),
+      meshModels: () => meshModelCards(m.peers()),
+    })
+  }
+
+  const lifecycle = createLifecycle(parts, (name, err) => { logger.error({ err, part: name }, 'stop failed') })
   return {
+    get mesh () { return mesh },
     async start () {
       await lifecycle.start()
-      return apiUrl === undefined ? { peerId } : { peerId, apiUrl }
+      return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }
     },
     stop: lifecycle.stop,
   }

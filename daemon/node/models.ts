@@ -47,3 +47,8 @@ export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise
   const stage = manifest.stages[stageIndex]!
   return { shardDir, manifest, manifestHash: manifestHashOf(manifest), stageIndex, whole: stage.hasEmbedding && stage.hasHead }
 }
+
+/** Generates and compiles the demo model once, so N daemons starting together don't race to. */
+export async function ensureDemoReady (cacheRoot: string): Promise<string> {
+  return await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+}

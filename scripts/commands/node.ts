@@ -1,6 +1,47 @@
+/** `shoal node`: the mesh daemon. */
+import { join } from 'node:path'
+import { configFrom, startFailure } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
+import { cacheRoot } from '../paths.ts'
+import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function node (_opts: Record<string, unknown>): Promise<void> {
-  throw new ExitError('node: not implemented yet')
+export interface NodeOptions {
+  identity: string
+  model: string[]
+  listen: string[]
+  bootstrap: string[]
+  api?: string
+  device: string
+  data?: string
+  revocations?: string
+  mdns: boolean
 }
 
+export async function node (opts: NodeOptions): Promise<void> {
+  const { createDaemon, parseApiAddress, parseModelSpec } = await import('../../daemon/node/index.ts')
+  let models, api
+  try {
+    models = opts.model.map(m => parseModelSpec(m))
+    api = opts.api === undefined ? undefined : parseApiAddress(opts.api)
+  } catch (err) {
+    throw new ExitError((err as Error).message)
+  }
+  const config = await configFrom({
+    identityDir: opts.identity,
+    models,
+    ...(api === undefined ? {} : { api }),
+    device: opts.device,
+    dataDir: opts.data ?? join(opts.identity, 'data'),
+    cacheRoot: cacheRoot(),
+    listen: opts.listen,
+    bootstrap: opts.bootstrap,
+    mdns: opts.mdns,
+    ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+  })
+  const daemon = createDaemon(config, { logger: cliLogger() })
+  const started = await daemon.start().catch(startFailure)
+  const addrs = daemon.mesh?.libp2p.getMultiaddrs().map(a => a.toString()) ?? []
+  process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
+  for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
+  await runUntilSignal(daemon.stop)
+}

@@ -11,7 +11,7 @@ import { hash32, Prng } from './prng.ts'
 import { buildTokenizerJson } from './tokenizer.ts'
 
 export type TestArchitecture = 'llama' | 'qwen2' | 'qwen3' | 'phi3'
-export type TestModelSize = 'tiny' | 'small' | '60m' | '250m'
+export type TestModelSize = 'tiny' | 'small' | '60m' | '250m' | 'demo'
 
 export interface GenerateOptions {
   architecture: TestArchitecture
@@ -38,6 +38,9 @@ const SIZES: Record<TestModelSize, SizeSpec> = {
   small: { hidden: 256, layers: 6, heads: 8, kvHeads: 2, ffn: 704, vocab: 1024, maxPositions: 4096 },
   '60m': { hidden: 512, layers: 8, heads: 8, kvHeads: 2, ffn: 1536, vocab: 32000, maxPositions: 4096 },
   '250m': { hidden: 1024, layers: 16, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000, maxPositions: 4096 },
+  // The 60m shape with the vocabulary cut to the tokenizer's: padded ids would decode to nothing,
+  // and a demo whose every other token prints nothing looks broken.
+  demo: { hidden: 512, layers: 8, heads: 8, kvHeads: 2, ffn: 1536, vocab: 0, maxPositions: 4096 },
 }
 
 /** The tokenizer's size (bytes + merges + specials); the model vocab is padded up to SizeSpec.vocab. */

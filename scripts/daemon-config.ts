@@ -1,0 +1,21 @@
+/** CLI flags → a validated daemon config; config errors become exit-2 one-liners. */
+import { ExitError } from './exit-error.ts'
+import type { DaemonConfig } from '../daemon/node/index.ts'
+
+export async function configFrom (input: DaemonConfig): Promise<Readonly<DaemonConfig>> {
+  const { validateConfig } = await import('../daemon/node/index.ts')
+  try {
+    return validateConfig(input)
+  } catch (err) {
+    if ((err as { code?: string }).code === 'SHOAL_ERR_CONFIG') throw new ExitError((err as Error).message)
+    throw err
+  }
+}
+
+/** Start failures with a typed code (bad identity, bad model dir, port in use…) are one-liners too. */
+export function startFailure (err: unknown): never {
+  const code = (err as { code?: string }).code
+  if (typeof code === 'string' && code.startsWith('SHOAL_ERR_')) throw new ExitError((err as Error).message)
+  if (code === 'EADDRINUSE') throw new ExitError(`address in use: ${(err as Error).message}`)
+  throw err
+}
