@@ -1,0 +1,50 @@
+/**
+ * Batcher errors. Callers compare `code` (they cross worker and wire boundaries); the classes make
+ * throw sites read clearly.
+ */
+import { ShoalError } from '../errors.ts'
+
+/** 429: the queue cannot run this step within the batcher's budget; try again after `retryAfterMs`. */
+export class BatcherOverloadedError extends ShoalError {
+  override name = 'BatcherOverloadedError'
+  readonly retryAfterMs: number
+  constructor (message: string, retryAfterMs: number) {
+    super('SHOAL_ERR_OVERLOADED', message)
+    this.retryAfterMs = retryAfterMs
+  }
+}
+
+/** A malformed step, or a second step for a sequence whose previous one has not finished. */
+export class BadStepError extends ShoalError {
+  override name = 'BadStepError'
+  constructor (message: string) { super('SHOAL_ERR_BAD_REQUEST', message) }
+}
+
+/** The executor failed a run (thrown, or a malformed reply); only that run's items get it. */
+export class BatchFailedError extends ShoalError {
+  override name = 'BatchFailedError'
+  constructor (message: string, options?: ErrorOptions) { super('SHOAL_ERR_ENGINE', message, options) }
+}
+
+export class BatcherStoppedError extends ShoalError {
+  override name = 'BatcherStoppedError'
+  constructor (message = 'batcher is not running') { super('SHOAL_ERR_SHUTTING_DOWN', message) }
+}
+
+export class StepAbortedError extends ShoalError {
+  override name = 'StepAbortedError'
+  constructor (message = 'step was cancelled') { super('SHOAL_ERR_ABORTED', message) }
+}
+
+/** The error an aborted wait fails with: the signal's own coded reason, else SHOAL_ERR_ABORTED. */
+export function abortReason (signal: AbortSignal): Error {
+  const r: unknown = signal.reason
+  if (r instanceof Error && typeof (r as { code?: unknown }).code === 'string') return r
+  return new StepAbortedError()
+}
+
+/** Keeps a coded error as it is (the engine's codes mean something); wraps anything else. */
+export function asCoded (err: unknown, context: string): Error {
+  if (err instanceof Error && typeof (err as { code?: unknown }).code === 'string') return err
+  return new BatchFailedError(`${context}: ${err instanceof Error ? err.message : String(err)}`, { cause: err })
+}

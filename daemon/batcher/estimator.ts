@@ -1,0 +1,95 @@
+/**
+ * Step time from history, for the expected wait that admission and the load record use.
+ *
+ * Model: ms ≈ fixed + perSequence × sequences + perToken × positions, fitted by exponentially
+ * weighted least squares (recent runs count most). A few prior pseudo-runs with a small constant
+ * weight keep the fit solvable when history is one-dimensional (decodes only, where positions =
+ * sequences) and let the prior speak for shapes never seen; real runs outweigh them quickly.
+ */
+import type { StepCostModel } from './types.ts'
+
+export interface StepTimeEstimator {
+  observe (sequences: number, tokens: number, ms: number): void
+  /** Expected run time in ms (≥ 0). */
+  estimate (sequences: number, tokens: number): number
+  model (): StepCostModel
+}
+
+export interface EstimatorOptions {
+  /** Weight of the newest run (older ones decay by 1 − alpha per run). */
+  alpha?: number
+  /** Weight of each prior pseudo-run. */
+  priorWeight?: number
+}
+
+type Vec3 = [number, number, number]
+type Mat3 = [Vec3, Vec3, Vec3]
+
+export function createStepTimeEstimator (prior: StepCostModel, options: EstimatorOptions = {}): StepTimeEstimator {
+  const alpha = options.alpha ?? 0.1
+  const priorWeight = options.priorWeight ?? 0.002
+  const xtx: Mat3 = [[0, 0, 0], [0, 0, 0], [0, 0, 0]]
+  const xty: Vec3 = [0, 0, 0]
+  const priorXtx: Mat3 = [[0, 0, 0], [0, 0, 0], [0, 0, 0]]
+  const priorXty: Vec3 = [0, 0, 0]
+  const predict = (m: StepCostModel, s: number, t: number): number => m.fixedMs + m.perSequenceMs * s + m.perTokenMs * t
+  for (const [s, t] of [[1, 1], [8, 8], [1, 256]] as const) accumulate(priorXtx, priorXty, [1, s, t], predict(prior, s, t), priorWeight)
+  let fitted: StepCostModel = { ...prior }
+
+  return {
+    observe (sequences, tokens, ms) {
+      if (!Number.isFinite(ms) || ms < 0) return
+      for (const row of xtx) for (let j = 0; j < 3; j++) row[j]! *= 1 - alpha
+      for (let j = 0; j < 3; j++) xty[j]! *= 1 - alpha
+      accumulate(xtx, xty, [1, sequences, tokens], ms, 1)
+      const a = xtx.map((row, i) => row.map((v, j) => v + priorXtx[i]![j]!)) as Mat3
+      const theta = solve3(a, xty.map((v, i) => v + priorXty[i]!) as Vec3)
+      if (theta !== undefined) fitted = { fixedMs: theta[0], perSequenceMs: theta[1], perTokenMs: theta[2] }
+    },
+    estimate (sequences, tokens) {
+      return sequences <= 0 ? 0 : Math.max(0, predict(fitted, sequences, tokens))
+    },
+    model () { return { ...fitted } },
+  }
+}
+
+function accumulate (m: Mat3, v: Vec3, x: Vec3, y: number, w: number): void {
+  for (let i = 0; i < 3; i++) {
+    v[i]! += w * x[i]! * y
+    for (let j = 0; j < 3; j++) m[i]![j]! += w * x[i]! * x[j]!
+  }
+}
+
+/** Cramer's rule; undefined when (numerically) singular. */
+function solve3 (a: Mat3, b: Vec3): Vec3 | undefined {
+  const det = (m: Mat3): number =>
+    m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) -
+    m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+    m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+  const d = det(a)
+  if (!Number.isFinite(d) || Math.abs(d) < 1e-12) return undefined
+  const out: Vec3 = [0, 0, 0]
+  for (let c = 0; c < 3; c++) {
+    const m = a.map((row, i) => row.map((v, j) => (j === c ? b[i]! : v))) as Mat3
+    out[c] = det(m) / d
+  }
+  return out
+}
+
+/** Events per second over the recent past: a counter that decays with time constant `tauMs`. */
+export interface RateMeter {
+  add (count: number, now: number): void
+  perSecond (now: number): number
+}
+
+export function createRateMeter (tauMs = 5_000): RateMeter {
+  let value = 0
+  let at = 0
+  const decayTo = (now: number): void => {
+    if (now > at) { value *= Math.exp(-(now - at) / tauMs); at = now }
+  }
+  return {
+    add (count, now) { decayTo(now); value += count },
+    perSecond (now) { decayTo(now); return value * 1000 / tauMs },
+  }
+}

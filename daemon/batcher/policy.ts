@@ -1,0 +1,74 @@
+/**
+ * The batching decision as a pure function: which queued steps run together now, or how long to
+ * wait for company. No clocks, no timers, no I/O — the runtime gathers the queue and carries out
+ * the plan.
+ *
+ * Order: decodes first, FIFO by enqueue time; then prefills, FIFO. A batch is a prefix of that
+ * order, cut at `maxBatch` sequences or `maxTokens` positions; the step that crosses the token
+ * budget is chunked (its first positions run, the remainder keeps its place in line, so a
+ * sequence's chunks run in order). One step per sequence per run.
+ *
+ * No starvation: once the oldest prefill has waited `prefillAgingMs`, decodes leave it one slot and
+ * one position in every run until it is done (with maxBatch 1, whichever of the two heads is older
+ * runs). Decodes still progress in every run, since maxTokens ≥ maxBatch.
+ *
+ * Run now when the batch is as large as the limits allow, when the oldest waiter has waited
+ * `maxQueueDelayMs`, or when no company is expected (`awaiting === 0`); else wait until the oldest
+ * waiter's delay is up.
+ */
+import type { BatchLimits, BatchPlan, Chunk, PendingStep } from './types.ts'
+
+export interface PlanHints {
+  /**
+   * Sequences expected to submit soon (they just got a result). 0 means nobody is coming, so
+   * waiting buys nothing; undefined means unknown (wait up to maxQueueDelayMs).
+   */
+  awaiting?: number
+}
+
+export function planBatch<T extends PendingStep> (queue: readonly T[], limits: BatchLimits, now: number, hints: PlanHints = {}): BatchPlan<T> {
+  const decodes: T[] = []
+  const prefills: T[] = []
+  const seen = new Set<string>()
+  let oldest = Infinity
+  // Stable: equal times keep queue order.
+  for (const step of [...queue].sort((a, b) => a.enqueuedAt - b.enqueuedAt)) {
+    if (!(step.tokens > 0) || seen.has(step.seqId)) continue // a later step of a sequence waits for the earlier one
+    seen.add(step.seqId)
+    oldest = Math.min(oldest, step.enqueuedAt)
+    ;(step.kind === 'decode' ? decodes : prefills).push(step)
+  }
+  if (decodes.length + prefills.length === 0) return { run: [] }
+
+  const { maxBatch, maxTokens } = limits
+  const head = prefills[0]
+  const aged = head !== undefined && now - head.enqueuedAt >= limits.prefillAgingMs
+  let decodeSlots = maxBatch
+  if (aged) {
+    if (maxBatch > 1) decodeSlots = maxBatch - 1
+    else if (decodes[0] === undefined || decodes[0].enqueuedAt > head.enqueuedAt) decodeSlots = 0
+  }
+  const reserved = aged && decodeSlots < maxBatch
+
+  const run: Array<Chunk<T>> = []
+  let used = 0
+  let cut = false
+  /** Takes a FIFO prefix of `list`; true when the whole list fit. */
+  const take = (list: T[], slots: number, tokenCap: number): boolean => {
+    for (const step of list) {
+      if (run.length >= slots || used >= tokenCap) return false
+      const n = Math.min(step.tokens, tokenCap - used)
+      run.push({ step, tokens: n })
+      used += n
+      if (n < step.tokens) { cut = true; return false }
+    }
+    return true
+  }
+  const allDecodes = take(decodes, decodeSlots, reserved ? maxTokens - 1 : maxTokens)
+  if (allDecodes || reserved) take(prefills, maxBatch, maxTokens)
+
+  const limited = cut || run.length < decodes.length + prefills.length
+  const age = Math.max(0, now - oldest)
+  if (limited || age >= limits.maxQueueDelayMs || hints.awaiting === 0) return { run }
+  return { run: [], wait: limits.maxQueueDelayMs - age }
+}

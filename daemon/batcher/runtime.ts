@@ -1,0 +1,276 @@
+/**
+ * The batcher's runtime: a queue in front of one engine session. Callers submit one step each and
+ * await their own result; one loop asks `planBatch` what to run, hands the batch to the executor
+ * (one run at a time) and routes each item's result, or its chunk's remainder back into the queue.
+ */
+import { DEFAULTS, resolveLimits } from './defaults.ts'
+import { BadStepError, BatchFailedError, BatcherOverloadedError, BatcherStoppedError, abortReason, asCoded } from './errors.ts'
+import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
+import { createBatcherMetrics, recordConfig } from './metrics.ts'
+import { planBatch } from './policy.ts'
+import { StepAssembly, checkStep, logitsWindow, sliceInput } from './steps.ts'
+import type { Batcher, BatcherComponents, BatcherInit, BatcherLoad, BatchItem, BatchItemResult, Chunk, PendingStep, StepRequest, StepResult } from './types.ts'
+
+interface Entry extends PendingStep {
+  tokens: number
+  readonly request: StepRequest
+  readonly total: number
+  readonly keep: number
+  /** Positions already run. */
+  offset: number
+  /** When the step, or its next chunk, became ready to run. */
+  readyAt: number
+  readonly assembly: StepAssembly
+  readonly signal: AbortSignal
+  state: 'queued' | 'running' | 'settled'
+  resolve (r: StepResult): void
+  reject (e: Error): void
+  detach (): void
+}
+
+const NEVER = new AbortController().signal
+
+export function createBatcher (init: BatcherInit, components: BatcherComponents): Batcher {
+  const limits = resolveLimits(init.limits)
+  const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
+  const maxQueue = init.maxQueue ?? DEFAULTS.maxQueue
+  if (!(budgetMs >= 0)) throw new RangeError(`budgetMs must be ≥ 0, got ${budgetMs}`)
+  if (!Number.isSafeInteger(maxQueue) || maxQueue < 1) throw new RangeError(`maxQueue must be a positive integer, got ${maxQueue}`)
+  const name = init.name ?? 'default'
+  const label = { batcher: name }
+  const clock = components.clock ?? { now: () => performance.now() }
+  const executor = components.executor
+  const estimator = createStepTimeEstimator(init.prior ?? DEFAULTS.prior)
+  const decodeRate = createRateMeter()
+  const metrics = createBatcherMetrics(components.metrics)
+
+  let queue: Entry[] = []
+  let queuedTokens = 0
+  let nextId = 1
+  /** Sequences with a step queued or running: a sequence's steps are sequential. */
+  const busy = new Set<string>()
+  /** Sequences whose result just went out: expected back soon, so worth waiting for. */
+  const recent = new Map<string, number>()
+  let running: { sequences: number, tokens: number, startedAt: number } | undefined
+  let runDone: Promise<void> = Promise.resolve()
+  let controller = new AbortController()
+  let timer: ReturnType<typeof setTimeout> | undefined
+  let started = false
+
+  function expectedWaitMs (now: number): number {
+    let wait = running === undefined ? 0 : Math.max(0, running.startedAt + estimator.estimate(running.sequences, running.tokens) - now)
+    const n = queue.length
+    if (n > 0) {
+      const rounds = Math.max(Math.ceil(n / limits.maxBatch), Math.ceil(queuedTokens / limits.maxTokens))
+      wait += rounds * estimator.estimate(Math.ceil(n / rounds), Math.ceil(queuedTokens / rounds))
+    }
+    return wait
+  }
+
+  function settle (e: Entry, outcome: { result: StepResult } | { error: Error }): void {
+    if (e.state === 'settled') return
+    e.state = 'settled'
+    busy.delete(e.seqId)
+    e.detach()
+    if ('result' in outcome) e.resolve(outcome.result)
+    else e.reject(outcome.error)
+  }
+
+  function dequeue (e: Entry): void {
+    const i = queue.indexOf(e)
+    if (i < 0) return
+    queue.splice(i, 1)
+    queuedTokens -= e.tokens
+  }
+
+  function kick (): void {
+    if (!started || running !== undefined) return
+    clearTimeout(timer)
+    timer = undefined
+    const now = clock.now()
+    for (const [seqId, at] of recent) if (now - at >= limits.maxQueueDelayMs) recent.delete(seqId)
+    metrics.queueDepth.set(label, queue.length)
+    metrics.expectedWait.set(label, expectedWaitMs(now) / 1000)
+    if (queue.length === 0) return
+    const plan = planBatch(queue, limits, now, { awaiting: recent.size })
+    if (plan.run.length > 0) {
+      runDone = execute(plan.run, now)
+    } else if (plan.wait !== undefined) {
+      timer = setTimeout(kick, Math.max(1, Math.ceil(plan.wait)))
+    }
+  }
+
+  async function execute (chunks: Array<Chunk<Entry>>, now: number): Promise<void> {
+    const items: BatchItem[] = []
+    const used: number[] = []
+    let results: BatchItemResult[] | undefined
+    let failure: Error | undefined
+    let end = now
+    try {
+      let tokens = 0
+      let decodeTokens = 0
+      for (const { step: e, tokens: n } of chunks) {
+        dequeue(e)
+        e.state = 'running'
+        const { ask, use } = logitsWindow(e.total, e.keep, e.offset, n)
+        items.push({
+          seqId: e.seqId,
+          kind: e.kind,
+          input: sliceInput(e.request.input, e.offset, n, e.total),
+          positions: n === e.total ? e.request.positions : e.request.positions.slice(e.offset, e.offset + n),
+          logitsToKeep: ask,
+          final: e.offset + n === e.total,
+          signal: e.signal,
+        })
+        used.push(use)
+        tokens += n
+        if (e.kind === 'decode') decodeTokens += n
+        metrics.queueDelay.observe({ ...label, kind: e.kind }, Math.max(0, now - e.readyAt) / 1000)
+      }
+      running = { sequences: items.length, tokens, startedAt: now }
+      metrics.batchSize.observe(label, items.length)
+      metrics.batchTokens.observe(label, tokens)
+
+      try {
+        results = await executor.run(items, controller.signal)
+        if (!Array.isArray(results) || results.length !== items.length) {
+          failure = new BatchFailedError(`executor returned ${Array.isArray(results) ? results.length : typeof results} results for ${items.length} items`)
+        }
+      } catch (err) {
+        failure = asCoded(err, 'batched run failed')
+      }
+      end = clock.now()
+      metrics.stepTime.observe(label, Math.max(0, end - now) / 1000)
+      if (failure === undefined) {
+        estimator.observe(items.length, tokens, end - now)
+        decodeRate.add(decodeTokens, end)
+      }
+      chunks.forEach(({ step: e, tokens: n }, i) => { route(e, n, i) })
+    } finally {
+      // Whatever went wrong above, nobody from this run is left waiting and the loop goes on.
+      for (const { step: e } of chunks) if (e.state === 'running') settle(e, { error: new BatchFailedError('step lost in the batcher') })
+      running = undefined
+      kick()
+    }
+
+    function route (e: Entry, n: number, i: number): void {
+      if (e.state === 'settled') return
+      const r = failure === undefined ? results?.[i] : { error: failure }
+      try {
+        if (e.signal.aborted) throw abortReason(e.signal) // the caller has gone: its reason, not the executor's
+        if (r === undefined || (!('output' in r) && !('error' in r))) throw new BatchFailedError(`executor returned no result for item ${i}`)
+        if ('error' in r) throw asCoded(r.error, `step of ${e.seqId} failed`)
+        e.assembly.add(r.output, used[i]!, n)
+      } catch (err) {
+        settle(e, { error: asCoded(err, `step of ${e.seqId} failed`) })
+        return
+      }
+      e.offset += n
+      e.tokens -= n
+      if (e.tokens === 0) {
+        let result: StepResult
+        try { result = e.assembly.finish() } catch (err) { settle(e, { error: asCoded(err, 'assembling step output') }); return }
+        recent.set(e.seqId, end)
+        settle(e, { result })
+      } else if (!started) {
+        settle(e, { error: new BatcherStoppedError() })
+      } else {
+        e.state = 'queued'
+        e.readyAt = end
+        queue.push(e)
+        queuedTokens += e.tokens
+      }
+    }
+  }
+
+  return {
+    async start () {
+      if (started) return
+      started = true
+      controller = new AbortController()
+      recordConfig(metrics, name, limits, budgetMs)
+    },
+
+    async stop () {
+      if (!started) { await runDone; return }
+      started = false
+      clearTimeout(timer)
+      timer = undefined
+      const stopped = new BatcherStoppedError('batcher stopped')
+      for (const e of [...queue]) { dequeue(e); settle(e, { error: stopped }) }
+      controller.abort(stopped)
+      await runDone
+      metrics.queueDepth.set(label, 0)
+    },
+
+    async submit (step, signal) {
+      if (!started) throw new BatcherStoppedError()
+      checkStep(step)
+      if (signal?.aborted === true) throw abortReason(signal)
+      if (busy.has(step.seqId)) throw new BadStepError(`sequence ${step.seqId} already has a step queued or running`)
+      const now = clock.now()
+      const total = step.positions.length
+      if (queue.length >= maxQueue) {
+        metrics.refused.inc({ ...label, reason: 'queue_full' })
+        // One full run frees maxBatch places.
+        throw new BatcherOverloadedError(`batcher queue is full (${maxQueue} steps)`, Math.max(1, Math.ceil(estimator.estimate(limits.maxBatch, limits.maxTokens))))
+      }
+      if (step.kind === 'prefill') {
+        const wait = expectedWaitMs(now)
+        if (wait > budgetMs) {
+          metrics.refused.inc({ ...label, reason: 'overloaded' })
+          throw new BatcherOverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, Math.max(1, Math.ceil(wait - budgetMs)))
+        }
+      }
+      return await new Promise<StepResult>((resolve, reject) => {
+        const s = signal ?? NEVER
+        const onAbort = (): void => {
+          // A running step ends when its batch returns (the executor sees the signal); a queued one leaves now.
+          if (e.state !== 'queued') return
+          dequeue(e)
+          settle(e, { error: abortReason(s) })
+          kick()
+        }
+        const e: Entry = {
+          id: nextId++,
+          seqId: step.seqId,
+          kind: step.kind,
+          tokens: total,
+          enqueuedAt: now,
+          request: step,
+          total,
+          keep: step.logitsToKeep ?? 1,
+          offset: 0,
+          readyAt: now,
+          assembly: new StepAssembly(),
+          signal: s,
+          state: 'queued',
+          resolve,
+          reject,
+          detach: () => s.removeEventListener('abort', onAbort),
+        }
+        s.addEventListener('abort', onAbort, { once: true })
+        queue.push(e)
+        queuedTokens += total
+        busy.add(e.seqId)
+        recent.delete(e.seqId)
+        kick()
+      })
+    },
+
+    release (seqId) {
+      recent.delete(seqId)
+      kick()
+    },
+
+    load (): BatcherLoad {
+      const now = clock.now()
+      return {
+        queueDepth: queue.length,
+        inFlight: running?.sequences ?? 0,
+        expectedWaitMs: expectedWaitMs(now),
+        decodeTokensPerSecond: decodeRate.perSecond(now),
+      }
+    },
+  }
+}

@@ -1,0 +1,82 @@
+/**
+ * Admission under overload, against the SimulatedExecutor: prefills submitted at ~10× the rate the
+ * executor sustains for a bounded time. Refusals are immediate and typed (SHOAL_ERR_OVERLOADED with
+ * retryAfterMs), every admitted step completes with its own result, and afterwards the batcher
+ * drains and admits again. Bounds are generous; nothing here measures speed.
+ */
+import { afterEach, describe, expect, it } from 'vitest'
+import { createBatcher } from '../../daemon/batcher/index.ts'
+import type { Batcher, BatcherOverloadedError, StepResult } from '../../daemon/batcher/index.ts'
+import { httpStatusOf } from '../../daemon/errors.ts'
+import { SimulatedExecutor, seqHash } from './simulated-executor.ts'
+
+let batcher: Batcher | undefined
+afterEach(async () => { await batcher?.stop() })
+
+const sleep = (ms: number): Promise<void> => new Promise(resolve => setTimeout(resolve, ms))
+const nextMacrotask = (): Promise<void> => new Promise(resolve => setImmediate(resolve))
+
+describe('batcher admission under overload', () => {
+  it('refuses fast with typed 429s, completes what it admitted, and recovers', async () => {
+    // One full run: 4 prefills × 16 positions = 64 positions ≈ 4 + 3.2 ms ⇒ ~550 prefills/s sustained.
+    const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
+    const budgetMs = 40
+    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 64, maxQueueDelayMs: 2 }, budgetMs }, { executor: sim })
+    batcher = b
+    await b.start()
+
+    const prompt = (i: number): { positions: number[], tokenIds: number[] } => {
+      const positions = Array.from({ length: 16 }, (_, p) => p)
+      return { positions, tokenIds: positions.map(p => (i + p) % 1000) }
+    }
+    interface Sent { seqId: string, settled: boolean, settledAtSubmit: boolean, outcome: Promise<{ ok: StepResult } | { err: unknown }> }
+    const sent: Sent[] = []
+    // ~5,600 prefills/s (28 every 5 ms) for ~300 ms: about 10× what the executor sustains.
+    const until = performance.now() + 300
+    let n = 0
+    while (performance.now() < until) {
+      const tick: Sent[] = []
+      for (let k = 0; k < 28; k++) {
+        const seqId = `r${n++}`
+        const { positions, tokenIds } = prompt(n)
+        const s: Sent = { seqId, settled: false, settledAtSubmit: false, outcome: b.submit({ seqId, kind: 'prefill', input: { tokenIds }, positions }).then(ok => ({ ok }), (err: unknown) => ({ err })) }
+        void s.outcome.then(() => { s.settled = true })
+        tick.push(s)
+      }
+      await nextMacrotask()
+      // Whatever has settled by now was decided at submit time (no run finishes within a macrotask).
+      for (const s of tick) s.settledAtSubmit = s.settled
+      sent.push(...tick)
+      await sleep(5)
+    }
+
+    const outcomes = await Promise.all(sent.map(async s => ({ s, o: await s.outcome })))
+    const refused = outcomes.filter(({ o }) => 'err' in o)
+    const admitted = outcomes.filter(({ o }) => 'ok' in o)
+    expect(refused.length).toBeGreaterThan(sent.length / 2)
+    expect(admitted.length).toBeGreaterThan(20)
+    for (const { s, o } of refused) {
+      const err = (o as { err: BatcherOverloadedError }).err
+      expect(err.code).toBe('SHOAL_ERR_OVERLOADED')
+      expect(httpStatusOf(err).status).toBe(429)
+      expect(Number.isFinite(err.retryAfterMs) && err.retryAfterMs > 0).toBe(true)
+      expect(s.settledAtSubmit).toBe(true) // refused at submit, not after queueing
+    }
+    for (const { s, o } of admitted) {
+      const r = (o as { ok: StepResult }).ok
+      expect(r.kind).toBe('logits')
+      expect(r.data[0]).toBe(seqHash(s.seqId))
+      expect(r.data[1]).toBe(15)
+    }
+
+    // Recovery: the queue drains and new work is admitted and served.
+    expect(b.load().queueDepth).toBe(0)
+    await sleep(20)
+    expect(b.load().expectedWaitMs).toBeLessThanOrEqual(budgetMs)
+    const after = await Promise.all(Array.from({ length: 8 }, async (_, i) => {
+      const { positions, tokenIds } = prompt(i)
+      return await b.submit({ seqId: `after${i}`, kind: 'prefill', input: { tokenIds }, positions })
+    }))
+    expect(after.map(r => r.data[0])).toEqual(Array.from({ length: 8 }, (_, i) => seqHash(`after${i}`)))
+  })
+})
