@@ -48,14 +48,20 @@ export function describeError (err: unknown): { status: number, body: OpenAIErro
   }
 }
 
-/** Seconds a client should wait before retrying an overloaded or unavailable server. */
+/** Seconds a client should wait before retrying an overloaded or unavailable server, unless the error says. */
 const RETRY_AFTER_SECONDS = 1
+
+/** Whole seconds from an error's own `retryAfterMs` (the batcher's estimate), at least 1. */
+function retryAfterSeconds (err: unknown): number {
+  const ms = (err as { retryAfterMs?: unknown } | null)?.retryAfterMs
+  return typeof ms === 'number' && Number.isFinite(ms) && ms > 0 ? Math.max(1, Math.ceil(ms / 1000)) : RETRY_AFTER_SECONDS
+}
 
 /** The single error reply. Extra headers (e.g. the receipt id) are kept if already set. */
 export function sendError (reply: FastifyReply, err: unknown): FastifyReply {
   const { status, body } = describeError(err)
   if (status >= 500 && body.error.code === 'SHOAL_ERR_INTERNAL') reply.log.error({ err }, 'internal error')
-  if (status === 429 || status === 503) reply.header('retry-after', String(RETRY_AFTER_SECONDS))
+  if (status === 429 || status === 503) reply.header('retry-after', String(retryAfterSeconds(err)))
   return reply.code(status).type('application/json; charset=utf-8').send(body)
 }
 
