@@ -1,0 +1,52 @@
+import { describe, expect, it } from 'vitest'
+import { chooseEngine, parseApiAddress, parseModelSpec, validateConfig } from '../../daemon/node/index.ts'
+import type { DaemonConfig } from '../../daemon/node/index.ts'
+
+const base: DaemonConfig = { models: [{ dir: 'demo' }], device: 'auto', dataDir: '/tmp/d', cacheRoot: '/tmp/c', listen: [], bootstrap: [], mdns: false }
+
+describe('daemon config', () => {
+  it('parses API addresses', () => {
+    expect(parseApiAddress('127.0.0.1:8080')).toEqual({ host: '127.0.0.1', port: 8080 })
+    expect(parseApiAddress(':9000')).toEqual({ host: '127.0.0.1', port: 9000 })
+    expect(parseApiAddress('[::1]:80')).toEqual({ host: '::1', port: 80 })
+    for (const bad of ['8080', 'host:', 'host:99999', 'a:b:c', '']) {
+      expect(() => parseApiAddress(bad), bad).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--api' }))
+    }
+  })
+
+  it('parses model specs with and without a layer range', () => {
+    expect(parseModelSpec('/m')).toEqual({ dir: '/m' })
+    expect(parseModelSpec('/m@0-11')).toEqual({ dir: '/m', layers: [0, 11] })
+    expect(parseModelSpec('/weird@name')).toEqual({ dir: '/weird@name' })
+    expect(() => parseModelSpec('/m@5-2')).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG' }))
+  })
+
+  it('validates, resolves paths and freezes', () => {
+    const c = validateConfig({ ...base, models: [{ dir: 'rel/model' }], dataDir: 'data' })
+    expect(c.models[0]!.dir.startsWith('/')).toBe(true)
+    expect(c.dataDir.startsWith('/')).toBe(true)
+    expect(Object.isFrozen(c)).toBe(true)
+    expect(Object.isFrozen(c.models)).toBe(true)
+    expect(validateConfig(base).models[0]!.dir).toBe('demo')
+  })
+
+  it('names the bad key', () => {
+    expect(() => validateConfig({ ...base, device: 'tpu' })).toThrowError(/--device/)
+    expect(() => validateConfig({ ...base, models: [] })).toThrowError(/--model/)
+    // A mesh node may serve nothing (pure ingress/router).
+    expect(validateConfig({ ...base, models: [], identityDir: '/id' }).models).toEqual([])
+  })
+})
+
+describe('engine choice', () => {
+  it('prefers OpenVINO for auto when it loads, onnxruntime otherwise', () => {
+    expect(chooseEngine('auto', true)).toEqual({ backend: 'openvino', device: 'AUTO' })
+    expect(chooseEngine('auto', false)).toEqual({ backend: 'onnxruntime', device: 'CPU' })
+    expect(chooseEngine('cpu', true)).toEqual({ backend: 'onnxruntime', device: 'CPU' })
+    expect(chooseEngine('NPU', true)).toEqual({ backend: 'openvino', device: 'NPU' })
+  })
+
+  it('refuses an OpenVINO device where OpenVINO is missing, with a typed error', () => {
+    expect(() => chooseEngine('GPU', false)).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_BACKEND_UNAVAILABLE' }))
+  })
+})

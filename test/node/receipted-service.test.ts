@@ -1,0 +1,85 @@
+/** Every completed response gets a receipt in the real ledger before its `end` event; failures get none. */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { randomBytes, randomUUID } from 'node:crypto'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { peerIdFromPrivateKey } from '@libp2p/peer-id'
+import { privateKeyFromRaw } from '@libp2p/crypto/keys'
+import { publicKeyOf } from '../../certs/index.ts'
+import { createLedger, responseHash, type Ledger } from '../../daemon/ledger/index.ts'
+import { withReceipts } from '../../daemon/node/index.ts'
+import { meterLoad } from '../../daemon/node/load-meter.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { createSimulatedService } from '../support/simulated-service.ts'
+
+const request = (over: Partial<GenerateRequest> = {}): GenerateRequest => ({
+  requestId: randomUUID(),
+  model: 'sim',
+  prompt: { kind: 'text', text: 'hi' },
+  sampling: { temperature: 0, topP: 1 },
+  stop: [],
+  deadline: Date.now() + 60_000,
+  ...over,
+})
+
+async function drain (events: AsyncIterable<GenerateEvent>): Promise<GenerateEvent[]> {
+  const out: GenerateEvent[] = []
+  for await (const e of events) out.push(e)
+  return out
+}
+
+describe('receipts on every completion', () => {
+  let dir: string
+  let ledger: Ledger
+  beforeAll(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'shoal-receipted-'))
+    const seed = new Uint8Array(randomBytes(32))
+    const key = privateKeyFromRaw(new Uint8Array([...seed, ...publicKeyOf(seed)]))
+    ledger = createLedger({ dataDir: dir, signer: { peerId: peerIdFromPrivateKey(key).toString(), secretKey: seed } })
+    await ledger.start()
+  })
+  afterAll(async () => {
+    await ledger.stop()
+    await rm(dir, { recursive: true, force: true })
+  })
+
+  it('appends the receipt before the end event reaches the client', async () => {
+    const service = withReceipts(createSimulatedService({ models: ['sim'], script: { reply: 'abc' } }), ledger)
+    const req = request()
+    let seenAtEnd: unknown
+    const events: GenerateEvent[] = []
+    for await (const e of service.generate(req, new AbortController().signal)) {
+      if (e.type === 'end') seenAtEnd = await ledger.get(req.requestId)
+      events.push(e)
+    }
+    expect(seenAtEnd).toBeDefined()
+    const stored = (await ledger.get(req.requestId))!.receipt
+    const text = events.filter(e => e.type === 'delta').map(e => (e as { text: string }).text).join('')
+    const ids = events.flatMap(e => e.type === 'delta' ? e.tokenIds : [])
+    expect(text).toBe('abc')
+    expect(stored.body.responseHash).toBe(responseHash({ text, tokenIds: ids, finishReason: 'stop' }))
+    expect(stored.body.route).toEqual([{ peerId: 'sim-node' }])
+    expect((await ledger.verify()).ok).toBe(true)
+  })
+
+  it('writes no receipt for a request that fails after start', async () => {
+    const service = withReceipts(createSimulatedService({ models: ['sim'], script: { failAfterTokens: 1 } }), ledger)
+    const req = request()
+    await expect(drain(service.generate(req, new AbortController().signal))).rejects.toMatchObject({ code: expect.any(String) })
+    expect(await ledger.get(req.requestId)).toBeUndefined()
+  })
+
+  it('counts in-flight sequences and generated tokens through the load meter', async () => {
+    let clock = 0
+    const meter = meterLoad(createSimulatedService({ models: ['sim'], script: { reply: 'hello' } }), 2, () => clock)
+    const it0 = meter.service.generate(request(), new AbortController().signal)[Symbol.asyncIterator]()
+    await it0.next() // start
+    expect(meter.read().inFlight).toBe(1)
+    while (!(await it0.next()).done) clock += 10
+    const r = meter.read()
+    expect(r.inFlight).toBe(0)
+    expect(r.slots).toBe(2)
+    expect(r.decodeTokPerSec).toBeGreaterThan(0)
+  })
+})
