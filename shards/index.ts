@@ -7,7 +7,7 @@
  */
 export * from './contract.ts'
 export { compileShards, COMPILER_VERSION, type CompileOptions } from './compile.ts'
-export { loadManifest, validateManifest, verifyShardFiles } from './manifest.ts'
+export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from './manifest.ts'
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
 export { generateTestModel, TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'

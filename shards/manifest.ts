@@ -110,3 +110,12 @@ export async function verifyShardFiles (shardDir: string, manifest: ShardManifes
     if (digest !== f.sha256) throw new ShardIntegrityError(f.path, `sha256 ${digest}, manifest says ${f.sha256}`)
   }
 }
+
+/**
+ * The manifest hash: sha256 (hex) of the manifest.json bytes as written. It names one exact
+ * compilation in capability gossip, chain formation and receipts, and anyone can check it with
+ * `sha256sum manifest.json`.
+ */
+export async function manifestHash (shardDir: string): Promise<string> {
+  return await sha256File(join(shardDir, MANIFEST_FILE))
+}

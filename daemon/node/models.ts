@@ -3,9 +3,7 @@
  * as it is, a Hugging Face checkpoint is compiled once into the cache (keyed by its content hash),
  * and 'demo' is the built-in random-weight model, generated on first use.
  */
-import { createHash } from 'node:crypto'
-import { canonicalBytes } from '../../certs/index.ts'
-import { compileCached, ensureDemoModel, isShardDir, loadManifest } from '../../shards/index.ts'
+import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelSpec } from './config.ts'
@@ -13,16 +11,12 @@ import type { ModelSpec } from './config.ts'
 export interface ResolvedModel {
   shardDir: string
   manifest: ShardManifest
-  /** sha256 (hex) of the manifest's canonical JSON: names the exact weights in gossip and receipts. */
+  /** sha256 (hex) of manifest.json: names the exact weights in gossip, chains and receipts. */
   manifestHash: string
   /** Index of the stage this node serves. */
   stageIndex: number
   /** True when this node holds the whole model (one stage with embedding and head). */
   whole: boolean
-}
-
-export function manifestHashOf (manifest: ShardManifest): string {
-  return createHash('sha256').update(canonicalBytes(manifest)).digest('hex')
 }
 
 export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise<ResolvedModel> {
@@ -45,7 +39,7 @@ export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise
     throw new ConfigError('--model', `${spec.dir} has ${manifest.stages.length} stages; pick one with ${spec.dir}@A-B`)
   }
   const stage = manifest.stages[stageIndex]!
-  return { shardDir, manifest, manifestHash: manifestHashOf(manifest), stageIndex, whole: stage.hasEmbedding && stage.hasHead }
+  return { shardDir, manifest, manifestHash: await manifestHash(shardDir), stageIndex, whole: stage.hasEmbedding && stage.hasHead }
 }
 
 /** Generates and compiles the demo model once, so N daemons starting together don't race to. */

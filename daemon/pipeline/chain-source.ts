@@ -1,0 +1,153 @@
+/**
+ * The coordinator's side of one request on a chain, as a TokenSource for the engine's decode loop
+ * (generateSequence): stage 0 runs here (this node's engine), its activations go down the chain,
+ * the last stage samples and the token id comes back. Sampling params travel in the open frame. When a stage is lost the
+ * source rebuilds the chain without that peer and replays the prompt plus every token so far
+ * (with the RNG advanced past the draws already made), so the caller sees no error; past
+ * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. Every wait has an idle timeout.
+ */
+import { ShoalError } from '../errors.ts'
+import type { TokenSource } from '../engine/index.ts'
+import type { SamplingParams } from '../service.ts'
+import { StageLostError } from './errors.ts'
+import type { StageNode, TokenWatch } from './stage-node.ts'
+import { MAX_FRAME_BYTES } from './wire.ts'
+import type { ChainHop } from './wire.ts'
+
+export interface ChainTokenSourceInit {
+  /** The coordinator's node; its engine holds stage 0. */
+  node: StageNode
+  requestId: string
+  sampling: SamplingParams
+  /** Epoch ms. */
+  deadline: number
+  /** Forms a chain (stage 0 = this node) avoiding `exclude`; throws a typed error when there is none. */
+  formChain (exclude: readonly string[]): ChainHop[]
+  /** Longest wait for the token of one step (default 30 s). */
+  idleTimeoutMs?: number
+  /** Chain rebuilds after a lost stage (default 2; 0 = fail at once). */
+  maxReplays?: number
+  /** Positions per prefill activation frame (default 256, capped by the frame size). */
+  prefillChunk?: number
+}
+
+export interface ChainTokenSource extends TokenSource {
+  /** Peer ids of the current chain, stage 0 first. */
+  readonly route: string[]
+  readonly replays: number
+  /** Forms the chain and opens the request on it (prefill does this when not done yet). */
+  connect (signal: AbortSignal): Promise<void>
+  /** Ends the request on every stage (cancel down the chain) and frees stage 0's KV. */
+  close (): Promise<void>
+}
+
+export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenSource {
+  const { node } = init
+  const idleMs = init.idleTimeoutMs ?? 30_000
+  const maxReplays = init.maxReplays ?? 2
+  const width = node.engine.stage.hiddenSize
+  const chunk = Math.max(1, Math.min(init.prefillChunk ?? 256, Math.floor((MAX_FRAME_BYTES - 1024) / (width * 4))))
+  const history: number[] = []
+  const excluded: string[] = []
+  let sampled = 0
+  let attempt = 0
+  let chain: ChainHop[] = []
+  let wireId = init.requestId
+  let watch: TokenWatch | undefined
+  let live = false
+
+  async function begin (signal: AbortSignal): Promise<void> {
+    chain = init.formChain(excluded)
+    if (chain.length < 2 || chain[0]!.peerId !== node.peerId) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain must start at the coordinator and have a second stage')
+    wireId = attempt === 0 ? init.requestId : `${init.requestId}~r${attempt}`
+    watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
+    live = true
+    await node.engine.open(wireId, signal)
+    await node.send(chain[1]!.peerId, {
+      kind: 'open',
+      requestId: wireId,
+      open: {
+        modelId: node.modelId,
+        manifestHash: node.manifestHash,
+        chain,
+        hop: 1,
+        returnTo: node.peerId,
+        sampling: init.sampling,
+        rngSkip: init.sampling.temperature > 0 ? sampled : 0,
+        deadline: init.deadline,
+      },
+    }, signal)
+  }
+
+  async function end (): Promise<void> {
+    if (!live) return
+    live = false
+    watch?.close()
+    // The cancel is best effort and not awaited: the next stage may be the one that died (its
+    // downstream then frees on the link loss, the deadline or its idle timer).
+    node.send(chain[1]!.peerId, { kind: 'cancel', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
+    await node.engine.free(wireId).catch(() => {})
+  }
+
+  /** Runs `ids` at positions start.. through the chain; resolves with the sampled next token. */
+  async function run (ids: number[], start: number, signal: AbortSignal): Promise<number> {
+    const w = watch!
+    for (let a = 0; a < ids.length; a += chunk) {
+      const part = ids.slice(a, a + chunk)
+      const out = await node.engine.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), {}, signal)
+      if (out.kind !== 'hidden') throw new ShoalError('SHOAL_ERR_INTERNAL', 'stage 0 of a chain must return hidden states')
+      const final = a + chunk >= ids.length
+      await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data }, signal)
+    }
+    const idle = AbortSignal.timeout(idleMs)
+    let got: { position: number, tokenId: number }
+    try {
+      got = await w.next(AbortSignal.any([signal, idle]))
+    } catch (err) {
+      if (!signal.aborted && idle.aborted) throw new StageLostError(`no token from the chain ${chain.map(h => h.peerId).join(' → ')} in ${idleMs} ms`)
+      throw err
+    }
+    if (got.position !== start + ids.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `token for position ${got.position}, expected ${start + ids.length}`)
+    sampled++
+    return got.tokenId
+  }
+
+  /** Runs a step; on a lost stage, rebuilds the chain and replays the whole history. */
+  async function step (ids: number[], start: number, signal: AbortSignal): Promise<number> {
+    if (!live) await begin(signal)
+    try {
+      return await run(ids, start, signal)
+    } catch (err) {
+      let last = err
+      while (last instanceof StageLostError && !signal.aborted && attempt < maxReplays) {
+        if (last.peerId !== undefined) excluded.push(last.peerId)
+        await end()
+        attempt++
+        try {
+          await begin(signal)
+          return await run(history, 0, signal)
+        } catch (again) {
+          last = again
+        }
+      }
+      throw last
+    }
+  }
+
+  return {
+    get route () { return chain.map(h => h.peerId) },
+    get replays () { return attempt },
+    async connect (signal) { if (!live) await begin(signal) },
+    async prefill (promptIds, signal) {
+      if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')
+      history.push(...promptIds)
+      return await step(promptIds, 0, signal)
+    },
+    async decode (tokenId, position, signal) {
+      if (position !== history.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `decode at position ${position}, the sequence holds ${history.length}`)
+      history.push(tokenId)
+      return await step([tokenId], position, signal)
+    },
+    close: end,
+  }
+}

@@ -1,0 +1,138 @@
+/**
+ * The InferenceService of a pipeline-sharded model, run on the coordinator (the node holding
+ * stage 0 and the tokenizer). Per request: tokenize, form the cheapest complete chain (stage 0 is
+ * always this node), open the request along it, emit `start` with the chain's peer ids in order,
+ * then deltas and `end` from the decode loop over a chain token source. An incomplete chain is an
+ * error before `start` naming the missing layers; a lost stage mid-request is replayed on another
+ * holder when there is one.
+ */
+import { ShoalError } from '../errors.ts'
+import { AbortedError, ContextLengthError, DeadlineError, ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, generateSequence } from '../engine/index.ts'
+import { ChainIncompleteError, formChain } from '../routing/index.ts'
+import type { ChainPolicy, StageHolder } from '../routing/index.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+import { loadTextCodec } from '../text/index.ts'
+import type { TextCodec } from '../text/index.ts'
+import { createChainTokenSource } from './chain-source.ts'
+import type { PipelineStage } from './stage.ts'
+import type { ChainHop } from './wire.ts'
+
+export interface PipelineServiceInit {
+  /** This node's stage 0 (started by the caller). */
+  stage: PipelineStage
+  shardDir: string
+  description?: string
+  /** Longest wait for one token from the chain (default 30 s). */
+  idleTimeoutMs?: number
+  maxReplays?: number
+  /** Concurrent requests coordinated here (default: stage 0's engine capacity, 8). */
+  maxRequests?: number
+  chainPolicy?: Partial<ChainPolicy>
+}
+
+export interface PipelineServiceComponents {
+  /** Stage holders in the mesh (capabilities + load + RTT), this node excluded. */
+  holders (): StageHolder[]
+}
+
+export interface PipelineService extends InferenceService {
+  start (): Promise<void>
+  stop (): Promise<void>
+  stats (): { activeRequests: number }
+}
+
+const MAX_TIMER_MS = 2 ** 31 - 1
+
+export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
+  const { stage } = init
+  const { manifest, node } = stage
+  const modelId = node.modelId
+  const maxRequests = init.maxRequests ?? 8
+  let codec: TextCodec | undefined
+  let created = 0
+  let active = 0
+
+  /** The cheapest chain whose stage 0 is this node. */
+  function chainFor (exclude: readonly string[]): ChainHop[] {
+    const self = stage.served()
+    const holders: StageHolder[] = components.holders()
+      .filter(h => h.peerId !== node.peerId && h.layers[0] !== 0)
+      .concat({ peerId: node.peerId, modelId, manifestHash: stage.manifestHash, layers: self.layers, admitted: true, alive: true, rttMs: 0 })
+    const d = formChain(holders, {
+      now: Date.now(),
+      modelId,
+      numLayers: manifest.shape.numLayers,
+      manifestHash: stage.manifestHash,
+      exclude,
+      ...(init.chainPolicy === undefined ? {} : { policy: init.chainPolicy }),
+    })
+    if (d.kind === 'chain') return d.stages.map(s => ({ peerId: s.peerId, layers: [s.layers[0], s.layers[1]] }))
+    if (d.kind === 'overloaded') throw new OverloadedError(d.reason)
+    throw new ChainIncompleteError(d.reason)
+  }
+
+  async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
+    if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
+    if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
+    const { shape, generation } = manifest
+    const promptIds = codec.encodePrompt(request.prompt)
+    if (promptIds.length === 0) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', 'the prompt is empty')
+    const bad = promptIds.find(id => !Number.isSafeInteger(id) || id < 0 || id >= shape.vocabSize)
+    if (bad !== undefined) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', `token id ${bad} is outside the vocabulary (0..${shape.vocabSize - 1})`)
+    if (promptIds.length >= shape.maxPositions) throw new ContextLengthError(`the prompt has ${promptIds.length} tokens; this model's context is ${shape.maxPositions} tokens, including the completion`)
+    if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
+    if (Date.now() >= request.deadline) throw new DeadlineError()
+    active++
+    const ctl = new AbortController()
+    const onAbort = (): void => { ctl.abort(new AbortedError('client cancelled the request')) }
+    signal.addEventListener('abort', onAbort, { once: true })
+    if (signal.aborted) onAbort()
+    const timer = setTimeout(() => { ctl.abort(new DeadlineError()) }, Math.min(request.deadline - Date.now(), MAX_TIMER_MS))
+    const source = createChainTokenSource({
+      node,
+      requestId: request.requestId,
+      sampling: request.sampling,
+      deadline: request.deadline,
+      formChain: chainFor,
+      ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
+      ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
+    })
+    try {
+      await source.connect(ctl.signal)
+      yield { type: 'start', promptTokenIds: promptIds, route: source.route, receiptId: request.requestId }
+      yield * generateSequence({
+        source,
+        codec,
+        promptIds,
+        maxTokens: request.maxTokens,
+        stop: request.stop,
+        eosTokenIds: generation.eosTokenIds,
+        maxPositions: shape.maxPositions,
+        signal: ctl.signal,
+      })
+    } catch (err) {
+      throw ctl.signal.aborted ? abortReason(ctl.signal) : err
+    } finally {
+      clearTimeout(timer)
+      signal.removeEventListener('abort', onAbort)
+      active--
+      await source.close()
+    }
+  }
+
+  return {
+    async start () {
+      if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
+      codec = await loadTextCodec(init.shardDir, manifest)
+      created = Math.floor(Date.now() / 1000)
+    },
+    async stop () { codec = undefined },
+    models (): ModelCard[] {
+      if (codec === undefined) return []
+      const description = init.description ?? manifest.description
+      return [{ id: modelId, created, ownedBy: 'shoal', contextLength: manifest.shape.maxPositions, ...(description === undefined ? {} : { description }), servedBy: [node.peerId] }]
+    },
+    generate,
+    stats: () => ({ activeRequests: active }),
+  }
+}

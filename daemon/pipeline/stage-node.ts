@@ -1,0 +1,272 @@
+/**
+ * A stage node: one StageEngine (this node's layers, shared by every request) behind the
+ * /shoal/stage/1.0.0 links. As a middle or last stage it serves open / activation / cancel frames:
+ * KV is keyed by request id; activations of one request run in order, different requests
+ * interleave freely (while this stage steps request A, its neighbours step B and C); the last stage
+ * samples and sends only the token id to the coordinator. As the coordinator it lets a chain token
+ * source `watch` a request's token and error frames. State of a request is dropped on cancel
+ * (which also means "finished"), on error, at its deadline, after an idle timeout, and when the
+ * link to the neighbour it depends on goes down; nothing waits without a bound.
+ */
+import { deserializeError, serializeError } from '../errors.ts'
+import { createRng, sampleToken } from '../engine/index.ts'
+import type { Rng, StageEngine } from '../engine/index.ts'
+import type { SerializedError } from '../errors.ts'
+import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
+import { createLinks } from './links.ts'
+import type { LinkComponents, LinkOptions, Links } from './links.ts'
+import type { OpenBody, StageFrame } from './wire.ts'
+
+export interface StageNodeInit extends LinkOptions {
+  /** Started by the caller; the node never starts or stops it. */
+  engine: StageEngine
+  modelId: string
+  manifestHash: string
+  /** Silence after which a served request's state is dropped (default 60 s). */
+  idleTimeoutMs?: number
+}
+
+export interface StageNodeStats {
+  /** Requests this node serves as a stage (KV held in the engine). */
+  served: number
+  /** Requests this node coordinates that wait for tokens. */
+  watched: number
+  streams: number
+}
+
+/** Token and error frames of one coordinated request, plus losses of the peers it runs on. */
+export interface TokenWatch {
+  /** The next token frame; rejects with the request's typed error, or signal.reason. */
+  next (signal: AbortSignal): Promise<{ position: number, tokenId: number }>
+  close (): void
+}
+
+export interface StageNode {
+  readonly peerId: string
+  readonly engine: StageEngine
+  readonly modelId: string
+  readonly manifestHash: string
+  start (): Promise<void>
+  stop (): Promise<void>
+  send (peerId: string, frame: StageFrame, signal: AbortSignal): Promise<void>
+  watch (requestId: string, peers: readonly string[]): TokenWatch
+  stats (): StageNodeStats
+}
+
+interface Served {
+  id: string
+  open: OpenBody
+  upstream: string
+  next: string | undefined
+  rng: Rng | undefined
+  tail: Promise<void>
+  ctl: AbortController
+  timers: Array<ReturnType<typeof setTimeout>>
+  idle: ReturnType<typeof setTimeout> | undefined
+}
+
+interface Watch {
+  peers: Set<string>
+  queue: Array<{ position: number, tokenId: number } | Error>
+  wake: (() => void) | undefined
+}
+
+const SEND_TIMEOUT_MS = 30_000
+const MAX_TIMER_MS = 2 ** 31 - 1
+
+export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
+  const { engine } = init
+  const stage = engine.stage
+  const idleMs = init.idleTimeoutMs ?? 60_000
+  const links: Links = createLinks(components, init)
+  const served = new Map<string, Served>()
+  const watches = new Map<string, Watch>()
+  const self = components.peerId
+
+  const sendSoon = (peerId: string, frame: StageFrame): void => {
+    links.send(peerId, frame, AbortSignal.timeout(SEND_TIMEOUT_MS)).catch(() => {})
+  }
+
+  /** Drops a served request: KV freed after its running step stops; cancel goes downstream. */
+  function drop (s: Served, cancelDownstream: boolean): void {
+    if (served.get(s.id) !== s) return
+    served.delete(s.id)
+    s.ctl.abort(new StageLostError('request dropped'))
+    for (const t of s.timers) clearTimeout(t)
+    clearTimeout(s.idle)
+    void s.tail.finally(() => engine.free(s.id).catch(() => {}))
+    if (cancelDownstream && s.next !== undefined) sendSoon(s.next, { kind: 'cancel', requestId: s.id })
+  }
+
+  function fail (s: Served, err: unknown): void {
+    if (served.get(s.id) !== s) return
+    if (s.open.returnTo !== self) sendSoon(s.open.returnTo, { kind: 'error', requestId: s.id, error: errorBody(err) })
+    drop(s, true)
+  }
+
+  function touch (s: Served): void {
+    clearTimeout(s.idle)
+    s.idle = setTimeout(() => fail(s, new StageLostError(`no frame for request ${s.id} in ${idleMs} ms`)), idleMs)
+  }
+
+  function checkOpen (o: OpenBody): void {
+    const hop = o.chain[o.hop]!
+    if (hop.peerId !== self) throw new StageConfigError(`open frame addressed to ${hop.peerId}, not this node`)
+    if (o.modelId !== init.modelId || o.manifestHash !== init.manifestHash) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `this node serves ${init.modelId} (manifest ${init.manifestHash.slice(0, 12)}), not ${o.modelId} (manifest ${o.manifestHash.slice(0, 12)})`)
+    if (hop.layers[0] !== stage.layers[0] || hop.layers[1] !== stage.layers[1]) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `this node holds layers ${stage.layers.join('-')}, not ${hop.layers.join('-')}`)
+    if (stage.hasEmbedding) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', 'the embedding stage takes no activations')
+    if ((o.hop === o.chain.length - 1) !== stage.hasHead) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', 'only the stage with the head may end a chain')
+  }
+
+  function onOpen (f: Extract<StageFrame, { kind: 'open' }>, from: string): void {
+    const o = f.open
+    try {
+      if (served.has(f.requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${f.requestId} is already open here`)
+      checkOpen(o)
+    } catch (err) {
+      sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(err) })
+      return
+    }
+    const last = o.hop === o.chain.length - 1
+    const s: Served = {
+      id: f.requestId,
+      open: o,
+      upstream: from,
+      next: last ? undefined : o.chain[o.hop + 1]!.peerId,
+      rng: undefined,
+      tail: Promise.resolve(),
+      ctl: new AbortController(),
+      timers: [],
+      idle: undefined,
+    }
+    if (last) {
+      s.rng = createRng(o.sampling.seed)
+      for (let i = 0; i < o.rngSkip; i++) s.rng()
+    }
+    served.set(s.id, s)
+    const untilDeadline = o.deadline - Date.now()
+    s.timers.push(setTimeout(() => fail(s, new StageLostError('the request deadline passed at a stage')), Math.max(0, Math.min(untilDeadline, MAX_TIMER_MS))))
+    touch(s)
+    // Open downstream right away: frames on one link keep their order, so it precedes our output.
+    if (s.next !== undefined) sendSoon(s.next, { kind: 'open', requestId: s.id, open: { ...o, hop: o.hop + 1 } })
+    s.tail = engine.open(s.id, s.ctl.signal).then(() => {}, (err: unknown) => fail(s, err))
+  }
+
+  function onActivation (f: Extract<StageFrame, { kind: 'activation' }>, from: string): void {
+    const s = served.get(f.requestId)
+    if (s === undefined) {
+      sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(new StageWireError('SHOAL_ERR_STAGE_UNKNOWN_REQUEST', `no open request ${f.requestId} on this stage`)) })
+      return
+    }
+    if (f.width !== stage.hiddenSize) {
+      fail(s, new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `activation width ${f.width}, this stage's hidden size is ${stage.hiddenSize}`))
+      return
+    }
+    touch(s)
+    const positions = Array.from({ length: f.rows }, (_, i) => f.start + i)
+    s.tail = s.tail.then(async () => {
+      if (served.get(s.id) !== s) return
+      const out = await engine.step(s.id, { hidden: f.data }, positions, { logitsToKeep: 1 }, s.ctl.signal)
+      if (s.next !== undefined) {
+        if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
+        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data }, s.ctl.signal)
+      } else if (f.final) {
+        if (out.kind !== 'logits') throw new StageConfigError('the last stage must return logits')
+        const tokenId = sampleToken(out.data, s.open.sampling, s.rng!, (out.count - 1) * out.vocab, out.vocab)
+        await links.send(s.open.returnTo, { kind: 'token', requestId: s.id, position: f.start + f.rows, tokenId }, s.ctl.signal)
+      }
+    }).catch((err: unknown) => { if (!s.ctl.signal.aborted) fail(s, err) })
+  }
+
+  function onFrame (f: StageFrame, from: string): void {
+    const w = watches.get(f.requestId)
+    if (w !== undefined && (f.kind === 'token' || f.kind === 'error')) {
+      w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : remoteError(f.error))
+      const wake = w.wake
+      w.wake = undefined
+      wake?.()
+      return
+    }
+    switch (f.kind) {
+      case 'open': onOpen(f, from); return
+      case 'activation': onActivation(f, from); return
+      case 'cancel': {
+        const s = served.get(f.requestId)
+        if (s !== undefined) drop(s, true)
+        return
+      }
+      case 'error': {
+        // From downstream: pass it to the coordinator and drop our part.
+        const s = served.get(f.requestId)
+        if (s !== undefined) fail(s, remoteError(f.error))
+        return
+      }
+      case 'token': return // for a request no longer watched
+    }
+  }
+
+  function onLinkDown (peerId: string): void {
+    for (const s of [...served.values()]) {
+      if (s.upstream === peerId || s.next === peerId || s.open.returnTo === peerId) fail(s, new StageLostError(`lost the link to stage peer ${peerId}`, peerId))
+    }
+    for (const w of watches.values()) {
+      if (!w.peers.has(peerId)) continue
+      w.queue.push(new StageLostError(`lost the link to stage peer ${peerId}`, peerId))
+      const wake = w.wake
+      w.wake = undefined
+      wake?.()
+    }
+  }
+
+  links.onFrame(onFrame)
+  links.onLinkDown(onLinkDown)
+
+  return {
+    peerId: self,
+    engine,
+    modelId: init.modelId,
+    manifestHash: init.manifestHash,
+    start: async () => { await links.start() },
+    async stop () {
+      for (const s of [...served.values()]) drop(s, false)
+      await links.stop()
+    },
+    send: async (peerId, frame, signal) => { await links.send(peerId, frame, signal) },
+    watch (requestId, peers) {
+      if (watches.has(requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${requestId} is already watched`)
+      const w: Watch = { peers: new Set(peers), queue: [], wake: undefined }
+      watches.set(requestId, w)
+      return {
+        async next (signal) {
+          for (;;) {
+            const item = w.queue.shift()
+            if (item instanceof Error) throw item
+            if (item !== undefined) return item
+            signal.throwIfAborted()
+            await new Promise<void>((resolve, reject) => {
+              const onAbort = (): void => { w.wake = undefined; reject(signal.reason) }
+              signal.addEventListener('abort', onAbort, { once: true })
+              w.wake = () => { signal.removeEventListener('abort', onAbort); resolve() }
+            })
+          }
+        },
+        close () {
+          if (watches.get(requestId) === w) watches.delete(requestId)
+        },
+      }
+    },
+    stats: () => ({ served: served.size, watched: watches.size, streams: links.streams() }),
+  }
+}
+
+/** An error for an error frame: the code, plus the lost peer's id when there is one. */
+function errorBody (err: unknown): SerializedError & { peerId?: string } {
+  const peerId = err instanceof StageLostError ? err.peerId : undefined
+  return peerId === undefined ? serializeError(err) : { ...serializeError(err), peerId }
+}
+
+/** An error frame from a peer, as an Error with the peer's name and code. */
+function remoteError (e: SerializedError & { peerId?: string }): Error {
+  if (e.code === 'SHOAL_ERR_PEER_LOST') return new StageLostError(e.message, e.peerId)
+  return deserializeError(e)
+}

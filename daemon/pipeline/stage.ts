@@ -1,0 +1,92 @@
+/**
+ * A served stage: `--model SHARDDIR@A-B` loads only the graph (and weights) of the stage holding
+ * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/1.0.0 with it.
+ * The manifest hash it reports (sha256 of manifest.json) keeps chains to stages of one compilation.
+ */
+import { join } from 'node:path'
+import { createStageEngine, stageInfoOf } from '../engine/index.ts'
+import type { BackendName } from '../engine/index.ts'
+import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
+import { StageConfigError } from './errors.ts'
+import type { LinkComponents, LinkOptions } from './links.ts'
+import { createStageNode } from './stage-node.ts'
+import type { StageNode } from './stage-node.ts'
+
+export interface StageSpec {
+  shardDir: string
+  layers: [number, number]
+}
+
+/** Parses `SHARDDIR@A-B` (the `--model` form for one stage). */
+export function parseStageSpec (text: string): StageSpec {
+  const at = text.lastIndexOf('@')
+  if (at <= 0) throw new StageConfigError(`"${text}" is not SHARDDIR@FIRST-LAST`)
+  const ranges = parseLayerRanges(text.slice(at + 1))
+  if (ranges.length !== 1) throw new StageConfigError(`"${text}": one layer range per stage`)
+  return { shardDir: text.slice(0, at), layers: ranges[0]! }
+}
+
+/** The shard directory's manifest hash (one definition for the whole daemon: shards' manifestHash). */
+export const manifestHashOf = manifestHash
+
+export interface PipelineStageInit extends StageSpec, LinkOptions {
+  /** Served model id; default the manifest's. */
+  modelId?: string
+  backend?: BackendName
+  device?: string
+  threads?: number
+  maxSequences?: number
+  idleTimeoutMs?: number
+}
+
+export interface PipelineStage {
+  readonly node: StageNode
+  readonly manifest: ShardManifest
+  readonly manifestHash: string
+  readonly stageIndex: number
+  /** What to declare in capabilities (mesh ServedModel). */
+  served (): { id: string, manifestHash: string, layers: [number, number], totalLayers: number, maxContextTokens: number }
+  start (): Promise<void>
+  stop (): Promise<void>
+}
+
+export async function createPipelineStage (init: PipelineStageInit, components: LinkComponents): Promise<PipelineStage> {
+  const manifest = await loadManifest(init.shardDir)
+  const manifestHash = await manifestHashOf(init.shardDir)
+  const stageIndex = manifest.stages.findIndex(s => s.layers[0] === init.layers[0] && s.layers[1] === init.layers[1])
+  if (stageIndex < 0) {
+    throw new StageConfigError(`${init.shardDir} has no stage for layers ${init.layers.join('-')} (stages: ${manifest.stages.map(s => s.layers.join('-')).join(', ')})`)
+  }
+  const st = manifest.stages[stageIndex]!
+  const engine = createStageEngine({
+    graphPath: join(init.shardDir, ...st.graph.split('/')),
+    stage: stageInfoOf(manifest, stageIndex),
+    backend: init.backend ?? 'onnxruntime',
+    device: init.device ?? 'CPU',
+    ...(init.threads === undefined ? {} : { threads: init.threads }),
+    ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
+  })
+  const modelId = init.modelId ?? manifest.modelId
+  const node = createStageNode({ ...init, engine, modelId, manifestHash }, components)
+  return {
+    node,
+    manifest,
+    manifestHash,
+    stageIndex,
+    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: manifest.shape.maxPositions }),
+    async start () {
+      await engine.start()
+      try {
+        await node.start()
+      } catch (err) {
+        await engine.stop()
+        throw err
+      }
+    },
+    async stop () {
+      await node.stop()
+      await engine.stop()
+    },
+  }
+}

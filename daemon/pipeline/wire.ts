@@ -1,0 +1,276 @@
+/**
+ * The /shoal/stage/1.0.0 wire format: frames between consecutive stages of a pipeline chain, many
+ * requests interleaved on one long-lived stream per neighbour pair.
+ *
+ * A frame is an unsigned-varint length, then a payload (all integers little-endian):
+ *   u8 version (1) | u8 kind | u8 n | n bytes request id (UTF-8; n = 0 only in link-level errors) | body
+ * Bodies:
+ *   open        JSON (fixed key order): model, manifest hash, the chain, this hop, who gets the
+ *               tokens, sampling params, RNG draws to skip (replay), deadline
+ *   activation  u8 flags (bit 0: final — the last stage samples after this one) | u8 dtype (1 = f32)
+ *               | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position | u32 rows
+ *               | u32 width | rows × width raw f32 (positions start .. start + rows - 1)
+ *   token       u32 position | u32 token id (the last stage's answer: ids, not logits)
+ *   error       JSON {name, code, message[, peerId]}
+ *   cancel      empty (drop the request's state here and downstream; also sent on finish)
+ * Tensor bytes start 4-byte aligned within the payload, so a decoder can view them in place.
+ */
+import type { Uint8ArrayList } from 'uint8arraylist'
+import type { SerializedError } from '../errors.ts'
+import { StageWireError } from './errors.ts'
+
+export const STAGE_PROTOCOL = '/shoal/stage/1.0.0'
+export const STAGE_WIRE_VERSION = 1
+/** One prefill chunk of a large model's activations fits (256 × 8192 × 4 = 8 MiB). */
+export const MAX_FRAME_BYTES = 16 * 1024 * 1024
+export const MAX_REQUEST_ID_BYTES = 255
+const MAX_ERROR_MESSAGE_CHARS = 2048
+const DTYPE_F32 = 1
+
+const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5 } as const
+export type StageFrameKind = keyof typeof KIND_CODES
+const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as StageFrameKind]))
+
+export interface ChainHop {
+  peerId: string
+  /** Inclusive global layer range this hop must hold. */
+  layers: [number, number]
+}
+
+export interface OpenBody {
+  modelId: string
+  manifestHash: string
+  /** The whole chain, stage 0 (the coordinator) first. */
+  chain: ChainHop[]
+  /** Index in `chain` of the stage this frame is addressed to. */
+  hop: number
+  /** Peer that receives token and error frames (the coordinator). */
+  returnTo: string
+  sampling: { temperature: number, topP: number, seed?: number }
+  /** RNG draws the last stage skips before sampling (a replay resumes the same random stream). */
+  rngSkip: number
+  /** Epoch ms; state for the request is dropped after it. */
+  deadline: number
+}
+
+export type StageFrame =
+  | { kind: 'open', requestId: string, open: OpenBody }
+  | { kind: 'activation', requestId: string, start: number, final: boolean, rows: number, width: number, data: Float32Array }
+  | { kind: 'token', requestId: string, position: number, tokenId: number }
+  /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
+  | { kind: 'error', requestId: string, error: SerializedError & { peerId?: string } }
+  | { kind: 'cancel', requestId: string }
+
+if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the stage wire format assumes a little-endian host')
+
+const utf8 = new TextEncoder()
+const utf8Strict = new TextDecoder('utf-8', { fatal: true })
+const malformed = (message: string, cause?: unknown): StageWireError =>
+  new StageWireError('SHOAL_ERR_STAGE_MALFORMED', message, cause === undefined ? undefined : { cause })
+const truncated = (message: string): StageWireError => new StageWireError('SHOAL_ERR_STAGE_TRUNCATED', message)
+const isU32 = (n: unknown): n is number => Number.isInteger(n) && (n as number) >= 0 && (n as number) < 2 ** 32
+
+function varintLength (n: number): number {
+  let len = 1
+  while (n >= 0x80) { n = Math.floor(n / 128); len++ }
+  return len
+}
+
+function writeVarint (out: Uint8Array, offset: number, n: number): number {
+  while (n >= 0x80) { out[offset++] = (n % 128) | 0x80; n = Math.floor(n / 128) }
+  out[offset++] = n
+  return offset
+}
+
+function encodeOpen (o: OpenBody): Uint8Array {
+  const sampling = o.sampling.seed === undefined
+    ? { temperature: o.sampling.temperature, topP: o.sampling.topP }
+    : { temperature: o.sampling.temperature, topP: o.sampling.topP, seed: o.sampling.seed }
+  return utf8.encode(JSON.stringify({
+    modelId: o.modelId,
+    manifestHash: o.manifestHash,
+    chain: o.chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] })),
+    hop: o.hop,
+    returnTo: o.returnTo,
+    sampling,
+    rngSkip: o.rngSkip,
+    deadline: o.deadline,
+  }))
+}
+
+const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)
+const isStr = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= 256
+const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+
+function decodeOpen (v: unknown): OpenBody {
+  if (!isObj(v) || !isStr(v.modelId) || !isStr(v.manifestHash) || !isStr(v.returnTo) || !isNum(v.deadline)) throw malformed('open body: bad model, manifest hash, returnTo or deadline')
+  if (!Array.isArray(v.chain) || v.chain.length < 2 || v.chain.length > 64) throw malformed('open body: chain must list 2-64 stages')
+  const chain = v.chain.map((h: unknown): ChainHop => {
+    if (!isObj(h) || !isStr(h.peerId) || !Array.isArray(h.layers) || h.layers.length !== 2 || !isU32(h.layers[0]) || !isU32(h.layers[1]) || h.layers[0] > h.layers[1]) {
+      throw malformed('open body: bad chain hop')
+    }
+    return { peerId: h.peerId, layers: [h.layers[0], h.layers[1]] }
+  })
+  if (!Number.isInteger(v.hop) || (v.hop as number) < 1 || (v.hop as number) >= chain.length) throw malformed('open body: hop must index a stage after the first')
+  const s = v.sampling
+  if (!isObj(s) || !isNum(s.temperature) || s.temperature < 0 || !isNum(s.topP) || (s.seed !== undefined && !Number.isSafeInteger(s.seed))) throw malformed('open body: bad sampling params')
+  if (!isU32(v.rngSkip)) throw malformed('open body: rngSkip must be a u32')
+  const sampling = s.seed === undefined ? { temperature: s.temperature, topP: s.topP } : { temperature: s.temperature, topP: s.topP, seed: s.seed as number }
+  return { modelId: v.modelId, manifestHash: v.manifestHash, chain, hop: v.hop as number, returnTo: v.returnTo, sampling, rngSkip: v.rngSkip, deadline: v.deadline }
+}
+
+function parseJson (body: Uint8Array, kind: string): unknown {
+  try {
+    return JSON.parse(utf8Strict.decode(body))
+  } catch (err) {
+    throw malformed(`${kind} body is not valid JSON`, err)
+  }
+}
+
+/** Header (version, kind, request id) as bytes, with `extra` bytes of room after it. */
+function header (kind: StageFrameKind, requestId: string, extra: number): { out: Uint8Array, at: number } {
+  const id = utf8.encode(requestId)
+  if (id.length > MAX_REQUEST_ID_BYTES || (id.length === 0 && kind !== 'error')) throw malformed(`request id must be 1-${MAX_REQUEST_ID_BYTES} bytes`)
+  const out = new Uint8Array(3 + id.length + extra)
+  out[0] = STAGE_WIRE_VERSION
+  out[1] = KIND_CODES[kind]
+  out[2] = id.length
+  out.set(id, 3)
+  return { out, at: 3 + id.length }
+}
+
+/**
+ * The payload as one or two parts: an activation's tensor bytes are not copied (the second part
+ * is a view of `data`).
+ */
+export function encodePayloadParts (f: StageFrame): Uint8Array[] {
+  switch (f.kind) {
+    case 'activation': {
+      if (!isU32(f.start) || !isU32(f.rows) || !isU32(f.width) || f.rows === 0 || f.width === 0) throw malformed('activation: start, rows and width must be u32, rows and width > 0')
+      if (f.data.length !== f.rows * f.width) throw malformed(`activation: ${f.data.length} values for ${f.rows} × ${f.width}`)
+      const idLen = utf8.encode(f.requestId).length
+      const pad = (4 - ((3 + idLen + 3) % 4)) % 4
+      const { out, at } = header('activation', f.requestId, 3 + pad + 12)
+      out[at] = f.final ? 1 : 0
+      out[at + 1] = DTYPE_F32
+      out[at + 2] = 2
+      const dv = new DataView(out.buffer, out.byteOffset + at + 3 + pad, 12)
+      dv.setUint32(0, f.start, true)
+      dv.setUint32(4, f.rows, true)
+      dv.setUint32(8, f.width, true)
+      return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
+    }
+    case 'token': {
+      if (!isU32(f.position) || !isU32(f.tokenId)) throw malformed('token: position and token id must be u32')
+      const { out, at } = header('token', f.requestId, 8)
+      const dv = new DataView(out.buffer, out.byteOffset + at, 8)
+      dv.setUint32(0, f.position, true)
+      dv.setUint32(4, f.tokenId, true)
+      return [out]
+    }
+    case 'cancel': return [header('cancel', f.requestId, 0).out]
+    case 'open':
+    case 'error': {
+      const body = f.kind === 'open'
+        ? encodeOpen(f.open)
+        : utf8.encode(JSON.stringify({
+          name: f.error.name,
+          code: f.error.code,
+          message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS),
+          ...(f.error.peerId === undefined ? {} : { peerId: f.error.peerId }),
+        }))
+      const { out, at } = header(f.kind, f.requestId, body.length)
+      out.set(body, at)
+      return [out]
+    }
+  }
+}
+
+/** The frame as it goes on the stream: varint length, then the payload (parts, not concatenated). */
+export function encodeFrameParts (f: StageFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array[] {
+  const parts = encodePayloadParts(f)
+  const len = parts.reduce((n, p) => n + p.length, 0)
+  if (len > maxFrameBytes) throw new StageWireError('SHOAL_ERR_STAGE_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`)
+  const prefix = new Uint8Array(varintLength(len))
+  writeVarint(prefix, 0, len)
+  return [prefix, ...parts]
+}
+
+/** The frame as one contiguous byte array (tests, golden bytes). */
+export function encodeFrame (f: StageFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array {
+  const parts = encodeFrameParts(f, maxFrameBytes)
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
+  let o = 0
+  for (const p of parts) { out.set(p, o); o += p.length }
+  return out
+}
+
+/** Reads the request id of a payload that may fail to decode otherwise (so an error can name it). */
+export function peekRequestId (buf: Uint8Array): string | undefined {
+  const n = buf[2]
+  if (n === undefined || n === 0 || buf.length < 3 + n) return undefined
+  try { return utf8Strict.decode(buf.subarray(3, 3 + n)) } catch { return undefined }
+}
+
+/** Decodes one payload (the bytes inside a length prefix). Tensor data is a view when aligned. */
+export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame {
+  const buf = payload instanceof Uint8Array ? payload : payload.subarray()
+  if (buf.length < 3) throw truncated(`frame of ${buf.length} bytes is shorter than its header`)
+  if (buf[0] !== STAGE_WIRE_VERSION) throw new StageWireError('SHOAL_ERR_STAGE_UNSUPPORTED_VERSION', `stage frame version ${buf[0]} is not supported (this node speaks ${STAGE_WIRE_VERSION})`)
+  const kind = KIND_BY_CODE.get(buf[1] as number)
+  if (kind === undefined) throw new StageWireError('SHOAL_ERR_STAGE_UNKNOWN_KIND', `unknown stage frame kind ${buf[1]}`)
+  const idLen = buf[2] as number
+  if (idLen === 0 && kind !== 'error') throw malformed('request id is empty')
+  if (buf.length < 3 + idLen) throw truncated('frame ends inside its request id')
+  let requestId: string
+  try {
+    requestId = utf8Strict.decode(buf.subarray(3, 3 + idLen))
+  } catch (err) {
+    throw malformed('request id is not valid UTF-8', err)
+  }
+  const at = 3 + idLen
+  const body = buf.subarray(at)
+  switch (kind) {
+    case 'open': return { kind, requestId, open: decodeOpen(parseJson(body, kind)) }
+    case 'error': {
+      const v = parseJson(body, kind)
+      if (!isObj(v) || typeof v.name !== 'string' || typeof v.code !== 'string' || typeof v.message !== 'string' || (v.peerId !== undefined && !isStr(v.peerId))) throw malformed('error body is malformed')
+      const error = { name: v.name, code: v.code, message: v.message }
+      return { kind, requestId, error: v.peerId === undefined ? error : { ...error, peerId: v.peerId } }
+    }
+    case 'cancel':
+      if (body.length !== 0) throw malformed('cancel frame has a body')
+      return { kind, requestId }
+    case 'token': {
+      if (body.length !== 8) throw body.length < 8 ? truncated('token frame is short') : malformed('token frame is too long')
+      const dv = new DataView(body.buffer, body.byteOffset, 8)
+      return { kind, requestId, position: dv.getUint32(0, true), tokenId: dv.getUint32(4, true) }
+    }
+    case 'activation': {
+      const pad = (4 - ((at + 3) % 4)) % 4
+      const dataAt = 3 + pad + 12
+      if (body.length < dataAt) throw truncated('activation header is short')
+      if (body[1] !== DTYPE_F32) throw malformed(`activation dtype ${body[1]} is not supported (1 = f32)`)
+      if (body[2] !== 2) throw malformed(`activation rank ${body[2]} is not 2`)
+      if ((body[0] as number) > 1) throw malformed('activation has unknown flags')
+      const dv = new DataView(body.buffer, body.byteOffset + 3 + pad, 12)
+      const start = dv.getUint32(0, true)
+      const rows = dv.getUint32(4, true)
+      const width = dv.getUint32(8, true)
+      if (rows === 0 || width === 0) throw malformed('activation has an empty shape')
+      const bytes = rows * width * 4
+      const have = body.length - dataAt
+      if (have !== bytes) throw have < bytes ? truncated(`activation holds ${have} of ${bytes} tensor bytes`) : malformed(`activation has ${have - bytes} bytes past its tensor`)
+      const offset = body.byteOffset + dataAt
+      // Zero-copy when the bytes sit 4-byte aligned in their buffer; otherwise one copy.
+      let data: Float32Array
+      if (offset % 4 === 0) {
+        data = new Float32Array(body.buffer, offset, rows * width)
+      } else {
+        data = new Float32Array(rows * width)
+        new Uint8Array(data.buffer).set(body.subarray(dataAt))
+      }
+      return { kind, requestId, start, final: body[0] === 1, rows, width, data }
+    }
+  }
+}

@@ -1,0 +1,118 @@
+/**
+ * The /shoal/stage/1.0.0 wire format: golden bytes for every frame kind, round trips, zero-copy
+ * tensor views, and typed refusals of truncated, oversized, wrong-version and malformed frames.
+ */
+import { describe, expect, it } from 'vitest'
+import { decodePayload, encodeFrame, encodePayloadParts, MAX_FRAME_BYTES, STAGE_WIRE_VERSION } from '../../daemon/pipeline/index.ts'
+import type { OpenBody, StageFrame } from '../../daemon/pipeline/index.ts'
+
+const hex = (b: Uint8Array): string => Buffer.from(b).toString('hex')
+const payloadOf = (f: StageFrame): Uint8Array => {
+  const parts = encodePayloadParts(f)
+  return Uint8Array.from(parts.flatMap(p => [...p]))
+}
+
+const open: OpenBody = {
+  modelId: 'm',
+  manifestHash: 'ab',
+  chain: [{ peerId: 'A', layers: [0, 1] }, { peerId: 'B', layers: [2, 3] }],
+  hop: 1,
+  returnTo: 'A',
+  sampling: { temperature: 0, topP: 1 },
+  rngSkip: 0,
+  deadline: 5,
+}
+
+describe('stage wire golden bytes', () => {
+  it('pins the token frame', () => {
+    expect(hex(encodeFrame({ kind: 'token', requestId: 'r1', position: 5, tokenId: 300 }))).toBe('0d' + '01' + '03' + '02' + '7231' + '05000000' + '2c010000')
+  })
+  it('pins the cancel frame', () => {
+    expect(hex(encodeFrame({ kind: 'cancel', requestId: 'r1' }))).toBe('05' + '01' + '05' + '02' + '7231')
+  })
+  it('pins the activation frame (no padding needed)', () => {
+    const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 7, final: true, rows: 1, width: 2, data: Float32Array.of(1, -2) }
+    expect(hex(encodeFrame(f))).toBe('1c' + '01' + '02' + '02' + '6162' + '01' + '01' + '02' + '07000000' + '01000000' + '02000000' + '0000803f' + '000000c0')
+  })
+  it('pins the activation frame (padded so tensor bytes are 4-byte aligned)', () => {
+    const f: StageFrame = { kind: 'activation', requestId: 'abc', start: 0, final: false, rows: 1, width: 1, data: Float32Array.of(0.5) }
+    expect(hex(encodeFrame(f))).toBe('1c' + '01' + '02' + '03' + '616263' + '00' + '01' + '02' + '000000' + '00000000' + '01000000' + '01000000' + '0000003f')
+  })
+  it('pins the error and open frames (JSON with a fixed key order)', () => {
+    const err = '{"name":"StageWireError","code":"SHOAL_ERR_STAGE_UNKNOWN_REQUEST","message":"no","peerId":"B"}'
+    expect(hex(payloadOf({ kind: 'error', requestId: 'x', error: { name: 'StageWireError', code: 'SHOAL_ERR_STAGE_UNKNOWN_REQUEST', message: 'no', peerId: 'B' } })))
+      .toBe('01' + '04' + '01' + '78' + hex(Buffer.from(err)))
+    const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5}'
+    expect(hex(payloadOf({ kind: 'open', requestId: 'x', open }))).toBe('01' + '01' + '01' + '78' + hex(Buffer.from(body)))
+  })
+})
+
+describe('stage wire decoding', () => {
+  it('round-trips every kind', () => {
+    const frames: StageFrame[] = [
+      { kind: 'open', requestId: 'req-1', open: { ...open, sampling: { temperature: 0.7, topP: 0.9, seed: 42 }, rngSkip: 3 } },
+      { kind: 'activation', requestId: 'req-1', start: 12, final: false, rows: 3, width: 4, data: Float32Array.from({ length: 12 }, (_, i) => i / 7) },
+      { kind: 'token', requestId: 'req-1', position: 15, tokenId: 31999 },
+      { kind: 'error', requestId: '', error: { name: 'E', code: 'SHOAL_ERR_X', message: 'm' } },
+      { kind: 'cancel', requestId: 'req-1' },
+    ]
+    for (const f of frames) {
+      const bytes = encodeFrame(f)
+      expect(decodePayload(bytes.subarray(bytes[0]! < 0x80 ? 1 : 2))).toEqual(f)
+    }
+  })
+
+  it('views tensor bytes in place when aligned, copies otherwise', () => {
+    const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 0, final: true, rows: 2, width: 2, data: Float32Array.of(1, 2, 3, 4) }
+    const payload = payloadOf(f)
+    const aligned = new Uint8Array(new ArrayBuffer(payload.length + 8), 4, payload.length)
+    aligned.set(payload)
+    const a = decodePayload(aligned) as Extract<StageFrame, { kind: 'activation' }>
+    expect(a.data.buffer).toBe(aligned.buffer)
+    const odd = new Uint8Array(new ArrayBuffer(payload.length + 8), 1, payload.length)
+    odd.set(payload)
+    const b = decodePayload(odd) as Extract<StageFrame, { kind: 'activation' }>
+    expect(b.data.buffer).not.toBe(odd.buffer)
+    expect([...b.data]).toEqual([1, 2, 3, 4])
+  })
+
+  it('refuses truncated frames', () => {
+    const act = payloadOf({ kind: 'activation', requestId: 'ab', start: 0, final: true, rows: 2, width: 2, data: Float32Array.of(1, 2, 3, 4) })
+    for (const cut of [2, 4, 10, act.length - 1]) {
+      expect(() => decodePayload(act.subarray(0, cut))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_TRUNCATED' }))
+    }
+    const tok = payloadOf({ kind: 'token', requestId: 'r', position: 1, tokenId: 2 })
+    expect(() => decodePayload(tok.subarray(0, tok.length - 1))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_TRUNCATED' }))
+  })
+
+  it('refuses a wrong version and an unknown kind', () => {
+    const tok = payloadOf({ kind: 'token', requestId: 'r', position: 1, tokenId: 2 })
+    const v2 = tok.slice()
+    v2[0] = STAGE_WIRE_VERSION + 1
+    expect(() => decodePayload(v2)).toThrow(expect.objectContaining({ name: 'StageWireError', code: 'SHOAL_ERR_STAGE_UNSUPPORTED_VERSION' }))
+    const k = tok.slice()
+    k[1] = 99
+    expect(() => decodePayload(k)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_UNKNOWN_KIND' }))
+  })
+
+  it('refuses malformed bodies', () => {
+    const act = payloadOf({ kind: 'activation', requestId: 'ab', start: 0, final: true, rows: 1, width: 1, data: Float32Array.of(1) })
+    const long = Uint8Array.from([...act, 0, 0, 0, 0])
+    expect(() => decodePayload(long)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const dtype = act.slice()
+    dtype[6] = 2
+    expect(() => decodePayload(dtype)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const noId = Uint8Array.of(1, 5, 0)
+    expect(() => decodePayload(noId)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const badOpen = payloadOf({ kind: 'open', requestId: 'x', open: { ...open, hop: 0 } })
+    expect(() => decodePayload(badOpen)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+  })
+
+  it('refuses to encode an oversized frame', () => {
+    const width = 1024
+    const rows = Math.ceil(MAX_FRAME_BYTES / (width * 4))
+    const f: StageFrame = { kind: 'activation', requestId: 'big', start: 0, final: true, rows, width, data: new Float32Array(rows * width) }
+    expect(() => encodeFrame(f)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_TOO_LARGE' }))
+    expect(() => encodeFrame(f, 1 << 30)).not.toThrow()
+  })
+})
