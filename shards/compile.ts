@@ -16,7 +16,7 @@ import { openWeights, type F32Tensor } from './safetensors.ts'
 import { planStages } from './split.ts'
 
 /** Bumped whenever the graphs this compiler writes change; cached shards from another version are rebuilt. */
-export const COMPILER_VERSION = 1
+export const COMPILER_VERSION = 2
 export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
 
 export interface CompileOptions {
@@ -123,6 +123,8 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     stages,
     ...(description !== undefined ? { description } : {}),
     compilerVersion: COMPILER_VERSION,
+    batchPadding: 'left',
+    batchedPrefillWithPast: ops.batchedPrefillWithPast,
   }
   await writeManifest(outDir, manifest)
   return manifest

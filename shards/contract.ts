@@ -108,4 +108,18 @@ export interface ShardManifest {
   description?: string
   /** Version of the shard compiler that wrote the directory (caches key on it). */
   compilerVersion?: number
+  /**
+   * 'left': rows of a batch may be left-padded (attention_mask zeros before each row's tokens,
+   * past caches aligned at the right) and every real position's logits equal the row run alone
+   * up to float rounding. 'none' or absent (older compilers): run rows one at a time.
+   */
+  batchPadding?: 'left' | 'none'
+  /**
+   * false: a step with batch > 1, more than one new position and a non-empty past (a batched
+   * chunked-prefill continuation) is refused by the runtime; run such rows one at a time (a
+   * batched first prefill, past empty, and batched decode, S = 1, are fine). Absent or true:
+   * every step shape works. 'ort-contrib' graphs say false: onnxruntime's GroupQueryAttention
+   * takes S > 1 after a past only at batch 1.
+   */
+  batchedPrefillWithPast?: boolean
 }

@@ -61,6 +61,8 @@ export function parseModelSpec (value: string, key = '--model'): ModelSpec {
 export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (!DEVICES.includes(input.device)) throw new ConfigError('--device', `"${input.device}" is not one of ${DEVICES.join(', ')}`)
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
+  // One /shoal/stage handler per node: a node serves at most one pipeline stage.
+  if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
   return Object.freeze({

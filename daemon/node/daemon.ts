@@ -10,7 +10,6 @@ import type { Logger } from 'pino'
 import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
 import type { NodeIdentity } from '../../certs/index.ts'
 import { createLocalService, loadBackend } from '../engine/index.ts'
-import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
 import { createLedger } from '../ledger/index.ts'
@@ -18,7 +17,10 @@ import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh } from '../mesh/index.ts'
 import type { Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream } from '../routing/index.ts'
+import { createPipelineService, createPipelineStage } from '../pipeline/index.ts'
+import type { PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
+import { ConfigError } from './config.ts'
 import type { DaemonConfig } from './config.ts'
 import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
@@ -26,7 +28,7 @@ import { createLifecycle } from './lifecycle.ts'
 import type { Part } from './lifecycle.ts'
 import { meterLoad } from './load-meter.ts'
 import type { LoadMeter } from './load-meter.ts'
-import { meshModelCards, replicaCandidates, servedModels } from './mesh-view.ts'
+import { meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
@@ -69,7 +71,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let engine: EngineChoice | undefined
   let meter: LoadMeter | undefined
   const models: ResolvedModel[] = []
-  const services: LocalService[] = []
+  /** Whole models, and the chains this node coordinates (it holds their stage 0). */
+  const services: Array<InferenceService & { stop: () => Promise<void> }> = []
+  const stages: PipelineStage[] = []
 
   const publishCapabilities = (): void => {
     mesh?.setCapabilities({
@@ -130,13 +134,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           services.push(service)
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
         }
-        const slots = services.reduce((n, s) => n + (s.engine === undefined ? 0 : 1), 0)
+        for (const model of models.filter(m => !m.whole)) await startStage(model, engine)
         // One slot per engine: until the micro-batcher runs sequences together, an engine steps one
         // sequence at a time, so "headroom" past one in-flight request is not real.
-        meter = meterLoad(createModelDirectory(services), Math.max(slots, 1))
+        meter = meterLoad(createModelDirectory(services), Math.max(services.length, 1))
       },
       async stop () {
         await Promise.all(services.map(async s => { await s.stop() }))
+        await Promise.all(stages.map(async s => { await s.stop() }))
       },
     },
     {
@@ -178,12 +183,31 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     },
   ]
 
+  /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
+  async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
+    const m = mesh
+    if (m === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+    const st = model.manifest.stages[model.stageIndex]!
+    const stage = await createPipelineStage(
+      { shardDir: model.shardDir, layers: st.layers, backend: choice.backend, device: choice.device },
+      { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
+    )
+    await stage.start()
+    stages.push(stage)
+    logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
+    if (!st.hasEmbedding) return
+    const modelId = model.manifest.modelId
+    const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()) })
+    await coordinator.start()
+    services.push(coordinator)
+  }
+
   /** What the ingress talks to: the local engines, or the mesh's routed service over them. */
   function frontService (): InferenceService {
     const local = meter!.service
     if (mesh === undefined) return local
     const m = mesh
-    const localIds = new Set(models.filter(x => x.whole).map(x => x.manifest.modelId))
+    const localIds = new Set(services.flatMap(x => x.models().map(card => card.id)))
     return createRoutedService({ localPeerId: m.peerId }, {
       local,
       candidates: (model) => {

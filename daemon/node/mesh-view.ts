@@ -3,7 +3,8 @@
  * the capability record it gossips. Pure functions: the daemon gathers, these translate.
  */
 import type { Capabilities, LoadRecord, PeerView } from '../mesh/index.ts'
-import type { Candidate } from '../routing/index.ts'
+import { uncovered } from '../routing/index.ts'
+import type { Candidate, LayerRange, StageHolder } from '../routing/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
 
@@ -21,7 +22,19 @@ export function servedModels (models: ResolvedModel[]): Capabilities['models'] {
   })
 }
 
-/** Every node that serves `model` whole, this one included. */
+type Served = NonNullable<PeerView['capabilities']>['models'][number]
+
+const isWhole = (m: Served): boolean =>
+  m.layers === undefined || (m.layers[0] === 0 && m.totalLayers !== undefined && m.layers[1] === m.totalLayers - 1)
+
+/**
+ * A node can take a request for a model when it serves the model whole or coordinates a chain of
+ * it (holds stage 0 and the tokenizer); an incomplete chain is refused by the coordinator itself,
+ * naming the missing layers.
+ */
+const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
+
+/** Every node that can take a request for `model` (whole or chain entry), this one included. */
 export function replicaCandidates (model: string, self: { peerId: string, serves: boolean, load: LoadRecord }, peers: PeerView[], now: number): Candidate[] {
   const out: Candidate[] = []
   if (self.serves) {
@@ -30,13 +43,12 @@ export function replicaCandidates (model: string, self: { peerId: string, serves
   for (const p of peers) {
     const served = p.capabilities?.models.find(m => m.id === model)
     if (served === undefined) continue
-    const whole = served.layers === undefined || (served.layers[0] === 0 && served.totalLayers !== undefined && served.layers[1] === served.totalLayers - 1)
     out.push({
       peerId: p.peerId,
       local: false,
       admitted: true,
       alive: p.state === 'alive',
-      wholeModel: whole,
+      wholeModel: isEntryPoint(served),
       ...(p.load === undefined || p.loadAt === undefined ? {} : { load: toSnapshot(p.load, p.loadAt) }),
       ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
     })
@@ -56,14 +68,46 @@ function toSnapshot (load: LoadRecord, observedAt: number): NonNullable<Candidat
   }
 }
 
-/** Whole models that peers serve, for /v1/models (one card per model id). */
+/** Stage holders of `model` among peers, for chain formation. */
+export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
+  const out: StageHolder[] = []
+  for (const p of peers) {
+    for (const m of p.capabilities?.models ?? []) {
+      if (m.id !== model || m.layers === undefined || m.manifestHash === undefined) continue
+      out.push({
+        peerId: p.peerId,
+        modelId: m.id,
+        manifestHash: m.manifestHash,
+        layers: [m.layers[0], m.layers[1]],
+        admitted: true,
+        alive: p.state === 'alive',
+        ...(p.load === undefined || p.loadAt === undefined ? {} : { load: toSnapshot(p.load, p.loadAt) }),
+        ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
+      })
+    }
+  }
+  return out
+}
+
+/** True when alive stages of one manifest cover every layer of the model (a chain can form). */
+function chainComplete (model: string, peers: PeerView[]): boolean {
+  const byManifest = new Map<string, { ranges: LayerRange[], total: number }>()
+  for (const h of stageHolders(model, peers.filter(p => p.state === 'alive'))) {
+    const served = peers.find(p => p.peerId === h.peerId)!.capabilities!.models.find(m => m.id === model)!
+    const entry = byManifest.get(h.manifestHash) ?? { ranges: [], total: served.totalLayers ?? 0 }
+    entry.ranges.push(h.layers)
+    byManifest.set(h.manifestHash, entry)
+  }
+  return [...byManifest.values()].some(e => e.total > 0 && uncovered(e.ranges, e.total).length === 0)
+}
+
+/** Models peers can serve right now — whole, replicated or as a complete chain — for /v1/models. */
 export function meshModelCards (peers: PeerView[]): ModelCard[] {
   const cards = new Map<string, ModelCard>()
   for (const p of peers) {
     if (p.state !== 'alive') continue
     for (const m of p.capabilities?.models ?? []) {
-      const whole = m.layers === undefined || (m.layers[0] === 0 && m.totalLayers !== undefined && m.layers[1] === m.totalLayers - 1)
-      if (!whole) continue
+      if (!isWhole(m) && !(isEntryPoint(m) && chainComplete(m.id, peers))) continue
       const card = cards.get(m.id) ?? { id: m.id, created: 0, ownedBy: 'shoal', contextLength: m.maxContextTokens ?? 0, servedBy: [] }
       card.servedBy = [...(card.servedBy ?? []), p.peerId]
       cards.set(m.id, card)

@@ -30,7 +30,9 @@ const isStop = (v: unknown): v is Stop => typeof v === 'object' && v !== null &&
 
 /** Appends `peerId` to a start event's route (once). */
 export function withRouteHop (event: Extract<GenerateEvent, { type: 'start' }>, peerId: string): Extract<GenerateEvent, { type: 'start' }> {
-  return event.route.at(-1) === peerId ? event : { ...event, route: [...event.route, peerId] }
+  // A service that already names this node (a local engine, or a chain it coordinates) is not
+  // given it twice: the route lists executing nodes, once each, in order.
+  return event.route.includes(peerId) ? event : { ...event, route: [...event.route, peerId] }
 }
 
 function frameOf (requestId: string, ev: GenerateEvent): InferFrame {

@@ -83,14 +83,14 @@ export class GraphBuilder {
   }
 
   /** A small inline constant, shared between all uses of the same value. */
-  constant (elemType: typeof DT.INT64 | typeof DT.FLOAT, dims: number[], values: number[]): string {
+  constant (elemType: typeof DT.INT64 | typeof DT.INT32 | typeof DT.FLOAT, dims: number[], values: number[]): string {
     const key = `${elemType}:${dims.join(',')}:${values.join(',')}`
     const hit = this.constCache.get(key)
     if (hit !== undefined) return hit
-    const name = `/model/constants/${elemType === DT.INT64 ? 'INT64' : 'FLOAT'}_${this.constCache.size}`
+    const name = `/model/constants/${elemType === DT.INT64 ? 'INT64' : elemType === DT.INT32 ? 'INT32' : 'FLOAT'}_${this.constCache.size}`
     const raw = elemType === DT.INT64
       ? new Uint8Array(BigInt64Array.from(values.map(v => BigInt(v))).buffer)
-      : new Uint8Array(Float32Array.from(values).buffer)
+      : elemType === DT.INT32 ? new Uint8Array(Int32Array.from(values).buffer) : new Uint8Array(Float32Array.from(values).buffer)
     this.initializers.push({ name, dataType: elemType, dims, rawData: raw })
     this.constCache.set(key, name)
     return name
@@ -109,9 +109,19 @@ export class GraphBuilder {
     return name
   }
 
-  /** Declares `from` as graph output `name` (through an Identity when the names differ). */
+  /**
+   * Declares `from` as graph output `name`: the producing node's output is renamed (an Identity
+   * would copy the tensor every run — for present KV, the whole cache), falling back to an
+   * Identity when `from` is not a node output (a graph input or initializer) or already an output.
+   */
   output (name: string, from: string, elemType: ElemType, dims: Dim[]): void {
-    if (from !== name) this.nodes.push({ name: `/model/outputs/${name}/Identity`, opType: 'Identity', domain: '', input: [from], output: [name] })
+    const producer = this.nodes.find(n => n.output?.includes(from))
+    if (from !== name && (producer === undefined || this.outputs.some(o => o.name === from))) {
+      this.nodes.push({ name: `/model/outputs/${name}/Identity`, opType: 'Identity', domain: '', input: [from], output: [name] })
+    } else if (from !== name) {
+      producer!.output = producer!.output!.map(o => (o === from ? name : o))
+      for (const n of this.nodes) n.input = n.input?.map(i => (i === from ? name : i)) ?? []
+    }
     this.outputs.push(valueInfo(name, elemType, dims))
   }
 

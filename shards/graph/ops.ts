@@ -4,32 +4,64 @@
  * 'ort-contrib' swaps in com.microsoft ops where onnxruntime's CPU kernels are faster.
  * Blocks call these primitives and never name an op for them directly.
  */
-import type { GraphBuilder } from './builder.ts'
+import { gqaAttention, gqaTables, standardAttention, standardTables, type AttentionIo, type AttentionOut, type StageTables } from './attention.ts'
+import type { BuildContext } from './blocks.ts'
+import { MS_DOMAIN, type GraphBuilder } from './builder.ts'
 
 export interface OpTable {
   name: 'standard' | 'ort-contrib'
+  /** Whether a step with batch > 1, S > 1 and a non-empty past runs (written to the manifest when not). */
+  batchedPrefillWithPast: boolean
   /** y = x / sqrt(mean(x², last axis) + eps) · weight */
   rmsNorm: (g: GraphBuilder, name: string, x: string, weight: string, eps: number) => string
+  /**
+   * sum = x + update; normed = rmsNorm(sum). Used only inside a layer (attention residual →
+   * post-attention norm), never across layers, so a stage cut never separates the two.
+   */
+  addNorm: (g: GraphBuilder, name: string, addName: string, x: string, update: string, weight: string, eps: number) => { sum: string, normed: string }
+  /** Per-stage tensors the attention primitive needs (built once, shared by the stage's layers). */
+  stageTables: (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string) => StageTables
+  /** Rotary, KV update and masked attention: q/k/v [B, S, ·] → context [B, S, H·hd], present K/V. */
+  attention: (ctx: BuildContext, name: string, weightPrefix: string, io: AttentionIo, tables: StageTables) => AttentionOut
+}
+
+const standardNorm: OpTable['rmsNorm'] = (g, name, x, weight, eps) => {
+  const sq = g.op('Mul', `${name}/Pow`, [x, x])
+  const mean = g.op('ReduceMean', `${name}/ReduceMean`, [sq], { axes: [-1], keepdims: 1 })
+  const shifted = g.op('Add', `${name}/Add`, [mean, g.f32(eps)])
+  const root = g.op('Sqrt', `${name}/Sqrt`, [shifted])
+  const normed = g.op('Div', `${name}/Div`, [x, root])
+  return g.op('Mul', `${name}/Mul`, [normed, weight])
 }
 
 const standard: OpTable = {
   name: 'standard',
-  rmsNorm: (g, name, x, weight, eps) => {
-    const sq = g.op('Mul', `${name}/Pow`, [x, x])
-    const mean = g.op('ReduceMean', `${name}/ReduceMean`, [sq], { axes: [-1], keepdims: 1 })
-    const shifted = g.op('Add', `${name}/Add`, [mean, g.f32(eps)])
-    const root = g.op('Sqrt', `${name}/Sqrt`, [shifted])
-    const normed = g.op('Div', `${name}/Div`, [x, root])
-    return g.op('Mul', `${name}/Mul`, [normed, weight])
+  batchedPrefillWithPast: true,
+  rmsNorm: standardNorm,
+  addNorm: (g, name, addName, x, update, weight, eps) => {
+    const sum = g.op('Add', `${addName}/Add`, [x, update])
+    return { sum, normed: standardNorm(g, name, sum, weight, eps) }
   },
+  stageTables: standardTables,
+  attention: standardAttention,
 }
 
 const ortContrib: OpTable = {
   name: 'ort-contrib',
+  // GroupQueryAttention takes S > 1 after a past only at batch 1 ("interactive decoding").
+  batchedPrefillWithPast: false,
   // onnxruntime registers SimplifiedLayerNormalization in the default ONNX domain (a contrib
   // schema, not com.microsoft), so the node carries domain ''.
   rmsNorm: (g, name, x, weight, eps) =>
     g.op('SimplifiedLayerNormalization', `${name}/SimplifiedLayerNormalization`, [x, weight], { axis: -1, epsilon: { float: eps }, stash_type: 1 }),
+  addNorm: (g, name, _addName, x, update, weight, eps) => {
+    // Outputs: normed, mean, inv_std_var, input_skip_bias_sum.
+    const out = g.node('SkipSimplifiedLayerNormalization', `${name}/SkipSimplifiedLayerNormalization`, [x, update, weight],
+      { epsilon: { float: eps } }, 4, MS_DOMAIN)
+    return { sum: out[3]!, normed: out[0]! }
+  },
+  stageTables: gqaTables,
+  attention: gqaAttention,
 }
 
 export const OP_TABLES: Record<OpTable['name'], OpTable> = { standard, 'ort-contrib': ortContrib }

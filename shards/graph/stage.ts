@@ -9,7 +9,7 @@ import {
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
-import { makeAttentionMask, makeEmbedding, makeLayer, makeLmHead, makeRotaryTables, type BuildContext } from './blocks.ts'
+import { makeEmbedding, makeLayer, makeLmHead, type BuildContext } from './blocks.ts'
 import type { OpTable } from './ops.ts'
 
 export interface StageSource {
@@ -46,8 +46,7 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   }
   const positionIds = g.input(POSITION_IDS, DT.INT64, ['batch_size', 'sequence_length'])
   const mask = g.input(ATTENTION_MASK, DT.INT64, ['batch_size', 'total_sequence_length'])
-  const rotary = makeRotaryTables(ctx, positionIds)
-  const tables = { ...rotary, allowed: makeAttentionMask(ctx, mask, o.hasEmbedding ? INPUT_IDS : HIDDEN_IN) }
+  const tables = o.ops.stageTables(ctx, positionIds, mask, o.hasEmbedding ? INPUT_IDS : HIDDEN_IN)
   const kvDims = ['batch_size', kvH, 'past_sequence_length', hd]
   const presentDims = ['batch_size', kvH, 'total_sequence_length', hd]
   const presents: Array<[number, string, string]> = []

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { meshModelCards, replicaCandidates } from '../../daemon/node/mesh-view.ts'
+import { meshModelCards, replicaCandidates, stageHolders } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
@@ -10,16 +10,17 @@ const peer = (peerId: string, models: PeerView['capabilities'] extends infer C ?
 describe('mesh view mapping', () => {
   const peers = [
     peer('whole', [{ id: 'm', totalLayers: 8, maxContextTokens: 512 }]),
-    peer('stage', [{ id: 'm', layers: [0, 3], totalLayers: 8 }]),
+    peer('stage', [{ id: 'm', layers: [4, 7], totalLayers: 8, manifestHash: 'h1' }]),
+    peer('stage0', [{ id: 'm', layers: [0, 3], totalLayers: 8, manifestHash: 'h1' }]),
     peer('full-range', [{ id: 'm', layers: [0, 7], totalLayers: 8 }]),
     peer('other', [{ id: 'x' }]),
     peer('suspect', [{ id: 'm' }], 'suspect'),
   ]
 
-  it('lists every peer serving the model, marks stage holders as not whole, and maps load', () => {
+  it('lists every peer serving the model, entry points (whole or stage 0) apart from other stages, and maps load', () => {
     const c = replicaCandidates('m', { peerId: 'me', serves: true, load }, peers, 5000)
     expect(c.map(x => [x.peerId, x.wholeModel, x.alive, x.local])).toEqual([
-      ['me', true, true, true], ['whole', true, true, false], ['stage', false, true, false],
+      ['me', true, true, true], ['whole', true, true, false], ['stage', false, true, false], ['stage0', true, true, false],
       ['full-range', true, true, false], ['suspect', true, false, false],
     ])
     expect(c[1]!.load).toEqual({ observedAt: 1000, queueDepth: 1, inFlight: 2, slots: 4, tokensPerSecond: 50, expectedQueueWaitMs: 30 })
@@ -27,10 +28,22 @@ describe('mesh view mapping', () => {
     expect(replicaCandidates('m', { peerId: 'me', serves: false, load }, [], 0)).toEqual([])
   })
 
-  it('builds one model card per whole model, from alive peers only', () => {
+  it('builds one model card per model servable whole or as a complete chain, from alive peers only', () => {
     expect(meshModelCards(peers)).toEqual([
-      { id: 'm', created: 0, ownedBy: 'shoal', contextLength: 512, servedBy: ['whole', 'full-range'] },
+      { id: 'm', created: 0, ownedBy: 'shoal', contextLength: 512, servedBy: ['whole', 'stage0', 'full-range'] },
       { id: 'x', created: 0, ownedBy: 'shoal', contextLength: 0, servedBy: ['other'] },
     ])
+  })
+})
+
+describe('chains in the mesh view', () => {
+  it('lists a chained model only while its stages cover every layer', () => {
+    const s0 = peer('s0', [{ id: 'c', layers: [0, 3], totalLayers: 8, manifestHash: 'h' }])
+    const s1 = peer('s1', [{ id: 'c', layers: [4, 7], totalLayers: 8, manifestHash: 'h' }])
+    const other = peer('s1-other-build', [{ id: 'c', layers: [4, 7], totalLayers: 8, manifestHash: 'h2' }])
+    expect(meshModelCards([s0, s1]).map(c => c.id)).toEqual(['c'])
+    expect(meshModelCards([s0])).toEqual([])
+    expect(meshModelCards([s0, other])).toEqual([])
+    expect(stageHolders('c', [s0, s1]).map(h => [h.peerId, h.layers])).toEqual([['s0', [0, 3]], ['s1', [4, 7]]])
   })
 })

@@ -1,0 +1,189 @@
+/**
+ * The attention primitive in two implementations, chosen by the op table:
+ *  - standard: rotary from position_ids × inv_freq, a Concat KV cache, grouped MatMul/Where/Softmax/MatMul;
+ *  - gqa: com.microsoft RotaryEmbedding (cos/sin caches computed at compile time) and
+ *    com.microsoft GroupQueryAttention with a non-shared KV buffer (present = past + new).
+ * Both take the projected q/k/v as [B, S, heads·hd] and return the context [B, S, H·hd] and the
+ * present KV [B, kvH, T, hd], with the same masking rule (contract.ts), so the I/O is identical.
+ */
+import { CheckpointError } from '../errors.ts'
+import type { F32Tensor } from '../safetensors.ts'
+import type { BuildContext } from './blocks.ts'
+import { DT, MS_DOMAIN } from './builder.ts'
+
+/** Lowest finite f32: masked scores become this (not −∞), so a fully padded row stays finite. */
+export const F32_LOWEST = -3.4028234663852886e38
+
+export type StageTables =
+  | {
+    kind: 'standard'
+    cos: string
+    sin: string
+    /** bool [B, 1, 1, S, T]: key visible to query. */
+    allowed: string
+  }
+  | {
+    kind: 'gqa'
+    positionIds: string
+    cosCache: string
+    sinCache: string
+    /** int32 [B]: T − 1 for every row (padding is carried by `bias`, not by lengths). */
+    seqlensK: string
+    /** int32 [1]: T. */
+    totalLength: string
+    /** f32 [B, 1, S, T]: 0 where attention_mask is 1, lowest f32 where it is 0. */
+    bias: string
+  }
+
+export interface AttentionIo {
+  q: string
+  k: string
+  v: string
+  qNorm?: F32Tensor
+  kNorm?: F32Tensor
+  pastK: string
+  pastV: string
+}
+
+export interface AttentionOut {
+  context: string
+  presentK: string
+  presentV: string
+}
+
+// ---------------------------------------------------------------- standard
+
+/** cos/sin [B, 1, S, hd] and allowed[b, 0, 0, i, j] = j <= P + i && attention_mask[b, j] (P = T − S). */
+export function standardTables (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string): StageTables {
+  const { g } = ctx
+  let n = '/model/rotary_emb'
+  const inv = g.f32Weight('model.rotary_emb.inv_freq', [ctx.spec.invFreq.length], Float32Array.from(ctx.spec.invFreq))
+  const pos = g.op('Cast', `${n}/Cast`, [positionIds], { to: DT.FLOAT })
+  const pos3 = g.op('Unsqueeze', `${n}/Unsqueeze`, [pos, g.i64([2])])
+  const freqs = g.op('Mul', `${n}/Mul`, [pos3, inv])
+  const emb = g.op('Concat', `${n}/Concat`, [freqs, freqs], { axis: -1 })
+  const cos = g.op('Unsqueeze', `${n}/cos/Unsqueeze`, [g.op('Cos', `${n}/Cos`, [emb]), g.i64([1])])
+  const sin = g.op('Unsqueeze', `${n}/sin/Unsqueeze`, [g.op('Sin', `${n}/Sin`, [emb]), g.i64([1])])
+
+  n = '/model/attn_mask'
+  const s = g.op('Shape', `${n}/S/Shape`, [sequenceSource], { start: 1, end: 2 })
+  const t = g.op('Shape', `${n}/T/Shape`, [attentionMask], { start: 1, end: 2 })
+  const p = g.op('Sub', `${n}/P/Sub`, [t, s])
+  const tS = g.op('Squeeze', `${n}/T/Squeeze`, [t, g.i64([0])])
+  const pS = g.op('Squeeze', `${n}/P/Squeeze`, [p, g.i64([0])])
+  const one = g.i64([1], [])
+  const zero = g.i64([0], [])
+  const qpos = g.op('Range', `${n}/query/Range`, [pS, tS, one])
+  const kpos = g.op('Range', `${n}/key/Range`, [zero, tS, one])
+  const causal = g.op('LessOrEqual', `${n}/causal/LessOrEqual`, [
+    g.op('Unsqueeze', `${n}/key/Unsqueeze`, [kpos, g.i64([0])]),
+    g.op('Unsqueeze', `${n}/query/Unsqueeze`, [qpos, g.i64([1])]),
+  ])
+  const pad = g.op('Unsqueeze', `${n}/pad/Unsqueeze`, [g.op('Cast', `${n}/pad/Cast`, [attentionMask], { to: DT.BOOL }), g.i64([1])])
+  const allowed = g.op('And', `${n}/And`, [causal, pad])
+  return { kind: 'standard', cos, sin, allowed: g.op('Unsqueeze', `${n}/Unsqueeze`, [allowed, g.i64([1, 2])]) }
+}
+
+function rotate (ctx: BuildContext, name: string, x: string, cos: string, sin: string): string {
+  const { g } = ctx
+  const half = ctx.spec.shape.headDim / 2
+  const [x1, x2] = g.node('Split', `${name}/Split`, [x, g.i64([half, half])], { axis: -1 }, 2) as [string, string]
+  const rot = g.op('Concat', `${name}/Concat`, [g.op('Neg', `${name}/Neg`, [x2]), x1], { axis: -1 })
+  return g.op('Add', `${name}/Add`, [g.op('Mul', `${name}/cos/Mul`, [x, cos]), g.op('Mul', `${name}/sin/Mul`, [rot, sin])])
+}
+
+/**
+ * Grouped-query attention over an explicit, concatenated KV cache. Query heads are viewed as
+ * [kvH, rep] so each group matmuls against its one KV head by broadcasting (no repeated copy).
+ */
+export function standardAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, t: StageTables): AttentionOut {
+  if (t.kind !== 'standard') throw new Error('standard attention needs standard stage tables')
+  const { g } = ctx
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+  const rep = H / kvH
+  const heads = (name: string, y: string, count: number, norm?: F32Tensor): string => {
+    let r = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
+    if (norm !== undefined) r = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, r, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
+    return g.op('Transpose', `${n}/${name}/Transpose`, [r], { perm: [0, 2, 1, 3] })
+  }
+  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', io.q, H, io.qNorm), t.cos, t.sin)
+  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', io.k, kvH, io.kNorm), t.cos, t.sin)
+  const vh = heads('v', io.v, kvH)
+  const presentK = g.op('Concat', `${n}/k_cache/Concat`, [io.pastK, kh], { axis: 2 })
+  const presentV = g.op('Concat', `${n}/v_cache/Concat`, [io.pastV, vh], { axis: 2 })
+  const q5 = g.op('Reshape', `${n}/q_groups/Reshape`, [qh, g.i64([0, kvH, rep, -1, hd])])
+  const k5 = g.op('Transpose', `${n}/k_groups/Transpose`, [g.op('Unsqueeze', `${n}/k_groups/Unsqueeze`, [presentK, g.i64([2])])], { perm: [0, 1, 2, 4, 3] })
+  const v5 = g.op('Unsqueeze', `${n}/v_groups/Unsqueeze`, [presentV, g.i64([2])])
+  const scores = g.op('Mul', `${n}/scores/Mul`, [g.op('MatMul', `${n}/scores/MatMul`, [q5, k5]), g.f32(1 / Math.sqrt(hd))])
+  const masked = g.op('Where', `${n}/mask/Where`, [t.allowed, scores, g.f32(F32_LOWEST)])
+  const probs = g.op('Softmax', `${n}/Softmax`, [masked], { axis: -1 })
+  const ctxv = g.op('MatMul', `${n}/context/MatMul`, [probs, v5])
+  const context = g.op('Reshape', `${n}/context/Reshape`, [
+    g.op('Transpose', `${n}/context/Transpose`, [ctxv], { perm: [0, 3, 1, 2, 4] }), g.i64([0, 0, H * hd])])
+  return { context, presentK, presentV }
+}
+
+// ---------------------------------------------------------------- com.microsoft
+
+/**
+ * cos/sin caches [maxPositions, hd/2] = cos/sin(p · inv_freq) in float64, rounded once to f32
+ * (rope scaling is already in inv_freq); GQA lengths and the padding bias from attention_mask.
+ */
+export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string): StageTables {
+  const { g } = ctx
+  const { maxPositions, headDim: hd } = ctx.spec.shape
+  if (hd % 16 !== 0) throw new CheckpointError(`head_dim ${hd}: the ort-contrib op table needs a multiple of 16 (GroupQueryAttention); compile with the standard op table`)
+  const half = hd / 2
+  const cos = new Float32Array(maxPositions * half)
+  const sin = new Float32Array(maxPositions * half)
+  for (let p = 0; p < maxPositions; p++) {
+    for (let i = 0; i < half; i++) {
+      const a = p * ctx.spec.invFreq[i]!
+      cos[p * half + i] = Math.cos(a)
+      sin[p * half + i] = Math.sin(a)
+    }
+  }
+  const cosCache = g.f32Weight('model.rotary_emb.cos_cache', [maxPositions, half], cos)
+  const sinCache = g.f32Weight('model.rotary_emb.sin_cache', [maxPositions, half], sin)
+
+  const n = '/model/attn_mask'
+  const b = g.op('Shape', `${n}/B/Shape`, [attentionMask], { start: 0, end: 1 })
+  const s = g.op('Shape', `${n}/S/Shape`, [sequenceSource], { start: 1, end: 2 })
+  const t = g.op('Shape', `${n}/T/Shape`, [attentionMask], { start: 1, end: 2 })
+  const totalLength = g.op('Cast', `${n}/total/Cast`, [t], { to: DT.INT32 })
+  const last = g.op('Sub', `${n}/last/Sub`, [totalLength, g.constant(DT.INT32, [1], [1])])
+  const seqlensK = g.op('Expand', `${n}/seqlens_k/Expand`, [last, b])
+  const keep = g.op('Cast', `${n}/pad/Cast`, [attentionMask], { to: DT.BOOL })
+  const bias2 = g.op('Where', `${n}/bias/Where`, [keep, g.f32(0), g.f32(F32_LOWEST)])
+  const bias4 = g.op('Unsqueeze', `${n}/bias/Unsqueeze`, [bias2, g.i64([1, 2])])
+  const shape = g.op('Concat', `${n}/bias/shape/Concat`, [b, g.i64([1]), s, t], { axis: 0 })
+  const bias = g.op('Expand', `${n}/bias/Expand`, [bias4, shape])
+  return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength, bias }
+}
+
+/**
+ * RotaryEmbedding on q and k (positions from position_ids, so any layout of positions is exact),
+ * then GroupQueryAttention: causal over [0, T) with the new keys at P..T−1 (seqlens_k = T − 1 in
+ * every row) plus the padding bias — the same visibility rule as the standard graph.
+ */
+export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, t: StageTables): AttentionOut {
+  if (t.kind !== 'gqa') throw new Error('GroupQueryAttention needs gqa stage tables')
+  const { g } = ctx
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+  const prep = (name: 'q' | 'k', y: string, count: number, norm?: F32Tensor): string => {
+    let r = y
+    if (norm !== undefined) {
+      const heads = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
+      const normed = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, heads, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
+      r = g.op('Reshape', `${n}/${name}/flat/Reshape`, [normed, g.i64([0, 0, count * hd])])
+    }
+    return g.op('RotaryEmbedding', `${n}/${name}_rotary/RotaryEmbedding`, [r, t.positionIds, t.cosCache, t.sinCache],
+      { interleaved: 0, num_heads: count }, MS_DOMAIN)
+  }
+  const q = prep('q', io.q, H, io.qNorm)
+  const k = prep('k', io.k, kvH, io.kNorm)
+  const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
+    [q, k, io.v, io.pastK, io.pastV, t.seqlensK, t.totalLength, '', '', '', t.bias],
+    { num_heads: H, kv_num_heads: kvH, scale: { float: 1 / Math.sqrt(hd) } }, 3, MS_DOMAIN) as [string, string, string]
+  return { context, presentK, presentV }
+}

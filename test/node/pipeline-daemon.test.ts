@@ -1,0 +1,90 @@
+/**
+ * A pipeline-sharded model served by real daemons on loopback: node A holds stage 0 (and
+ * coordinates), node B holds stage 1, node C has an API and no model. A request to C is routed to
+ * A, runs the chain A → B, and gives exactly the greedy tokens of the unsplit model served by
+ * `shoal serve` (a one-machine daemon) — over a whole 64-token completion.
+ */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import OpenAI from 'openai'
+import { pino } from 'pino'
+import { createThrowawayCa } from '../../certs/index.ts'
+import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
+
+const LISTEN = ['/ip4/127.0.0.1/tcp/0']
+const logger = pino({ level: 'silent' })
+
+async function completionIds (baseURL: string, prompt: number[]): Promise<{ ids: number[], route: string | null }> {
+  const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'x', maxRetries: 0 })
+  const { data, response } = await client.completions.create({
+    model: 'chain-demo', prompt, max_tokens: 64, temperature: 0,
+    // @ts-expect-error vLLM-style extension
+    return_token_ids: true,
+  }).withResponse()
+  return { ids: (data.choices[0] as unknown as { token_ids: number[] }).token_ids, route: response.headers.get('x-shoal-route') }
+}
+
+describe('pipeline chain through daemons', () => {
+  let root: string
+  const daemons: Daemon[] = []
+  let urlC = ''
+  let urlSolo = ''
+  let peers: string[] = []
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-chain-daemon-'))
+    const ckpt = join(root, 'ckpt')
+    await generateTestModel({ architecture: 'llama', outDir: ckpt, size: 'tiny', seed: 4 })
+    await compileShards({ modelDir: ckpt, outDir: join(root, 'whole'), modelId: 'chain-demo' })
+    const manifest = await compileShards({ modelDir: ckpt, outDir: join(root, 'two'), modelId: 'chain-demo', stages: 2 })
+    const [s0, s1] = manifest.stages.map(s => s.layers)
+    const ca = await createThrowawayCa(join(root, 'ca'), ['a', 'b', 'c'])
+    const base = { device: 'cpu', cacheRoot: join(root, 'cache'), listen: LISTEN, mdns: false }
+    const start = async (config: DaemonConfig): Promise<{ daemon: Daemon, apiUrl?: string }> => {
+      const daemon = createDaemon(validateConfig(config), { logger })
+      daemons.push(daemon)
+      return { daemon, ...(await daemon.start()) }
+    }
+    const [ia, ib, ic] = ca.identities
+    const a = await start({ ...base, identityDir: ia!.dir, models: [{ dir: join(root, 'two'), layers: s0! }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-a'), bootstrap: [] })
+    const boot = a.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
+    await start({ ...base, identityDir: ib!.dir, models: [{ dir: join(root, 'two'), layers: s1! }], dataDir: join(root, 'data-b'), bootstrap: boot })
+    const c = await start({ ...base, identityDir: ic!.dir, models: [], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-c'), bootstrap: boot })
+    peers = [ia!.peerId, ib!.peerId]
+    urlC = c.apiUrl!
+    const solo = createDaemon(validateConfig({ ...base, listen: [], bootstrap: [], models: [{ dir: join(root, 'whole') }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-solo') }), { logger })
+    daemons.push(solo)
+    urlSolo = (await solo.start()).apiUrl!
+  }, 180_000)
+
+  afterAll(async () => {
+    for (const d of daemons.reverse()) await d.stop().catch(() => {})
+    await rm(root, { recursive: true, force: true })
+  })
+
+  it('lists the chained model on a node that holds none of it, once the chain is complete', async () => {
+    expect(urlC).not.toBe('')
+    const deadline = Date.now() + 30_000
+    let ids: string[] = []
+    while (Date.now() < deadline) {
+      const res = await fetch(`${urlC}/v1/models`)
+      ids = ((await res.json()) as { data: Array<{ id: string }> }).data.map(m => m.id)
+      if (ids.includes('chain-demo')) break
+      await new Promise(resolve => setTimeout(resolve, 250))
+    }
+    expect(ids).toContain('chain-demo')
+  })
+
+  it('gives the unsplit model\'s greedy tokens over a whole 64-token completion, routed through the chain', async () => {
+    const prompt = [5, 17, 99, 230, 41, 7]
+    const solo = await completionIds(urlSolo, prompt)
+    const chained = await completionIds(urlC, prompt)
+    expect(solo.ids.length).toBeGreaterThan(0)
+    expect(chained.ids).toEqual(solo.ids)
+    expect(chained.route?.split(',')).toEqual(peers)
+  })
+})
