@@ -22,6 +22,9 @@ export const MAX_REQUEST_ID_BYTES = 256
 /** Error messages are cut here so an error frame always fits. */
 const MAX_ERROR_MESSAGE_CHARS = 4096
 
+/** Bound on route hops and receipt parts a frame may carry (one per executing node). */
+const MAX_HOPS = 64
+
 const KIND_CODES = { request: 1, start: 2, delta: 3, end: 4, error: 5, cancel: 6 } as const
 export type InferFrameKind = keyof typeof KIND_CODES
 const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as InferFrameKind]))
@@ -124,14 +127,34 @@ function decodeRequest (requestId: string, v: unknown): GenerateRequest {
 
 function decodeStart (v: unknown): StartEvent {
   if (!isObj(v) || !isTokenIds(v.promptTokenIds) || !Array.isArray(v.route) || !v.route.every(isStr) || !isStr(v.receiptId)) throw malformed('start body is malformed')
-  return { type: 'start', promptTokenIds: v.promptTokenIds, route: v.route, receiptId: v.receiptId }
+  const ev: StartEvent = { type: 'start', promptTokenIds: v.promptTokenIds, route: v.route, receiptId: v.receiptId }
+  if (v.manifestHash !== undefined) {
+    if (!isStr(v.manifestHash)) throw malformed('start.manifestHash must be a string')
+    ev.manifestHash = v.manifestHash
+  }
+  if (v.hops !== undefined) {
+    if (!Array.isArray(v.hops) || v.hops.length > MAX_HOPS) throw malformed('start.hops must be a short array')
+    ev.hops = v.hops.map((h: unknown) => {
+      if (!isObj(h) || !isStr(h.peerId)) throw malformed('start.hops: bad hop')
+      if (h.layers === undefined) return { peerId: h.peerId }
+      if (!Array.isArray(h.layers) || h.layers.length !== 2 || !h.layers.every(n => Number.isInteger(n))) throw malformed('start.hops: bad layer range')
+      return { peerId: h.peerId, layers: [h.layers[0] as number, h.layers[1] as number] }
+    })
+  }
+  return ev
 }
 
 function decodeEnd (v: unknown): EndEvent {
   const u = isObj(v) ? v.usage : undefined
   if (!isObj(v) || (v.finishReason !== 'stop' && v.finishReason !== 'length') || !isObj(u) ||
     !Number.isInteger(u.promptTokens) || !Number.isInteger(u.completionTokens)) throw malformed('end body is malformed')
-  return { type: 'end', finishReason: v.finishReason, usage: { promptTokens: u.promptTokens as number, completionTokens: u.completionTokens as number } }
+  const ev: EndEvent = { type: 'end', finishReason: v.finishReason, usage: { promptTokens: u.promptTokens as number, completionTokens: u.completionTokens as number } }
+  if (v.receiptParts !== undefined) {
+    // Signed by the executing peers; the ledger checks each signature when it embeds them.
+    if (!Array.isArray(v.receiptParts) || v.receiptParts.length > MAX_HOPS || !v.receiptParts.every(isObj)) throw malformed('end.receiptParts must be a short array of objects')
+    ev.receiptParts = v.receiptParts
+  }
+  return ev
 }
 
 function decodeError (v: unknown): SerializedError {
@@ -172,9 +195,20 @@ function decodeDelta (body: Uint8Array): DeltaEvent {
 function bodyOf (f: InferFrame): Uint8Array {
   switch (f.kind) {
     case 'request': return utf8.encode(JSON.stringify(encodeRequest(f.request)))
-    case 'start': return utf8.encode(JSON.stringify({ promptTokenIds: f.event.promptTokenIds, route: f.event.route, receiptId: f.event.receiptId }))
+    case 'start': return utf8.encode(JSON.stringify({
+      promptTokenIds: f.event.promptTokenIds,
+      route: f.event.route,
+      receiptId: f.event.receiptId,
+      // Optional fields are written only when present, so frames without them keep their bytes.
+      ...(f.event.manifestHash === undefined ? {} : { manifestHash: f.event.manifestHash }),
+      ...(f.event.hops === undefined ? {} : { hops: f.event.hops }),
+    }))
     case 'delta': return encodeDelta(f.event)
-    case 'end': return utf8.encode(JSON.stringify({ finishReason: f.event.finishReason, usage: { promptTokens: f.event.usage.promptTokens, completionTokens: f.event.usage.completionTokens } }))
+    case 'end': return utf8.encode(JSON.stringify({
+      finishReason: f.event.finishReason,
+      usage: { promptTokens: f.event.usage.promptTokens, completionTokens: f.event.usage.completionTokens },
+      ...(f.event.receiptParts === undefined ? {} : { receiptParts: f.event.receiptParts }),
+    }))
     case 'error': return utf8.encode(JSON.stringify({ name: f.error.name, code: f.error.code, message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS) }))
     case 'cancel': return new Uint8Array(0)
   }

@@ -70,6 +70,24 @@ describe('infer wire format', () => {
     expect(back?.kind === 'request' && 'maxTokens' in back.request).toBe(false)
   })
 
+  it('carries the manifest hash, per-hop layers and signed receipt parts when present', () => {
+    const start: InferFrame = {
+      kind: 'start', requestId: 'r2',
+      event: { type: 'start', promptTokenIds: [1], route: ['A', 'B'], receiptId: 'r2', manifestHash: 'ab'.repeat(32), hops: [{ peerId: 'A', layers: [0, 3] }, { peerId: 'B', layers: [4, 7] }] },
+    }
+    const end: InferFrame = {
+      kind: 'end', requestId: 'r2',
+      event: { type: 'end', finishReason: 'length', usage: { promptTokens: 1, completionTokens: 3 }, receiptParts: [{ body: { peerId: 'A' }, signature: 'sig' }] },
+    }
+    expect(decodeFrames(encodeFrame(start))).toEqual([start])
+    expect(decodeFrames(encodeFrame(end))).toEqual([end])
+    // Hops and parts are bounded and shaped.
+    const tooMany = { ...end, event: { ...(end as { event: object }).event, receiptParts: Array.from({ length: 65 }, () => ({})) } } as InferFrame
+    expect(() => decodeFrames(encodeFrame(tooMany))).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_INFER_MALFORMED' }))
+    const badHop = { ...start, event: { ...(start as { event: object }).event, hops: [{ peerId: 'A', layers: [0] }] } } as unknown as InferFrame
+    expect(() => decodeFrames(encodeFrame(badHop))).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_INFER_MALFORMED' }))
+  })
+
   it('round-trips any delta and any text prompt (property)', () => {
     fc.assert(fc.property(
       fc.string({ minLength: 1, maxLength: 40 }), fc.string({ unit: 'grapheme' }), fc.array(fc.nat({ max: 2 ** 32 - 1 }), { maxLength: 20 }),

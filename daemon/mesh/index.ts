@@ -1,0 +1,23 @@
+/**
+ * mesh — every daemon joins one private libp2p mesh (QUIC first, TCP fallback). Peers are
+ * admitted by CA certificate over `/shoal/admit/1.0.0` before any other protocol; capabilities
+ * travel as signed records on gossipsub `/shoal/caps/1`, live load over direct
+ * `/shoal/load/1.0.0` streams; the peer table holds it all for routing (`peers()`, `onChange`)
+ * and for GET /v1/mesh (`snapshot()`). Later protocols register through `handle` and dial
+ * through `openStream`, both of which enforce admission.
+ */
+export { createMesh, REVOCATIONS_FILE_NAME } from './mesh.ts'
+export { DEFAULT_TIMINGS } from './types.ts'
+export type { MeshLibp2p, MeshServices } from './node.ts'
+export type {
+  Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
+  PeerChange, PeerModel, Transport, Capabilities, ServedModel, LoadRecord,
+} from './types.ts'
+export { WireError, PeerNotAdmittedError, MeshNotRunningError, MeshConfigError } from './errors.ts'
+export type { WireErrorCode } from './errors.ts'
+export { ADMIT_PROTOCOL } from './wire/admit.ts'
+export { LOAD_PROTOCOL, IDLE_LOAD } from './wire/load.ts'
+export { CAPS_TOPIC } from './wire/caps.ts'
+export { REVOCATIONS_TOPIC } from './wire/revocations.ts'
+export { decideAdmission, reviewAdmission, livenessState, chooseRecord, backoffDelay, firstDialDelay, expiresSoon } from './decisions.ts'
+export type { Liveness } from './decisions.ts'

@@ -1,0 +1,137 @@
+/**
+ * Capability gossip on the gossipsub topic `/shoal/caps/1`. A message carries the sender's node
+ * certificate and its capability record, signed with its node key (certs/signed.ts scheme), so any
+ * receiver — even one not yet connected to the sender — can check both against the CA. Records are
+ * ordered by `seq` (strictly increasing per node run, seeded from the clock so a restart is newer).
+ */
+import { arr, asObject, decodeJson, encodeJson, malformed, nonNeg, optStr, str, uint } from './frame.ts'
+import type { SignedDocument } from '../../../certs/signed.ts'
+
+export const CAPS_TOPIC = '/shoal/caps/1'
+export const CAPS_MAX_MESSAGE = 64 * 1024
+export const CAPABILITY_RECORD_TYPE = 'shoal.capabilities'
+export const CAPABILITY_RECORD_VERSION = 1
+
+const MAX_MODELS = 64
+const MAX_ADDRS = 16
+const MAX_PROTOCOLS = 32
+
+/** One model (or one stage of one) that a node serves. */
+export interface ServedModel {
+  /** Model id as served over the API. */
+  id: string
+  /** sha256 of the shard manifest, so a chain is only built from stages of one compilation. */
+  manifestHash?: string
+  /** Inclusive global layer range [first, last] when serving one stage; absent for a whole model. */
+  layers?: [number, number]
+  /** Layers of the whole model (to tell whether a set of stages covers it). */
+  totalLayers?: number
+  /** Context limit in tokens. */
+  maxContextTokens?: number
+}
+
+/** What a node declares about itself (`mesh.setCapabilities`). */
+export interface Capabilities {
+  models: ServedModel[]
+  /** e.g. 'onnxruntime', 'openvino', 'simulated'. */
+  engine?: string
+  /** e.g. 'cpu', 'gpu', 'npu'. */
+  device?: string
+  memory?: { totalBytes: number, freeBytes: number }
+  /** Largest context any served model accepts on this node, in tokens. */
+  maxContextTokens?: number
+  /** The node's HTTP ingress (`http://host:port`) when it has one. */
+  ingress?: string
+  /** shoal's software version. */
+  software?: string
+}
+
+export interface CapabilityRecordBody extends Capabilities {
+  type: typeof CAPABILITY_RECORD_TYPE
+  version: typeof CAPABILITY_RECORD_VERSION
+  peerId: string
+  name: string
+  seq: number
+  /** ms since the epoch when signed. */
+  issuedAt: number
+  /** libp2p multiaddrs (with /p2p/<peerId>) to reach the node. */
+  addrs: string[]
+  /** Every protocol id and topic the node speaks. */
+  protocols: string[]
+}
+
+export type CapabilityRecord = SignedDocument<CapabilityRecordBody>
+
+export interface CapsMessage {
+  v: 1
+  type: 'caps'
+  certificate: unknown
+  record: CapabilityRecord
+}
+
+export function encodeCapsMessage (certificate: unknown, record: CapabilityRecord): Uint8Array {
+  return encodeJson({ v: 1, type: 'caps', certificate, record }, CAPS_MAX_MESSAGE)
+}
+
+/**
+ * Decodes a gossip message. The record's body is returned as received (the signature covers
+ * exactly it) after its fields are checked; the certificate is left for certs/ to judge.
+ */
+export function decodeCapsMessage (bytes: Uint8Array): CapsMessage {
+  const obj = decodeJson(bytes, CAPS_MAX_MESSAGE)
+  if (obj.type !== 'caps') throw malformed(`unknown caps message type ${JSON.stringify(obj.type.slice(0, 32))}`)
+  asObject(obj.certificate, 'caps.certificate')
+  const record = asObject(obj.record, 'caps.record')
+  const signature = str(record.signature, 'record.signature', 128)
+  const body = parseCapabilityBody(record.body)
+  return { v: 1, type: 'caps', certificate: obj.certificate, record: { body, signature } }
+}
+
+function model (value: unknown, where: string): ServedModel {
+  const obj = asObject(value, where)
+  const out: ServedModel = { id: str(obj.id, `${where}.id`, 256) }
+  const hash = optStr(obj.manifestHash, `${where}.manifestHash`, 128)
+  if (hash !== undefined) out.manifestHash = hash
+  if (obj.layers !== undefined) {
+    const layers = arr(obj.layers, `${where}.layers`, 2)
+    const first = uint(layers[0], `${where}.layers[0]`)
+    const last = uint(layers[1], `${where}.layers[1]`)
+    if (last < first) throw malformed(`${where}.layers is not [first, last]`)
+    out.layers = [first, last]
+  }
+  if (obj.totalLayers !== undefined) out.totalLayers = uint(obj.totalLayers, `${where}.totalLayers`)
+  if (obj.maxContextTokens !== undefined) out.maxContextTokens = uint(obj.maxContextTokens, `${where}.maxContextTokens`)
+  return out
+}
+
+/** Strict check of a record body; returns it unchanged (the signed bytes must stay the same). */
+export function parseCapabilityBody (value: unknown): CapabilityRecordBody {
+  const body = asObject(value, 'record.body')
+  if (body.type !== CAPABILITY_RECORD_TYPE) throw malformed('record.body.type is not shoal.capabilities')
+  if (body.version !== CAPABILITY_RECORD_VERSION) throw malformed(`record.body.version ${String(body.version).slice(0, 16)} is not known`)
+  str(body.peerId, 'record.body.peerId', 128)
+  str(body.name, 'record.body.name', 64)
+  uint(body.seq, 'record.body.seq')
+  uint(body.issuedAt, 'record.body.issuedAt')
+  arr(body.addrs, 'record.body.addrs', MAX_ADDRS).forEach((a, i) => str(a, `record.body.addrs[${i}]`, 256))
+  arr(body.protocols, 'record.body.protocols', MAX_PROTOCOLS).forEach((p, i) => str(p, `record.body.protocols[${i}]`, 128))
+  arr(body.models, 'record.body.models', MAX_MODELS).forEach((m, i) => model(m, `record.body.models[${i}]`))
+  optStr(body.engine, 'record.body.engine', 64)
+  optStr(body.device, 'record.body.device', 64)
+  optStr(body.ingress, 'record.body.ingress', 256)
+  optStr(body.software, 'record.body.software', 64)
+  if (body.maxContextTokens !== undefined) uint(body.maxContextTokens, 'record.body.maxContextTokens')
+  if (body.memory !== undefined) {
+    const memory = asObject(body.memory, 'record.body.memory')
+    nonNeg(memory.totalBytes, 'record.body.memory.totalBytes')
+    nonNeg(memory.freeBytes, 'record.body.memory.freeBytes')
+  }
+  return body as unknown as CapabilityRecordBody
+}
+
+/** A record body with only defined fields (JCS has no `undefined`). */
+export function capabilityBody (fields: Omit<CapabilityRecordBody, 'type' | 'version'>): CapabilityRecordBody {
+  const body: Record<string, unknown> = { type: CAPABILITY_RECORD_TYPE, version: CAPABILITY_RECORD_VERSION }
+  for (const [key, value] of Object.entries(fields)) if (value !== undefined) body[key] = value
+  return body as unknown as CapabilityRecordBody
+}

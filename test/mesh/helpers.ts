@@ -1,0 +1,78 @@
+/** Shared pieces of the mesh tests: a throwaway CA, meshes on loopback, bounded polling. */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { Registry } from 'prom-client'
+import { createThrowawayCa } from '../../certs/index.ts'
+import type { NodeIdentity } from '../../certs/index.ts'
+import { createMesh } from '../../daemon/mesh/index.ts'
+import type { Mesh, MeshTimings, Transport } from '../../daemon/mesh/index.ts'
+
+/** Fast timings so liveness and refusals show within a few seconds. */
+export const FAST: Partial<MeshTimings> = {
+  admissionDeadlineMs: 3_000,
+  refusalCooldownMs: 2_000,
+  loadIntervalMs: 250,
+  suspectAfterMs: 1_500,
+  goneAfterMs: 4_000,
+  capsRepublishMs: 3_000,
+  capsTtlMs: 20_000,
+  redialBaseMs: 300,
+  redialMaxMs: 2_000,
+}
+
+export function listenFor (transport: Transport): string[] {
+  return transport === 'quic' ? ['/ip4/127.0.0.1/udp/0/quic-v1'] : ['/ip4/127.0.0.1/tcp/0']
+}
+
+export async function tempDir (prefix: string): Promise<{ dir: string, cleanup: () => Promise<void> }> {
+  const dir = await mkdtemp(join(tmpdir(), `shoal-${prefix}-`))
+  return { dir, cleanup: async () => { await rm(dir, { recursive: true, force: true }) } }
+}
+
+export interface TestNode { mesh: Mesh, registry: Registry, identity: NodeIdentity }
+
+export async function startNode (identity: NodeIdentity, transport: Transport, bootstrap: string[] = [], extra: { revocationsFile?: string } = {}): Promise<TestNode> {
+  const registry = new Registry()
+  const mesh = createMesh({
+    identity,
+    listen: listenFor(transport),
+    transports: [transport],
+    bootstrap,
+    mdns: false,
+    timings: FAST,
+    ...extra,
+  }, { metrics: registry })
+  await mesh.start()
+  return { mesh, registry, identity }
+}
+
+/** The first multiaddr of a mesh, with its peer id. */
+export function addrOf (mesh: Mesh): string {
+  const ma = mesh.libp2p.getMultiaddrs()[0]
+  if (ma === undefined) throw new Error('mesh has no address')
+  return ma.toString()
+}
+
+/** Polls `check` until it returns true or the bound passes (then throws with `what`). */
+export async function waitFor (what: string, check: () => boolean | Promise<boolean>, boundMs = 20_000): Promise<void> {
+  const until = Date.now() + boundMs
+  while (Date.now() < until) {
+    if (await check()) return
+    await sleep(100)
+  }
+  throw new Error(`timed out waiting for: ${what}`)
+}
+
+export async function refusals (node: TestNode, reason?: string): Promise<number> {
+  const metric = await node.registry.getSingleMetric('shoal_admission_refusals_total')?.get()
+  return (metric?.values ?? []).filter(v => reason === undefined || v.labels.reason === reason).reduce((a, v) => a + v.value, 0)
+}
+
+export async function dropped (node: TestNode, reason?: string): Promise<number> {
+  const metric = await node.registry.getSingleMetric('shoal_mesh_gossip_dropped_total')?.get()
+  return (metric?.values ?? []).filter(v => reason === undefined || v.labels.reason === reason).reduce((a, v) => a + v.value, 0)
+}
+
+export { createThrowawayCa }

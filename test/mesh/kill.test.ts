@@ -1,0 +1,62 @@
+/**
+ * A node killed with SIGKILL (a child process, so nothing closes cleanly) disappears from every
+ * peer table within the liveness bound; restarted from the same identity it rejoins everywhere.
+ */
+import { spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
+import { afterAll, beforeAll, describe, it } from 'vitest'
+import { FAST, addrOf, createThrowawayCa, startNode, tempDir, waitFor } from './helpers.ts'
+import type { TestNode } from './helpers.ts'
+
+const FIXTURE = fileURLToPath(new URL('./fixtures/mesh-node.ts', import.meta.url))
+
+async function spawnNode (identityDir: string, bootstrap: string): Promise<{ child: ChildProcess, peerId: string }> {
+  const child = spawn(process.execPath, [FIXTURE, '--identity', identityDir, '--bootstrap', bootstrap], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const lines = createInterface({ input: child.stdout! })
+  const first = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => { reject(new Error('fixture did not start within 30 s')) }, 30_000)
+    lines.once('line', line => { clearTimeout(timer); resolve(line) })
+    child.once('exit', code => { clearTimeout(timer); reject(new Error(`fixture exited with ${code}`)) })
+  })
+  return { child, peerId: (JSON.parse(first) as { peerId: string }).peerId }
+}
+
+describe('a node killed with SIGKILL', () => {
+  let cleanup: () => Promise<void>
+  const nodes: TestNode[] = []
+  const children: ChildProcess[] = []
+  let killedDir: string
+
+  beforeAll(async () => {
+    const t = await tempDir('kill')
+    cleanup = t.cleanup
+    const ca = await createThrowawayCa(t.dir, ['a', 'b', 'k'])
+    nodes.push(await startNode(ca.identities[0]!, 'quic'))
+    nodes.push(await startNode(ca.identities[1]!, 'quic', [addrOf(nodes[0]!.mesh)]))
+    killedDir = ca.identities[2]!.dir
+  })
+
+  afterAll(async () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL')
+    for (const n of nodes) await n.mesh.stop().catch(() => {})
+    await cleanup()
+  })
+
+  const seenBy = (n: TestNode, peerId: string): boolean =>
+    n.mesh.snapshot().peers.some(p => p.peerId === peerId && p.admitted && p.state === 'alive' && p.models.some(m => m.id === 'fixture-model'))
+
+  it('disappears from every peer table within the liveness bound, and rejoins when restarted', async () => {
+    const first = await spawnNode(killedDir, addrOf(nodes[0]!.mesh))
+    children.push(first.child)
+    await waitFor('both nodes see k', () => nodes.every(n => seenBy(n, first.peerId)))
+    first.child.kill('SIGKILL')
+    // Bound: goneAfterMs of silence, plus a sweep and a poll of slack.
+    await waitFor('k gone everywhere', () => nodes.every(n => !n.mesh.snapshot().peers.some(p => p.peerId === first.peerId)), (FAST.goneAfterMs ?? 0) + 5_000)
+    const again = await spawnNode(killedDir, addrOf(nodes[1]!.mesh))
+    children.push(again.child)
+    await waitFor('k rejoined everywhere', () => nodes.every(n => seenBy(n, again.peerId)))
+    again.child.kill('SIGTERM')
+  })
+})
