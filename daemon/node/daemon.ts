@@ -33,6 +33,7 @@ import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
+import { withReceiptPart } from './receipt-part.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -151,8 +152,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const m = mesh
         const local = meter!.service
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
+        const executor = withReceiptPart(local, signer!)
         await m.handle(INFER_PROTOCOL, (stream) => {
-          void handleInferStream(stream, local, { localPeerId: m.peerId })
+          void handleInferStream(stream, executor, { localPeerId: m.peerId })
         }, { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
         m.setLoadProvider(() => {
           const r = meter!.read()
@@ -166,7 +168,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       name: 'ingress',
       async start () {
         if (config.api === undefined) return
-        const service = withReceipts(frontService(), ledger!)
+        const service = withReceipts(frontService(), ledger!, (requestId, count) => {
+          logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify')
+        })
         ingress = createIngress(
           { host: config.api.host, port: config.api.port, logger },
           {

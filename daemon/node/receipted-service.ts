@@ -3,11 +3,12 @@
  * what was asked and answered, and appends the receipt to the ledger BEFORE the `end` event goes
  * out, so no acknowledged completion lacks its receipt. Failed or cancelled requests get none.
  */
-import type { Ledger, SignedReceiptPart } from '../ledger/index.ts'
+import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
+import { acceptedParts } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
 
-export function withReceipts (service: InferenceService, ledger: Ledger): InferenceService {
+export function withReceipts (service: InferenceService, ledger: Ledger, onRejectedParts?: (requestId: string, count: number) => void): InferenceService {
   return {
     models (): ModelCard[] {
       return service.models()
@@ -28,10 +29,12 @@ export function withReceipts (service: InferenceService, ledger: Ledger): Infere
           text += event.text
           tokenIds.push(...event.tokenIds)
         } else {
+          const parts = acceptedParts(event.receiptParts, request.requestId)
+          if (parts.rejected > 0) onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
             manifestHash: manifestHash ?? null,
             route: hops,
-            parts: (event.receiptParts ?? []) as SignedReceiptPart[],
+            parts: parts.accepted,
             usage: event.usage,
             timing: { startedAt, firstTokenMs: firstTokenAt === undefined ? null : firstTokenAt - startedAt, totalMs: Date.now() - startedAt },
           })

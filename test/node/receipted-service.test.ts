@@ -10,6 +10,8 @@ import { publicKeyOf } from '../../certs/index.ts'
 import { createLedger, responseHash, type Ledger } from '../../daemon/ledger/index.ts'
 import { withReceipts } from '../../daemon/node/index.ts'
 import { meterLoad } from '../../daemon/node/load-meter.ts'
+import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
+import { requestHash } from '../../daemon/ledger/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 
@@ -61,6 +63,35 @@ describe('receipts on every completion', () => {
     expect(stored.body.responseHash).toBe(responseHash({ text, tokenIds: ids, finishReason: 'stop' }))
     expect(stored.body.route).toEqual([{ peerId: 'sim-node' }])
     expect((await ledger.verify()).ok).toBe(true)
+  })
+
+  it('embeds the executing peer\'s signed part, bound to the same request and response hashes', async () => {
+    const seed = new Uint8Array(randomBytes(32))
+    const peerId = peerIdFromPrivateKey(privateKeyFromRaw(new Uint8Array([...seed, ...publicKeyOf(seed)]))).toString()
+    const executor = withReceiptPart(createSimulatedService({ models: ['sim'], script: { reply: 'xyz' } }), { peerId, secretKey: seed })
+    const req = request()
+    await drain(withReceipts(executor, ledger).generate(req, new AbortController().signal))
+    const body = (await ledger.get(req.requestId))!.receipt.body
+    expect(body.parts).toHaveLength(1)
+    const part = body.parts[0]!.body
+    expect(part.peerId).toBe(peerId)
+    expect(part.requestId).toBe(req.requestId)
+    expect(part.inputHash).toBe(requestHash(req))
+    expect(part.outputHash).toBe(body.responseHash)
+  })
+
+  it('drops a forged part instead of failing the completion', async () => {
+    const seed = new Uint8Array(randomBytes(32))
+    const other = new Uint8Array(randomBytes(32))
+    const peerId = peerIdFromPrivateKey(privateKeyFromRaw(new Uint8Array([...seed, ...publicKeyOf(seed)]))).toString()
+    // Signed with another key than the one its peer id names.
+    const forger = withReceiptPart(createSimulatedService({ models: ['sim'] }), { peerId, secretKey: other })
+    const rejected: number[] = []
+    const req = request()
+    const events = await drain(withReceipts(forger, ledger, (_, n) => { rejected.push(n) }).generate(req, new AbortController().signal))
+    expect(events.at(-1)?.type).toBe('end')
+    expect((await ledger.get(req.requestId))!.receipt.body.parts).toEqual([])
+    expect(rejected).toEqual([1])
   })
 
   it('writes no receipt for a request that fails after start', async () => {
