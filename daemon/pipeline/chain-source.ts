@@ -34,6 +34,8 @@ export interface ChainTokenSourceInit {
 export interface ChainTokenSource extends TokenSource {
   /** Peer ids of the current chain, stage 0 first. */
   readonly route: string[]
+  /** The chain in order, with each stage's layer range (for the receipt). */
+  readonly hops: ChainHop[]
   readonly replays: number
   /** Forms the chain and opens the request on it (prefill does this when not done yet). */
   connect (signal: AbortSignal): Promise<void>
@@ -136,6 +138,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
 
   return {
     get route () { return chain.map(h => h.peerId) },
+    get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
     async connect (signal) { if (!live) await begin(signal) },
     async prefill (promptIds, signal) {

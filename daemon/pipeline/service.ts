@@ -99,7 +99,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     })
     try {
       await source.connect(ctl.signal)
-      yield { type: 'start', promptTokenIds: promptIds, route: source.route, receiptId: request.requestId }
+      yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
       yield * generateSequence({
         source,
         codec,

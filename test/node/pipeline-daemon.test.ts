@@ -18,14 +18,14 @@ import { compileShards, generateTestModel } from '../../shards/index.ts'
 const LISTEN = ['/ip4/127.0.0.1/tcp/0']
 const logger = pino({ level: 'silent' })
 
-async function completionIds (baseURL: string, prompt: number[]): Promise<{ ids: number[], route: string | null }> {
+async function completionIds (baseURL: string, prompt: number[]): Promise<{ ids: number[], route: string | null, receipt: string | null }> {
   const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'x', maxRetries: 0 })
   const { data, response } = await client.completions.create({
     model: 'chain-demo', prompt, max_tokens: 64, temperature: 0,
     // @ts-expect-error vLLM-style extension
     return_token_ids: true,
   }).withResponse()
-  return { ids: (data.choices[0] as unknown as { token_ids: number[] }).token_ids, route: response.headers.get('x-shoal-route') }
+  return { ids: (data.choices[0] as unknown as { token_ids: number[] }).token_ids, route: response.headers.get('x-shoal-route'), receipt: response.headers.get('x-shoal-receipt') }
 }
 
 describe('pipeline chain through daemons', () => {
@@ -86,5 +86,12 @@ describe('pipeline chain through daemons', () => {
     expect(solo.ids.length).toBeGreaterThan(0)
     expect(chained.ids).toEqual(solo.ids)
     expect(chained.route?.split(',')).toEqual(peers)
+
+    // The ingress's receipt names each stage with its layers and the exact shard build.
+    const res = await fetch(`${urlC}/v1/receipts/${chained.receipt}`)
+    const { receipt } = await res.json() as { receipt: { body: { route: Array<{ peerId: string, layers?: number[] }>, model: { manifestHash: string | null } } } }
+    expect(receipt.body.route.map(h => h.peerId)).toEqual(peers)
+    expect(receipt.body.route.every(h => Array.isArray(h.layers))).toBe(true)
+    expect(receipt.body.model.manifestHash).toMatch(/^[0-9a-f]{64}$/)
   })
 })
