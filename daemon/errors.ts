@@ -17,19 +17,25 @@ export interface SerializedError {
   name: string
   code: string
   message: string
+  /** An overloaded component's own estimate of when to retry (becomes Retry-After). */
+  retryAfterMs?: number
 }
 
 export function serializeError (err: unknown): SerializedError {
   if (err instanceof Error) {
     const code = typeof (err as { code?: unknown }).code === 'string' ? (err as unknown as { code: string }).code : 'SHOAL_ERR_INTERNAL'
-    return { name: err.name, code, message: err.message }
+    const retryAfterMs = (err as { retryAfterMs?: unknown }).retryAfterMs
+    return typeof retryAfterMs === 'number' && Number.isFinite(retryAfterMs)
+      ? { name: err.name, code, message: err.message, retryAfterMs }
+      : { name: err.name, code, message: err.message }
   }
   return { name: 'Error', code: 'SHOAL_ERR_INTERNAL', message: String(err) }
 }
 
 export function deserializeError (e: SerializedError): ShoalError {
-  const err = new ShoalError(e.code, e.message)
+  const err = new ShoalError(e.code, e.message) as ShoalError & { retryAfterMs?: number }
   err.name = e.name
+  if (e.retryAfterMs !== undefined) err.retryAfterMs = e.retryAfterMs
   return err
 }
 

@@ -1,6 +1,10 @@
 /**
- * Defaults and limit checking. The numbers are first guesses from the shared engine notes
- * (2-core laptop, int4 57M–246M models), to be replaced by measured ones from reproduction/.
+ * Defaults and limit checking. maxBatch and maxQueueDelayMs were checked by measurement
+ * (reproduction/results/batching.md; `node reproduction/bench-batching.ts --modes engine,batched
+ * --max-batch 4,8,16 --delay 0,2,5 --streams 1,8,16`): on int4 60m/250m, in CPU time, a decode
+ * run of 4 sequences costs 1.35–1.7× a run of one, 8 cost 2.5–2.9×, 16 cost 4.3–5.6×: per-token
+ * cost flattens past 8, so 8 — the local service's default sequence bound — gets most of the
+ * gain with one run per round. The other numbers are first guesses from engine-notes.md.
  */
 import type { BatchLimits, StepCostModel } from './types.ts'
 
@@ -9,7 +13,10 @@ export const DEFAULTS = Object.freeze({
   maxBatch: 8,
   /** One 256-position prefill chunk costs a few decode steps, so streams stall at most that long. */
   maxTokens: 256,
-  /** Well under one decode step (1.4–7 ms): waiting for company never costs a whole step. */
+  /**
+   * Well under one decode step (1.4–7 ms). Must be > 0: in steady state every sequence resubmits
+   * within the same macrotask as its batch-mates, and a 0 delay would run the first one alone.
+   */
   maxQueueDelayMs: 2,
   /** An old prefill gets a slot in every run after this long behind decodes. */
   prefillAgingMs: 100,

@@ -1,8 +1,7 @@
 /**
- * Executors the batcher can drive today. Until the engine grows a batched step (several
- * sequences in one session.run), `createSequentialExecutor` runs a batch's items as separate
- * engine steps: the queue, admission, chunking and metrics already apply; the speed-up comes with
- * the batched step.
+ * A generic executor: `createSequentialExecutor` runs a batch's items as separate engine steps
+ * (the queue, admission, chunking and metrics apply; no shared runs). The engine's
+ * `createBatchedExecutor` (daemon/engine) runs a batch as one `stepBatch` and is what serving uses.
  */
 import type { BatchExecutor, BatchItemResult, StepInput, StepResult } from './types.ts'
 

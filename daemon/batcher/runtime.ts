@@ -272,5 +272,8 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         decodeTokensPerSecond: decodeRate.perSecond(now),
       }
     },
+    estimateStepMs (sequences: number): number {
+      return estimator.estimate(sequences, sequences)
+    },
   }
 }

@@ -151,4 +151,6 @@ export interface Batcher {
   /** The sequence will submit no more steps (ended or freed): its company is not waited for. */
   release (seqId: string): void
   load (): BatcherLoad
+  /** Estimated time of one decode run over `sequences` sequences (the step-time model; never decays). */
+  estimateStepMs (sequences: number): number
 }

@@ -5,6 +5,7 @@
  * (deltas and the end); the caller owns the sequence's lifetime (open/free).
  */
 import type { FinishReason, GenerateEvent, SamplingParams } from '../service.ts'
+import type { Batcher } from '../batcher/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createStopMatcher } from '../text/index.ts'
 import { EngineError } from './errors.ts'
@@ -36,6 +37,26 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
     },
     async decode (tokenId, position, signal) {
       return sample(await engine.step(seqId, { tokenIds: [tokenId] }, [position], { logitsToKeep: 1 }, signal))
+    },
+  }
+}
+
+/**
+ * A token source over one sequence whose steps go through a micro-batcher (so they share runs
+ * with other sequences' steps), sampling on this thread. The caller releases the sequence.
+ */
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
+  const rng = createRng(sampling.seed)
+  const sample = (out: StepOutput): number => {
+    if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
+    return sampleToken(out.data, sampling, rng, (out.count - 1) * out.vocab, out.vocab)
+  }
+  return {
+    async prefill (promptIds, signal) {
+      return sample(await batcher.submit({ seqId, kind: 'prefill', input: { tokenIds: promptIds }, positions: promptIds.map((_, i) => i), logitsToKeep: 1 }, signal))
+    },
+    async decode (tokenId, position, signal) {
+      return sample(await batcher.submit({ seqId, kind: 'decode', input: { tokenIds: [tokenId] }, positions: [position], logitsToKeep: 1 }, signal))
     },
   }
 }

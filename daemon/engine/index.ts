@@ -4,17 +4,22 @@
  *  - the stage engine (open / step / free a sequence; KV stays in the worker) that the local
  *    service, pipeline stages and the micro-batcher build on;
  *  - sampling (pure functions) and the decode loop;
+ *  - batched steps (`stepBatch`: several sequences in one run, left-padded KV) and the
+ *    micro-batcher executor over them (`createBatchedExecutor`);
  *  - the local InferenceService for a whole-model shard directory.
  */
 export { createLocalService, stageInfoOf } from './local-service.ts'
-export type { LocalService, LocalServiceInit, LocalServiceStats } from './local-service.ts'
+export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats } from './local-service.ts'
+export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
-export type { StageEngine, StageEngineInit, StageStepInput, StepOptions } from './stage-engine.ts'
+export type {
+  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
+} from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-export type { StageRunner, StageRunnerInit } from './stage-runner.ts'
+export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
-export type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
-export { generateSequence, engineTokenSource } from './generate.ts'
+export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
+export { generateSequence, engineTokenSource, batchedTokenSource } from './generate.ts'
 export type { GenerationInput, TokenSource } from './generate.ts'
 export { argmax, createRng, nucleus, sampleToken } from './sampling.ts'
 export type { Rng, SamplerParams } from './sampling.ts'

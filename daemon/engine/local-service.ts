@@ -3,20 +3,29 @@
  * every layer and the head) run by a stage engine in a worker thread. It validates the model id,
  * tokenizes and renders the prompt, admits a bounded number of sequences, and turns generation into
  * service events; client disconnect and the request deadline end generation and free the KV.
+ * Every step goes through a micro-batcher (daemon/batcher) whose executor runs a planned batch as
+ * one `stepBatch`, so concurrent requests decode together (continuous batching). The prompt's
+ * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
+ * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
  */
 import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
+import type { Registry } from 'prom-client'
+import { createBatcher } from '../batcher/index.ts'
+import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { AbortedError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
-import { engineTokenSource, generateSequence } from './generate.ts'
+import { createBatchedExecutor } from './batched-executor.ts'
+import { batchedTokenSource, engineTokenSource, generateSequence } from './generate.ts'
+import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
-import type { StageEngine } from './stage-engine.ts'
+import type { BatchingStageEngine } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 
 export interface LocalServiceInit {
@@ -34,6 +43,24 @@ export interface LocalServiceInit {
   /** Concurrent sequences; more get SHOAL_ERR_OVERLOADED. */
   maxSequences?: number
   chunkSize?: number
+  /** False: each request steps the engine on its own (batch-of-one runs; for comparison). Default true. */
+  batching?: boolean
+  /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
+  batchLimits?: Partial<BatchLimits>
+  /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
+  budgetMs?: number
+  /** Where the batcher's metrics go (one /metrics page). */
+  metrics?: Registry
+}
+
+/** What routing and the mesh load record need from this service, now. */
+export interface LocalServiceLoad extends BatcherLoad {
+  /** Concurrent sequences this service admits. */
+  slots: number
+  /** Sequences admitted now. */
+  activeSequences: number
+  /** Aggregate decode rate with one more sequence admitted, from the step-time model (0 before any run). */
+  capacityTokensPerSecond: number
 }
 
 export interface LocalServiceStats {
@@ -46,8 +73,10 @@ export interface LocalService extends InferenceService {
   start (): Promise<void>
   stop (): Promise<void>
   stats (): Promise<LocalServiceStats>
+  /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
+  load (): LocalServiceLoad
   /** The stage engine (after start), e.g. for tests and metrics. */
-  readonly engine: StageEngine | undefined
+  readonly engine: BatchingStageEngine | undefined
 }
 
 export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
@@ -63,14 +92,25 @@ export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
     headDim: s.headDim,
     vocabSize: s.vocabSize,
     maxPositions: s.maxPositions,
+    batchPadding: batchPaddingOf(manifest),
   }
+}
+
+/**
+ * Standard-op graphs are exact under left padding (masked scores become the lowest f32, whose
+ * softmax weight is exactly 0). Other op tables batch only when their manifest says so.
+ */
+function batchPaddingOf (manifest: ShardManifest): 'left' | 'none' {
+  if (manifest.opSet === 'standard') return 'left'
+  return (manifest as { batchPadding?: unknown }).batchPadding === 'left' ? 'left' : 'none'
 }
 
 export function createLocalService (init: LocalServiceInit): LocalService {
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
   let manifest: ShardManifest | undefined
   let codec: TextCodec | undefined
-  let engine: StageEngine | undefined
+  let engine: BatchingStageEngine | undefined
+  let batcher: Batcher | undefined
   let modelId = init.modelId
   let created = 0
   let stopping = false
@@ -100,6 +140,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     const timer = setTimeout(() => { ctl.abort(new DeadlineError()) }, Math.min(request.deadline - Date.now(), 2 ** 31 - 1))
     let seqId: string | undefined
     const e = engine
+    const b = batcher
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released = false
@@ -109,11 +150,20 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       clearTimeout(timer)
       signal.removeEventListener('abort', onAbort)
       active--
-      if (seqId !== undefined) await e.free(seqId).catch(() => {})
+      if (seqId !== undefined) {
+        b?.release(seqId)
+        await e.free(seqId).catch(() => {})
+      }
     }
     ctl.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
       seqId = await e.open(request.requestId, ctl.signal)
+      let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling)
+      if (request.maxTokens === undefined || request.maxTokens > 0) {
+        // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
+        const first = await source.prefill(promptIds, ctl.signal)
+        source = { prefill: async () => first, decode: source.decode }
+      }
       yield {
         type: 'start',
         promptTokenIds: promptIds,
@@ -122,7 +172,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
       yield * generateSequence({
-        source: engineTokenSource(e, seqId, request.sampling),
+        source,
         codec,
         promptIds,
         maxTokens: request.maxTokens,
@@ -158,12 +208,22 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
       await e.start()
+      if (init.batching !== false) {
+        batcher = createBatcher({
+          name: modelId,
+          ...(init.batchLimits === undefined ? {} : { limits: init.batchLimits }),
+          ...(init.budgetMs === undefined ? {} : { budgetMs: init.budgetMs }),
+        }, { executor: createBatchedExecutor(e), ...(init.metrics === undefined ? {} : { metrics: init.metrics }) })
+        await batcher.start()
+      }
       engine = e
       created = Math.floor(Date.now() / 1000)
       stopping = false
     },
     async stop () {
       stopping = true
+      await batcher?.stop()
+      batcher = undefined
       await engine?.stop()
       engine = undefined
     },
@@ -180,6 +240,15 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }]
     },
     generate,
+    load () {
+      const l = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
+      // What one more sequence would share: the step-time model at active + 1 sequences. Unlike the
+      // measured throughput it does not fall to zero while the engine idles, so an idle replica
+      // never looks slow to routing.
+      const next = Math.min(active + 1, maxSequences)
+      const stepMs = batcher?.estimateStepMs(next) ?? 0
+      return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
+    },
     async stats () {
       return { activeRequests: active, maxSequences, engine: engine === undefined ? undefined : await engine.stats() }
     },

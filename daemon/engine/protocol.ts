@@ -20,6 +20,12 @@ export interface StageInfo {
   vocabSize: number
   /** Context limit: past + new positions never exceed it. */
   maxPositions: number
+  /**
+   * 'left': the graph is exact under left padding (attention_mask zeros before a row's past), so
+   * several sequences may share one run (stepBatch). Absent or 'none': stepBatch runs items one
+   * at a time.
+   */
+  batchPadding?: 'left' | 'none'
 }
 
 /** workerData of an engine worker. */
@@ -52,11 +58,26 @@ export interface EngineStats {
   kvBytes: number
   /** Positions held per live sequence. */
   sequences: Record<string, number>
+  /**
+   * Bytes of the KV buffers live sequences keep alive: above kvBytes while sequences that ran
+   * together share one padded batch buffer (until their next step). Absent from older engines.
+   */
+  kvHeldBytes?: number
+}
+
+/** One sequence's part of a step-batch message. */
+export interface BatchStepItem {
+  seqId: string
+  input: StepInput
+  positions: BigInt64Array
+  logitsToKeep: number
 }
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
   | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number }
+  /** Several sequences' steps in as few runs as exactness allows; one result per item, in order. */
+  | { type: 'step-batch', id: number, items: BatchStepItem[] }
   /** Drops a sequence's KV; if a step on it is running, that step ends at its next chunk boundary. */
   | { type: 'free', id: number, seqId: string }
   /** Like free, and the running step (if any) fails with SHOAL_ERR_ABORTED. */
@@ -69,6 +90,7 @@ export type FromWorker =
   | { type: 'init-error', error: SerializedError }
   | { type: 'done', id: number }
   | { type: 'stepped', id: number, output: StepOutput }
+  | { type: 'stepped-batch', id: number, results: Array<{ output: StepOutput } | { error: SerializedError }> }
   | { type: 'stats', id: number, stats: EngineStats }
   | { type: 'error', id: number, error: SerializedError }
 
@@ -86,17 +108,31 @@ export function parseToWorker (msg: unknown): ToWorker | string {
     case 'cancel':
       return typeof m.seqId === 'string' && m.seqId.length > 0 ? m as unknown as ToWorker : `${m.type}: seqId must be a non-empty string`
     case 'step': {
-      if (typeof m.seqId !== 'string' || m.seqId.length === 0) return 'step: seqId must be a non-empty string'
-      if (!(m.positions instanceof BigInt64Array)) return 'step: positions must be a BigInt64Array'
-      if (!Number.isSafeInteger(m.logitsToKeep) || (m.logitsToKeep as number) < 1) return 'step: logitsToKeep must be a positive integer'
-      const input = m.input as { kind?: unknown, ids?: unknown, data?: unknown } | undefined
-      const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
-        : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
-      return ok ? m as unknown as ToWorker : 'step: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}'
+      const bad = checkStepFields(m, 'step')
+      return bad ?? m as unknown as ToWorker
+    }
+    case 'step-batch': {
+      if (!Array.isArray(m.items) || m.items.length === 0) return 'step-batch: items must be a non-empty array'
+      for (const [i, item] of (m.items as unknown[]).entries()) {
+        if (item === null || typeof item !== 'object') return `step-batch: items[${i}] is not an object`
+        const bad = checkStepFields(item as Record<string, unknown>, `step-batch items[${i}]`)
+        if (bad !== undefined) return bad
+      }
+      return m as unknown as ToWorker
     }
     default:
       return `unknown message type ${JSON.stringify(m.type)}`
   }
+}
+
+function checkStepFields (m: Record<string, unknown>, what: string): string | undefined {
+  if (typeof m.seqId !== 'string' || m.seqId.length === 0) return `${what}: seqId must be a non-empty string`
+  if (!(m.positions instanceof BigInt64Array)) return `${what}: positions must be a BigInt64Array`
+  if (!Number.isSafeInteger(m.logitsToKeep) || (m.logitsToKeep as number) < 1) return `${what}: logitsToKeep must be a positive integer`
+  const input = m.input as { kind?: unknown, ids?: unknown, data?: unknown } | undefined
+  const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
+    : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
+  return ok ? undefined : `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
 }
 
 /** The buffers to transfer with a message (a view over a larger buffer is copied first). */

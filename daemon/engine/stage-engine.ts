@@ -11,7 +11,7 @@ import { deserializeError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
 import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
-import type { EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
+import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 
 export interface StageEngineInit {
@@ -45,9 +45,30 @@ export interface StageEngine {
   stats (signal?: AbortSignal): Promise<EngineStats>
 }
 
+/** One sequence's step within a batch. */
+export interface StageBatchItem {
+  seqId: string
+  input: StageStepInput
+  positions: number[]
+  logitsToKeep?: number
+  /** This item's caller: on abort its sequence is cancelled (KV dropped) and it alone fails. */
+  signal?: AbortSignal
+}
+
+export type StageBatchResult = { output: StepOutput } | { error: Error }
+
+/** A stage engine that also runs several sequences' steps in one call (see stage-runner.ts). */
+export interface BatchingStageEngine extends StageEngine {
+  /**
+   * One result per item, in order; a failed or aborted item ends its own sequence only. Aborting
+   * `signal` aborts every item. Resolves after the worker's run (aborted items included) is over.
+   */
+  stepBatch (items: StageBatchItem[], signal?: AbortSignal): Promise<StageBatchResult[]>
+}
+
 type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' }>
 
-export function createStageEngine (init: StageEngineInit): StageEngine {
+export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
   let worker: Worker | undefined
   let dead: Error | undefined
   let nextId = 1
@@ -165,6 +186,52 @@ export function createStageEngine (init: StageEngineInit): StageEngine {
       })
       if (reply.type !== 'stepped') throw new EngineError(`unexpected reply ${reply.type} to step`)
       return reply.output
+    },
+    async stepBatch (items, signal) {
+      const results: Array<StageBatchResult | undefined> = new Array(items.length)
+      const cancels: Array<Promise<unknown>> = []
+      const cancel = (seqId: string): void => { cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }
+      const signalOf = (item: StageBatchItem): AbortSignal | undefined =>
+        signal === undefined ? item.signal : item.signal === undefined ? signal : AbortSignal.any([signal, item.signal])
+      const sent: Array<{ index: number, signal: AbortSignal | undefined }> = []
+      const wire: BatchStepItem[] = []
+      const transfer: ArrayBuffer[] = []
+      items.forEach((item, index) => {
+        const s = signalOf(item)
+        if (s?.aborted === true) { results[index] = { error: abortReason(s) }; cancel(item.seqId); return }
+        const input: StepInput = 'tokenIds' in item.input
+          ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
+          : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
+        const positions = BigInt64Array.from(item.positions, BigInt)
+        wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1 })
+        const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
+        if (!transfer.includes(buf)) transfer.push(buf)
+        transfer.push(positions.buffer as ArrayBuffer)
+        sent.push({ index, signal: s })
+      })
+      if (wire.length > 0) {
+        const offs: Array<() => void> = []
+        for (const { index, signal: s } of sent) {
+          if (s === undefined) continue
+          const seqId = items[index]!.seqId
+          const listener = (): void => { cancel(seqId) }
+          s.addEventListener('abort', listener, { once: true })
+          offs.push(() => s.removeEventListener('abort', listener))
+        }
+        let reply: Reply
+        try {
+          reply = await call({ type: 'step-batch', id: nextId++, items: wire }, transfer)
+        } finally {
+          for (const off of offs) off()
+        }
+        if (reply.type !== 'stepped-batch' || reply.results.length !== wire.length) throw new EngineError(`unexpected reply ${reply.type} to step-batch`)
+        sent.forEach(({ index, signal: s }, j) => {
+          const r = reply.results[j]!
+          results[index] = s?.aborted === true ? { error: abortReason(s) } : 'error' in r ? { error: deserializeError(r.error) } : r
+        })
+      }
+      await Promise.all(cancels)
+      return results as StageBatchResult[]
     },
     async free (seqId) {
       await call({ type: 'free', id: nextId++, seqId })

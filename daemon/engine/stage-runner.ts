@@ -4,6 +4,12 @@
  * the graph) become the next step's `past_key_values.*`, so the cache is exactly the live context
  * and never crosses the worker boundary. Long inputs run in chunks (chunked prefill) so memory per
  * run is bounded and a cancel is seen between chunks.
+ *
+ * `stepBatch` runs several sequences' steps together: items with the same number of new positions
+ * S share one run, their past caches left-padded to the longest (attention_mask zeros), so no
+ * query row is wasted on padding; the present outputs stay one shared block (kv-block.ts) that the
+ * next run of the same sequences takes as its past without a copy. Different S, chunked prefills
+ * and graphs without `batchPadding: 'left'` run one at a time.
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
@@ -11,7 +17,9 @@ import {
 } from '../../shards/contract.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import type { EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
+import { blockBytes, copyRow, createScratch, ownRow } from './kv-block.ts'
+import type { KvBlock, KvRef } from './kv-block.ts'
+import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 
 /** Default prefill chunk: big enough to keep matmuls efficient, small enough to bound activations. */
 export const DEFAULT_CHUNK_SIZE = 256
@@ -25,8 +33,8 @@ export interface StageRunnerInit {
 }
 
 interface Sequence {
-  /** Per stage layer: [key, value]. Empty until the first step. */
-  past: Array<[HostTensor, HostTensor]> | undefined
+  /** Undefined until the first step. */
+  kv: KvRef | undefined
   length: number
   running: Promise<void> | undefined
   dropped: 'free' | 'cancel' | undefined
@@ -36,10 +44,19 @@ export interface StageRunner {
   open (seqId: string): void
   /** Runs new positions of one sequence. Callers run one step at a time per runner. */
   step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number): Promise<StepOutput>
+  /**
+   * Runs one step for each item (distinct sequences); one result per item, in order. A failed item
+   * ends its own sequence only, like a failed step.
+   */
+  stepBatch (items: BatchStepItem[]): Promise<BatchStepResult[]>
   /** Drops a sequence (waits for its running step to stop at a chunk boundary). Unknown ids are fine. */
   drop (seqId: string, how: 'free' | 'cancel'): Promise<void>
   stats (): EngineStats
 }
+
+export type BatchStepResult = { output: StepOutput } | { error: Error }
+
+interface Live { index: number, seqId: string, seq: Sequence, item: BatchStepItem }
 
 export function createStageRunner (init: StageRunnerInit): StageRunner {
   const { session, stage } = init
@@ -49,8 +66,27 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   for (let l = stage.layers[0]; l <= stage.layers[1]; l++) layers.push(l)
   const feedsLogitsToKeep = session.inputNames.includes(NUM_LOGITS_TO_KEEP)
   const sequences = new Map<string, Sequence>()
+  const { numKvHeads: kvH, headDim: hd } = stage
+  const batchable = stage.batchPadding === 'left'
+  const scratch = createScratch()
+  const bytesPerPosition = 2 * layers.length * kvH * hd * 4
 
-  const emptyPast = (): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [1, stage.numKvHeads, 0, stage.headDim] })
+  const emptyPast = (rows = 1): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [rows, kvH, 0, hd] })
+
+  /** Takes a run's present outputs as the new cache block of its `rows` sequences. */
+  function presentBlock (out: TensorMap, rows: number, total: number): KvBlock {
+    return {
+      rows,
+      total,
+      layers: layers.map(l => {
+        const k = out[presentKeyName(l)]
+        const v = out[presentValueName(l)]
+        if (k?.type !== 'float32' || v?.type !== 'float32') throw new EngineError(`stage graph returned no float32 present KV for layer ${l}`)
+        if (k.dims[2] !== total || k.dims[0] !== rows) throw new EngineError(`present.${l}.key has shape [${k.dims.join(', ')}], expected [${rows}, ${kvH}, ${total}, ${hd}]`)
+        return [k, v]
+      }),
+    }
+  }
 
   async function runChunk (seq: Sequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number): Promise<TensorMap> {
     const s = b - a
@@ -66,24 +102,19 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       feeds[HIDDEN_IN] = { type: 'float32', data: input.data.slice(a * d, b * d), dims: [1, s, d] }
     }
     layers.forEach((l, i) => {
-      const kv = seq.past?.[i]
+      const kv = seq.kv === undefined ? undefined : ownRow(seq.kv, seq.length, i, kvH, hd)
       feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast()
       feeds[pastValueName(l)] = kv?.[1] ?? emptyPast()
     })
     if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
     const out = await session.run(feeds)
-    seq.past = layers.map(l => {
-      const k = out[presentKeyName(l)]
-      const v = out[presentValueName(l)]
-      if (k === undefined || v === undefined) throw new EngineError(`stage graph returned no present KV for layer ${l}`)
-      if (k.dims[2] !== total) throw new EngineError(`present.${l}.key has length ${k.dims[2]}, expected ${total}`)
-      return [k, v]
-    })
+    seq.kv = { block: presentBlock(out, 1, total), row: 0 }
     seq.length = total
     return out
   }
 
-  async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number): Promise<StepOutput> {
+  /** Throws what is wrong with a step for this sequence. */
+  function check (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array): void {
     const s = positions.length
     const given = input.kind === 'tokens' ? input.ids.length : input.data.length / stage.hiddenSize
     if (input.kind === 'tokens' && !stage.hasEmbedding) throw new EngineError('this stage takes hidden states, not token ids')
@@ -92,6 +123,14 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     if (seq.length + s > stage.maxPositions) {
       throw new ContextLengthError(`sequence ${seqId} would hold ${seq.length + s} positions; the context limit is ${stage.maxPositions}`)
     }
+  }
+
+  const droppedError = (seqId: string, seq: Sequence): Error =>
+    seq.dropped === 'cancel' ? new AbortedError() : new EngineError(`sequence ${seqId} was freed during a step`)
+
+  async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number): Promise<StepOutput> {
+    check(seqId, seq, input, positions)
+    const s = positions.length
     const keepTotal = Math.min(logitsToKeep, s)
     const parts: Float32Array[] = []
     let rows = 0
@@ -120,18 +159,121 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
         rows += b - a
       }
     }
-    if (seq.dropped !== undefined) throw seq.dropped === 'cancel' ? new AbortedError() : new EngineError(`sequence ${seqId} was freed during a step`)
+    if (seq.dropped !== undefined) throw droppedError(seqId, seq)
     const data = parts.length === 1 && parts[0]!.byteOffset === 0 && parts[0]!.length === rows * width ? parts[0]! : concat(parts, rows * width)
     return stage.hasHead
       ? { kind: 'logits', data, count: rows, vocab: width }
       : { kind: 'hidden', data, count: rows, hidden: width }
   }
 
+  /**
+   * One run for sequences stepping S new positions each: past caches left-padded to the longest
+   * (or the shared block itself when it is exactly these sequences, in order), new positions
+   * aligned, padding masked. Returns one output per entry; entries dropped meanwhile get errors.
+   */
+  async function runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
+    const rows = group.length
+    let pmax = 0
+    for (const { seq } of group) pmax = Math.max(pmax, seq.length)
+    const total = pmax + s
+    const positions = new BigInt64Array(rows * s)
+    const mask = new BigInt64Array(rows * total)
+    const d = stage.hiddenSize
+    const ids = stage.hasEmbedding ? new BigInt64Array(rows * s) : undefined
+    const hidden = stage.hasEmbedding ? undefined : new Float32Array(rows * s * d)
+    let keep = 1
+    group.forEach(({ seq, item }, b) => {
+      positions.set(item.positions, b * s)
+      mask.fill(1n, b * total + pmax - seq.length, (b + 1) * total)
+      if (item.input.kind === 'tokens') ids!.set(item.input.ids, b * s)
+      else hidden!.set(item.input.data, b * s * d)
+      keep = Math.max(keep, Math.min(item.logitsToKeep, s))
+    })
+    const feeds: TensorMap = {
+      [POSITION_IDS]: { type: 'int64', data: positions, dims: [rows, s] },
+      [ATTENTION_MASK]: { type: 'int64', data: mask, dims: [rows, total] },
+    }
+    if (ids !== undefined) feeds[INPUT_IDS] = { type: 'int64', data: ids, dims: [rows, s] }
+    else feeds[HIDDEN_IN] = { type: 'float32', data: hidden!, dims: [rows, s, d] }
+    const first = group[0]!.seq.kv
+    const shared = first !== undefined && first.block.rows === rows && first.block.total === pmax &&
+      group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+    layers.forEach((l, i) => {
+      let pair: [HostTensor, HostTensor]
+      if (shared) pair = first.block.layers[i]!
+      else if (pmax === 0) pair = [emptyPast(rows), emptyPast(rows)]
+      else {
+        pair = [0, 1].map(kind => {
+          const data = scratch(2 * i + kind, rows * kvH * pmax * hd)
+          group.forEach(({ seq }, b) => {
+            const src = seq.kv === undefined ? undefined : seq.kv.block.layers[i]![kind]!
+            if (src === undefined) copyRow(data, 0, 0, data, b, pmax, 0, kvH, hd) // zero row
+            else copyRow(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, pmax, seq.length, kvH, hd)
+          })
+          return { type: 'float32', data, dims: [rows, kvH, pmax, hd] } satisfies HostTensor
+        }) as [HostTensor, HostTensor]
+      }
+      feeds[pastKeyName(l)] = pair[0]
+      feeds[pastValueName(l)] = pair[1]
+    })
+    if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+    const out = await session.run(feeds)
+    const block = presentBlock(out, rows, total)
+    const result = stage.hasHead ? out[LOGITS] : out[HIDDEN_OUT]
+    if (result?.type !== 'float32') throw new EngineError(`stage graph returned no float32 ${stage.hasHead ? 'logits' : 'hidden_states_out'}`)
+    return group.map(({ seqId, seq, item }, b): BatchStepResult => {
+      if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }
+      seq.kv = { block, row: b }
+      seq.length += s
+      if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
+      const have = result.dims[1] ?? 1
+      const width = result.dims[2] ?? stage.vocabSize
+      const want = Math.min(item.logitsToKeep, s)
+      const data = result.data.slice((b * have + have - want) * width, (b + 1) * have * width)
+      return { output: { kind: 'logits', data, count: want, vocab: width } }
+    })
+  }
+
+  /** Runs checked items: same-S groups together where the graph allows it, the rest one at a time. */
+  async function runBatch (live: Live[], results: BatchStepResult[]): Promise<void> {
+    const fail = (e: Live, err: unknown): void => {
+      results[e.index] = { error: err instanceof Error ? err : new EngineError(String(err)) }
+      // A failed step leaves the cache in an unknown state: the sequence is over.
+      if (sequences.get(e.seqId) === e.seq) sequences.delete(e.seqId)
+    }
+    const groups = new Map<number, Live[]>()
+    const solo: Live[] = []
+    for (const e of live) {
+      try { check(e.seqId, e.seq, e.item.input, e.item.positions) } catch (err) { fail(e, err); continue }
+      const s = e.item.positions.length
+      if (!batchable || s > chunkSize) { solo.push(e); continue }
+      const g = groups.get(s)
+      if (g === undefined) groups.set(s, [e])
+      else g.push(e)
+    }
+    for (const [s, group] of groups) {
+      const ready = group.filter(e => e.seq.dropped === undefined || (fail(e, droppedError(e.seqId, e.seq)), false))
+      if (ready.length === 1) { solo.push(ready[0]!); continue }
+      if (ready.length === 0) continue
+      try {
+        const outs = await runGroup(ready, s)
+        outs.forEach((r, b) => { if ('error' in r) fail(ready[b]!, r.error); else results[ready[b]!.index] = r })
+      } catch (err) {
+        for (const e of ready) fail(e, err)
+      }
+    }
+    for (const e of solo) {
+      try {
+        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep) }
+      } catch (err) { fail(e, err) }
+    }
+  }
+
   return {
     open (seqId) {
       if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
       if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
-      sequences.set(seqId, { past: undefined, length: 0, running: undefined, dropped: undefined })
+      sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
     async step (seqId, input, positions, logitsToKeep) {
       const seq = sequences.get(seqId)
@@ -149,22 +291,45 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
         seq.running = undefined
       }
     },
+    async stepBatch (items) {
+      const results: BatchStepResult[] = new Array(items.length)
+      const live: Live[] = []
+      const taken = new Set<string>()
+      items.forEach((item, index) => {
+        const seq = sequences.get(item.seqId)
+        if (seq === undefined) results[index] = { error: new EngineError(`unknown sequence ${item.seqId}`) }
+        else if (seq.running !== undefined || taken.has(item.seqId)) results[index] = { error: new EngineError(`sequence ${item.seqId} already has a step running`) }
+        else { taken.add(item.seqId); live.push({ index, seqId: item.seqId, seq, item }) }
+      })
+      const work = runBatch(live, results)
+      const running = work.then(() => {}, () => {})
+      for (const e of live) e.seq.running = running
+      try {
+        await work
+      } finally {
+        for (const e of live) if (e.seq.running === running) e.seq.running = undefined
+      }
+      return results
+    },
     async drop (seqId, how) {
       const seq = sequences.get(seqId)
       if (seq === undefined) return
       seq.dropped = how
       sequences.delete(seqId)
-      seq.past = undefined
+      seq.kv = undefined
       await seq.running
     },
     stats () {
-      let kvBytes = 0
       const perSeq: Record<string, number> = {}
+      const blocks = new Set<KvBlock>()
+      let positions = 0
       for (const [id, seq] of sequences) {
         perSeq[id] = seq.length
-        for (const [k, v] of seq.past ?? []) kvBytes += k.data.byteLength + v.data.byteLength
+        if (seq.kv !== undefined) { positions += seq.length; blocks.add(seq.kv.block) }
       }
-      return { liveSequences: sequences.size, maxSequences, kvBytes, sequences: perSeq }
+      let kvHeldBytes = 0
+      for (const b of blocks) kvHeldBytes += blockBytes(b)
+      return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq }
     },
   }
 }

@@ -36,7 +36,7 @@ async function main (init: WorkerInit): Promise<void> {
       post({ type: 'error', id: typeof id === 'number' ? id : -1, error: serializeError(new EngineError(`malformed engine message: ${msg}`)) })
       return
     }
-    if (msg.type === 'step') {
+    if (msg.type === 'step' || msg.type === 'step-batch') {
       queue = queue.then(() => handle(msg, runner, session))
     } else {
       void handle(msg, runner, session)
@@ -56,6 +56,19 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep)
         const data = ownBuffer(output.data)
         post({ type: 'stepped', id: msg.id, output: { ...output, data } }, [data.buffer as ArrayBuffer])
+        return
+      }
+      case 'step-batch': {
+        const results = await runner.stepBatch(msg.items)
+        const transfer = new Set<ArrayBuffer>()
+        const wire = results.map(r => {
+          if ('error' in r) return { error: serializeError(r.error) }
+          const data = ownBuffer(r.output.data)
+          if (transfer.has(data.buffer as ArrayBuffer)) return { output: { ...r.output, data: data.slice() } }
+          transfer.add(data.buffer as ArrayBuffer)
+          return { output: { ...r.output, data } }
+        })
+        post({ type: 'stepped-batch', id: msg.id, results: wire }, [...transfer])
         return
       }
       case 'free':

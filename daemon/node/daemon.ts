@@ -10,15 +10,16 @@ import type { Logger } from 'pino'
 import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
 import type { NodeIdentity } from '../../certs/index.ts'
 import { createLocalService, loadBackend } from '../engine/index.ts'
+import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh } from '../mesh/index.ts'
-import type { Mesh } from '../mesh/index.ts'
+import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream } from '../routing/index.ts'
 import { createPipelineService, createPipelineStage } from '../pipeline/index.ts'
-import type { PipelineStage } from '../pipeline/index.ts'
+import type { PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
 import { ConfigError } from './config.ts'
 import type { DaemonConfig } from './config.ts'
@@ -26,9 +27,7 @@ import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { createLifecycle } from './lifecycle.ts'
 import type { Part } from './lifecycle.ts'
-import { meterLoad } from './load-meter.ts'
-import type { LoadMeter } from './load-meter.ts'
-import { meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
+import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
@@ -70,11 +69,16 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let ingress: Ingress | undefined
   let apiUrl: string | undefined
   let engine: EngineChoice | undefined
-  let meter: LoadMeter | undefined
   const models: ResolvedModel[] = []
   /** Whole models, and the chains this node coordinates (it holds their stage 0). */
-  const services: Array<InferenceService & { stop: () => Promise<void> }> = []
+  const locals: LocalService[] = []
+  const coordinators: PipelineService[] = []
   const stages: PipelineStage[] = []
+  let local: InferenceService = createModelDirectory([])
+  const load = (): LoadRecord => aggregateLoad(
+    locals.map(s => s.load()),
+    coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+  )
 
   const publishCapabilities = (): void => {
     mesh?.setCapabilities({
@@ -132,16 +136,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             manifestHash: model.manifestHash,
           })
           await service.start()
-          services.push(service)
+          locals.push(service)
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
         }
         for (const model of models.filter(m => !m.whole)) await startStage(model, engine)
-        // One slot per engine: until the micro-batcher runs sequences together, an engine steps one
-        // sequence at a time, so "headroom" past one in-flight request is not real.
-        meter = meterLoad(createModelDirectory(services), Math.max(services.length, 1))
+        local = createModelDirectory([...locals, ...coordinators])
       },
       async stop () {
-        await Promise.all(services.map(async s => { await s.stop() }))
+        await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))
         await Promise.all(stages.map(async s => { await s.stop() }))
       },
     },
@@ -150,16 +152,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       async start () {
         if (mesh === undefined) return
         const m = mesh
-        const local = meter!.service
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
         const executor = withReceiptPart(local, signer!)
         await m.handle(INFER_PROTOCOL, (stream) => {
           void handleInferStream(stream, executor, { localPeerId: m.peerId })
         }, { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
-        m.setLoadProvider(() => {
-          const r = meter!.read()
-          return { queueDepth: 0, inFlight: r.inFlight, decodeTokPerSec: r.decodeTokPerSec, freeKvTokens: 0, expectedWaitMs: 0, slots: r.slots, accepting: r.inFlight < r.slots }
-        })
+        m.setLoadProvider(load)
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
@@ -203,22 +201,17 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const modelId = model.manifest.modelId
     const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()) })
     await coordinator.start()
-    services.push(coordinator)
+    coordinators.push(coordinator)
   }
 
   /** What the ingress talks to: the local engines, or the mesh's routed service over them. */
   function frontService (): InferenceService {
-    const local = meter!.service
     if (mesh === undefined) return local
     const m = mesh
-    const localIds = new Set(services.flatMap(x => x.models().map(card => card.id)))
+    const localIds = new Set(local.models().map(card => card.id))
     return createRoutedService({ localPeerId: m.peerId }, {
       local,
-      candidates: (model) => {
-        const r = meter!.read()
-        const selfLoad = { queueDepth: 0, inFlight: r.inFlight, decodeTokPerSec: r.decodeTokPerSec, freeKvTokens: 0, expectedWaitMs: 0, slots: r.slots }
-        return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: selfLoad }, m.peers(), Date.now())
-      },
+      candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
       forward: (peerId, request, signal) => forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId }),
       meshModels: () => meshModelCards(m.peers()),
     })

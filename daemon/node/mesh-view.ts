@@ -5,6 +5,7 @@
 import type { Capabilities, LoadRecord, PeerView } from '../mesh/index.ts'
 import { uncovered } from '../routing/index.ts'
 import type { Candidate, LayerRange, StageHolder } from '../routing/index.ts'
+import type { LocalServiceLoad } from '../engine/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
 
@@ -33,6 +34,29 @@ const isWhole = (m: Served): boolean =>
  * naming the missing layers.
  */
 const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
+
+/**
+ * This node's live load: the local engines' batcher readings summed (their slots are the sequences
+ * they admit; their queues and expected waits are what a new request would meet), plus requests
+ * this node coordinates as pipeline chains. The decode rate is each engine's capacity at its
+ * current concurrency + 1, not its recent throughput: throughput decays while a node idles, and an
+ * idle node must not look slow (routing divides by this rate).
+ */
+export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number): LoadRecord {
+  let queueDepth = 0
+  let inFlight = chainRequests
+  let decodeTokPerSec = 0
+  let slots = 0
+  let expectedWaitMs = 0
+  for (const l of engines) {
+    queueDepth += l.queueDepth
+    inFlight += l.activeSequences
+    decodeTokPerSec += l.capacityTokensPerSecond
+    slots += l.slots
+    expectedWaitMs = Math.max(expectedWaitMs, l.expectedWaitMs)
+  }
+  return { queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1) }
+}
 
 /** Every node that can take a request for `model` (whole or chain entry), this one included. */
 export function replicaCandidates (model: string, self: { peerId: string, serves: boolean, load: LoadRecord }, peers: PeerView[], now: number): Candidate[] {

@@ -123,9 +123,12 @@ export const RETRYABLE_CODES: ReadonlySet<string> = new Set([
 
 /** An error frame received from the peer; keeps the peer's name and code. */
 export class RemoteError extends ForwardError {
-  constructor (remote: { name: string, code: string, message: string }, phase: ForwardPhase, peerId?: string) {
+  /** The peer's own retry estimate when it was overloaded (the ingress's Retry-After). */
+  readonly retryAfterMs: number | undefined
+  constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number }, phase: ForwardPhase, peerId?: string) {
     super(remote.code, remote.message, phase, RETRYABLE_CODES.has(remote.code), peerId)
     this.name = remote.name
+    this.retryAfterMs = remote.retryAfterMs
   }
 }
 

@@ -74,7 +74,8 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
     let firstError: unknown
     for (let attempt = 0; ; attempt++) {
       const all = components.candidates(request.model)
-      if (all.length === 0) throw new ModelNotFoundError(request.model)
+      // On the retry the failed replica may already be gone from the mesh: report what failed, not 404.
+      if (all.length === 0) throw firstError ?? new ModelNotFoundError(request.model)
       const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad)
       const decision = chooseReplica(candidates, {
         now: now(),

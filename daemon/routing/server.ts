@@ -77,7 +77,11 @@ export async function handleInferStream (stream: Stream, service: InferenceServi
         if (r.done === true) throw new ShoalError('SHOAL_ERR_INTERNAL', 'the service ended without an end event')
         const ev = r.value.type === 'start' ? withRouteHop(r.value, options.localPeerId) : r.value
         await writeFrame(stream, frameOf(request.requestId, ev), ctl.signal, maxFrameBytes)
-        if (ev.type === 'end') return
+        if (ev.type === 'end') {
+          // Let the service's generator finish (its finally blocks free slots and meters).
+          await events.return?.().catch(() => {})
+          return
+        }
       }
     } catch (err) {
       // Do not wait for a service that ignores its signal: ask it to stop and move on.

@@ -159,7 +159,8 @@ function decodeEnd (v: unknown): EndEvent {
 
 function decodeError (v: unknown): SerializedError {
   if (!isObj(v) || !isStr(v.name) || !isStr(v.code) || !isStr(v.message)) throw malformed('error body is malformed')
-  return { name: v.name, code: v.code, message: v.message }
+  if (v.retryAfterMs !== undefined && !(isNum(v.retryAfterMs) && v.retryAfterMs >= 0)) throw malformed('error.retryAfterMs must be a non-negative number')
+  return v.retryAfterMs === undefined ? { name: v.name, code: v.code, message: v.message } : { name: v.name, code: v.code, message: v.message, retryAfterMs: v.retryAfterMs }
 }
 
 function encodeDelta (e: DeltaEvent): Uint8Array {
@@ -209,7 +210,12 @@ function bodyOf (f: InferFrame): Uint8Array {
       usage: { promptTokens: f.event.usage.promptTokens, completionTokens: f.event.usage.completionTokens },
       ...(f.event.receiptParts === undefined ? {} : { receiptParts: f.event.receiptParts }),
     }))
-    case 'error': return utf8.encode(JSON.stringify({ name: f.error.name, code: f.error.code, message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS) }))
+    case 'error': return utf8.encode(JSON.stringify({
+      name: f.error.name,
+      code: f.error.code,
+      message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS),
+      ...(f.error.retryAfterMs === undefined ? {} : { retryAfterMs: f.error.retryAfterMs }),
+    }))
     case 'cancel': return new Uint8Array(0)
   }
 }

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { meshModelCards, replicaCandidates, stageHolders } from '../../daemon/node/mesh-view.ts'
+import { aggregateLoad, meshModelCards, replicaCandidates, stageHolders } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
@@ -45,5 +45,13 @@ describe('chains in the mesh view', () => {
     expect(meshModelCards([s0])).toEqual([])
     expect(meshModelCards([s0, other])).toEqual([])
     expect(stageHolders('c', [s0, s1]).map(h => [h.peerId, h.layers])).toEqual([['s0', [0, 3]], ['s1', [4, 7]]])
+  })
+})
+
+describe('node load', () => {
+  it('sums engines and chain requests, keeps the worst expected wait, never reports zero slots', () => {
+    const e = (q: number, active: number, wait: number) => ({ queueDepth: q, inFlight: 0, expectedWaitMs: wait, decodeTokensPerSecond: 3, capacityTokensPerSecond: 10, slots: 8, activeSequences: active })
+    expect(aggregateLoad([e(1, 2, 30), e(0, 3, 80)], 1)).toEqual({ queueDepth: 1, inFlight: 6, decodeTokPerSec: 20, freeKvTokens: 0, expectedWaitMs: 80, slots: 16 })
+    expect(aggregateLoad([], 0).slots).toBe(1)
   })
 })

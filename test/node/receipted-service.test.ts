@@ -9,7 +9,6 @@ import { privateKeyFromRaw } from '@libp2p/crypto/keys'
 import { publicKeyOf } from '../../certs/index.ts'
 import { createLedger, responseHash, type Ledger } from '../../daemon/ledger/index.ts'
 import { withReceipts } from '../../daemon/node/index.ts'
-import { meterLoad } from '../../daemon/node/load-meter.ts'
 import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
 import { requestHash } from '../../daemon/ledger/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
@@ -99,18 +98,5 @@ describe('receipts on every completion', () => {
     const req = request()
     await expect(drain(service.generate(req, new AbortController().signal))).rejects.toMatchObject({ code: expect.any(String) })
     expect(await ledger.get(req.requestId)).toBeUndefined()
-  })
-
-  it('counts in-flight sequences and generated tokens through the load meter', async () => {
-    let clock = 0
-    const meter = meterLoad(createSimulatedService({ models: ['sim'], script: { reply: 'hello' } }), 2, () => clock)
-    const it0 = meter.service.generate(request(), new AbortController().signal)[Symbol.asyncIterator]()
-    await it0.next() // start
-    expect(meter.read().inFlight).toBe(1)
-    while (!(await it0.next()).done) clock += 10
-    const r = meter.read()
-    expect(r.inFlight).toBe(0)
-    expect(r.slots).toBe(2)
-    expect(r.decodeTokPerSec).toBeGreaterThan(0)
   })
 })

@@ -81,6 +81,8 @@ describe('infer wire format', () => {
     }
     expect(decodeFrames(encodeFrame(start))).toEqual([start])
     expect(decodeFrames(encodeFrame(end))).toEqual([end])
+    const busy: InferFrame = { kind: 'error', requestId: 'r2', error: { name: 'X', code: 'SHOAL_ERR_OVERLOADED', message: 'busy', retryAfterMs: 1500 } }
+    expect(decodeFrames(encodeFrame(busy))).toEqual([busy])
     // Hops and parts are bounded and shaped.
     const tooMany = { ...end, event: { ...(end as { event: object }).event, receiptParts: Array.from({ length: 65 }, () => ({})) } } as InferFrame
     expect(() => decodeFrames(encodeFrame(tooMany))).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_INFER_MALFORMED' }))

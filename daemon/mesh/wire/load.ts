@@ -16,7 +16,7 @@ export interface LoadRecord {
   queueDepth: number
   /** Sequences currently decoding. */
   inFlight: number
-  /** Recent decode throughput over all sequences, tokens per second. */
+  /** Aggregate decode rate the node delivers with one more sequence, tokens per second (0: unknown). */
   decodeTokPerSec: number
   /** KV cache room left, in tokens. */
   freeKvTokens: number

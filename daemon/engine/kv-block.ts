@@ -1,0 +1,68 @@
+/**
+ * KV caches as blocks: a graph's present outputs [rows, kvH, total, hd] (per layer, key and value),
+ * with each sequence holding one row, its live positions right-aligned (columns total − length ..
+ * total − 1; anything left of them is padding). A batch of one gives a block the sequence owns
+ * outright; a batched run gives one block its sequences share, which is fed back as is when the
+ * same sequences step together again (no copy) and repacked by block copies when they do not.
+ */
+import type { HostTensor } from './backend/types.ts'
+
+export interface KvBlock {
+  /** Per stage layer: [key, value], each [rows, kvH, total, hd]. */
+  layers: Array<[HostTensor, HostTensor]>
+  rows: number
+  total: number
+}
+
+/** Where a sequence's cache lives: a row of a block (its last `length` columns, `length` kept on the sequence). */
+export interface KvRef {
+  block: KvBlock
+  row: number
+}
+
+/**
+ * Copies the last `length` columns of row `srcRow` of src [·, kvH, srcTotal, hd] to the last
+ * `length` columns of row `dstRow` of dst [·, kvH, dstTotal, hd], zeroing dst's columns left of
+ * them (padding must be finite: masked probabilities are 0, and 0 × NaN is not).
+ */
+export function copyRow (src: Float32Array, srcRow: number, srcTotal: number, dst: Float32Array, dstRow: number, dstTotal: number, length: number, kvH: number, hd: number): void {
+  const n = length * hd
+  for (let h = 0; h < kvH; h++) {
+    const s = ((srcRow * kvH + h) * srcTotal + srcTotal - length) * hd
+    const d0 = (dstRow * kvH + h) * dstTotal * hd
+    const d = d0 + (dstTotal - length) * hd
+    if (d > d0) dst.fill(0, d0, d)
+    if (n > 0) dst.set(src.subarray(s, s + n), d)
+  }
+}
+
+/** A sequence's cache as its own [1, kvH, length, hd] tensors (no copy when it owns a whole block). */
+export function ownRow (ref: KvRef, length: number, layer: number, kvH: number, hd: number): [HostTensor, HostTensor] {
+  const pair = ref.block.layers[layer]!
+  if (ref.block.rows === 1 && ref.block.total === length) return pair
+  const one = (t: HostTensor): HostTensor => {
+    const data = new Float32Array(kvH * length * hd)
+    copyRow(t.data as Float32Array, ref.row, ref.block.total, data, 0, length, length, kvH, hd)
+    return { type: 'float32', data, dims: [1, kvH, length, hd] }
+  }
+  return [one(pair[0]), one(pair[1])]
+}
+
+/** Grow-only scratch buffers for packed past KV, reused across runs (views are handed to the backend). */
+export function createScratch (): (slot: number, length: number) => Float32Array {
+  const buffers: Float32Array[] = []
+  return (slot, length) => {
+    let b = buffers[slot]
+    if (b === undefined || b.length < length) {
+      b = new Float32Array(Math.ceil(length * 1.25))
+      buffers[slot] = b
+    }
+    return b.subarray(0, length)
+  }
+}
+
+export function blockBytes (block: KvBlock): number {
+  let n = 0
+  for (const [k, v] of block.layers) n += k.data.byteLength + v.data.byteLength
+  return n
+}

@@ -1,0 +1,184 @@
+/**
+ * Batched steps on a generated tiny model (fp32, standard ops): stepBatch — several sequences in
+ * one run, ragged past lengths left-padded — gives the same greedy tokens as stepping each
+ * sequence alone, over whole 64-token sequences; the max logit difference is printed. Also:
+ * members joining and leaving between steps, an abort inside a batch, per-item errors, the
+ * one-at-a-time fallback for graphs without left padding, and KV accounting.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { argmax, createOnnxruntimeBackend, createStageEngine, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StageBatchItem, StageInfo, StepOutput } from '../../daemon/engine/index.ts'
+import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { buildTinyModel } from './tiny-model.ts'
+import type { TinyModel } from './tiny-model.ts'
+
+const range = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => from + i)
+const promptOf = (n: number, salt: number): number[] => range(n).map(i => (i * 37 + salt * 101 + 5) % 500)
+const PROMPTS = [promptOf(3, 1), promptOf(9, 2), promptOf(9, 3), promptOf(17, 4), promptOf(30, 5)]
+const TOKENS = 64
+
+const logitsOf = (out: StepOutput): Float32Array => {
+  if (out.kind !== 'logits') throw new Error('expected logits')
+  return out.data.subarray((out.count - 1) * out.vocab)
+}
+function maxDiff (a: Float32Array, b: Float32Array): number {
+  let m = 0
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
+  return m
+}
+
+/** Greedy tokens of one sequence stepped alone (batch of one), with each step's last logits. */
+async function alone (engine: BatchingStageEngine, prompt: number[]): Promise<{ tokens: number[], logits: Float32Array[] }> {
+  const seq = await engine.open()
+  const tokens: number[] = []
+  const logits: Float32Array[] = []
+  let out = await engine.step(seq, { tokenIds: prompt }, range(prompt.length))
+  for (;;) {
+    const l = logitsOf(out)
+    logits.push(l.slice())
+    tokens.push(argmax(l))
+    if (tokens.length === TOKENS) break
+    out = await engine.step(seq, { tokenIds: [tokens.at(-1)!] }, [prompt.length + tokens.length - 1])
+  }
+  await engine.free(seq)
+  return { tokens, logits }
+}
+
+describe('stepBatch on a tiny generated model', () => {
+  let model: TinyModel
+  let stage: StageInfo
+  let engine: BatchingStageEngine
+  const want: Array<{ tokens: number[], logits: Float32Array[] }> = []
+
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    stage = stageInfoOf(model.manifest)
+    expect(stage.batchPadding).toBe('left')
+    engine = createStageEngine({ graphPath: model.graphPath, stage, threads: 1, maxSequences: 8, chunkSize: 16 })
+    await engine.start()
+    for (const p of PROMPTS) want.push(await alone(engine, p))
+  })
+  afterAll(async () => {
+    await engine?.stop()
+    await model?.cleanup()
+  })
+
+  it('the step-batch message is checked like a step', () => {
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [] })).toMatch(/non-empty/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ seqId: 's', input: { kind: 'tokens', ids: [1] }, positions: new BigInt64Array(1), logitsToKeep: 1 }] })).toMatch(/items\[0\].*input/)
+  })
+
+  it('five ragged sequences decoded together give the tokens of each alone, over 64 tokens', async () => {
+    const seqs = await Promise.all(PROMPTS.map(async (_, i) => await engine.open(`all-${i}`)))
+    // Prefill in one call: the two 9-token prompts share a run; 30 > chunkSize runs chunked, alone.
+    const first = await engine.stepBatch(PROMPTS.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: p }, positions: range(p.length) })))
+    const tokens: number[][] = PROMPTS.map(() => [])
+    let worst = 0
+    let results = first
+    for (let step = 0; ; step++) {
+      results.forEach((r, i) => {
+        if (!('output' in r)) throw r.error
+        const l = logitsOf(r.output)
+        worst = Math.max(worst, maxDiff(l, want[i]!.logits[step]!))
+        tokens[i]!.push(argmax(l))
+      })
+      if (step + 1 === TOKENS) break
+      results = await engine.stepBatch(seqs.map((seqId, i) => ({ seqId, input: { tokenIds: [tokens[i]!.at(-1)!] }, positions: [PROMPTS[i]!.length + step] })))
+    }
+    console.log(`stepBatch vs batch-of-one, 5 sequences × ${TOKENS} tokens: max |Δlogit| = ${worst.toExponential(2)}`)
+    tokens.forEach((t, i) => { expect(t).toEqual(want[i]!.tokens) })
+    const stats = await engine.stats()
+    expect(stats.kvBytes).toBe(PROMPTS.reduce((n, p) => n + p.length + TOKENS - 1, 0) * 2 * (stage.layers[1] + 1) * stage.numKvHeads * stage.headDim * 4)
+    expect(stats.kvHeldBytes).toBeGreaterThanOrEqual(stats.kvBytes)
+    for (const s of seqs) await engine.free(s)
+    expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0, kvHeldBytes: 0 })
+  })
+
+  it('sequences join and leave between steps; an aborted member leaves the others exact', async () => {
+    // Sequence i starts at step 8·i; sequence 1 is aborted at step 20; the rest run to 64 tokens.
+    const active = new Map<number, { seqId: string, tokens: number[], signal: AbortController }>()
+    const done = new Map<number, number[]>()
+    for (let step = 0; active.size > 0 || done.size + 1 < PROMPTS.length; step++) {
+      const items: StageBatchItem[] = []
+      const who: number[] = []
+      for (let i = 0; i < PROMPTS.length; i++) {
+        if (step === 8 * i) {
+          active.set(i, { seqId: await engine.open(`jl-${i}`), tokens: [], signal: new AbortController() })
+          items.push({ seqId: `jl-${i}`, input: { tokenIds: PROMPTS[i]! }, positions: range(PROMPTS[i]!.length), signal: active.get(i)!.signal.signal })
+          who.push(i)
+        } else if (active.has(i)) {
+          const a = active.get(i)!
+          items.push({ seqId: a.seqId, input: { tokenIds: [a.tokens.at(-1)!] }, positions: [PROMPTS[i]!.length + a.tokens.length - 1], signal: a.signal.signal })
+          who.push(i)
+        }
+      }
+      if (items.length === 0) continue
+      const pending = engine.stepBatch(items)
+      if (step === 20) active.get(1)!.signal.abort()
+      const results = await pending
+      results.forEach((r, j) => {
+        const i = who[j]!
+        const a = active.get(i)!
+        if (i === 1 && a.signal.signal.aborted) {
+          expect(r).toMatchObject({ error: { code: 'SHOAL_ERR_ABORTED' } })
+          active.delete(i)
+          done.set(i, a.tokens)
+          return
+        }
+        if (!('output' in r)) throw r.error
+        a.tokens.push(argmax(logitsOf(r.output)))
+        if (a.tokens.length === TOKENS) { active.delete(i); done.set(i, a.tokens); void engine.free(a.seqId) }
+      })
+    }
+    for (const [i, t] of done) {
+      if (i === 1) expect(t).toEqual(want[1]!.tokens.slice(0, t.length))
+      else expect(t).toEqual(want[i]!.tokens)
+    }
+    expect(done.get(1)!.length).toBeLessThan(TOKENS)
+    expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0, kvHeldBytes: 0 })
+  })
+
+  it('a bad item fails alone and ends only its own sequence', async () => {
+    const [a, b] = [await engine.open('bad-a'), await engine.open('bad-b')]
+    await engine.stepBatch([{ seqId: a, input: { tokenIds: PROMPTS[0]! }, positions: range(3) }, { seqId: b, input: { tokenIds: PROMPTS[0]! }, positions: range(3) }])
+    const r = await engine.stepBatch([
+      { seqId: a, input: { tokenIds: [want[0]!.tokens[0]!] }, positions: [3] },
+      { seqId: b, input: { tokenIds: [1, 2] }, positions: [3] },
+      { seqId: 'nope', input: { tokenIds: [1] }, positions: [0] },
+      { seqId: a, input: { tokenIds: [1] }, positions: [4] },
+    ])
+    expect(r[0]).toHaveProperty('output')
+    expect(argmax(logitsOf((r[0] as { output: StepOutput }).output))).toBe(want[0]!.tokens[1])
+    expect(r.slice(1).map(x => 'error' in x ? (x.error as { code?: string }).code : 'ok')).toEqual(['SHOAL_ERR_ENGINE', 'SHOAL_ERR_ENGINE', 'SHOAL_ERR_ENGINE'])
+    expect(Object.keys((await engine.stats()).sequences)).toEqual([a])
+    await engine.free(a)
+  })
+
+  it('an aborted batch signal fails every item and drops their KV', async () => {
+    const [a, b] = [await engine.open('ab-a'), await engine.open('ab-b')]
+    const ctl = new AbortController()
+    ctl.abort()
+    const r = await engine.stepBatch([{ seqId: a, input: { tokenIds: [1] }, positions: [0] }, { seqId: b, input: { tokenIds: [1] }, positions: [0] }], ctl.signal)
+    expect(r).toMatchObject([{ error: { code: 'SHOAL_ERR_ABORTED' } }, { error: { code: 'SHOAL_ERR_ABORTED' } }])
+    expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
+  })
+
+  it('without left padding (batchPadding none) items run one at a time, bit-identical to single steps', async () => {
+    const session = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
+    try {
+      const runner = createStageRunner({ session, stage: { ...stage, batchPadding: 'none' }, chunkSize: 16 })
+      const single = createStageRunner({ session, stage, chunkSize: 16 })
+      const ids = (p: number[]): BigInt64Array => BigInt64Array.from(p, BigInt)
+      const pos = (n: number, from = 0): BigInt64Array => BigInt64Array.from(range(n, from), BigInt)
+      PROMPTS.slice(0, 3).forEach((_, i) => { runner.open(`n${i}`); single.open(`n${i}`) })
+      const batched = await runner.stepBatch(PROMPTS.slice(0, 3).map((p, i) => ({ seqId: `n${i}`, input: { kind: 'tokens', ids: ids(p) }, positions: pos(p.length), logitsToKeep: 1 })))
+      const next = await runner.stepBatch(PROMPTS.slice(0, 3).map((p, i) => ({ seqId: `n${i}`, input: { kind: 'tokens', ids: ids([7]) }, positions: pos(1, p.length), logitsToKeep: 1 })))
+      for (const [i, p] of PROMPTS.slice(0, 3).entries()) {
+        expect(batched[i]).toEqual({ output: await single.step(`n${i}`, { kind: 'tokens', ids: ids(p) }, pos(p.length), 1) })
+        expect(next[i]).toEqual({ output: await single.step(`n${i}`, { kind: 'tokens', ids: ids([7]) }, pos(1, p.length), 1) })
+      }
+    } finally {
+      await session.close()
+    }
+  })
+})
