@@ -31,3 +31,5 @@ export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
   OverloadedError, ShuttingDownError,
 } from './errors.ts'
+export { admitPrompt, requestScope } from './request-scope.ts'
+export type { RequestScope } from './request-scope.ts'

@@ -14,14 +14,14 @@ import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import { ShoalError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
-import { AbortedError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
+import { EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
 import { batchedTokenSource, engineTokenSource, generateSequence } from './generate.ts'
+import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
@@ -122,22 +122,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
     const { shape, generation } = manifest
-    const promptIds = codec.encodePrompt(request.prompt)
-    if (promptIds.length === 0) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', 'the prompt is empty')
-    const bad = promptIds.find(id => !Number.isSafeInteger(id) || id < 0 || id >= shape.vocabSize)
-    if (bad !== undefined) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', `token id ${bad} is outside the vocabulary (0..${shape.vocabSize - 1})`)
-    if (promptIds.length >= shape.maxPositions) {
-      throw new ContextLengthError(`the prompt has ${promptIds.length} tokens; this model's context is ${shape.maxPositions} tokens, including the completion`)
-    }
+    const promptIds = admitPrompt(codec, request, shape)
     if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of the local engine are busy`)
-    if (Date.now() >= request.deadline) throw new DeadlineError()
     active++
-    // One signal for the client's abort and the deadline, each with its own ShoalError reason.
-    const ctl = new AbortController()
-    const onAbort = (): void => { ctl.abort(new AbortedError('client cancelled the request')) }
-    signal.addEventListener('abort', onAbort, { once: true })
-    if (signal.aborted) onAbort()
-    const timer = setTimeout(() => { ctl.abort(new DeadlineError()) }, Math.min(request.deadline - Date.now(), 2 ** 31 - 1))
+    const scope = requestScope(signal, request.deadline)
     let seqId: string | undefined
     const e = engine
     const b = batcher
@@ -147,21 +135,20 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     const release = async (): Promise<void> => {
       if (released) return
       released = true
-      clearTimeout(timer)
-      signal.removeEventListener('abort', onAbort)
+      scope.dispose()
       active--
       if (seqId !== undefined) {
         b?.release(seqId)
         await e.free(seqId).catch(() => {})
       }
     }
-    ctl.signal.addEventListener('abort', () => { void release() }, { once: true })
+    scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
-      seqId = await e.open(request.requestId, ctl.signal)
+      seqId = await e.open(request.requestId, scope.signal)
       let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling)
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
-        const first = await source.prefill(promptIds, ctl.signal)
+        const first = await source.prefill(promptIds, scope.signal)
         source = { prefill: async () => first, decode: source.decode }
       }
       yield {
@@ -179,10 +166,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         stop: request.stop,
         eosTokenIds: generation.eosTokenIds,
         maxPositions: shape.maxPositions,
-        signal: ctl.signal,
+        signal: scope.signal,
       })
     } catch (err) {
-      throw ctl.signal.aborted ? abortReason(ctl.signal) : err
+      throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
       await release()
     }

@@ -7,7 +7,7 @@
  * holder when there is one.
  */
 import { ShoalError } from '../errors.ts'
-import { AbortedError, ContextLengthError, DeadlineError, ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, generateSequence } from '../engine/index.ts'
+import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, generateSequence, requestScope } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
@@ -41,8 +41,6 @@ export interface PipelineService extends InferenceService {
   stats (): { activeRequests: number }
 }
 
-const MAX_TIMER_MS = 2 ** 31 - 1
-
 export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
   const { stage } = init
   const { manifest, node } = stage
@@ -75,19 +73,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
     const { shape, generation } = manifest
-    const promptIds = codec.encodePrompt(request.prompt)
-    if (promptIds.length === 0) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', 'the prompt is empty')
-    const bad = promptIds.find(id => !Number.isSafeInteger(id) || id < 0 || id >= shape.vocabSize)
-    if (bad !== undefined) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', `token id ${bad} is outside the vocabulary (0..${shape.vocabSize - 1})`)
-    if (promptIds.length >= shape.maxPositions) throw new ContextLengthError(`the prompt has ${promptIds.length} tokens; this model's context is ${shape.maxPositions} tokens, including the completion`)
+    const promptIds = admitPrompt(codec, request, shape)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
-    if (Date.now() >= request.deadline) throw new DeadlineError()
     active++
-    const ctl = new AbortController()
-    const onAbort = (): void => { ctl.abort(new AbortedError('client cancelled the request')) }
-    signal.addEventListener('abort', onAbort, { once: true })
-    if (signal.aborted) onAbort()
-    const timer = setTimeout(() => { ctl.abort(new DeadlineError()) }, Math.min(request.deadline - Date.now(), MAX_TIMER_MS))
+    const scope = requestScope(signal, request.deadline)
     const source = createChainTokenSource({
       node,
       requestId: request.requestId,
@@ -98,7 +87,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
     })
     try {
-      await source.connect(ctl.signal)
+      await source.connect(scope.signal)
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
       yield * generateSequence({
         source,
@@ -108,13 +97,12 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         stop: request.stop,
         eosTokenIds: generation.eosTokenIds,
         maxPositions: shape.maxPositions,
-        signal: ctl.signal,
+        signal: scope.signal,
       })
     } catch (err) {
-      throw ctl.signal.aborted ? abortReason(ctl.signal) : err
+      throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
-      clearTimeout(timer)
-      signal.removeEventListener('abort', onAbort)
+      scope.dispose()
       active--
       await source.close()
     }
