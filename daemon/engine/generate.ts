@@ -24,8 +24,11 @@ export interface TokenSource {
   decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
 }
 
-/** A token source over one sequence of a whole-model stage engine, sampling on this thread. */
-export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
+/** One step of one sequence: token ids in at positions, logits for the last position out. */
+type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], signal: AbortSignal) => Promise<StepOutput>
+
+/** A token source over a stepper, sampling the last position's logits on this thread. */
+function samplingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   const rng = createRng(sampling.seed)
   const sample = (out: StepOutput): number => {
     if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
@@ -33,12 +36,18 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
   }
   return {
     async prefill (promptIds, signal) {
-      return sample(await engine.step(seqId, { tokenIds: promptIds }, promptIds.map((_, i) => i), { logitsToKeep: 1 }, signal))
+      return sample(await step('prefill', promptIds, promptIds.map((_, i) => i), signal))
     },
     async decode (tokenId, position, signal) {
-      return sample(await engine.step(seqId, { tokenIds: [tokenId] }, [position], { logitsToKeep: 1 }, signal))
+      return sample(await step('decode', [tokenId], [position], signal))
     },
   }
+}
+
+/** A token source over one sequence of a whole-model stage engine, sampling on this thread. */
+export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
+  return samplingSource(async (_kind, tokenIds, positions, signal) =>
+    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1 }, signal), sampling)
 }
 
 /**
@@ -46,19 +55,8 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
  * with other sequences' steps), sampling on this thread. The caller releases the sequence.
  */
 export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
-  const rng = createRng(sampling.seed)
-  const sample = (out: StepOutput): number => {
-    if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
-    return sampleToken(out.data, sampling, rng, (out.count - 1) * out.vocab, out.vocab)
-  }
-  return {
-    async prefill (promptIds, signal) {
-      return sample(await batcher.submit({ seqId, kind: 'prefill', input: { tokenIds: promptIds }, positions: promptIds.map((_, i) => i), logitsToKeep: 1 }, signal))
-    },
-    async decode (tokenId, position, signal) {
-      return sample(await batcher.submit({ seqId, kind: 'decode', input: { tokenIds: [tokenId] }, positions: [position], logitsToKeep: 1 }, signal))
-    },
-  }
+  return samplingSource(async (kind, tokenIds, positions, signal) =>
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1 }, signal), sampling)
 }
 
 export interface GenerationInput {
