@@ -150,6 +150,19 @@ describe('chooseReplica', () => {
     expect(got2.s2).toBeGreaterThan(50)
   })
 
+  it('sends a request to a replica with a free slot rather than queueing it behind a full one', () => {
+    // Three fresh replicas, two full and one with a free slot: power of two choices alone would
+    // pick between two full ones a third of the time.
+    const cs = [
+      node('full-a', { load: load({ inFlight: 4, slots: 4 }) }),
+      node('full-b', { load: load({ inFlight: 4, slots: 4 }) }),
+      node('free', { load: load({ inFlight: 3, slots: 4 }) }),
+    ]
+    const random = prng(11)
+    const got = counts(() => (chooseReplica(cs, ctx({ random })) as { peerId: string }).peerId, 200)
+    expect(got).toEqual({ free: 200 })
+  })
+
   it('estimates completion from queue wait, shared decode rate and RTT', () => {
     const p = { ...DEFAULT_POLICY }
     // 100 tokens at 100 tok/s shared by 2 sequences (one in flight + ours) = 2000 ms, plus RTT.
