@@ -126,7 +126,11 @@ export function createIngress (init: IngressInit, components: IngressComponents)
           for (const ac of ctx.running) ac.abort(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'Server is shutting down'))
           await waitIdle(ABORT_GRACE_MS)
         }
-        await app.close()
+        // Completions are drained; connections that carry no request (a client's spare pooled
+        // socket, a preconnect) would otherwise hold close() until the client hangs up.
+        const closing = app.close()
+        app.server.closeAllConnections()
+        await closing
       })()
       await stopped
     },

@@ -174,7 +174,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           {
             service,
             metrics,
-            receipts: { get: async (id: string) => await ledger!.get(id) },
+            // The signed receipt document itself, with the signer's certificate beside it (the
+            // signature covers `body` only, so the extra member does not affect verification).
+            receipts: {
+              get: async (id: string) => {
+                const found = await ledger!.get(id)
+                return found === undefined ? undefined : { ...found.receipt, certificate: found.certificate }
+              },
+            },
             ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
           },
         )

@@ -122,10 +122,13 @@ describe('a node with an API and no model serves requests through the mesh', () 
     const r = await complete(api, { max_tokens: 8 })
     const res = await fetch(`${ingress.url!}/v1/receipts/${r.receipt!}`)
     expect(res.status).toBe(200)
-    const json = await res.json() as Record<string, any>
-    const doc = 'body' in json ? json : json.receipt
+    const doc = await res.json() as Record<string, any>
     expect(doc.body.route).toEqual([{ peerId: r.route }])
     expect(doc.body.signer).toBe(ingress.peerId)
+    // The replica signed its share, bound to the same response.
+    expect(doc.body.parts.map((p: { body: { peerId: string } }) => p.body.peerId)).toEqual([r.route])
+    expect(doc.body.parts[0].body.outputHash).toBe(doc.body.responseHash)
+    expect(doc.certificate.body.peerId).toBe(ingress.peerId)
   })
 
   it('concurrent requests spread over both replicas, and every one is still exact', async () => {

@@ -89,7 +89,9 @@ describe('pipeline chain through daemons', () => {
 
     // The ingress's receipt names each stage with its layers and the exact shard build.
     const res = await fetch(`${urlC}/v1/receipts/${chained.receipt}`)
-    const { receipt } = await res.json() as { receipt: { body: { route: Array<{ peerId: string, layers?: number[] }>, model: { manifestHash: string | null } } } }
+    const receipt = await res.json() as { body: { route: Array<{ peerId: string, layers?: number[] }>, model: { manifestHash: string | null } }, certificate: { body: { peerId: string } } }
+    // A mesh node's receipt comes with its CA-issued certificate.
+    expect(receipt.certificate.body.peerId).toBeDefined()
     expect(receipt.body.route.map(h => h.peerId)).toEqual(peers)
     expect(receipt.body.route.every(h => Array.isArray(h.layers))).toBe(true)
     expect(receipt.body.model.manifestHash).toMatch(/^[0-9a-f]{64}$/)
