@@ -10,7 +10,8 @@ interface MeshPeer {
   models?: Array<{ id: string, layers?: [number, number] | string }>
   load?: Record<string, unknown>
   rttMs?: number
-  certificateExpiresInDays?: number
+  certificateExpiresAt?: string
+  certificateExpiresSoon?: boolean
 }
 
 interface MeshSnapshot {
@@ -27,7 +28,7 @@ function formatLoad (load: MeshPeer['load']): string {
   if (load === undefined) return '-'
   const q = load.queueDepth ?? load.queue_depth
   const f = load.inFlight ?? load.in_flight
-  const t = load.decodeTokensPerSecond ?? load.tokensPerSecond
+  const t = load.decodeTokPerSec ?? load.decodeTokensPerSecond
   return `q=${String(q ?? '?')} inflight=${String(f ?? '?')} tok/s=${typeof t === 'number' ? t.toFixed(1) : '?'}`
 }
 
@@ -47,8 +48,8 @@ export function renderStatus (snapshot: MeshSnapshot): string {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map(r => r[i]!.length)))
   const lines = rows.map(r => r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd())
   const warnings = [snapshot.self, ...(snapshot.peers ?? [])]
-    .filter((p): p is MeshPeer => p !== undefined && typeof p.certificateExpiresInDays === 'number' && p.certificateExpiresInDays < 14)
-    .map(p => `warning: certificate of ${p.name ?? p.peerId} expires in ${p.certificateExpiresInDays!.toFixed(1)} days`)
+    .filter((p): p is MeshPeer => p !== undefined && p.certificateExpiresSoon === true)
+    .map(p => `warning: the certificate of ${p.name ?? p.peerId} expires ${p.certificateExpiresAt ?? 'soon'}; issue a new one (shoal ca issue)`)
   return [...lines, ...warnings].join('\n')
 }
 
