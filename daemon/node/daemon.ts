@@ -134,6 +134,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             backend: engine.backend,
             device: engine.device,
             manifestHash: model.manifestHash,
+            // Batch size, queue delay and step time histograms on this node's /metrics.
+            metrics,
           })
           await service.start()
           locals.push(service)

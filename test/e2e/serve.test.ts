@@ -97,6 +97,14 @@ describe('shoal serve: the openai client against the real daemon', () => {
     expect(page.data[0]).toMatchObject({ object: 'model', owned_by: 'shoal', context_length: 2048, served_by: [d.peerId] })
   })
 
+  it('exposes the batcher and the ingress on /metrics (batch size, queue delay, step time, time to first token)', async () => {
+    await complete({ prompt: promptIds, max_tokens: 4, temperature: 0 })
+    const text = await (await fetch(`${d.url}/metrics`)).text()
+    for (const name of ['shoal_batch_size_count', 'shoal_batch_queue_delay_seconds_count', 'shoal_batch_step_seconds_count', 'shoal_time_to_first_token_seconds_count']) {
+      expect(text, name).toContain(name)
+    }
+  })
+
   it('chat: streaming and non-streaming give the same greedy text, finish reason and usage', async () => {
     const { data, response } = await d.client.chat.completions.create({ model: MODEL_ID, messages: USER, max_tokens: 24, temperature: 0 }).withResponse()
     expect(data.object).toBe('chat.completion')
