@@ -12,6 +12,26 @@ export interface ModelSpec {
   layers?: [number, number]
 }
 
+/**
+ * Three separate latency budgets, never spent on each other's behalf: the batcher's own (how long
+ * a step may wait for company, and the queue wait past which new work is refused with 429), the
+ * network's (silence from a peer before a forwarded request is given up), and the stream's (the
+ * whole request's deadline from the client's point of view).
+ */
+export interface Budgets {
+  batchQueueDelayMs: number
+  batchBudgetMs: number
+  networkIdleMs: number
+  requestTimeoutMs: number
+}
+
+export const DEFAULT_BUDGETS: Readonly<Budgets> = Object.freeze({
+  batchQueueDelayMs: 2,
+  batchBudgetMs: 1_000,
+  networkIdleMs: 30_000,
+  requestTimeoutMs: 10 * 60_000,
+})
+
 export interface DaemonConfig {
   /** Identity directory from `shoal ca issue`; absent means a single machine without a mesh. */
   identityDir?: string
@@ -25,6 +45,8 @@ export interface DaemonConfig {
   bootstrap: string[]
   mdns: boolean
   revocationsFile?: string
+  /** Latency budgets; defaults in DEFAULT_BUDGETS. */
+  budgets?: Partial<Budgets>
 }
 
 export class ConfigError extends ShoalError {
@@ -63,6 +85,10 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
   // One /shoal/stage handler per node: a node serves at most one pipeline stage.
   if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')
+  const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
+  for (const [key, value] of Object.entries(budgets)) {
+    if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
+  }
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
   return Object.freeze({
@@ -74,5 +100,6 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     bootstrap: Object.freeze([...input.bootstrap]) as string[],
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
+    budgets: Object.freeze(budgets),
   })
 }

@@ -5,7 +5,7 @@
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { join } from 'node:path'
-import { Registry, collectDefaultMetrics } from 'prom-client'
+import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
 import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
 import type { NodeIdentity } from '../../certs/index.ts'
@@ -21,8 +21,8 @@ import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream
 import { createPipelineService, createPipelineStage } from '../pipeline/index.ts'
 import type { PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
-import { ConfigError } from './config.ts'
-import type { DaemonConfig } from './config.ts'
+import { ConfigError, DEFAULT_BUDGETS } from './config.ts'
+import type { Budgets, DaemonConfig } from './config.ts'
 import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { createLifecycle } from './lifecycle.ts'
@@ -62,6 +62,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const { logger } = components
   const metrics = new Registry()
   collectDefaultMetrics({ register: metrics })
+  const budgets: Budgets = { ...DEFAULT_BUDGETS, ...config.budgets }
+  const budgetGauge = new Gauge({ name: 'shoal_budget_ms', help: 'Configured latency budgets (batching, network, stream)', labelNames: ['budget'], registers: [metrics] })
+  for (const [name, ms] of Object.entries(budgets)) budgetGauge.set({ budget: name }, ms)
   let identity: NodeIdentity | undefined
   let signer: LedgerSigner | undefined
   let ledger: Ledger | undefined
@@ -136,6 +139,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             manifestHash: model.manifestHash,
             // Batch size, queue delay and step time histograms on this node's /metrics.
             metrics,
+            batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+            budgetMs: budgets.batchBudgetMs,
           })
           await service.start()
           locals.push(service)
@@ -172,7 +177,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify')
         })
         ingress = createIngress(
-          { host: config.api.host, port: config.api.port, logger },
+          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs },
           {
             service,
             metrics,
@@ -221,7 +226,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     return createRoutedService({ localPeerId: m.peerId }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
-      forward: (peerId, request, signal) => forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId }),
+      forward: (peerId, request, signal) => forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId, idleTimeoutMs: budgets.networkIdleMs }),
       meshModels: () => meshModelCards(m.peers()),
     })
   }

@@ -4,8 +4,8 @@
  */
 export { createDaemon } from './daemon.ts'
 export type { Daemon, DaemonComponents } from './daemon.ts'
-export { validateConfig, parseApiAddress, parseModelSpec, ConfigError } from './config.ts'
-export type { DaemonConfig, ModelSpec } from './config.ts'
+export { validateConfig, parseApiAddress, parseModelSpec, ConfigError, DEFAULT_BUDGETS } from './config.ts'
+export type { Budgets, DaemonConfig, ModelSpec } from './config.ts'
 export { chooseEngine } from './device.ts'
 export { resolveModel } from './models.ts'
 export type { ResolvedModel } from './models.ts'

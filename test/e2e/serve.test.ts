@@ -100,7 +100,7 @@ describe('shoal serve: the openai client against the real daemon', () => {
   it('exposes the batcher and the ingress on /metrics (batch size, queue delay, step time, time to first token)', async () => {
     await complete({ prompt: promptIds, max_tokens: 4, temperature: 0 })
     const text = await (await fetch(`${d.url}/metrics`)).text()
-    for (const name of ['shoal_batch_size_count', 'shoal_batch_queue_delay_seconds_count', 'shoal_batch_step_seconds_count', 'shoal_time_to_first_token_seconds_count']) {
+    for (const name of ['shoal_batch_size_count', 'shoal_batch_queue_delay_seconds_count', 'shoal_batch_step_seconds_count', 'shoal_time_to_first_token_seconds_count', 'shoal_budget_ms{budget="batchBudgetMs"}', 'shoal_budget_ms{budget="networkIdleMs"}', 'shoal_budget_ms{budget="requestTimeoutMs"}']) {
       expect(text, name).toContain(name)
     }
   })

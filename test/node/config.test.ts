@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { chooseEngine, parseApiAddress, parseModelSpec, validateConfig } from '../../daemon/node/index.ts'
+import { DEFAULT_BUDGETS, chooseEngine, parseApiAddress, parseModelSpec, validateConfig } from '../../daemon/node/index.ts'
 import type { DaemonConfig } from '../../daemon/node/index.ts'
 
 const base: DaemonConfig = { models: [{ dir: 'demo' }], device: 'auto', dataDir: '/tmp/d', cacheRoot: '/tmp/c', listen: [], bootstrap: [], mdns: false }
@@ -28,6 +28,12 @@ describe('daemon config', () => {
     expect(Object.isFrozen(c)).toBe(true)
     expect(Object.isFrozen(c.models)).toBe(true)
     expect(validateConfig(base).models[0]!.dir).toBe('demo')
+  })
+
+  it('fills in the three latency budgets and refuses nonsense ones by name', () => {
+    expect(validateConfig(base).budgets).toEqual(DEFAULT_BUDGETS)
+    expect(validateConfig({ ...base, budgets: { networkIdleMs: 5000 } }).budgets).toEqual({ ...DEFAULT_BUDGETS, networkIdleMs: 5000 })
+    expect(() => validateConfig({ ...base, budgets: { batchBudgetMs: -1 } })).toThrowError(/budgets\.batchBudgetMs/)
   })
 
   it('names the bad key', () => {
