@@ -39,6 +39,8 @@ export interface RoutedService extends InferenceService {
   inFlight(): Record<string, number>
 }
 
+const MAX_FINISHED_PER_PEER = 256
+
 export function createRoutedService (init: RoutedServiceInit, components: RoutedServiceComponents): RoutedService {
   const random = init.random ?? Math.random
   const now = init.now ?? Date.now
@@ -47,6 +49,8 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
   let roundRobin = 0
   /** Dispatch times of our own unfinished requests per peer: load the peer has not reported yet. */
   const dispatched = new Map<string, number[]>()
+  /** Our own requests that finished recently, per peer: a load report may still count them. */
+  const finished = new Map<string, Array<{ at: number, end: number }>>()
 
   const track = (peerId: string, at: number): () => void => {
     const list = dispatched.get(peerId) ?? []
@@ -56,16 +60,27 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
       const i = list.indexOf(at)
       if (i >= 0) list.splice(i, 1)
       if (list.length === 0 && dispatched.get(peerId) === list) dispatched.delete(peerId)
+      const done = finished.get(peerId) ?? []
+      done.push({ at, end: now() })
+      // Bounded: only reports newer than the oldest kept finish matter, and reports come often.
+      if (done.length > MAX_FINISHED_PER_PEER) done.splice(0, done.length - MAX_FINISHED_PER_PEER)
+      finished.set(peerId, done)
     }
   }
 
-  /** Adds what we sent after the peer's last load report, so bursts do not all land on one node. */
+  /**
+   * The peer's last load report, corrected by what we know happened since: our dispatches after it
+   * are added (so a burst does not all land on one node) and our requests that it still counted
+   * but that have finished since are taken off (so a freed slot does not look full until the next
+   * report, which would queue requests behind busy replicas while another has room).
+   */
   const withOwnLoad = (c: Candidate): Candidate => {
-    const mine = dispatched.get(c.peerId)
-    if (c.load === undefined || mine === undefined) return c
+    if (c.load === undefined) return c
     const observedAt = c.load.observedAt
-    const unseen = mine.filter(t => t > observedAt).length
-    return unseen === 0 ? c : { ...c, load: { ...c.load, inFlight: c.load.inFlight + unseen } }
+    const unseen = (dispatched.get(c.peerId) ?? []).filter(t => t > observedAt).length
+    const gone = (finished.get(c.peerId) ?? []).filter(f => f.at <= observedAt && f.end > observedAt).length
+    if (unseen === 0 && gone === 0) return c
+    return { ...c, load: { ...c.load, inFlight: Math.max(0, c.load.inFlight + unseen - gone) } }
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent, void, undefined> {

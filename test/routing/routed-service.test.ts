@@ -180,6 +180,26 @@ describe('createRoutedService', () => {
     expect(routed.inFlight()).toEqual({})
   })
 
+  it('takes its own finished requests off a load report that still counts them', async () => {
+    let clock = NOW
+    // One slot each; the last reports (at NOW) show both full, `a` with our own first request.
+    // `b` is faster, so on the reports alone `b` would win the second request.
+    const table = [cand('a', { load: load({ observedAt: NOW, inFlight: 1, slots: 1, tokensPerSecond: 10 }) })]
+    const m = mesh({ a: new SimulatedService(), b: new SimulatedService() }, table)
+    const routed = createRoutedService({ now: () => clock, random: () => 0 }, m)
+    // Our request to `a` was dispatched before the report and finishes after it.
+    clock = NOW - 5
+    const first = routed.generate(request(), new AbortController().signal)[Symbol.asyncIterator]()
+    await first.next()
+    expect(m.forwarded).toEqual(['a'])
+    clock = NOW + 100
+    while (!(await first.next()).done) { /* drain */ }
+    table.push(cand('b', { load: load({ observedAt: NOW, inFlight: 1, slots: 1, tokensPerSecond: 1000 }) }))
+    await collect(routed.generate(request(), new AbortController().signal))
+    // Only our bookkeeping knows `a` has a free slot again.
+    expect(m.forwarded).toEqual(['a', 'a'])
+  })
+
   it('merges local and mesh models', () => {
     const local = new SimulatedService({ model: 'm-local' })
     const routed = createRoutedService({ localPeerId: 'me' }, mesh({}, [], {
