@@ -42,6 +42,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
   const executor = components.executor
   const estimator = createStepTimeEstimator(init.prior ?? DEFAULTS.prior)
   const decodeRate = createRateMeter()
+  let observedRuns = 0
   const metrics = createBatcherMetrics(components.metrics)
 
   let queue: Entry[] = []
@@ -143,6 +144,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       metrics.stepTime.observe(label, Math.max(0, end - now) / 1000)
       if (failure === undefined) {
         estimator.observe(items.length, tokens, end - now)
+        observedRuns++
         decodeRate.add(decodeTokens, end)
       }
       chunks.forEach(({ step: e, tokens: n }, i) => { route(e, n, i) })
@@ -273,7 +275,8 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       }
     },
     estimateStepMs (sequences: number): number {
-      return estimator.estimate(sequences, sequences)
+      // The prior is a guess for another model: say "unknown" (0) until this engine has run.
+      return observedRuns === 0 ? 0 : estimator.estimate(sequences, sequences)
     },
   }
 }

@@ -151,6 +151,6 @@ export interface Batcher {
   /** The sequence will submit no more steps (ended or freed): its company is not waited for. */
   release (seqId: string): void
   load (): BatcherLoad
-  /** Estimated time of one decode run over `sequences` sequences (the step-time model; never decays). */
+  /** Estimated time of one decode run over `sequences` sequences (the step-time model; never decays); 0 before any run. */
   estimateStepMs (sequences: number): number
 }

@@ -153,6 +153,11 @@ function whyNone (candidates: readonly Candidate[], exclude: ReadonlySet<string>
 function score (candidates: readonly Candidate[], ctx: RoutingContext, policy: RoutingPolicy): { usable: Scored[], overloaded: number, eligibleCount: number, exclude: Set<string> } {
   const exclude = new Set(ctx.exclude ?? [])
   const tokens = ctx.expectedTokens ?? policy.defaultExpectedTokens
+  // A node that has not measured its decode rate yet (0) is scored at the median known rate, not
+  // a fixed default: a guess far from the others' would send it everything or nothing.
+  const knownRates = candidates.map(c => c.load?.tokensPerSecond ?? 0).filter(r => r > 0).sort((a, b) => a - b)
+  const neutralRate = knownRates.length > 0 ? knownRates[Math.floor((knownRates.length - 1) / 2)] as number : undefined
+  const rated = (load: LoadSnapshot): LoadSnapshot => load.tokensPerSecond > 0 || neutralRate === undefined ? load : { ...load, tokensPerSecond: neutralRate }
   const usable: Scored[] = []
   let overloaded = 0
   let eligibleCount = 0
@@ -167,7 +172,7 @@ function score (candidates: readonly Candidate[], ctx: RoutingContext, policy: R
       usable.push({ c, fresh: false, est: undefined })
       continue
     }
-    const est = estimateCompletionMs(load, c.rttMs, tokens, policy)
+    const est = estimateCompletionMs(rated(load), c.rttMs, tokens, policy)
     // The deadline test uses only the wait before the first token: max_tokens is an upper bound,
     // so the decode estimate is too rough to refuse a request on.
     const busy = load.accepting === false || load.queueDepth >= policy.maxQueueDepth ||

@@ -163,6 +163,15 @@ describe('chooseReplica', () => {
     expect(got).toEqual({ free: 200 })
   })
 
+  it('scores a node that has not measured its rate yet at the median known rate, so load still spreads', () => {
+    const cs = [node('measured', { load: load({ tokensPerSecond: 400 }) }), node('fresh', { load: load({ tokensPerSecond: 0 }) })]
+    const random = prng(5)
+    // Equal loads and (neutral) equal rates: an even split, not all to one side.
+    const got = counts(() => (chooseReplica(cs, ctx({ random })) as { peerId: string }).peerId, 400)
+    expect(got.measured).toBeGreaterThan(150)
+    expect(got.fresh).toBeGreaterThan(150)
+  })
+
   it('estimates completion from queue wait, shared decode rate and RTT', () => {
     const p = { ...DEFAULT_POLICY }
     // 100 tokens at 100 tok/s shared by 2 sequences (one in flight + ours) = 2000 ms, plus RTT.
