@@ -44,7 +44,9 @@ describe('malformed certificates', () => {
     fc.assert(fc.property(fc.string(), fc.jsonValue(), fc.boolean(), (key, value, inBody) => {
       fc.pre(!BODY_KEYS.includes(key) && key !== 'body' && key !== 'signature')
       const doc = wire(node.certificate)
-      ;(inBody ? doc.body : doc)[key] = value
+      // An own property, as JSON.parse makes it: plain assignment of "__proto__" would set the
+      // prototype instead and add no field at all.
+      Object.defineProperty(inBody ? doc.body : doc, key, { value, enumerable: true, writable: true, configurable: true })
       expect(reasonOf(doc)).toBe('malformed')
     }), runs)
     expect(reasonOf(JSON.parse(JSON.stringify(node.certificate).replace('{"type"', '{"__proto__":{},"type"')))).toBe('malformed')
