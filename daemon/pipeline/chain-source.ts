@@ -39,6 +39,11 @@ export interface ChainTokenSource extends TokenSource {
   readonly replays: number
   /** Forms the chain and opens the request on it (prefill does this when not done yet). */
   connect (signal: AbortSignal): Promise<void>
+  /**
+   * The request completed: asks every stage to sign its receipt part (finish down the chain) and
+   * returns the parts that arrive before the signal fires; frees stage 0's KV.
+   */
+  finish (signal: AbortSignal): Promise<Array<Record<string, unknown>>>
   /** Ends the request on every stage (cancel down the chain) and frees stage 0's KV. */
   close (): Promise<void>
 }
@@ -77,6 +82,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
         sampling: init.sampling,
         rngSkip: init.sampling.temperature > 0 ? sampled : 0,
         deadline: init.deadline,
+        // Stages sign their parts with the receipt id; only a replay's frames use another id.
+        ...(wireId === init.requestId ? {} : { receiptId: init.requestId }),
       },
     }, signal)
   }
@@ -89,6 +96,17 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     // downstream then frees on the link loss, the deadline or its idle timer).
     node.send(chain[1]!.peerId, { kind: 'cancel', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
     await node.engine.free(wireId).catch(() => {})
+  }
+
+  async function finish (signal: AbortSignal): Promise<Array<Record<string, unknown>>> {
+    if (!live) return []
+    live = false
+    const w = watch!
+    node.send(chain[1]!.peerId, { kind: 'finish', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
+    const parts = await w.parts(chain.length - 1, signal)
+    w.close()
+    await node.engine.free(wireId).catch(() => {})
+    return parts
   }
 
   /** Runs `ids` at positions start.. through the chain; resolves with the sampled next token. */
@@ -151,6 +169,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
       history.push(tokenId)
       return await step([tokenId], position, signal)
     },
+    finish,
     close: end,
   }
 }

@@ -17,6 +17,9 @@ import { createChainTokenSource } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
 
+/** How long the coordinator waits for the stages' signed receipt parts after the last token. */
+const PART_WAIT_MS = 2_000
+
 export interface PipelineServiceInit {
   /** This node's stage 0 (started by the caller). */
   stage: PipelineStage
@@ -89,7 +92,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     try {
       await source.connect(scope.signal)
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      yield * generateSequence({
+      for await (const event of generateSequence({
         source,
         codec,
         promptIds,
@@ -98,7 +101,16 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         eosTokenIds: generation.eosTokenIds,
         maxPositions: shape.maxPositions,
         signal: scope.signal,
-      })
+      })) {
+        if (event.type !== 'end') {
+          yield event
+          continue
+        }
+        // Each stage's signed share of the work, collected before the end goes out (bounded wait:
+        // a stage that does not answer is left out; its hop still names it in the receipt).
+        const parts = await source.finish(AbortSignal.any([scope.signal, AbortSignal.timeout(PART_WAIT_MS)]))
+        yield parts.length === 0 ? event : { ...event, receiptParts: [...(event.receiptParts ?? []), ...parts] }
+      }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {

@@ -8,7 +8,10 @@
  * (which also means "finished"), on error, at its deadline, after an idle timeout, and when the
  * link to the neighbour it depends on goes down; nothing waits without a bound.
  */
+import { createHash } from 'node:crypto'
+import type { Hash } from 'node:crypto'
 import { deserializeError, serializeError } from '../errors.ts'
+import { createReceiptPart } from '../ledger/index.ts'
 import { createRng, sampleToken } from '../engine/index.ts'
 import type { Rng, StageEngine } from '../engine/index.ts'
 import type { SerializedError } from '../errors.ts'
@@ -24,6 +27,8 @@ export interface StageNodeInit extends LinkOptions {
   manifestHash: string
   /** Silence after which a served request's state is dropped (default 60 s). */
   idleTimeoutMs?: number
+  /** Signs this stage's receipt part when a request finishes; without it no part is sent. */
+  signer?: { peerId: string, secretKey: Uint8Array }
 }
 
 export interface StageNodeStats {
@@ -38,6 +43,8 @@ export interface StageNodeStats {
 export interface TokenWatch {
   /** The next token frame; rejects with the request's typed error, or signal.reason. */
   next (signal: AbortSignal): Promise<{ position: number, tokenId: number }>
+  /** Signed receipt parts received; waits until `count` stages have answered or the signal fires. */
+  parts (count: number, signal: AbortSignal): Promise<Array<Record<string, unknown>>>
   close (): void
 }
 
@@ -63,13 +70,23 @@ interface Served {
   ctl: AbortController
   timers: Array<ReturnType<typeof setTimeout>>
   idle: ReturnType<typeof setTimeout> | undefined
+  /** What this stage received and produced for the request, for its signed receipt part. */
+  received: Hash
+  produced: Hash
+  rowsIn: number
+  rowsOut: number
+  startedAt: number
 }
 
 interface Watch {
   peers: Set<string>
   queue: Array<{ position: number, tokenId: number } | Error>
+  parts: Array<Record<string, unknown>>
   wake: (() => void) | undefined
 }
+
+/** Bytes of a tensor, for hashing without a copy. */
+const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
 
 const SEND_TIMEOUT_MS = 30_000
 const MAX_TIMER_MS = 2 ** 31 - 1
@@ -138,6 +155,11 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       ctl: new AbortController(),
       timers: [],
       idle: undefined,
+      received: createHash('sha256'),
+      produced: createHash('sha256'),
+      rowsIn: 0,
+      rowsOut: 0,
+      startedAt: Date.now(),
     }
     if (last) {
       s.rng = createRng(o.sampling.seed)
@@ -163,16 +185,22 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       return
     }
     touch(s)
+    s.received.update(bytesOf(f.data))
+    s.rowsIn += f.rows
     const positions = Array.from({ length: f.rows }, (_, i) => f.start + i)
     s.tail = s.tail.then(async () => {
       if (served.get(s.id) !== s) return
       const out = await engine.step(s.id, { hidden: f.data }, positions, { logitsToKeep: 1 }, s.ctl.signal)
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
+        s.produced.update(bytesOf(out.data))
+        s.rowsOut += out.count
         await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data }, s.ctl.signal)
       } else if (f.final) {
         if (out.kind !== 'logits') throw new StageConfigError('the last stage must return logits')
         const tokenId = sampleToken(out.data, s.open.sampling, s.rng!, (out.count - 1) * out.vocab, out.vocab)
+        s.produced.update(new Uint8Array(Uint32Array.of(f.start + f.rows, tokenId).buffer))
+        s.rowsOut++
         await links.send(s.open.returnTo, { kind: 'token', requestId: s.id, position: f.start + f.rows, tokenId }, s.ctl.signal)
       }
     }).catch((err: unknown) => { if (!s.ctl.signal.aborted) fail(s, err) })
@@ -180,8 +208,12 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
 
   function onFrame (f: StageFrame, from: string): void {
     const w = watches.get(f.requestId)
-    if (w !== undefined && (f.kind === 'token' || f.kind === 'error')) {
-      w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : remoteError(f.error))
+    if (w !== undefined && (f.kind === 'token' || f.kind === 'error' || f.kind === 'part')) {
+      if (f.kind === 'part') {
+        if (w.parts.length < w.peers.size) w.parts.push(f.part)
+      } else {
+        w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : remoteError(f.error))
+      }
       const wake = w.wake
       w.wake = undefined
       wake?.()
@@ -195,6 +227,12 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
         if (s !== undefined) drop(s, true)
         return
       }
+      case 'finish': {
+        const s = served.get(f.requestId)
+        if (s !== undefined) void finish(s)
+        return
+      }
+      case 'part': return // for a request no longer watched
       case 'error': {
         // From downstream: pass it to the coordinator and drop our part.
         const s = served.get(f.requestId)
@@ -203,6 +241,35 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       }
       case 'token': return // for a request no longer watched
     }
+  }
+
+  /** The request completed: sign this stage's part for the coordinator, then pass finish on and drop. */
+  async function finish (s: Served): Promise<void> {
+    // Steps still running for the request finish first, so the hashes cover everything.
+    await s.tail.catch(() => {})
+    if (served.get(s.id) !== s) return
+    // Always answer, with {} when this stage signs nothing, so the coordinator need not wait it out.
+    let part: Record<string, unknown> = {}
+    const signer = init.signer
+    if (signer !== undefined) {
+      try {
+        part = createReceiptPart({
+          requestId: s.open.receiptId ?? s.id,
+          peerId: signer.peerId,
+          model: s.open.modelId,
+          layers: [stage.layers[0], stage.layers[1]],
+          inputHash: s.received.digest('hex'),
+          outputHash: s.produced.digest('hex'),
+          tokens: { input: s.rowsIn, output: s.rowsOut },
+          timing: { startedAt: s.startedAt, durationMs: Date.now() - s.startedAt },
+        }, signer.secretKey) as unknown as Record<string, unknown>
+      } catch {
+        // A part that cannot be made is left out; the coordinator's receipt still names this stage.
+      }
+    }
+    sendSoon(s.open.returnTo, { kind: 'part', requestId: s.id, part })
+    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id })
+    drop(s, false)
   }
 
   function onLinkDown (peerId: string): void {
@@ -234,7 +301,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     send: async (peerId, frame, signal) => { await links.send(peerId, frame, signal) },
     watch (requestId, peers) {
       if (watches.has(requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${requestId} is already watched`)
-      const w: Watch = { peers: new Set(peers), queue: [], wake: undefined }
+      const w: Watch = { peers: new Set(peers), queue: [], parts: [], wake: undefined }
       watches.set(requestId, w)
       return {
         async next (signal) {
@@ -249,6 +316,16 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
               w.wake = () => { signal.removeEventListener('abort', onAbort); resolve() }
             })
           }
+        },
+        async parts (count, signal) {
+          while (w.parts.length < count && !signal.aborted) {
+            await new Promise<void>((resolve) => {
+              const onAbort = (): void => { w.wake = undefined; resolve() }
+              signal.addEventListener('abort', onAbort, { once: true })
+              w.wake = () => { signal.removeEventListener('abort', onAbort); resolve() }
+            })
+          }
+          return w.parts.filter(p => Object.keys(p).length > 0)
         },
         close () {
           if (watches.get(requestId) === w) watches.delete(requestId)

@@ -38,6 +38,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
+  /** Signs this stage's receipt part for each completed request. */
+  signer?: { peerId: string, secretKey: Uint8Array }
 }
 
 export interface PipelineStage {

@@ -12,7 +12,11 @@
  *               | u32 width | rows × width raw f32 (positions start .. start + rows - 1)
  *   token       u32 position | u32 token id (the last stage's answer: ids, not logits)
  *   error       JSON {name, code, message[, peerId]}
- *   cancel      empty (drop the request's state here and downstream; also sent on finish)
+ *   cancel      empty (drop the request's state here and downstream)
+ *   finish      empty (the request completed: each stage sends its signed receipt part to the
+ *               coordinator, then drops the request's state and passes finish downstream)
+ *   part        JSON: one stage's signed receipt part (daemon/ledger/README.md), or {} from a stage
+ *               that signs none
  * Tensor bytes start 4-byte aligned within the payload, so a decoder can view them in place.
  */
 import type { Uint8ArrayList } from 'uint8arraylist'
@@ -27,7 +31,7 @@ export const MAX_REQUEST_ID_BYTES = 255
 const MAX_ERROR_MESSAGE_CHARS = 2048
 const DTYPE_F32 = 1
 
-const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5 } as const
+const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7 } as const
 export type StageFrameKind = keyof typeof KIND_CODES
 const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as StageFrameKind]))
 
@@ -51,6 +55,8 @@ export interface OpenBody {
   rngSkip: number
   /** Epoch ms; state for the request is dropped after it. */
   deadline: number
+  /** The receipt id stages sign their parts with, when it differs from the frames' request id (a replay). */
+  receiptId?: string
 }
 
 export type StageFrame =
@@ -60,6 +66,8 @@ export type StageFrame =
   /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
   | { kind: 'error', requestId: string, error: SerializedError & { peerId?: string } }
   | { kind: 'cancel', requestId: string }
+  | { kind: 'finish', requestId: string }
+  | { kind: 'part', requestId: string, part: Record<string, unknown> }
 
 if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the stage wire format assumes a little-endian host')
 
@@ -95,6 +103,7 @@ function encodeOpen (o: OpenBody): Uint8Array {
     sampling,
     rngSkip: o.rngSkip,
     deadline: o.deadline,
+    ...(o.receiptId === undefined ? {} : { receiptId: o.receiptId }),
   }))
 }
 
@@ -116,7 +125,10 @@ function decodeOpen (v: unknown): OpenBody {
   if (!isObj(s) || !isNum(s.temperature) || s.temperature < 0 || !isNum(s.topP) || (s.seed !== undefined && !Number.isSafeInteger(s.seed))) throw malformed('open body: bad sampling params')
   if (!isU32(v.rngSkip)) throw malformed('open body: rngSkip must be a u32')
   const sampling = s.seed === undefined ? { temperature: s.temperature, topP: s.topP } : { temperature: s.temperature, topP: s.topP, seed: s.seed as number }
-  return { modelId: v.modelId, manifestHash: v.manifestHash, chain, hop: v.hop as number, returnTo: v.returnTo, sampling, rngSkip: v.rngSkip, deadline: v.deadline }
+  if (v.receiptId !== undefined && !isStr(v.receiptId)) throw malformed('open body: bad receiptId')
+  const open: OpenBody = { modelId: v.modelId, manifestHash: v.manifestHash, chain, hop: v.hop as number, returnTo: v.returnTo, sampling, rngSkip: v.rngSkip, deadline: v.deadline }
+  if (v.receiptId !== undefined) open.receiptId = v.receiptId
+  return open
 }
 
 function parseJson (body: Uint8Array, kind: string): unknown {
@@ -168,7 +180,14 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
       dv.setUint32(4, f.tokenId, true)
       return [out]
     }
-    case 'cancel': return [header('cancel', f.requestId, 0).out]
+    case 'cancel':
+    case 'finish': return [header(f.kind, f.requestId, 0).out]
+    case 'part': {
+      const body = utf8.encode(JSON.stringify(f.part))
+      const { out, at } = header('part', f.requestId, body.length)
+      out.set(body, at)
+      return [out]
+    }
     case 'open':
     case 'error': {
       const body = f.kind === 'open'
@@ -239,8 +258,14 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       return { kind, requestId, error: v.peerId === undefined ? error : { ...error, peerId: v.peerId } }
     }
     case 'cancel':
-      if (body.length !== 0) throw malformed('cancel frame has a body')
+    case 'finish':
+      if (body.length !== 0) throw malformed(`${kind} frame has a body`)
       return { kind, requestId }
+    case 'part': {
+      const v = parseJson(body, kind)
+      if (!isObj(v)) throw malformed('part body must be a JSON object')
+      return { kind, requestId, part: v }
+    }
     case 'token': {
       if (body.length !== 8) throw body.length < 8 ? truncated('token frame is short') : malformed('token frame is too long')
       const dv = new DataView(body.buffer, body.byteOffset, 8)

@@ -95,5 +95,12 @@ describe('pipeline chain through daemons', () => {
     expect(receipt.body.route.map(h => h.peerId)).toEqual(peers)
     expect(receipt.body.route.every(h => Array.isArray(h.layers))).toBe(true)
     expect(receipt.body.model.manifestHash).toMatch(/^[0-9a-f]{64}$/)
+    // Stage 1 signed its own share (layers, hashes of the activations it took and the tokens it
+    // gave back), and the coordinator's executor part came back through the forwarding hop.
+    const parts = (receipt.body as unknown as { parts: Array<{ body: { peerId: string, layers: number[] | null, tokens: { input: number, output: number } } }> }).parts
+    const stagePart = parts.find(p => p.body.peerId === peers[1])
+    expect(stagePart?.body.layers).toEqual(receipt.body.route[1]!.layers)
+    expect(stagePart?.body.tokens.output).toBe(chained.ids.length)
+    expect(parts.some(p => p.body.peerId === peers[0])).toBe(true)
   })
 })

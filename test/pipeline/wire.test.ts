@@ -30,6 +30,11 @@ describe('stage wire golden bytes', () => {
   it('pins the cancel frame', () => {
     expect(hex(encodeFrame({ kind: 'cancel', requestId: 'r1' }))).toBe('05' + '01' + '05' + '02' + '7231')
   })
+  it('pins the finish and part frames', () => {
+    expect(hex(encodeFrame({ kind: 'finish', requestId: 'r1' }))).toBe('05' + '01' + '06' + '02' + '7231')
+    const part = '{"body":{"peerId":"B"},"signature":"s"}'
+    expect(hex(payloadOf({ kind: 'part', requestId: 'x', part: { body: { peerId: 'B' }, signature: 's' } }))).toBe('01' + '07' + '01' + '78' + hex(Buffer.from(part)))
+  })
   it('pins the activation frame (no padding needed)', () => {
     const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 7, final: true, rows: 1, width: 2, data: Float32Array.of(1, -2) }
     expect(hex(encodeFrame(f))).toBe('1c' + '01' + '02' + '02' + '6162' + '01' + '01' + '02' + '07000000' + '01000000' + '02000000' + '0000803f' + '000000c0')
@@ -48,6 +53,14 @@ describe('stage wire golden bytes', () => {
 })
 
 describe('stage wire decoding', () => {
+  it('refuses a finish with a body and a part that is not an object', () => {
+    const finish = payloadOf({ kind: 'finish', requestId: 'x' })
+    expect(() => decodePayload(Uint8Array.of(...finish, 0x01))).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const notObject = Uint8Array.of(1, 7, 1, 0x78, ...Buffer.from('[1,2]'))
+    expect(() => decodePayload(notObject)).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+  })
+
+
   it('round-trips every kind', () => {
     const frames: StageFrame[] = [
       { kind: 'open', requestId: 'req-1', open: { ...open, sampling: { temperature: 0.7, topP: 0.9, seed: 42 }, rngSkip: 3 } },
@@ -55,6 +68,9 @@ describe('stage wire decoding', () => {
       { kind: 'token', requestId: 'req-1', position: 15, tokenId: 31999 },
       { kind: 'error', requestId: '', error: { name: 'E', code: 'SHOAL_ERR_X', message: 'm' } },
       { kind: 'cancel', requestId: 'req-1' },
+      { kind: 'finish', requestId: 'req-1' },
+      { kind: 'part', requestId: 'req-1', part: { body: { peerId: 'B', layers: [2, 3] }, signature: 'sig' } },
+      { kind: 'open', requestId: 'req-1~r1', open: { ...open, receiptId: 'req-1' } },
     ]
     for (const f of frames) {
       const bytes = encodeFrame(f)
