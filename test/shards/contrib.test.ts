@@ -7,18 +7,14 @@
  * chunked prefill. One documented limit: a step with batch > 1, S > 1 and a non-empty past is
  * rejected by onnxruntime (manifest.batchedPrefillWithPast = false).
  */
-import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { Tokenizer } from '@huggingface/tokenizers'
-import {
-  ATTENTION_MASK, compileShards, generateTestModel, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, pastKeyName, pastValueName,
-  POSITION_IDS, presentKeyName, presentValueName, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture,
-} from '../../shards/index.ts'
+import { compileShards, generateTestModel, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, greedyDecode, openPipeline, prefill, type Pipeline } from './pipeline.ts'
+import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, prefill, runStages, type Pipeline } from './pipeline.ts'
 
 const N = 64
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
@@ -27,10 +23,7 @@ let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-contrib-')) })
 afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 
-async function promptIds (dir: string): Promise<number[]> {
-  const tok = new Tokenizer(JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')), JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')))
-  return tok.encode(PROMPT).ids
-}
+const promptIds = async (dir: string): Promise<number[]> => await encodePrompt(dir, PROMPT)
 
 const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
   let m = 0
@@ -45,42 +38,10 @@ async function withPipeline<T> (dir: string, m: ShardManifest, f: (p: Pipeline) 
   try { return await f(p) } finally { await p.release() }
 }
 
-const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
-
-/** One step through every stage for B rows: ids/positions [B, S], mask [B, T], past per layer. Returns logits and presents. */
+/** One step through every stage for B rows (nested arrays), keeping the last position's logits. */
 async function step (p: Pipeline, ids: number[][], pos: number[][], mask: number[][], past: Map<string, ort.Tensor>): Promise<{ logits: Float32Array, present: Map<string, ort.Tensor> }> {
-  const B = ids.length
-  const S = ids[0]!.length
-  const T = mask[0]!.length
-  let hidden: ort.Tensor | undefined
-  let logits: Float32Array | undefined
-  const present = new Map<string, ort.Tensor>()
-  for (const [i, s] of p.manifest.stages.entries()) {
-    const feeds: Record<string, ort.Tensor> = { [POSITION_IDS]: i64(pos.flat(), [B, S]), [ATTENTION_MASK]: i64(mask.flat(), [B, T]) }
-    if (s.hasEmbedding) feeds[INPUT_IDS] = i64(ids.flat(), [B, S])
-    else feeds.hidden_states = hidden!
-    if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([1], [])
-    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-      feeds[pastKeyName(l)] = past.get(pastKeyName(l))!
-      feeds[pastValueName(l)] = past.get(pastValueName(l))!
-    }
-    const out = await p.sessions[i]!.run(feeds)
-    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-      present.set(pastKeyName(l), out[presentKeyName(l)]!)
-      present.set(pastValueName(l), out[presentValueName(l)]!)
-    }
-    if (s.hasHead) logits = out[LOGITS]!.data as Float32Array
-    else hidden = out.hidden_states_out
-  }
-  return { logits: logits!, present }
-}
-
-function emptyPast (m: ShardManifest, B: number): Map<string, ort.Tensor> {
-  const past = new Map<string, ort.Tensor>()
-  for (let l = 0; l < m.shape.numLayers; l++) {
-    for (const name of [pastKeyName(l), pastValueName(l)]) past.set(name, new ort.Tensor('float32', new Float32Array(0), [B, m.shape.numKvHeads, 0, m.shape.headDim]))
-  }
-  return past
+  const r = await runStages(p, { ids: ids.flat(), pos: pos.flat(), mask: mask.flat(), B: ids.length, S: ids[0]!.length, T: mask[0]!.length, keep: 1 }, past)
+  return { logits: r.logits.data as Float32Array, present: r.present }
 }
 
 /** Left-padded prefill of `rows`, then `steps` batched decode steps feeding each row a fixed token. Logits of every step. */

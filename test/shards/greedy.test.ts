@@ -4,14 +4,13 @@
  * cache) produce the same 64 tokens as an independent float64 reference, and every split
  * produces logits bit-identical to the unsplit graph.
  */
-import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { Tokenizer } from '@huggingface/tokenizers'
 import { compileShards, generateTestModel, TEST_ARCHITECTURES, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, greedyDecode, openPipeline } from './pipeline.ts'
+import { allSplits, encodePrompt, greedyDecode, openPipeline } from './pipeline.ts'
 
 const N = 64
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
@@ -20,10 +19,7 @@ let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-greedy-')) })
 afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 
-async function promptIds (dir: string): Promise<number[]> {
-  const tok = new Tokenizer(JSON.parse(await readFile(join(dir, 'tokenizer.json'), 'utf8')), JSON.parse(await readFile(join(dir, 'tokenizer_config.json'), 'utf8')))
-  return tok.encode(PROMPT).ids
-}
+const promptIds = async (dir: string): Promise<number[]> => await encodePrompt(dir, PROMPT)
 
 describe.each(TEST_ARCHITECTURES)('%s tiny fp32', (arch: TestArchitecture) => {
   let modelDir: string

@@ -1,9 +1,11 @@
 /**
  * Test helper: runs a compiled shard directory's stage graphs directly with onnxruntime-node,
- * chaining hidden_states_out → hidden_states, with an explicit KV cache per layer (batch 1).
+ * chaining hidden_states_out → hidden_states, with an explicit KV cache per layer.
  */
 import ort from 'onnxruntime-node'
+import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { Tokenizer } from '@huggingface/tokenizers'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
   pastKeyName, pastValueName, presentKeyName, presentValueName, type ShardManifest,
@@ -23,50 +25,78 @@ export async function openPipeline (dir: string, manifest: ShardManifest): Promi
   return { manifest, sessions, release: async () => { for (const s of sessions) await s.release() } }
 }
 
-const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
+export const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
+
+/** The prompt's token ids with the model's own tokenizer (as written by generateTestModel). */
+export async function encodePrompt (modelDir: string, text: string): Promise<number[]> {
+  const json = async (f: string): Promise<object> => JSON.parse(await readFile(join(modelDir, f), 'utf8')) as object
+  return new Tokenizer(await json('tokenizer.json'), await json('tokenizer_config.json')).encode(text).ids
+}
+
+/** Empty KV (P = 0) for every layer, batch B. */
+export function emptyPast (m: ShardManifest, B: number): Map<string, ort.Tensor> {
+  const { numKvHeads: kvH, headDim: hd } = m.shape
+  const past = new Map<string, ort.Tensor>()
+  for (let l = 0; l < m.shape.numLayers; l++) {
+    past.set(pastKeyName(l), new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd]))
+    past.set(pastValueName(l), new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd]))
+  }
+  return past
+}
+
+export interface StageStep {
+  /** Token ids and positions, flattened [B, S]; attention mask flattened [B, T]. */
+  ids: number[]
+  pos: number[]
+  mask: number[]
+  B: number
+  S: number
+  T: number
+  /** num_logits_to_keep (0 = all). */
+  keep: number
+}
+
+/** One step through every stage: returns the head's logits tensor and every layer's present KV (keyed by past name). */
+export async function runStages (p: Pipeline, x: StageStep, past: Map<string, ort.Tensor>): Promise<{ logits: ort.Tensor, present: Map<string, ort.Tensor> }> {
+  let hidden: ort.Tensor | undefined
+  let logits: ort.Tensor | undefined
+  const present = new Map<string, ort.Tensor>()
+  for (const [i, s] of p.manifest.stages.entries()) {
+    const feeds: Record<string, ort.Tensor> = { [POSITION_IDS]: i64(x.pos, [x.B, x.S]), [ATTENTION_MASK]: i64(x.mask, [x.B, x.T]) }
+    if (s.hasEmbedding) feeds[INPUT_IDS] = i64(x.ids, [x.B, x.S])
+    else feeds[HIDDEN_IN] = hidden!
+    if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([x.keep], [])
+    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+      feeds[pastKeyName(l)] = past.get(pastKeyName(l))!
+      feeds[pastValueName(l)] = past.get(pastValueName(l))!
+    }
+    const out = await p.sessions[i]!.run(feeds)
+    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
+      present.set(pastKeyName(l), out[presentKeyName(l)]!)
+      present.set(pastValueName(l), out[presentValueName(l)]!)
+    }
+    if (s.hasHead) logits = out[LOGITS]
+    else hidden = out[HIDDEN_OUT]
+  }
+  return { logits: logits!, present }
+}
 
 /** Greedy decode: prefill the prompt in one call, then one token per step. Returns tokens and each step's logits. */
 export async function greedyDecode (p: Pipeline, prompt: number[], n: number): Promise<{ tokens: number[], logits: Float32Array[] }> {
-  const { numKvHeads: kvH, headDim: hd } = p.manifest.shape
-  const past = new Map<string, ort.Tensor>()
-  for (const s of p.manifest.stages) {
-    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-      past.set(pastKeyName(l), new ort.Tensor('float32', new Float32Array(0), [1, kvH, 0, hd]))
-      past.set(pastValueName(l), new ort.Tensor('float32', new Float32Array(0), [1, kvH, 0, hd]))
-    }
-  }
+  let past = emptyPast(p.manifest, 1)
   const tokens: number[] = []
   const all: Float32Array[] = []
   let input = prompt
   let P = 0
   for (let step = 0; step < n; step++) {
     const S = input.length
-    let hidden: ort.Tensor | undefined
-    let logits: Float32Array | undefined
-    for (const [i, s] of p.manifest.stages.entries()) {
-      const feeds: Record<string, ort.Tensor> = {
-        [POSITION_IDS]: i64(input.map((_, j) => P + j), [1, S]),
-        [ATTENTION_MASK]: i64(new Array<number>(P + S).fill(1), [1, P + S]),
-      }
-      if (s.hasEmbedding) feeds[INPUT_IDS] = i64(input, [1, S])
-      else feeds[HIDDEN_IN] = hidden!
-      if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([1], [])
-      for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-        feeds[pastKeyName(l)] = past.get(pastKeyName(l))!
-        feeds[pastValueName(l)] = past.get(pastValueName(l))!
-      }
-      const out = await p.sessions[i]!.run(feeds)
-      for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-        past.set(pastKeyName(l), out[presentKeyName(l)]!)
-        past.set(pastValueName(l), out[presentValueName(l)]!)
-      }
-      if (s.hasHead) logits = out[LOGITS]!.data as Float32Array
-      else hidden = out[HIDDEN_OUT]!
-    }
+    const out = await runStages(p, { ids: input, pos: input.map((_, j) => P + j), mask: new Array<number>(P + S).fill(1), B: 1, S, T: P + S, keep: 1 }, past)
+    past = out.present
+    const logits = out.logits.data as Float32Array
     let best = 0
-    for (let j = 1; j < logits!.length; j++) if (logits![j]! > logits![best]!) best = j
+    for (let j = 1; j < logits.length; j++) if (logits[j]! > logits[best]!) best = j
     tokens.push(best)
-    all.push(logits!)
+    all.push(logits)
     P += S
     input = [best]
   }
@@ -90,7 +120,6 @@ export function allSplits (layers: number, k: number): Array<Array<[number, numb
  * with num_logits_to_keep = `keep` (0 = all). Returns logits [B, K, V] flattened, and K.
  */
 export async function prefill (p: Pipeline, rows: number[][], keep: number): Promise<{ logits: Float32Array, kept: number }> {
-  const { numKvHeads: kvH, headDim: hd } = p.manifest.shape
   const B = rows.length
   const S = Math.max(...rows.map(r => r.length))
   const ids: number[] = []
@@ -104,20 +133,6 @@ export async function prefill (p: Pipeline, rows: number[][], keep: number): Pro
       mask.push(j < pad ? 0 : 1)
     }
   }
-  let hidden: ort.Tensor | undefined
-  let logits: ort.Tensor | undefined
-  for (const [i, s] of p.manifest.stages.entries()) {
-    const feeds: Record<string, ort.Tensor> = { [POSITION_IDS]: i64(pos, [B, S]), [ATTENTION_MASK]: i64(mask, [B, S]) }
-    if (s.hasEmbedding) feeds[INPUT_IDS] = i64(ids, [B, S])
-    else feeds[HIDDEN_IN] = hidden!
-    if (s.hasHead) feeds[NUM_LOGITS_TO_KEEP] = i64([keep], [])
-    for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-      feeds[pastKeyName(l)] = new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd])
-      feeds[pastValueName(l)] = new ort.Tensor('float32', new Float32Array(0), [B, kvH, 0, hd])
-    }
-    const out = await p.sessions[i]!.run(feeds)
-    if (s.hasHead) logits = out[LOGITS]
-    else hidden = out[HIDDEN_OUT]
-  }
-  return { logits: logits!.data as Float32Array, kept: logits!.dims[1]! }
+  const { logits } = await runStages(p, { ids, pos, mask, B, S, T: S, keep }, emptyPast(p.manifest, B))
+  return { logits: logits.data as Float32Array, kept: logits.dims[1]! }
 }
