@@ -1,5 +1,6 @@
 /** Golden bytes of every mesh wire format, and how each decoder refuses bad input. */
 import { describe, expect, it } from 'vitest'
+import { codeOf } from '../support/errors.ts'
 import * as lp from 'it-length-prefixed'
 import { decodeAdmitFrame, encodeAdmitFrame, helloFrame, refusedFrame, ADMIT_PROTOCOL, ADMIT_MAX_FRAME } from '../../daemon/mesh/wire/admit.ts'
 import { decodeLoadFrame, encodeLoadFrame, LOAD_PROTOCOL, LOAD_MAX_FRAME } from '../../daemon/mesh/wire/load.ts'
@@ -10,15 +11,6 @@ import { errorFrame } from '../../daemon/mesh/wire/frame.ts'
 const text = (b: Uint8Array): string => new TextDecoder().decode(b)
 const bytes = (s: string): Uint8Array => new TextEncoder().encode(s)
 const cert = { body: { name: 'n' }, signature: 'sig' }
-
-function codeOf (fn: () => unknown): string | undefined {
-  try {
-    fn()
-  } catch (err) {
-    return (err as { code?: string }).code
-  }
-  return undefined
-}
 
 describe('protocol ids are versioned', () => {
   it('pins the ids', () => {

@@ -1,6 +1,7 @@
 /** /shoal/infer/1.0.0: golden bytes, round trips, and typed errors for every bad input. */
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
+import { codeOf } from '../support/errors.ts'
 import { decodeFrames, decodePayload, encodeFrame, INFER_PROTOCOL } from '../../daemon/routing/index.ts'
 import type { InferFrame } from '../../daemon/routing/index.ts'
 import type { GenerateRequest } from '../../daemon/service.ts'
@@ -17,15 +18,6 @@ const request: GenerateRequest = {
   sampling: { temperature: 0, topP: 1, seed: 7 },
   stop: ['x'],
   deadline: 1_700_000_000_000,
-}
-
-function codeOf (fn: () => unknown): string | undefined {
-  try {
-    fn()
-  } catch (err) {
-    return (err as { code?: string }).code
-  }
-  return undefined
 }
 
 describe('infer wire format', () => {
