@@ -57,6 +57,12 @@ export interface RoutingPolicy {
   /** Affinity is kept while its estimate ≤ best + max(affinitySlackMs, best × affinitySlackRatio). */
   affinitySlackMs: number
   affinitySlackRatio: number
+  /**
+   * Two estimates closer than this fraction of the smaller are equal: each node measures its own
+   * step time, and on a busy machine that reading wanders by tens of percent, so a difference
+   * inside it is noise, not a reason to pile every request onto one node.
+   */
+  estimateNoiseRatio: number
 }
 
 export const DEFAULT_POLICY: Readonly<RoutingPolicy> = Object.freeze({
@@ -66,6 +72,7 @@ export const DEFAULT_POLICY: Readonly<RoutingPolicy> = Object.freeze({
   defaultExpectedTokens: 256,
   affinitySlackMs: 500,
   affinitySlackRatio: 0.25,
+  estimateNoiseRatio: 0.25,
 })
 
 export interface RoutingContext {
@@ -228,14 +235,31 @@ export function chooseReplica (candidates: readonly Candidate[], ctx: RoutingCon
   const free = usable.filter(s => s.fresh && hasFreeSlot(s.c.load as LoadSnapshot))
   const pool = free.length > 0 ? [...free, ...usable.filter(s => !s.fresh)] : usable
   if (pool.length === 1) return pick(pool[0] as Scored, 'least-loaded')
-  // Power of two choices: two distinct random candidates, the faster wins, ties go to the first
-  // drawn, so equal loads spread uniformly.
+  // Power of two choices: two distinct random candidates, the faster wins; within the noise the
+  // less occupied wins, then the first drawn, so equal loads spread uniformly.
   const i = index(ctx.random, pool.length)
   let j = index(ctx.random, pool.length - 1)
   if (j >= i) j++
   const a = pool[i] as Scored
   const b = pool[j] as Scored
-  return pick((b.est as number) < (a.est as number) ? b : a, 'least-loaded')
+  return pick(better(a, b, policy.estimateNoiseRatio), 'least-loaded')
+}
+
+/** The better of two scored candidates; `a` (the first drawn) on a tie. */
+function better (a: Scored, b: Scored, noiseRatio: number): Scored {
+  const ea = a.est as number
+  const eb = b.est as number
+  if (Math.abs(ea - eb) > noiseRatio * Math.min(ea, eb)) return eb < ea ? b : a
+  // A stale candidate's occupancy is unknown, so only two fresh ones are compared by it.
+  if (!a.fresh || !b.fresh) return a
+  const oa = occupancy(a.c.load as LoadSnapshot)
+  const ob = occupancy(b.c.load as LoadSnapshot)
+  return ob < oa ? b : a
+}
+
+/** Sequences held (running or queued) per slot. */
+function occupancy (l: LoadSnapshot): number {
+  return (Math.max(l.inFlight, 0) + Math.max(l.queueDepth, 0)) / Math.max(l.slots, 1)
 }
 
 function hasFreeSlot (load: LoadSnapshot): boolean {

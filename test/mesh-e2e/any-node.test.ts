@@ -132,7 +132,10 @@ describe('a node with an API and no model serves requests through the mesh', () 
   })
 
   it('concurrent requests spread over both replicas, and every one is still exact', async () => {
-    const results = await Promise.all(Array.from({ length: 8 }, async () => await complete(api, { max_tokens: 64 })))
+    // Twice one replica's slots (8 each): routing fills free slots before queueing anywhere, so both
+    // must run some whatever their measured speeds. (With fewer, piling onto the replica whose
+    // batched step is cheaper is a legitimate choice.)
+    const results = await Promise.all(Array.from({ length: 16 }, async () => await complete(api, { max_tokens: 64 })))
     for (const r of results) expect(r.choice.token_ids).toEqual(expected)
     const byRoute = new Map<string, number>()
     for (const r of results) byRoute.set(r.route!, (byRoute.get(r.route!) ?? 0) + 1)
@@ -140,7 +143,7 @@ describe('a node with an API and no model serves requests through the mesh', () 
     // The ingress's metrics saw them all answered 200.
     const metrics = await (await fetch(`${ingress.url!}/metrics`)).text()
     const ok = /shoal_http_requests_total\{method="POST",route="\/v1\/completions",status="200"\} (\d+)/.exec(metrics)
-    expect(Number(ok?.[1] ?? 0)).toBeGreaterThanOrEqual(8)
+    expect(Number(ok?.[1] ?? 0)).toBeGreaterThanOrEqual(16)
   })
 
   it('GET /v1/models on the model-less node lists the model with served_by naming both replicas', async () => {

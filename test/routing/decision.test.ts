@@ -163,6 +163,26 @@ describe('chooseReplica', () => {
     expect(got).toEqual({ free: 200 })
   })
 
+  it('treats estimates inside the measurement noise as equal: the less occupied replica wins, so a burst spreads', () => {
+    // Two replicas of one kind whose own step-time readings differ by 20 %: the "faster" one must
+    // not take a whole burst while the other idles.
+    const burst = (rates: [number, number]): Record<string, number> => {
+      const inFlight: Record<string, number> = { a: 0, b: 0 }
+      for (let k = 0; k < 8; k++) {
+        const cs = [node('a', { load: load({ tokensPerSecond: rates[0], inFlight: inFlight.a, slots: 8 }) }), node('b', { load: load({ tokensPerSecond: rates[1], inFlight: inFlight.b, slots: 8 }) })]
+        const d = chooseReplica(cs, ctx({ random: prng(k), expectedTokens: 64 })) as { peerId: string }
+        inFlight[d.peerId]!++
+      }
+      return inFlight
+    }
+    expect(burst([120, 100])).toEqual({ a: 4, b: 4 })
+    // A replica really twice as fast at this load still wins while its estimate stays ahead.
+    expect(burst([300, 100]).a).toBeGreaterThan(4)
+    // Outside the noise the estimate decides as before.
+    const cs = [node('a', { load: load({ tokensPerSecond: 200 }) }), node('b', { load: load({ tokensPerSecond: 100 }) })]
+    for (let k = 0; k < 20; k++) expect(chooseReplica(cs, ctx({ random: prng(k) }))).toMatchObject({ peerId: 'a' })
+  })
+
   it('scores a node that has not measured its rate yet at the median known rate, so load still spreads', () => {
     const cs = [node('measured', { load: load({ tokensPerSecond: 400 }) }), node('fresh', { load: load({ tokensPerSecond: 0 }) })]
     const random = prng(5)
