@@ -2,7 +2,8 @@
  * Live load over `/shoal/load/1.0.0`. For every admitted peer one poller keeps a stream open and
  * asks for the peer's load every `loadIntervalMs` (one request in flight, so the cost is bounded);
  * each answer updates the peer table's load, RTT and last-seen time, from which liveness follows.
- * The serving side answers from `setLoadProvider` and refuses requests faster than it allows.
+ * The serving side answers from `setLoadProvider` (told who asks, so it can say how much of the
+ * load is the asker's own) and refuses requests faster than it allows.
  */
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Connection, Stream } from '@libp2p/interface'
@@ -40,7 +41,7 @@ async function readLoadFrame (lp: Lp, signal: AbortSignal): Promise<LoadFrame | 
 
 export class LoadExchange {
   private readonly deps: LoadDeps
-  private provider: () => LoadRecord = () => IDLE_LOAD
+  private provider: (asker?: string) => LoadRecord = () => IDLE_LOAD
   private readonly pollers = new Map<string, AbortController>()
   private unsubscribe: (() => void) | undefined
   private nextId = 1
@@ -49,14 +50,17 @@ export class LoadExchange {
     this.deps = deps
   }
 
-  setProvider (provider: () => LoadRecord): void {
+  setProvider (provider: (asker?: string) => LoadRecord): void {
     this.provider = provider
   }
 
-  /** The local load, or idle when the provider throws (a broken provider must not look busy forever). */
-  current (): LoadRecord {
+  /**
+   * The local load as told to `asker` (or to nobody in particular), or idle when the provider
+   * throws (a broken provider must not look busy forever).
+   */
+  current (asker?: string): LoadRecord {
     try {
-      return parseLoadRecord(this.provider())
+      return parseLoadRecord(this.provider(asker))
     } catch (err) {
       this.deps.log.warn({ err: String(err) }, 'mesh: load provider failed')
       return IDLE_LOAD
@@ -124,7 +128,8 @@ export class LoadExchange {
   }
 
   /** Serves load requests on an inbound stream, at most one per quarter interval. */
-  readonly handler = async (stream: Stream, _connection: Connection): Promise<void> => {
+  readonly handler = async (stream: Stream, connection: Connection): Promise<void> => {
+    const asker = connection.remotePeer.toString()
     const lp = lpStream(stream, { maxDataLength: LOAD_MAX_FRAME })
     const minGap = this.deps.timings.loadIntervalMs / 4
     let last = -Infinity
@@ -144,7 +149,7 @@ export class LoadExchange {
           continue
         }
         last = now
-        await lp.write(encodeLoadFrame({ v: 1, type: 'load', id: frame.id, load: this.current() }))
+        await lp.write(encodeLoadFrame({ v: 1, type: 'load', id: frame.id, load: this.current(asker) }))
       }
       await stream.close().catch(() => {})
     } catch (err) {

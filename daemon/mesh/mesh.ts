@@ -189,7 +189,7 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
     peers: (): PeerView[] => peers.views(),
     isAdmitted: peerId => admission.isAdmitted(peerId),
     setCapabilities: (caps: Capabilities) => { gossip.setCapabilities(caps) },
-    setLoadProvider: (provider: () => LoadRecord) => { load.setProvider(provider) },
+    setLoadProvider: (provider: (asker?: string) => LoadRecord) => { load.setProvider(provider) },
     onChange: (listener: (change: PeerChange) => void) => peers.onChange(listener),
 
     async handle (protocol, handler, options) {

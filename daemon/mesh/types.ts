@@ -154,7 +154,7 @@ export interface Mesh {
   peers: () => PeerView[]
   isAdmitted: (peerId: string) => boolean
   setCapabilities: (caps: Capabilities) => void
-  setLoadProvider: (provider: () => LoadRecord) => void
+  setLoadProvider: (provider: (asker?: string) => LoadRecord) => void
   /** Subscribe to peer table changes; returns an unsubscribe function. */
   onChange: (listener: (change: PeerChange) => void) => () => void
   /** Registers a protocol whose streams reach `handler` only from admitted peers. */

@@ -82,6 +82,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
   )
+  /** Forwarded requests held now, per sending peer: the `fromYou` of the load told to that peer. */
+  const forwardedFrom = createCounter()
 
   const publishCapabilities = (): void => {
     mesh?.setCapabilities({
@@ -161,10 +163,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const m = mesh
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
         const executor = withReceiptPart(local, signer!)
-        await m.handle(INFER_PROTOCOL, (stream) => {
-          void handleInferStream(stream, executor, { localPeerId: m.peerId })
+        await m.handle(INFER_PROTOCOL, (stream, connection) => {
+          const from = connection.remotePeer.toString()
+          forwardedFrom.add(from, 1)
+          void handleInferStream(stream, executor, { localPeerId: m.peerId }).finally(() => { forwardedFrom.add(from, -1) })
         }, { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
-        m.setLoadProvider(load)
+        m.setLoadProvider(asker => asker === undefined ? load() : { ...load(), fromYou: forwardedFrom.get(asker) })
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
@@ -239,5 +243,18 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }
     },
     stop: lifecycle.stop,
+  }
+}
+
+/** Counts per key that drop the key at zero, so peers that come and go leave nothing behind. */
+function createCounter (): { add(key: string, delta: number): void, get(key: string): number } {
+  const counts = new Map<string, number>()
+  return {
+    add (key, delta) {
+      const n = (counts.get(key) ?? 0) + delta
+      if (n > 0) counts.set(key, n)
+      else counts.delete(key)
+    },
+    get: key => counts.get(key) ?? 0,
   }
 }

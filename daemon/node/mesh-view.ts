@@ -89,6 +89,7 @@ function toSnapshot (load: LoadRecord, observedAt: number): NonNullable<Candidat
     tokensPerSecond: load.decodeTokPerSec,
     expectedQueueWaitMs: load.expectedWaitMs,
     ...(load.accepting === undefined ? {} : { accepting: load.accepting }),
+    ...(load.fromYou === undefined ? {} : { fromYou: load.fromYou }),
   }
 }
 

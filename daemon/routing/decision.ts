@@ -29,6 +29,8 @@ export interface LoadSnapshot {
   expectedQueueWaitMs?: number
   /** False when the node refuses new work (queue full, draining). */
   accepting?: boolean
+  /** Of `inFlight`, the requests this node sent there, as the node counted them (when it says). */
+  fromYou?: number
 }
 
 export interface Candidate {

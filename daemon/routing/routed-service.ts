@@ -69,13 +69,18 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
   }
 
   /**
-   * The peer's last load report, corrected by what we know happened since: our dispatches after it
-   * are added (so a burst does not all land on one node) and our requests that it still counted
-   * but that have finished since are taken off (so a freed slot does not look full until the next
-   * report, which would queue requests behind busy replicas while another has room).
+   * The peer's last load report with our own share made current, so a burst does not all land on
+   * one node and a freed slot does not look full until the next report. When the peer says how
+   * many of its requests are ours, that share is swapped for our exact count. Otherwise (an older
+   * peer) it is guessed from times: our dispatches after the report are added and our requests it
+   * counted that have finished since are taken off.
    */
   const withOwnLoad = (c: Candidate): Candidate => {
     if (c.load === undefined) return c
+    if (c.load.fromYou !== undefined) {
+      const inFlight = Math.max(0, c.load.inFlight - c.load.fromYou) + (dispatched.get(c.peerId)?.length ?? 0)
+      return inFlight === c.load.inFlight ? c : { ...c, load: { ...c.load, inFlight } }
+    }
     const observedAt = c.load.observedAt
     const unseen = (dispatched.get(c.peerId) ?? []).filter(t => t > observedAt).length
     const gone = (finished.get(c.peerId) ?? []).filter(f => f.at <= observedAt && f.end > observedAt).length

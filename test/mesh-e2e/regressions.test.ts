@@ -26,8 +26,10 @@ let ck: TinyCheckpoint
 let ingress: MeshNode
 let replica: MeshNode
 
-async function replicaLoad (): Promise<{ inFlight: number, accepting?: boolean } | undefined> {
-  return (await meshOf(ingress.url!)).peers.find(p => p.peerId === replica.peerId)?.load as { inFlight: number, accepting?: boolean } | undefined
+interface SeenLoad { inFlight: number, fromYou?: number, accepting?: boolean }
+
+async function replicaLoad (): Promise<SeenLoad | undefined> {
+  return (await meshOf(ingress.url!)).peers.find(p => p.peerId === replica.peerId)?.load as SeenLoad | undefined
 }
 
 describe('mesh routing regressions', () => {
@@ -44,7 +46,7 @@ describe('mesh routing regressions', () => {
     await ck?.cleanup()
   })
 
-  it('1. after a forwarded request completes, the replica reports no sequence in flight', async () => {
+  it('1. after a forwarded request completes, the replica reports no sequence in flight (and none from the ingress)', async () => {
     // Long enough for the ingress's load poll (every 500 ms) to see it in flight, read to its end.
     const { data: stream, response } = await clientFor(ingress.url!).completions.create({ model: MODEL_ID, prompt: PROMPT, max_tokens: 1000, temperature: 0, stream: true } as CompletionCreateParams & { stream: true }).withResponse()
     expect(response.headers.get('x-shoal-route')).toBe(replica.peerId)
@@ -54,14 +56,19 @@ describe('mesh routing regressions', () => {
     for await (const chunk of stream) {
       if (!seenBusy && Date.now() - lastLook > 100) {
         lastLook = Date.now()
-        seenBusy = ((await replicaLoad())?.inFlight ?? 0) >= 1
+        const seen = await replicaLoad()
+        // The replica tells the ingress that this one is the ingress's own.
+        seenBusy = (seen?.inFlight ?? 0) >= 1 && seen?.fromYou === 1
       }
       finish = chunk.choices[0]?.finish_reason ?? finish
     }
     expect(finish).toBe('length')
     expect(seenBusy).toBe(true)
     // Completed normally: a few load polls later the replica must report nothing in flight.
-    await waitFor('the replica to report inFlight 0', async () => (await replicaLoad())?.inFlight === 0, 5_000)
+    await waitFor('the replica to report inFlight 0', async () => {
+      const seen = await replicaLoad()
+      return seen?.inFlight === 0 && seen.fromYou === 0
+    }, 5_000)
   })
 
   it('3. a replica running one request still accepts more: the ingress does not answer 429', async () => {

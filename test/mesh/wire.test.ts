@@ -59,10 +59,14 @@ describe('load frames', () => {
     expect(text(encodeLoadFrame(errorFrame('SHOAL_ERR_MESH_RATE_LIMITED', 'slow down', 7)))).toBe('{"code":"SHOAL_ERR_MESH_RATE_LIMITED","id":7,"message":"slow down","type":"error","v":1}')
   })
 
-  it('carries the optional slots and accepting fields', () => {
+  it('carries the optional slots, accepting and fromYou fields', () => {
     expect(text(encodeLoadFrame({ v: 1, type: 'load', id: 1, load: { ...load, slots: 4, accepting: false } }))).toBe('{"id":1,"load":{"accepting":false,"decodeTokPerSec":41.5,"expectedWaitMs":120,"freeKvTokens":8192,"inFlight":3,"queueDepth":2,"slots":4},"type":"load","v":1}')
     expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 1, load: { ...load, slots: 4, accepting: false } }))).toMatchObject({ load: { slots: 4, accepting: false } })
     expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, accepting: 'yes' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    // The asker's own share, in a reply to that asker.
+    expect(text(encodeLoadFrame({ v: 1, type: 'load', id: 2, load: { ...load, fromYou: 1 } }))).toBe('{"id":2,"load":{"decodeTokPerSec":41.5,"expectedWaitMs":120,"freeKvTokens":8192,"fromYou":1,"inFlight":3,"queueDepth":2},"type":"load","v":1}')
+    expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 2, load: { ...load, fromYou: 1 } }))).toMatchObject({ load: { fromYou: 1 } })
+    expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, fromYou: -1 } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
   })
 
   it('ignores unknown load fields, refuses missing or negative ones', () => {

@@ -200,6 +200,28 @@ describe('createRoutedService', () => {
     expect(m.forwarded).toEqual(['a', 'a'])
   })
 
+  it('when a peer says how much of its load is ours, swaps that share for its exact own count', async () => {
+    const release = Promise.withResolvers<void>()
+    // One slot each; `a` is faster, so on the reports alone `a` wins every request.
+    const table = [
+      cand('a', { load: load({ observedAt: NOW, inFlight: 1, fromYou: 1, slots: 1, tokensPerSecond: 1000 }) }),
+      cand('b', { load: load({ observedAt: NOW, inFlight: 0, fromYou: 0, slots: 1, tokensPerSecond: 10 }) }),
+    ]
+    const m = mesh({ a: new SimulatedService({ holdBeforeStart: async () => await release.promise }), b: new SimulatedService() }, table)
+    const routed = createRoutedService({ now: () => NOW + 100, random: () => 0 }, m)
+    // The report still counts our earlier request to `a`, which has finished: `a` is free.
+    const first = collect(routed.generate(request(), new AbortController().signal))
+    await new Promise(resolve => setImmediate(resolve))
+    expect(m.forwarded).toEqual(['a'])
+    // Now ours is on its way to `a`, dispatched before `a`'s next report but not yet counted by
+    // it (fromYou 0, as if in transit): `a` is full, whatever the report's time says.
+    table[0] = cand('a', { load: load({ observedAt: NOW + 200, inFlight: 0, fromYou: 0, slots: 1, tokensPerSecond: 1000 }) })
+    await collect(routed.generate(request(), new AbortController().signal))
+    expect(m.forwarded).toEqual(['a', 'b'])
+    release.resolve()
+    await first
+  })
+
   it('merges local and mesh models', () => {
     const local = new SimulatedService({ model: 'm-local' })
     const routed = createRoutedService({ localPeerId: 'me' }, mesh({}, [], {

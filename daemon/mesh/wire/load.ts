@@ -26,6 +26,12 @@ export interface LoadRecord {
   slots?: number
   /** False when the node refuses new work (queue full, draining); absent means accepting. */
   accepting?: boolean
+  /**
+   * Of `inFlight`, the requests the asking peer sent (optional; only in a reply to that peer). The
+   * asker knows its own requests exactly and at once, so it swaps this share for its own count
+   * instead of guessing which of its dispatches and finishes the report already saw.
+   */
+  fromYou?: number
 }
 
 export const LOAD_FIELDS = ['queueDepth', 'inFlight', 'decodeTokPerSec', 'freeKvTokens', 'expectedWaitMs'] as const
@@ -53,6 +59,7 @@ export function parseLoadRecord (value: unknown): LoadRecord {
   const out: Partial<LoadRecord> = {}
   for (const key of LOAD_FIELDS) out[key] = nonNeg(obj[key], `load.${key}`)
   if (obj.slots !== undefined) out.slots = nonNeg(obj.slots, 'load.slots')
+  if (obj.fromYou !== undefined) out.fromYou = nonNeg(obj.fromYou, 'load.fromYou')
   if (obj.accepting !== undefined) {
     if (typeof obj.accepting !== 'boolean') throw malformed('load.accepting is not a boolean')
     out.accepting = obj.accepting
