@@ -10,7 +10,7 @@
  * load polling), the routed service (replica choice, /shoal/infer/1.0.0 forwarding), signed
  * receipts in a level log, the fastify ingress, SSE to real HTTP clients. The daemon has no seam
  * for a simulated engine yet, so each node is composed here from the public module APIs exactly
- * as daemon/node/daemon.ts composes it (createMesh + handleInferStream + createRoutedService +
+ * as daemon/node/daemon.ts composes it (createMesh + serveForwarded + createRoutedService +
  * withReceipts + createIngress). All nodes and clients share this ONE Node.js process.
  *
  * Optional (--real): 2 real onnxruntime nodes (`shoal node` child processes, each pinned to one
@@ -38,10 +38,10 @@ import { createLedger } from '../daemon/ledger/index.ts'
 import type { Ledger } from '../daemon/ledger/index.ts'
 import { createMesh } from '../daemon/mesh/index.ts'
 import type { Mesh } from '../daemon/mesh/index.ts'
-import { createDaemon, validateConfig, withReceipts } from '../daemon/node/index.ts'
+import { createDaemon, serveForwarded, validateConfig, withReceipts } from '../daemon/node/index.ts'
 // Internal to the daemon (not re-exported by daemon/node): the same candidate mapping it uses.
 import { meshModelCards, replicaCandidates } from '../daemon/node/mesh-view.ts'
-import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream } from '../daemon/routing/index.ts'
+import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../daemon/routing/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import { createSimulatedEngine } from './simulated-engine.ts'
 import type { SimulatedEngine } from './simulated-engine.ts'
@@ -69,7 +69,6 @@ const WARMUP_MS = Number(values.warmup) * 1000
 const MEASURE_MS = Number(values.measure) * 1000
 const MODEL = 'sim-model'
 const LISTEN = ['/ip4/127.0.0.1/udp/0/quic-v1']
-const MAX_INFER_STREAMS = 256
 const silent = pino({ level: 'silent' })
 
 // ---------------------------------------------------------------------------------------------
@@ -89,9 +88,7 @@ async function startBenchNode (identity: NodeIdentity, bootstrap: string[], data
   const mesh = createMesh({ identity, listen: LISTEN, transports: ['quic'], bootstrap, mdns: false, dataDir }, { metrics })
   await mesh.start()
   const engine = createSimulatedEngine({ model: MODEL, nodeId: mesh.peerId, msPerToken: MS_PER_TOKEN, slots: SLOTS })
-  await mesh.handle(INFER_PROTOCOL, (stream) => { void handleInferStream(stream, engine, { localPeerId: mesh.peerId }) },
-    { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
-  mesh.setLoadProvider(() => engine.load())
+  await serveForwarded(mesh, engine, () => engine.load())
   const ledger: Ledger = createLedger({ dataDir, signer: { peerId: identity.peerId, secretKey: identity.secretKey, certificate: identity.certificate } }, { logger: silent })
   await ledger.start()
   const routed = createRoutedService({ localPeerId: mesh.peerId }, {

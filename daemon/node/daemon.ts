@@ -17,7 +17,7 @@ import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
-import { INFER_PROTOCOL, createRoutedService, forwardGenerate, handleInferStream } from '../routing/index.ts'
+import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { createPipelineService, createPipelineStage } from '../pipeline/index.ts'
 import type { PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
@@ -25,6 +25,7 @@ import { ConfigError, DEFAULT_BUDGETS } from './config.ts'
 import type { Budgets, DaemonConfig } from './config.ts'
 import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
+import { serveForwarded } from './forwarded.ts'
 import { createLifecycle } from './lifecycle.ts'
 import type { Part } from './lifecycle.ts'
 import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
@@ -45,8 +46,6 @@ export interface Daemon {
   readonly mesh: Mesh | undefined
 }
 
-/** Streams a peer may open to this node for forwarded requests (libp2p's default of 32 is too few). */
-const MAX_INFER_STREAMS = 256
 const SOFTWARE = 'shoal/0.1.0'
 
 async function openvinoLoads (): Promise<boolean> {
@@ -82,8 +81,6 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
   )
-  /** Forwarded requests held now, per sending peer: the `fromYou` of the load told to that peer. */
-  const forwardedFrom = createCounter()
 
   const publishCapabilities = (): void => {
     mesh?.setCapabilities({
@@ -163,12 +160,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const m = mesh
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
         const executor = withReceiptPart(local, signer!)
-        await m.handle(INFER_PROTOCOL, (stream, connection) => {
-          const from = connection.remotePeer.toString()
-          forwardedFrom.add(from, 1)
-          void handleInferStream(stream, executor, { localPeerId: m.peerId }).finally(() => { forwardedFrom.add(from, -1) })
-        }, { maxInboundStreams: MAX_INFER_STREAMS, maxOutboundStreams: MAX_INFER_STREAMS })
-        m.setLoadProvider(asker => asker === undefined ? load() : { ...load(), fromYou: forwardedFrom.get(asker) })
+        await serveForwarded(m, executor, load)
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
@@ -246,15 +238,3 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   }
 }
 
-/** Counts per key that drop the key at zero, so peers that come and go leave nothing behind. */
-function createCounter (): { add(key: string, delta: number): void, get(key: string): number } {
-  const counts = new Map<string, number>()
-  return {
-    add (key, delta) {
-      const n = (counts.get(key) ?? 0) + delta
-      if (n > 0) counts.set(key, n)
-      else counts.delete(key)
-    },
-    get: key => counts.get(key) ?? 0,
-  }
-}
