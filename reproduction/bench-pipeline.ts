@@ -18,7 +18,7 @@ import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
 import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
-import { argmax, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, TokenSource } from '../daemon/engine/index.ts'
 import { createChainTokenSource, createStageNode, manifestHashOf } from '../daemon/pipeline/index.ts'
 import type { StageNode } from '../daemon/pipeline/index.ts'
@@ -124,10 +124,12 @@ async function main (): Promise<void> {
     const localSource = (i: number): TokenSource & { close: () => Promise<void> } => {
       const seq = `local-${i}-${Math.random()}`
       let opened = false
-      const pick = (o: Awaited<ReturnType<StageEngine['step']>>): number => argmax(o.data, (o.count - 1) * (o.kind === 'logits' ? o.vocab : 0))
+      // Greedy, picked in the worker as the chain's last stage does.
+      const greedy = { pick: { temperature: 0, topP: 1, u: 0 } }
+      const token = (o: Awaited<ReturnType<StageEngine['step']>>): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }
       return {
-        async prefill (ids, signal) { await w.engine.open(seq, signal); opened = true; return pick(await w.engine.step(seq, { tokenIds: ids }, ids.map((_, j) => j), {}, signal)) },
-        async decode (id, pos, signal) { return pick(await w.engine.step(seq, { tokenIds: [id] }, [pos], {}, signal)) },
+        async prefill (ids, signal) { await w.engine.open(seq, signal); opened = true; return token(await w.engine.step(seq, { tokenIds: ids }, ids.map((_, j) => j), greedy, signal)) },
+        async decode (id, pos, signal) { return token(await w.engine.step(seq, { tokenIds: [id] }, [pos], greedy, signal)) },
         async close () { if (opened) await w.engine.free(seq) },
       }
     }

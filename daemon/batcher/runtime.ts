@@ -114,13 +114,15 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         dequeue(e)
         e.state = 'running'
         const { ask, use } = logitsWindow(e.total, e.keep, e.offset, n)
+        const final = e.offset + n === e.total
         items.push({
           seqId: e.seqId,
           kind: e.kind,
           input: sliceInput(e.request.input, e.offset, n, e.total),
           positions: n === e.total ? e.request.positions : e.request.positions.slice(e.offset, e.offset + n),
           logitsToKeep: ask,
-          final: e.offset + n === e.total,
+          final,
+          ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
           signal: e.signal,
         })
         used.push(use)

@@ -24,6 +24,7 @@ export function checkStep (step: StepRequest): void {
   }
   const k = step.logitsToKeep ?? 1
   if (!Number.isSafeInteger(k) || k < 1 || k > n) throw new BadStepError(`step.logitsToKeep must be an integer in 1..${n}, got ${k}`)
+  if (step.pick !== undefined && k !== 1) throw new BadStepError('step.pick returns one token: logitsToKeep must be 1')
 }
 
 /** Rows [offset, offset + count) of a step's input (the input itself when that is all of it). */
@@ -50,12 +51,18 @@ export class StepAssembly {
 
   /** `use`: logits rows wanted from this chunk; `rows`: the chunk's positions (all hidden rows are kept). */
   add (output: StepResult, use: number, rows: number): void {
+    if (output.kind === 'token') {
+      // Only the final chunk of a step submitted with `pick` asks for one.
+      if (!Number.isSafeInteger(output.id) || output.id < 0 || use !== 1) throw new BatchFailedError('executor returned a malformed or unasked-for token')
+      this.parts.push(output)
+      return
+    }
     const width = output.kind === 'logits' ? output.vocab : output.hidden
     if (!(output.data instanceof Float32Array) || !Number.isSafeInteger(width) || width < 1 || output.data.length !== output.count * width) {
       throw new BatchFailedError(`executor returned a malformed ${String(output.kind)} output`)
     }
     const first = this.parts[0]
-    if (first !== undefined && (first.kind !== output.kind || (first.kind === 'logits' ? first.vocab : first.hidden) !== width)) {
+    if (first !== undefined && (first.kind !== output.kind || (first.kind === 'logits' ? first.vocab : first.kind === 'hidden' ? first.hidden : 0) !== width)) {
       throw new BatchFailedError('executor returned chunk outputs of different kinds or widths for one step')
     }
     if (output.kind === 'hidden') {
@@ -72,10 +79,12 @@ export class StepAssembly {
     const first = this.parts[0]
     if (first === undefined) throw new BatchFailedError('no output for step')
     if (this.parts.length === 1) return first
-    const count = this.parts.reduce((sum, p) => sum + p.count, 0)
-    const data = new Float32Array(this.parts.reduce((sum, p) => sum + p.data.length, 0))
+    const rows = this.parts.filter(p => p.kind !== 'token')
+    if (rows.length !== this.parts.length || first.kind === 'token') throw new BatchFailedError('executor returned a token beside other outputs for one step')
+    const count = rows.reduce((sum, p) => sum + p.count, 0)
+    const data = new Float32Array(rows.reduce((sum, p) => sum + p.data.length, 0))
     let at = 0
-    for (const p of this.parts) { data.set(p.data, at); at += p.data.length }
+    for (const p of rows) { data.set(p.data, at); at += p.data.length }
     return { ...first, data, count }
   }
 }

@@ -24,6 +24,16 @@ export interface StepRequest {
   positions: number[]
   /** Last stage: logits for the last K positions of the whole step (default 1). */
   logitsToKeep?: number
+  /** Last stage: have the executor pick the next token from the last position (the result is {kind: 'token'}). */
+  pick?: TokenPick
+}
+
+/** Sampling settings with the random draw already made (the engine's TokenPick, structurally). */
+export interface TokenPick {
+  temperature: number
+  topP: number
+  /** Uniform in [0, 1). */
+  u: number
 }
 
 export type StepResult =
@@ -31,6 +41,8 @@ export type StepResult =
   | { kind: 'logits', data: Float32Array, count: number, vocab: number }
   /** Row-major [count, hidden]: hidden states of every new position. */
   | { kind: 'hidden', data: Float32Array, count: number, hidden: number }
+  /** The token picked from the last position's logits (a step submitted with `pick`). */
+  | { kind: 'token', id: number }
 
 /** What the planner sees of a queued step: plain data, no inputs. */
 export interface PendingStep {
@@ -77,6 +89,8 @@ export interface BatchItem {
   logitsToKeep: number
   /** False for a prefill chunk that more chunks follow. */
   final: boolean
+  /** The step's pick, on its final chunk only (earlier chunks' logits are discarded). */
+  pick?: TokenPick
   /** The caller's signal: an executor may drop an item whose caller has gone. */
   signal: AbortSignal
 }

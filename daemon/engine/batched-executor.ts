@@ -13,6 +13,7 @@ export function createBatchedExecutor (engine: Pick<BatchingStageEngine, 'stepBa
         input: item.input,
         positions: item.positions,
         logitsToKeep: item.logitsToKeep,
+        ...(item.pick === undefined ? {} : { pick: item.pick }),
         signal: item.signal,
       })), signal)
     },

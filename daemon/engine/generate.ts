@@ -9,7 +9,8 @@ import type { Batcher } from '../batcher/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createStopMatcher } from '../text/index.ts'
 import { EngineError } from './errors.ts'
-import { createRng, sampleToken } from './sampling.ts'
+import { createRng, nextPick } from './sampling.ts'
+import type { TokenPick } from './sampling.ts'
 import type { StageEngine } from './stage-engine.ts'
 import type { StepOutput } from './protocol.ts'
 
@@ -24,39 +25,43 @@ export interface TokenSource {
   decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
 }
 
-/** One step of one sequence: token ids in at positions, logits for the last position out. */
-type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], signal: AbortSignal) => Promise<StepOutput>
+/** One step of one sequence: token ids in at positions, the picked next token out. */
+type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], pick: TokenPick, signal: AbortSignal) => Promise<StepOutput | { kind: 'token', id: number }>
 
-/** A token source over a stepper, sampling the last position's logits on this thread. */
-function samplingSource (step: Stepper, sampling: SamplingParams): TokenSource {
+/**
+ * A token source over a stepper. The sequence's seeded generator stays here and makes each draw
+ * before the step; the engine worker picks the token where the logits are, so only its id comes
+ * back (not a vocabulary-wide row per token), and the tokens equal sampling here exactly.
+ */
+function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   const rng = createRng(sampling.seed)
-  const sample = (out: StepOutput): number => {
-    if (out.kind !== 'logits') throw new EngineError('a whole-model engine must return logits')
-    return sampleToken(out.data, sampling, rng, (out.count - 1) * out.vocab, out.vocab)
+  const token = (out: StepOutput | { kind: 'token', id: number }): number => {
+    if (out.kind !== 'token') throw new EngineError(`a whole-model step with a pick must return a token, not ${out.kind}`)
+    return out.id
   }
   return {
     async prefill (promptIds, signal) {
-      return sample(await step('prefill', promptIds, promptIds.map((_, i) => i), signal))
+      return token(await step('prefill', promptIds, promptIds.map((_, i) => i), nextPick(sampling, rng), signal))
     },
     async decode (tokenId, position, signal) {
-      return sample(await step('decode', [tokenId], [position], signal))
+      return token(await step('decode', [tokenId], [position], nextPick(sampling, rng), signal))
     },
   }
 }
 
-/** A token source over one sequence of a whole-model stage engine, sampling on this thread. */
+/** A token source over one sequence of a whole-model stage engine. */
 export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
-  return samplingSource(async (_kind, tokenIds, positions, signal) =>
-    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1 }, signal), sampling)
+  return pickingSource(async (_kind, tokenIds, positions, pick, signal) =>
+    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1, pick }, signal), sampling)
 }
 
 /**
  * A token source over one sequence whose steps go through a micro-batcher (so they share runs
- * with other sequences' steps), sampling on this thread. The caller releases the sequence.
+ * with other sequences' steps). The caller releases the sequence.
  */
 export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
-  return samplingSource(async (kind, tokenIds, positions, signal) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1 }, signal), sampling)
+  return pickingSource(async (kind, tokenIds, positions, pick, signal) =>
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling)
 }
 
 export interface GenerationInput {

@@ -5,8 +5,10 @@
  */
 import type { SerializedError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
+import type { TokenPick } from './sampling.ts'
 
-export const ENGINE_PROTOCOL_VERSION = 1
+/** 2: steps may carry a TokenPick and then return a token id instead of logits. */
+export const ENGINE_PROTOCOL_VERSION = 2
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -50,6 +52,8 @@ export type StepOutput =
   | { kind: 'logits', data: Float32Array, count: number, vocab: number }
   /** Row-major [count, hidden]: hidden states of every new position. */
   | { kind: 'hidden', data: Float32Array, count: number, hidden: number }
+  /** The token picked from the last position's logits (a last-stage step that carried a TokenPick). */
+  | { kind: 'token', id: number }
 
 export interface EngineStats {
   liveSequences: number
@@ -71,11 +75,13 @@ export interface BatchStepItem {
   input: StepInput
   positions: BigInt64Array
   logitsToKeep: number
+  /** Last stage: pick the next token in the worker and return only its id (32k-wide logits stay there). */
+  pick?: TokenPick
 }
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
-  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number }
+  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick }
   /** Several sequences' steps in as few runs as exactness allows; one result per item, in order. */
   | { type: 'step-batch', id: number, items: BatchStepItem[] }
   /** Drops a sequence's KV; if a step on it is running, that step ends at its next chunk boundary. */
@@ -132,7 +138,16 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
   const input = m.input as { kind?: unknown, ids?: unknown, data?: unknown } | undefined
   const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
     : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
-  return ok ? undefined : `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
+  if (!ok) return `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
+  return m.pick === undefined ? undefined : checkPick(m.pick, what)
+}
+
+function checkPick (pick: unknown, what: string): string | undefined {
+  const p = pick as Partial<Record<keyof TokenPick, unknown>> | null
+  const num = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+  if (p === null || typeof p !== 'object' || !num(p.temperature) || !num(p.topP) || !num(p.u)) return `${what}: pick must be {temperature, topP, u} numbers`
+  if (p.temperature < 0 || p.topP <= 0 || p.topP > 1 || p.u < 0 || p.u >= 1) return `${what}: pick needs temperature ≥ 0, topP in (0, 1], u in [0, 1)`
+  return undefined
 }
 
 /** The buffers to transfer with a message (a view over a larger buffer is copied first). */

@@ -71,11 +71,31 @@ export function nucleus (logits: Float32Array, params: SamplerParams, offset = 0
   return { ids, probs }
 }
 
+/**
+ * A token choice made where the logits are (the engine worker), with the random draw `u` made by
+ * the sequence's own seeded generator beforehand: only a token id crosses back, and the tokens are
+ * exactly those sampleToken would give (greedy ignores `u`).
+ */
+export interface TokenPick extends SamplerParams {
+  /** Uniform in [0, 1); unused when temperature is 0. */
+  u: number
+}
+
+/** The TokenPick for the next step: draws from `rng` only when sampling needs it, as sampleToken does. */
+export function nextPick (params: SamplerParams, rng: Rng): TokenPick {
+  return { temperature: params.temperature, topP: params.topP, u: params.temperature <= 0 ? 0 : rng() }
+}
+
 /** Picks the next token from one row of logits. */
 export function sampleToken (logits: Float32Array, params: SamplerParams, rng: Rng, offset = 0, length = logits.length - offset): number {
-  if (params.temperature <= 0) return argmax(logits, offset, length)
-  const { ids, probs } = nucleus(logits, params, offset, length)
-  const u = rng()
+  return pickToken(logits, nextPick(params, rng), offset, length)
+}
+
+/** Picks the next token from one row of logits with a draw made beforehand. */
+export function pickToken (logits: Float32Array, pick: TokenPick, offset = 0, length = logits.length - offset): number {
+  if (pick.temperature <= 0) return argmax(logits, offset, length)
+  const { ids, probs } = nucleus(logits, pick, offset, length)
+  const u = pick.u
   let acc = 0
   for (let i = 0; i < ids.length; i++) {
     acc += probs[i]!

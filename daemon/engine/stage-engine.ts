@@ -12,6 +12,7 @@ import type { BackendName } from './backend/types.ts'
 import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
 import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
+import type { TokenPick } from './sampling.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 
 export interface StageEngineInit {
@@ -32,6 +33,8 @@ export type StageStepInput = { tokenIds: number[] } | { hidden: Float32Array }
 export interface StepOptions {
   /** Last stage: logits for the last K positions (default 1). */
   logitsToKeep?: number
+  /** Last stage: the worker picks the next token and returns only its id ({kind: 'token'}). */
+  pick?: TokenPick
 }
 
 export interface StageEngine {
@@ -51,6 +54,8 @@ export interface StageBatchItem {
   input: StageStepInput
   positions: number[]
   logitsToKeep?: number
+  /** As StepOptions.pick. */
+  pick?: TokenPick
   /** This item's caller: on abort its sequence is cancelled (KV dropped) and it alone fails. */
   signal?: AbortSignal
 }
@@ -178,6 +183,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         input: stepInput,
         positions: BigInt64Array.from(positions, BigInt),
         logitsToKeep: options.logitsToKeep ?? 1,
+        ...(options.pick === undefined ? {} : { pick: options.pick }),
       }
       const transfer = [(stepInput.kind === 'tokens' ? stepInput.ids : stepInput.data).buffer as ArrayBuffer, msg.positions.buffer as ArrayBuffer]
       const reply = await withSignal(call(msg, transfer), signal, async () => {
@@ -203,7 +209,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
           ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
           : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
         const positions = BigInt64Array.from(item.positions, BigInt)
-        wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1 })
+        wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }) })
         const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
         if (!transfer.includes(buf)) transfer.push(buf)
         transfer.push(positions.buffer as ArrayBuffer)

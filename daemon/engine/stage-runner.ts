@@ -20,6 +20,8 @@ import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import { blockBytes, copyRow, createScratch, ownRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
+import { pickToken } from './sampling.ts'
+import type { TokenPick } from './sampling.ts'
 
 /** Default prefill chunk: big enough to keep matmuls efficient, small enough to bound activations. */
 export const DEFAULT_CHUNK_SIZE = 256
@@ -42,8 +44,11 @@ interface Sequence {
 
 export interface StageRunner {
   open (seqId: string): void
-  /** Runs new positions of one sequence. Callers run one step at a time per runner. */
-  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number): Promise<StepOutput>
+  /**
+   * Runs new positions of one sequence. Callers run one step at a time per runner. With `pick`
+   * (last stage only) the output is the token picked from the last position's logits.
+   */
+  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick): Promise<StepOutput>
   /**
    * Runs one step for each item (distinct sequences); one result per item, in order. A failed item
    * ends its own sequence only, like a failed step.
@@ -114,8 +119,9 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   }
 
   /** Throws what is wrong with a step for this sequence. */
-  function check (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array): void {
+  function check (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, pick: TokenPick | undefined): void {
     const s = positions.length
+    if (pick !== undefined && !stage.hasHead) throw new EngineError('only the last stage (with the LM head) can pick tokens')
     const given = input.kind === 'tokens' ? input.ids.length : input.data.length / stage.hiddenSize
     if (input.kind === 'tokens' && !stage.hasEmbedding) throw new EngineError('this stage takes hidden states, not token ids')
     if (input.kind === 'hidden' && stage.hasEmbedding) throw new EngineError('this stage takes token ids, not hidden states')
@@ -128,8 +134,8 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   const droppedError = (seqId: string, seq: Sequence): Error =>
     seq.dropped === 'cancel' ? new AbortedError() : new EngineError(`sequence ${seqId} was freed during a step`)
 
-  async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number): Promise<StepOutput> {
-    check(seqId, seq, input, positions)
+  async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined): Promise<StepOutput> {
+    check(seqId, seq, input, positions, pick)
     const s = positions.length
     const keepTotal = Math.min(logitsToKeep, s)
     const parts: Float32Array[] = []
@@ -160,6 +166,10 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       }
     }
     if (seq.dropped !== undefined) throw droppedError(seqId, seq)
+    if (pick !== undefined) {
+      const last = parts[parts.length - 1]!
+      return { kind: 'token', id: pickToken(last, pick, last.length - width, width) }
+    }
     const data = parts.length === 1 && parts[0]!.byteOffset === 0 && parts[0]!.length === rows * width ? parts[0]! : concat(parts, rows * width)
     return stage.hasHead
       ? { kind: 'logits', data, count: rows, vocab: width }
@@ -228,6 +238,7 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
       const have = result.dims[1] ?? 1
       const width = result.dims[2] ?? stage.vocabSize
+      if (item.pick !== undefined) return { output: { kind: 'token', id: pickToken(result.data, item.pick, ((b + 1) * have - 1) * width, width) } }
       const want = Math.min(item.logitsToKeep, s)
       const data = result.data.slice((b * have + have - want) * width, (b + 1) * have * width)
       return { output: { kind: 'logits', data, count: want, vocab: width } }
@@ -244,7 +255,7 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     const groups = new Map<number, Live[]>()
     const solo: Live[] = []
     for (const e of live) {
-      try { check(e.seqId, e.seq, e.item.input, e.item.positions) } catch (err) { fail(e, err); continue }
+      try { check(e.seqId, e.seq, e.item.input, e.item.positions, e.item.pick) } catch (err) { fail(e, err); continue }
       const s = e.item.positions.length
       if (!batchable || s > chunkSize) { solo.push(e); continue }
       const g = groups.get(s)
@@ -264,7 +275,7 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     }
     for (const e of solo) {
       try {
-        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep) }
+        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep, e.item.pick) }
       } catch (err) { fail(e, err) }
     }
   }
@@ -275,11 +286,11 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
-    async step (seqId, input, positions, logitsToKeep) {
+    async step (seqId, input, positions, logitsToKeep, pick) {
       const seq = sequences.get(seqId)
       if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
       if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
-      const result = run(seqId, seq, input, positions, logitsToKeep)
+      const result = run(seqId, seq, input, positions, logitsToKeep, pick)
       seq.running = result.then(() => {}, () => {})
       try {
         return await result

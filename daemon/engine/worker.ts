@@ -53,7 +53,11 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'done', id: msg.id })
         return
       case 'step': {
-        const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep)
+        const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick)
+        if (output.kind === 'token') {
+          post({ type: 'stepped', id: msg.id, output })
+          return
+        }
         const data = ownBuffer(output.data)
         post({ type: 'stepped', id: msg.id, output: { ...output, data } }, [data.buffer as ArrayBuffer])
         return
@@ -63,6 +67,7 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         const transfer = new Set<ArrayBuffer>()
         const wire = results.map(r => {
           if ('error' in r) return { error: serializeError(r.error) }
+          if (r.output.kind === 'token') return r
           const data = ownBuffer(r.output.data)
           if (transfer.has(data.buffer as ArrayBuffer)) return { output: { ...r.output, data: data.slice() } }
           transfer.add(data.buffer as ArrayBuffer)

@@ -12,7 +12,7 @@ import { createHash } from 'node:crypto'
 import type { Hash } from 'node:crypto'
 import { deserializeError, serializeError } from '../errors.ts'
 import { createReceiptPart } from '../ledger/index.ts'
-import { createRng, sampleToken } from '../engine/index.ts'
+import { createRng, nextPick } from '../engine/index.ts'
 import type { Rng, StageEngine } from '../engine/index.ts'
 import type { SerializedError } from '../errors.ts'
 import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
@@ -190,15 +190,18 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     const positions = Array.from({ length: f.rows }, (_, i) => f.start + i)
     s.tail = s.tail.then(async () => {
       if (served.get(s.id) !== s) return
-      const out = await engine.step(s.id, { hidden: f.data }, positions, { logitsToKeep: 1 }, s.ctl.signal)
+      // The last stage picks the token in its engine worker (the draw from this sequence's seeded
+      // generator made here first), so only the id comes back from the worker.
+      const pick = s.next === undefined && f.final ? nextPick(s.open.sampling, s.rng!) : undefined
+      const out = await engine.step(s.id, { hidden: f.data }, positions, { logitsToKeep: 1, ...(pick === undefined ? {} : { pick }) }, s.ctl.signal)
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
         s.produced.update(bytesOf(out.data))
         s.rowsOut += out.count
         await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data }, s.ctl.signal)
       } else if (f.final) {
-        if (out.kind !== 'logits') throw new StageConfigError('the last stage must return logits')
-        const tokenId = sampleToken(out.data, s.open.sampling, s.rng!, (out.count - 1) * out.vocab, out.vocab)
+        if (out.kind !== 'token') throw new StageConfigError('the last stage must return a token')
+        const tokenId = out.id
         s.produced.update(new Uint8Array(Uint32Array.of(f.start + f.rows, tokenId).buffer))
         s.rowsOut++
         await links.send(s.open.returnTo, { kind: 'token', requestId: s.id, position: f.start + f.rows, tokenId }, s.ctl.signal)

@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher } from '../../daemon/batcher/index.ts'
 import type { Batcher, BatcherOverloadedError, StepResult } from '../../daemon/batcher/index.ts'
 import { httpStatusOf } from '../../daemon/errors.ts'
-import { SimulatedExecutor, seqHash } from './simulated-executor.ts'
+import { SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
 
 let batcher: Batcher | undefined
 afterEach(async () => { await batcher?.stop() })
@@ -63,7 +63,7 @@ describe('batcher admission under overload', () => {
       expect(s.settledAtSubmit).toBe(true) // refused at submit, not after queueing
     }
     for (const { s, o } of admitted) {
-      const r = (o as { ok: StepResult }).ok
+      const r = rowsOf((o as { ok: StepResult }).ok)
       expect(r.kind).toBe('logits')
       expect(r.data[0]).toBe(seqHash(s.seqId))
       expect(r.data[1]).toBe(15)
@@ -77,6 +77,6 @@ describe('batcher admission under overload', () => {
       const { positions, tokenIds } = prompt(i)
       return await b.submit({ seqId: `after${i}`, kind: 'prefill', input: { tokenIds }, positions })
     }))
-    expect(after.map(r => r.data[0])).toEqual(Array.from({ length: 8 }, (_, i) => seqHash(`after${i}`)))
+    expect(after.map(r => rowsOf(r).data[0])).toEqual(Array.from({ length: 8 }, (_, i) => seqHash(`after${i}`)))
   })
 })

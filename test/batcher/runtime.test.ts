@@ -8,7 +8,7 @@ import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher, createSequentialExecutor } from '../../daemon/batcher/index.ts'
 import type { Batcher, BatcherInit, StepEngine, StepRequest, StepResult } from '../../daemon/batcher/index.ts'
 import { ShoalError } from '../../daemon/errors.ts'
-import { SIM_VOCAB, SimulatedExecutor, seqHash } from './simulated-executor.ts'
+import { SIM_VOCAB, SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
 
 const started: Batcher[] = []
 afterEach(async () => { await Promise.all(started.splice(0).map(b => b.stop())) })
@@ -24,7 +24,8 @@ const range = (from: number, n: number): number[] => Array.from({ length: n }, (
 const tokensOf = (seq: number, positions: number[]): number[] => positions.map(p => (seq * 1000 + p) % 50_000)
 
 /** The logits rows the simulated engine gives a token step's last `keep` positions. */
-function expectLogits (r: StepResult, seqId: string, positions: number[], tokenIds: number[], keep: number): void {
+function expectLogits (result: StepResult, seqId: string, positions: number[], tokenIds: number[], keep: number): void {
+  const r = rowsOf(result)
   expect(r.kind).toBe('logits')
   expect(r.count).toBe(keep)
   const want: number[] = []
@@ -91,13 +92,29 @@ describe('batcher runtime', () => {
     expect(withDecodes.filter(i => i.kind === 'decode').length).toBe(3)
   })
 
+  it('passes a pick to the final chunk only and gives back the one token', async () => {
+    const sim = new SimulatedExecutor()
+    const b = await make(sim)
+    const positions = range(0, 40)
+    const pick = { temperature: 0, topP: 1, u: 0 }
+    const [long, decode] = await Promise.all([
+      b.submit({ seqId: 'long', kind: 'prefill', input: { tokenIds: tokensOf(3, positions) }, positions, pick }),
+      b.submit({ seqId: 'd', kind: 'decode', input: { tokenIds: [5] }, positions: [12], pick }),
+    ])
+    expect(long).toEqual({ kind: 'token', id: seqHash('long') + 39 })
+    expect(decode).toEqual({ kind: 'token', id: seqHash('d') + 12 })
+    const chunks = sim.batches.flat().filter(i => i.seqId === 'long')
+    expect(chunks.length).toBeGreaterThan(1)
+    expect(chunks.map(c => c.picks)).toEqual(chunks.map(c => c.final))
+  })
+
   it('chunks hidden-state rows and joins them back', async () => {
     const sim = new SimulatedExecutor()
     const b = await make(sim)
     const width = 3
     const positions = range(5, 40)
     const hidden = Float32Array.from({ length: positions.length * width }, (_, i) => i / 10)
-    const r = await b.submit({ seqId: 'stage2', kind: 'prefill', input: { hidden }, positions })
+    const r = rowsOf(await b.submit({ seqId: 'stage2', kind: 'prefill', input: { hidden }, positions }))
     expect(r.kind).toBe('hidden')
     expect(r.count).toBe(positions.length)
     expect(Array.from(r.data)).toEqual(Array.from(hidden.map(v => v + 1)))
@@ -174,6 +191,7 @@ describe('batcher runtime', () => {
       { seqId: 'a', kind: 'decode', input: { tokenIds: [] }, positions: [] },
       { seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [-1] },
       { seqId: 'a', kind: 'prefill', input: { tokenIds: [1] }, positions: [0], logitsToKeep: 2 },
+      { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], logitsToKeep: 2, pick: { temperature: 0, topP: 1, u: 0 } },
     ]
     for (const step of bad) expect(await codeOf(b.submit(step as StepRequest))).toBe('SHOAL_ERR_BAD_REQUEST')
     const ok = b.submit({ seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [0] })
@@ -229,7 +247,7 @@ describe('batcher runtime', () => {
       b.submit({ seqId: 'long', kind: 'prefill', input: { tokenIds: range(100, 12) }, positions: range(0, 12), logitsToKeep: 6 }),
       b.submit({ seqId: 'too-long', kind: 'decode', input: { tokenIds: [1] }, positions: [9999] }),
     ])
-    expect(long.status === 'fulfilled' && Array.from(long.value.data)).toEqual(range(106, 6))
+    expect(long.status === 'fulfilled' && Array.from(rowsOf(long.value).data)).toEqual(range(106, 6))
     expect(bad.status === 'rejected' && (bad.reason as ShoalError).code).toBe('SHOAL_ERR_CONTEXT_LENGTH')
     // The 12-position prefill ran as chunks, asking each for the logits rows it contributes.
     expect(calls.filter(c => c.seqId === 'long').map(c => [c.positions.length, c.logitsToKeep])).toEqual([[8, 2], [4, 4]])

@@ -5,6 +5,7 @@
  * every caller got its own result:
  *   token input  → logits rows [hash(seqId), position, tokenId, 0] for the last `logitsToKeep` positions
  *   hidden input → the same rows, each value + 1
+ *   with a pick  → the token hash(seqId) + last position
  */
 import { StepAbortedError } from '../../daemon/batcher/index.ts'
 import type { BatchExecutor, BatchItem, BatchItemResult, StepResult } from '../../daemon/batcher/index.ts'
@@ -26,6 +27,7 @@ export interface RecordedItem {
   positions: number[]
   logitsToKeep: number
   final: boolean
+  picks: boolean
 }
 
 export function seqHash (seqId: string): number {
@@ -60,7 +62,7 @@ export class SimulatedExecutor implements BatchExecutor {
     this.active++
     this.maxConcurrentRuns = Math.max(this.maxConcurrentRuns, this.active)
     try {
-      this.batches.push(items.map(i => ({ seqId: i.seqId, kind: i.kind, positions: [...i.positions], logitsToKeep: i.logitsToKeep, final: i.final })))
+      this.batches.push(items.map(i => ({ seqId: i.seqId, kind: i.kind, positions: [...i.positions], logitsToKeep: i.logitsToKeep, final: i.final, picks: i.pick !== undefined })))
       const tokens = items.reduce((sum, i) => sum + i.positions.length, 0)
       await this.gate
       await sleep((this.options.fixedMs ?? 1) + (this.options.perTokenMs ?? 0.02) * tokens, signal)
@@ -79,6 +81,7 @@ export class SimulatedExecutor implements BatchExecutor {
 /** The result the simulated engine gives one item. */
 export function simulate (item: BatchItem): StepResult {
   const n = item.positions.length
+  if (item.pick !== undefined) return { kind: 'token', id: seqHash(item.seqId) + item.positions[n - 1]! }
   const rows = (from: number, count: number): Float32Array => {
     const data = new Float32Array(count * SIM_VOCAB)
     for (let r = 0; r < count; r++) {
@@ -102,4 +105,10 @@ function sleep (ms: number, signal: AbortSignal): Promise<void> {
     const onAbort = (): void => { clearTimeout(timer); reject(signal.reason as Error) }
     signal.addEventListener('abort', onAbort, { once: true })
   })
+}
+
+/** A result with rows (logits or hidden), failing the test on a token. */
+export function rowsOf (r: StepResult): Exclude<StepResult, { kind: 'token' }> {
+  if (r.kind === 'token') throw new Error('expected rows, got a token')
+  return r
 }

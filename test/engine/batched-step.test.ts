@@ -6,8 +6,8 @@
  * one-at-a-time fallback for graphs without left padding, and KV accounting.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { argmax, createOnnxruntimeBackend, createStageEngine, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StageBatchItem, StageInfo, StepOutput } from '../../daemon/engine/index.ts'
+import { argmax, createOnnxruntimeBackend, createRng, createStageEngine, createStageRunner, nextPick, sampleToken, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, SamplerParams, StageBatchItem, StageInfo, StepOutput } from '../../daemon/engine/index.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
@@ -66,6 +66,48 @@ describe('stepBatch on a tiny generated model', () => {
   it('the step-batch message is checked like a step', () => {
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [] })).toMatch(/non-empty/)
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ seqId: 's', input: { kind: 'tokens', ids: [1] }, positions: new BigInt64Array(1), logitsToKeep: 1 }] })).toMatch(/items\[0\].*input/)
+  })
+
+  it('a pick is checked: numbers, temperature ≥ 0, topP in (0, 1], u in [0, 1)', () => {
+    const step = (pick: unknown): unknown => ({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(1) }, positions: new BigInt64Array(1), logitsToKeep: 1, pick })
+    for (const bad of [null, {}, { temperature: 0, topP: 1 }, { temperature: -1, topP: 1, u: 0 }, { temperature: 1, topP: 0, u: 0 }, { temperature: 1, topP: 1, u: 1 }, { temperature: Number.NaN, topP: 1, u: 0 }]) {
+      expect(parseToWorker(step(bad))).toMatch(/pick/)
+    }
+    expect(parseToWorker(step({ temperature: 0.7, topP: 0.9, u: 0.5 }))).toMatchObject({ type: 'step' })
+  })
+
+  it('tokens picked in the worker equal sampling the returned logits here, greedy and seeded, over 64 tokens', async () => {
+    // Five ragged prompts (the 30-token one prefills in chunks, alone; the others share runs).
+    for (const params of [{ temperature: 0, topP: 1 }, { temperature: 0.9, topP: 0.95 }] satisfies SamplerParams[]) {
+      const run = async (inWorker: boolean): Promise<number[][]> => {
+        const seqs = await Promise.all(PROMPTS.map(async (_, i) => await engine.open(`pick-${String(inWorker)}-${i}`)))
+        const rngs = PROMPTS.map((_, i) => createRng(1000 + i))
+        const tokens: number[][] = PROMPTS.map(() => [])
+        let items: StageBatchItem[] = PROMPTS.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: p }, positions: range(p.length) }))
+        for (let step = 0; step < TOKENS; step++) {
+          if (inWorker) items = items.map((item, i) => ({ ...item, pick: nextPick(params, rngs[i]!) }))
+          const results = await engine.stepBatch(items)
+          results.forEach((r, i) => {
+            if (!('output' in r)) throw r.error
+            const out = r.output
+            if (inWorker) {
+              if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
+              tokens[i]!.push(out.id)
+            } else {
+              tokens[i]!.push(sampleToken(logitsOf(out), params, rngs[i]!))
+            }
+          })
+          items = seqs.map((seqId, i) => ({ seqId, input: { tokenIds: [tokens[i]!.at(-1)!] }, positions: [PROMPTS[i]!.length + step] }))
+        }
+        for (const s of seqs) await engine.free(s)
+        return tokens
+      }
+      const here = await run(false)
+      const there = await run(true)
+      expect(there).toEqual(here)
+      if (params.temperature === 0) expect(there).toEqual(want.map(w => w.tokens))
+      else expect(there).not.toEqual(want.map(w => w.tokens)) // really sampled
+    }
   })
 
   it('five ragged sequences decoded together give the tokens of each alone, over 64 tokens', async () => {
