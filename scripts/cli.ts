@@ -79,6 +79,7 @@ function buildProgram (): Command {
   receipts.command('verify')
     .description('Check every signature and the whole hash chain')
     .requiredOption('--data <dir>', 'data directory')
+    .option('--ca <file>', "also require every signer to hold a certificate from this CA (ca.cert.json) valid at each receipt's time; revocation is not checked")
     .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsVerify(opts) })
   receipts.command('show')
     .description('Print receipts')

@@ -5,7 +5,7 @@
  * request as a receipt part that the ingress embeds. Byte-level format: ./README.md.
  */
 export { createLedger } from './ledger.ts'
-export type { Ledger, LedgerInit, LedgerComponents, LedgerSigner } from './ledger.ts'
+export type { AppendOptions, Ledger, LedgerInit, LedgerComponents, LedgerSigner } from './ledger.ts'
 export {
   RECEIPT_FORMAT, RECEIPT_PART_FORMAT, GENESIS_HASH,
   buildReceiptInput, requestContent, responseContent, requestHash, responseHash,

@@ -9,7 +9,7 @@ import { InvalidReceiptError, LedgerAbortedError, LedgerBusyError, LedgerClosedE
 import { certificateKey, publicKeyFromPeerId, resolveKey, sameBytes } from './keys.ts'
 import { checkReceiptInput, entryHash, GENESIS_HASH, RECEIPT_FORMAT, verifyReceiptPart } from './receipt.ts'
 import type { ReceiptBody, ReceiptInput, SignedReceipt } from './receipt.ts'
-import { getReceipt, KEY, lastEntry, parseEntry, parseHead, receiptsLocation, STORE_FORMAT, tailText, openDb } from './store.ts'
+import { CERT_RANGE, getReceipt, KEY, lastEntry, parseEntry, parseHead, receiptsLocation, STORE_FORMAT, tailText, openDb } from './store.ts'
 import type { Head, LedgerDb } from './store.ts'
 import { verifyLog } from './verify.ts'
 import type { VerifyOptions, VerifyReport } from './verify.ts'
@@ -42,8 +42,12 @@ export interface Ledger {
   start: () => Promise<void>
   /** Writes everything queued, then closes the database. */
   stop: () => Promise<void>
-  /** Chains, signs and durably appends; resolves with the stored entry. */
-  append: (input: ReceiptInput, options?: { signal?: AbortSignal }) => Promise<SignedReceipt>
+  /**
+   * Chains, signs and durably appends; resolves with the stored entry. `certificates`: those of
+   * the parts' signers (as the mesh admitted them), stored beside the entry in the same batch so
+   * the log vouches for every key it holds signatures of (`receipts verify --ca` checks them).
+   */
+  append: (input: ReceiptInput, options?: AppendOptions) => Promise<SignedReceipt>
   /** The signed receipt and its signer's certificate (null when none was stored). */
   get: (id: string) => Promise<{ receipt: SignedReceipt, certificate: unknown } | undefined>
   verify: (options?: VerifyOptions) => Promise<VerifyReport>
@@ -54,8 +58,15 @@ export interface Ledger {
   readonly location: string
 }
 
+export interface AppendOptions {
+  signal?: AbortSignal
+  certificates?: readonly unknown[]
+}
+
 interface Pending {
   input: ReceiptInput
+  /** Part signers' certificates: [peer id, canonical JSON]. */
+  certificates: Array<[string, string]>
   resolve: (entry: SignedReceipt) => void
   reject: (err: unknown) => void
   onAbort?: () => void
@@ -75,6 +86,8 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
   const queue: Pending[] = []
   let writer: Promise<void> = Promise.resolve()
   let draining = false
+  /** Certificate text stored per peer id, so an unchanged one is not rewritten with every entry. */
+  const storedCerts = new Map<string, string>()
 
   function checkSigner (): void {
     if (!(signer.secretKey instanceof Uint8Array) || signer.secretKey.length !== 32) throw new SignerMismatchError('signer secretKey must be a raw 32-byte ed25519 seed')
@@ -128,10 +141,12 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       if (format === undefined) await d.put(KEY.format, STORE_FORMAT, { sync: true })
       else if (format !== STORE_FORMAT) throw new LedgerCorruptError(`receipt log format ${format} is not ${STORE_FORMAT}`)
       head = await recoverHead(d)
+      storedCerts.clear()
+      for await (const [key, text] of d.iterator(CERT_RANGE)) storedCerts.set(key.slice(KEY.cert('').length), text)
       if (signer.certificate !== undefined) {
-        const stored = await d.get(KEY.cert(signer.peerId))
-        const text = new TextDecoder().decode(canonicalBytes(signer.certificate))
-        if (stored !== text) await d.put(KEY.cert(signer.peerId), text, { sync: true })
+        const text = canonicalText(signer.certificate)
+        if (storedCerts.get(signer.peerId) !== text) await d.put(KEY.cert(signer.peerId), text, { sync: true })
+        storedCerts.set(signer.peerId, text)
       }
     } catch (err) {
       await d.close()
@@ -150,16 +165,20 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     state = 'stopped'
   }
 
-  function append (input: ReceiptInput, options: { signal?: AbortSignal } = {}): Promise<SignedReceipt> {
+  function append (input: ReceiptInput, options: AppendOptions = {}): Promise<SignedReceipt> {
     if (state !== 'running') return Promise.reject(new LedgerClosedError())
-    const problem = checkReceiptInput(input) ?? checkPartSignatures(input)
-    if (problem !== undefined) return Promise.reject(new InvalidReceiptError(problem))
+    const malformed = checkReceiptInput(input)
+    if (malformed !== undefined) return Promise.reject(new InvalidReceiptError(malformed))
+    const certs = partCertificates(input, options.certificates ?? [])
+    if (typeof certs === 'string') return Promise.reject(new InvalidReceiptError(certs))
+    const forged = checkPartSignatures(input, certs)
+    if (forged !== undefined) return Promise.reject(new InvalidReceiptError(forged))
     if (queue.length >= maxPending) return Promise.reject(new LedgerBusyError(queue.length))
     const signal = options.signal
     if (signal?.aborted === true) return Promise.reject(new LedgerAbortedError())
     return new Promise<SignedReceipt>((resolve, reject) => {
       // Copy now, so a caller mutating its object later cannot change what gets signed.
-      const item: Pending = { input: structuredClone(input), resolve, reject }
+      const item: Pending = { input: structuredClone(input), certificates: [...certs].map(([peerId, cert]) => [peerId, canonicalText(cert)]), resolve, reject }
       if (signal !== undefined) {
         item.signal = signal
         item.onAbort = () => {
@@ -180,10 +199,22 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     })
   }
 
+  /** The given certificates by the part signer they belong to; a text saying why when one belongs to none. */
+  function partCertificates (input: ReceiptInput, certificates: readonly unknown[]): Map<string, unknown> | string {
+    const signers = new Set(input.parts.map(p => p.body.peerId))
+    const out = new Map<string, unknown>()
+    for (const [i, cert] of certificates.entries()) {
+      const peerId = certificateKey(cert)?.peerId
+      if (peerId === undefined || !signers.has(peerId)) return `certificate ${i} belongs to no part signer`
+      out.set(peerId, cert)
+    }
+    return out
+  }
+
   /** Parts are checked on the way in: an honest node must not write a log that fails verification. */
-  function checkPartSignatures (input: ReceiptInput): string | undefined {
+  function checkPartSignatures (input: ReceiptInput, certificates: Map<string, unknown>): string | undefined {
     for (const [i, part] of input.parts.entries()) {
-      const key = resolveKey(part.body.peerId, undefined, init.publicKeyFor)
+      const key = resolveKey(part.body.peerId, certificates.get(part.body.peerId), init.publicKeyFor)
       if (!key.ok) return `part ${i} (${part.body.peerId}): ${key.detail}`
       if (!verifyReceiptPart(part, key.publicKey)) return `part ${i} (${part.body.peerId}): signature does not verify`
     }
@@ -236,6 +267,10 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
           const entry = signDocument(bodyOf(item.input, index, prevHash), signer.secretKey)
           ops.push({ type: 'put', key: KEY.entry(index), value: JSON.stringify(entry) })
           ops.push({ type: 'put', key: KEY.id(item.input.id), value: String(index) })
+          for (const [peerId, text] of item.certificates) {
+            if (storedCerts.get(peerId) === text || ops.some(op => op.key === KEY.cert(peerId) && op.value === text)) continue
+            ops.push({ type: 'put', key: KEY.cert(peerId), value: text })
+          }
           prevHash = entryHash(entry)
           next = { index, hash: prevHash, id: item.input.id }
           done.push([item, entry])
@@ -244,6 +279,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
         if (next === undefined) continue
         ops.push({ type: 'put', key: KEY.head, value: JSON.stringify(next) })
         await d.batch(ops, { sync: true })
+        for (const op of ops) if (op.key.startsWith(KEY.cert(''))) storedCerts.set(op.key.slice(KEY.cert('').length), op.value)
         head = next
         for (const [item, entry] of done) item.resolve(entry)
       } catch (err) {
@@ -276,4 +312,8 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     get size () { return head === undefined ? 0 : head.index + 1 },
     location: receiptsLocation(init.dataDir),
   }
+}
+
+function canonicalText (value: unknown): string {
+  return new TextDecoder().decode(canonicalBytes(value))
 }

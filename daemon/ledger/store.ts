@@ -4,11 +4,12 @@
  *
  *   e/<index, 16 decimal digits>  → the signed entry, JSON text ({"body": …, "signature": …})
  *   i/<receipt id>                → its index, decimal text
- *   c/<peer id>                   → that signer's certificate, JSON text (latest one given)
+ *   c/<peer id>                   → the certificate of a signer (of entries or of parts), JSON text (latest one given)
  *   m/head                        → {"index", "hash", "id"} of the last entry, JSON text
  *   m/format                      → "1"
  *
- * Every append writes its e/, i/ and m/head keys in one synced batch, so a crash leaves all or none.
+ * Every append writes its e/, i/ and m/head keys (and any new part signer's c/) in one synced batch,
+ * so a crash leaves all or none.
  */
 import { mkdir, stat } from 'node:fs/promises'
 import { join } from 'node:path'

@@ -1,11 +1,13 @@
 /**
  * Walks a receipt log from entry 0 and reports the first entry that breaks it: a gap, a body that
  * is not a receipt, a wrong position, a broken hash link, an unknown signer, a bad signature, a bad
- * embedded part, a missing id mapping, or a head pointer that disagrees with the last entry. Reads
- * one snapshot, so it is safe while the ledger appends.
+ * embedded part, a missing id mapping, or a head pointer that disagrees with the last entry — and,
+ * given the operator's CA, a signer that CA did not vouch for. Reads one snapshot, so it is safe
+ * while the ledger appends.
  */
 import { verifyDocument } from '../../certs/signed.ts'
-import { resolveKey } from './keys.ts'
+import type { CaCertificate } from '../../certs/index.ts'
+import { createCaTrust, resolveKey } from './keys.ts'
 import { checkEntry, entryHash, GENESIS_HASH, verifyReceiptPart } from './receipt.ts'
 import type { ReceiptBody, SignedReceipt } from './receipt.ts'
 import { ENTRY_RANGE, KEY, parseEntry, parseEntryKey, parseHead, readCertificates } from './store.ts'
@@ -32,6 +34,12 @@ export const VERIFY_REASONS = [
   'id-mapping',
   /** The head pointer is missing or differs from the last entry (e.g. the tail was cut). */
   'head-mismatch',
+  /**
+   * Only with `options.ca`: the entry's signer or an embedded part's signer has no stored
+   * certificate that this CA issued and signed, for that peer id and key, valid at the entry's
+   * `timestamp` (CLOCK_SKEW_MS either side). Revocation is not checked.
+   */
+  'untrusted-signer',
 ] as const
 
 export type VerifyReason = typeof VERIFY_REASONS[number]
@@ -39,6 +47,13 @@ export type VerifyReason = typeof VERIFY_REASONS[number]
 export interface VerifyOptions {
   /** Overrides the stored certificate / peer id as the source of a signer's key. */
   publicKeyFor?: (peerId: string) => Uint8Array | undefined
+  /**
+   * The operator's CA certificate: every entry signer and every part signer must then hold a stored
+   * certificate from it, valid at the entry's `timestamp` (else 'untrusted-signer'). Without it the
+   * walk proves only that the log is internally consistent. Throws CertificateError if it is not a
+   * valid CA certificate.
+   */
+  ca?: CaCertificate
   signal?: AbortSignal
 }
 
@@ -50,10 +65,16 @@ export interface VerifyReport {
   headHash: string
   /** Peer ids that signed the good entries, in order of first appearance, and whether the log holds their certificate. */
   signers: Array<{ peerId: string, certificate: boolean }>
+  /** Peer ids that signed embedded parts of the good entries, in order of first appearance. */
+  partSigners: string[]
+  /** With `options.ca`: the CA every signer of the good entries chains to. */
+  ca?: { name: string, keyId: string }
   firstBad?: { index: number, id?: string, reason: VerifyReason, detail: string }
 }
 
 export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Promise<VerifyReport> {
+  const trust = options.ca === undefined ? undefined : createCaTrust(options.ca) // throws before any work for a bad CA
+  const ca = options.ca === undefined ? undefined : { name: options.ca.body.name, keyId: options.ca.body.keyId }
   const snapshot = db.snapshot()
   try {
     const certs = await readCertificates(db, snapshot)
@@ -62,9 +83,12 @@ export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Pro
     let prevHash = GENESIS_HASH
     let lastId: string | undefined
     const signers: VerifyReport['signers'] = []
+    const partSigners: string[] = []
+    const report = (ok: boolean): VerifyReport => ({ ok, entries: expected, headHash: prevHash, signers, partSigners, ...(ca === undefined ? {} : { ca }) })
     const bad = (index: number, reason: VerifyReason, detail: string, id?: string): VerifyReport =>
-      ({ ok: false, entries: expected, headHash: prevHash, signers, firstBad: id === undefined ? { index, reason, detail } : { index, id, reason, detail } })
+      ({ ...report(false), firstBad: id === undefined ? { index, reason, detail } : { index, id, reason, detail } })
     // A log that stores certificates vouches for its signers through them; then a bare peer id is no key.
+    // (With a CA, a signer without a stored certificate is reported as untrusted after its signature.)
     const requireCertificate = certs.size > 0
 
     for await (const [key, text] of db.iterator({ ...ENTRY_RANGE, snapshot })) {
@@ -82,36 +106,48 @@ export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Pro
       const signer = resolveKey(body.signer, certs.get(body.signer), options.publicKeyFor, requireCertificate)
       if (!signer.ok) return bad(index, signer.reason, signer.detail, id)
       if (!verifyDocument(entry, signer.publicKey)) return bad(index, 'bad-signature', `signature does not verify with ${body.signer}'s key`, id)
-      const partProblem = checkParts(body, certs, options)
-      if (partProblem !== undefined) return bad(index, 'bad-part', partProblem, id)
+      const untrusted = trust?.check(body.signer, certs.get(body.signer), signer.publicKey, body.timestamp)
+      if (untrusted !== undefined) return bad(index, 'untrusted-signer', `signer ${untrusted}`, id)
+      const parts = checkParts(body, certs, options)
+      if (!parts.ok) return bad(index, 'bad-part', parts.detail, id)
+      // Integrity of every part first, then trust: a forged part is 'bad-part' whoever signed it.
+      for (let i = 0; i < parts.keys.length; i++) {
+        const peerId = body.parts[i]!.body.peerId
+        const why = trust?.check(peerId, certs.get(peerId), parts.keys[i]!, body.timestamp)
+        if (why !== undefined) return bad(index, 'untrusted-signer', `part ${i} signer ${why}`, id)
+      }
       const mapped = await db.get(KEY.id(body.id), { snapshot })
       if (mapped !== String(index)) return bad(index, 'id-mapping', mapped === undefined ? 'no id → index mapping' : `id maps to index ${mapped}`, id)
       prevHash = entryHash(entry as SignedReceipt)
       lastId = body.id
       if (!signers.some((s) => s.peerId === body.signer)) signers.push({ peerId: body.signer, certificate: certs.has(body.signer) })
+      for (const part of body.parts) if (!partSigners.includes(part.body.peerId)) partSigners.push(part.body.peerId)
       expected++
     }
 
     const h = parseHead(head)
     if (expected === 0) {
       if (head !== undefined) return bad(h?.index ?? 0, h === undefined || h.index === 0 ? 'head-mismatch' : 'missing-entry', 'the log has no entries but a head pointer')
-      return { ok: true, entries: 0, headHash: GENESIS_HASH, signers }
+      return report(true)
     }
     if (h === undefined) return bad(expected - 1, 'head-mismatch', head === undefined ? 'head pointer missing' : 'head pointer unreadable', lastId)
     if (h.index >= expected) return bad(expected, 'missing-entry', `head points at entry ${h.index} (${h.id}) but the log ends at ${expected - 1}`, expected === h.index ? h.id : undefined)
     if (h.index !== expected - 1 || h.hash !== prevHash || h.id !== lastId) return bad(expected - 1, 'head-mismatch', `head ${JSON.stringify(h)} differs from the last entry`, lastId)
-    return { ok: true, entries: expected, headHash: prevHash, signers }
+    return report(true)
   } finally {
     await snapshot.close()
   }
 }
 
-function checkParts (body: ReceiptBody, certs: Map<string, unknown>, options: VerifyOptions): string | undefined {
+/** Every part's signature, and the key each verified with (for the CA check). */
+function checkParts (body: ReceiptBody, certs: Map<string, unknown>, options: VerifyOptions): { ok: true, keys: Uint8Array[] } | { ok: false, detail: string } {
+  const keys: Uint8Array[] = []
   for (let i = 0; i < body.parts.length; i++) {
     const part = body.parts[i]!
     const key = resolveKey(part.body.peerId, certs.get(part.body.peerId), options.publicKeyFor)
-    if (!key.ok) return `part ${i} (${part.body.peerId}): ${key.detail}`
-    if (!verifyReceiptPart(part, key.publicKey)) return `part ${i} (${part.body.peerId}): signature does not verify`
+    if (!key.ok) return { ok: false, detail: `part ${i} (${part.body.peerId}): ${key.detail}` }
+    if (!verifyReceiptPart(part, key.publicKey)) return { ok: false, detail: `part ${i} (${part.body.peerId}): signature does not verify` }
+    keys.push(key.publicKey)
   }
-  return undefined
+  return { ok: true, keys }
 }

@@ -188,6 +188,7 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
 
     peers: (): PeerView[] => peers.views(),
     isAdmitted: peerId => admission.isAdmitted(peerId),
+    certificateOf: peerId => peers.isAdmitted(peerId) ? peers.get(peerId)?.certificate : undefined,
     setCapabilities: (caps: Capabilities) => { gossip.setCapabilities(caps) },
     setLoadProvider: (provider: (asker?: string) => LoadRecord) => { load.setProvider(provider) },
     onChange: (listener: (change: PeerChange) => void) => peers.onChange(listener),

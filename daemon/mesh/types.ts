@@ -5,7 +5,7 @@
 import type { Stream, StreamHandler, StreamHandlerOptions } from '@libp2p/interface'
 import type { MeshLibp2p } from './node.ts'
 import type { Registry } from 'prom-client'
-import type { NodeIdentity } from '../../certs/index.ts'
+import type { NodeCertificate, NodeIdentity } from '../../certs/index.ts'
 import type { Capabilities, ServedModel } from './wire/caps.ts'
 import type { LoadRecord } from './wire/load.ts'
 import type { Liveness } from './decisions.ts'
@@ -153,6 +153,8 @@ export interface Mesh {
   /** Admitted peers (alive or suspect) with what they serve and their load. */
   peers: () => PeerView[]
   isAdmitted: (peerId: string) => boolean
+  /** The certificate an admitted peer was admitted with (undefined for any other peer). */
+  certificateOf: (peerId: string) => NodeCertificate | undefined
   setCapabilities: (caps: Capabilities) => void
   setLoadProvider: (provider: (asker?: string) => LoadRecord) => void
   /** Subscribe to peer table changes; returns an unsubscribe function. */

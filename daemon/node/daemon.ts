@@ -169,8 +169,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       name: 'ingress',
       async start () {
         if (config.api === undefined) return
-        const service = withReceipts(frontService(), ledger!, (requestId, count) => {
-          logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify')
+        const service = withReceipts(frontService(), ledger!, {
+          onRejectedParts: (requestId, count) => { logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify') },
+          certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
         })
         ingress = createIngress(
           { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs },

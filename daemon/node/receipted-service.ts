@@ -2,13 +2,21 @@
  * Every completion gets a signed receipt: this wraps the service the ingress talks to, collects
  * what was asked and answered, and appends the receipt to the ledger BEFORE the `end` event goes
  * out, so no acknowledged completion lacks its receipt. Failed or cancelled requests get none.
+ * The certificates of the nodes that signed parts (as the mesh admitted them) go into the log too.
  */
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
 import { acceptedParts } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
 
-export function withReceipts (service: InferenceService, ledger: Ledger, onRejectedParts?: (requestId: string, count: number) => void): InferenceService {
+export interface ReceiptOptions {
+  /** Called when parts whose signatures do not verify were left out of a receipt. */
+  onRejectedParts?: (requestId: string, count: number) => void
+  /** An admitted peer's certificate (the mesh's), stored with receipts that carry its part. */
+  certificateOf?: (peerId: string) => unknown
+}
+
+export function withReceipts (service: InferenceService, ledger: Ledger, options: ReceiptOptions = {}): InferenceService {
   return {
     models (): ModelCard[] {
       return service.models()
@@ -30,7 +38,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, onRejec
           tokenIds.push(...event.tokenIds)
         } else {
           const parts = acceptedParts(event.receiptParts, request.requestId)
-          if (parts.rejected > 0) onRejectedParts?.(request.requestId, parts.rejected)
+          if (parts.rejected > 0) options.onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
             manifestHash: manifestHash ?? null,
             route: hops,
@@ -38,7 +46,10 @@ export function withReceipts (service: InferenceService, ledger: Ledger, onRejec
             usage: event.usage,
             timing: { startedAt, firstTokenMs: firstTokenAt === undefined ? null : firstTokenAt - startedAt, totalMs: Date.now() - startedAt },
           })
-          await ledger.append(input, { signal })
+          const certificates = [...new Set(parts.accepted.map(p => p.body.peerId))]
+            .map(peerId => options.certificateOf?.(peerId))
+            .filter(c => c !== undefined)
+          await ledger.append(input, { signal, certificates })
         }
         yield event
       }

@@ -1,14 +1,18 @@
 /**
  * `shoal receipts verify|show --data DIR`: check or print a node's receipt log. Works on the log's
  * level database directly, so it needs no identity — but the node must not be running (level
- * holds a lock on the database).
+ * holds a lock on the database). `verify --ca FILE` also checks that the operator's CA vouched for
+ * every signer; without it, a log full of self-made certificates verifies too.
  */
-import { stat } from 'node:fs/promises'
+import { readFile, stat } from 'node:fs/promises'
 import { ExitError } from '../exit-error.ts'
+import { parseCaCertificate } from '../../certs/index.ts'
+import type { CaCertificate } from '../../certs/index.ts'
 import { allText, hasLog, openDb, receiptsLocation, tailText, verifyLog } from '../../daemon/ledger/index.ts'
 import type { LedgerDb, VerifyReport } from '../../daemon/ledger/index.ts'
 
 type Print = (line: string) => void
+const MAX_CA_FILE = 64 * 1024
 const stdout: Print = (line) => { process.stdout.write(line + '\n') }
 
 async function openLog (data: unknown): Promise<LedgerDb> {
@@ -25,12 +29,37 @@ async function openLog (data: unknown): Promise<LedgerDb> {
   }
 }
 
-/** Exit 0 when every signature and link holds; ExitError(…, 1) naming the first bad entry otherwise. */
-export async function receiptsVerify (opts: { data: string }, print: Print = stdout): Promise<VerifyReport> {
+/** The CA certificate file (`ca.cert.json` from `shoal ca init`), checked; ExitError(…, 2) when it is not one. */
+async function readCa (file: unknown): Promise<CaCertificate> {
+  if (typeof file !== 'string' || file === '') throw new ExitError('receipts: --ca needs a CA certificate file (ca.cert.json from `shoal ca init`)')
+  const info = await stat(file).catch(() => undefined)
+  if (info === undefined || !info.isFile()) throw new ExitError(`receipts: --ca ${file}: no such file`)
+  // A CA certificate is a few hundred bytes; anything much larger is not one.
+  if (info.size > MAX_CA_FILE) throw new ExitError(`receipts: --ca ${file}: not a CA certificate (${info.size} bytes)`)
+  let doc: unknown
+  try {
+    doc = JSON.parse(await readFile(file, 'utf8'))
+  } catch (err) {
+    throw new ExitError(`receipts: --ca ${file}: ${err instanceof SyntaxError ? 'not JSON' : `cannot be read (${(err as { code?: string }).code ?? 'error'})`}`)
+  }
+  try {
+    return parseCaCertificate(doc)
+  } catch (err) {
+    throw new ExitError(`receipts: --ca ${file}: not a valid CA certificate: ${(err as Error).message}`)
+  }
+}
+
+/**
+ * Exit 0 when every signature and link holds (and, with `ca`, every signer holds a certificate from
+ * that CA valid at each receipt's time; revocation is not checked); ExitError(…, 1) naming the first
+ * bad entry otherwise.
+ */
+export async function receiptsVerify (opts: { data: string, ca?: string }, print: Print = stdout): Promise<VerifyReport> {
+  const ca = opts.ca === undefined ? undefined : await readCa(opts.ca)
   const db = await openLog(opts.data)
   let report: VerifyReport
   try {
-    report = await verifyLog(db)
+    report = await verifyLog(db, ca === undefined ? {} : { ca })
   } finally {
     await db.close()
   }
@@ -42,6 +71,10 @@ export async function receiptsVerify (opts: { data: string }, print: Print = std
   print(`ok: ${report.entries} entries, every signature and hash link verified; head ${report.headHash}`)
   // Who signed matters: compare these with the node identities you expect (and their CA).
   for (const s of report.signers) print(`signer ${s.peerId} (key from ${s.certificate ? 'stored certificate' : 'peer id'})`)
+  if (ca !== undefined) {
+    const parts = report.partSigners.length === 0 ? '' : ` and ${report.partSigners.length} part signer${report.partSigners.length === 1 ? '' : 's'} (${report.partSigners.join(', ')})`
+    print(`ca: every signer${parts} chains to CA "${ca.body.name}" (key id ${ca.body.keyId}) with a certificate valid at each receipt's time (revocation is not checked)`)
+  }
   return report
 }
 

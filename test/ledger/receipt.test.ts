@@ -163,6 +163,16 @@ describe('ledger', () => {
       tokens: { input: 1, output: 1 }, timing: { startedAt: 0, durationMs: 0 },
     }, stranger.secretKey)
     await expect(ledger.append({ ...sampleInput('x'), parts: [forged] })).rejects.toMatchObject({ code: 'SHOAL_ERR_LEDGER_INVALID', message: /part 0/ })
+    // A part signer's certificate is stored with the entry only when it is that signer's and its key signed the part.
+    const executor = makeSigner()
+    const honest = createReceiptPart({
+      requestId: 'x', peerId: executor.peerId, model: 'm', layers: null, inputHash: hex64(1), outputHash: hex64(2),
+      tokens: { input: 1, output: 1 }, timing: { startedAt: 0, durationMs: 0 },
+    }, executor.secretKey)
+    await expect(ledger.append({ ...sampleInput('x'), parts: [honest] }, { certificates: [stranger.certificate] })).rejects.toMatchObject({ code: 'SHOAL_ERR_LEDGER_INVALID', message: /belongs to no part signer/ })
+    // Names the executor but certifies the stranger's key.
+    const lookalike = { ...stranger.certificate, body: { ...stranger.certificate.body, peerId: executor.peerId } }
+    await expect(ledger.append({ ...sampleInput('x'), parts: [honest] }, { certificates: [lookalike] })).rejects.toMatchObject({ code: 'SHOAL_ERR_LEDGER_INVALID', message: /part 0/ })
 
     const results = await Promise.allSettled([ledger.append(sampleInput('dup')), ledger.append(sampleInput('dup'))])
     expect(results.map((r) => r.status).sort()).toEqual(['fulfilled', 'rejected'])

@@ -14,6 +14,7 @@ import { createThrowawayCa } from '../../certs/index.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { receiptsVerify } from '../../scripts/commands/receipts.ts'
 
 const LISTEN = ['/ip4/127.0.0.1/tcp/0']
 const logger = pino({ level: 'silent' })
@@ -34,6 +35,7 @@ describe('pipeline chain through daemons', () => {
   let urlC = ''
   let urlSolo = ''
   let peers: string[] = []
+  let nodeC: Daemon | undefined
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), 'shoal-chain-daemon-'))
@@ -54,6 +56,7 @@ describe('pipeline chain through daemons', () => {
     const boot = a.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
     await start({ ...base, identityDir: ib!.dir, models: [{ dir: join(root, 'two'), layers: s1! }], dataDir: join(root, 'data-b'), bootstrap: boot })
     const c = await start({ ...base, identityDir: ic!.dir, models: [], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-c'), bootstrap: boot })
+    nodeC = c.daemon
     peers = [ia!.peerId, ib!.peerId]
     urlC = c.apiUrl!
     const solo = createDaemon(validateConfig({ ...base, listen: [], bootstrap: [], models: [{ dir: join(root, 'whole') }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-solo') }), { logger })
@@ -102,5 +105,14 @@ describe('pipeline chain through daemons', () => {
     expect(stagePart?.body.layers).toEqual(receipt.body.route[1]!.layers)
     expect(stagePart?.body.tokens.output).toBe(chained.ids.length)
     expect(parts.some(p => p.body.peerId === peers[0])).toBe(true)
+  })
+  it('leaves a log on the ingress that `shoal receipts verify --ca` accepts: every signer, stages included, certified by the CA', async () => {
+    // The log is a level database: the node must be stopped before the CLI opens it.
+    await nodeC!.stop()
+    const lines: string[] = []
+    const report = await receiptsVerify({ data: join(root, 'data-c'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, line => { lines.push(line) })
+    expect(report.entries).toBeGreaterThanOrEqual(1)
+    expect([...report.partSigners].sort()).toEqual([...peers].sort())
+    expect(lines.at(-1)).toMatch(/^ca: every signer and 2 part signers .* chains to CA "shoal-throwaway-ca"/)
   })
 })

@@ -87,7 +87,7 @@ describe('receipts on every completion', () => {
     const forger = withReceiptPart(createSimulatedService({ models: ['sim'] }), { peerId, secretKey: other })
     const rejected: number[] = []
     const req = request()
-    const events = await drain(withReceipts(forger, ledger, (_, n) => { rejected.push(n) }).generate(req, new AbortController().signal))
+    const events = await drain(withReceipts(forger, ledger, { onRejectedParts: (_, n) => { rejected.push(n) } }).generate(req, new AbortController().signal))
     expect(events.at(-1)?.type).toBe('end')
     expect((await ledger.get(req.requestId))!.receipt.body.parts).toEqual([])
     expect(rejected).toEqual([1])
