@@ -27,6 +27,8 @@ import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { serveForwarded } from './forwarded.ts'
 import { createLifecycle } from './lifecycle.ts'
+import { createPeerLossWatch } from './peer-loss.ts'
+import type { PeerLossWatch } from './peer-loss.ts'
 import type { Part } from './lifecycle.ts'
 import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
@@ -77,6 +79,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const coordinators: PipelineService[] = []
   const stages: PipelineStage[] = []
   let local: InferenceService = createModelDirectory([])
+  /** Tells forwards when the mesh loses contact with their peer. */
+  let peerLoss: PeerLossWatch | undefined
   const load = (): LoadRecord => aggregateLoad(
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -163,7 +167,11 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         await serveForwarded(m, executor, load)
         publishCapabilities()
       },
-      async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
+      async stop () {
+        // The mesh's stop closes its streams; handlers see them end.
+        peerLoss?.stop()
+        peerLoss = undefined
+      },
     },
     {
       name: 'ingress',
@@ -220,10 +228,18 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (mesh === undefined) return local
     const m = mesh
     const localIds = new Set(local.models().map(card => card.id))
+    const losses = peerLoss ??= createPeerLossWatch(m)
     return createRoutedService({ localPeerId: m.peerId }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
-      forward: (peerId, request, signal) => forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId, idleTimeoutMs: budgets.networkIdleMs }),
+      async * forward (peerId, request, signal) {
+        const lost = losses.watch(peerId)
+        try {
+          yield * forwardGenerate(s => m.openStream(peerId, INFER_PROTOCOL, s), request, signal, { peerId, idleTimeoutMs: budgets.networkIdleMs, peerLost: lost.signal })
+        } finally {
+          lost.release()
+        }
+      },
       meshModels: () => meshModelCards(m.peers()),
     })
   }

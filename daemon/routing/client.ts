@@ -3,7 +3,9 @@
  * its events as they arrive. Every error it throws is a ForwardError whose `phase` says whether
  * anything reached the caller (`before-start`: another replica may take the request, see
  * `retryable`; `after-start`: the stream ends with the error). It never waits without a bound:
- * the caller's signal, the request deadline, and an idle timeout on every read.
+ * the caller's signal, the request deadline, and an idle timeout on every read — cut to
+ * PEER_LOST_IDLE_MS once the mesh says it lost contact with the peer, so a node that died without
+ * closing anything (SIGKILL, a pulled cable: QUIC sees no close) costs seconds, not the idle bound.
  */
 import type { Stream } from '@libp2p/interface'
 import type { GenerateEvent, GenerateRequest } from '../service.ts'
@@ -25,16 +27,23 @@ export interface ForwardOptions {
   firstFrameTimeoutMs?: number
   /** Longest silence between frames after the first. */
   idleTimeoutMs?: number
+  /**
+   * Fires when the mesh stops hearing from the peer (it turned suspect or left). From then on a
+   * silence of PEER_LOST_IDLE_MS ends the forward: a peer still streaming is left alone.
+   */
+  peerLost?: AbortSignal
   maxFrameBytes?: number
 }
 
 export const DEFAULT_FIRST_FRAME_TIMEOUT_MS = 60_000
 export const DEFAULT_IDLE_TIMEOUT_MS = 30_000
+/** Silence that ends a forward once the mesh has lost contact with its peer. */
+export const PEER_LOST_IDLE_MS = 1_000
 /** setTimeout's limit; a later deadline is simply not armed. */
 const MAX_TIMER_MS = 2 ** 31 - 1
 
 /** Why the forwarding controller aborted; the error thrown follows from it. */
-type Stop = { why: 'caller', reason: unknown } | { why: 'deadline' } | { why: 'idle', ms: number }
+type Stop = { why: 'caller', reason: unknown } | { why: 'deadline' } | { why: 'idle', ms: number, lost: boolean }
 const isStop = (v: unknown): v is Stop => typeof v === 'object' && v !== null && 'why' in v
 
 export async function * forwardGenerate (open: StreamOpener, request: GenerateRequest, signal: AbortSignal, options: ForwardOptions = {}): AsyncGenerator<GenerateEvent, void, undefined> {
@@ -51,13 +60,30 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
   const untilDeadline = request.deadline - Date.now()
   const deadlineTimer = untilDeadline <= MAX_TIMER_MS ? setTimeout(() => ctl.abort({ why: 'deadline' } satisfies Stop), untilDeadline) : undefined
 
+  /** The wait in progress: its timer, re-armed shorter when the peer is lost meanwhile. */
+  let waiting: { timer: ReturnType<typeof setTimeout>, since: number, ms: number } | undefined
+  let lost = options.peerLost?.aborted === true
+  const idleStop = (ms: number): Stop => ({ why: 'idle', ms, lost })
+  const onLost = (): void => {
+    lost = true
+    const w = waiting
+    if (w === undefined || w.ms <= PEER_LOST_IDLE_MS) return
+    clearTimeout(w.timer)
+    w.ms = PEER_LOST_IDLE_MS
+    w.timer = setTimeout(() => ctl.abort(idleStop(PEER_LOST_IDLE_MS)), Math.max(0, w.since + PEER_LOST_IDLE_MS - Date.now()))
+  }
+  options.peerLost?.addEventListener('abort', onLost, { once: true })
+
   /** Runs `p` with an idle timer of `ms` armed only while waiting on the peer. */
   const bounded = async <T>(p: () => Promise<T>, ms: number): Promise<T> => {
-    const t = setTimeout(() => ctl.abort({ why: 'idle', ms } satisfies Stop), ms)
+    const bound = lost ? Math.min(ms, PEER_LOST_IDLE_MS) : ms
+    const w = { timer: setTimeout(() => ctl.abort(idleStop(bound)), bound), since: Date.now(), ms: bound }
+    waiting = w
     try {
       return await raceAbort(p(), ctl.signal)
     } finally {
-      clearTimeout(t)
+      clearTimeout(w.timer)
+      if (waiting === w) waiting = undefined
     }
   }
 
@@ -66,7 +92,7 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
       const stop = ctl.signal.reason
       if (stop.why === 'caller') return new ForwardAbortedError(phase, peer, { cause: stop.reason })
       if (stop.why === 'deadline') return new DeadlineExceededError(`the deadline passed while waiting on ${where}`, phase, peer)
-      const msg = `${where} sent nothing for ${stop.ms} ms`
+      const msg = `${where} sent nothing for ${stop.ms} ms${stop.lost ? ' after the mesh lost contact with it' : ''}`
       return phase === 'before-start' ? new PeerUnavailableError(msg, peer) : new PeerLostError(msg, peer)
     }
     if (err instanceof ForwardError) return err
@@ -122,6 +148,7 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
   } finally {
     clearTimeout(deadlineTimer)
     signal.removeEventListener('abort', onCallerAbort)
+    options.peerLost?.removeEventListener('abort', onLost)
     reader?.dispose()
     if (stream !== undefined) release(stream, settled ? undefined : request.requestId, maxFrameBytes)
     ctl.abort({ why: 'caller', reason: 'done' } satisfies Stop)

@@ -237,17 +237,19 @@ describe('replicas killed with SIGKILL', () => {
     await last.exited
     const killedAt = Date.now()
     // Sent while the table still lists the dead node alive: it waits on the dead connection (a
-    // SIGKILLed QUIC peer sends no close) until the mesh gives up on the node, then fails cleanly.
-    const first = (async () => { const o = await whole(api, 8); return { o, at: Date.now() } })()
+    // SIGKILLed QUIC peer sends no close) until the mesh stops hearing from the node (suspect),
+    // then fails cleanly — while the node is still listed, long before it is dropped.
+    const first = (async () => { const o = await whole(api, 8); return { o, at: Date.now(), stillListed: await listed(last.peerId) } })()
     // Sent once the node is suspect (silent, not yet dropped): refused at once, with the reason.
     await waitFor('the dead replica to turn suspect', async () => await listed(last.peerId) && !await listedAlive(last.peerId), SUSPECT_BOUND_MS)
     const during = await whole(api, 8)
     expect(during).toMatchObject({ kind: 'error', status: 503, type: 'server_error', code: 'SHOAL_ERR_NO_ELIGIBLE_NODE' })
     expect((during as { message: string }).message).toMatch(/1 unreachable/)
-    const { o, at } = await first
+    const { o, at, stillListed } = await first
     expect(o, JSON.stringify(o)).toMatchObject({ kind: 'error', status: 503, type: 'server_error' })
     expect(['SHOAL_ERR_PEER_UNAVAILABLE', 'SHOAL_ERR_NO_ELIGIBLE_NODE']).toContain((o as { code: string }).code)
     expect(at - killedAt, 'the first request waited past the liveness bound').toBeLessThan(GONE_BOUND_MS)
+    expect(stillListed, `the first request ended only once the dead node was dropped (${at - killedAt} ms after the kill)`).toBe(true)
     // Dropped: the mesh no longer offers the model, and a request for it is a 404.
     await waitFor('the dead replica to leave /v1/mesh', async () => !await listed(last.peerId), Math.max(0, killedAt + GONE_BOUND_MS - Date.now()))
     expect((await api.models.list()).data).toEqual([])

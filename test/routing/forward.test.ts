@@ -162,6 +162,34 @@ describe('forwarding over libp2p', () => {
     await service.aborted(req.requestId) // the client cancelled on its way out
   })
 
+  it('once the mesh loses contact with the peer, a short silence ends the forward (not the idle bound)', async () => {
+    const service = new SimulatedService({ stallAfter: 2 })
+    const node = await serve(service)
+    const req = request({ maxTokens: 100 })
+    const lost = new AbortController()
+    const events: GenerateEvent[] = []
+    const err = await failure((async () => {
+      // The idle bound alone would wait 10 minutes: only the loss signal can end this in time.
+      for await (const ev of forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { idleTimeoutMs: 600_000, peerLost: lost.signal })) {
+        events.push(ev)
+        if (tokenIds(events).length === 2) lost.abort()
+      }
+    })())
+    expect(err).toMatchObject({ code: 'SHOAL_ERR_PEER_LOST', phase: 'after-start', message: expect.stringMatching(/after the mesh lost contact/) })
+    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 2))
+    await service.aborted(req.requestId)
+  })
+
+  it('a peer that keeps streaming is not cut off when the mesh loses contact with it', async () => {
+    const node = await serve(new SimulatedService({ msPerToken: 20 }))
+    const req = request({ maxTokens: 80 })
+    const lost = new AbortController()
+    lost.abort() // lost from the start: 80 tokens at 20 ms each outlast the short bound, but none is silent that long
+    const events = await collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { peerLost: lost.signal }))
+    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 80))
+    expect(events.at(-1)?.type).toBe('end')
+  })
+
   it('turns an error frame after start into a typed, non-retryable error', async () => {
     const node = await serve(new SimulatedService({ failAfter: { tokens: 2, error: () => new ShoalError('SHOAL_ERR_INTERNAL', 'engine crashed') } }))
     const req = request({ maxTokens: 10 })
