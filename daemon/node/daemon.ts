@@ -125,8 +125,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           ...(config.revocationsFile === undefined ? {} : { revocationsFile: config.revocationsFile }),
         }, { logger, metrics })
         await mesh.start()
+        peerLoss = createPeerLossWatch(mesh)
       },
-      async stop () { await mesh?.stop() },
+      async stop () {
+        peerLoss?.stop()
+        peerLoss = undefined
+        await mesh?.stop()
+      },
     },
     {
       name: 'engines',
@@ -167,11 +172,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         await serveForwarded(m, executor, load)
         publishCapabilities()
       },
-      async stop () {
-        // The mesh's stop closes its streams; handlers see them end.
-        peerLoss?.stop()
-        peerLoss = undefined
-      },
+      async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
     },
     {
       name: 'ingress',
@@ -218,7 +219,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
-    const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()) })
+    const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) })
     await coordinator.start()
     coordinators.push(coordinator)
   }
@@ -228,7 +229,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (mesh === undefined) return local
     const m = mesh
     const localIds = new Set(local.models().map(card => card.id))
-    const losses = peerLoss ??= createPeerLossWatch(m)
+    const losses = peerLoss!
     return createRoutedService({ localPeerId: m.peerId }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),

@@ -4,12 +4,14 @@
  * the last stage samples and the token id comes back. Sampling params travel in the open frame. When a stage is lost the
  * source rebuilds the chain without that peer and replays the prompt plus every token so far
  * (with the RNG advanced past the draws already made), so the caller sees no error; past
- * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. Every wait has an idle timeout.
+ * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. Every wait has an idle timeout, cut short for a
+ * stage the mesh has stopped hearing from.
  */
 import { ShoalError } from '../errors.ts'
 import type { TokenSource } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
 import { StageLostError } from './errors.ts'
+import { PEER_LOST_IDLE_MS } from '../routing/index.ts'
 import type { StageNode, TokenWatch } from './stage-node.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
 import type { ChainHop } from './wire.ts'
@@ -25,6 +27,12 @@ export interface ChainTokenSourceInit {
   formChain (exclude: readonly string[]): ChainHop[]
   /** Longest wait for the token of one step (default 30 s). */
   idleTimeoutMs?: number
+  /**
+   * A signal that fires when the mesh stops hearing from a peer (suspect or gone). A stage whose
+   * signal fired and that then leaves a token wait silent for PEER_LOST_IDLE_MS is lost: the
+   * chain is rebuilt without it at once, not after the idle timeout.
+   */
+  peerLost?: (peerId: string) => { signal: AbortSignal, release: () => void }
   /** Chain rebuilds after a lost stage (default 2; 0 = fail at once). */
   maxReplays?: number
   /** Positions per prefill activation frame (default 256, capped by the frame size). */
@@ -61,6 +69,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   let chain: ChainHop[] = []
   let wireId = init.requestId
   let watch: TokenWatch | undefined
+  /** Loss signals of the current chain's stages after stage 0. */
+  let losses: Array<{ peerId: string, signal: AbortSignal, release: () => void }> = []
   let live = false
 
   async function begin (signal: AbortSignal): Promise<void> {
@@ -68,6 +78,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     if (chain.length < 2 || chain[0]!.peerId !== node.peerId) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain must start at the coordinator and have a second stage')
     wireId = attempt === 0 ? init.requestId : `${init.requestId}~r${attempt}`
     watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
+    losses = init.peerLost === undefined ? [] : chain.slice(1).map(h => ({ peerId: h.peerId, ...init.peerLost!(h.peerId) }))
     live = true
     await node.engine.open(wireId, signal)
     await node.send(chain[1]!.peerId, {
@@ -88,9 +99,15 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     }, signal)
   }
 
+  function releaseLosses (): void {
+    for (const l of losses) l.release()
+    losses = []
+  }
+
   async function end (): Promise<void> {
     if (!live) return
     live = false
+    releaseLosses()
     watch?.close()
     // The cancel is best effort and not awaited: the next stage may be the one that died (its
     // downstream then frees on the link loss, the deadline or its idle timer).
@@ -101,6 +118,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   async function finish (signal: AbortSignal): Promise<Array<Record<string, unknown>>> {
     if (!live) return []
     live = false
+    releaseLosses()
     const w = watch!
     node.send(chain[1]!.peerId, { kind: 'finish', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
     const parts = await w.parts(chain.length - 1, signal)
@@ -119,17 +137,41 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
       const final = a + chunk >= ids.length
       await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data }, signal)
     }
-    const idle = AbortSignal.timeout(idleMs)
-    let got: { position: number, tokenId: number }
-    try {
-      got = await w.next(AbortSignal.any([signal, idle]))
-    } catch (err) {
-      if (!signal.aborted && idle.aborted) throw new StageLostError(`no token from the chain ${chain.map(h => h.peerId).join(' → ')} in ${idleMs} ms`)
-      throw err
-    }
+    const got = await nextToken(w, signal)
     if (got.position !== start + ids.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `token for position ${got.position}, expected ${start + ids.length}`)
     sampled++
     return got.tokenId
+  }
+
+  /**
+   * The next token, bounded by the idle timeout, and by PEER_LOST_IDLE_MS of silence once the
+   * mesh has lost contact with a stage (that stage is then the one reported lost).
+   */
+  async function nextToken (w: TokenWatch, signal: AbortSignal): Promise<{ position: number, tokenId: number }> {
+    const ctl = new AbortController()
+    let lost: StageLostError | undefined
+    const stop = (err: StageLostError): void => { lost ??= err; ctl.abort() }
+    const timers = [setTimeout(() => { stop(new StageLostError(`no token from the chain ${chain.map(h => h.peerId).join(' → ')} in ${idleMs} ms`)) }, idleMs)]
+    const offs: Array<() => void> = []
+    for (const { peerId, signal: gone } of losses) {
+      const onLost = (): void => {
+        timers.push(setTimeout(() => { stop(new StageLostError(`stage ${peerId} sent nothing for ${PEER_LOST_IDLE_MS} ms after the mesh lost contact with it`, peerId)) }, PEER_LOST_IDLE_MS))
+      }
+      if (gone.aborted) onLost()
+      else {
+        gone.addEventListener('abort', onLost, { once: true })
+        offs.push(() => { gone.removeEventListener('abort', onLost) })
+      }
+    }
+    try {
+      return await w.next(AbortSignal.any([signal, ctl.signal]))
+    } catch (err) {
+      if (!signal.aborted && lost !== undefined) throw lost
+      throw err
+    } finally {
+      for (const t of timers) clearTimeout(t)
+      for (const off of offs) off()
+    }
   }
 
   /** Runs a step; on a lost stage, rebuilds the chain and replays the whole history. */

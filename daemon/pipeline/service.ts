@@ -14,6 +14,7 @@ import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
+import type { ChainTokenSourceInit } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
 
@@ -36,6 +37,8 @@ export interface PipelineServiceInit {
 export interface PipelineServiceComponents {
   /** Stage holders in the mesh (capabilities + load + RTT), this node excluded. */
   holders (): StageHolder[]
+  /** Tells when the mesh stops hearing from a stage peer (see ChainTokenSourceInit.peerLost). */
+  peerLost?: ChainTokenSourceInit['peerLost']
 }
 
 export interface PipelineService extends InferenceService {
@@ -86,6 +89,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       sampling: request.sampling,
       deadline: request.deadline,
       formChain: chainFor,
+      ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
       ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
     })

@@ -13,7 +13,7 @@ export {
   encodeFrame, encodePayload, decodePayload, decodeFrames,
 } from './wire.ts'
 export type { InferFrame, InferFrameKind } from './wire.ts'
-export { forwardGenerate, DEFAULT_FIRST_FRAME_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS } from './client.ts'
+export { forwardGenerate, DEFAULT_FIRST_FRAME_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS, PEER_LOST_IDLE_MS } from './client.ts'
 export type { StreamOpener, ForwardOptions } from './client.ts'
 export { handleInferStream, withRouteHop, DEFAULT_REQUEST_TIMEOUT_MS } from './server.ts'
 export type { InferHandlerOptions } from './server.ts'

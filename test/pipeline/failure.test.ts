@@ -69,6 +69,37 @@ describe('a stage killed mid-generation', () => {
     expect(c.stage.node.stats().streams).toBe(2) // c→d, and spare→c for the tokens
   }, 120_000)
 
+  it('a stage that falls silent once the mesh lost contact with it is replaced at once, not after the idle timeout', async () => {
+    const [c, d, e, spare] = [await stage(models.three, [0, 1]), await stage(models.three, [2, 2]), await stage(models.three, [3, 3]), await stage(models.three, [3, 3])]
+    const lost = new Map<string, AbortController>()
+    const lossOf = (peerId: string): AbortController => lost.get(peerId) ?? lost.set(peerId, new AbortController()).get(peerId)!
+    const src = createChainTokenSource({
+      node: c.stage.node, requestId: 'silent-1', sampling: greedy, deadline: Date.now() + 120_000,
+      formChain: chainFrom(c, () => [holderOf(d), holderOf(e, 1), holderOf(spare, 50)]),
+      // The idle bound alone would wait 10 minutes: only the loss signal can end the wait in time.
+      idleTimeoutMs: 600_000,
+      peerLost: peerId => ({ signal: lossOf(peerId).signal, release: () => {} }),
+    })
+    let got: number[]
+    try {
+      got = await runSource(src, prompt, N, AbortSignal.timeout(60_000), (i) => {
+        if (i !== 20) return
+        expect(src.route).toEqual([c.peerId, d.peerId, e.peerId])
+        // e hangs without closing anything (as a SIGKILLed QUIC peer looks), and the mesh says so.
+        e.stage.node.engine.step = async (_seq, _input, _positions, _options, signal) => await new Promise((_resolve, reject) => {
+          signal?.addEventListener('abort', () => { reject(signal.reason as Error) }, { once: true })
+        })
+        lossOf(e.peerId).abort()
+      })
+      expect(src.replays).toBe(1)
+      expect(src.route).toEqual([c.peerId, d.peerId, spare.peerId])
+    } finally {
+      await src.close()
+    }
+    expect(got).toEqual(want)
+    for (const h of [c, d, spare]) await expectClean(h)
+  }, 120_000)
+
   it('with no other holder, ends with a typed error naming the missing layers and leaks nothing', async () => {
     const [c, d, e] = [await stage(models.three, [0, 1]), await stage(models.three, [2, 2]), await stage(models.three, [3, 3])]
     const src = createChainTokenSource({
