@@ -5,9 +5,12 @@
  * ratios to the baseline and per-token time split into compute, wait (queued behind another
  * request at a stage engine) and transfer (everything else on the round trip: framing, loopback,
  * simulated latency). Stages run in-process, each engine in its own worker thread (1 intra-op
- * thread); no core pinning.
+ * thread); no core pinning. `--batching off,on` runs each chain both ways: `off`, every request
+ * steps a stage's engine alone (FIFO in its worker); `on`, the steps waiting for a stage go
+ * through its micro-batcher and share engine runs, as the daemon serves them (no compute/wait
+ * split then: a shared run is not one request's).
  *
- *   node reproduction/bench-pipeline.ts [--size 60m] [--quant int4] [--tokens 64] [--prompt 16] [--delays 0,20,100] [--rounds 3]
+ *   node reproduction/bench-pipeline.ts [--size 60m] [--quant int4] [--tokens 64] [--prompt 16] [--delays 0,20,100] [--batching off,on] [--streams 1,2,4] [--rounds 3]
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { cpus, loadavg, tmpdir } from 'node:os'
@@ -18,8 +21,10 @@ import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
 import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
-import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
-import type { StageEngine, TokenSource } from '../daemon/engine/index.ts'
+import { createBatcher } from '../daemon/batcher/index.ts'
+import type { Batcher } from '../daemon/batcher/index.ts'
+import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import type { BatchingStageEngine, StageEngine, TokenSource } from '../daemon/engine/index.ts'
 import { createChainTokenSource, createStageNode, manifestHashOf } from '../daemon/pipeline/index.ts'
 import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
@@ -31,17 +36,21 @@ const { values: args } = parseArgs({
     tokens: { type: 'string', default: '64' },
     prompt: { type: 'string', default: '16' },
     delays: { type: 'string', default: '0,20,100' },
+    batching: { type: 'string', default: 'off,on' },
+    streams: { type: 'string', default: '1,2,4' },
     rounds: { type: 'string', default: '3' },
   },
 })
 const TOKENS = Number(args.tokens)
 const PROMPT = Number(args.prompt)
 const DELAYS = (args.delays ?? '0').split(',').map(Number)
+const BATCHING = (args.batching ?? 'off').split(',').map(b => b === 'on')
+const STREAMS = (args.streams ?? '1').split(',').map(Number)
 const ROUNDS = Number(args.rounds)
 
 /** Per-sequence compute and queue wait of decode steps at one engine (its worker runs steps one at a time, FIFO). */
-interface Timed { engine: StageEngine, bySeq: Map<string, { compute: number, wait: number }> }
-function timed (engine: StageEngine): Timed {
+interface Timed { engine: StageEngine, raw: BatchingStageEngine, bySeq: Map<string, { compute: number, wait: number }> }
+function timed (engine: BatchingStageEngine): Timed {
   const bySeq = new Map<string, { compute: number, wait: number }>()
   let lastEnd = 0
   const wrapped: StageEngine = {
@@ -65,7 +74,7 @@ function timed (engine: StageEngine): Timed {
       return out
     },
   }
-  return { engine: wrapped, bySeq }
+  return { engine: wrapped, raw: engine, bySeq }
 }
 
 async function node (): Promise<Libp2p> {
@@ -115,7 +124,10 @@ async function main (): Promise<void> {
     const whole = await loadManifest(join(root, 'whole'))
     const two = await loadManifest(join(root, 'two'))
     const hash = await manifestHashOf(join(root, 'two'))
-    const engineFor = (dir: string, m: typeof whole, i: number): Timed => timed(createStageEngine({ graphPath: join(dir, ...m.stages[i]!.graph.split('/')), stage: stageInfoOf(m, i), threads: 1 }))
+    // Room for two runs' sequences: a finished run's are freed by cancel frames that the simulated
+    // hop delay holds back while the next run opens its own.
+    const maxSequences = Math.max(8, 2 * Math.max(...STREAMS))
+    const engineFor = (dir: string, m: typeof whole, i: number): Timed => timed(createStageEngine({ graphPath: join(dir, ...m.stages[i]!.graph.split('/')), stage: stageInfoOf(m, i), threads: 1, maxSequences }))
 
     // Everything is started up front; configurations then run in rounds (each round runs every
     // configuration once) and the median round is reported, so drift in machine load hits all alike.
@@ -133,33 +145,38 @@ async function main (): Promise<void> {
         async close () { if (opened) await w.engine.free(seq) },
       }
     }
-    const configs: Array<{ label: string, streams: number, source: (i: number) => TokenSource & { close?: () => Promise<void> }, engines: Timed[] }> = [
-      { label: 'unsplit, 1 stream (baseline)', streams: 1, source: localSource, engines: [w] },
+    const configs: Array<{ label: string, streams: number, source: (i: number) => TokenSource & { close?: () => Promise<void> }, engines: Timed[], batched: boolean }> = [
+      { label: 'unsplit, 1 stream (baseline)', streams: 1, source: localSource, engines: [w], batched: false },
     ]
     const teardown: Array<() => Promise<void>> = [async () => { await w.engine.stop() }]
     for (const delayMs of DELAYS) {
-      const libp2ps = [await node(), await node()]
-      const byId = new Map(libp2ps.map(n => [n.peerId.toString(), n]))
-      const engines = [engineFor(join(root, 'two'), two, 0), engineFor(join(root, 'two'), two, 1)]
-      const nodes: StageNode[] = libp2ps.map((n, i) => createStageNode({ engine: engines[i]!.engine, modelId: 'bench', manifestHash: hash, delayMs }, {
-        peerId: n.peerId.toString(),
-        handle: async (p, h) => { await n.handle(p, h) },
-        openStream: async (peer, p, signal) => await n.dialProtocol(byId.get(peer)!.getMultiaddrs(), p, { signal }),
-      }))
-      for (const [i, nd] of nodes.entries()) { await engines[i]!.engine.start(); await nd.start() }
-      const chain = [{ peerId: nodes[0]!.peerId, layers: two.stages[0]!.layers }, { peerId: nodes[1]!.peerId, layers: two.stages[1]!.layers }]
-      let k = 0
-      const chainSource = (): ReturnType<typeof createChainTokenSource> => createChainTokenSource({
-        node: nodes[0]!, requestId: `b${delayMs}-${k++}`, sampling: { temperature: 0, topP: 1 }, deadline: Date.now() + 600_000, formChain: () => chain,
-      })
-      for (const streams of [1, 2, 4]) {
-        configs.push({ label: `2-stage, ${streams} stream${streams > 1 ? 's' : ''}${streams > 1 ? ' (interleaved)' : ' (naive)'}, +${delayMs} ms/hop`, streams, source: chainSource, engines })
+      for (const batching of BATCHING) {
+        const libp2ps = [await node(), await node()]
+        const byId = new Map(libp2ps.map(n => [n.peerId.toString(), n]))
+        const engines = [engineFor(join(root, 'two'), two, 0), engineFor(join(root, 'two'), two, 1)]
+        const batchers: Batcher[] = batching ? engines.map((e, i) => createBatcher({ name: `stage-${i}` }, { executor: createBatchedExecutor(e.raw), batchCap: () => nodes[i]!.waveCap() })) : []
+        const nodes: StageNode[] = libp2ps.map((n, i) => createStageNode({ engine: engines[i]!.engine, ...(batching ? { batcher: batchers[i]! } : {}), modelId: 'bench', manifestHash: hash, delayMs }, {
+          peerId: n.peerId.toString(),
+          handle: async (p, h) => { await n.handle(p, h) },
+          openStream: async (peer, p, signal) => await n.dialProtocol(byId.get(peer)!.getMultiaddrs(), p, { signal }),
+        }))
+        for (const [i, nd] of nodes.entries()) { await engines[i]!.engine.start(); await batchers[i]?.start(); await nd.start() }
+        const chain = [{ peerId: nodes[0]!.peerId, layers: two.stages[0]!.layers }, { peerId: nodes[1]!.peerId, layers: two.stages[1]!.layers }]
+        let k = 0
+        const chainSource = (): ReturnType<typeof createChainTokenSource> => createChainTokenSource({
+          node: nodes[0]!, requestId: `b${delayMs}${batching ? 'b' : ''}-${k++}`, sampling: { temperature: 0, topP: 1 }, deadline: Date.now() + 600_000, formChain: () => chain,
+        })
+        for (const streams of STREAMS) {
+          const mode = streams > 1 ? `${streams} streams (interleaved${batching ? ', batched' : ''})` : `1 stream (naive${batching ? ', batcher' : ''})`
+          configs.push({ label: `2-stage, ${mode}, +${delayMs} ms/hop`, streams, source: chainSource, engines, batched: batching })
+        }
+        teardown.push(async () => {
+          for (const nd of nodes) await nd.stop()
+          for (const b of batchers) await b.stop()
+          for (const e of engines) await e.engine.stop()
+          for (const n of libp2ps) await n.stop()
+        })
       }
-      teardown.push(async () => {
-        for (const nd of nodes) await nd.stop()
-        for (const e of engines) await e.engine.stop()
-        for (const n of libp2ps) await n.stop()
-      })
     }
     for (const c of configs) await run('warm-up', 1, c.source, c.engines)
     const rounds: RunResult[][] = configs.map(() => [])
@@ -178,7 +195,11 @@ async function main (): Promise<void> {
     console.log(`model: ${args.size} llama (${whole.shape.numLayers} layers, hidden ${whole.shape.hiddenSize}, vocab ${whole.shape.vocabSize}), quant ${quant}; prompt ${PROMPT}, ${TOKENS} tokens per stream`)
     console.log('| run | tok/s (median; each round) | × unsplit | ms/token per stream | compute | wait | transfer |')
     console.log('|---|---:|---:|---:|---:|---:|---:|')
-    for (const [i, r] of results.entries()) console.log(`| ${r.label} | ${f(r.tokS, 1)} (${rounds[i]!.map(x => f(x.tokS, 0)).join('/')}) | ${f(r.tokS / base.tokS)} | ${f(r.perToken)} | ${f(r.compute)} | ${f(r.wait)} | ${f(r.transfer)} |`)
+    for (const [i, r] of results.entries()) {
+      // Through a batcher the engine's step is not timed per request: no split.
+      const split = configs[i]!.batched ? '– | – | –' : `${f(r.compute)} | ${f(r.wait)} | ${f(r.transfer)}`
+      console.log(`| ${r.label} | ${f(r.tokS, 1)} (${rounds[i]!.map(x => f(x.tokS, 0)).join('/')}) | ${f(r.tokS / base.tokS)} | ${f(r.perToken)} | ${split} |`)
+    }
   } finally {
     await rm(root, { recursive: true, force: true })
   }

@@ -67,8 +67,9 @@ export function planBatch<T extends PendingStep> (queue: readonly T[], limits: B
   const allDecodes = take(decodes, decodeSlots, reserved ? maxTokens - 1 : maxTokens)
   if (allDecodes || reserved) take(prefills, maxBatch, maxTokens)
 
-  const limited = cut || run.length < decodes.length + prefills.length
+  // As large as the limits allow: more company could not join this run anyway.
+  const full = cut || run.length >= maxBatch || used >= maxTokens || run.length < decodes.length + prefills.length
   const age = Math.max(0, now - oldest)
-  if (limited || age >= limits.maxQueueDelayMs || hints.awaiting === 0) return { run }
+  if (full || age >= limits.maxQueueDelayMs || hints.awaiting === 0) return { run }
   return { run: [], wait: limits.maxQueueDelayMs - age }
 }

@@ -93,7 +93,8 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     metrics.queueDepth.set(label, queue.length)
     metrics.expectedWait.set(label, expectedWaitMs(now) / 1000)
     if (queue.length === 0) return
-    const plan = planBatch(queue, limits, now, { awaiting: recent.size })
+    const cap = components.batchCap?.()
+    const plan = planBatch(queue, cap === undefined || !(cap >= 1) || cap >= limits.maxBatch ? limits : { ...limits, maxBatch: Math.floor(cap) }, now, { awaiting: recent.size })
     if (plan.run.length > 0) {
       runDone = execute(plan.run, now)
     } else if (plan.wait !== undefined) {

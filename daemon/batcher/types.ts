@@ -142,6 +142,12 @@ export interface BatcherComponents {
   executor: BatchExecutor
   metrics?: Registry
   clock?: Clock
+  /**
+   * Sequences per run allowed right now, below limits.maxBatch (read at every plan). A pipeline
+   * stage uses it to keep its requests in as many waves as the chain has stages: batching all of
+   * them together would march them through the chain in lockstep and leave every other stage idle.
+   */
+  batchCap?: () => number
 }
 
 /** Step time ≈ fixedMs + perSequenceMs × sequences + perTokenMs × positions. */

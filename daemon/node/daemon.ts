@@ -211,7 +211,17 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (m === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
     const st = model.manifest.stages[model.stageIndex]!
     const stage = await createPipelineStage(
-      { shardDir: model.shardDir, layers: st.layers, backend: choice.backend, device: choice.device, signer: signer! },
+      {
+        shardDir: model.shardDir,
+        layers: st.layers,
+        backend: choice.backend,
+        device: choice.device,
+        signer: signer!,
+        // The same batching budget and metrics as whole models: a stage's steps meet in its batcher.
+        metrics,
+        batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+        budgetMs: budgets.batchBudgetMs,
+      },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
     await stage.start()

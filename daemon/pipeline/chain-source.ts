@@ -112,7 +112,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     // The cancel is best effort and not awaited: the next stage may be the one that died (its
     // downstream then frees on the link loss, the deadline or its idle timer).
     node.send(chain[1]!.peerId, { kind: 'cancel', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
-    await node.engine.free(wireId).catch(() => {})
+    await node.free(wireId).catch(() => {})
   }
 
   async function finish (signal: AbortSignal): Promise<Array<Record<string, unknown>>> {
@@ -123,7 +123,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     node.send(chain[1]!.peerId, { kind: 'finish', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
     const parts = await w.parts(chain.length - 1, signal)
     w.close()
-    await node.engine.free(wireId).catch(() => {})
+    await node.free(wireId).catch(() => {})
     return parts
   }
 
@@ -132,7 +132,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     const w = watch!
     for (let a = 0; a < ids.length; a += chunk) {
       const part = ids.slice(a, a + chunk)
-      const out = await node.engine.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), {}, signal)
+      const out = await node.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), undefined, signal)
       if (out.kind !== 'hidden') throw new ShoalError('SHOAL_ERR_INTERNAL', 'stage 0 of a chain must return hidden states')
       const final = a + chunk >= ids.length
       await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data }, signal)

@@ -6,14 +6,17 @@
  * samples and sends only the token id to the coordinator. As the coordinator it lets a chain token
  * source `watch` a request's token and error frames. State of a request is dropped on cancel
  * (which also means "finished"), on error, at its deadline, after an idle timeout, and when the
- * link to the neighbour it depends on goes down; nothing waits without a bound.
+ * link to the neighbour it depends on goes down; nothing waits without a bound. With a batcher,
+ * the steps of every request waiting for this stage (the coordinator's own stage-0 steps included)
+ * share engine runs.
  */
 import { createHash } from 'node:crypto'
 import type { Hash } from 'node:crypto'
 import { deserializeError, serializeError } from '../errors.ts'
 import { createReceiptPart } from '../ledger/index.ts'
+import type { Batcher } from '../batcher/index.ts'
 import { createRng, nextPick } from '../engine/index.ts'
-import type { Rng, StageEngine } from '../engine/index.ts'
+import type { Rng, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
 import type { SerializedError } from '../errors.ts'
 import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
 import { createLinks } from './links.ts'
@@ -23,6 +26,8 @@ import type { OpenBody, StageFrame } from './wire.ts'
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. */
   engine: StageEngine
+  /** Over `engine`, started by the caller: when given, every step goes through it (shared runs). */
+  batcher?: Batcher
   modelId: string
   manifestHash: string
   /** Silence after which a served request's state is dropped (default 60 s). */
@@ -56,6 +61,16 @@ export interface StageNode {
   start (): Promise<void>
   stop (): Promise<void>
   send (peerId: string, frame: StageFrame, signal: AbortSignal): Promise<void>
+  /** One step of one sequence on this node's stage (through the batcher when there is one); logits of the last position, or its picked token. */
+  step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal): Promise<StepOutput>
+  /** The sequence is done here: its batcher company is not waited for and its KV is freed. */
+  free (seqId: string): Promise<void>
+  /**
+   * Sequences one engine run should take now so this node's requests move through their chain in
+   * one wave per stage (⌈requests here / stages⌉): the batcher's cap, so batching never marches
+   * every request through the chain in lockstep while the other stages idle.
+   */
+  waveCap (): number
   watch (requestId: string, peers: readonly string[]): TokenWatch
   stats (): StageNodeStats
 }
@@ -104,6 +119,25 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     links.send(peerId, frame, AbortSignal.timeout(SEND_TIMEOUT_MS)).catch(() => {})
   }
 
+  async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal): Promise<StepOutput> {
+    const picking = pick === undefined ? {} : { pick }
+    const batcher = init.batcher
+    if (batcher === undefined) return await engine.step(seqId, input, positions, { logitsToKeep: 1, ...picking }, signal)
+    return await batcher.submit({ seqId, kind: positions.length > 1 ? 'prefill' : 'decode', input, positions, logitsToKeep: 1, ...picking }, signal)
+  }
+
+  async function free (seqId: string): Promise<void> {
+    init.batcher?.release(seqId)
+    await engine.free(seqId)
+  }
+
+  function waveCap (): number {
+    let stages = 1
+    for (const s of served.values()) stages = Math.max(stages, s.open.chain.length)
+    for (const w of watches.values()) stages = Math.max(stages, w.peers.size + 1)
+    return Math.max(1, Math.ceil((served.size + watches.size) / stages))
+  }
+
   /** Drops a served request: KV freed after its running step stops; cancel goes downstream. */
   function drop (s: Served, cancelDownstream: boolean): void {
     if (served.get(s.id) !== s) return
@@ -111,7 +145,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     s.ctl.abort(new StageLostError('request dropped'))
     for (const t of s.timers) clearTimeout(t)
     clearTimeout(s.idle)
-    void s.tail.finally(() => engine.free(s.id).catch(() => {}))
+    void s.tail.finally(() => free(s.id).catch(() => {}))
     if (cancelDownstream && s.next !== undefined) sendSoon(s.next, { kind: 'cancel', requestId: s.id })
   }
 
@@ -193,7 +227,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       // The last stage picks the token in its engine worker (the draw from this sequence's seeded
       // generator made here first), so only the id comes back from the worker.
       const pick = s.next === undefined && f.final ? nextPick(s.open.sampling, s.rng!) : undefined
-      const out = await engine.step(s.id, { hidden: f.data }, positions, { logitsToKeep: 1, ...(pick === undefined ? {} : { pick }) }, s.ctl.signal)
+      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal)
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
         s.produced.update(bytesOf(out.data))
@@ -302,6 +336,9 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       await links.stop()
     },
     send: async (peerId, frame, signal) => { await links.send(peerId, frame, signal) },
+    step,
+    free,
+    waveCap,
     watch (requestId, peers) {
       if (watches.has(requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${requestId} is already watched`)
       const w: Watch = { peers: new Set(peers), queue: [], parts: [], wake: undefined }

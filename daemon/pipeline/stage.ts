@@ -1,10 +1,15 @@
 /**
  * A served stage: `--model SHARDDIR@A-B` loads only the graph (and weights) of the stage holding
  * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/1.0.0 with it.
- * The manifest hash it reports (sha256 of manifest.json) keeps chains to stages of one compilation.
+ * The steps of all requests waiting for the stage meet in one micro-batcher (as a local model's
+ * do), so interleaved chains share engine runs. The manifest hash it reports (sha256 of
+ * manifest.json) keeps chains to stages of one compilation.
  */
 import { join } from 'node:path'
-import { createStageEngine, stageInfoOf } from '../engine/index.ts'
+import type { Registry } from 'prom-client'
+import { createBatcher } from '../batcher/index.ts'
+import type { Batcher, BatchLimits } from '../batcher/index.ts'
+import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../engine/index.ts'
 import type { BackendName } from '../engine/index.ts'
 import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -40,6 +45,14 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   idleTimeoutMs?: number
   /** Signs this stage's receipt part for each completed request. */
   signer?: { peerId: string, secretKey: Uint8Array }
+  /** False: each request steps the engine on its own (for comparison). Default true. */
+  batching?: boolean
+  /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
+  batchLimits?: Partial<BatchLimits>
+  /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
+  budgetMs?: number
+  /** Where the batcher's metrics go. */
+  metrics?: Registry
 }
 
 export interface PipelineStage {
@@ -70,7 +83,17 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })
   const modelId = init.modelId ?? manifest.modelId
-  const node = createStageNode({ ...init, engine, modelId, manifestHash }, components)
+  // The node is made after its batcher, which reads the node's wave cap at every plan.
+  let waveCap = (): number => Infinity
+  const batcher: Batcher | undefined = init.batching === false
+    ? undefined
+    : createBatcher({
+      name: `${modelId}@${st.layers[0]}-${st.layers[1]}`,
+      ...(init.batchLimits === undefined ? {} : { limits: init.batchLimits }),
+      ...(init.budgetMs === undefined ? {} : { budgetMs: init.budgetMs }),
+    }, { executor: createBatchedExecutor(engine), batchCap: () => waveCap(), ...(init.metrics === undefined ? {} : { metrics: init.metrics }) })
+  const node = createStageNode({ ...init, engine, ...(batcher === undefined ? {} : { batcher }), modelId, manifestHash }, components)
+  waveCap = () => node.waveCap()
   return {
     node,
     manifest,
@@ -80,14 +103,17 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     async start () {
       await engine.start()
       try {
+        await batcher?.start()
         await node.start()
       } catch (err) {
+        await batcher?.stop()
         await engine.stop()
         throw err
       }
     },
     async stop () {
       await node.stop()
+      await batcher?.stop()
       await engine.stop()
     },
   }

@@ -63,6 +63,9 @@ describe('planBatch', () => {
         expect(plan.wait).toBeLessThanOrEqual(limits.maxQueueDelayMs - (now - oldest))
       }
       if (now - oldest >= limits.maxQueueDelayMs) expect(plan.run.length).toBeGreaterThan(0)
+      // A run as large as the limits allow goes at once: no one else could join it.
+      const sequences = new Set(queue.filter(s => s.tokens > 0).map(s => s.seqId)).size
+      if (sequences >= limits.maxBatch) expect(plan.run.length).toBeGreaterThan(0)
       // Nobody expected back: waiting buys nothing.
       expect(planBatch(queue, limits, now, { awaiting: 0 }).run.length).toBeGreaterThan(0)
     }), { numRuns: 500 })

@@ -92,6 +92,27 @@ describe('batcher runtime', () => {
     expect(withDecodes.filter(i => i.kind === 'decode').length).toBe(3)
   })
 
+  it('takes at most batchCap() sequences per run when the owner caps it below maxBatch, read at every plan', async () => {
+    const sim = new SimulatedExecutor()
+    let cap = 2
+    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 16, maxQueueDelayMs: 2, prefillAgingMs: 20 } }, { executor: sim, batchCap: () => cap })
+    await b.start()
+    started.push(b)
+    sim.hold()
+    const first = range(0, 6).map(i => b.submit({ seqId: `c${i}`, kind: 'decode', input: { tokenIds: [i] }, positions: [3] }))
+    sim.release()
+    for (const [i, r] of (await Promise.all(first)).entries()) expectLogits(r, `c${i}`, [3], [i], 1)
+    expect(Math.max(...sim.batches.map(batch => batch.length))).toBe(2)
+    // A cap at or above maxBatch (or none that makes sense) leaves maxBatch in force.
+    cap = 100
+    sim.batches.length = 0
+    sim.hold()
+    const second = range(0, 6).map(i => b.submit({ seqId: `c${i}`, kind: 'decode', input: { tokenIds: [i] }, positions: [4] }))
+    sim.release()
+    await Promise.all(second)
+    expect(Math.max(...sim.batches.map(batch => batch.length))).toBe(4)
+  })
+
   it('passes a pick to the final chunk only and gives back the one token', async () => {
     const sim = new SimulatedExecutor()
     const b = await make(sim)

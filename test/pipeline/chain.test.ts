@@ -3,6 +3,8 @@
  * 2- and 3-stage chains give exactly the unsplit model's tokens (greedy and seeded sampling) over
  * whole 64-token sequences for several concurrent requests, and leave no KV or streams behind.
  */
+import { Registry } from 'prom-client'
+import type { Histogram } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createChainTokenSource } from '../../daemon/pipeline/index.ts'
 import type { StageEngine } from '../../daemon/engine/index.ts'
@@ -51,6 +53,8 @@ describe.each([
   { name: '3-stage', stages: 3 },
 ])('$name chain', ({ stages }) => {
   let hosts: StageHost[]
+  /** Each stage's batcher metrics (batch sizes). */
+  let registries: Registry[]
 
   beforeAll(async () => {
     const dir = stages === 2 ? models.two : models.three
@@ -59,7 +63,8 @@ describe.each([
       ? [[0, L / 2 - 1], [L / 2, L - 1]]
       : [[0, L / 2 - 1], [L / 2, L - 2], [L - 1, L - 1]]
     hosts = []
-    for (const r of ranges) hosts.push(await startStage(dir, r))
+    registries = ranges.map(() => new Registry())
+    for (const [i, r] of ranges.entries()) hosts.push(await startStage(dir, r, { metrics: registries[i]! }))
   }, 60_000)
   afterAll(async () => { for (const h of hosts ?? []) await stopHost(h) })
 
@@ -79,6 +84,20 @@ describe.each([
     })
     const got = await Promise.all(runs)
     for (const [i, g] of got.entries()) expect(g).toEqual(want.get(`g${i}`))
+    // Each stage's batcher keeps the requests in one wave per stage: no run takes more than
+    // ⌈requests / stages⌉ sequences (batching them all would march them through the chain in
+    // lockstep), and where that allows more than one, steps of different requests did share runs
+    // (the coordinator's own stage-0 steps included).
+    const cap = Math.ceil(prompts.length / stages)
+    for (const registry of registries) {
+      const sizes = (await (registry.getSingleMetric('shoal_batch_size') as Histogram).get()).values
+      const count = sizes.find(v => v.metricName === 'shoal_batch_size_count')?.value ?? 0
+      const sum = sizes.find(v => v.metricName === 'shoal_batch_size_sum')?.value ?? 0
+      const withinCap = sizes.find(v => v.metricName === 'shoal_batch_size_bucket' && v.labels.le === cap)?.value
+      expect(count).toBeGreaterThan(0)
+      expect(withinCap).toBe(count)
+      if (cap > 1) expect(sum).toBeGreaterThan(count)
+    }
     await clean(hosts)
     // one long-lived stream per neighbour pair (plus the ring's way back), however many requests
     expect(coord!.stage.node.stats().streams).toBe(stages === 2 ? 1 : 2)

@@ -37,6 +37,15 @@ async function stage (dir: string, layers: [number, number]): Promise<StageHost>
   return h
 }
 
+/** The host's engine stops answering (every step hangs until aborted); its links stay up. */
+function freeze (h: StageHost): void {
+  const hang = async (...args: unknown[]): Promise<never> => await new Promise((_resolve, reject) => {
+    const signal = args.find((a): a is AbortSignal => a instanceof AbortSignal)
+    signal?.addEventListener('abort', () => { reject(signal.reason as Error) }, { once: true })
+  })
+  Object.assign(h.stage.node.engine, { step: hang, stepBatch: hang })
+}
+
 async function expectClean (h: StageHost): Promise<void> {
   const e = await eventually(() => h.stage.node.engine.stats(), v => v.liveSequences === 0)
   expect(e).toMatchObject({ liveSequences: 0, kvBytes: 0 })
@@ -86,9 +95,7 @@ describe('a stage killed mid-generation', () => {
         if (i !== 20) return
         expect(src.route).toEqual([c.peerId, d.peerId, e.peerId])
         // e hangs without closing anything (as a SIGKILLed QUIC peer looks), and the mesh says so.
-        e.stage.node.engine.step = async (_seq, _input, _positions, _options, signal) => await new Promise((_resolve, reject) => {
-          signal?.addEventListener('abort', () => { reject(signal.reason as Error) }, { once: true })
-        })
+        freeze(e)
         lossOf(e.peerId).abort()
       })
       expect(src.replays).toBe(1)

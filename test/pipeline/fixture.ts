@@ -14,7 +14,7 @@ import { createLibp2p } from 'libp2p'
 import { createRng, createStageEngine, sampleToken, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { StageEngine, TokenSource } from '../../daemon/engine/index.ts'
 import { createPipelineStage } from '../../daemon/pipeline/index.ts'
-import type { ChainHop, LinkOptions, PipelineStage } from '../../daemon/pipeline/index.ts'
+import type { ChainHop, PipelineStage, PipelineStageInit } from '../../daemon/pipeline/index.ts'
 import { ChainIncompleteError, formChain } from '../../daemon/routing/index.ts'
 import type { StageHolder } from '../../daemon/routing/index.ts'
 import type { SamplingParams } from '../../daemon/service.ts'
@@ -72,7 +72,7 @@ export function componentsOf (node: Libp2p): Parameters<typeof createPipelineSta
 
 export interface StageHost { libp2p: Libp2p, stage: PipelineStage, peerId: string }
 
-export async function startStage (shardDir: string, layers: [number, number], options: LinkOptions & { idleTimeoutMs?: number } = {}): Promise<StageHost> {
+export async function startStage (shardDir: string, layers: [number, number], options: Partial<Omit<PipelineStageInit, 'shardDir' | 'layers'>> = {}): Promise<StageHost> {
   const libp2p = await createNode()
   const stage = await createPipelineStage({ shardDir, layers, threads: 1, ...options }, componentsOf(libp2p))
   await stage.start()
