@@ -8,10 +8,10 @@
  */
 export { createMesh, REVOCATIONS_FILE_NAME } from './mesh.ts'
 export { DEFAULT_TIMINGS } from './types.ts'
-export type { MeshLibp2p, MeshServices } from './node.ts'
+export type { MeshLibp2p, MeshServices, Transport } from './node.ts'
 export type {
   Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
-  PeerChange, PeerModel, Transport, Capabilities, ServedModel, LoadRecord,
+  PeerChange, PeerModel, Capabilities, ServedModel, LoadRecord,
 } from './types.ts'
 export { WireError, PeerNotAdmittedError, MeshNotRunningError, MeshConfigError } from './errors.ts'
 export type { WireErrorCode } from './errors.ts'

@@ -15,11 +15,13 @@ import { gossipsub } from '@libp2p/gossipsub'
 import type { GossipSub } from '@libp2p/gossipsub'
 import { mdns } from '@libp2p/mdns'
 import type { ConnectionGater, PrivateKey } from '@libp2p/interface'
-import type { Transport } from './types.ts'
 import { CAPS_MAX_MESSAGE } from './wire/caps.ts'
 import { REVOCATIONS_MAX_MESSAGE, REVOCATIONS_TOPIC } from './wire/revocations.ts'
 import { CAPS_TOPIC } from './wire/caps.ts'
 import { MeshConfigError } from './errors.ts'
+
+/** QUIC first; TCP + noise + yamux where UDP is dropped. */
+export type Transport = 'quic' | 'tcp'
 
 export interface MeshServices extends Record<string, unknown> {
   identify: unknown

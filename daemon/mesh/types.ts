@@ -3,14 +3,12 @@
  * GET /v1/mesh.
  */
 import type { Stream, StreamHandler, StreamHandlerOptions } from '@libp2p/interface'
-import type { MeshLibp2p } from './node.ts'
+import type { MeshLibp2p, Transport } from './node.ts'
 import type { Registry } from 'prom-client'
 import type { NodeCertificate, NodeIdentity } from '../../certs/index.ts'
 import type { Capabilities, ServedModel } from './wire/caps.ts'
 import type { LoadRecord } from './wire/load.ts'
 import type { Liveness } from './decisions.ts'
-
-export type Transport = 'quic' | 'tcp'
 
 /** Small overrides, mostly for tests; the defaults suit a LAN fleet. */
 export interface MeshTimings {

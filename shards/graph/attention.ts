@@ -8,48 +8,11 @@
  */
 import { CheckpointError } from '../errors.ts'
 import type { F32Tensor } from '../safetensors.ts'
-import type { BuildContext } from './blocks.ts'
+import type { AttentionIo, AttentionOut, BuildContext, StageTables } from './types.ts'
 import { DT, MS_DOMAIN } from './builder.ts'
 
 /** Lowest finite f32: masked scores become this (not −∞), so a fully padded row stays finite. */
 export const F32_LOWEST = -3.4028234663852886e38
-
-export type StageTables =
-  | {
-    kind: 'standard'
-    cos: string
-    sin: string
-    /** bool [B, 1, 1, S, T]: key visible to query. */
-    allowed: string
-  }
-  | {
-    kind: 'gqa'
-    positionIds: string
-    cosCache: string
-    sinCache: string
-    /** int32 [B]: T − 1 for every row (padding is carried by `bias`, not by lengths). */
-    seqlensK: string
-    /** int32 [1]: T. */
-    totalLength: string
-    /** f32 [B, 1, S, T]: 0 where attention_mask is 1, lowest f32 where it is 0. */
-    bias: string
-  }
-
-export interface AttentionIo {
-  q: string
-  k: string
-  v: string
-  qNorm?: F32Tensor
-  kNorm?: F32Tensor
-  pastK: string
-  pastV: string
-}
-
-export interface AttentionOut {
-  context: string
-  presentK: string
-  presentV: string
-}
 
 // ---------------------------------------------------------------- standard
 

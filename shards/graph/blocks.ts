@@ -4,22 +4,11 @@
  * ModelSpec (never the HF config) and emits nodes named /model/<block>/... through the
  * GraphBuilder; op choice comes from the OpTable.
  */
-import type { ModelSpec, LayerWeights } from '../architectures.ts'
-import type { Quantization } from '../contract.ts'
+import type { LayerWeights } from '../architectures.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { quantizeMatrix } from '../quant.ts'
 import { DT, MS_DOMAIN, type GraphBuilder } from './builder.ts'
-import type { StageTables } from './attention.ts'
-import type { OpTable } from './ops.ts'
-
-export interface BuildContext {
-  g: GraphBuilder
-  spec: ModelSpec
-  ops: OpTable
-  quant: Quantization
-  /** MatMulNBits accuracy_level (0: f32 activations; 4: int8 activations, faster). */
-  accuracyLevel: number
-}
+import type { BuildContext, StageTables } from './types.ts'
 
 function transpose (w: F32Tensor): Float32Array {
   const [rows, cols] = w.shape as [number, number]

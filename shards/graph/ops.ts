@@ -4,26 +4,11 @@
  * 'ort-contrib' swaps in com.microsoft ops where onnxruntime's CPU kernels are faster.
  * Blocks call these primitives and never name an op for them directly.
  */
-import { gqaAttention, gqaTables, standardAttention, standardTables, type AttentionIo, type AttentionOut, type StageTables } from './attention.ts'
-import type { BuildContext } from './blocks.ts'
-import { MS_DOMAIN, type GraphBuilder } from './builder.ts'
+import { gqaAttention, gqaTables, standardAttention, standardTables } from './attention.ts'
+import { MS_DOMAIN } from './builder.ts'
+import type { OpTable } from './types.ts'
 
-export interface OpTable {
-  name: 'standard' | 'ort-contrib'
-  /** Whether a step with batch > 1, S > 1 and a non-empty past runs (written to the manifest when not). */
-  batchedPrefillWithPast: boolean
-  /** y = x / sqrt(mean(x², last axis) + eps) · weight */
-  rmsNorm: (g: GraphBuilder, name: string, x: string, weight: string, eps: number) => string
-  /**
-   * sum = x + update; normed = rmsNorm(sum). Used only inside a layer (attention residual →
-   * post-attention norm), never across layers, so a stage cut never separates the two.
-   */
-  addNorm: (g: GraphBuilder, name: string, addName: string, x: string, update: string, weight: string, eps: number) => { sum: string, normed: string }
-  /** Per-stage tensors the attention primitive needs (built once, shared by the stage's layers). */
-  stageTables: (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string) => StageTables
-  /** Rotary, KV update and masked attention: q/k/v [B, S, ·] → context [B, S, H·hd], present K/V. */
-  attention: (ctx: BuildContext, name: string, weightPrefix: string, io: AttentionIo, tables: StageTables) => AttentionOut
-}
+export type { OpTable } from './types.ts'
 
 const standardNorm: OpTable['rmsNorm'] = (g, name, x, weight, eps) => {
   const sq = g.op('Mul', `${name}/Pow`, [x, x])

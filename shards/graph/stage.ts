@@ -9,8 +9,8 @@ import {
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
-import { makeEmbedding, makeLayer, makeLmHead, type BuildContext } from './blocks.ts'
-import type { OpTable } from './ops.ts'
+import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
+import type { BuildContext, OpTable } from './types.ts'
 
 export interface StageSource {
   embed: () => Promise<F32Tensor>

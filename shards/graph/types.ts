@@ -1,0 +1,72 @@
+/**
+ * The graph builder's shared types: what every block gets (BuildContext), the op table's shape
+ * (OpTable) and the attention primitive's tables and I/O. Kept apart from the code so blocks,
+ * attention and the op tables depend on these types, not on each other.
+ */
+import type { ModelSpec } from '../architectures.ts'
+import type { Quantization } from '../contract.ts'
+import type { F32Tensor } from '../safetensors.ts'
+import type { GraphBuilder } from './builder.ts'
+
+export interface BuildContext {
+  g: GraphBuilder
+  spec: ModelSpec
+  ops: OpTable
+  quant: Quantization
+  /** MatMulNBits accuracy_level (0: f32 activations; 4: int8 activations, faster). */
+  accuracyLevel: number
+}
+
+export interface OpTable {
+  name: 'standard' | 'ort-contrib'
+  /** Whether a step with batch > 1, S > 1 and a non-empty past runs (written to the manifest when not). */
+  batchedPrefillWithPast: boolean
+  /** y = x / sqrt(mean(x², last axis) + eps) · weight */
+  rmsNorm: (g: GraphBuilder, name: string, x: string, weight: string, eps: number) => string
+  /**
+   * sum = x + update; normed = rmsNorm(sum). Used only inside a layer (attention residual →
+   * post-attention norm), never across layers, so a stage cut never separates the two.
+   */
+  addNorm: (g: GraphBuilder, name: string, addName: string, x: string, update: string, weight: string, eps: number) => { sum: string, normed: string }
+  /** Per-stage tensors the attention primitive needs (built once, shared by the stage's layers). */
+  stageTables: (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string) => StageTables
+  /** Rotary, KV update and masked attention: q/k/v [B, S, ·] → context [B, S, H·hd], present K/V. */
+  attention: (ctx: BuildContext, name: string, weightPrefix: string, io: AttentionIo, tables: StageTables) => AttentionOut
+}
+
+export type StageTables =
+  | {
+    kind: 'standard'
+    cos: string
+    sin: string
+    /** bool [B, 1, 1, S, T]: key visible to query. */
+    allowed: string
+  }
+  | {
+    kind: 'gqa'
+    positionIds: string
+    cosCache: string
+    sinCache: string
+    /** int32 [B]: T − 1 for every row (padding is carried by `bias`, not by lengths). */
+    seqlensK: string
+    /** int32 [1]: T. */
+    totalLength: string
+    /** f32 [B, 1, S, T]: 0 where attention_mask is 1, lowest f32 where it is 0. */
+    bias: string
+  }
+
+export interface AttentionIo {
+  q: string
+  k: string
+  v: string
+  qNorm?: F32Tensor
+  kNorm?: F32Tensor
+  pastK: string
+  pastV: string
+}
+
+export interface AttentionOut {
+  context: string
+  presentK: string
+  presentV: string
+}
