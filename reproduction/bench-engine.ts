@@ -24,7 +24,7 @@ import { parseArgs } from 'node:util'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { createDaemon, validateConfig } from '../daemon/node/index.ts'
-import { argmax, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
@@ -72,21 +72,24 @@ interface ChildResult {
 
 // ---------------------------------------------------------------- child: one model
 
-function logits (out: StepOutput): number {
-  if (out.kind !== 'logits') throw new Error('expected logits')
-  return argmax(out.data, (out.count - 1) * out.vocab, out.vocab)
+/** Greedy, picked in the engine worker as the daemon does: only the token id comes back. */
+const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
+
+function tokenOf (out: StepOutput): number {
+  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
+  return out.id
 }
 
-/** The bare engine: open, prefill, greedy decode on this thread, free — what the daemon does minus HTTP, text and receipts. */
+/** The bare engine: open, prefill, greedy decode (picked in the worker), free — what the daemon does minus HTTP, text and receipts. */
 async function rawRun (engine: StageEngine, prompt: number[], maxTokens: number): Promise<RunResult> {
   const t0 = performance.now()
   const seq = await engine.open()
   try {
-    let token = logits(await engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i)))
+    let token = tokenOf(await engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i), GREEDY))
     const first = performance.now()
     const ids = [token]
     for (let i = 1; i < maxTokens; i++) {
-      token = logits(await engine.step(seq, { tokenIds: [token] }, [prompt.length + i - 1]))
+      token = tokenOf(await engine.step(seq, { tokenIds: [token] }, [prompt.length + i - 1], GREEDY))
       ids.push(token)
     }
     const last = performance.now()
