@@ -217,10 +217,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         backend: choice.backend,
         device: choice.device,
         signer: signer!,
-        // The same batching budget and metrics as whole models: a stage's steps meet in its batcher.
+        // A stage's steps meet in its batcher, with the same queue delay and metrics as whole models
+        // (no wait budget: a stage queues; the coordinator admits).
         metrics,
         batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
-        budgetMs: budgets.batchBudgetMs,
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )

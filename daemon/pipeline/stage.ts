@@ -49,7 +49,11 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   batching?: boolean
   /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
   batchLimits?: Partial<BatchLimits>
-  /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
+  /**
+   * The batcher's wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. Default none:
+   * a stage queues rather than refuses, because by the time a prompt reaches it the request has
+   * started (the coordinator admits requests, with a 429, before its first token).
+   */
   budgetMs?: number
   /** Where the batcher's metrics go. */
   metrics?: Registry
@@ -90,7 +94,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     : createBatcher({
       name: `${modelId}@${st.layers[0]}-${st.layers[1]}`,
       ...(init.batchLimits === undefined ? {} : { limits: init.batchLimits }),
-      ...(init.budgetMs === undefined ? {} : { budgetMs: init.budgetMs }),
+      budgetMs: init.budgetMs ?? Number.POSITIVE_INFINITY,
     }, { executor: createBatchedExecutor(engine), batchCap: () => waveCap(), ...(init.metrics === undefined ? {} : { metrics: init.metrics }) })
   const node = createStageNode({ ...init, engine, ...(batcher === undefined ? {} : { batcher }), modelId, manifestHash }, components)
   waveCap = () => node.waveCap()
