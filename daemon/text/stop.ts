@@ -1,6 +1,8 @@
 /**
  * Stop strings over a stream of text. Text that might be the start of a stop string is held back
  * until it is known not to be one, so a stop string never reaches the client, even in part.
+ * Generation stops at the first stop string to be completed as the text arrives (as vLLM and
+ * OpenAI stop): a longer stop string that began earlier but would complete later never gets to.
  */
 
 export interface StopPush {
@@ -45,14 +47,21 @@ export function createStopMatcher (stops: readonly string[]): StopMatcher {
   }
 }
 
-/** Index of the earliest occurrence of any stop string, or -1. */
+/**
+ * Where the text is cut for the stop string that completes first in `text` (the smallest end;
+ * of two ending together, the one that starts first), or -1 when none occurs. Whatever the text's
+ * chunking, this is the stop that reading it one character at a time would meet first.
+ */
 export function earliestStop (text: string, stops: readonly string[]): number {
-  let best = -1
+  let start = -1
+  let end = Infinity
   for (const s of stops) {
     const i = text.indexOf(s)
-    if (i >= 0 && (best < 0 || i < best)) best = i
+    if (i < 0) continue
+    const e = i + s.length
+    if (e < end || (e === end && i < start)) { start = i; end = e }
   }
-  return best
+  return start
 }
 
 /** Length of the longest suffix of `text` that is a proper prefix of some stop string. */

@@ -14,15 +14,18 @@ function run (stops: string[], chunks: string[]): { out: string, stopped: boolea
   return { out: out + m.flush(), stopped: false }
 }
 
-/** The reference: the whole text cut at the earliest stop string. */
+/**
+ * The reference: read the whole text one character (code point) at a time and stop as soon as the
+ * text so far ends with a stop string; cut it where that stop string starts.
+ */
 function reference (stops: string[], text: string): { out: string, stopped: boolean } {
-  let best = -1
-  for (const s of stops) {
-    if (s.length === 0) continue
-    const i = text.indexOf(s)
-    if (i >= 0 && (best < 0 || i < best)) best = i
+  let seen = ''
+  for (const ch of text) {
+    seen += ch
+    const hit = stops.filter(s => s.length > 0 && seen.endsWith(s)).sort((a, b) => b.length - a.length)[0]
+    if (hit !== undefined) return { out: seen.slice(0, seen.length - hit.length), stopped: true }
   }
-  return best < 0 ? { out: text, stopped: false } : { out: text.slice(0, best), stopped: true }
+  return { out: text, stopped: false }
 }
 
 describe('stop strings', () => {
@@ -36,9 +39,15 @@ describe('stop strings', () => {
     expect(m.flush()).toBe('')
   })
 
-  it('picks the earliest of several stop strings, across chunk boundaries', () => {
-    expect(run(['bc', 'abcd'], ['xa', 'b', 'cd'])).toEqual({ out: 'x', stopped: true })
+  it('stops at the stop string completed first, across chunk boundaries, whatever the chunking', () => {
+    // 'bc' completes before 'abcd' could: generation would never get to the 'd'.
+    expect(run(['bc', 'abcd'], ['xa', 'b', 'cd'])).toEqual({ out: 'xa', stopped: true })
+    expect(run(['bc', 'abcd'], ['xabcd'])).toEqual({ out: 'xa', stopped: true })
     expect(run(['bc', 'abcd'], ['xa', 'b', 'c'])).toEqual({ out: 'xa', stopped: true })
+    // Two completing together: the one that starts first (the longer) is cut.
+    expect(run(['cd', 'abcd'], ['xab', 'cd'])).toEqual({ out: 'x', stopped: true })
+    expect(run(['\na\nb', 'a'], ['\na\n', 'b'])).toEqual({ out: '\n', stopped: true })
+    expect(run(['\na\nb', 'a'], ['\na\nb'])).toEqual({ out: '\n', stopped: true })
     expect(run(['\n\n', 'User:'], ['a\n', '\nUser:'])).toEqual({ out: 'a', stopped: true })
   })
 
