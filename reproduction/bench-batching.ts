@@ -26,6 +26,10 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 
+/** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
+ * recorded with. The compiler's default (f32 activations, batch-invariant) is slower: see shards/DESIGN.md. */
+const FAST_INT = { accuracyLevel: 4 as const }
+
 const { values: args } = parseArgs({
   options: {
     sizes: { type: 'string', default: '60m' },
@@ -115,7 +119,7 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     const t0 = performance.now()
     await generateTestModel({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: size as TestModelSize })
     const quant = args.quant as 'none' | 'int8' | 'int4'
-    const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard'), modelId: `bench-${size}`, quant })
+    const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard'), modelId: `bench-${size}`, quant, ...FAST_INT })
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
     console.log(`\n## ${size} ${quant} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
     const vocab = manifest.shape.vocabSize

@@ -73,6 +73,7 @@ function buildProgram (): Command {
     .option('--stages <n>', 'split evenly into N stages')
     .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
+    .option('--int8-activations', 'with --quant: int8 activations (faster on CPU; batched requests may then drift from unbatched tokens)')
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 
   const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')

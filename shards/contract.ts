@@ -39,7 +39,8 @@ export const presentValueName = (layer: number): string => `present.${layer}.val
 
 export type Quantization =
   | { kind: 'none' }
-  | { kind: 'int8' | 'int4', blockSize: 32 | 128 }
+  /** `activations: 'int8'`: compiled for int8 activations (faster; not batch-invariant); absent: f32. */
+  | { kind: 'int8' | 'int4', blockSize: 32 | 128, activations?: 'int8' }
 
 /** The architecture-independent shape of a model, after normalising its HF config. */
 export interface ModelShape {

@@ -95,10 +95,15 @@ describe('shoal shard (CLI)', () => {
     try {
       expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli2'), '--layers', '0-1,3-3'])).toBe(2)
       expect(await main(['shard', '--model', join(root, 'nope'), '--out', join(root, 'cli3')])).toBe(2)
+      expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli4'), '--int8-activations'])).toBe(2)
     } finally {
       process.stderr.write = orig
     }
     expect(errs.join('')).toMatch(/layers 2-2 are not covered/)
+    expect(errs.join('')).toMatch(/--int8-activations needs --quant int8 or int4/)
+    // Opting into int8 activations is written into the manifest (it is not batch-invariant).
+    expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--int8-activations'])).toBe(0)
+    expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8' })
   })
 })
 
