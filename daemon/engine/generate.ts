@@ -4,7 +4,7 @@
  * token back until EOS, a stop string, max_tokens or the context end. Yields service events
  * (deltas and the end); the caller owns the sequence's lifetime (open/free).
  */
-import type { FinishReason, GenerateEvent, SamplingParams } from '../service.ts'
+import type { FinishReason, GenerateEvent, GenerateRequest, SamplingParams } from '../service.ts'
 import type { Batcher } from '../batcher/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createStopMatcher } from '../text/index.ts'
@@ -62,6 +62,11 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
 export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal) =>
     await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling)
+}
+
+/** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */
+export function endConditions (request: Pick<GenerateRequest, 'maxTokens' | 'stop'>, manifest: { generation: { eosTokenIds: number[] }, shape: { maxPositions: number } }): Pick<GenerationInput, 'maxTokens' | 'stop' | 'eosTokenIds' | 'maxPositions'> {
+  return { maxTokens: request.maxTokens, stop: request.stop, eosTokenIds: manifest.generation.eosTokenIds, maxPositions: manifest.shape.maxPositions }
 }
 
 export interface GenerationInput {

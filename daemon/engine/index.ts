@@ -19,7 +19,7 @@ export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './
 export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
 export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
-export { generateSequence, engineTokenSource, batchedTokenSource } from './generate.ts'
+export { generateSequence, endConditions, engineTokenSource, batchedTokenSource } from './generate.ts'
 export type { GenerationInput, TokenSource } from './generate.ts'
 export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './sampling.ts'
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'

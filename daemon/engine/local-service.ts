@@ -20,7 +20,7 @@ import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
-import { batchedTokenSource, engineTokenSource, generateSequence } from './generate.ts'
+import { batchedTokenSource, endConditions, engineTokenSource, generateSequence } from './generate.ts'
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
@@ -121,8 +121,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       throw new ShuttingDownError('local engine is not running')
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const { shape, generation } = manifest
-    const promptIds = admitPrompt(codec, request, shape)
+    const promptIds = admitPrompt(codec, request, manifest.shape)
     if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of the local engine are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -158,16 +157,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
-      yield * generateSequence({
-        source,
-        codec,
-        promptIds,
-        maxTokens: request.maxTokens,
-        stop: request.stop,
-        eosTokenIds: generation.eosTokenIds,
-        maxPositions: shape.maxPositions,
-        signal: scope.signal,
-      })
+      yield * generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {

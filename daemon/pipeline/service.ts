@@ -7,7 +7,7 @@
  * holder when there is one.
  */
 import { ShoalError } from '../errors.ts'
-import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, generateSequence, requestScope } from '../engine/index.ts'
+import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, endConditions, generateSequence, requestScope } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
@@ -78,8 +78,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const { shape, generation } = manifest
-    const promptIds = admitPrompt(codec, request, shape)
+    const promptIds = admitPrompt(codec, request, manifest.shape)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -96,16 +95,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     try {
       await source.connect(scope.signal)
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      for await (const event of generateSequence({
-        source,
-        codec,
-        promptIds,
-        maxTokens: request.maxTokens,
-        stop: request.stop,
-        eosTokenIds: generation.eosTokenIds,
-        maxPositions: shape.maxPositions,
-        signal: scope.signal,
-      })) {
+      for await (const event of generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
         if (event.type !== 'end') {
           yield event
           continue
