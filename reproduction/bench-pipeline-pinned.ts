@@ -29,6 +29,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
+import { sseEvents } from './sse.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -101,27 +102,19 @@ async function streamCompletion (url: string, prompt: number[]): Promise<StreamR
     signal: AbortSignal.timeout(600_000),
   })
   if (res.status !== 200) throw new Error(`HTTP ${res.status} from ${url}: ${await res.text()}`)
-  const decoder = new TextDecoder()
   const ids: number[] = []
   let first = NaN
   let last = NaN
-  let buf = ''
-  for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-    buf += decoder.decode(chunk, { stream: true })
-    let cut: number
-    while ((cut = buf.indexOf('\n\n')) >= 0) {
-      const event = buf.slice(0, cut)
-      buf = buf.slice(cut + 2)
-      if (!event.startsWith('data: {')) continue
-      const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
-      if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
-      const got = data.choices?.[0]?.token_ids ?? []
-      if (got.length === 0) continue
-      const now = performance.now()
-      if (ids.length === 0) first = now
-      last = now
-      ids.push(...got)
-    }
+  for await (const event of sseEvents(res.body)) {
+    if (!event.startsWith('data: {')) continue
+    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
+    if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
+    const got = data.choices?.[0]?.token_ids ?? []
+    if (got.length === 0) continue
+    const now = performance.now()
+    if (ids.length === 0) first = now
+    last = now
+    ids.push(...got)
   }
   return { ids, t0, first, last }
 }

@@ -44,6 +44,7 @@ import { meshModelCards, replicaCandidates } from '../daemon/node/mesh-view.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../daemon/routing/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import { createSimulatedEngine } from './simulated-engine.ts'
+import { sseEvents } from './sse.ts'
 import type { SimulatedEngine } from './simulated-engine.ts'
 
 const { values } = parseArgs({
@@ -128,7 +129,6 @@ function newTally (): Tally { return { tokens: 0, ttftMs: [], errors: new Map(),
 
 /** One client: back-to-back streaming completions until `stop` aborts. */
 async function runClient (url: string, id: number, win: Window, tally: Tally, stop: AbortSignal, extra: Record<string, unknown> = {}): Promise<void> {
-  const decoder = new TextDecoder()
   for (let n = 0; !stop.aborted; n++) {
     const t0 = performance.now()
     try {
@@ -145,26 +145,19 @@ async function runClient (url: string, id: number, win: Window, tally: Tally, st
         await sleep(20, undefined, { signal: stop }).catch(() => {})
         continue
       }
-      let buf = ''
       let first = true
-      for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
-        buf += decoder.decode(chunk, { stream: true })
-        let cut: number
-        while ((cut = buf.indexOf('\n\n')) >= 0) {
-          const event = buf.slice(0, cut)
-          buf = buf.slice(cut + 2)
-          // A token chunk: a choice with text and no finish reason yet.
-          if (!event.startsWith('data: {') || !event.includes('"finish_reason":null')) {
-            if (event.includes('"error"') && t0 >= win.start && t0 < win.end) tally.errors.set('stream error', (tally.errors.get('stream error') ?? 0) + 1)
-            continue
-          }
-          const now = performance.now()
-          if (first) {
-            first = false
-            if (t0 >= win.start && t0 < win.end) tally.ttftMs.push(now - t0)
-          }
-          if (now >= win.start && now < win.end) tally.tokens++
+      for await (const event of sseEvents(res.body)) {
+        // A token chunk: a choice with text and no finish reason yet.
+        if (!event.startsWith('data: {') || !event.includes('"finish_reason":null')) {
+          if (event.includes('"error"') && t0 >= win.start && t0 < win.end) tally.errors.set('stream error', (tally.errors.get('stream error') ?? 0) + 1)
+          continue
         }
+        const now = performance.now()
+        if (first) {
+          first = false
+          if (t0 >= win.start && t0 < win.end) tally.ttftMs.push(now - t0)
+        }
+        if (now >= win.start && now < win.end) tally.tokens++
       }
       if (performance.now() < win.end) tally.completed++
     } catch (err) {
