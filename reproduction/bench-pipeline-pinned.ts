@@ -13,8 +13,9 @@
  * ratios to the unsplit baseline and to the naive chain, and per-stream ms/token (first token to
  * last). The chain's greedy token ids are checked against the unsplit server's (first round).
  *
- * `--int8-activations` compiles the quantized shards for int8 activations (faster, not batch-invariant;
- * the compiler's default is f32 activations, see shards/DESIGN.md).
+ * `--int8-activations` compiles the quantized shards for int8 activations (faster per step; the
+ * engine then batches only equally long contexts; the compiler's default is f32 activations, see
+ * shards/DESIGN.md).
  *
  *   node reproduction/bench-pipeline-pinned.ts [--quant int4] [--int8-activations] [--tokens 64] [--streams 1,2,4] [--rounds 3]
  */

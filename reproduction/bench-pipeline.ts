@@ -30,7 +30,7 @@ import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 
 /** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
- * recorded with. The compiler's default (f32 activations, batch-invariant) is slower: see shards/DESIGN.md. */
+ * recorded with. The compiler's default (f32 activations) is slower per step: see shards/DESIGN.md. */
 const FAST_INT = { accuracyLevel: 4 as const }
 
 const { values: args } = parseArgs({

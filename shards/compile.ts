@@ -15,8 +15,12 @@ import { describeFile, writeManifest } from './manifest.ts'
 import { openWeights, type F32Tensor } from './safetensors.ts'
 import { planStages } from './split.ts'
 
-/** Bumped whenever the graphs this compiler writes change; cached shards from another version are rebuilt. */
-export const COMPILER_VERSION = 2
+/**
+ * Bumped whenever the graphs this compiler writes, or what its manifest means, change; cached
+ * shards from another version are rebuilt. 3: `quantization.activations` is recorded (before, every
+ * quantized shard had int8 activations).
+ */
+export const COMPILER_VERSION = 3
 export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
 
 export interface CompileOptions {
@@ -31,11 +35,12 @@ export interface CompileOptions {
   /** 'standard' (default, portable) or 'ort-contrib'. */
   opSet?: OpTable['name']
   /**
-   * MatMulNBits accuracy_level for quantized stages. 0 (default): f32 activations, so a sequence
-   * gets the same greedy tokens whether or not it is batched. 4: int8 activations, faster on CPU
-   * (60m int4 here: 2.1 vs 3.2 ms a step) — but the activation quantization turns the last-bit
-   * differences of a left-padded batch into whole quantization steps, and batched sequences leave
-   * their batch-of-one tokens after a few dozen (test/engine/batched-int4.test.ts).
+   * MatMulNBits accuracy_level for quantized stages. 0 (default): f32 activations; sequences of
+   * any context length share batched runs (left-padded) and keep their batch-of-one tokens. 4:
+   * int8 activations, faster per step on CPU (60m int4 here: 2.1 vs 3.2 ms) — but the activation
+   * quantization would turn a padded batch's last-bit differences into different tokens, so the
+   * engine batches such shards only between equally long contexts (recorded in the manifest as
+   * `quantization.activations: 'int8'`; test/engine/batched-int4.test.ts).
    */
   accuracyLevel?: 0 | 4
 }

@@ -39,7 +39,11 @@ export const presentValueName = (layer: number): string => `present.${layer}.val
 
 export type Quantization =
   | { kind: 'none' }
-  /** `activations: 'int8'`: compiled for int8 activations (faster; not batch-invariant); absent: f32. */
+  /**
+   * `activations: 'int8'`: compiled for int8 activations (faster per step; the engine batches only
+   * equally long contexts, unpadded). Absent: f32 — except from compilers before version 3, whose
+   * quantized shards all had int8 activations.
+   */
   | { kind: 'int8' | 'int4', blockSize: 32 | 128, activations?: 'int8' }
 
 /** The architecture-independent shape of a model, after normalising its HF config. */

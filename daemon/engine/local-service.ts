@@ -97,12 +97,17 @@ export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
 }
 
 /**
- * Standard-op graphs are exact under left padding (masked scores become the lowest f32, whose
- * softmax weight is exactly 0). Other op tables batch only when their manifest says so.
+ * Standard-op graphs are exact under left padding up to float rounding (masked scores become the
+ * lowest f32, whose softmax weight is exactly 0). Other op tables batch only when their manifest
+ * says so. Graphs with int8 activations turn that rounding into different tokens, so they batch
+ * only sequences whose caches are equally long (no padding at all).
  */
-function batchPaddingOf (manifest: ShardManifest): 'left' | 'none' {
-  if (manifest.opSet === 'standard') return 'left'
-  return (manifest as { batchPadding?: unknown }).batchPadding === 'left' ? 'left' : 'none'
+function batchPaddingOf (manifest: ShardManifest): 'left' | 'equal' | 'none' {
+  const padded = manifest.opSet === 'standard' || (manifest as { batchPadding?: unknown }).batchPadding === 'left'
+  if (!padded) return 'none'
+  const q = manifest.quantization
+  const int8Activations = q.kind !== 'none' && (q.activations === 'int8' || (manifest.compilerVersion ?? 0) < 3)
+  return int8Activations ? 'equal' : 'left'
 }
 
 export function createLocalService (init: LocalServiceInit): LocalService {

@@ -24,10 +24,11 @@ export interface StageInfo {
   maxPositions: number
   /**
    * 'left': the graph is exact under left padding (attention_mask zeros before a row's past), so
-   * several sequences may share one run (stepBatch). Absent or 'none': stepBatch runs items one
-   * at a time.
+   * several sequences may share one run (stepBatch). 'equal': only sequences whose caches have the
+   * same length share a run, unpadded (int8-activation graphs, where padding's last-bit changes
+   * would be amplified into different tokens). Absent or 'none': stepBatch runs items one at a time.
    */
-  batchPadding?: 'left' | 'none'
+  batchPadding?: 'left' | 'equal' | 'none'
 }
 
 /** workerData of an engine worker. */

@@ -9,7 +9,8 @@
  * S share one run, their past caches left-padded to the longest (attention_mask zeros), so no
  * query row is wasted on padding; the present outputs stay one shared block (kv-block.ts) that the
  * next run of the same sequences takes as its past without a copy. Different S, chunked prefills
- * and graphs without `batchPadding: 'left'` run one at a time.
+ * and graphs without `batchPadding: 'left'` run one at a time; with `batchPadding: 'equal'` only
+ * sequences whose caches have the same length share a run (nothing is padded).
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
@@ -72,7 +73,9 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   const feedsLogitsToKeep = session.inputNames.includes(NUM_LOGITS_TO_KEEP)
   const sequences = new Map<string, Sequence>()
   const { numKvHeads: kvH, headDim: hd } = stage
-  const batchable = stage.batchPadding === 'left'
+  const batchable = stage.batchPadding === 'left' || stage.batchPadding === 'equal'
+  /** Rows that may share a run: same new positions, and with 'equal' the same cache length too. */
+  const groupKey = (s: number, seq: Sequence): string => stage.batchPadding === 'equal' ? `${s}:${seq.length}` : String(s)
   const scratch = createScratch()
   const bytesPerPosition = 2 * layers.length * kvH * hd * 4
 
@@ -245,24 +248,26 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     })
   }
 
-  /** Runs checked items: same-S groups together where the graph allows it, the rest one at a time. */
+  /** Runs checked items: groups (see groupKey) together where the graph allows it, the rest one at a time. */
   async function runBatch (live: Live[], results: BatchStepResult[]): Promise<void> {
     const fail = (e: Live, err: unknown): void => {
       results[e.index] = { error: err instanceof Error ? err : new EngineError(String(err)) }
       // A failed step leaves the cache in an unknown state: the sequence is over.
       if (sequences.get(e.seqId) === e.seq) sequences.delete(e.seqId)
     }
-    const groups = new Map<number, Live[]>()
+    const groups = new Map<string, Live[]>()
     const solo: Live[] = []
     for (const e of live) {
       try { check(e.seqId, e.seq, e.item.input, e.item.positions, e.item.pick) } catch (err) { fail(e, err); continue }
       const s = e.item.positions.length
       if (!batchable || s > chunkSize) { solo.push(e); continue }
-      const g = groups.get(s)
-      if (g === undefined) groups.set(s, [e])
+      const key = groupKey(s, e.seq)
+      const g = groups.get(key)
+      if (g === undefined) groups.set(key, [e])
       else g.push(e)
     }
-    for (const [s, group] of groups) {
+    for (const group of groups.values()) {
+      const s = group[0]!.item.positions.length
       const ready = group.filter(e => e.seq.dropped === undefined || (fail(e, droppedError(e.seqId, e.seq)), false))
       if (ready.length === 1) { solo.push(ready[0]!); continue }
       if (ready.length === 0) continue

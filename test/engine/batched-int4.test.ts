@@ -1,17 +1,19 @@
 /**
- * Batch invariance of quantized shards: an int4 model compiled with the default accuracy level
+ * Batch invariance of quantized shards. An int4 model compiled with the default accuracy level
  * (f32 activations) gives every sequence of a ragged, left-padded batch exactly the greedy tokens
- * it gets alone, over whole 64-token sequences. (With `accuracyLevel: 4` — int8 activations — the
- * same check fails at tokens 31 and 33 of two sequences: the activation quantization amplifies the
- * padded attention's last-bit differences. That is why 4 is opt-in.) The `small` generated model is
- * used because the tiny one's margins are too wide to show the difference.
+ * it gets alone, over whole 64-token sequences. With `accuracyLevel: 4` (int8 activations) a
+ * padded batch would not — the activation quantization amplifies the padded attention's last-bit
+ * differences (left-padding such a batch diverged at tokens 31 and 33) — so those shards batch
+ * only sequences whose caches are equally long, unpadded, and stay exact too. The `small`
+ * generated model is used because the tiny one's margins are too wide to show the difference.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageEngine, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BackendSession, BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
+import { INPUT_IDS } from '../../shards/contract.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 
 const TOKENS = 64
@@ -64,5 +66,68 @@ describe('int4 shards (default accuracy level) under batching', () => {
     }
     for (const s of seqs) await engine.free(s)
     expect(together).toEqual(alone)
+  }, 120_000)
+})
+
+describe('int4 shards with int8 activations under batching', () => {
+  let root: string
+  let session: BackendSession
+  let manifest: Awaited<ReturnType<typeof compileShards>>
+  // Two prompts of one length (their caches stay equally long), two of others.
+  const mixed = [16, 16, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-int8act-batch-'))
+    await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', accuracyLevel: 4 })
+    session = await createOnnxruntimeBackend().load(join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
+  }, 120_000)
+  afterAll(async () => {
+    await session?.close()
+    if (root !== undefined) await rm(root, { recursive: true, force: true })
+  })
+
+  it('share runs only between equally long caches, unpadded, and give every sequence its batch-of-one tokens', async () => {
+    const stage = stageInfoOf(manifest)
+    expect(stage.batchPadding).toBe('equal')
+    // Quantized shards from compilers before version 3 all had int8 activations, unrecorded.
+    const unrecorded = { ...manifest, quantization: { kind: 'int4' as const, blockSize: 32 as const } }
+    expect(stageInfoOf({ ...unrecorded, compilerVersion: 2 }).batchPadding).toBe('equal')
+    expect(stageInfoOf(unrecorded).batchPadding).toBe('left')
+    // Every run's batch size, seen by the session.
+    const rows: number[] = []
+    const counted: BackendSession = { ...session, run: async (feeds) => { rows.push(feeds[INPUT_IDS]!.dims[0]!); return await session.run(feeds) } }
+    const runner = createStageRunner({ session: counted, stage })
+    const ids = (p: number[]): BigInt64Array => BigInt64Array.from(p, BigInt)
+    const positions = (n: number, from = 0): BigInt64Array => BigInt64Array.from({ length: n }, (_, k) => BigInt(from + k))
+    const token = (out: StepOutput): number => tokenOf(out)
+    const alone: number[][] = []
+    for (const [i, p] of mixed.entries()) {
+      runner.open(`a${i}`)
+      let t = token(await runner.step(`a${i}`, { kind: 'tokens', ids: ids(p) }, positions(p.length), 1, GREEDY))
+      const got = [t]
+      while (got.length < TOKENS) {
+        t = token(await runner.step(`a${i}`, { kind: 'tokens', ids: ids([t]) }, positions(1, p.length + got.length - 1), 1, GREEDY))
+        got.push(t)
+      }
+      alone.push(got)
+      await runner.drop(`a${i}`, 'free')
+    }
+    rows.length = 0
+    mixed.forEach((_, i) => { runner.open(`b${i}`) })
+    const together: number[][] = mixed.map(() => [])
+    let items = mixed.map((p, i) => ({ seqId: `b${i}`, input: { kind: 'tokens' as const, ids: ids(p) }, positions: positions(p.length), logitsToKeep: 1, pick: GREEDY }))
+    for (let step = 0; step < TOKENS; step++) {
+      const results = await runner.stepBatch(items)
+      results.forEach((r, i) => {
+        if (!('output' in r)) throw r.error
+        together[i]!.push(token(r.output))
+      })
+      items = mixed.map((p, i) => ({ seqId: `b${i}`, input: { kind: 'tokens' as const, ids: ids([together[i]!.at(-1)!]) }, positions: positions(1, p.length + step), logitsToKeep: 1, pick: GREEDY }))
+    }
+    expect(together).toEqual(alone)
+    // The two equally long sequences ran together every step; the others never joined anyone.
+    expect(Math.max(...rows)).toBe(2)
+    expect(rows.filter(n => n === 2)).toHaveLength(TOKENS)
   }, 120_000)
 })

@@ -101,7 +101,7 @@ describe('shoal shard (CLI)', () => {
     }
     expect(errs.join('')).toMatch(/layers 2-2 are not covered/)
     expect(errs.join('')).toMatch(/--int8-activations needs --quant int8 or int4/)
-    // Opting into int8 activations is written into the manifest (it is not batch-invariant).
+    // Opting into int8 activations is written into the manifest (the engine then batches only equally long contexts).
     expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--int8-activations'])).toBe(0)
     expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8' })
   })
