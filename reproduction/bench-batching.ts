@@ -11,9 +11,12 @@
  * process-CPU ms per decode run against the same sequences stepped one by one — what sets maxBatch.
  * Prints a markdown table, and writes an SVG plot with `--svg` (convert with rsvg-convert).
  * Wall-clock numbers need an otherwise idle machine; the CPU-time columns (process CPU per token,
- * all threads) stay meaningful on a shared one.
+ * all threads) stay meaningful on a shared one. `--activations int8,f32` compiles the quantized
+ * model both ways and runs them side by side (int8 activations batch only equally long contexts;
+ * f32 ones any); `--ragged N` varies prompt lengths by up to N tokens so contexts differ in length,
+ * as real traffic does.
  *
- *   node reproduction/bench-batching.ts [--sizes 60m,250m] [--quant int4] [--tokens 64] [--prompt 16]
+ *   node reproduction/bench-batching.ts [--sizes 60m,250m] [--quant int4] [--activations int8] [--ragged 0] [--tokens 64] [--prompt 16]
  *     [--streams 1,2,4,8,16] [--rounds 3] [--max-batch 8,16] [--delay 2] [--threads N] [--modes batched,naive,serial,engine] [--svg out.svg]
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -34,6 +37,8 @@ const { values: args } = parseArgs({
   options: {
     sizes: { type: 'string', default: '60m' },
     quant: { type: 'string', default: 'int4' },
+    activations: { type: 'string', default: 'int8' },
+    ragged: { type: 'string', default: '0' },
     tokens: { type: 'string', default: '64' },
     prompt: { type: 'string', default: '16' },
     streams: { type: 'string', default: '1,2,4,8,16' },
@@ -48,6 +53,8 @@ const { values: args } = parseArgs({
 const list = (s: string | undefined): number[] => (s ?? '').split(',').filter(x => x !== '').map(Number)
 const TOKENS = Number(args.tokens)
 const PROMPT = Number(args.prompt)
+const RAGGED = Number(args.ragged)
+const ACTIVATIONS = (args.activations ?? 'int8').split(',').map(a => { if (a !== 'int8' && a !== 'f32') throw new Error(`--activations: int8 or f32, not ${a}`); return a })
 const STREAMS = list(args.streams)
 const ROUNDS = Number(args.rounds)
 const MAX_STREAMS = Math.max(...STREAMS)
@@ -66,7 +73,7 @@ const requestOf = (modelId: string, vocab: number): GenerateRequest => {
   return {
     requestId: `bench-${salt}`,
     model: modelId,
-    prompt: { kind: 'tokens', ids: Array.from({ length: PROMPT }, (_, i) => 3 + ((i * 7919 + salt * 104729) % (Math.min(vocab, 500) - 3))) },
+    prompt: { kind: 'tokens', ids: Array.from({ length: PROMPT + (RAGGED > 0 ? (salt * 7) % (RAGGED + 1) : 0) }, (_, i) => 3 + ((i * 7919 + salt * 104729) % (Math.min(vocab, 500) - 3))) },
     maxTokens: TOKENS,
     sampling: { temperature: 0, topP: 1 },
     stop: [],
@@ -119,27 +126,39 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     const t0 = performance.now()
     await generateTestModel({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: size as TestModelSize })
     const quant = args.quant as 'none' | 'int8' | 'int4'
-    const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard'), modelId: `bench-${size}`, quant, ...FAST_INT })
+    // One shard directory per activation format (int8: accuracy level 4, as recorded so far).
+    const shardOf = (act: string): string => join(dir, `shard-${act}`)
+    let manifest: Awaited<ReturnType<typeof compileShards>> | undefined
+    for (const act of ACTIVATIONS) {
+      const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, ...(act === 'int8' ? FAST_INT : { accuracyLevel: 0 as const }) })
+      manifest ??= m
+    }
+    if (manifest === undefined) throw new Error('no --activations given')
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
-    console.log(`\n## ${size} ${quant} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+    console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
     const vocab = manifest.shape.vocabSize
-    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(dir, 'shard', ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest))
-    const base = { shardDir: join(dir, 'shard'), maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }) }
+    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest))
     const services = new Map<string, LocalService>()
     const modes = (args.modes ?? '').split(',')
-    for (const mb of list(args['max-batch'])) {
-      for (const delay of list(args.delay)) {
-        if (!modes.includes('batched')) continue
-        services.set(`batched b${mb} d${delay}`, createLocalService({ ...base, batchLimits: { maxBatch: mb, maxQueueDelayMs: delay } }))
+    for (const act of ACTIVATIONS) {
+      const base = { shardDir: shardOf(act), maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }) }
+      // Named by format only when there is more than one, so single-format runs read as before.
+      const tag = ACTIVATIONS.length > 1 && quant !== 'none' ? ` ${act}` : ''
+      for (const mb of list(args['max-batch'])) {
+        for (const delay of list(args.delay)) {
+          if (!modes.includes('batched')) continue
+          services.set(`batched b${mb} d${delay}${tag}`, createLocalService({ ...base, batchLimits: { maxBatch: mb, maxQueueDelayMs: delay } }))
+        }
       }
+      if (modes.includes('naive') || modes.includes('serial')) services.set(`naive${tag}`, createLocalService({ ...base, batching: false }))
     }
-    if (modes.includes('naive') || modes.includes('serial')) services.set('naive', createLocalService({ ...base, batching: false }))
     for (const svc of services.values()) { await svc.start(); await measure(svc, manifest.modelId, vocab, 2, false) } // warm-up
     for (const streams of STREAMS) {
       const plan: Array<[string, LocalService, boolean]> = []
       for (const [name, svc] of services) {
-        if (name !== 'naive' || modes.includes('naive')) plan.push([name, svc, false])
-        if (name === 'naive' && modes.includes('serial')) plan.push(['serial', svc, true])
+        const naive = name.startsWith('naive')
+        if (!naive || modes.includes('naive')) plan.push([name, svc, false])
+        if (naive && modes.includes('serial')) plan.push([name.replace('naive', 'serial'), svc, true])
       }
       const per = new Map<string, Result[]>()
       for (let r = 0; r < ROUNDS; r++) {
