@@ -29,10 +29,6 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 
-/** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
- * recorded with. The compiler's default (f32 activations) is slower per step: see shards/DESIGN.md. */
-const FAST_INT = { accuracyLevel: 4 as const }
-
 const { values: args } = parseArgs({
   options: {
     sizes: { type: 'string', default: '60m' },
@@ -130,7 +126,7 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     const shardOf = (act: string): string => join(dir, `shard-${act}`)
     let manifest: Awaited<ReturnType<typeof compileShards>> | undefined
     for (const act of ACTIVATIONS) {
-      const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, ...(act === 'int8' ? FAST_INT : { accuracyLevel: 0 as const }) })
+      const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, accuracyLevel: act === 'int8' ? 4 : 0 })
       manifest ??= m
     }
     if (manifest === undefined) throw new Error('no --activations given')

@@ -29,10 +29,6 @@ import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 
-/** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
- * recorded with. The compiler's default (f32 activations) is slower per step: see shards/DESIGN.md. */
-const FAST_INT = { accuracyLevel: 4 as const }
-
 const { values: args } = parseArgs({
   options: {
     sizes: { type: 'string', default: '60m,250m' },
@@ -236,7 +232,7 @@ async function ensureModels (size: TestModelSize, quants: string[]): Promise<Map
     if (!existsSync(join(dir, 'manifest.json'))) {
       const t = performance.now()
       const tmp = `${dir}.tmp-${process.pid}`
-      await compileShards({ modelDir: ckpt, outDir: tmp, quant: quant as 'none' | 'int4', ...FAST_INT, modelId: `llama-${size}-${quant === 'none' ? 'fp32' : quant}` })
+      await compileShards({ modelDir: ckpt, outDir: tmp, quant: quant as 'none' | 'int4', modelId: `llama-${size}-${quant === 'none' ? 'fp32' : quant}` })
       await rename(tmp, dir)
       console.error(`compiled ${dir} in ${((performance.now() - t) / 1000).toFixed(1)} s`)
     }

@@ -28,10 +28,6 @@ import {
   type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
 
-/** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
- * recorded with. The compiler's default (f32 activations) is slower per step: see shards/DESIGN.md. */
-const FAST_INT = { accuracyLevel: 4 as const }
-
 const { values } = parseArgs({
   options: {
     sizes: { type: 'string', default: '60m,250m' },
@@ -62,7 +58,7 @@ async function shardsFor (size: TestModelSize, quant: 'none' | 'int4', opSet: Op
   }
   await rm(dir, { recursive: true, force: true })
   const t0 = performance.now()
-  const manifest = await compileShards({ modelDir, outDir: dir, quant, opSet, ...FAST_INT })
+  const manifest = await compileShards({ modelDir, outDir: dir, quant, opSet })
   console.error(`compiled ${size} ${quant} ${opSet} in ${((performance.now() - t0) / 1000).toFixed(1)} s`)
   return { dir, manifest }
 }

@@ -13,11 +13,11 @@
  * ratios to the unsplit baseline and to the naive chain, and per-stream ms/token (first token to
  * last). The chain's greedy token ids are checked against the unsplit server's (first round).
  *
- * `--int8-activations` compiles the quantized shards for int8 activations (faster per step; the
- * engine then batches only equally long contexts; the compiler's default is f32 activations, see
- * shards/DESIGN.md).
+ * `--f32-activations` compiles the quantized shards for f32 activations (slower per step, batched
+ * with any mix of context lengths) instead of the default int8 ones (batched only between equally
+ * long contexts), see shards/DESIGN.md.
  *
- *   node reproduction/bench-pipeline-pinned.ts [--quant int4] [--int8-activations] [--tokens 64] [--streams 1,2,4] [--rounds 3]
+ *   node reproduction/bench-pipeline-pinned.ts [--quant int4] [--f32-activations] [--tokens 64] [--streams 1,2,4] [--rounds 3]
  */
 import { spawn, spawnSync } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -38,11 +38,11 @@ const { values: args } = parseArgs({
     tokens: { type: 'string', default: '64' },
     streams: { type: 'string', default: '1,2,4' },
     rounds: { type: 'string', default: '3' },
-    'int8-activations': { type: 'boolean', default: false },
+    'f32-activations': { type: 'boolean', default: false },
   },
 })
 const QUANT = args.quant as 'none' | 'int4'
-const ACTIVATIONS = args['int8-activations'] === true ? { accuracyLevel: 4 as const } : {}
+const ACTIVATIONS = args['f32-activations'] === true ? { accuracyLevel: 0 as const } : {}
 const TOKENS = Number(args.tokens)
 const STREAMS = args.streams.split(',').map(Number)
 const ROUNDS = Number(args.rounds)
@@ -213,7 +213,7 @@ async function main (): Promise<void> {
 
     console.log(`machine: ${cores} cores (pinning ${pin ? 'on: serve + stage 0 on core 0, stage 1 on core 1; client unpinned' : 'off'}); Node ${process.version}`)
     console.log(`load average: at start ${la(load0)}; before rounds ${la(loadBefore)}; after rounds ${la(loadAfter)}`)
-    console.log(`model: 60m llama (${wm.shape.numLayers} layers, hidden ${wm.shape.hiddenSize}, vocab ${wm.shape.vocabSize}), quant ${QUANT}${QUANT !== 'none' ? (args['int8-activations'] === true ? ' (int8 activations)' : ' (f32 activations)') : ''}; stages ${range(l0!)} / ${range(l1!)}; prompt ${PROMPT} tokens, max_tokens ${TOKENS}, greedy; ${ROUNDS} rounds, median shown; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
+    console.log(`model: 60m llama (${wm.shape.numLayers} layers, hidden ${wm.shape.hiddenSize}, vocab ${wm.shape.vocabSize}), quant ${QUANT}${QUANT !== 'none' ? (args['f32-activations'] === true ? ' (f32 activations)' : ' (int8 activations)') : ''}; stages ${range(l0!)} / ${range(l1!)}; prompt ${PROMPT} tokens, max_tokens ${TOKENS}, greedy; ${ROUNDS} rounds, median shown; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
     console.log('greedy token ids vs unsplit (round 1, stream 0):')
     const soloIds = rounds[0]![0]!.ids0
     for (const [i, c] of configs.entries()) {

@@ -29,10 +29,6 @@ import { createChainTokenSource, createStageNode, manifestHashOf } from '../daem
 import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 
-/** Quantized shards use int8 activations (accuracy level 4): the fast CPU path these results were
- * recorded with. The compiler's default (f32 activations) is slower per step: see shards/DESIGN.md. */
-const FAST_INT = { accuracyLevel: 4 as const }
-
 const { values: args } = parseArgs({
   options: {
     size: { type: 'string', default: '60m' },
@@ -123,8 +119,8 @@ async function main (): Promise<void> {
     const ckpt = join(root, 'ckpt')
     await generateTestModel({ architecture: 'llama', outDir: ckpt, size: args.size as '60m' })
     const quant = args.quant as 'none' | 'int4'
-    await compileShards({ modelDir: ckpt, outDir: join(root, 'whole'), modelId: 'bench', quant, ...FAST_INT })
-    await compileShards({ modelDir: ckpt, outDir: join(root, 'two'), modelId: 'bench', quant, ...FAST_INT, stages: 2 })
+    await compileShards({ modelDir: ckpt, outDir: join(root, 'whole'), modelId: 'bench', quant })
+    await compileShards({ modelDir: ckpt, outDir: join(root, 'two'), modelId: 'bench', quant, stages: 2 })
     const whole = await loadManifest(join(root, 'whole'))
     const two = await loadManifest(join(root, 'two'))
     const hash = await manifestHashOf(join(root, 'two'))

@@ -73,7 +73,7 @@ function buildProgram (): Command {
     .option('--stages <n>', 'split evenly into N stages')
     .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
-    .option('--int8-activations', 'with --quant: int8 activations (faster per step on CPU; requests then share batched runs only when their contexts are equally long)')
+    .option('--f32-activations', 'with --quant: f32 activations (slower per step; requests of any context length share batched runs)')
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 
   const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')

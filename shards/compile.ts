@@ -18,7 +18,7 @@ import { planStages } from './split.ts'
 /**
  * Bumped whenever the graphs this compiler writes, or what its manifest means, change; cached
  * shards from another version are rebuilt. 3: `quantization.activations` is recorded (before, every
- * quantized shard had int8 activations).
+ * quantized shard had int8 activations, unrecorded).
  */
 export const COMPILER_VERSION = 3
 export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
@@ -35,12 +35,13 @@ export interface CompileOptions {
   /** 'standard' (default, portable) or 'ort-contrib'. */
   opSet?: OpTable['name']
   /**
-   * MatMulNBits accuracy_level for quantized stages. 0 (default): f32 activations; sequences of
-   * any context length share batched runs (left-padded) and keep their batch-of-one tokens. 4:
-   * int8 activations, faster per step on CPU (60m int4 here: 2.1 vs 3.2 ms) — but the activation
-   * quantization would turn a padded batch's last-bit differences into different tokens, so the
-   * engine batches such shards only between equally long contexts (recorded in the manifest as
-   * `quantization.activations: 'int8'`; test/engine/batched-int4.test.ts).
+   * MatMulNBits accuracy_level for quantized stages, recorded in the manifest as
+   * `quantization.activations`. 4 (default): int8 activations, faster on CPU (60m int4 here: 2.1
+   * vs 3.2 ms a step; ahead at 1–8 concurrent ragged streams too, reproduction/results/batching.md)
+   * — the activation quantization would turn a padded batch's last-bit differences into different
+   * tokens, so the engine batches such shards only between equally long contexts, unpadded. 0: f32
+   * activations, slower per step, batched with any mix of lengths. Both keep every sequence's
+   * batch-of-one tokens (test/engine/batched-int4.test.ts).
    */
   accuracyLevel?: 0 | 4
 }
@@ -57,7 +58,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
   const quantKind = options.quant ?? 'none'
   const quant: Quantization = quantKind === 'none'
     ? { kind: 'none' }
-    : { kind: quantKind, blockSize: options.blockSize ?? 32, ...(options.accuracyLevel === 4 ? { activations: 'int8' as const } : {}) }
+    : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
   const ops = OP_TABLES[options.opSet ?? 'standard']
   const weights = await openWeights(modelDir)
   const { shape } = spec
@@ -97,7 +98,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     const hasEmbedding = index === 0
     const hasHead = index === ranges.length - 1
     const g = await buildStage(src, {
-      spec, layers, hasEmbedding, hasHead, ops, quant, accuracyLevel: options.accuracyLevel ?? 0, dataFile: STAGE_DATA_FILE,
+      spec, layers, hasEmbedding, hasHead, ops, quant, accuracyLevel: options.accuracyLevel ?? 4, dataFile: STAGE_DATA_FILE,
     })
     const graphPath = join(outDir, dir, STAGE_GRAPH_FILE)
     const dataPath = join(outDir, dir, STAGE_DATA_FILE)

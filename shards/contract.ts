@@ -40,11 +40,11 @@ export const presentValueName = (layer: number): string => `present.${layer}.val
 export type Quantization =
   | { kind: 'none' }
   /**
-   * `activations: 'int8'`: compiled for int8 activations (faster per step; the engine batches only
-   * equally long contexts, unpadded). Absent: f32 — except from compilers before version 3, whose
-   * quantized shards all had int8 activations.
+   * `activations`: what the MatMulNBits nodes compute in. 'int8' (faster; the engine batches only
+   * equally long contexts, unpadded) or 'f32' (batched with any mix of lengths). Absent (compilers
+   * before version 3): int8.
    */
-  | { kind: 'int8' | 'int4', blockSize: 32 | 128, activations?: 'int8' }
+  | { kind: 'int8' | 'int4', blockSize: 32 | 128, activations?: 'int8' | 'f32' }
 
 /** The architecture-independent shape of a model, after normalising its HF config. */
 export interface ModelShape {

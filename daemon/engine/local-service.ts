@@ -106,8 +106,8 @@ function batchPaddingOf (manifest: ShardManifest): 'left' | 'equal' | 'none' {
   const padded = manifest.opSet === 'standard' || (manifest as { batchPadding?: unknown }).batchPadding === 'left'
   if (!padded) return 'none'
   const q = manifest.quantization
-  const int8Activations = q.kind !== 'none' && (q.activations === 'int8' || (manifest.compilerVersion ?? 0) < 3)
-  return int8Activations ? 'equal' : 'left'
+  // Absent (compilers before version 3): int8, then the only kind.
+  return q.kind !== 'none' && q.activations !== 'f32' ? 'equal' : 'left'
 }
 
 export function createLocalService (init: LocalServiceInit): LocalService {

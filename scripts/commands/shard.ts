@@ -9,14 +9,14 @@ export interface ShardCommandOptions {
   stages?: string
   layers?: string
   quant?: string
-  int8Activations?: boolean
+  f32Activations?: boolean
 }
 
 export async function shard (opts: ShardCommandOptions): Promise<void> {
   const { compileShards, parseLayerRanges } = await import('../../shards/index.ts')
   const quant = opts.quant ?? 'none'
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
-  if (opts.int8Activations === true && quant === 'none') throw new ExitError('--int8-activations needs --quant int8 or int4')
+  if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
   let stages: number | undefined
   if (opts.stages !== undefined) {
     stages = Number(opts.stages)
@@ -28,7 +28,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       modelDir: opts.model,
       outDir: opts.out,
       quant,
-      ...(opts.int8Activations === true ? { accuracyLevel: 4 as const } : {}),
+      ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),
     })

@@ -1,7 +1,7 @@
 /**
- * Batch invariance of quantized shards. An int4 model compiled with the default accuracy level
- * (f32 activations) gives every sequence of a ragged, left-padded batch exactly the greedy tokens
- * it gets alone, over whole 64-token sequences. With `accuracyLevel: 4` (int8 activations) a
+ * Batch invariance of quantized shards. An int4 model compiled with f32 activations
+ * (`accuracyLevel: 0`) gives every sequence of a ragged, left-padded batch exactly the greedy
+ * tokens it gets alone, over whole 64-token sequences. With int8 activations (the default) a
  * padded batch would not — the activation quantization amplifies the padded attention's last-bit
  * differences (left-padding such a batch diverged at tokens 31 and 33) — so those shards batch
  * only sequences whose caches are equally long, unpadded, and stay exact too. The `small`
@@ -24,14 +24,15 @@ const tokenOf = (out: StepOutput): number => {
   return out.id
 }
 
-describe('int4 shards (default accuracy level) under batching', () => {
+describe('int4 shards with f32 activations under batching', () => {
   let root: string
   let engine: BatchingStageEngine
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), 'shoal-int4-batch-'))
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
-    const manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
+    const manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', accuracyLevel: 0 })
+    expect(stageInfoOf(manifest).batchPadding).toBe('left')
     engine = createStageEngine({ graphPath: join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), stage: stageInfoOf(manifest), threads: 1, maxSequences: 8 })
     await engine.start()
   }, 120_000)
@@ -69,7 +70,7 @@ describe('int4 shards (default accuracy level) under batching', () => {
   }, 120_000)
 })
 
-describe('int4 shards with int8 activations under batching', () => {
+describe('int4 shards with int8 activations (the default) under batching', () => {
   let root: string
   let session: BackendSession
   let manifest: Awaited<ReturnType<typeof compileShards>>
@@ -79,7 +80,7 @@ describe('int4 shards with int8 activations under batching', () => {
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), 'shoal-int8act-batch-'))
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
-    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', accuracyLevel: 4 })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
     session = await createOnnxruntimeBackend().load(join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
   }, 120_000)
   afterAll(async () => {
@@ -91,9 +92,7 @@ describe('int4 shards with int8 activations under batching', () => {
     const stage = stageInfoOf(manifest)
     expect(stage.batchPadding).toBe('equal')
     // Quantized shards from compilers before version 3 all had int8 activations, unrecorded.
-    const unrecorded = { ...manifest, quantization: { kind: 'int4' as const, blockSize: 32 as const } }
-    expect(stageInfoOf({ ...unrecorded, compilerVersion: 2 }).batchPadding).toBe('equal')
-    expect(stageInfoOf(unrecorded).batchPadding).toBe('left')
+    expect(stageInfoOf({ ...manifest, compilerVersion: 2, quantization: { kind: 'int4', blockSize: 32 } }).batchPadding).toBe('equal')
     // Every run's batch size, seen by the session.
     const rows: number[] = []
     const counted: BackendSession = { ...session, run: async (feeds) => { rows.push(feeds[INPUT_IDS]!.dims[0]!); return await session.run(feeds) } }

@@ -87,7 +87,7 @@ describe('shoal shard (CLI)', () => {
     expect(await main(['shard', '--model', modelDir, '--out', out, '--layers', '0-0,1-3', '--quant', 'int4'])).toBe(0)
     const m = await loadManifest(out)
     expect(m.stages.map(s => s.layers)).toEqual([[0, 0], [1, 3]])
-    expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32 })
+    expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8' })
     await verifyShardFiles(out, m)
     const errs: string[] = []
     const orig = process.stderr.write.bind(process.stderr)
@@ -95,15 +95,15 @@ describe('shoal shard (CLI)', () => {
     try {
       expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli2'), '--layers', '0-1,3-3'])).toBe(2)
       expect(await main(['shard', '--model', join(root, 'nope'), '--out', join(root, 'cli3')])).toBe(2)
-      expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli4'), '--int8-activations'])).toBe(2)
+      expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli4'), '--f32-activations'])).toBe(2)
     } finally {
       process.stderr.write = orig
     }
     expect(errs.join('')).toMatch(/layers 2-2 are not covered/)
-    expect(errs.join('')).toMatch(/--int8-activations needs --quant int8 or int4/)
-    // Opting into int8 activations is written into the manifest (the engine then batches only equally long contexts).
-    expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--int8-activations'])).toBe(0)
-    expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8' })
+    expect(errs.join('')).toMatch(/--f32-activations needs --quant int8 or int4/)
+    // Opting into f32 activations is written into the manifest (the engine then batches any mix of context lengths).
+    expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--f32-activations'])).toBe(0)
+    expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'f32' })
   })
 })
 

@@ -39,7 +39,7 @@ describe('quantized shards vs fp32', () => {
         it(`${quant} block ${blockSize} accuracy_level ${accuracyLevel}`, async () => {
           const out = join(root, `${quant}-${blockSize}-${accuracyLevel}`)
           const m = await compileShards({ modelDir, outDir: out, quant, blockSize, accuracyLevel, stages: 2 })
-          expect(m.quantization).toEqual({ kind: quant, blockSize, ...(accuracyLevel === 4 ? { activations: 'int8' } : {}) })
+          expect(m.quantization).toEqual({ kind: quant, blockSize, activations: accuracyLevel === 4 ? 'int8' : 'f32' })
           const p = await openPipeline(out, m)
           try {
             const r = await greedyDecode(p, prompt, N)
