@@ -87,6 +87,17 @@ const llamaLayer = (bias: boolean, qkNorm: boolean) => (p: string, s: SizeSpec, 
   return out
 }
 
+/** The Qwen families' special tokens, chat template and tied head (Qwen2 and Qwen3 alike). */
+const QWEN_TOKENS = {
+  specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
+  eos: '<|im_end|>',
+  genEos: ['<|im_end|>', '<|endoftext|>'],
+  pad: '<|endoftext|>',
+  addBosToken: false,
+  chatTemplate: CHATML_TEMPLATE,
+  tiedByDefault: true,
+} satisfies Partial<ArchProfile>
+
 const PROFILES: Record<TestArchitecture, ArchProfile> = {
   llama: {
     hfArchitecture: 'LlamaForCausalLM',
@@ -104,26 +115,14 @@ const PROFILES: Record<TestArchitecture, ArchProfile> = {
   qwen2: {
     hfArchitecture: 'Qwen2ForCausalLM',
     modelType: 'qwen2',
-    specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
-    eos: '<|im_end|>',
-    genEos: ['<|im_end|>', '<|endoftext|>'],
-    pad: '<|endoftext|>',
-    addBosToken: false,
-    chatTemplate: CHATML_TEMPLATE,
-    tiedByDefault: true,
+    ...QWEN_TOKENS,
     extraConfig: (s) => ({ hidden_act: 'silu', use_sliding_window: false, sliding_window: s.maxPositions, max_window_layers: 0 }),
     layer: llamaLayer(true, false),
   },
   qwen3: {
     hfArchitecture: 'Qwen3ForCausalLM',
     modelType: 'qwen3',
-    specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
-    eos: '<|im_end|>',
-    genEos: ['<|im_end|>', '<|endoftext|>'],
-    pad: '<|endoftext|>',
-    addBosToken: false,
-    chatTemplate: CHATML_TEMPLATE,
-    tiedByDefault: true,
+    ...QWEN_TOKENS,
     extraConfig: (s) => ({ hidden_act: 'silu', attention_bias: false, use_sliding_window: false, sliding_window: null, head_dim: s.hidden / s.heads }),
     layer: llamaLayer(false, true),
   },
