@@ -18,9 +18,13 @@ import { planStages } from './split.ts'
 /**
  * Bumped whenever the graphs this compiler writes, or what its manifest means, change; cached
  * shards from another version are rebuilt. 3: `quantization.activations` is recorded (before, every
- * quantized shard had int8 activations, unrecorded).
+ * quantized shard had int8 activations, unrecorded). 4: 'ort-contrib' graphs take right-padded
+ * rows with per-row attention lengths (`batchPadding: 'right'`) and are the default op table.
  */
-export const COMPILER_VERSION = 3
+export const COMPILER_VERSION = 4
+
+/** The op table shards are compiled with unless told otherwise. */
+export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'
 export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
 
 export interface CompileOptions {
@@ -32,7 +36,10 @@ export interface CompileOptions {
   blockSize?: 32 | 128
   /** Served model id; default: config.json's shoal_model_id, else the checkpoint directory's name. */
   modelId?: string
-  /** 'standard' (default, portable) or 'ort-contrib'. */
+  /**
+   * 'ort-contrib' (default: onnxruntime's fused CPU kernels — a quarter of the kernels per step,
+   * and batching of any mix of lengths is bit-exact) or 'standard' (portable opset-17 ONNX).
+   */
   opSet?: OpTable['name']
   /**
    * MatMulNBits accuracy_level for quantized stages, recorded in the manifest as
@@ -59,7 +66,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
   const quant: Quantization = quantKind === 'none'
     ? { kind: 'none' }
     : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
-  const ops = OP_TABLES[options.opSet ?? 'standard']
+  const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
   const weights = await openWeights(modelDir)
   const { shape } = spec
   const checked = async (name: string, dims: number[]): Promise<F32Tensor> => {
@@ -137,7 +144,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     stages,
     ...(description !== undefined ? { description } : {}),
     compilerVersion: COMPILER_VERSION,
-    batchPadding: 'left',
+    batchPadding: ops.batchPadding,
     batchedPrefillWithPast: ops.batchedPrefillWithPast,
   }
   await writeManifest(outDir, manifest)

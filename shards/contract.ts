@@ -116,9 +116,12 @@ export interface ShardManifest {
   /**
    * 'left': rows of a batch may be left-padded (attention_mask zeros before each row's tokens,
    * past caches aligned at the right) and every real position's logits equal the row run alone
-   * up to float rounding. 'none' or absent (older compilers): run rows one at a time.
+   * up to float rounding. 'right': rows may be right-padded (each row's tokens first, then
+   * attention_mask zeros; past caches aligned at the left) and the graph attends over each row's
+   * own length, so every row equals the row run alone bit for bit, whatever the mix of lengths.
+   * 'none' or absent (older compilers): run rows one at a time.
    */
-  batchPadding?: 'left' | 'none'
+  batchPadding?: 'left' | 'right' | 'none'
   /**
    * false: a step with batch > 1, more than one new position and a non-empty past (a batched
    * chunked-prefill continuation) is refused by the runtime; run such rows one at a time (a

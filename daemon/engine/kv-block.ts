@@ -1,7 +1,9 @@
 /**
  * KV caches as blocks: a graph's present outputs [rows, kvH, total, hd] (per layer, key and value),
- * with each sequence holding one row, its live positions right-aligned (columns total − length ..
- * total − 1; anything left of them is padding). A batch of one gives a block the sequence owns
+ * with each sequence holding one row. Where its live positions sit depends on how the graph pads
+ * a batch: left-padded graphs keep them right-aligned (columns total − length .. total − 1;
+ * anything left of them is padding), right-padded graphs left-aligned (columns 0 .. length − 1;
+ * what follows is never read). A batch of one gives a block the sequence owns
  * outright; a batched run gives one block its sequences share, which is fed back as is when the
  * same sequences step together again (no copy) and repacked by block copies when they do not.
  */
@@ -34,6 +36,33 @@ export function copyRow (src: Float32Array, srcRow: number, srcTotal: number, ds
     if (d > d0) dst.fill(0, d0, d)
     if (n > 0) dst.set(src.subarray(s, s + n), d)
   }
+}
+
+/**
+ * Copies the first `length` columns of row `srcRow` of src [·, kvH, srcTotal, hd] to the first
+ * `length` columns of row `dstRow` of dst [·, kvH, dstTotal, hd] (left-aligned caches). Columns
+ * after them are left as they are: a right-padded graph never reads past a row's length.
+ */
+export function copyRowLeft (src: Float32Array, srcRow: number, srcTotal: number, dst: Float32Array, dstRow: number, dstTotal: number, length: number, kvH: number, hd: number): void {
+  const n = length * hd
+  if (n === 0) return
+  for (let h = 0; h < kvH; h++) {
+    const s = (srcRow * kvH + h) * srcTotal * hd
+    dst.set(src.subarray(s, s + n), (dstRow * kvH + h) * dstTotal * hd)
+  }
+}
+
+/**
+ * A left-aligned sequence's cache as [1, kvH, block.total, hd] views of its block row: a row of a
+ * block is contiguous, so this never copies.
+ */
+export function rowView (ref: KvRef, layer: number, kvH: number, hd: number): [HostTensor, HostTensor] {
+  const pair = ref.block.layers[layer]!
+  if (ref.block.rows === 1) return pair
+  const size = kvH * ref.block.total * hd
+  const one = (t: HostTensor): HostTensor =>
+    ({ type: 'float32', data: (t.data as Float32Array).subarray(ref.row * size, (ref.row + 1) * size), dims: [1, kvH, ref.block.total, hd] })
+  return [one(pair[0]), one(pair[1])]
 }
 
 /** A sequence's cache as its own [1, kvH, length, hd] tensors (no copy when it owns a whole block). */

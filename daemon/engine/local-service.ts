@@ -97,12 +97,15 @@ export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
 }
 
 /**
- * Standard-op graphs are exact under left padding up to float rounding (masked scores become the
- * lowest f32, whose softmax weight is exactly 0). Other op tables batch only when their manifest
- * says so. Graphs with int8 activations turn that rounding into different tokens, so they batch
- * only sequences whose caches are equally long (no padding at all).
+ * Graphs with per-row attention lengths ('right', the compiler's default since version 4) batch
+ * any mix of lengths bit-exactly, whatever their activations. Standard-op graphs are exact under
+ * left padding up to float rounding (masked scores become the lowest f32, whose softmax weight is
+ * exactly 0). Other op tables batch only when their manifest says so. Left-padded graphs with int8
+ * activations turn that rounding into different tokens, so they batch only sequences whose caches
+ * are equally long (no padding at all).
  */
-function batchPaddingOf (manifest: ShardManifest): 'left' | 'equal' | 'none' {
+function batchPaddingOf (manifest: ShardManifest): 'left' | 'right' | 'equal' | 'none' {
+  if ((manifest as { batchPadding?: unknown }).batchPadding === 'right') return 'right'
   const padded = manifest.opSet === 'standard' || (manifest as { batchPadding?: unknown }).batchPadding === 'left'
   if (!padded) return 'none'
   const q = manifest.quantization

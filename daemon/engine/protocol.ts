@@ -26,9 +26,12 @@ export interface StageInfo {
    * 'left': the graph is exact under left padding (attention_mask zeros before a row's past), so
    * several sequences may share one run (stepBatch). 'equal': only sequences whose caches have the
    * same length share a run, unpadded (int8-activation graphs, where padding's last-bit changes
-   * would be amplified into different tokens). Absent or 'none': stepBatch runs items one at a time.
+   * would be amplified into different tokens). 'right': rows are right-padded and the graph
+   * attends over each row's own length (GroupQueryAttention's per-row lengths), so any mix of
+   * lengths shares a run bit-exactly; caches are aligned at the left and only single-position
+   * steps (decode) share runs. Absent or 'none': stepBatch runs items one at a time.
    */
-  batchPadding?: 'left' | 'equal' | 'none'
+  batchPadding?: 'left' | 'right' | 'equal' | 'none'
 }
 
 /** workerData of an engine worker. */

@@ -11,6 +11,13 @@
  * next run of the same sequences takes as its past without a copy. Different S, chunked prefills
  * and graphs without `batchPadding: 'left'` run one at a time; with `batchPadding: 'equal'` only
  * sequences whose caches have the same length share a run (nothing is padded).
+ *
+ * With `batchPadding: 'right'` (GroupQueryAttention graphs with per-row lengths) caches are
+ * left-aligned instead: a row's live positions are its block's first columns, the attention_mask
+ * is ones for them and the new positions, zeros after, and the graph attends over each row's own
+ * length — so any mix of lengths shares a run bit-exactly. onnxruntime runs such a graph with
+ * batch > 1 only for single-position steps (decode); longer steps run one at a time. A sequence
+ * takes its row of a shared block as a view (rows are contiguous), never a copy.
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
@@ -18,7 +25,7 @@ import {
 } from '../../shards/contract.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { blockBytes, copyRow, createScratch, ownRow } from './kv-block.ts'
+import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
@@ -73,7 +80,9 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   const feedsLogitsToKeep = session.inputNames.includes(NUM_LOGITS_TO_KEEP)
   const sequences = new Map<string, Sequence>()
   const { numKvHeads: kvH, headDim: hd } = stage
-  const batchable = stage.batchPadding === 'left' || stage.batchPadding === 'equal'
+  const batchable = stage.batchPadding === 'left' || stage.batchPadding === 'equal' || stage.batchPadding === 'right'
+  /** Caches aligned at the left (right-padded graphs) rather than at the right. */
+  const leftAligned = stage.batchPadding === 'right'
   /** Rows that may share a run: same new positions, and with 'equal' the same cache length too. */
   const groupKey = (s: number, seq: Sequence): string => stage.batchPadding === 'equal' ? `${s}:${seq.length}` : String(s)
   const scratch = createScratch()
@@ -99,9 +108,15 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
   async function runChunk (seq: Sequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number): Promise<TensorMap> {
     const s = b - a
     const total = seq.length + s
+    // Left-aligned caches are fed as their whole block row (past columns beyond the sequence's
+    // length are masked out); right-aligned ones as exactly their live positions.
+    const past = seq.kv === undefined ? 0 : leftAligned ? seq.kv.block.total : seq.length
+    const width = past + s
+    const mask = new BigInt64Array(width)
+    mask.fill(1n, 0, total)
     const feeds: TensorMap = {
       [POSITION_IDS]: { type: 'int64', data: positions.slice(a, b), dims: [1, s] },
-      [ATTENTION_MASK]: { type: 'int64', data: new BigInt64Array(total).fill(1n), dims: [1, total] },
+      [ATTENTION_MASK]: { type: 'int64', data: mask, dims: [1, width] },
     }
     if (input.kind === 'tokens') {
       feeds[INPUT_IDS] = { type: 'int64', data: input.ids.slice(a, b), dims: [1, s] }
@@ -110,13 +125,13 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       feeds[HIDDEN_IN] = { type: 'float32', data: input.data.slice(a * d, b * d), dims: [1, s, d] }
     }
     layers.forEach((l, i) => {
-      const kv = seq.kv === undefined ? undefined : ownRow(seq.kv, seq.length, i, kvH, hd)
+      const kv = seq.kv === undefined ? undefined : leftAligned ? rowView(seq.kv, i, kvH, hd) : ownRow(seq.kv, seq.length, i, kvH, hd)
       feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast()
       feeds[pastValueName(l)] = kv?.[1] ?? emptyPast()
     })
     if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
     const out = await session.run(feeds)
-    seq.kv = { block: presentBlock(out, 1, total), row: 0 }
+    seq.kv = { block: presentBlock(out, 1, width), row: 0 }
     seq.length = total
     return out
   }
@@ -188,7 +203,13 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     const rows = group.length
     let pmax = 0
     for (const { seq } of group) pmax = Math.max(pmax, seq.length)
-    const total = pmax + s
+    const first = group[0]!.seq.kv
+    // The previous run's block, fed as is, when it holds exactly these sequences in order. A
+    // left-aligned block may be wider than its longest row; a right-aligned one must match it.
+    const shared = first !== undefined && first.block.rows === rows && (leftAligned ? first.block.total >= pmax : first.block.total === pmax) &&
+      group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+    const past = shared ? first.block.total : pmax
+    const total = past + s
     const positions = new BigInt64Array(rows * s)
     const mask = new BigInt64Array(rows * total)
     const d = stage.hiddenSize
@@ -197,7 +218,8 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     let keep = 1
     group.forEach(({ seq, item }, b) => {
       positions.set(item.positions, b * s)
-      mask.fill(1n, b * total + pmax - seq.length, (b + 1) * total)
+      if (leftAligned) mask.fill(1n, b * total, b * total + seq.length + s)
+      else mask.fill(1n, b * total + past - seq.length, (b + 1) * total)
       if (item.input.kind === 'tokens') ids!.set(item.input.ids, b * s)
       else hidden!.set(item.input.data, b * s * d)
       keep = Math.max(keep, Math.min(item.logitsToKeep, s))
@@ -208,22 +230,21 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     }
     if (ids !== undefined) feeds[INPUT_IDS] = { type: 'int64', data: ids, dims: [rows, s] }
     else feeds[HIDDEN_IN] = { type: 'float32', data: hidden!, dims: [rows, s, d] }
-    const first = group[0]!.seq.kv
-    const shared = first !== undefined && first.block.rows === rows && first.block.total === pmax &&
-      group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
     layers.forEach((l, i) => {
       let pair: [HostTensor, HostTensor]
       if (shared) pair = first.block.layers[i]!
-      else if (pmax === 0) pair = [emptyPast(rows), emptyPast(rows)]
+      else if (past === 0) pair = [emptyPast(rows), emptyPast(rows)]
       else {
         pair = [0, 1].map(kind => {
-          const data = scratch(2 * i + kind, rows * kvH * pmax * hd)
+          const data = scratch(2 * i + kind, rows * kvH * past * hd)
           group.forEach(({ seq }, b) => {
             const src = seq.kv === undefined ? undefined : seq.kv.block.layers[i]![kind]!
-            if (src === undefined) copyRow(data, 0, 0, data, b, pmax, 0, kvH, hd) // zero row
-            else copyRow(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, pmax, seq.length, kvH, hd)
+            if (leftAligned) {
+              if (src !== undefined) copyRowLeft(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, past, seq.length, kvH, hd)
+            } else if (src === undefined) copyRow(data, 0, 0, data, b, past, 0, kvH, hd) // zero row
+            else copyRow(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, past, seq.length, kvH, hd)
           })
-          return { type: 'float32', data, dims: [rows, kvH, pmax, hd] } satisfies HostTensor
+          return { type: 'float32', data, dims: [rows, kvH, past, hd] } satisfies HostTensor
         }) as [HostTensor, HostTensor]
       }
       feeds[pastKeyName(l)] = pair[0]
@@ -260,7 +281,8 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     for (const e of live) {
       try { check(e.seqId, e.seq, e.item.input, e.item.positions, e.item.pick) } catch (err) { fail(e, err); continue }
       const s = e.item.positions.length
-      if (!batchable || s > chunkSize) { solo.push(e); continue }
+      // onnxruntime's GroupQueryAttention runs batch > 1 only for single-position steps.
+      if (!batchable || s > chunkSize || (leftAligned && s > 1)) { solo.push(e); continue }
       const key = groupKey(s, e.seq)
       const g = groups.get(key)
       if (g === undefined) groups.set(key, [e])

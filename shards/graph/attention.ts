@@ -92,7 +92,7 @@ export function standardAttention (ctx: BuildContext, n: string, wn: string, io:
  * cos/sin caches [maxPositions, hd/2] = cos/sin(p · inv_freq) in float64, rounded once to f32
  * (rope scaling is already in inv_freq); GQA lengths and the padding bias from attention_mask.
  */
-export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string): StageTables {
+export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask: string, _sequenceSource: string): StageTables {
   const { g } = ctx
   const { maxPositions, headDim: hd } = ctx.spec.shape
   if (hd % 16 !== 0) throw new CheckpointError(`head_dim ${hd}: the ort-contrib op table needs a multiple of 16 (GroupQueryAttention); compile with the standard op table`)
@@ -109,19 +109,16 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
   const cosCache = g.f32Weight('model.rotary_emb.cos_cache', [maxPositions, half], cos)
   const sinCache = g.f32Weight('model.rotary_emb.sin_cache', [maxPositions, half], sin)
 
+  // Rows are right-padded: row b's tokens first (attention_mask ones), padding after. Its length
+  // L_b = sum(attention_mask[b]) goes to GroupQueryAttention as seqlens_k = L_b − 1, so each row
+  // attends over exactly its own keys with the same reductions as when it runs alone: batching
+  // any mix of lengths is bit-exact (no padding bias enters a softmax or a dot product).
   const n = '/model/attn_mask'
-  const b = g.op('Shape', `${n}/B/Shape`, [attentionMask], { start: 0, end: 1 })
-  const s = g.op('Shape', `${n}/S/Shape`, [sequenceSource], { start: 1, end: 2 })
   const t = g.op('Shape', `${n}/T/Shape`, [attentionMask], { start: 1, end: 2 })
   const totalLength = g.op('Cast', `${n}/total/Cast`, [t], { to: DT.INT32 })
-  const last = g.op('Sub', `${n}/last/Sub`, [totalLength, g.constant(DT.INT32, [1], [1])])
-  const seqlensK = g.op('Expand', `${n}/seqlens_k/Expand`, [last, b])
-  const keep = g.op('Cast', `${n}/pad/Cast`, [attentionMask], { to: DT.BOOL })
-  const bias2 = g.op('Where', `${n}/bias/Where`, [keep, g.f32(0), g.f32(F32_LOWEST)])
-  const bias4 = g.op('Unsqueeze', `${n}/bias/Unsqueeze`, [bias2, g.i64([1, 2])])
-  const shape = g.op('Concat', `${n}/bias/shape/Concat`, [b, g.i64([1]), s, t], { axis: 0 })
-  const bias = g.op('Expand', `${n}/bias/Expand`, [bias4, shape])
-  return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength, bias }
+  const lengths = g.op('ReduceSum', `${n}/lengths/ReduceSum`, [attentionMask, g.i64([1])], { keepdims: 0 })
+  const seqlensK = g.op('Sub', `${n}/seqlens_k/Sub`, [g.op('Cast', `${n}/lengths/Cast`, [lengths], { to: DT.INT32 }), g.constant(DT.INT32, [1], [1])])
+  return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength }
 }
 
 /**
@@ -146,7 +143,7 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
   const q = prep('q', io.q, H, io.qNorm)
   const k = prep('k', io.k, kvH, io.kNorm)
   const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
-    [q, k, io.v, io.pastK, io.pastV, t.seqlensK, t.totalLength, '', '', '', t.bias],
+    [q, k, io.v, io.pastK, io.pastV, t.seqlensK, t.totalLength],
     { num_heads: H, kv_num_heads: kvH, scale: { float: 1 / Math.sqrt(hd) } }, 3, MS_DOMAIN) as [string, string, string]
   return { context, presentK, presentV }
 }

@@ -22,6 +22,7 @@ const standardNorm: OpTable['rmsNorm'] = (g, name, x, weight, eps) => {
 const standard: OpTable = {
   name: 'standard',
   batchedPrefillWithPast: true,
+  batchPadding: 'left',
   rmsNorm: standardNorm,
   addNorm: (g, name, addName, x, update, weight, eps) => {
     const sum = g.op('Add', `${addName}/Add`, [x, update])
@@ -35,6 +36,8 @@ const ortContrib: OpTable = {
   name: 'ort-contrib',
   // GroupQueryAttention takes S > 1 after a past only at batch 1 ("interactive decoding").
   batchedPrefillWithPast: false,
+  // Per-row attention lengths (attention.ts gqaTables): right padding, exact for any mix of lengths.
+  batchPadding: 'right',
   // onnxruntime registers SimplifiedLayerNormalization in the default ONNX domain (a contrib
   // schema, not com.microsoft), so the node carries domain ''.
   rmsNorm: (g, name, x, weight, eps) =>

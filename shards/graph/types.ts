@@ -21,6 +21,8 @@ export interface OpTable {
   name: 'standard' | 'ort-contrib'
   /** Whether a step with batch > 1, S > 1 and a non-empty past runs (written to the manifest when not). */
   batchedPrefillWithPast: boolean
+  /** How rows of a batch are padded (written to the manifest; see ShardManifest.batchPadding). */
+  batchPadding: 'left' | 'right'
   /** y = x / sqrt(mean(x², last axis) + eps) · weight */
   rmsNorm: (g: GraphBuilder, name: string, x: string, weight: string, eps: number) => string
   /**
@@ -47,12 +49,10 @@ export type StageTables =
     positionIds: string
     cosCache: string
     sinCache: string
-    /** int32 [B]: T − 1 for every row (padding is carried by `bias`, not by lengths). */
+    /** int32 [B]: each row's own length − 1 (rows are right-padded; attention_mask sums to the length). */
     seqlensK: string
     /** int32 [1]: T. */
     totalLength: string
-    /** f32 [B, 1, S, T]: 0 where attention_mask is 1, lowest f32 where it is 0. */
-    bias: string
   }
 
 export interface AttentionIo {

@@ -1,5 +1,8 @@
 /**
- * Batch invariance of quantized shards. An int4 model compiled with f32 activations
+ * Batch invariance of quantized shards. The default graphs (ort-contrib, per-row attention
+ * lengths, right-padded rows) give every sequence of a ragged batch exactly its batch-of-one
+ * tokens with int8 activations too, sharing every decode run. With the standard op table (left
+ * padding), an int4 model compiled with f32 activations
  * (`accuracyLevel: 0`) gives every sequence of a ragged, left-padded batch exactly the greedy
  * tokens it gets alone, over whole 64-token sequences. With int8 activations (the default) a
  * padded batch would not — the activation quantization amplifies the padded attention's last-bit
@@ -24,14 +27,14 @@ const tokenOf = (out: StepOutput): number => {
   return out.id
 }
 
-describe('int4 shards with f32 activations under batching', () => {
+describe('standard-op int4 shards with f32 activations under batching', () => {
   let root: string
   let engine: BatchingStageEngine
 
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), 'shoal-int4-batch-'))
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
-    const manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', accuracyLevel: 0 })
+    const manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', accuracyLevel: 0, opSet: 'standard' })
     expect(stageInfoOf(manifest).batchPadding).toBe('left')
     engine = createStageEngine({ graphPath: join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), stage: stageInfoOf(manifest), threads: 1, maxSequences: 8 })
     await engine.start()
@@ -70,7 +73,7 @@ describe('int4 shards with f32 activations under batching', () => {
   }, 120_000)
 })
 
-describe('int4 shards with int8 activations (the default) under batching', () => {
+describe('standard-op int4 shards with int8 activations under batching', () => {
   let root: string
   let session: BackendSession
   let manifest: Awaited<ReturnType<typeof compileShards>>
@@ -80,7 +83,7 @@ describe('int4 shards with int8 activations (the default) under batching', () =>
   beforeAll(async () => {
     root = await mkdtemp(join(tmpdir(), 'shoal-int8act-batch-'))
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
-    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', opSet: 'standard' })
     session = await createOnnxruntimeBackend().load(join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
   }, 120_000)
   afterAll(async () => {
@@ -128,5 +131,71 @@ describe('int4 shards with int8 activations (the default) under batching', () =>
     // The two equally long sequences ran together every step; the others never joined anyone.
     expect(Math.max(...rows)).toBe(2)
     expect(rows.filter(n => n === 2)).toHaveLength(TOKENS)
+  }, 120_000)
+})
+
+describe('default int4 shards (int8 activations, right-padded rows) under batching', () => {
+  let root: string
+  let session: BackendSession
+  let manifest: Awaited<ReturnType<typeof compileShards>>
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-int4-right-'))
+    await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
+    session = await createOnnxruntimeBackend().load(join(root, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
+  }, 120_000)
+  afterAll(async () => {
+    await session?.close()
+    if (root !== undefined) await rm(root, { recursive: true, force: true })
+  })
+
+  it('a ragged batch of four shares every decode run and gives each sequence its batch-of-one tokens, over 64 tokens', async () => {
+    expect(manifest.opSet).toBe('ort-contrib')
+    expect(manifest.quantization).toMatchObject({ kind: 'int4', activations: 'int8' })
+    const stage = stageInfoOf(manifest)
+    expect(stage.batchPadding).toBe('right')
+    const rows: number[] = []
+    const counted: BackendSession = { ...session, run: async (feeds) => { rows.push(feeds[INPUT_IDS]!.dims[0]!); return await session.run(feeds) } }
+    const runner = createStageRunner({ session: counted, stage })
+    const ids = (p: number[]): BigInt64Array => BigInt64Array.from(p, BigInt)
+    const positions = (n: number, from = 0): BigInt64Array => BigInt64Array.from({ length: n }, (_, k) => BigInt(from + k))
+    const alone: number[][] = []
+    for (const [i, p] of prompts.entries()) {
+      runner.open(`a${i}`)
+      let t = tokenOf(await runner.step(`a${i}`, { kind: 'tokens', ids: ids(p) }, positions(p.length), 1, GREEDY))
+      const got = [t]
+      while (got.length < TOKENS) {
+        t = tokenOf(await runner.step(`a${i}`, { kind: 'tokens', ids: ids([t]) }, positions(1, p.length + got.length - 1), 1, GREEDY))
+        got.push(t)
+      }
+      alone.push(got)
+      await runner.drop(`a${i}`, 'free')
+    }
+    rows.length = 0
+    prompts.forEach((_, i) => { runner.open(`b${i}`) })
+    const together: number[][] = prompts.map(() => [])
+    let items = prompts.map((p, i) => ({ seqId: `b${i}`, input: { kind: 'tokens' as const, ids: ids(p) }, positions: positions(p.length), logitsToKeep: 1, pick: GREEDY }))
+    for (let step = 0; step < TOKENS; step++) {
+      const results = await runner.stepBatch(items)
+      results.forEach((r, i) => {
+        if (!('output' in r)) throw r.error
+        together[i]!.push(tokenOf(r.output))
+      })
+      // Midway one sequence steps alone once (its row of the shared block is a view, not a copy),
+      // then rejoins one position ahead of the others.
+      const next = prompts.map((p, i) => ({ seqId: `b${i}`, input: { kind: 'tokens' as const, ids: ids([together[i]!.at(-1)!]) }, positions: positions(1, p.length + together[i]!.length - 1), logitsToKeep: 1, pick: GREEDY }))
+      if (step === 20) {
+        const [r] = await runner.stepBatch([next[1]!])
+        if (r === undefined || !('output' in r)) throw new Error('solo step failed')
+        together[1]!.push(tokenOf(r.output))
+        next[1] = { ...next[1]!, input: { kind: 'tokens' as const, ids: ids([together[1]!.at(-1)!]) }, positions: positions(1, prompts[1]!.length + together[1]!.length - 1) }
+      }
+      items = next
+    }
+    for (let i = 0; i < prompts.length; i++) await runner.drop(`b${i}`, 'free')
+    expect(together.map(t => t.slice(0, TOKENS))).toEqual(alone)
+    // Prefills (different lengths) ran alone; every decode step ran the whole ragged batch.
+    expect(rows.filter(n => n === 4).length).toBeGreaterThanOrEqual(TOKENS - 2)
   }, 120_000)
 })

@@ -1,6 +1,7 @@
 /**
- * Batched steps on a generated tiny model (fp32, standard ops): stepBatch — several sequences in
- * one run, ragged past lengths left-padded — gives the same greedy tokens as stepping each
+ * Batched steps on a generated tiny model (fp32; the standard op table, ragged past lengths
+ * left-padded, and the default ort-contrib one, right-padded): stepBatch — several sequences in
+ * one run — gives the same greedy tokens as stepping each
  * sequence alone, over whole 64-token sequences; the max logit difference is printed. Also:
  * members joining and leaving between steps, an abort inside a batch, per-item errors, the
  * one-at-a-time fallback for graphs without left padding, and KV accounting.
@@ -44,16 +45,16 @@ async function alone (engine: BatchingStageEngine, prompt: number[]): Promise<{ 
   return { tokens, logits }
 }
 
-describe('stepBatch on a tiny generated model', () => {
+describe.each([['standard', 'left'], ['ort-contrib', 'right']] as const)('stepBatch on a tiny generated model, %s ops', (opSet, padding) => {
   let model: TinyModel
   let stage: StageInfo
   let engine: BatchingStageEngine
   const want: Array<{ tokens: number[], logits: Float32Array[] }> = []
 
   beforeAll(async () => {
-    model = await buildTinyModel()
+    model = await buildTinyModel('llama', opSet)
     stage = stageInfoOf(model.manifest)
-    expect(stage.batchPadding).toBe('left')
+    expect(stage.batchPadding).toBe(padding)
     engine = createStageEngine({ graphPath: model.graphPath, stage, threads: 1, maxSequences: 8, chunkSize: 16 })
     await engine.start()
     for (const p of PROMPTS) want.push(await alone(engine, p))
