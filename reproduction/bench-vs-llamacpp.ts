@@ -1,0 +1,448 @@
+/**
+ * shoal against llama.cpp on the same CPU and the same weights (issue 11's proof). Generated Llama
+ * checkpoints (random weights, real shapes: tiny, 60m, 250m; shards/testmodel, seed 1) are served
+ * three ways, one process at a time, with this process as the only client:
+ *  - `llama-bench` (engine only: pp128 / tg128, -t 2);
+ *  - `llama-server` on a GGUF written from the same tensors (reproduction/gguf.ts): F32, and Q4_0
+ *    (ggml's reference quantizer) for every 2-D weight including the output matrix;
+ *  - `shoal serve` on the shards compiled from the checkpoint (--quant none / int4).
+ * Both servers get the same OpenAI /v1/completions requests: token-id prompts, greedy, streamed;
+ * llama-server with `ignore_eos` and `cache_prompt: false` (shoal has no prompt cache and stops at
+ * EOS; the random weights damp EOS, and token counts are measured, not assumed). Per server run:
+ * decode tok/s of one stream (128-token prompt), aggregate tok/s of N concurrent streams, TTFT of a
+ * cold 128- and 2,000-token prompt (max_tokens 1), peak RSS (VmHWM) against the weight bytes.
+ * Server runs alternate (llama, shoal, shoal, llama, ...) so drifting machine load hits both alike.
+ * Correctness first: the greedy token ids of the two servers are compared (they must be equal for
+ * F32 / fp32, or the comparison is not like for like; Q4_0 and shoal's int4 quantize differently).
+ *
+ * llama.cpp is a benchmark dependency only: built once from the source that the npm package
+ * node-llama-cpp carries (llama/gitRelease.bundle) into $SHOAL_CACHE/llama.cpp (else
+ * ~/.cache/shoal/llama.cpp), or taken from `--llama-dir DIR` (a checkout with build/bin/).
+ *
+ *   node reproduction/bench-vs-llamacpp.ts [--llama-dir DIR] [--sizes tiny,60m,250m]
+ *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
+ */
+import { spawn, spawnSync } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
+import { existsSync, readFileSync } from 'node:fs'
+import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { createServer } from 'node:net'
+import { availableParallelism, loadavg, tmpdir, totalmem } from 'node:os'
+import { join, resolve } from 'node:path'
+import { performance } from 'node:perf_hooks'
+import { createInterface } from 'node:readline'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { parseArgs } from 'node:util'
+import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
+import type { TestModelSize } from '../shards/index.ts'
+import { cacheRoot } from '../scripts/paths.ts'
+import { checkpointToGguf } from './gguf.ts'
+import { sseEvents } from './sse.ts'
+
+const { values: args } = parseArgs({
+  options: {
+    'llama-dir': { type: 'string' },
+    sizes: { type: 'string', default: 'tiny,60m,250m' },
+    quants: { type: 'string', default: 'none,int4' },
+    reps: { type: 'string', default: '2' },
+    tokens: { type: 'string', default: '128' },
+    streams: { type: 'string', default: '8' },
+    prompt: { type: 'string', default: '128' },
+    long: { type: 'string', default: '2000' },
+    'bench-reps': { type: 'string', default: '3' },
+    threads: { type: 'string', default: String(availableParallelism()) },
+    'verify-only': { type: 'boolean', default: false },
+  },
+})
+const REPS = Number(args.reps)
+const TOKENS = Number(args.tokens)
+const STREAMS = Number(args.streams)
+const PROMPT = Number(args.prompt)
+const LONG = Number(args.long)
+const THREADS = Number(args.threads)
+const REPO = resolve(import.meta.dirname, '..')
+const WORK = join(REPO, '.cache', 'bench-vs-llamacpp')
+const SHOAL_BIN = join(REPO, 'scripts', 'shoal.mjs')
+
+/** Deterministic prompt token ids inside the test tokenizer's 512 real tokens, clear of the specials at the top. */
+const promptIds = (n: number, salt: number): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
+const log = (s: string): void => { process.stderr.write(`${s}\n`) }
+
+// ---------------------------------------------------------------------------------------------
+// llama.cpp: built once from node-llama-cpp's bundled source.
+
+function sh (cmd: string, argv: string[], cwd: string): void {
+  log(`$ ${cmd} ${argv.join(' ')}   (in ${cwd})`)
+  const r = spawnSync(cmd, argv, { cwd, stdio: ['ignore', 'inherit', 'inherit'] })
+  if (r.status !== 0) throw new Error(`${cmd} ${argv.join(' ')} failed (${r.status ?? r.signal})`)
+}
+
+async function ensureLlamaCpp (): Promise<string> {
+  const dir = args['llama-dir'] ?? join(cacheRoot(), 'llama.cpp', 'llama.cpp')
+  const bin = join(dir, 'build', 'bin')
+  if (existsSync(join(bin, 'llama-server')) && existsSync(join(bin, 'llama-bench'))) return bin
+  if (args['llama-dir'] !== undefined) throw new Error(`${bin}: no llama-server and llama-bench (build them, or drop --llama-dir)`)
+  const cache = join(cacheRoot(), 'llama.cpp')
+  await mkdir(cache, { recursive: true })
+  if (!existsSync(join(dir, 'CMakeLists.txt'))) {
+    const bundle = join(cache, 'package', 'llama', 'gitRelease.bundle')
+    if (!existsSync(bundle)) {
+      sh('npm', ['pack', 'node-llama-cpp', '--silent'], cache)
+      const tgz = (await readdir(cache)).find(f => /^node-llama-cpp-.*\.tgz$/.test(f))
+      if (tgz === undefined) throw new Error(`npm pack node-llama-cpp left no tarball in ${cache}`)
+      sh('tar', ['-xzf', tgz, 'package/llama/gitRelease.bundle'], cache)
+    }
+    sh('git', ['clone', '--quiet', bundle, dir], cache)
+  }
+  sh('cmake', ['-B', 'build', '-DCMAKE_BUILD_TYPE=Release', '-DLLAMA_CURL=OFF', '-DGGML_NATIVE=ON', '-DLLAMA_BUILD_TESTS=OFF', '-DLLAMA_BUILD_EXAMPLES=OFF'], dir)
+  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', 'llama-bench', 'llama-server'], dir)
+  return bin
+}
+
+// ---------------------------------------------------------------------------------------------
+// Models: one checkpoint per size; shoal shards per quant; GGUF per quant.
+
+interface ModelFiles { size: string, quant: 'none' | 'int4', shards: string, modelId: string, gguf: string, shoalWeightBytes: number, ggufWeightBytes: number }
+
+async function once (target: string, make: (tmp: string) => Promise<unknown>): Promise<void> {
+  if (existsSync(target)) return
+  const tmp = `${target}.tmp-${process.pid}`
+  const t = performance.now()
+  await make(tmp)
+  await rename(tmp, target)
+  log(`made ${target} in ${((performance.now() - t) / 1000).toFixed(1)} s`)
+}
+
+async function ensureModel (size: TestModelSize, quant: 'none' | 'int4'): Promise<ModelFiles> {
+  await mkdir(WORK, { recursive: true })
+  const ckpt = join(WORK, `llama-${size}`)
+  await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) })
+  const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
+  const shards = join(WORK, modelId)
+  await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId }))
+  const gguf = join(WORK, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
+  await once(gguf, async tmp => {
+    const bytes = await checkpointToGguf(ckpt, tmp, quant === 'none' ? 'f32' : 'q4_0')
+    await writeFile(`${gguf}.bytes`, `${bytes}\n`)
+  })
+  const manifest = await loadManifest(shards)
+  const shoalWeightBytes = manifest.stages[0]!.files.reduce((a, f) => a + f.bytes, 0)
+  return { size, quant, shards, modelId, gguf, shoalWeightBytes, ggufWeightBytes: Number(await readFile(`${gguf}.bytes`, 'utf8')) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers: one child process at a time; peak RSS read from /proc before it is stopped.
+
+interface Server { kind: 'llama' | 'shoal', url: string, model: string, child: ChildProcess, startMs: number }
+
+async function freePort (): Promise<number> {
+  return await new Promise((resolve, reject) => {
+    const s = createServer()
+    s.once('error', reject)
+    s.listen(0, '127.0.0.1', () => {
+      const port = (s.address() as { port: number }).port
+      s.close(() => { resolve(port) })
+    })
+  })
+}
+
+function tailOf (child: ChildProcess): () => string {
+  let err = ''
+  const keep = (b: Buffer): void => { err = (err + b.toString()).slice(-4000) }
+  child.stderr?.on('data', keep)
+  return () => err
+}
+
+async function waitHttp (url: string, ok: (status: number, body: string) => boolean, child: ChildProcess, tail: () => string, boundMs: number): Promise<void> {
+  const until = Date.now() + boundMs
+  for (;;) {
+    if (child.exitCode !== null || child.signalCode !== null) throw new Error(`server exited (${child.exitCode ?? child.signalCode}): ${tail()}`)
+    try {
+      const res = await fetch(url, { signal: AbortSignal.timeout(5000) })
+      if (ok(res.status, await res.text())) return
+    } catch { /* not up yet */ }
+    if (Date.now() > until) throw new Error(`${url} not ready within ${boundMs} ms: ${tail()}`)
+    await sleep(100)
+  }
+}
+
+/** The llama-server flags: CPU, THREADS threads, STREAMS slots sharing one KV buffer big enough for every prompt here. */
+function llamaServerArgs (gguf: string, port: number): string[] {
+  const ctx = Math.max(STREAMS * (PROMPT + TOKENS + 16), LONG + TOKENS + 16)
+  return ['-m', gguf, '--host', '127.0.0.1', '--port', String(port), '-t', String(THREADS), '-tb', String(THREADS),
+    '-c', String(ctx), '-np', String(STREAMS), '--kv-unified', '-ngl', '0', '--no-webui', '--log-disable']
+}
+
+async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
+  const port = await freePort()
+  const t = performance.now()
+  const child = spawn(join(bin, 'llama-server'), llamaServerArgs(m.gguf, port), { stdio: ['ignore', 'ignore', 'pipe'] })
+  const tail = tailOf(child)
+  const url = `http://127.0.0.1:${port}`
+  await waitHttp(`${url}/health`, s => s === 200, child, tail, 300_000)
+  return { kind: 'llama', url, model: m.modelId, child, startMs: performance.now() - t }
+}
+
+async function startShoal (m: ModelFiles, cache: string): Promise<Server> {
+  const t = performance.now()
+  const child = spawn(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu'],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
+  const tail = tailOf(child)
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => { reject(new Error(`shoal serve did not start within 300 s: ${tail()}`)) }, 300_000)
+    child.once('exit', code => { clearTimeout(timer); reject(new Error(`shoal serve exited (${code}): ${tail()}`)) })
+    createInterface({ input: child.stdout! }).on('line', line => {
+      const match = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
+      if (match !== null) { clearTimeout(timer); resolve(match[1]!) }
+    })
+  })
+  await waitHttp(`${url}/v1/models`, (s, body) => s === 200 && body.includes(m.modelId), child, tail, 300_000)
+  return { kind: 'shoal', url, model: m.modelId, child, startMs: performance.now() - t }
+}
+
+function peakRss (child: ChildProcess): number {
+  try {
+    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${child.pid}/status`, 'utf8'))
+    return m === null ? NaN : Number(m[1]) * 1024
+  } catch { return NaN }
+}
+
+async function stop (s: Server): Promise<void> {
+  if (s.child.exitCode !== null || s.child.signalCode !== null) return
+  const exited = new Promise<void>(resolve => { s.child.once('exit', () => { resolve() }) })
+  s.child.kill('SIGTERM')
+  if (await Promise.race([exited.then(() => true), sleep(10_000).then(() => false)])) return
+  s.child.kill('SIGKILL')
+  await exited
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client: the same streamed /v1/completions request to both servers.
+
+interface Completion { ids: number[], t0: number, first: number, last: number }
+
+async function complete (s: Server, prompt: number[], maxTokens: number): Promise<Completion> {
+  const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, stream: true }
+  // shoal names the ids of each chunk (return_token_ids); llama-server's OpenAI chunks carry them
+  // only under `__verbose` (its native fields), asked for with `verbose` + `return_tokens`.
+  if (s.kind === 'shoal') body.return_token_ids = true
+  else Object.assign(body, { ignore_eos: true, cache_prompt: false, return_tokens: true, verbose: true })
+  const t0 = performance.now()
+  const res = await fetch(`${s.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(600_000),
+  })
+  if (res.status !== 200) throw new Error(`${s.kind}: HTTP ${res.status}: ${await res.text()}`)
+  const ids: number[] = []
+  let first = NaN
+  let last = NaN
+  for await (const event of sseEvents(res.body)) {
+    const line = event.split('\n').find(l => l.startsWith('data: {'))
+    if (line === undefined) continue
+    const data = JSON.parse(line.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }>, __verbose?: { tokens?: number[] } }
+    if (data.error !== undefined) throw new Error(`${s.kind}: stream error: ${JSON.stringify(data.error)}`)
+    const got = s.kind === 'shoal' ? (data.choices?.[0]?.token_ids ?? []) : (data.__verbose?.tokens ?? [])
+    if (got.length === 0) continue
+    const now = performance.now()
+    if (ids.length === 0) first = now
+    last = now
+    ids.push(...got)
+  }
+  if (ids.length === 0) throw new Error(`${s.kind}: no tokens came back`)
+  return { ids, t0, first, last }
+}
+
+interface SessionResult {
+  kind: 'llama' | 'shoal'
+  startMs: number
+  /** Single stream: ids, decode tok/s (first token to last), TTFT of that request. */
+  singleIds: number[]
+  singleDecode: number
+  /** STREAMS concurrent streams: all tokens / wall time from the first request to the last token; each stream's ids. */
+  multiTokS: number
+  multiTokens: number
+  multiIds: number[][]
+  multiPerStreamMsPerTok: number
+  ttftShortMs: number
+  ttftLongMs: number
+  peakRss: number
+}
+
+async function session (s: Server, rep: number): Promise<SessionResult> {
+  await complete(s, promptIds(16, 999), 8) // warm-up: first session run, JIT, thread pools
+  const single = await complete(s, promptIds(PROMPT, 1), TOKENS)
+  const t = performance.now()
+  const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS)))
+  const multiEnd = Math.max(...multi.map(r => r.last))
+  const multiTokens = multi.reduce((a, r) => a + r.ids.length, 0)
+  // Fresh prompts per rep for the TTFTs: nothing cached to hit even if a cache were on.
+  const short = await complete(s, promptIds(PROMPT, 100 + rep), 1)
+  const long = await complete(s, promptIds(LONG, 200 + rep), 1)
+  return {
+    kind: s.kind,
+    startMs: s.startMs,
+    singleIds: single.ids,
+    singleDecode: (single.ids.length - 1) / ((single.last - single.first) / 1000),
+    multiTokS: multiTokens / ((multiEnd - t) / 1000),
+    multiTokens,
+    multiIds: multi.map(r => r.ids),
+    multiPerStreamMsPerTok: multi.reduce((a, r) => a + (r.last - r.first) / Math.max(1, r.ids.length - 1), 0) / STREAMS,
+    ttftShortMs: short.first - short.t0,
+    ttftLongMs: long.first - long.t0,
+    peakRss: peakRss(s.child),
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// llama-bench.
+
+interface BenchRow { test: string, tokS: number, sd: number }
+
+function llamaBench (bin: string, gguf: string): BenchRow[] {
+  const r = spawnSync(join(bin, 'llama-bench'), ['-m', gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20 })
+  if (r.status !== 0) throw new Error(`llama-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
+  const rows = JSON.parse(r.stdout) as Array<{ n_prompt: number, n_gen: number, avg_ts: number, stddev_ts: number }>
+  return rows.map(x => ({ test: x.n_gen > 0 ? `tg${x.n_gen}` : `pp${x.n_prompt}`, tokS: x.avg_ts, sd: x.stddev_ts }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report.
+
+const f0 = (x: number): string => Number.isFinite(x) ? x.toFixed(0) : '–'
+const f1 = (x: number): string => Number.isFinite(x) ? x.toFixed(1) : '–'
+const f2 = (x: number): string => Number.isFinite(x) ? x.toFixed(2) : '–'
+const mb = (b: number): string => Number.isFinite(b) ? (b / 2 ** 20).toFixed(0) : '–'
+const best = (xs: number[], hi: boolean): number => hi ? Math.max(...xs) : Math.min(...xs)
+
+function sameIds (a: number[], b: number[]): string {
+  const n = Math.min(a.length, b.length)
+  const at = a.findIndex((x, i) => i < n && x !== b[i])
+  if (at < 0) return a.length === b.length ? `identical (${n})` : `identical over ${n} (lengths ${a.length} / ${b.length})`
+  return `differ at ${at} of ${n}`
+}
+
+interface ModelRun { m: ModelFiles, bench: BenchRow[], runs: SessionResult[] }
+
+function report (rows: ModelRun[]): string {
+  const out: string[] = []
+  const label = (m: ModelFiles): string => `${m.size} ${m.quant === 'none' ? 'fp32 / F32' : 'int4 / Q4_0'}`
+  out.push('### Tokens (greedy, token-id prompt; shoal vs llama-server, first runs)')
+  out.push('')
+  out.push(`| model | 1 stream, ${PROMPT}-tok prompt | ${STREAMS} streams (each vs its llama twin) |`)
+  out.push('|---|---|---|')
+  for (const r of rows) {
+    const l = r.runs.find(x => x.kind === 'llama')
+    const s = r.runs.find(x => x.kind === 'shoal')
+    if (l === undefined || s === undefined) continue
+    const multi = s.multiIds.map((ids, i) => sameIds(ids, l.multiIds[i]!))
+    const same = multi.filter(x => x.startsWith('identical')).length
+    out.push(`| ${label(r.m)} | ${sameIds(s.singleIds, l.singleIds)} | ${same}/${STREAMS} identical${same < STREAMS ? ` (${multi.join('; ')})` : ''} |`)
+  }
+  out.push('')
+  out.push('### Every run')
+  out.push('')
+  out.push(`| model | server | start s | decode tok/s, 1 stream | ${STREAMS} streams tok/s (tokens) | ms/token per stream | TTFT ${PROMPT} ms | TTFT ${LONG} ms | peak RSS MB |`)
+  out.push('|---|---|---:|---:|---:|---:|---:|---:|---:|')
+  for (const r of rows) {
+    for (const x of r.runs) {
+      out.push(`| ${label(r.m)} | ${x.kind === 'llama' ? 'llama-server' : 'shoal serve'} | ${f1(x.startMs / 1000)} | ${f1(x.singleDecode)} | ${f1(x.multiTokS)} (${x.multiTokens}) | ${f2(x.multiPerStreamMsPerTok)} | ${f1(x.ttftShortMs)} | ${f0(x.ttftLongMs)} | ${mb(x.peakRss)} |`)
+    }
+  }
+  out.push('')
+  out.push('### llama-bench (engine only, no server)')
+  out.push('')
+  out.push('| model | test | tok/s ± sd |')
+  out.push('|---|---|---:|')
+  for (const r of rows) for (const b of r.bench) out.push(`| ${label(r.m)} | ${b.test} | ${f1(b.tokS)} ± ${f1(b.sd)} |`)
+  out.push('')
+  out.push('### shoal / llama.cpp (best run of each side; > 1 means shoal is faster, or for TTFT and RSS: shoal / llama, < 1 is better)')
+  out.push('')
+  out.push(`| model | decode 1 stream: shoal / llama-server / llama-bench tg${TOKENS} tok/s | shoal÷server | shoal÷bench | ${STREAMS} streams: shoal / llama tok/s | shoal÷llama | TTFT ${PROMPT}: shoal / llama ms | shoal÷llama | TTFT ${LONG}: shoal / llama ms | shoal÷llama | llama-bench pp${PROMPT} tok/s | peak RSS MB shoal / llama | weights MB shoal / GGUF | RSS÷weights shoal / llama |`)
+  out.push('|---|---|---:|---:|---|---:|---|---:|---|---:|---:|---|---|---|')
+  for (const r of rows) {
+    const S = r.runs.filter(x => x.kind === 'shoal')
+    const L = r.runs.filter(x => x.kind === 'llama')
+    if (S.length === 0 || L.length === 0) continue
+    const sd = best(S.map(x => x.singleDecode), true)
+    const ld = best(L.map(x => x.singleDecode), true)
+    const tg = r.bench.find(b => b.test.startsWith('tg'))?.tokS ?? NaN
+    const pp = r.bench.find(b => b.test.startsWith('pp'))?.tokS ?? NaN
+    const sm = best(S.map(x => x.multiTokS), true)
+    const lm = best(L.map(x => x.multiTokS), true)
+    const ss = best(S.map(x => x.ttftShortMs), false)
+    const ls = best(L.map(x => x.ttftShortMs), false)
+    const sl = best(S.map(x => x.ttftLongMs), false)
+    const ll = best(L.map(x => x.ttftLongMs), false)
+    const sr = best(S.map(x => x.peakRss), true)
+    const lr = best(L.map(x => x.peakRss), true)
+    out.push(`| ${label(r.m)} | ${f1(sd)} / ${f1(ld)} / ${f1(tg)} | **${f2(sd / ld)}** | ${f2(sd / tg)} | ${f1(sm)} / ${f1(lm)} | **${f2(sm / lm)}** | ${f1(ss)} / ${f1(ls)} | ${f2(ss / ls)} | ${f0(sl)} / ${f0(ll)} | ${f2(sl / ll)} | ${f0(pp)} | ${mb(sr)} / ${mb(lr)} | ${mb(r.m.shoalWeightBytes)} / ${mb(r.m.ggufWeightBytes)} | ${f2(sr / r.m.shoalWeightBytes)} / ${f2(lr / r.m.ggufWeightBytes)} |`)
+  }
+  return out.join('\n')
+}
+
+// ---------------------------------------------------------------------------------------------
+
+function lscpuModel (): string {
+  const r = spawnSync('lscpu', [], { encoding: 'utf8' })
+  return /Model name:\s*(.+)/.exec(r.stdout ?? '')?.[1]?.trim() ?? 'unknown CPU'
+}
+
+async function main (): Promise<void> {
+  const began = Date.now()
+  const la = (): string => loadavg().map(x => x.toFixed(2)).join(' ')
+  const bin = await ensureLlamaCpp()
+  const sizes = args.sizes.split(',') as TestModelSize[]
+  const quants = args.quants.split(',') as Array<'none' | 'int4'>
+  const models: ModelFiles[] = []
+  for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q))
+  const policy = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout?.trim().replace(/\n/g, '; ') ?? '?'
+  const loadStart = la()
+  const cache = await mkdtemp(join(tmpdir(), 'shoal-vs-llamacpp-'))
+  const rows: ModelRun[] = []
+  try {
+    for (const m of models) {
+      const t = performance.now()
+      const run: ModelRun = { m, bench: [], runs: [] }
+      rows.push(run)
+      if (args['verify-only'] !== true) run.bench = llamaBench(bin, m.gguf)
+      const reps = args['verify-only'] === true ? 1 : REPS
+      for (let rep = 0; rep < reps; rep++) {
+        // llama, shoal | shoal, llama | ...: each side goes first half the time.
+        const order: Array<'llama' | 'shoal'> = rep % 2 === 0 ? ['llama', 'shoal'] : ['shoal', 'llama']
+        for (const kind of order) {
+          const s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
+          try {
+            run.runs.push(await session(s, rep))
+          } finally {
+            await stop(s)
+          }
+          const x = run.runs.at(-1)!
+          log(`${m.modelId} rep ${rep + 1}/${reps} ${kind}: decode ${f1(x.singleDecode)} tok/s, ${STREAMS} streams ${f1(x.multiTokS)} tok/s, TTFT ${f0(x.ttftShortMs)} / ${f0(x.ttftLongMs)} ms, RSS ${mb(x.peakRss)} MB`)
+        }
+      }
+      log(`${m.modelId}: ${((performance.now() - t) / 1000).toFixed(0)} s`)
+    }
+  } finally {
+    await rm(cache, { recursive: true, force: true })
+  }
+  const lines = [
+    `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
+    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}`,
+    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}`,
+    `shoal: \`shoal serve --model <shards> --device cpu\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
+    `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
+    `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
+  ]
+  console.log(lines.map(l => `- ${l}`).join('\n'))
+  console.log('')
+  console.log(report(rows))
+}
+
+function gitDescribe (dir: string): string {
+  const r = spawnSync('git', ['-C', dir, 'log', '-1', '--format=%h %s'], { encoding: 'utf8' })
+  return r.status === 0 ? r.stdout.trim().slice(0, 100) : '?'
+}
+
+await main()
