@@ -21,6 +21,8 @@
  *
  *   node reproduction/bench-vs-llamacpp.ts [--llama-dir DIR] [--sizes tiny,60m,250m]
  *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
+ *     [--prepare-only]   (generate, compile and write the models, nothing else)
+ * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
 import { spawn, spawnSync } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -33,7 +35,7 @@ import { performance } from 'node:perf_hooks'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
-import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
+import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { cacheRoot } from '../scripts/paths.ts'
 import { checkpointToGguf } from './gguf.ts'
@@ -52,6 +54,7 @@ const { values: args } = parseArgs({
     'bench-reps': { type: 'string', default: '3' },
     threads: { type: 'string', default: String(availableParallelism()) },
     'verify-only': { type: 'boolean', default: false },
+    'prepare-only': { type: 'boolean', default: false },
   },
 })
 const REPS = Number(args.reps)
@@ -118,7 +121,8 @@ async function ensureModel (size: TestModelSize, quant: 'none' | 'int4'): Promis
   const ckpt = join(WORK, `llama-${size}`)
   await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) })
   const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
-  const shards = join(WORK, modelId)
+  // Named by compiler version: shards compiled by an older shoal are never measured as the newest.
+  const shards = join(WORK, `${modelId}-c${COMPILER_VERSION}`)
   await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId }))
   const gguf = join(WORK, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
   await once(gguf, async tmp => {
@@ -392,11 +396,12 @@ function lscpuModel (): string {
 async function main (): Promise<void> {
   const began = Date.now()
   const la = (): string => loadavg().map(x => x.toFixed(2)).join(' ')
-  const bin = await ensureLlamaCpp()
   const sizes = args.sizes.split(',') as TestModelSize[]
   const quants = args.quants.split(',') as Array<'none' | 'int4'>
   const models: ModelFiles[] = []
   for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q))
+  if (args['prepare-only'] === true) return
+  const bin = await ensureLlamaCpp()
   const policy = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout?.trim().replace(/\n/g, '; ') ?? '?'
   const loadStart = la()
   const cache = await mkdtemp(join(tmpdir(), 'shoal-vs-llamacpp-'))
