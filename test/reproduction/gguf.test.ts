@@ -31,7 +31,7 @@ describe('quantizeQ4_0', () => {
     const x = Float32Array.from({ length: 32 }, (_, j) => j - 16)
     const out = new Uint8Array(Q4_0_BLOCK_BYTES)
     quantizeQ4_0(x, out)
-    expect(out[0] | (out[1]! << 8)).toBe(0x4000) // d = 2.0 as f16
+    expect(out[0]! | (out[1]! << 8)).toBe(0x4000) // d = 2.0 as f16
     const q = (j: number): number => Math.min(15, Math.trunc(j / 2 + 0.5))
     for (let j = 0; j < 16; j++) expect(out[2 + j]).toBe(q(j) | (q(j + 16) << 4))
     expect(out[2 + 15]! >> 4).toBe(15)
@@ -41,7 +41,7 @@ describe('quantizeQ4_0', () => {
     const out = new Uint8Array(2 * Q4_0_BLOCK_BYTES)
     quantizeQ4_0(new Float32Array(64), out)
     for (let b = 0; b < 2; b++) {
-      expect(out[b * Q4_0_BLOCK_BYTES] | (out[b * Q4_0_BLOCK_BYTES + 1]! << 8)).toBe(0x8000)
+      expect(out[b * Q4_0_BLOCK_BYTES]! | (out[b * Q4_0_BLOCK_BYTES + 1]! << 8)).toBe(0x8000)
       for (let j = 0; j < 16; j++) expect(out[b * Q4_0_BLOCK_BYTES + 2 + j]).toBe(0x88)
     }
   })
@@ -52,7 +52,7 @@ describe('quantizeQ4_0', () => {
     x[20] = -2
     const out = new Uint8Array(Q4_0_BLOCK_BYTES)
     quantizeQ4_0(x, out)
-    expect(out[0] | (out[1]! << 8)).toBe(0xb800) // d = -0.5
+    expect(out[0]! | (out[1]! << 8)).toBe(0xb800) // d = -0.5
     expect(out[2 + 3]! & 0xf).toBe(0) // 4 / -0.5 + 8.5 = 0.5 → 0: (0 - 8) · -0.5 = 4
     expect(out[2 + 4]! >> 4).toBe(12) // -2 / -0.5 + 8.5 = 12.5 → 12: (12 - 8) · -0.5 = -2
   })
