@@ -17,7 +17,9 @@
  *
  * llama.cpp is a benchmark dependency only: built once from the source that the npm package
  * node-llama-cpp carries (llama/gitRelease.bundle) into $SHOAL_CACHE/llama.cpp (else
- * ~/.cache/shoal/llama.cpp), or taken from `--llama-dir DIR` (a checkout with build/bin/).
+ * ~/.cache/shoal/llama.cpp), or taken from `--llama-dir DIR` (a checkout with build/bin/);
+ * `--llama-lib DIR` loads the ggml libraries from DIR instead (LD_LIBRARY_PATH), e.g. a ggml-cpu
+ * built without AMX where AMX faults (see isaFlags).
  *
  *   node reproduction/bench-vs-llamacpp.ts [--llama-dir DIR] [--sizes tiny,60m,250m]
  *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
@@ -44,6 +46,7 @@ import { sseEvents } from './sse.ts'
 const { values: args } = parseArgs({
   options: {
     'llama-dir': { type: 'string' },
+    'llama-lib': { type: 'string' },
     sizes: { type: 'string', default: 'tiny,60m,250m' },
     quants: { type: 'string', default: 'none,int4' },
     reps: { type: 'string', default: '2' },
@@ -97,9 +100,31 @@ async function ensureLlamaCpp (): Promise<string> {
     }
     sh('git', ['clone', '--quiet', bundle, dir], cache)
   }
-  sh('cmake', ['-B', 'build', '-DCMAKE_BUILD_TYPE=Release', '-DLLAMA_CURL=OFF', '-DGGML_NATIVE=ON', '-DLLAMA_BUILD_TESTS=OFF', '-DLLAMA_BUILD_EXAMPLES=OFF'], dir)
+  sh('cmake', ['-B', 'build', '-DCMAKE_BUILD_TYPE=Release', '-DLLAMA_CURL=OFF', ...isaFlags(), '-DLLAMA_BUILD_TESTS=OFF', '-DLLAMA_BUILD_EXAMPLES=OFF'], dir)
   sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', 'llama-bench', 'llama-server'], dir)
   return bin
+}
+
+/**
+ * GGML_NATIVE, except on CPUs that report AMX: some VMs (this project's 2-core Xeon among them)
+ * list amx_tile in cpuid, grant the permission, and still fault on the first tileloadd, so
+ * llama.cpp's Q4_0 matmul dies with SIGILL. There every ISA extension ggml uses is named instead,
+ * AMX left out.
+ */
+function isaFlags (): string[] {
+  const flags = new Set(/^flags\s*:(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1]?.trim().split(/\s+/) ?? [])
+  if (!flags.has('amx_tile')) return ['-DGGML_NATIVE=ON']
+  const on = (flag: string, opt: string): string => `-DGGML_${opt}=${flags.has(flag) ? 'ON' : 'OFF'}`
+  return ['-DGGML_NATIVE=OFF', on('sse4_2', 'SSE42'), on('avx', 'AVX'), on('avx2', 'AVX2'), on('fma', 'FMA'), on('f16c', 'F16C'), on('bmi2', 'BMI2'),
+    on('avx_vnni', 'AVX_VNNI'), on('avx512bw', 'AVX512'), on('avx512vbmi', 'AVX512_VBMI'), on('avx512_vnni', 'AVX512_VNNI'), on('avx512_bf16', 'AVX512_BF16'),
+    '-DGGML_AMX_TILE=OFF', '-DGGML_AMX_INT8=OFF', '-DGGML_AMX_BF16=OFF']
+}
+
+/** Environment of llama.cpp processes: `--llama-lib DIR` puts other ggml libraries (say, built without AMX) ahead of the build's RUNPATH. */
+function llamaEnv (): NodeJS.ProcessEnv {
+  const lib = args['llama-lib']
+  if (lib === undefined) return process.env
+  return { ...process.env, LD_LIBRARY_PATH: [resolve(lib), process.env.LD_LIBRARY_PATH].filter(x => x !== undefined && x !== '').join(':') }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,7 +205,7 @@ function llamaServerArgs (gguf: string, port: number): string[] {
 async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
   const port = await freePort()
   const t = performance.now()
-  const child = spawn(join(bin, 'llama-server'), llamaServerArgs(m.gguf, port), { stdio: ['ignore', 'ignore', 'pipe'] })
+  const child = spawn(join(bin, 'llama-server'), llamaServerArgs(m.gguf, port), { stdio: ['ignore', 'ignore', 'pipe'], env: llamaEnv() })
   const tail = tailOf(child)
   const url = `http://127.0.0.1:${port}`
   await waitHttp(`${url}/health`, s => s === 200, child, tail, 300_000)
@@ -305,7 +330,7 @@ async function session (s: Server, rep: number): Promise<SessionResult> {
 interface BenchRow { test: string, tokS: number, sd: number }
 
 function llamaBench (bin: string, gguf: string): BenchRow[] {
-  const r = spawnSync(join(bin, 'llama-bench'), ['-m', gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20 })
+  const r = spawnSync(join(bin, 'llama-bench'), ['-m', gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20, env: llamaEnv() })
   if (r.status !== 0) throw new Error(`llama-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
   const rows = JSON.parse(r.stdout) as Array<{ n_prompt: number, n_gen: number, avg_ts: number, stddev_ts: number }>
   return rows.map(x => ({ test: x.n_gen > 0 ? `tg${x.n_gen}` : `pp${x.n_prompt}`, tokS: x.avg_ts, sd: x.stddev_ts }))
@@ -435,7 +460,7 @@ async function main (): Promise<void> {
   const lines = [
     `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}`,
-    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}`,
+    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}`,
     `shoal: \`shoal serve --model <shards> --device cpu\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
