@@ -13,7 +13,8 @@
  * cold 128- and 2,000-token prompt (max_tokens 1), peak RSS (VmHWM) against the weight bytes.
  * Server runs alternate (llama, shoal, shoal, llama, ...) so drifting machine load hits both alike.
  * Correctness first: the greedy token ids of the two servers are compared (they must be equal for
- * F32 / fp32, or the comparison is not like for like; Q4_0 and shoal's int4 quantize differently).
+ * F32 / fp32 at equal precision, `--llama-kv exact`, or the comparison is not like for like; Q4_0
+ * and shoal's int4 quantize differently, so their tokens part early).
  *
  * llama.cpp is a benchmark dependency only: built once from the source that the npm package
  * node-llama-cpp carries (llama/gitRelease.bundle) into $SHOAL_CACHE/llama.cpp (else
@@ -23,6 +24,7 @@
  *
  *   node reproduction/bench-vs-llamacpp.ts [--llama-dir DIR] [--sizes tiny,60m,250m]
  *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
+ *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
@@ -47,6 +49,7 @@ const { values: args } = parseArgs({
   options: {
     'llama-dir': { type: 'string' },
     'llama-lib': { type: 'string' },
+    'llama-kv': { type: 'string', default: 'default' },
     sizes: { type: 'string', default: 'tiny,60m,250m' },
     quants: { type: 'string', default: 'none,int4' },
     reps: { type: 'string', default: '2' },
@@ -164,6 +167,26 @@ async function ensureModel (size: TestModelSize, quant: 'none' | 'int4'): Promis
 
 interface Server { kind: 'llama' | 'shoal', url: string, model: string, child: ChildProcess, startMs: number }
 
+/**
+ * Under a realtime policy (`chrt -r N node ...`, which keeps other users' work on a shared machine
+ * from preempting the measurement), servers and llama-bench run one priority below this process:
+ * a server's threads at the client's own priority could hold both cores for a whole RR quantum
+ * while the client waits to read a chunk.
+ */
+function rtPrefix (): string[] {
+  const out = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout ?? ''
+  const policy = /policy: (SCHED_\w+)/.exec(out)?.[1]
+  const prio = Number(/priority: (\d+)/.exec(out)?.[1] ?? 0)
+  if ((policy !== 'SCHED_RR' && policy !== 'SCHED_FIFO') || prio < 2) return []
+  return ['chrt', policy === 'SCHED_RR' ? '-r' : '-f', String(prio - 1)]
+}
+const RT = rtPrefix()
+
+/** spawn(), under RT when this process is realtime (chrt execs: the pid is the program's). */
+function spawnRt (cmd: string, argv: string[], options: Parameters<typeof spawn>[2]): ChildProcess {
+  return RT.length === 0 ? spawn(cmd, argv, options) : spawn(RT[0]!, [...RT.slice(1), cmd, ...argv], options)
+}
+
 async function freePort (): Promise<number> {
   return await new Promise((resolve, reject) => {
     const s = createServer()
@@ -195,17 +218,35 @@ async function waitHttp (url: string, ok: (status: number, body: string) => bool
   }
 }
 
+/**
+ * llama.cpp's attention precision. `default`: llama.cpp's own (f16 KV cache, flash attention
+ * auto, which rounds through f16 on the CPU) — what its users run, and what the speed figures use.
+ * `exact`: beside F32 weights an f32 cache and no flash attention — shoal's precision; with it the
+ * greedy tokens equal shoal's (tiny and 60m: 128 of 128, alone and 8 batched), with the defaults
+ * they part after a few dozen, by rounding alone. Its cost: without flash attention llama-server's
+ * prefill grows with every KV cell its unified cache has touched since start (cells are taken
+ * further along, and attention spans up to the highest used one), so `exact` is for checking
+ * tokens (`--verify-only --llama-kv exact`), not for timing. `f16|f32|q8_0`: that cache type, both.
+ */
+function kvArgs (m: ModelFiles, bench = false): string[] {
+  // llama-bench takes no f32 cache type (f16, bf16 and quantized ones only): it keeps its f16 cache.
+  const kv = args['llama-kv']
+  if (kv === 'default') return []
+  if (kv === 'exact') return m.quant === 'none' ? [...(bench ? [] : ['-ctk', 'f32', '-ctv', 'f32']), '-fa', 'off'] : []
+  return bench && kv === 'f32' ? [] : ['-ctk', kv, '-ctv', kv]
+}
+
 /** The llama-server flags: CPU, THREADS threads, STREAMS slots sharing one KV buffer big enough for every prompt here. */
 function llamaServerArgs (gguf: string, port: number): string[] {
   const ctx = Math.max(STREAMS * (PROMPT + TOKENS + 16), LONG + TOKENS + 16)
   return ['-m', gguf, '--host', '127.0.0.1', '--port', String(port), '-t', String(THREADS), '-tb', String(THREADS),
-    '-c', String(ctx), '-np', String(STREAMS), '--kv-unified', '-ngl', '0', '--no-webui', '--log-disable']
+    '-c', String(ctx), '-np', String(STREAMS), '--kv-unified', '-ngl', '0', '--no-cache-prompt', '-cram', '0', '--no-webui', '--log-disable']
 }
 
 async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
   const port = await freePort()
   const t = performance.now()
-  const child = spawn(join(bin, 'llama-server'), llamaServerArgs(m.gguf, port), { stdio: ['ignore', 'ignore', 'pipe'], env: llamaEnv() })
+  const child = spawnRt(join(bin, 'llama-server'), [...llamaServerArgs(m.gguf, port), ...kvArgs(m)], { stdio: ['ignore', 'ignore', 'pipe'], env: llamaEnv() })
   const tail = tailOf(child)
   const url = `http://127.0.0.1:${port}`
   await waitHttp(`${url}/health`, s => s === 200, child, tail, 300_000)
@@ -214,7 +255,7 @@ async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
 
 async function startShoal (m: ModelFiles, cache: string): Promise<Server> {
   const t = performance.now()
-  const child = spawn(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu'],
+  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu'],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
   const tail = tailOf(child)
   const url = await new Promise<string>((resolve, reject) => {
@@ -248,14 +289,20 @@ async function stop (s: Server): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Client: the same streamed /v1/completions request to both servers.
 
-interface Completion { ids: number[], t0: number, first: number, last: number }
+interface Completion { count: number, t0: number, first: number, last: number, end: number }
 
+/**
+ * One streamed greedy completion, timed where the client sees tokens. Both servers hold back a
+ * token whose text ends inside a UTF-8 character; shoal then sends the held ids with the next
+ * chunk (return_token_ids), llama-server sends only the newest id but counts every token
+ * (`tokens_predicted` under `__verbose`). So tokens are counted, not collected, here; the ids are
+ * compared by `greedyIds` below. A completion whose only token is held arrives with the final
+ * chunk: that chunk's time is its first token's.
+ */
 async function complete (s: Server, prompt: number[], maxTokens: number): Promise<Completion> {
   const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, stream: true }
-  // shoal names the ids of each chunk (return_token_ids); llama-server's OpenAI chunks carry them
-  // only under `__verbose` (its native fields), asked for with `verbose` + `return_tokens`.
   if (s.kind === 'shoal') body.return_token_ids = true
-  else Object.assign(body, { ignore_eos: true, cache_prompt: false, return_tokens: true, verbose: true })
+  else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true })
   const t0 = performance.now()
   const res = await fetch(`${s.url}/v1/completions`, {
     method: 'POST',
@@ -264,63 +311,91 @@ async function complete (s: Server, prompt: number[], maxTokens: number): Promis
     signal: AbortSignal.timeout(600_000),
   })
   if (res.status !== 200) throw new Error(`${s.kind}: HTTP ${res.status}: ${await res.text()}`)
-  const ids: number[] = []
+  let count = 0
   let first = NaN
   let last = NaN
   for await (const event of sseEvents(res.body)) {
     const line = event.split('\n').find(l => l.startsWith('data: {'))
     if (line === undefined) continue
-    const data = JSON.parse(line.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }>, __verbose?: { tokens?: number[] } }
+    const data = JSON.parse(line.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[], finish_reason?: string | null }>, __verbose?: { tokens_predicted?: number } }
     if (data.error !== undefined) throw new Error(`${s.kind}: stream error: ${JSON.stringify(data.error)}`)
-    const got = s.kind === 'shoal' ? (data.choices?.[0]?.token_ids ?? []) : (data.__verbose?.tokens ?? [])
-    if (got.length === 0) continue
+    const n = s.kind === 'shoal' ? count + (data.choices?.[0]?.token_ids?.length ?? 0) : Math.max(count, data.__verbose?.tokens_predicted ?? 0)
+    const finished = (data.choices?.[0]?.finish_reason ?? null) !== null
+    if (n === count && !(finished && Number.isNaN(first))) continue
     const now = performance.now()
-    if (ids.length === 0) first = now
-    last = now
-    ids.push(...got)
+    if (Number.isNaN(first)) first = now
+    if (n > count) last = now
+    count = n
   }
-  if (ids.length === 0) throw new Error(`${s.kind}: no tokens came back`)
-  return { ids, t0, first, last }
+  if (count === 0) throw new Error(`${s.kind}: no tokens came back`)
+  return { count, t0, first, last, end: performance.now() }
+}
+
+/**
+ * The greedy ids of a non-streamed completion (shoal: /v1/completions return_token_ids;
+ * llama-server: /completion return_tokens, the one route that lists every id). Untimed.
+ */
+async function greedyIds (s: Server, prompt: number[], maxTokens: number): Promise<number[]> {
+  const [path, body] = s.kind === 'shoal'
+    ? ['/v1/completions', { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, return_token_ids: true }]
+    : ['/completion', { prompt, n_predict: maxTokens, temperature: 0, ignore_eos: true, cache_prompt: false, return_tokens: true }]
+  const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
+  if (res.status !== 200) throw new Error(`${s.kind}: HTTP ${res.status}: ${await res.text()}`)
+  const data = await res.json() as { tokens?: number[], choices?: Array<{ token_ids?: number[] }> }
+  return (s.kind === 'shoal' ? data.choices?.[0]?.token_ids : data.tokens) ?? []
 }
 
 interface SessionResult {
   kind: 'llama' | 'shoal'
   startMs: number
-  /** Single stream: ids, decode tok/s (first token to last), TTFT of that request. */
+  /**
+   * Single stream: ids (untimed run), tokens, decode tok/s end to end — (tokens − 1) / (the whole
+   * request's time − the whole time of a max_tokens-1 request with an equally long prompt) — and,
+   * for reference, timed between the first and the last chunk.
+   */
   singleIds: number[]
+  singleTokens: number
   singleDecode: number
-  /** STREAMS concurrent streams: all tokens / wall time from the first request to the last token; each stream's ids. */
+  singleDecodeChunks: number
+  /** STREAMS concurrent streams: all tokens / wall time from the first request to the last response's end; each stream's ids. */
   multiTokS: number
   multiTokens: number
   multiIds: number[][]
-  multiPerStreamMsPerTok: number
+  multiWallS: number
+  /** TTFT: a max_tokens-1 request's whole time (request sent to response ended). */
   ttftShortMs: number
   ttftLongMs: number
   peakRss: number
 }
 
-async function session (s: Server, rep: number): Promise<SessionResult> {
+async function session (s: Server, rep: number, verify: boolean): Promise<SessionResult> {
   await complete(s, promptIds(16, 999), 8) // warm-up: first session run, JIT, thread pools
   const single = await complete(s, promptIds(PROMPT, 1), TOKENS)
   const t = performance.now()
   const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS)))
-  const multiEnd = Math.max(...multi.map(r => r.last))
-  const multiTokens = multi.reduce((a, r) => a + r.ids.length, 0)
+  const multiEnd = Math.max(...multi.map(r => r.end))
+  const multiTokens = multi.reduce((a, r) => a + r.count, 0)
   // Fresh prompts per rep for the TTFTs: nothing cached to hit even if a cache were on.
   const short = await complete(s, promptIds(PROMPT, 100 + rep), 1)
   const long = await complete(s, promptIds(LONG, 200 + rep), 1)
+  const rss = peakRss(s.child)
+  // The same prompts again, untimed, for the ids: alone, then all streams at once (batched).
+  const singleIds = verify ? await greedyIds(s, promptIds(PROMPT, 1), TOKENS) : []
+  const multiIds = verify ? await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await greedyIds(s, promptIds(PROMPT, 10 + i), TOKENS))) : []
   return {
     kind: s.kind,
     startMs: s.startMs,
-    singleIds: single.ids,
-    singleDecode: (single.ids.length - 1) / ((single.last - single.first) / 1000),
+    singleIds,
+    singleTokens: single.count,
+    singleDecode: (single.count - 1) / (((single.end - single.t0) - (short.end - short.t0)) / 1000),
+    singleDecodeChunks: (single.count - 1) / ((single.last - single.first) / 1000),
     multiTokS: multiTokens / ((multiEnd - t) / 1000),
     multiTokens,
-    multiIds: multi.map(r => r.ids),
-    multiPerStreamMsPerTok: multi.reduce((a, r) => a + (r.last - r.first) / Math.max(1, r.ids.length - 1), 0) / STREAMS,
-    ttftShortMs: short.first - short.t0,
-    ttftLongMs: long.first - long.t0,
-    peakRss: peakRss(s.child),
+    multiIds,
+    multiWallS: (multiEnd - t) / 1000,
+    ttftShortMs: short.end - short.t0,
+    ttftLongMs: long.end - long.t0,
+    peakRss: rss,
   }
 }
 
@@ -329,8 +404,8 @@ async function session (s: Server, rep: number): Promise<SessionResult> {
 
 interface BenchRow { test: string, tokS: number, sd: number }
 
-function llamaBench (bin: string, gguf: string): BenchRow[] {
-  const r = spawnSync(join(bin, 'llama-bench'), ['-m', gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20, env: llamaEnv() })
+function llamaBench (bin: string, m: ModelFiles): BenchRow[] {
+  const r = spawnSync(RT[0] ?? join(bin, 'llama-bench'), [...RT.slice(1), ...(RT.length > 0 ? [join(bin, 'llama-bench')] : []), '-m', m.gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], ...kvArgs(m, true), '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20, env: llamaEnv() })
   if (r.status !== 0) throw new Error(`llama-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
   const rows = JSON.parse(r.stdout) as Array<{ n_prompt: number, n_gen: number, avg_ts: number, stddev_ts: number }>
   return rows.map(x => ({ test: x.n_gen > 0 ? `tg${x.n_gen}` : `pp${x.n_prompt}`, tokS: x.avg_ts, sd: x.stddev_ts }))
@@ -357,13 +432,13 @@ interface ModelRun { m: ModelFiles, bench: BenchRow[], runs: SessionResult[] }
 function report (rows: ModelRun[]): string {
   const out: string[] = []
   const label = (m: ModelFiles): string => `${m.size} ${m.quant === 'none' ? 'fp32 / F32' : 'int4 / Q4_0'}`
-  out.push('### Tokens (greedy, token-id prompt; shoal vs llama-server, first runs)')
+  out.push(`### Tokens (greedy, token-id prompts, max_tokens ${TOKENS}; shoal vs llama-server, non-streamed, first runs)`)
   out.push('')
   out.push(`| model | 1 stream, ${PROMPT}-tok prompt | ${STREAMS} streams (each vs its llama twin) |`)
   out.push('|---|---|---|')
   for (const r of rows) {
-    const l = r.runs.find(x => x.kind === 'llama')
-    const s = r.runs.find(x => x.kind === 'shoal')
+    const l = r.runs.find(x => x.kind === 'llama' && x.singleIds.length > 0)
+    const s = r.runs.find(x => x.kind === 'shoal' && x.singleIds.length > 0)
     if (l === undefined || s === undefined) continue
     const multi = s.multiIds.map((ids, i) => sameIds(ids, l.multiIds[i]!))
     const same = multi.filter(x => x.startsWith('identical')).length
@@ -372,11 +447,11 @@ function report (rows: ModelRun[]): string {
   out.push('')
   out.push('### Every run')
   out.push('')
-  out.push(`| model | server | start s | decode tok/s, 1 stream | ${STREAMS} streams tok/s (tokens) | ms/token per stream | TTFT ${PROMPT} ms | TTFT ${LONG} ms | peak RSS MB |`)
+  out.push(`| model | server | start s | decode tok/s, 1 stream, end to end (tokens) | same, first to last chunk | ${STREAMS} streams tok/s (tokens, wall s) | TTFT ${PROMPT} ms | TTFT ${LONG} ms | peak RSS MB |`)
   out.push('|---|---|---:|---:|---:|---:|---:|---:|---:|')
   for (const r of rows) {
     for (const x of r.runs) {
-      out.push(`| ${label(r.m)} | ${x.kind === 'llama' ? 'llama-server' : 'shoal serve'} | ${f1(x.startMs / 1000)} | ${f1(x.singleDecode)} | ${f1(x.multiTokS)} (${x.multiTokens}) | ${f2(x.multiPerStreamMsPerTok)} | ${f1(x.ttftShortMs)} | ${f0(x.ttftLongMs)} | ${mb(x.peakRss)} |`)
+      out.push(`| ${label(r.m)} | ${x.kind === 'llama' ? 'llama-server' : 'shoal serve'} | ${f1(x.startMs / 1000)} | ${f1(x.singleDecode)} (${x.singleTokens}) | ${f1(x.singleDecodeChunks)} | ${f1(x.multiTokS)} (${x.multiTokens}, ${f1(x.multiWallS)}) | ${f1(x.ttftShortMs)} | ${f0(x.ttftLongMs)} | ${mb(x.peakRss)} |`)
     }
   }
   out.push('')
@@ -436,7 +511,7 @@ async function main (): Promise<void> {
       const t = performance.now()
       const run: ModelRun = { m, bench: [], runs: [] }
       rows.push(run)
-      if (args['verify-only'] !== true) run.bench = llamaBench(bin, m.gguf)
+      if (args['verify-only'] !== true) run.bench = llamaBench(bin, m)
       const reps = args['verify-only'] === true ? 1 : REPS
       for (let rep = 0; rep < reps; rep++) {
         // llama, shoal | shoal, llama | ...: each side goes first half the time.
@@ -444,7 +519,7 @@ async function main (): Promise<void> {
         for (const kind of order) {
           const s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
           try {
-            run.runs.push(await session(s, rep))
+            run.runs.push(await session(s, rep, rep === 0))
           } finally {
             await stop(s)
           }
@@ -459,8 +534,8 @@ async function main (): Promise<void> {
   }
   const lines = [
     `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
-    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}`,
-    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}`,
+    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${RT.length > 0 ? `; servers and llama-bench under \`${RT.join(' ')}\`` : ''}`,
+    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
