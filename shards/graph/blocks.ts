@@ -55,9 +55,16 @@ export function makeAttention (ctx: BuildContext, l: number, x: string, w: Layer
   const n = `/model/layers.${l}/attn`
   const wn = `model.layers.${l}.attn`
   const qkv = makeLinear(ctx, `${n}/qkv_proj`, `${wn}.qkv_proj.weight`, x, w.qkv, w.qkvBias)
-  const [q, k, v] = g.node('Split', `${n}/qkv/Split`, [qkv, g.i64([H * hd, kvH * hd, kvH * hd])], { axis: -1 }, 3) as [string, string, string]
+  let parts: { q: string, k: string, v: string } | undefined
+  const split = (): { q: string, k: string, v: string } => {
+    if (parts === undefined) {
+      const [q, k, v] = g.node('Split', `${n}/qkv/Split`, [qkv, g.i64([H * hd, kvH * hd, kvH * hd])], { axis: -1 }, 3) as [string, string, string]
+      parts = { q, k, v }
+    }
+    return parts
+  }
   const a = ctx.ops.attention(ctx, n, wn, {
-    q, k, v, pastK, pastV, ...(w.qNorm !== undefined ? { qNorm: w.qNorm } : {}), ...(w.kNorm !== undefined ? { kNorm: w.kNorm } : {}),
+    qkv, split, pastK, pastV, ...(w.qNorm !== undefined ? { qNorm: w.qNorm } : {}), ...(w.kNorm !== undefined ? { kNorm: w.kNorm } : {}),
   }, t)
   const out = makeLinear(ctx, `${n}/o_proj`, `${wn}.o_proj.weight`, a.context, w.o)
   return { out, presentK: a.presentK, presentV: a.presentV }

@@ -56,9 +56,10 @@ export type StageTables =
   }
 
 export interface AttentionIo {
-  q: string
-  k: string
-  v: string
+  /** The fused projection [B, S, (H + 2·kvH)·hd], for primitives that take it packed. */
+  qkv: string
+  /** Its q/k/v parts, split on first use (an unused Split would still run). */
+  split: () => { q: string, k: string, v: string }
   qNorm?: F32Tensor
   kNorm?: F32Tensor
   pastK: string
