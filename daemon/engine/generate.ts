@@ -98,21 +98,40 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     return
   }
   let token = await g.source.prefill(g.promptIds, g.signal)
-  for (;;) {
-    completion++
-    if (eos.has(token)) { finish = 'stop'; break }
-    pendingIds.push(token)
-    const pushed = stops.push(detok.push(token))
-    // Token ids ride with the text they produced; ids whose text a stop string swallowed still
-    // go out (with empty text) so the deltas carry every generated id but EOS.
-    if (pushed.text.length > 0 || (pushed.stopped && pendingIds.length > 0)) {
-      yield { type: 'delta', text: pushed.text, tokenIds: pendingIds }
-      pendingIds = []
+  // The next step is submitted before this token's delta is yielded: the engine computes it while
+  // the consumer detokenizes, writes and signs, so a token costs max(step, consumer) instead of
+  // their sum. Everything that decides whether there is a next step is known before the yield.
+  let next: Promise<number> | undefined
+  try {
+    for (;;) {
+      completion++
+      if (eos.has(token)) { finish = 'stop'; break }
+      pendingIds.push(token)
+      const pushed = stops.push(detok.push(token))
+      const more = !pushed.stopped && completion < limit && n + completion < g.maxPositions
+      if (more) {
+        g.signal.throwIfAborted()
+        next = g.source.decode(token, n + completion - 1, g.signal)
+        // Observed now, awaited after the yield: a failure while the consumer holds the delta is
+        // not an unhandled rejection.
+        next.catch(() => {})
+      }
+      // Token ids ride with the text they produced; ids whose text a stop string swallowed still
+      // go out (with empty text) so the deltas carry every generated id but EOS.
+      if (pushed.text.length > 0 || (pushed.stopped && pendingIds.length > 0)) {
+        yield { type: 'delta', text: pushed.text, tokenIds: pendingIds }
+        pendingIds = []
+      }
+      if (pushed.stopped) { finish = 'stop'; stopped = true; break }
+      if (next === undefined) { finish = 'length'; break }
+      const pending = next
+      next = undefined
+      token = await pending
     }
-    if (pushed.stopped) { finish = 'stop'; stopped = true; break }
-    if (completion >= limit || n + completion >= g.maxPositions) { finish = 'length'; break }
-    g.signal.throwIfAborted()
-    token = await g.source.decode(token, n + completion - 1, g.signal)
+  } finally {
+    // The consumer left while a step was in flight (it aborts the signal when a client goes): let
+    // that one step settle before the caller frees the sequence under it.
+    if (next !== undefined) await next.catch(() => {})
   }
   // Flush what the detokenizer and stop matcher still hold (unless a stop string already ended it).
   if (!stopped) {
