@@ -73,7 +73,8 @@ function buildProgram (): Command {
     .option('--stages <n>', 'split evenly into N stages')
     .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
-    .option('--f32-activations', 'with --quant: f32 activations (slower per step; requests of any context length share batched runs)')
+    .option('--f32-activations', 'with --quant: f32 activations (closer to the unquantized model, slower per step)')
+    .addOption(new Option('--ops <table>', "op table: ort-contrib (onnxruntime's fused CPU kernels) or standard (portable opset-17 ONNX)").choices(['ort-contrib', 'standard']).default('ort-contrib'))
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 
   const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')

@@ -10,6 +10,7 @@ export interface ShardCommandOptions {
   layers?: string
   quant?: string
   f32Activations?: boolean
+  ops?: string
 }
 
 export async function shard (opts: ShardCommandOptions): Promise<void> {
@@ -17,6 +18,8 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
   const quant = opts.quant ?? 'none'
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
   if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
+  const ops = opts.ops ?? 'ort-contrib'
+  if (ops !== 'ort-contrib' && ops !== 'standard') throw new ExitError(`--ops must be ort-contrib or standard, got ${ops}`)
   let stages: number | undefined
   if (opts.stages !== undefined) {
     stages = Number(opts.stages)
@@ -28,6 +31,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       modelDir: opts.model,
       outDir: opts.out,
       quant,
+      opSet: ops,
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),
