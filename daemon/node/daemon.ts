@@ -118,7 +118,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         if (identity === undefined) return
         mesh = createMesh({
           identity,
-          listen: config.listen,
+          // No --listen means the default (QUIC and TCP on all interfaces, ephemeral ports), not
+          // "listen nowhere": a node without addresses can dial out but mDNS peers never find it.
+          ...(config.listen.length > 0 ? { listen: config.listen } : {}),
           bootstrap: config.bootstrap,
           mdns: config.mdns,
           dataDir: config.dataDir,

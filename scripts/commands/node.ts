@@ -43,5 +43,6 @@ export async function node (opts: NodeOptions): Promise<void> {
   const addrs = daemon.mesh?.libp2p.getMultiaddrs().map(a => a.toString()) ?? []
   process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
   for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
+  process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
   await runUntilSignal(daemon.stop)
 }
