@@ -11,6 +11,11 @@ function collect (value: string, previous: string[]): string[] {
   return [...previous, value]
 }
 
+/** A flag given any number of times; `shown` is what --help says the default is. */
+function repeatable (flags: string, description: string, shown: string): Option {
+  return new Option(flags, description).argParser(collect).default([], shown)
+}
+
 /**
  * Required options are checked after unknown ones, unlike commander's requiredOption: a mistyped
  * `--modle x` must be reported as the unknown option it is, not as a missing `--model`.
@@ -61,9 +66,9 @@ export function buildProgram (): Command {
   program.command('node')
     .description('Run the mesh daemon')
     .addOption(required('--identity <dir>', 'identity directory made by `shoal ca issue`'))
-    .option('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', collect, [])
-    .option('--listen <multiaddr>', 'listen address; repeatable (default: QUIC and TCP on all interfaces, ephemeral ports)', collect, [])
-    .option('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', collect, [])
+    .addOption(repeatable('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', 'none'))
+    .addOption(repeatable('--listen <multiaddr>', 'listen address; repeatable', 'QUIC and TCP on all interfaces, ephemeral ports'))
+    .addOption(repeatable('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', 'none; mDNS finds LAN peers'))
     .option('--api <host:port>', 'HTTP ingress address (none without it)')
     .option('--device <device>', 'engine device', 'auto')
     .option('--data <dir>', 'receipt log and node state (default: IDENTITY/data)')
