@@ -8,7 +8,8 @@
 // `node-<os>-<arch>` packages, as `.ci/run` always did) into `.toolchain/` and the command re-runs
 // with it, said in one line on stderr.
 //
-//   node scripts/toolchain.mjs 'SHELL COMMAND'   run it with a new-enough node first on PATH
+//   node scripts/toolchain.mjs 'SHELL COMMAND' [ARG…]   run it (ARGs appended, quoted) with a
+//                                                       new-enough node first on PATH
 //   node scripts/toolchain.mjs --which           print the path of a new-enough node
 import { spawn, spawnSync } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
@@ -111,10 +112,12 @@ if (process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.
   }
   if (args[0] === '--which') {
     process.stdout.write(`${node}\n`)
-  } else if (args.length === 1) {
-    runWith(node, args[0])
+  } else if (args.length >= 1) {
+    // `npm test -- FILE…` appends its arguments: they go on the end of the command, as npm would.
+    const quote = (a) => /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replaceAll("'", "'\\''")}'`
+    runWith(node, [args[0], ...args.slice(1).map(quote)].join(' '))
   } else {
-    say('usage: node scripts/toolchain.mjs (--which | \'SHELL COMMAND\')')
+    say('usage: node scripts/toolchain.mjs (--which | \'SHELL COMMAND\' [ARG…])')
     process.exit(2)
   }
 }

@@ -75,8 +75,8 @@ describe.skipIf(OLD === undefined)('with an old Node on PATH', () => {
     expect(lines[0]).toMatch(new RegExp(`^shoal: Node \\S+ is older than ${MINIMUM_TEXT.replace('.', '\\.')}; running with Node ${process.versions.node.replaceAll('.', '\\.')} from `))
   })
 
-  it('npm test\'s command runs with Node 24 first on PATH', () => {
-    const r = runOld(['scripts/toolchain.mjs', 'node -p process.versions.node'], seededToolchain())
+  it('npm test\'s command runs with Node 24 first on PATH, with `npm test -- ARGS` appended', () => {
+    const r = runOld(['scripts/toolchain.mjs', 'node -p', 'process.versions.node'], seededToolchain())
     expect(r.status, r.stderr).toBe(0)
     expect(r.stdout.trim()).toBe(process.versions.node)
     expect(r.stderr.split('\n').filter(l => l !== '')).toHaveLength(1)
