@@ -109,7 +109,7 @@ describe('shoal serve (the CLI)', () => {
     expect(run.stderr()).not.toMatch(/^\{/m)
     const baseURL = /(http:\/\/\S+\/v1)/.exec(line)![1]!
     const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 })
-    const stream = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'hello' }], max_tokens: 1500, temperature: 0, stream: true, stream_options: { include_usage: true } })
+    const stream = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'hello' }], max_tokens: 600, temperature: 0, stream: true, stream_options: { include_usage: true } })
     let chunks = 0
     let usage: number | undefined
     for await (const chunk of stream) {
@@ -117,7 +117,7 @@ describe('shoal serve (the CLI)', () => {
       if (chunk.usage != null) usage = chunk.usage.completion_tokens
     }
     // The running request finished (drained), then the process left cleanly.
-    expect(usage).toBe(1500)
+    expect(usage).toBe(600)
     const { code } = await within(run.exit, 30_000, 'exiting after SIGINT')
     expect(code).toBe(0)
     expect(run.stderr()).toContain('shoal: SIGINT, draining 1 request (Ctrl-C again to force)')
