@@ -51,6 +51,8 @@ export interface CompileOptions {
    * batch-of-one tokens (test/engine/batched-int4.test.ts).
    */
   accuracyLevel?: 0 | 4
+  /** Called as each layer is compiled (done of total, over all stages): long compiles say how far they are. */
+  onProgress?: (done: number, total: number) => void
 }
 
 export async function compileShards (options: CompileOptions): Promise<ShardManifest> {
@@ -76,12 +78,15 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     }
     return t
   }
+  let layersDone = 0
+  const layersTotal = ranges.reduce((n, [a, b]) => n + b - a + 1, 0)
   const src: StageSource = {
     embed: async () => await checked(spec.mapping.embedName, [shape.vocabSize, shape.hiddenSize]),
     finalNorm: async () => await checked(spec.mapping.finalNormName, [shape.hiddenSize]),
     lmHead: async () => await checked(shape.tieWordEmbeddings || !weights.has(spec.mapping.lmHeadName) ? spec.mapping.embedName : spec.mapping.lmHeadName, [shape.vocabSize, shape.hiddenSize]),
     layer: async (l) => {
       const w = await spec.mapping.layer(weights, l)
+      options.onProgress?.(++layersDone, layersTotal)
       const { hiddenSize: D, numHeads: H, numKvHeads: kvH, headDim: hd, intermediateSize: I } = shape
       const expect = (t: F32Tensor | undefined, dims: number[], what: string): void => {
         if (t !== undefined && (t.shape.length !== dims.length || t.shape.some((d, i) => d !== dims[i]))) {

@@ -11,7 +11,9 @@ export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from '
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
 export { generateTestModel, TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
-export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions } from './cache.ts'
+export { createProgress } from './progress.ts'
+export type { ProgressOptions } from './progress.ts'
+export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions, type CompileCacheProgress } from './cache.ts'
 export {
   UnsupportedArchitectureError, CheckpointError, LayerSplitError, ManifestError, ShardIntegrityError,
 } from './errors.ts'

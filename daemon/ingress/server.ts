@@ -54,6 +54,8 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     requestTimeout: 120_000,
     genReqId: () => randomUUID(),
     requestIdHeader: false,
+    // fastify's two info lines per request drown the daemon's own; one debug line instead (onRequest).
+    disableRequestLogging: true,
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
@@ -78,6 +80,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     reply.raw.once('close', () => {
       metrics.inFlight.dec({ route })
       metrics.requests.inc({ method: request.method, route, status: String(reply.raw.statusCode) })
+      request.log.debug({ method: request.method, url: request.url, status: reply.raw.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
     })
     if (stopping) {
       reply.header('connection', 'close')
@@ -113,6 +116,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   let stopped: Promise<void> | undefined
   return {
     app,
+    get inFlight () { return active },
     async start () {
       await app.listen({ host: cfg.host, port: cfg.port })
       const { address, port } = app.server.address() as AddressInfo

@@ -44,6 +44,8 @@ export interface Ingress {
   start (): Promise<{ url: string }>
   /** 503 for new requests, lets running ones finish (bounded), then closes the server. */
   stop (): Promise<void>
+  /** Completions running now (what a stop would drain). */
+  readonly inFlight: number
   /** The fastify instance, for inject() in tests. */
   readonly app: FastifyInstance
 }

@@ -41,6 +41,7 @@ export interface DaemonConfig {
   device: string
   dataDir: string
   cacheRoot: string
+  /** libp2p listen multiaddrs; empty means the mesh's default (QUIC and TCP on all interfaces, ephemeral ports). */
   listen: string[]
   bootstrap: string[]
   mdns: boolean

@@ -33,9 +33,11 @@ import type { Part } from './lifecycle.ts'
 import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
-import type { ResolvedModel } from './models.ts'
+import type { ModelProgress, ResolvedModel } from './models.ts'
+import { createProgress } from '../../shards/index.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
+import pkg from '../../package.json' with { type: 'json' }
 
 export interface DaemonComponents {
   logger: Logger
@@ -44,11 +46,14 @@ export interface DaemonComponents {
 export interface Daemon {
   start: () => Promise<{ peerId: string, apiUrl?: string }>
   stop: () => Promise<void>
+  /** Completions its API is running now (what a stop drains); 0 without an API. */
+  inFlight: () => number
   /** The mesh, when this daemon runs one (tests and `shoal demo` read it). */
   readonly mesh: Mesh | undefined
 }
 
-const SOFTWARE = 'shoal/0.1.0'
+/** What capability records say this node runs; the version is package.json's, like `shoal --version`. */
+const SOFTWARE = `shoal/${pkg.version}`
 
 async function openvinoLoads (): Promise<boolean> {
   try {
@@ -56,6 +61,19 @@ async function openvinoLoads (): Promise<boolean> {
     return true
   } catch {
     return false
+  }
+}
+
+/** Generating and compiling take seconds to minutes the first time: say so, and how far along. */
+function modelProgress (logger: Logger): ModelProgress {
+  let layers: ((done: number, total: number) => void) | undefined
+  return {
+    onGenerate: (dir) => { logger.info({ dir }, 'generating the demo model (random weights; once, then cached)') },
+    onCompile: (modelDir, dest) => {
+      logger.info({ model: modelDir, cache: dest }, 'compiling the checkpoint into ONNX shards (once, then cached)')
+      layers = createProgress(line => { logger.info(line) }, 'compiling')
+    },
+    onProgress: (done, total) => { layers?.(done, total) },
   }
 }
 
@@ -118,7 +136,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         if (identity === undefined) return
         mesh = createMesh({
           identity,
-          listen: config.listen,
+          // No --listen means the default (QUIC and TCP on all interfaces, ephemeral ports), not
+          // "listen nowhere": a node without addresses can dial out but mDNS peers never find it.
+          ...(config.listen.length > 0 ? { listen: config.listen } : {}),
           bootstrap: config.bootstrap,
           mdns: config.mdns,
           dataDir: config.dataDir,
@@ -136,7 +156,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     {
       name: 'engines',
       async start () {
-        for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot))
+        for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
         engine = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
         for (const model of models.filter(m => m.whole)) {
           const service = createLocalService({
@@ -263,6 +283,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }
     },
     stop: lifecycle.stop,
+    inFlight: () => ingress?.inFlight ?? 0,
   }
 }
 

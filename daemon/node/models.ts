@@ -3,8 +3,9 @@
  * as it is, a Hugging Face checkpoint is compiled once into the cache (keyed by its content hash),
  * and 'demo' is the built-in random-weight model, generated on first use.
  */
+import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
-import type { ShardManifest } from '../../shards/index.ts'
+import type { CompileCacheProgress, ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelSpec } from './config.ts'
 
@@ -19,12 +20,18 @@ export interface ResolvedModel {
   whole: boolean
 }
 
-export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise<ResolvedModel> {
+/** What preparing a model reports; only work that actually happens (a cache miss) is reported. */
+export interface ModelProgress extends CompileCacheProgress {
+  onGenerate?: (dir: string) => void
+}
+
+export async function resolveModel (spec: ModelSpec, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
+  if (spec.dir !== 'demo' && !existsSync(spec.dir)) throw new ConfigError('--model', `${spec.dir} does not exist`)
   let shardDir: string
-  if (spec.dir === 'demo') shardDir = await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+  if (spec.dir === 'demo') shardDir = await ensureDemoReady(cacheRoot, progress)
   else if (isShardDir(spec.dir)) shardDir = spec.dir
   else if (spec.layers !== undefined) throw new ConfigError('--model', `${spec.dir}@${spec.layers.join('-')}: a layer range needs a shard directory (make one with shoal shard)`)
-  else shardDir = await compileCached(spec.dir, cacheRoot)
+  else shardDir = await compileCached(spec.dir, cacheRoot, progress)
 
   const manifest = await loadManifest(shardDir)
   let stageIndex = 0
@@ -43,6 +50,7 @@ export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise
 }
 
 /** Generates and compiles the demo model once, so N daemons starting together don't race to. */
-export async function ensureDemoReady (cacheRoot: string): Promise<string> {
-  return await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+export async function ensureDemoReady (cacheRoot: string, progress: ModelProgress = {}): Promise<string> {
+  const demo = await ensureDemoModel(cacheRoot, progress.onGenerate === undefined ? {} : { onGenerate: progress.onGenerate })
+  return await compileCached(demo, cacheRoot, progress)
 }

@@ -2,6 +2,7 @@
 import { join } from 'node:path'
 import { configFrom, startFailure } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
+import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
@@ -15,6 +16,7 @@ export interface NodeOptions {
   data?: string
   revocations?: string
   mdns: boolean
+  logFormat?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -38,10 +40,11 @@ export async function node (opts: NodeOptions): Promise<void> {
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
   })
-  const daemon = createDaemon(config, { logger: cliLogger() })
+  const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
   const addrs = daemon.mesh?.libp2p.getMultiaddrs().map(a => a.toString()) ?? []
   process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
   for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
-  await runUntilSignal(daemon.stop)
+  process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
+  await runUntilSignal(daemon.stop, daemon.inFlight)
 }

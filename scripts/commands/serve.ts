@@ -2,10 +2,19 @@
 import { join } from 'node:path'
 import { configFrom, startFailure } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
+import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function serve (opts: { model: string, api: string, device: string }): Promise<void> {
+export interface ServeOptions {
+  model: string
+  api: string
+  device: string
+  data?: string
+  logFormat?: string
+}
+
+export async function serve (opts: ServeOptions): Promise<void> {
   const { createDaemon, parseApiAddress } = await import('../../daemon/node/index.ts')
   let api
   try {
@@ -17,14 +26,15 @@ export async function serve (opts: { model: string, api: string, device: string 
     models: [{ dir: opts.model }],
     api,
     device: opts.device,
-    dataDir: join(cacheRoot(), 'serve'),
+    dataDir: opts.data ?? join(cacheRoot(), 'serve'),
     cacheRoot: cacheRoot(),
     listen: [],
     bootstrap: [],
     mdns: false,
   })
-  const daemon = createDaemon(config, { logger: cliLogger() })
+  const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
   process.stdout.write(`shoal: serving ${opts.model} at ${started.apiUrl}/v1 (node ${started.peerId})\n`)
-  await runUntilSignal(daemon.stop)
+  process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
+  await runUntilSignal(daemon.stop, daemon.inFlight)
 }

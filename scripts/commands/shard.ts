@@ -1,6 +1,8 @@
 /**
  * `shoal shard`: compile a Hugging Face checkpoint into per-stage ONNX shards and a manifest.
  */
+import { existsSync } from 'node:fs'
+import { readdir, rm } from 'node:fs/promises'
 import { ExitError } from '../exit-error.ts'
 
 export interface ShardCommandOptions {
@@ -11,10 +13,21 @@ export interface ShardCommandOptions {
   quant?: string
   f32Activations?: boolean
   ops?: string
+  force?: boolean
+}
+
+/** An --out that holds anything is refused unless --force: a typo must not eat a directory. */
+async function checkOut (out: string, force: boolean): Promise<void> {
+  if (!existsSync(out)) return
+  const entries = await readdir(out).catch(() => { throw new ExitError(`--out ${out} exists and is not a directory`) })
+  if (entries.length === 0) return
+  if (!force) throw new ExitError(`--out ${out} already exists and is not empty; pass --force to replace it`)
+  await rm(out, { recursive: true, force: true })
 }
 
 export async function shard (opts: ShardCommandOptions): Promise<void> {
-  const { compileShards, parseLayerRanges } = await import('../../shards/index.ts')
+  const { compileShards, createProgress, parseLayerRanges } = await import('../../shards/index.ts')
+  if (!existsSync(opts.model)) throw new ExitError(`--model ${opts.model} does not exist`)
   const quant = opts.quant ?? 'none'
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
   if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
@@ -25,6 +38,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
     stages = Number(opts.stages)
     if (!Number.isInteger(stages) || stages < 1) throw new ExitError(`--stages must be a positive integer, got ${opts.stages}`)
   }
+  await checkOut(opts.out, opts.force === true)
   try {
     const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
     const m = await compileShards({
@@ -32,6 +46,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       outDir: opts.out,
       quant,
       opSet: ops,
+      onProgress: createProgress((line) => { process.stderr.write(`shoal: ${line}\n`) }, `compiling ${opts.model}`),
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),

@@ -32,13 +32,19 @@ function formatLoad (load: MeshPeer['load']): string {
   return `q=${String(q ?? '?')} inflight=${String(f ?? '?')} tok/s=${typeof t === 'number' ? t.toFixed(1) : '?'}`
 }
 
+/** Admission first; liveness only when it is not plain 'alive' (a suspect peer is still admitted). */
+function admission (p: MeshPeer): string {
+  if (p.admitted === false) return `refused (${p.reason ?? '?'})`
+  return p.state === undefined || p.state === 'alive' ? 'admitted' : `admitted, ${p.state}`
+}
+
 export function renderStatus (snapshot: MeshSnapshot): string {
   const rows: string[][] = [['', 'NAME', 'PEER ID', 'ADMISSION', 'MODELS', 'LOAD', 'RTT']]
   const row = (p: MeshPeer, self: boolean): string[] => [
     self ? '*' : '',
     p.name ?? '-',
     p.peerId,
-    p.admitted === false ? `refused (${p.reason ?? '?'})` : (p.state ?? 'admitted'),
+    admission(p),
     formatModels(p.models),
     formatLoad(p.load),
     p.rttMs === undefined ? '-' : `${p.rttMs.toFixed(1)}ms`,

@@ -29,6 +29,8 @@ export interface GenerateOptions {
   description?: string
   /** Written into config.json as shoal_model_id: the id the compiled manifest serves under. */
   modelId?: string
+  /** Overrides the size's layer count (e.g. 24 tiny layers to split like a real 24-layer model). */
+  layers?: number
 }
 
 interface SizeSpec { hidden: number, layers: number, heads: number, kvHeads: number, ffn: number, vocab: number, maxPositions: number }
@@ -158,7 +160,7 @@ const RESIDUAL_GAIN = 2
 
 export async function generateTestModel (options: GenerateOptions): Promise<void> {
   const prof = PROFILES[options.architecture]
-  const size = SIZES[options.size ?? 'tiny']
+  const size = { ...SIZES[options.size ?? 'tiny'], ...(options.layers === undefined ? {} : { layers: options.layers }) }
   const seed = options.seed ?? 1
   const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
   const hd = size.hidden / size.heads

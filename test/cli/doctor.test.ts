@@ -3,7 +3,7 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createThrowawayCa } from '../../certs/index.ts'
-import { runChecks } from '../../scripts/commands/doctor.ts'
+import { installedProviders, runChecks } from '../../scripts/commands/doctor.ts'
 
 describe('shoal doctor', () => {
   it('reports node, engines, port, cache and identity, each problem with its fix', async () => {
@@ -20,10 +20,19 @@ describe('shoal doctor', () => {
       expect(by.identity!.detail).toContain(ca.identities[0]!.peerId)
       for (const f of findings) if (f.level !== 'ok') expect(f.fix, f.check).toBeDefined()
 
+      // Only providers whose libraries are installed (here: none of CUDA/TensorRT's).
+      expect(by.onnxruntime!.detail).not.toMatch(/cuda|tensorrt/)
+
       const bad = await runChecks({ identity: join(dir, 'missing') })
       expect(bad.find(f => f.check === 'identity')).toMatchObject({ level: 'fail', fix: expect.any(String) })
     } finally {
       await rm(dir, { recursive: true, force: true })
     }
+  })
+
+  it('lists an execution provider only when it is bundled or its library is installed', () => {
+    const listed = [{ name: 'cpu', bundled: true }, { name: 'webgpu', bundled: true }, { name: 'cuda', bundled: false }, { name: 'tensorrt', bundled: false }]
+    expect(installedProviders(listed, ['libonnxruntime.so.1', 'onnxruntime_binding.node'])).toEqual(['cpu', 'webgpu'])
+    expect(installedProviders(listed, ['libonnxruntime.so.1', 'libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'])).toEqual(['cpu', 'webgpu', 'cuda'])
   })
 })

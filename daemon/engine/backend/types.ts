@@ -17,7 +17,7 @@ export interface LoadOptions {
   threads?: number
   /**
    * True when this session has the cores to itself. Otherwise intra-op threads must not spin:
-   * two spinning sessions slow each other by 4–9 ms per step (engine-notes.md).
+   * two spinning sessions slow each other by 4–9 ms per step (docs/engine-notes.md).
    */
   exclusiveCores?: boolean
 }
