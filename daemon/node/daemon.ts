@@ -26,6 +26,7 @@ import type { Budgets, DaemonConfig } from './config.ts'
 import { chooseEngine } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { serveForwarded } from './forwarded.ts'
+import { createDashboardSource } from './dashboard-source.ts'
 import { createLifecycle } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
@@ -196,6 +197,22 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               },
             },
             ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
+            dashboard: createDashboardSource({
+              self: () => ({
+                peerId: signer!.peerId,
+                ...(identity === undefined ? {} : { name: identity.name }),
+                ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
+                ...(apiUrl === undefined ? {} : { apiUrl }),
+                software: SOFTWARE,
+              }),
+              models: () => servedModels(models),
+              mesh: () => mesh,
+              locals: () => locals,
+              stages: () => stages,
+              chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+              nodeLoad: load,
+              ledger: () => ledger,
+            }),
           },
         )
         apiUrl = (await ingress.start()).url
