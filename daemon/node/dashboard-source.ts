@@ -48,6 +48,7 @@ export function createDashboardSource (parts: DashboardParts): DashboardSource {
         nodeLoad: parts.nodeLoad(),
         receipts: ledger === undefined ? [] : await ledger.tail(RECENT),
         receiptCount: ledger?.size ?? 0,
+        aliases: aliasesOf(parts.self(), parts.stages()),
       })
     },
     async verify (id) {
@@ -60,4 +61,11 @@ export function createDashboardSource (parts: DashboardParts): DashboardSource {
       return mesh.onChange(change => { if (change.kind !== 'load') listener() })
     },
   }
+}
+
+/** A local chain's stages run under their own throwaway peer ids: name them after this node. */
+function aliasesOf (self: DashboardInput['self'], stages: readonly PipelineStage[]): Record<string, string> {
+  const out: Record<string, string> = {}
+  for (const s of stages) if (s.node.peerId !== self.peerId) out[s.node.peerId] = self.name ?? 'this node'
+  return out
 }

@@ -105,6 +105,8 @@ export interface DashboardInput {
   nodeLoad?: LoadRecord
   receipts: SignedReceipt[]
   receiptCount: number
+  /** Names for peer ids that are this node's own (the stages of a local chain run under throwaway ids). */
+  aliases?: Record<string, string>
 }
 
 const label = (m: PeerModel): string => m.layers === undefined || isWhole(m) ? m.id : `${m.id}@${m.layers[0]}-${m.layers[1]}`
@@ -238,7 +240,7 @@ export function dashboardState (input: DashboardInput): DashboardState {
     { node: holderOf(self), models: input.models },
     ...(mesh?.peers ?? []).filter(p => p.admitted).map(p => ({ node: holderOf(peerNode(p)), models: p.models })),
   ])
-  const names = new Map<string, string>([[self.peerId, self.name ?? 'this node'], ...peers.filter(p => p.name !== undefined).map(p => [p.peerId, p.name!] as [string, string])])
+  const names = new Map<string, string>([[self.peerId, self.name ?? 'this node'], ...Object.entries(input.aliases ?? {}), ...peers.filter(p => p.name !== undefined).map(p => [p.peerId, p.name!] as [string, string])])
   const engines: DashboardEngineLoad[] = [
     ...input.engines.map(e => ({
       model: e.model,

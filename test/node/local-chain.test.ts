@@ -106,9 +106,15 @@ describe('shoal serve on a 3-stage shard directory', () => {
   })
 
   it('the dashboard shows the three stages of this node', async () => {
-    const state = await (await fetch(`${chainUrl}/dashboard/state`)).json() as { models: Array<{ id: string, servedAs: string }>, load: { engines: Array<{ layers?: [number, number] }> } }
+    const state = await (await fetch(`${chainUrl}/dashboard/state`)).json() as {
+      models: Array<{ id: string, servedAs: string }>
+      load: { engines: Array<{ layers?: [number, number] }> }
+      requests: Array<{ route: Array<{ name?: string, layers?: [number, number] }> }>
+    }
     expect(state.models).toEqual([expect.objectContaining({ id: 'chain-local', servedAs: 'whole' })])
     expect(state.load.engines.map(e => e.layers?.[0])).toEqual([0, expect.any(Number), expect.any(Number)])
+    // Each request's route: three hops, all named as this node, with their layers.
+    expect(state.requests[0]!.route.map(h => [h.name, h.layers?.[0]])).toEqual([['this node', 0], ['this node', expect.any(Number)], ['this node', expect.any(Number)]])
   })
 
   it('a device list must give one device, or one per stage', async () => {
