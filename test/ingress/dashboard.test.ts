@@ -91,6 +91,26 @@ describe('dashboard routes', () => {
     expect(events.map(e => e.event)).toEqual(events.map(() => 'state'))
   })
 
+  it('a client that goes away frees its stream slot', async () => {
+    h = await startHarness({}, {}, { dashboard: scriptedSource() })
+    const controllers = Array.from({ length: 32 }, () => new AbortController())
+    const open = await Promise.all(controllers.map(async c => await fetch(`${h!.url}/dashboard/events`, { signal: c.signal })))
+    expect(open.every(r => r.status === 200)).toBe(true)
+    expect((await fetch(`${h.url}/dashboard/events`)).status).toBe(429)
+    controllers[0]!.abort()
+    let next: Response | undefined
+    const deadline = Date.now() + 10_000
+    while (Date.now() < deadline) {
+      const r = await fetch(`${h.url}/dashboard/events`)
+      if (r.status === 200) { next = r; break }
+      await r.body?.cancel()
+      await new Promise(resolve => setTimeout(resolve, 50))
+    }
+    expect(next?.status).toBe(200)
+    await next?.body?.cancel()
+    for (const c of controllers) c.abort()
+  })
+
   it('streams are bounded: one past maxClients gets 429; the ingress stop ends every stream with bye', async () => {
     h = await startHarness({}, {}, { dashboard: scriptedSource() })
     // The default bound is 32 streams.

@@ -116,7 +116,7 @@ export function registerDashboardRoutes (app: FastifyInstance, source: Dashboard
     return result
   })
 
-  app.get('/dashboard/events', async (request, reply) => {
+  app.get('/dashboard/events', async (_request, reply) => {
     if (closing) throw new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'Server is shutting down')
     if (clients.size >= cfg.maxClients) throw new ShoalError('SHOAL_ERR_OVERLOADED', `Too many dashboard streams open (${cfg.maxClients}); retry later`)
     reply.hijack()
@@ -142,7 +142,6 @@ export function registerDashboardRoutes (app: FastifyInstance, source: Dashboard
       clients.delete(client)
       if (clients.size === 0) stopFeed()
     })
-    request.raw.once('close', () => { client.end() })
     startFeed()
     // The new client gets the state at once, not at the next tick.
     try {
