@@ -55,10 +55,10 @@ export function buildProgram (): Command {
     .action(async (opts) => { await (await import('./commands/demo.ts')).demo(opts) })
 
   program.command('serve')
-    .description('Serve one model on this machine, no mesh (HF checkpoint or shard directory)')
+    .description('Serve one model on this machine, no mesh (HF checkpoint or shard directory; a multi-stage one runs as a local chain)')
     .addOption(required('--model <dir>', 'model directory'))
     .option('--api <host:port>', 'HTTP listen address', '127.0.0.1:8080')
-    .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO)', 'auto')
+    .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO); for a multi-stage shard directory, one per stage (cpu,GPU,NPU)', 'auto')
     .option('--data <dir>', 'receipt log and node key (default: the cache directory\'s serve/)')
     .addOption(logFormat())
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })

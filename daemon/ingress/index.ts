@@ -4,5 +4,5 @@
  * `InferenceService` (daemon/service.ts) does the tokenizing and generating.
  */
 export { createIngress } from './server.ts'
-export type { Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
+export type { DashboardSource, Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
 export { RequestError } from './errors.ts'

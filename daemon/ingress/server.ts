@@ -13,6 +13,7 @@ import type { GenerationContext } from './generation.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
+import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
 import type { Ingress, IngressComponents, IngressInit } from './types.ts'
 
@@ -104,6 +105,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
   registerChatRoute(app, ctx)
   registerCompletionsRoute(app, ctx)
+  const dashboard = components.dashboard === undefined ? undefined : registerDashboardRoutes(app, components.dashboard)
 
   const waitIdle = async (ms: number): Promise<boolean> => {
     if (active === 0) return true
@@ -132,6 +134,8 @@ export function createIngress (init: IngressInit, components: IngressComponents)
         }
         // Completions are drained; connections that carry no request (a client's spare pooled
         // socket, a preconnect) would otherwise hold close() until the client hangs up.
+        // Dashboard event streams end with a last event instead of a cut connection.
+        await dashboard?.close()
         const closing = app.close()
         app.server.closeAllConnections()
         await closing

@@ -15,6 +15,16 @@ export interface MeshView {
   snapshot (): unknown
 }
 
+/** What the dashboard shows (GET /, /dashboard/state, /dashboard/events, /dashboard/receipts/:id/verify). */
+export interface DashboardSource {
+  /** The whole state the page renders (a JSON value). */
+  state (): Promise<unknown>
+  /** One receipt's verification, or undefined when there is no receipt with that id. */
+  verify (id: string): Promise<unknown | undefined>
+  /** Calls `listener` when something the page shows changed (a peer joined or left); returns unsubscribe. */
+  onChange? (listener: () => void): () => void
+}
+
 export interface IngressInit {
   /** Default 127.0.0.1. */
   host?: string
@@ -36,6 +46,8 @@ export interface IngressComponents {
   service: InferenceService
   receipts?: ReceiptLookup
   mesh?: MeshView
+  /** When given, the node serves the dashboard page at GET /. */
+  dashboard?: DashboardSource
   /** Where the ingress registers its metrics and what /metrics serves. Default: a new Registry. */
   metrics?: Registry
 }

@@ -17,6 +17,8 @@ export type {
 } from './receipt.ts'
 export { verifyLog, VERIFY_REASONS } from './verify.ts'
 export type { VerifyOptions, VerifyReport, VerifyReason } from './verify.ts'
+export { verifyReceipt } from './verify-one.ts'
+export type { ReceiptCheck, ReceiptVerification } from './verify-one.ts'
 export { openDb, hasLog, receiptsLocation, getReceipt, tailText, allText } from './store.ts'
 export type { LedgerDb } from './store.ts'
 export { publicKeyFromPeerId, certificateKey } from './keys.ts'

@@ -12,6 +12,8 @@ import type { ReceiptBody, ReceiptInput, SignedReceipt } from './receipt.ts'
 import { CERT_RANGE, getReceipt, KEY, lastEntry, parseEntry, parseHead, receiptsLocation, STORE_FORMAT, tailText, openDb } from './store.ts'
 import type { Head, LedgerDb } from './store.ts'
 import { verifyLog } from './verify.ts'
+import { verifyReceipt } from './verify-one.ts'
+import type { ReceiptVerification } from './verify-one.ts'
 import type { VerifyOptions, VerifyReport } from './verify.ts'
 
 export interface LedgerSigner {
@@ -51,6 +53,8 @@ export interface Ledger {
   /** The signed receipt and its signer's certificate (null when none was stored). */
   get: (id: string) => Promise<{ receipt: SignedReceipt, certificate: unknown } | undefined>
   verify: (options?: VerifyOptions) => Promise<VerifyReport>
+  /** One receipt's form, signatures and both hash links (undefined when no receipt has this id). */
+  verifyOne: (id: string) => Promise<ReceiptVerification | undefined>
   /** The last n receipts, oldest first. */
   tail: (n: number) => Promise<SignedReceipt[]>
   /** Entries in the log (index of the next append). */
@@ -300,6 +304,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     append,
     get: async (id) => await getReceipt(opened(), id),
     verify: async (options) => await verifyLog(opened(), options),
+    verifyOne: async (id) => await verifyReceipt(opened(), id),
     async tail (n) {
       if (!Number.isSafeInteger(n) || n < 0) throw new RangeError('tail(n) needs a non-negative integer')
       const rows = await tailText(opened(), n)

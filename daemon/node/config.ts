@@ -37,7 +37,7 @@ export interface DaemonConfig {
   identityDir?: string
   models: ModelSpec[]
   api?: { host: string, port: number }
-  /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO. */
+  /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO; or a comma-separated list, one per stage of a local chain. */
   device: string
   dataDir: string
   cacheRoot: string
@@ -82,7 +82,10 @@ export function parseModelSpec (value: string, key = '--model'): ModelSpec {
 }
 
 export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
-  if (!DEVICES.includes(input.device)) throw new ConfigError('--device', `"${input.device}" is not one of ${DEVICES.join(', ')}`)
+  // One device, or one per stage of a local chain ("cpu,GPU").
+  for (const device of input.device.split(',').map(d => d.trim())) {
+    if (!DEVICES.includes(device)) throw new ConfigError('--device', `"${device}" is not one of ${DEVICES.join(', ')} (or a comma-separated list of them, one per stage)`)
+  }
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
   // One /shoal/stage handler per node: a node serves at most one pipeline stage.
   if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')

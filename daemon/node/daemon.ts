@@ -18,14 +18,15 @@ import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
-import { createPipelineService, createPipelineStage } from '../pipeline/index.ts'
-import type { PipelineService, PipelineStage } from '../pipeline/index.ts'
+import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
+import type { LocalChain, PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
 import { ConfigError, DEFAULT_BUDGETS } from './config.ts'
 import type { Budgets, DaemonConfig } from './config.ts'
-import { chooseEngine } from './device.ts'
+import { chooseEngine, deviceList } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { serveForwarded } from './forwarded.ts'
+import { createDashboardSource } from './dashboard-source.ts'
 import { createLifecycle } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
@@ -96,6 +97,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const locals: LocalService[] = []
   const coordinators: PipelineService[] = []
   const stages: PipelineStage[] = []
+  /** Multi-stage models served whole from this machine, every stage its own engine worker. */
+  const localChains: LocalChain[] = []
   let local: InferenceService = createModelDirectory([])
   /** Tells forwards when the mesh loses contact with their peer. */
   let peerLoss: PeerLossWatch | undefined
@@ -157,7 +160,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       name: 'engines',
       async start () {
         for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
-        engine = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
+        const devices = deviceList(config.device)
+        const openvino = devices.every(d => d === 'cpu') ? false : await openvinoLoads()
+        engine = chooseEngine(devices[0]!, openvino)
+        if (devices.length > 1 && (models.length !== 1 || models[0]!.localChain !== true)) {
+          throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
+        }
         for (const model of models.filter(m => m.whole)) {
           const service = createLocalService({
             shardDir: model.shardDir,
@@ -174,12 +182,27 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           locals.push(service)
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
         }
-        for (const model of models.filter(m => !m.whole)) await startStage(model, engine)
+        for (const model of models.filter(m => !m.whole && m.localChain !== true)) await startStage(model, engine)
+        for (const model of models.filter(m => m.localChain === true)) {
+          const engines = devices.map(d => chooseEngine(d, openvino))
+          const chain = createLocalChain({
+            shardDir: model.shardDir,
+            engines,
+            signer: signer!,
+            metrics,
+            batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+          })
+          await chain.start()
+          localChains.push(chain)
+          coordinators.push(chain.service)
+          logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]!) })) }, 'model loaded as a local chain')
+        }
         local = createModelDirectory([...locals, ...coordinators])
       },
       async stop () {
         await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))
         await Promise.all(stages.map(async s => { await s.stop() }))
+        await Promise.all(localChains.map(async c => { await c.stop() }))
       },
     },
     {
@@ -216,6 +239,22 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               },
             },
             ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
+            dashboard: createDashboardSource({
+              self: () => ({
+                peerId: signer!.peerId,
+                ...(identity === undefined ? {} : { name: identity.name }),
+                ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
+                ...(apiUrl === undefined ? {} : { apiUrl }),
+                software: SOFTWARE,
+              }),
+              models: () => servedModels(models),
+              mesh: () => mesh,
+              locals: () => locals,
+              stages: () => [...stages, ...localChains.flatMap(c => c.stages)],
+              chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+              nodeLoad: load,
+              ledger: () => ledger,
+            }),
           },
         )
         apiUrl = (await ingress.start()).url

@@ -15,8 +15,9 @@ export function servedModels (models: ResolvedModel[]): Capabilities['models'] {
     return {
       id: m.manifest.modelId,
       manifestHash: m.manifestHash,
-      // A whole model carries no layer range (the capability format's convention).
-      ...(m.whole ? {} : { layers: [stage.layers[0], stage.layers[1]] as [number, number] }),
+      // A whole model carries no layer range (the capability format's convention); so does a
+      // local chain, which serves the whole model from this node.
+      ...(m.whole || m.localChain === true ? {} : { layers: [stage.layers[0], stage.layers[1]] as [number, number] }),
       totalLayers: m.manifest.shape.numLayers,
       maxContextTokens: m.manifest.shape.maxPositions,
     }

@@ -18,6 +18,8 @@ export interface ResolvedModel {
   stageIndex: number
   /** True when this node holds the whole model (one stage with embedding and head). */
   whole: boolean
+  /** Every stage of a multi-stage shard directory, run here as a local chain (`shoal serve`). */
+  localChain?: boolean
 }
 
 /** What preparing a model reports; only work that actually happens (a cache miss) is reported. */
@@ -43,7 +45,8 @@ export async function resolveModel (spec: ModelSpec, cacheRoot: string, progress
       throw new ConfigError('--model', `${spec.dir} has no stage with layers ${a}-${b} (stages: ${have})`)
     }
   } else if (manifest.stages.length !== 1) {
-    throw new ConfigError('--model', `${spec.dir} has ${manifest.stages.length} stages; pick one with ${spec.dir}@A-B`)
+    // No stage picked: serve them all here, chained (each stage its own engine worker).
+    return { shardDir, manifest, manifestHash: await manifestHash(shardDir), stageIndex: 0, whole: false, localChain: true }
   }
   const stage = manifest.stages[stageIndex]!
   return { shardDir, manifest, manifestHash: await manifestHash(shardDir), stageIndex, whole: stage.hasEmbedding && stage.hasHead }

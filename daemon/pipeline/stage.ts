@@ -8,7 +8,7 @@
 import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
-import type { Batcher, BatchLimits } from '../batcher/index.ts'
+import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../engine/index.ts'
 import type { BackendName } from '../engine/index.ts'
 import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
@@ -66,6 +66,8 @@ export interface PipelineStage {
   readonly stageIndex: number
   /** What to declare in capabilities (mesh ServedModel). */
   served (): { id: string, manifestHash: string, layers: [number, number], totalLayers: number, maxContextTokens: number }
+  /** The stage batcher's queue and rate (undefined without batching), for the dashboard. */
+  load (): BatcherLoad | undefined
   start (): Promise<void>
   stop (): Promise<void>
 }
@@ -104,6 +106,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     manifestHash,
     stageIndex,
     served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: manifest.shape.maxPositions }),
+    load: () => batcher?.load(),
     async start () {
       await engine.start()
       try {
