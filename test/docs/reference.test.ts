@@ -13,6 +13,7 @@ import { describe, expect, it } from 'vitest'
 import { buildProgram } from '../../scripts/cli.ts'
 import { httpStatusOf } from '../../daemon/errors.ts'
 import { MANIFEST_FORMAT } from '../../shards/contract.ts'
+import { DASHBOARD_FORMAT } from '../../daemon/node/dashboard-view.ts'
 import { COMPILER_VERSION } from '../../shards/compile.ts'
 import { IR_VERSION } from '../../shards/graph/builder.ts'
 import { FORMAT_VERSION } from '../../certs/schema.ts'
@@ -100,10 +101,10 @@ describe('docs/reference.md: CLI', () => {
 
 describe('docs/reference.md: HTTP', () => {
   it('lists exactly the routes the ingress registers, and the headers a completion carries', async () => {
-    const h = await startHarness({}, {}, { mesh: { snapshot: () => ({ self: {}, peers: [] }) as never }, receipts: { get: async () => undefined } })
+    const h = await startHarness({}, {}, { mesh: { snapshot: () => ({ self: {}, peers: [] }) as never }, receipts: { get: async () => undefined }, dashboard: { state: async () => ({}), verify: async () => undefined } })
     try {
       const routes = [...h.ingress.app.printRoutes({ commonPrefix: false }).matchAll(/── (\S+) \(([^)]+)\)/g)]
-        .flatMap(m => m[2]!.split(', ').filter(method => method !== 'HEAD').map(method => `${method} ${m[1]!}`))
+        .flatMap(m => m[2]!.split(', ').filter(method => method !== 'HEAD').map(method => `${method} ${m[1]!.startsWith('/') ? m[1]! : `/${m[1]!}`}`))
       const table = section('## HTTP API').split('\n').flatMap(l => { const m = /^\| `([A-Z]+)` \| `([^`]+)` \|/.exec(l); return m === null ? [] : [`${m[1]} ${m[2]}`] })
       expect(table.sort()).toEqual(routes.sort())
 
@@ -120,7 +121,7 @@ describe('docs/reference.md: HTTP', () => {
     const headers = firstCells(section('## HTTP API'), /^[a-z]+(-[a-z]+)+$/)
     const set = new Set(SOURCES.filter(s => s.path.startsWith('daemon/ingress/')).flatMap(s => [
       ...[...s.text.matchAll(/header\('([a-z-]+)'/g)].map(m => m[1]!),
-      ...[...s.text.matchAll(/'(x-[a-z-]+)':/g)].map(m => m[1]!),
+      ...[...s.text.matchAll(/'((?:x|content-security)-[a-z-]+)':/g)].map(m => m[1]!),
     ]))
     set.delete('connection') // `connection: close` while stopping: HTTP's own
     for (const name of set) expect(headers, name).toContain(name)
@@ -158,6 +159,7 @@ describe('docs/reference.md: formats and protocols', () => {
       ['mesh frames', WIRE_VERSION],
       ['infer frames', INFER_WIRE_VERSION],
       ['stage frames', STAGE_WIRE_VERSION],
+      ['dashboard state', DASHBOARD_FORMAT],
     ]
     const rows = section('## Versions').split('\n').filter(l => l.startsWith('| ') && !l.startsWith('| what') && !l.startsWith('|---'))
     expect(rows).toHaveLength(versions.length)
@@ -171,7 +173,7 @@ describe('docs/reference.md: formats and protocols', () => {
 
   it('knows every exported version or format constant (documented above, or internal on purpose)', () => {
     const documented = ['MANIFEST_FORMAT', 'COMPILER_VERSION', 'FORMAT_VERSION', 'RECEIPT_FORMAT', 'RECEIPT_PART_FORMAT', 'STORE_FORMAT',
-      'CAPABILITY_RECORD_VERSION', 'WIRE_VERSION', 'INFER_WIRE_VERSION', 'STAGE_WIRE_VERSION', 'IR_VERSION']
+      'CAPABILITY_RECORD_VERSION', 'WIRE_VERSION', 'INFER_WIRE_VERSION', 'STAGE_WIRE_VERSION', 'IR_VERSION', 'DASHBOARD_FORMAT']
     // The worker_threads message protocol is inside one process: both ends always ship together.
     const internal = ['ENGINE_PROTOCOL_VERSION']
     const exported = SOURCES.flatMap(s => [...s.text.matchAll(/^export const ([A-Z_]*(?:VERSION|FORMAT)) = /gm)].map(m => `${m[1]!} (${relative(REPO, join(REPO, s.path))})`))
