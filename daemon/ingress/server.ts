@@ -4,7 +4,7 @@
  */
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
@@ -56,7 +56,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     genReqId: () => randomUUID(),
     requestIdHeader: false,
     // fastify's two info lines per request drown the daemon's own; one debug line instead (onRequest).
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
