@@ -18,7 +18,12 @@ export class ModelNotFoundError extends ShoalError {
 
 export class OverloadedError extends ShoalError {
   override name = 'OverloadedError'
-  constructor (message: string) { super('SHOAL_ERR_OVERLOADED', message) }
+  /** When known, how long until a retry is likely to be admitted (becomes Retry-After). */
+  readonly retryAfterMs: number | undefined
+  constructor (message: string, retryAfterMs?: number) {
+    super('SHOAL_ERR_OVERLOADED', message)
+    this.retryAfterMs = retryAfterMs
+  }
 }
 
 export class DeadlineError extends ShoalError {

@@ -165,13 +165,41 @@ describe('local service on a tiny generated model', () => {
     expect(await svc.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
   })
 
-  it('bounds concurrent sequences with SHOAL_ERR_OVERLOADED', async () => {
-    const one = await service({ maxSequences: 1 })
+  it('bounds concurrent sequences: past the wait budget, SHOAL_ERR_OVERLOADED with a retry estimate', async () => {
+    const one = await service({ maxSequences: 1, budgetMs: 0 })
     const it = one.generate(request(model), new AbortController().signal)[Symbol.asyncIterator]()
     expect((await it.next()).value).toMatchObject({ type: 'start' })
-    await expect(collect(one, request(model))).rejects.toMatchObject({ code: 'SHOAL_ERR_OVERLOADED' })
+    // A batched step ran, so the step time is measured and the wait (64 tokens) exceeds 0 ms.
+    const err = await collect(one, request(model)).then(() => undefined, (e: unknown) => e)
+    expect(err).toMatchObject({ code: 'SHOAL_ERR_OVERLOADED' })
+    expect((err as { retryAfterMs: number }).retryAfterMs).toBeGreaterThanOrEqual(1)
     await it.return?.(undefined)
     expect((await collect(one, request(model))).end?.finishReason).toBeDefined()
+  })
+
+  it('a burst beyond the free sequences waits for a slot within the budget instead of 429 (issue 13 #1)', async () => {
+    const two = await service({ maxSequences: 2 })
+    const runs = await Promise.all(Array.from({ length: 6 }, async () => await collect(two, request(model, { maxTokens: 16 }))))
+    for (const r of runs) expect(r.tokens).toHaveLength(16)
+    // Every request got the same greedy tokens, whether it ran at once or waited.
+    for (const r of runs) expect(r.tokens).toEqual(runs[0]!.tokens)
+    expect(await two.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
+  })
+
+  it('a request waiting for a slot leaves the queue on abort, and the slot still passes on', async () => {
+    const one = await service({ maxSequences: 1, budgetMs: 60_000 })
+    const it = one.generate(request(model), new AbortController().signal)[Symbol.asyncIterator]()
+    expect((await it.next()).value).toMatchObject({ type: 'start' })
+    const ctl = new AbortController()
+    const waiting = collect(one, request(model), ctl.signal)
+    const after = collect(one, request(model, { maxTokens: 4 }))
+    await new Promise(resolve => setTimeout(resolve, 20))
+    expect(one.load()).toMatchObject({ activeSequences: 1, queueDepth: 2 })
+    ctl.abort()
+    await expect(waiting).rejects.toMatchObject({ code: 'SHOAL_ERR_ABORTED' })
+    await it.return?.(undefined)
+    expect((await after).tokens).toHaveLength(4)
+    expect(await one.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
   })
 
   it('the same seed gives the same sampled tokens', async () => {
