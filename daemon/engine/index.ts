@@ -32,7 +32,7 @@ export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './ba
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
 export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
-  OverloadedError, ShuttingDownError,
+  OverloadedError, RequestTooLongError, ShuttingDownError,
 } from './errors.ts'
-export { admitPrompt, requestScope } from './request-scope.ts'
+export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.ts'
 export type { RequestScope } from './request-scope.ts'

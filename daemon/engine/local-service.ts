@@ -189,7 +189,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
     const m = manifest
-    const promptIds = admitPrompt(codec, request, m.shape)
+    const promptIds = await admitPrompt(codec, request, m.shape, signal)
     const scope = requestScope(signal, request.deadline)
     const ticket = { held: false }
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
@@ -283,6 +283,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       batcher = undefined
       await engine?.stop()
       engine = undefined
+      await codec?.close()
     },
     models (): ModelCard[] {
       if (manifest === undefined || modelId === undefined) return []

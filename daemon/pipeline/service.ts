@@ -78,7 +78,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = admitPrompt(codec, request, manifest.shape)
+    const promptIds = await admitPrompt(codec, request, manifest.shape, signal)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -120,7 +120,11 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       codec = await loadTextCodec(init.shardDir, manifest)
       created = Math.floor(Date.now() / 1000)
     },
-    async stop () { codec = undefined },
+    async stop () {
+      const c = codec
+      codec = undefined
+      await c?.close()
+    },
     models (): ModelCard[] {
       if (codec === undefined) return []
       const description = init.description ?? manifest.description
