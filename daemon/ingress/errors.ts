@@ -33,7 +33,8 @@ export function describeError (err: unknown): { status: number, body: OpenAIErro
   const { status, type } = httpStatusOf(err)
   const code = errorCodeOf(err)
   const known = code?.startsWith('SHOAL_ERR_') === true
-  const message = known && err instanceof Error ? err.message : 'Internal server error'
+  // An internal error's message is for the logs, not the client — also when it came from a peer.
+  const message = known && code !== 'SHOAL_ERR_INTERNAL' && err instanceof Error ? err.message : 'Internal server error'
   const param = (err as { param?: unknown } | null)?.param
   return {
     status,
