@@ -99,6 +99,14 @@ export class DeadlineExceededError extends ForwardError {
   }
 }
 
+/** The request cannot travel at all (its frame exceeds the cap): 413, and no other replica would take it either. */
+export class RequestTooLargeError extends ForwardError {
+  override name = 'RequestTooLargeError'
+  constructor (message: string, peerId?: string) {
+    super('SHOAL_ERR_CONTEXT_LENGTH', message, 'before-start', false, peerId)
+  }
+}
+
 /** The caller aborted (client went away). */
 export class ForwardAbortedError extends ForwardError {
   override name = 'ForwardAbortedError'
