@@ -8,7 +8,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequ
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
-import { fromFastifyError, sendError } from './errors.ts'
+import { clientErrorResponse, fromFastifyError, sendError } from './errors.ts'
 import type { GenerationContext } from './generation.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
@@ -57,6 +57,14 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    // Errors the router finds before any route or hook (a bad percent-encoding, a path segment
+    // past maxParamLength) and those the HTTP parser finds: OpenAI's shape too.
+    frameworkErrors: (err, _request, reply) => { void sendError(reply, fromFastifyError(err)) },
+    clientErrorHandler: (err, socket) => {
+      if ((err as { code?: unknown }).code === 'ECONNRESET' || socket.destroyed) return
+      if (socket.writable) socket.write(clientErrorResponse(err as { code?: unknown }))
+      socket.destroy(err)
+    },
   })
 
   let stopping = false
