@@ -1,6 +1,7 @@
 /**
  * Builds the fastify app: routes, the error reply, admission (concurrency bound, 503 while
- * stopping), request metrics, and the start/stop lifecycle with a bounded drain.
+ * stopping), request metrics, large JSON bodies parsed off the event loop, and the start/stop
+ * lifecycle with a bounded drain.
  */
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
@@ -10,6 +11,7 @@ import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
 import { clientErrorResponse, fromFastifyError, sendError } from './errors.ts'
 import type { GenerationContext } from './generation.ts'
+import { registerJsonParser } from './json-body.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
@@ -106,6 +108,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   app.setNotFoundHandler((request, reply) => sendError(reply,
     new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
 
+  const jsonParser = registerJsonParser(app)
   registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
   registerChatRoute(app, ctx)
   registerCompletionsRoute(app, ctx)
@@ -139,6 +142,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
         const closing = app.close()
         app.server.closeAllConnections()
         await closing
+        await jsonParser.close()
       })()
       await stopped
     },

@@ -7,7 +7,7 @@
 import { connect } from 'node:net'
 import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createIngress, type Ingress } from '../../daemon/ingress/index.ts'
+import { createIngress, OFFLOAD_JSON_ABOVE_BYTES, type Ingress } from '../../daemon/ingress/index.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 import { expectOpenAIError } from './harness.ts'
 
@@ -61,6 +61,35 @@ describe('errors outside the routes', () => {
     expect(expectOpenAIError(garbage.body)).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST' })
     // Still serving.
     expect((await fetch(`${url}/healthz`)).status).toBe(200)
+  })
+})
+
+describe('large bodies, parsed off the event loop (issue 13 #2)', () => {
+  let ingress: Ingress
+  beforeAll(async () => {
+    ingress = createIngress({ logger: false }, { service: createSimulatedService({ models: [{ id: 'sim' }] }) })
+    await ingress.app.ready()
+  })
+  afterAll(async () => { await ingress.stop() })
+  const post = async (payload: string) => await ingress.app.inject({ method: 'POST', url: '/v1/completions', payload, headers: { 'content-type': 'application/json; charset=utf-8' } })
+  const pad = 'x'.repeat(OFFLOAD_JSON_ABOVE_BYTES)
+
+  it('a body past the inline bound is parsed as the small ones are, refusals included', async () => {
+    const ok = await post(JSON.stringify({ model: 'sim', prompt: 'hi', user: pad, max_tokens: 3 }))
+    expect(ok.statusCode).toBe(200)
+    expect(ok.json().choices[0].text).toHaveLength(3)
+    const broken = await post(JSON.stringify({ model: 'sim', prompt: pad }).slice(0, -2))
+    expect(broken.statusCode).toBe(400)
+    expect(expectOpenAIError(broken.json())).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', message: 'Request body is not valid JSON' })
+    for (const poison of ['{"__proto__":{"x":1}', '{"constructor":{"prototype":{"x":1}}']) {
+      const res = await post(`{"model":"sim","prompt":"${pad}","extra":${poison}}}`)
+      expect(res.statusCode).toBe(400)
+      // Inline, fastify's own parser refuses them the same way.
+      expect((await post(`{"model":"sim","prompt":"hi","extra":${poison}}}`)).statusCode).toBe(400)
+    }
+    const lone = await post(`{"model":"sim","prompt":"${pad}\\ud800"}`)
+    expect(lone.statusCode).toBe(400)
+    expect(expectOpenAIError(lone.json())).toMatchObject({ param: 'prompt' })
   })
 })
 
