@@ -58,6 +58,9 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
   // problem, and would be on every replica — a 413, never a retryable "peer unavailable".
   let requestBytes: Uint8Array
   try {
+    // Each UTF-16 unit is at least one byte: a prompt this long cannot fit, and is not encoded to find out.
+    const chars = promptLength(request)
+    if (chars > maxFrameBytes) throw new InferWireError('SHOAL_ERR_INFER_TOO_LARGE', `a prompt of ${chars} characters exceeds the ${maxFrameBytes}-byte frame cap`)
     requestBytes = encodeFrame({ kind: 'request', requestId: request.requestId, request }, maxFrameBytes)
   } catch (err) {
     if ((err as { code?: unknown }).code !== 'SHOAL_ERR_INFER_TOO_LARGE') throw err
@@ -163,6 +166,16 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
     if (stream !== undefined) release(stream, settled ? undefined : request.requestId, maxFrameBytes)
     ctl.abort({ why: 'caller', reason: 'done' } satisfies Stop)
   }
+}
+
+/** UTF-16 units of the request's text (a lower bound on its encoded bytes). */
+function promptLength (request: GenerateRequest): number {
+  const p = request.prompt
+  if (p.kind === 'text') return p.text.length
+  if (p.kind === 'tokens') return p.ids.length
+  let n = 0
+  for (const m of p.messages) n += m.content.length + m.role.length + (m.name?.length ?? 0)
+  return n
 }
 
 /** Closes our side; first tells the peer to stop when it has not finished. Never waits long. */
