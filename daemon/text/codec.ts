@@ -11,7 +11,8 @@
  * loop stays free), and `minPromptTokens` bounds a prompt's length from its characters alone (no
  * token of the vocabulary covers more characters than its longest entry), so a prompt that cannot
  * fit a context is refused before any tokenizing. The bound assumes the normalizer does not delete
- * characters (none of the Llama, Qwen, Phi or GPT-2 families' does).
+ * characters (none of the Llama, Qwen, Phi or GPT-2 families' does) and the chat template renders
+ * every message's content (the ones those families ship do; Llama-2's strips its ends).
  */
 import { readFile } from 'node:fs/promises'
 import { basename, join } from 'node:path'
@@ -75,14 +76,18 @@ export function longestTokenChars (tokenizerJson: object): number {
   return max
 }
 
-/** Characters a prompt brings to the tokenizer (the template only adds to them). */
+/**
+ * Characters a prompt brings to the tokenizer: its text, or its messages' contents (chat
+ * templates render each message's content and add their own markup; roles may be rendered as
+ * other words, so they are not counted).
+ */
 function promptChars (prompt: PromptInput): number {
   switch (prompt.kind) {
     case 'tokens': return 0
     case 'text': return prompt.text.length
     case 'chat': {
       let n = 0
-      for (const m of prompt.messages) n += m.content.length + m.role.length + (m.name?.length ?? 0)
+      for (const m of prompt.messages) n += m.content.length
       return n
     }
   }
