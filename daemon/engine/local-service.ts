@@ -189,14 +189,16 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
     const m = manifest
+    const e = engine
+    const b = batcher
     const promptIds = await admitPrompt(codec, request, m.shape, signal)
+    // Tokenizing may have taken a while (in a worker): the service may be stopping by now.
+    if (stopping) throw new ShuttingDownError('local engine is stopping')
     const scope = requestScope(signal, request.deadline)
     const ticket = { held: false }
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
     const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
     let seqId: string | undefined
-    const e = engine
-    const b = batcher
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released: Promise<void> | undefined

@@ -77,9 +77,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
-    if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
+    const text = codec
+    if (text === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = await admitPrompt(codec, request, manifest.shape, signal)
+    const promptIds = await admitPrompt(text, request, manifest.shape, signal)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -103,7 +104,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         tokens = { prefill: async () => first, decode: async (t, p, s) => await source.decode(t, p, s) }
       }
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      for await (const event of generateSequence({ source: tokens, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
         if (event.type !== 'end') {
           yield event
           continue

@@ -5,7 +5,7 @@
  * (its encode finishes in the worker and is dropped).
  */
 import { Worker } from 'node:worker_threads'
-import { deserializeError } from '../errors.ts'
+import { deserializeError, ShoalError } from '../errors.ts'
 import type { SerializedError } from '../errors.ts'
 import type { PromptInput } from '../service.ts'
 import type { TextCodecInit } from './codec.ts'
@@ -42,7 +42,7 @@ export function createTokenizerThread (init: TextCodecInit): TokenizerThread {
     w.on('error', (err) => { if (worker === w) worker = undefined; failAll(err) })
     w.on('exit', (code) => {
       if (worker === w) worker = undefined
-      failAll(new Error(`the tokenizer worker exited (code ${code})`))
+      failAll(new ShoalError('SHOAL_ERR_INTERNAL', `the tokenizer worker exited (code ${code})`))
     })
     return w
   }
@@ -69,7 +69,7 @@ export function createTokenizerThread (init: TextCodecInit): TokenizerThread {
     async close () {
       const w = worker
       worker = undefined
-      failAll(new Error('the tokenizer is closed'))
+      failAll(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the tokenizer is stopping'))
       if (w !== undefined) await w.terminate()
     },
   }
