@@ -7,7 +7,22 @@
  */
 import type { SignedReceiptPart } from '../ledger/index.ts'
 import { createReceiptPart, publicKeyFromPeerId, requestHash, responseHash, verifyReceiptPart } from '../ledger/index.ts'
+import { ShoalError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+
+/**
+ * The request's receipt hash, taken when the request is accepted rather than after its tokens
+ * were generated: a request with no canonical form (a lone surrogate, which RFC 8785 refuses —
+ * the ingress already answers those with a 400) fails here as a 400 before any work, so no
+ * completion is ever produced that cannot get its receipt.
+ */
+export function acceptedRequestHash (request: GenerateRequest): string {
+  try {
+    return requestHash(request)
+  } catch (err) {
+    throw new ShoalError('SHOAL_ERR_BAD_REQUEST', `the request has no canonical form to hash into its receipt: ${err instanceof Error ? err.message : String(err)}`)
+  }
+}
 
 export interface PartSigner {
   peerId: string
@@ -19,6 +34,7 @@ export function withReceiptPart (service: InferenceService, signer: PartSigner):
     models (): ModelCard[] { return service.models() },
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const startedAt = Date.now()
+      const inputHash = acceptedRequestHash(request)
       let text = ''
       const tokenIds: number[] = []
       for await (const event of service.generate(request, signal)) {
@@ -32,7 +48,7 @@ export function withReceiptPart (service: InferenceService, signer: PartSigner):
             peerId: signer.peerId,
             model: request.model,
             layers: null,
-            inputHash: requestHash(request),
+            inputHash,
             outputHash: responseHash({ text, tokenIds, finishReason: event.finishReason }),
             tokens: { input: event.usage.promptTokens, output: event.usage.completionTokens },
             timing: { startedAt, durationMs: Date.now() - startedAt },

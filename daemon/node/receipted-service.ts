@@ -6,7 +6,7 @@
  */
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
-import { acceptedParts } from './receipt-part.ts'
+import { acceptedParts, acceptedRequestHash } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
 
 export interface ReceiptOptions {
@@ -23,6 +23,8 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
     },
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const startedAt = Date.now()
+      // Hashed as accepted, before any work: a request that cannot be receipted is a 400, never a 500 after generating.
+      const requestHash = acceptedRequestHash(request)
       let firstTokenAt: number | undefined
       let hops: RouteHop[] = []
       let manifestHash: string | undefined
@@ -40,6 +42,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           const parts = acceptedParts(event.receiptParts, request.requestId)
           if (parts.rejected > 0) options.onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
+            requestHash,
             manifestHash: manifestHash ?? null,
             route: hops,
             parts: parts.accepted,
