@@ -133,10 +133,13 @@ export const RETRYABLE_CODES: ReadonlySet<string> = new Set([
 export class RemoteError extends ForwardError {
   /** The peer's own retry estimate when it was overloaded (the ingress's Retry-After). */
   readonly retryAfterMs: number | undefined
-  constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number }, phase: ForwardPhase, peerId?: string) {
+  /** The request field the peer named (OpenAI's `param`), carried to the client unchanged. */
+  readonly param: string | undefined
+  constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number, param?: string }, phase: ForwardPhase, peerId?: string) {
     super(remote.code, remote.message, phase, RETRYABLE_CODES.has(remote.code), peerId)
     this.name = remote.name
     this.retryAfterMs = remote.retryAfterMs
+    this.param = remote.param
   }
 }
 

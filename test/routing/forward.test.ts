@@ -130,6 +130,13 @@ describe('forwarding over libp2p', () => {
     const node2 = await serve(tooLong)
     const ctx = await failure(collect(forwardGenerate(opener(client, node2, INFER_PROTOCOL), request({ model: 'sim-2' }), new AbortController().signal)))
     expect(ctx).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH', phase: 'before-start', retryable: false, message: 'prompt too long' })
+
+    // The field the peer named (OpenAI's `param`) comes back too, so the client sees what the holder said.
+    const tooMany = new SimulatedService({ model: 'sim-3', failBeforeStart: () => Object.assign(new ShoalError('SHOAL_ERR_BAD_REQUEST', 'max_tokens too large'), { param: 'max_tokens' }) })
+    const node3 = await serve(tooMany)
+    const bad = await failure(collect(forwardGenerate(opener(client, node3, INFER_PROTOCOL), request({ model: 'sim-3' }), new AbortController().signal)))
+    expect(bad).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'max_tokens', retryable: false })
+    expect(httpStatusOf(bad).status).toBe(400)
   })
 
   it('fails with SHOAL_ERR_DEADLINE when the deadline passes, and the service is stopped', async () => {
