@@ -87,6 +87,9 @@ describe('large bodies, parsed off the event loop (issue 13 #2)', () => {
       // Inline, fastify's own parser refuses them the same way.
       expect((await post(`{"model":"sim","prompt":"hi","extra":${poison}}}`)).statusCode).toBe(400)
     }
+    const many = await ingress.app.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'sim', messages: Array.from({ length: 2049 }, () => ({ role: 'user', content: 'a' })) } })
+    expect(many.statusCode).toBe(400)
+    expect(expectOpenAIError(many.json())).toMatchObject({ param: 'messages', message: expect.stringMatching(/2048/) })
     const lone = await post(`{"model":"sim","prompt":"${pad}\\ud800"}`)
     expect(lone.statusCode).toBe(400)
     expect(expectOpenAIError(lone.json())).toMatchObject({ param: 'prompt' })
