@@ -348,7 +348,8 @@ describe('shoal serve: the openai client against the real daemon', () => {
     running = false
     await poll
     probe.sort((a, b) => a - b)
-    console.log(`[e2e] /healthz during 8 MB + 1 MB prompts: ${probe.length} probes, p99 ${probe[Math.floor(probe.length * 0.99)]?.toFixed(1)} ms, max ${probe.at(-1)?.toFixed(1)} ms`)
+    // Logged, not asserted; the client shares this process, so its own encoding of 8 MB is in these numbers.
+    console.log(`[e2e] /healthz during 8 MB + 1 MB prompts (client in-process): ${probe.length} probes, p99 ${probe[Math.floor(probe.length * 0.99)]?.toFixed(1)} ms, max ${probe.at(-1)?.toFixed(1)} ms`)
   })
 
   it('max_tokens of 1e9 is a 400 naming the numbers; a lone surrogate is a 400 and leaves no receipt (issue 13 #8, #3)', async () => {
