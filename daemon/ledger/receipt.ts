@@ -126,8 +126,6 @@ export function responseHash (output: CompletionOutput): string {
 }
 
 export interface ReceiptContext {
-  /** requestHash(request), when the caller took it already (at acceptance). */
-  requestHash?: string
   manifestHash?: string | null
   route: RouteHop[]
   parts?: SignedReceiptPart[]
@@ -139,7 +137,7 @@ export interface ReceiptContext {
 export function buildReceiptInput (request: RequestLike & { requestId: string }, output: CompletionOutput, context: ReceiptContext): ReceiptInput {
   return {
     id: request.requestId,
-    requestHash: context.requestHash ?? requestHash(request),
+    requestHash: requestHash(request),
     responseHash: responseHash(output),
     model: { id: request.model, manifestHash: context.manifestHash ?? null },
     route: context.route.map((h) => h.layers === undefined ? { peerId: h.peerId } : { peerId: h.peerId, layers: [h.layers[0], h.layers[1]] }),

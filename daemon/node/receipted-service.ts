@@ -6,7 +6,7 @@
  */
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
-import { acceptedParts, acceptedRequestHash } from './receipt-part.ts'
+import { acceptedParts, checkHashable } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
 
 export interface ReceiptOptions {
@@ -23,8 +23,8 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
     },
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const startedAt = Date.now()
-      // Hashed as accepted, before any work: a request that cannot be receipted is a 400, never a 500 after generating.
-      const requestHash = acceptedRequestHash(request)
+      // Before any work: a request that could not be receipted is a 400, never a 500 after generating.
+      checkHashable(request)
       let firstTokenAt: number | undefined
       let hops: RouteHop[] = []
       let manifestHash: string | undefined
@@ -42,7 +42,6 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           const parts = acceptedParts(event.receiptParts, request.requestId)
           if (parts.rejected > 0) options.onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
-            requestHash,
             manifestHash: manifestHash ?? null,
             route: hops,
             parts: parts.accepted,
