@@ -50,8 +50,9 @@ function createJsonParserThread (): JsonParserThread {
       worker ??= start()
       const w = worker
       const id = nextId++
-      // A copy the worker can own (the request's Buffer may share a pooled ArrayBuffer).
-      const own = new Uint8Array(bytes)
+      // The worker takes the bytes over; a Buffer that shares a pooled ArrayBuffer is copied first.
+      const whole = bytes.byteOffset === 0 && bytes.byteLength === bytes.buffer.byteLength && bytes.buffer instanceof ArrayBuffer
+      const own = whole ? new Uint8Array(bytes.buffer) : new Uint8Array(bytes)
       return await new Promise((resolve, reject) => {
         pending.set(id, { resolve, reject })
         w.postMessage({ id, bytes: own } satisfies JsonRequest, [own.buffer])
