@@ -11,7 +11,7 @@ import type { FastifyInstance } from 'fastify'
 export const OFFLOAD_JSON_ABOVE_BYTES = 256 * 1024
 
 export interface JsonRequest { id: number, bytes: Uint8Array }
-export type JsonReply = { id: number, value: unknown } | { id: number, error: 'invalid' | 'poisoned' }
+export type JsonReply = { id: number, value: unknown } | { id: number, error: 'invalid' | 'poisoned' | 'too-deep' }
 
 /** A framework-coded error, as fastify's parser would give (see fromFastifyError). */
 function codedError (code: string, message: string, statusCode: number): Error {
@@ -39,6 +39,7 @@ function createJsonParserThread (): JsonParserThread {
       if (p === undefined) return
       pending.delete(reply.id)
       if ('value' in reply) p.resolve(reply.value)
+      else if (reply.error === 'too-deep') p.reject(codedError('SHOAL_ERR_BAD_REQUEST', 'Request body is nested too deeply', 400))
       else p.reject(codedError('FST_ERR_CTP_INVALID_JSON_BODY', reply.error === 'poisoned' ? 'Object contains forbidden prototype property' : 'Body is not valid JSON', 400))
     })
     w.on('error', (err) => { if (worker === w) worker = undefined; failAll(err) })

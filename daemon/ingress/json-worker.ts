@@ -34,5 +34,10 @@ port.on('message', (msg: JsonRequest) => {
   } catch {
     reply = { id: msg.id, error: 'invalid' }
   }
-  port.postMessage(reply)
+  try {
+    port.postMessage(reply)
+  } catch {
+    // Structured cloning recurses: a value nested ~a million deep cannot be sent back.
+    port.postMessage({ id: msg.id, error: 'too-deep' } satisfies JsonReply)
+  }
 })

@@ -87,6 +87,14 @@ describe('large bodies, parsed off the event loop (issue 13 #2)', () => {
       // Inline, fastify's own parser refuses them the same way.
       expect((await post(`{"model":"sim","prompt":"hi","extra":${poison}}}`)).statusCode).toBe(400)
     }
+    // Nesting: deep but parseable is fine (unknown fields are not looked into); past what can be
+    // cloned back from the worker, a 400 — never a stack overflow's 500.
+    for (const [depth, status] of [[100_000, 200], [1_000_000, 400]] as const) {
+      const nested = '['.repeat(depth) + ']'.repeat(depth)
+      const res = await post(`{"model":"sim","prompt":"hi","max_tokens":2,"extra":${nested}}`)
+      expect(res.statusCode).toBe(status)
+      if (status === 400) expect(expectOpenAIError(res.json())).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST' })
+    }
     const many = await ingress.app.inject({ method: 'POST', url: '/v1/chat/completions', payload: { model: 'sim', messages: Array.from({ length: 2049 }, () => ({ role: 'user', content: 'a' })) } })
     expect(many.statusCode).toBe(400)
     expect(expectOpenAIError(many.json())).toMatchObject({ param: 'messages', message: expect.stringMatching(/2048/) })
