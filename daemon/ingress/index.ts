@@ -6,3 +6,4 @@
 export { createIngress } from './server.ts'
 export type { DashboardSource, Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
 export { RequestError } from './errors.ts'
+export { OFFLOAD_JSON_ABOVE_BYTES } from './json-body.ts'

@@ -1,6 +1,7 @@
 /**
  * Builds the fastify app: routes, the error reply, admission (concurrency bound, 503 while
- * stopping), request metrics, and the start/stop lifecycle with a bounded drain.
+ * stopping), request metrics, large JSON bodies parsed off the event loop, and the start/stop
+ * lifecycle with a bounded drain.
  */
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
@@ -8,8 +9,9 @@ import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, t
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
-import { fromFastifyError, sendError } from './errors.ts'
+import { clientErrorResponse, fromFastifyError, sendError } from './errors.ts'
 import type { GenerationContext } from './generation.ts'
+import { registerJsonParser } from './json-body.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
@@ -60,6 +62,14 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    // Errors the router finds before any route or hook (a bad percent-encoding, a path segment
+    // past maxParamLength) and those the HTTP parser finds: OpenAI's shape too.
+    frameworkErrors: (err, _request, reply) => { void sendError(reply, fromFastifyError(err)) },
+    clientErrorHandler: (err, socket) => {
+      if ((err as { code?: unknown }).code === 'ECONNRESET' || socket.destroyed) return
+      if (socket.writable) socket.write(clientErrorResponse(err as { code?: unknown }))
+      socket.destroy(err)
+    },
   })
 
   let stopping = false
@@ -102,6 +112,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   app.setNotFoundHandler((request, reply) => sendError(reply,
     new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
 
+  const jsonParser = registerJsonParser(app)
   registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
   registerChatRoute(app, ctx)
   registerCompletionsRoute(app, ctx)
@@ -139,6 +150,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
         const closing = app.close()
         app.server.closeAllConnections()
         await closing
+        await jsonParser.close()
       })()
       await stopped
     },
