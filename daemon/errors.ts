@@ -48,6 +48,7 @@ export function errorCodeOf (err: unknown): string | undefined {
 const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_BAD_REQUEST: [400, 'invalid_request_error'],
   SHOAL_ERR_UNSUPPORTED_PARAMETER: [400, 'invalid_request_error'],
+  SHOAL_ERR_INVALID_API_KEY: [401, 'invalid_request_error'],
   SHOAL_ERR_MODEL_NOT_FOUND: [404, 'invalid_request_error'],
   SHOAL_ERR_CONTEXT_LENGTH: [413, 'invalid_request_error'],
   SHOAL_ERR_BODY_TOO_LARGE: [413, 'invalid_request_error'],

@@ -6,3 +6,5 @@
 export { createIngress } from './server.ts'
 export type { Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
 export { RequestError } from './errors.ts'
+export { bearerToken, clientOf, AuthError } from './auth.ts'
+export type { ClientAuth, ClientCheck } from './auth.ts'

@@ -14,6 +14,7 @@ import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
 import { registerInfoRoutes } from './routes/info.ts'
+import { registerAuth } from './auth.ts'
 import type { Ingress, IngressComponents, IngressInit } from './types.ts'
 
 const DEFAULTS = {
@@ -93,6 +94,8 @@ export function createIngress (init: IngressInit, components: IngressComponents)
       if (active === 0) onIdle?.()
     })
   })
+
+  if (components.auth !== undefined) registerAuth(app, components.auth)
 
   app.setErrorHandler((err, _request, reply) => sendError(reply, fromFastifyError(err)))
   app.setNotFoundHandler((request, reply) => sendError(reply,

@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
 import type { Registry } from 'prom-client'
 import type { InferenceService } from '../service.ts'
+import type { ClientAuth } from './auth.ts'
 
 /** Signed receipts by id, for GET /v1/receipts/{id}. */
 export interface ReceiptLookup {
@@ -38,6 +39,8 @@ export interface IngressComponents {
   mesh?: MeshView
   /** Where the ingress registers its metrics and what /metrics serves. Default: a new Registry. */
   metrics?: Registry
+  /** Client keys: when given, every /v1/* request needs a valid bearer key (else 401). */
+  auth?: ClientAuth
 }
 
 export interface Ingress {

@@ -223,7 +223,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
 
   function bodyOf (input: ReceiptInput, index: number, prevHash: string): ReceiptBody {
     // Explicit field list: unknown input fields are not signed.
-    return {
+    const body: ReceiptBody = {
       format: RECEIPT_FORMAT,
       index,
       id: input.id,
@@ -239,6 +239,8 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       timing: { startedAt: input.timing.startedAt, firstTokenMs: input.timing.firstTokenMs, totalMs: input.timing.totalMs },
       finishReason: input.finishReason,
     }
+    if (input.client !== undefined) body.client = { name: input.client.name, serial: input.client.serial }
+    return body
   }
 
   async function drain (): Promise<void> {

@@ -7,8 +7,8 @@
 import { join } from 'node:path'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
-import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
-import type { NodeIdentity } from '../../certs/index.ts'
+import { loadIdentity, loadOrCreateNodeKey, readCaCertificateFile, readRevocationFile } from '../../certs/index.ts'
+import type { NodeIdentity, RevocationList } from '../../certs/index.ts'
 import { createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
@@ -36,6 +36,8 @@ import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
+import { createClientAuth } from './client-auth.ts'
+import type { ClientAuth } from '../ingress/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -182,6 +184,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           onRejectedParts: (requestId, count) => { logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify') },
           certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
         })
+        const auth = config.requireKeys === true ? await clientAuth() : undefined
         ingress = createIngress(
           { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs },
           {
@@ -196,6 +199,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               },
             },
             ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
+            ...(auth === undefined ? {} : { auth }),
           },
         )
         apiUrl = (await ingress.start()).url
@@ -204,6 +208,20 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       async stop () { await ingress?.stop() },
     },
   ]
+
+  /**
+   * Client-key checks against the identity's CA and the mesh's newest revocation list; without a
+   * mesh (`shoal serve --ca`), against the --ca file and the --revocations file read at start.
+   */
+  async function clientAuth (): Promise<ClientAuth> {
+    if (identity !== undefined) {
+      const caCertificate = identity.caCertificate
+      return createClientAuth({ caCertificate, revocations: () => mesh?.revocationList() })
+    }
+    const caCertificate = await readCaCertificateFile(config.caFile!)
+    const list: RevocationList | undefined = config.revocationsFile === undefined ? undefined : await readRevocationFile(config.revocationsFile, caCertificate)
+    return createClientAuth({ caCertificate, revocations: () => list })
+  }
 
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
   async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {

@@ -5,7 +5,7 @@ import { ExitError } from '../exit-error.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function serve (opts: { model: string, api: string, device: string }): Promise<void> {
+export async function serve (opts: { model: string, api: string, device: string, requireKeys?: boolean, ca?: string, revocations?: string }): Promise<void> {
   const { createDaemon, parseApiAddress } = await import('../../daemon/node/index.ts')
   let api
   try {
@@ -22,6 +22,9 @@ export async function serve (opts: { model: string, api: string, device: string 
     listen: [],
     bootstrap: [],
     mdns: false,
+    ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
+    ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
   })
   const daemon = createDaemon(config, { logger: cliLogger() })
   const started = await daemon.start().catch(startFailure)
