@@ -37,6 +37,7 @@ import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
 import { createClientAuth } from './client-auth.ts'
+import { ingressRefusal, roleRefusal } from './roles.ts'
 import type { ClientAuth } from '../ingress/index.ts'
 
 export interface DaemonComponents {
@@ -171,7 +172,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const m = mesh
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
         const executor = withReceiptPart(local, signer!)
-        await serveForwarded(m, executor, load)
+        const roles = identity!.certificate.body.roles
+        await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
@@ -180,6 +182,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       name: 'ingress',
       async start () {
         if (config.api === undefined) return
+        if (identity !== undefined) {
+          const refused = ingressRefusal(identity.certificate.body.roles, identity.name)
+          if (refused !== undefined) throw refused
+        }
         const service = withReceipts(frontService(), ledger!, {
           onRejectedParts: (requestId, count) => { logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify') },
           certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
@@ -227,6 +233,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
     const m = mesh
     if (m === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+    // Every stage of a chain executes work for others: only a worker certificate may hold one.
+    if (!identity!.certificate.body.roles.includes('worker')) throw new ConfigError('--model', `${model.shardDir}@${model.manifest.stages[model.stageIndex]!.layers.join('-')}: serving a pipeline stage needs a worker certificate (this node's roles: ${identity!.certificate.body.roles.join(',')})`)
     const st = model.manifest.stages[model.stageIndex]!
     const stage = await createPipelineStage(
       {
@@ -239,6 +247,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         // (no wait budget: a stage queues; the coordinator admits).
         metrics,
         batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+        authorize: from => roleRefusal('stage', identity!.certificate.body.roles, from, m.certificateOf(from)?.body.roles),
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
