@@ -31,6 +31,8 @@ function buildProgram (): Command {
     .option('--require-keys', 'accept only client keys issued by the CA given with --ca (`shoal ca key`)')
     .option('--ca <file>', 'CA certificate (ca.cert.json) that client keys must chain to')
     .option('--revocations <file>', 'CA revocation list withdrawing client keys (read at start)')
+    .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
+    .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
@@ -44,6 +46,8 @@ function buildProgram (): Command {
     .option('--data <dir>', 'receipt log and caches')
     .option('--revocations <file>', 'CA revocation list')
     .option('--require-keys', 'the ingress accepts only client keys issued by the CA (`shoal ca key`)')
+    .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
+    .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
     .option('--no-mdns', 'disable LAN discovery')
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 

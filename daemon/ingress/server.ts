@@ -47,8 +47,10 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   const registry = components.metrics ?? new Registry()
   const metrics = createIngressMetrics(registry)
 
-  const app: FastifyInstance = Fastify({
+  const app = Fastify({
     ...loggerOptions(init.logger),
+    // HTTPS with the operator's certificate: same routes, same app; only the server differs.
+    ...(init.tls === undefined ? {} : { https: { cert: init.tls.cert, key: init.tls.key } }),
     bodyLimit: cfg.bodyLimitBytes,
     // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
     // senders hold sockets forever.
@@ -58,7 +60,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
-  })
+  }) as unknown as FastifyInstance
 
   let stopping = false
   let active = 0
@@ -120,7 +122,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
       await app.listen({ host: cfg.host, port: cfg.port })
       const { address, port } = app.server.address() as AddressInfo
       const host = address.includes(':') ? `[${address}]` : address
-      return { url: `http://${host}:${port}` }
+      return { url: `${init.tls === undefined ? 'http' : 'https'}://${host}:${port}` }
     },
     async stop () {
       stopped ??= (async () => {

@@ -31,6 +31,8 @@ export interface IngressInit {
   drainTimeoutMs?: number
   /** A pino logger, or false for none. Default: fastify's pino logger at info level. */
   logger?: Logger | false
+  /** HTTPS with the operator's certificate chain and private key (PEM); plain HTTP without it. */
+  tls?: { cert: string | Buffer, key: string | Buffer }
 }
 
 export interface IngressComponents {

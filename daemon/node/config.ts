@@ -49,6 +49,8 @@ export interface DaemonConfig {
   requireKeys?: boolean
   /** The CA certificate (ca.cert.json) for a node without an identity (`shoal serve --ca`). */
   caFile?: string
+  /** HTTPS for the ingress: PEM certificate (chain) and private key files the operator provides. */
+  tls?: { certFile: string, keyFile: string }
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
   budgets?: Partial<Budgets>
 }
@@ -93,6 +95,11 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     throw new ConfigError('--require-keys', 'needs a CA to check keys against: --ca FILE (ca.cert.json), or run `shoal node --identity DIR`')
   }
   if (input.requireKeys === true && input.api === undefined) throw new ConfigError('--require-keys', 'needs an HTTP ingress (--api HOST:PORT)')
+  if (input.tls !== undefined) {
+    if (input.tls.certFile === '' || input.tls.certFile === undefined) throw new ConfigError('--tls-cert', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.tls.keyFile === '' || input.tls.keyFile === undefined) throw new ConfigError('--tls-key', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.api === undefined) throw new ConfigError('--tls-cert', 'HTTPS is for the HTTP ingress: give --api HOST:PORT too')
+  }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {
     if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
@@ -109,6 +116,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
     ...(input.caFile === undefined ? {} : { caFile: abs(input.caFile) }),
+    ...(input.tls === undefined ? {} : { tls: Object.freeze({ certFile: abs(input.tls.certFile), keyFile: abs(input.tls.keyFile) }) }),
     budgets: Object.freeze(budgets),
   })
 }

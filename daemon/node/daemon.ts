@@ -4,7 +4,9 @@
  * stop:  ingress (503 while closing) → routing → engines → mesh → ledger flush.
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
+import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
+import { createSecureContext } from 'node:tls'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
 import { loadIdentity, loadOrCreateNodeKey, readCaCertificateFile, readRevocationFile } from '../../certs/index.ts'
@@ -60,6 +62,25 @@ async function openvinoLoads (): Promise<boolean> {
   } catch {
     return false
   }
+}
+
+/** The operator's PEM certificate and key, read and checked as a pair before the server is made. */
+async function readTls (files: { certFile: string, keyFile: string }): Promise<{ cert: Buffer, key: Buffer }> {
+  const read = async (file: string, flag: string): Promise<Buffer> => {
+    try {
+      return await readFile(file)
+    } catch (err) {
+      throw new ConfigError(flag, `${file} cannot be read (${(err as { code?: string }).code ?? 'error'})`)
+    }
+  }
+  const cert = await read(files.certFile, '--tls-cert')
+  const key = await read(files.keyFile, '--tls-key')
+  try {
+    createSecureContext({ cert, key })
+  } catch (err) {
+    throw new ConfigError('--tls-key', `${files.keyFile} and ${files.certFile} are not a PEM private key and its certificate: ${(err as Error).message}`)
+  }
+  return { cert, key }
 }
 
 export function createDaemon (config: Readonly<DaemonConfig>, components: DaemonComponents): Daemon {
@@ -191,8 +212,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
         })
         const auth = config.requireKeys === true ? await clientAuth() : undefined
+        const tls = config.tls === undefined ? undefined : await readTls(config.tls)
         ingress = createIngress(
-          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs },
+          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
           {
             service,
             metrics,

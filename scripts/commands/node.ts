@@ -1,6 +1,6 @@
 /** `shoal node`: the mesh daemon. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
@@ -16,6 +16,8 @@ export interface NodeOptions {
   revocations?: string
   mdns: boolean
   requireKeys?: boolean
+  tlsCert?: string
+  tlsKey?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -39,6 +41,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...tlsOf(opts),
   })
   const daemon = createDaemon(config, { logger: cliLogger() })
   const started = await daemon.start().catch(startFailure)

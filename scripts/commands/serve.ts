@@ -1,11 +1,11 @@
 /** `shoal serve`: one machine, no mesh — a model directory behind the OpenAI API. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function serve (opts: { model: string, api: string, device: string, requireKeys?: boolean, ca?: string, revocations?: string }): Promise<void> {
+export async function serve (opts: { model: string, api: string, device: string, requireKeys?: boolean, ca?: string, revocations?: string, tlsCert?: string, tlsKey?: string }): Promise<void> {
   const { createDaemon, parseApiAddress } = await import('../../daemon/node/index.ts')
   let api
   try {
@@ -25,6 +25,7 @@ export async function serve (opts: { model: string, api: string, device: string,
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...tlsOf(opts),
   })
   const daemon = createDaemon(config, { logger: cliLogger() })
   const started = await daemon.start().catch(startFailure)
