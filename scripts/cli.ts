@@ -92,9 +92,10 @@ function buildProgram (): Command {
 
   const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')
   receipts.command('verify')
-    .description('Check every signature and the whole hash chain')
+    .description('Check every signature and the whole hash chain (a running node\'s log: a copy taken now)')
     .requiredOption('--data <dir>', 'data directory')
     .option('--ca <file>', "also require every signer to hold a certificate from this CA (ca.cert.json) valid at each receipt's time; revocation is not checked")
+    .option('--heads <file>', "also check the log against the heads its signer handed to peers (a peer's DATA/witnessed-heads.json); repeatable", collect, [])
     .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsVerify(opts) })
   receipts.command('show')
     .description('Print receipts')

@@ -55,6 +55,8 @@ export interface Ledger {
   tail: (n: number) => Promise<SignedReceipt[]>
   /** Entries in the log (index of the next append). */
   readonly size: number
+  /** What a signed log head states: entries in the log and the hash of the last (GENESIS_HASH when empty). */
+  readonly head: { count: number, hash: string }
   readonly location: string
 }
 
@@ -312,6 +314,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       })
     },
     get size () { return head === undefined ? 0 : head.index + 1 },
+    get head () { return head === undefined ? { count: 0, hash: GENESIS_HASH } : { count: head.index + 1, hash: head.hash } },
     location: receiptsLocation(init.dataDir),
   }
 }

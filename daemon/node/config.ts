@@ -49,6 +49,8 @@ export interface DaemonConfig {
   requireKeys?: boolean
   /** The CA certificate (ca.cert.json) for a node without an identity (`shoal serve --ca`). */
   caFile?: string
+  /** How often the receipt-log head is signed for peers when it changed (default 10 s). */
+  witnessIntervalMs?: number
   /** HTTPS for the ingress: PEM certificate (chain) and private key files the operator provides. */
   tls?: { certFile: string, keyFile: string }
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
@@ -99,6 +101,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     if (input.tls.certFile === '' || input.tls.certFile === undefined) throw new ConfigError('--tls-cert', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
     if (input.tls.keyFile === '' || input.tls.keyFile === undefined) throw new ConfigError('--tls-key', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
     if (input.api === undefined) throw new ConfigError('--tls-cert', 'HTTPS is for the HTTP ingress: give --api HOST:PORT too')
+  }
+  if (input.witnessIntervalMs !== undefined && !(Number.isFinite(input.witnessIntervalMs) && input.witnessIntervalMs > 0)) {
+    throw new ConfigError('witnessIntervalMs', `expected a positive number of milliseconds, got ${String(input.witnessIntervalMs)}`)
   }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {

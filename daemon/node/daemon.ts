@@ -39,6 +39,8 @@ import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
 import { createClientAuth } from './client-auth.ts'
+import { createWitness } from '../witness/index.ts'
+import type { Witness } from '../witness/index.ts'
 import { ingressRefusal, roleRefusal } from './roles.ts'
 import type { ClientAuth } from '../ingress/index.ts'
 
@@ -51,6 +53,8 @@ export interface Daemon {
   stop: () => Promise<void>
   /** The mesh, when this daemon runs one (tests and `shoal demo` read it). */
   readonly mesh: Mesh | undefined
+  /** Witnessed log heads, when this daemon runs a mesh. */
+  readonly witness: Witness | undefined
 }
 
 const SOFTWARE = 'shoal/0.1.0'
@@ -95,6 +99,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let ledger: Ledger | undefined
   let mesh: Mesh | undefined
   let ingress: Ingress | undefined
+  let witness: Witness | undefined
   let apiUrl: string | undefined
   let engine: EngineChoice | undefined
   const models: ResolvedModel[] = []
@@ -198,6 +203,20 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
+    },
+    {
+      // Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads).
+      name: 'witness',
+      async start () {
+        if (mesh === undefined) return
+        const l = ledger!
+        witness = createWitness(
+          { signer: signer!, head: () => l.head, dataDir: config.dataDir, ...(config.witnessIntervalMs === undefined ? {} : { intervalMs: config.witnessIntervalMs }) },
+          { mesh, logger },
+        )
+        await witness.start()
+      },
+      async stop () { await witness?.stop() },
     },
     {
       name: 'ingress',
@@ -307,6 +326,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const lifecycle = createLifecycle(parts, (name, err) => { logger.error({ err, part: name }, 'stop failed') })
   return {
     get mesh () { return mesh },
+    get witness () { return witness },
     async start () {
       await lifecycle.start()
       return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }
