@@ -6,7 +6,8 @@
  */
 import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest'
+import { status } from '../../scripts/commands/status.ts'
 import OpenAI, { AuthenticationError } from 'openai'
 import { pino } from 'pino'
 import { createThrowawayCa, issueKey, revokeNode } from '../../certs/index.ts'
@@ -66,6 +67,18 @@ describe('shoal node', () => {
     const client = (apiKey: string) => new OpenAI({ baseURL: `${url}/v1`, apiKey, maxRetries: 0 })
     expect((await client(alice).models.list()).data).toBeInstanceOf(Array)
     expect(await client('nope').models.list().catch((e: unknown) => e)).toBeInstanceOf(AuthenticationError)
+    // `shoal status` sends SHOAL_API_KEY, and says what is missing without it.
+    await expect(status({ api: url })).rejects.toMatchObject({ exitCode: 1, message: /requires a client key: set SHOAL_API_KEY/ })
+    let out = ''
+    const spy = vi.spyOn(process.stdout, 'write').mockImplementation((chunk: string | Uint8Array) => { out += String(chunk); return true })
+    process.env.SHOAL_API_KEY = alice
+    try {
+      await status({ api: url })
+    } finally {
+      delete process.env.SHOAL_API_KEY
+      spy.mockRestore()
+    }
+    expect(out).toContain('front')
     const list = await revokeNode(caDir, 'alice')
     expect(await daemons[0]!.mesh!.addRevocationList(list)).toBe(true)
     const err = await client(alice).models.list().catch((e: unknown) => e)
