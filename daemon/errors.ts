@@ -53,6 +53,7 @@ export function errorCodeOf (err: unknown): string | undefined {
 const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_BAD_REQUEST: [400, 'invalid_request_error'],
   SHOAL_ERR_UNSUPPORTED_PARAMETER: [400, 'invalid_request_error'],
+  SHOAL_ERR_INVALID_API_KEY: [401, 'invalid_request_error'],
   SHOAL_ERR_MODEL_NOT_FOUND: [404, 'invalid_request_error'],
   SHOAL_ERR_CONTEXT_LENGTH: [413, 'invalid_request_error'],
   SHOAL_ERR_BODY_TOO_LARGE: [413, 'invalid_request_error'],
@@ -66,6 +67,7 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_LEDGER_CLOSED: [503, 'server_error'],
   SHOAL_ERR_PEER_UNAVAILABLE: [503, 'server_error'],
   SHOAL_ERR_CHAIN_INCOMPLETE: [503, 'server_error'],
+  SHOAL_ERR_ROLE_REFUSED: [503, 'server_error'],
   SHOAL_ERR_PEER_LOST: [502, 'server_error'],
   SHOAL_ERR_DEADLINE: [504, 'server_error'],
   SHOAL_ERR_ABORTED: [499, 'server_error'],

@@ -17,6 +17,7 @@ import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
 import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
+import { registerAuth } from './auth.ts'
 import type { Ingress, IngressComponents, IngressInit } from './types.ts'
 
 const DEFAULTS = {
@@ -49,8 +50,10 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   const registry = components.metrics ?? new Registry()
   const metrics = createIngressMetrics(registry)
 
-  const app: FastifyInstance = Fastify({
+  const app = Fastify({
     ...loggerOptions(init.logger),
+    // HTTPS with the operator's certificate: same routes, same app; only the server differs.
+    ...(init.tls === undefined ? {} : { https: { cert: init.tls.cert, key: init.tls.key } }),
     bodyLimit: cfg.bodyLimitBytes,
     // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
     // senders hold sockets forever.
@@ -70,7 +73,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
       if (socket.writable) socket.write(clientErrorResponse(err as { code?: unknown }))
       socket.destroy(err)
     },
-  })
+  }) as unknown as FastifyInstance
 
   let stopping = false
   let active = 0
@@ -108,6 +111,8 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     })
   })
 
+  if (components.auth !== undefined) registerAuth(app, components.auth)
+
   app.setErrorHandler((err, _request, reply) => sendError(reply, fromFastifyError(err)))
   app.setNotFoundHandler((request, reply) => sendError(reply,
     new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
@@ -134,7 +139,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
       await app.listen({ host: cfg.host, port: cfg.port })
       const { address, port } = app.server.address() as AddressInfo
       const host = address.includes(':') ? `[${address}]` : address
-      return { url: `http://${host}:${port}` }
+      return { url: `${init.tls === undefined ? 'http' : 'https'}://${host}:${port}` }
     },
     async stop () {
       stopped ??= (async () => {
