@@ -1,0 +1,19 @@
+/**
+ * Experts: mixture-of-experts layers whose experts live on other nodes. A stage node runs a MoE
+ * layer's attention and router; expert holders keep the experts resident and answer with weighted
+ * partial sums. Here: the placement decision (which holder keeps which experts, from gossiped
+ * memory and a routing histogram), the per-step dispatch decision (which rows go to which holder,
+ * replicas taking over from excluded holders) and the combine, all pure; the expert size of a
+ * shard; and the /shoal/experts/1.0.0 wire format.
+ */
+export { placeExperts, DEFAULT_HOT_FACTOR, DEFAULT_MAX_REPLICAS } from './placement.ts'
+export type { PlacementInput, PlacementNode, PlacementDecision, ExpertPlan, LayerPlacement, NodePlacement } from './placement.ts'
+export { dispatchRows, combinePartials, expertBytes } from './dispatch.ts'
+export type { RowRoute, HolderWork, DispatchDecision, DispatchOptions } from './dispatch.ts'
+export {
+  EXPERTS_PROTOCOL, EXPERTS_WIRE_VERSION, MAX_FRAME_BYTES, MAX_MODEL_KEY_BYTES,
+  encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload,
+} from './wire.ts'
+export type { ExpertFrame, ExpertFrameKind, ExpertGroup } from './wire.ts'
+export { ExpertWireError } from './errors.ts'
+export type { ExpertWireErrorCode } from './errors.ts'
