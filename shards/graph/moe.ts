@@ -46,6 +46,32 @@ export const groupedExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, 
   return acc
 }
 
+/**
+ * The ungrouped baseline, for measurement only (reproduction/bench-moe.ts; no op table uses it):
+ * every expert runs over every row and the dense [N, E] weights (zero where not chosen) mask the
+ * sum. Same result as grouped up to float rounding; cost E / k times the routed work.
+ */
+export const allRowsExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, w) => {
+  const { g } = ctx
+  const moe = ctx.spec.shape.moe!
+  const probs = g.op('Softmax', `${n}/router/Softmax`, [routerLogits], { axis: -1 })
+  const [topP, topI] = g.node('TopK', `${n}/router/TopK`, [probs, g.i64([moe.topK])], { axis: -1, largest: 1, sorted: 1 }, 2) as [string, string]
+  const weights = moe.normTopK
+    ? g.op('Div', `${n}/router/norm/Div`, [topP, g.op('ReduceSum', `${n}/router/norm/ReduceSum`, [topP, g.i64([-1])], { keepdims: 1 })])
+    : topP
+  const zeros = g.op('ConstantOfShape', `${n}/router/zeros/ConstantOfShape`, [g.op('Shape', `${n}/router/zeros/Shape`, [probs])])
+  const dense = g.op('ScatterElements', `${n}/router/ScatterElements`, [zeros, topI, weights], { axis: 1 })
+  let acc: string | undefined
+  for (const [e, ew] of w.experts.entries()) {
+    const en = `${n}/experts.${e}`
+    const y = makeSwiGlu(ctx, en, `${wn}.experts.${e}`, x, ew, moe.expertIntermediateSize)
+    const col = g.op('Slice', `${en}/weight/Slice`, [dense, g.i64([e]), g.i64([e + 1]), g.i64([1])])
+    const weighted = g.op('Mul', `${en}/weighted/Mul`, [y, col])
+    acc = acc === undefined ? weighted : g.op('Add', `${en}/Add`, [acc, weighted])
+  }
+  return acc!
+}
+
 export const contribExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, w) => {
   if (ctx.quant.kind !== 'none') return groupedExperts(ctx, n, wn, x, routerLogits, w)
   const { g } = ctx
