@@ -4,7 +4,9 @@
  * partial sums. Here: the placement decision (which holder keeps which experts, from gossiped
  * memory and a routing histogram), the per-step dispatch decision (which rows go to which holder,
  * replicas taking over from excluded holders) and the combine, all pure; the expert size of a
- * shard; and the /shoal/experts/1.0.0 wire format.
+ * shard; the /shoal/experts/1.0.0 wire format; a holder answering compute frames from
+ * expert-parallel shards (shards/expert-shards.ts); and the stage side of one layer step
+ * (runExpertStep: dispatch, send, combine, fail over to replicas).
  */
 export { placeExperts, DEFAULT_HOT_FACTOR, DEFAULT_MAX_REPLICAS } from './placement.ts'
 export type { PlacementInput, PlacementNode, PlacementDecision, ExpertPlan, LayerPlacement, NodePlacement } from './placement.ts'
@@ -15,5 +17,9 @@ export {
   encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload,
 } from './wire.ts'
 export type { ExpertFrame, ExpertFrameKind, ExpertGroup } from './wire.ts'
-export { ExpertWireError } from './errors.ts'
+export { createExpertHolder } from './holder.ts'
+export type { ExpertHolder, ExpertHolderInit } from './holder.ts'
+export { runExpertStep } from './step.ts'
+export type { ExpertLink, ExpertStepInput, ExpertStepResult } from './step.ts'
+export { ExpertWireError, ExpertsLostError } from './errors.ts'
 export type { ExpertWireErrorCode } from './errors.ts'
