@@ -1,11 +1,13 @@
 /**
  * The stage side of one MoE layer step with remote experts: dispatch the routed rows to their
  * holders (dispatch.ts), one compute frame per holder, all in flight at once; combine the partial
- * sums; add the layer's base (attention residual, shared expert). A holder that fails mid-step is
- * excluded and the step is dispatched again, so its replicas take over; when an expert has no
- * live copy left the step throws ExpertsLostError and the request replays.
+ * sums; add the layer's base (attention residual, shared expert). A holder that fails mid-step
+ * (its link is lost, it does not hold what the plan says, it fails inside) is excluded and the
+ * step is dispatched again, so its replicas take over; when an expert has no live copy left the
+ * step throws ExpertsLostError and the request replays. A wire-format refusal is not a lost
+ * holder (every copy would refuse alike) and fails the step at once.
  */
-import { deserializeError } from '../errors.ts'
+import { deserializeError, errorCodeOf } from '../errors.ts'
 import { combinePartials, dispatchRows, type RowRoute } from './dispatch.ts'
 import { ExpertsLostError } from './errors.ts'
 import type { LayerPlacement } from './placement.ts'
@@ -40,6 +42,11 @@ export interface ExpertStepResult {
   bytesIn: number
 }
 
+const failsOver = (err: unknown): boolean => {
+  const code = errorCodeOf(err)
+  return code === undefined || !code.startsWith('SHOAL_ERR_EXPERTS_') || code === 'SHOAL_ERR_EXPERTS_NOT_HELD'
+}
+
 export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Promise<ExpertStepResult> {
   const routes: RowRoute[] = Array.from({ length: s.rows }, (_, r) => ({
     experts: Array.from({ length: s.topK }, (_, j) => Number(s.experts[r * s.topK + j]!)),
@@ -68,6 +75,9 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
       if (f.kind !== 'partial' || f.step !== s.step || f.rows !== w.rows.length || f.width !== s.width) throw new Error(`holder ${w.peerId}: unexpected answer`)
       return f.data
     }))
+    // A frame the codec refuses would be refused by every replica alike: that is a bug, not a
+    // lost holder, and fails the step as it is.
+    for (const a of answers) if (a.status === 'rejected' && !failsOver(a.reason)) throw a.reason
     const failed = d.work.filter((_, i) => answers[i]!.status === 'rejected')
     if (failed.length > 0) {
       s.signal.throwIfAborted()

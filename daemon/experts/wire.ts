@@ -155,11 +155,23 @@ export function encodeFrame (f: ExpertFrame, maxFrameBytes: number = MAX_FRAME_B
   return out
 }
 
+/** The step id of a payload whose body may not decode (so an answer can be matched or refused). */
+export function peekStep (buf: Uint8Array): number | undefined {
+  const n = buf[2]
+  if (n === undefined) return undefined
+  const at = align4(3 + n)
+  if (buf.length < at + 4) return undefined
+  return new DataView(buf.buffer, buf.byteOffset, buf.byteLength).getUint32(at, true)
+}
+
 /** f32 values at byte offset `at` of `buf`: a view when aligned, else a copy. */
 function f32At (buf: Uint8Array, at: number, count: number): Float32Array {
   const start = buf.byteOffset + at
   if (start % 4 === 0) return new Float32Array(buf.buffer, start, count)
-  return new Float32Array(buf.slice(at, at + count * 4).buffer)
+  // Copy into a fresh buffer (a Node Buffer's slice() would be a view of its pool).
+  const copy = new Uint8Array(count * 4)
+  copy.set(buf.subarray(at, at + count * 4))
+  return new Float32Array(copy.buffer)
 }
 
 /** Decodes one payload (the bytes inside a length prefix). */

@@ -50,6 +50,12 @@ describe('experts wire round trips', () => {
     if (back.kind !== 'compute') throw new Error('kind')
     expect(back.data.buffer).toBe(p.buffer)
   })
+  it('decodes a frame inside a pooled Node Buffer at an unaligned offset (copies, never the pool)', () => {
+    const p = payloadOf(compute)
+    const pool = Buffer.alloc(p.length + 3)
+    pool.set(p, 1)
+    expect(decodePayload(pool.subarray(1, 1 + p.length))).toEqual(compute)
+  })
   it('any valid compute frame survives a round trip', () => {
     fc.assert(fc.property(
       fc.string({ minLength: 1, maxLength: 70 }), fc.integer({ min: 0, max: 2 ** 32 - 1 }), fc.integer({ min: 1, max: 6 }), fc.integer({ min: 1, max: 5 }), fc.integer({ min: 1, max: 8 }), fc.integer(),
