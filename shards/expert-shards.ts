@@ -20,7 +20,7 @@ import { normalizeConfig, type ModelSpec } from './architectures.ts'
 import { readConfig } from './checkpoint.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName, type ModelShape,
+  pastKeyName, pastValueName, presentKeyName, presentValueName, type ModelShape, type Quantization,
 } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { makeAttention, makeEmbedding, makeLayer, makeLmHead, makeNorm, makeSwiGlu, transpose } from './graph/blocks.ts'
@@ -38,6 +38,7 @@ export const MOE_WEIGHTS = 'moe_weights'
 export interface ExpertShardLayout {
   format: typeof EXPERT_SHARDS_FORMAT
   shape: ModelShape
+  quantization: Quantization
   embed: string
   head: string
   /** Every layer in order; a MoE layer lists its experts' graphs (index = expert id). */
@@ -53,7 +54,17 @@ async function writeGraph (outDir: string, path: string, g: GraphBuilder): Promi
 
 const dataName = (path: string): string => `${path.split('/').pop()!}.data`
 
-export async function compileExpertShards (options: { modelDir: string, outDir: string }): Promise<ExpertShardLayout> {
+export interface ExpertShardOptions {
+  modelDir: string
+  outDir: string
+  /** Every linear but the routers (always f32) and the embedding, as in compileShards. */
+  quant?: 'none' | 'int8' | 'int4'
+  blockSize?: 32 | 128
+  /** MatMulNBits accuracy_level: 0 f32 activations, 4 int8 (default, as compileShards). */
+  accuracyLevel?: 0 | 4
+}
+
+export async function compileExpertShards (options: ExpertShardOptions): Promise<ExpertShardLayout> {
   const modelDir = resolve(options.modelDir)
   const outDir = resolve(options.outDir)
   const spec: ModelSpec = normalizeConfig(await readConfig(modelDir))
@@ -62,7 +73,11 @@ export async function compileExpertShards (options: { modelDir: string, outDir: 
   if (moe === undefined) throw new CheckpointError(`${modelDir}: not a mixture-of-experts model`)
   const w = await openWeights(modelDir)
   const ops = OP_TABLES.standard
-  const context = (g: GraphBuilder): BuildContext => ({ g, spec, ops, quant: { kind: 'none' }, accuracyLevel: 0 })
+  const quantKind = options.quant ?? 'none'
+  const quant: Quantization = quantKind === 'none'
+    ? { kind: 'none' }
+    : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
+  const context = (g: GraphBuilder): BuildContext => ({ g, spec, ops, quant, accuracyLevel: options.accuracyLevel ?? 4 })
   const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = shape
   await mkdir(outDir, { recursive: true })
 
@@ -134,11 +149,12 @@ export async function compileExpertShards (options: { modelDir: string, outDir: 
   g = new GraphBuilder(dataName('head.onnx'))
   const tied = shape.tieWordEmbeddings || !w.has(spec.mapping.lmHeadName)
   const headW = tied ? embedW : await w.get(spec.mapping.lmHeadName)
+  // A tied head is quantized from the embedding, as compileShards does.
   const logits = makeLmHead(context(g), g.input(HIDDEN_IN, DT.FLOAT, ['batch_size', 'sequence_length', D]), g.input(NUM_LOGITS_TO_KEEP, DT.INT64, []), await w.get(spec.mapping.finalNormName), headW, 'lm_head.weight', false)
   g.output(LOGITS, logits, DT.FLOAT, ['batch_size', 'logits_to_keep', shape.vocabSize])
   const head = await writeGraph(outDir, 'head.onnx', g)
 
-  const layout: ExpertShardLayout = { format: EXPERT_SHARDS_FORMAT, shape, embed, head, layers }
+  const layout: ExpertShardLayout = { format: EXPERT_SHARDS_FORMAT, shape, quantization: quant, embed, head, layers }
   await writeFile(join(outDir, 'layout.json'), JSON.stringify(layout, null, 2) + '\n')
   return layout
 }

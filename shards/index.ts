@@ -11,7 +11,7 @@ export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from '
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
 export {
-  compileExpertShards, EXPERT_SHARDS_FORMAT, MOE_BASE, MOE_INPUT, MOE_EXPERTS, MOE_WEIGHTS, type ExpertShardLayout,
+  compileExpertShards, EXPERT_SHARDS_FORMAT, MOE_BASE, MOE_INPUT, MOE_EXPERTS, MOE_WEIGHTS, type ExpertShardLayout, type ExpertShardOptions,
 } from './expert-shards.ts'
 export { generateTestModel, TEST_ARCHITECTURES, MOE_TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type MoeTestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions } from './cache.ts'

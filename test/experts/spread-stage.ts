@@ -64,7 +64,7 @@ export class SpreadStage {
   }
 
   /** Greedy decode of several prompts as one batch (left-padded prefill, then one token per row per step). */
-  async greedy (prompts: number[][], n: number, onToken?: (i: number) => void): Promise<{ tokens: number[][], decodeBytes: number }> {
+  async greedy (prompts: number[][], n: number, onToken?: (i: number) => void): Promise<{ tokens: number[][], decodeBytes: number, logits: Float32Array[] }> {
     const B = prompts.length
     const S = Math.max(...prompts.map(r => r.length))
     const pad = prompts.map(r => S - r.length)
@@ -74,9 +74,11 @@ export class SpreadStage {
     let mask = prompts.flatMap((_, b) => Array.from({ length: S }, (_, j) => (j < pad[b]! ? 0 : 1)))
     let logits = await this.run(prompts.flatMap((r, b) => [...new Array<number>(pad[b]!).fill(0), ...r]), prompts.flatMap((_, b) => Array.from({ length: S }, (_, j) => Math.max(0, j - pad[b]!))), mask, B, S, past)
     const tokens: number[][] = prompts.map(() => [])
+    const first: Float32Array[] = []
     const afterPrefill = this.bytes
     for (let step = 0; step < n; step++) {
       const V = logits.length / B
+      first.push(logits.slice(0, V))
       const next = prompts.map((_, b) => { let best = 0; for (let j = 1; j < V; j++) if (logits[b * V + j]! > logits[b * V + best]!) best = j; return best })
       next.forEach((t, b) => tokens[b]!.push(t))
       onToken?.(step)
@@ -85,7 +87,7 @@ export class SpreadStage {
       mask = prompts.flatMap((_, b) => [...mask.slice(b * cols, (b + 1) * cols), 1])
       logits = await this.run(next, prompts.map(r => r.length + step), mask, B, 1, past)
     }
-    return { tokens, decodeBytes: (this.bytes - afterPrefill) / Math.max(1, n - 1) }
+    return { tokens, decodeBytes: (this.bytes - afterPrefill) / Math.max(1, n - 1), logits: first }
   }
 }
 

@@ -10,8 +10,8 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { compileExpertShards, generateTestModel, type ExpertShardLayout, type MoeTestArchitecture } from '../../shards/index.ts'
-import { encodePrompt } from '../shards/pipeline.ts'
+import { compileExpertShards, compileShards, generateTestModel, type ExpertShardLayout, type MoeTestArchitecture } from '../../shards/index.ts'
+import { encodePrompt, greedyDecode, openPipeline } from '../shards/pipeline.ts'
 import { ReferenceModel } from '../support/reference.ts'
 import { linkTo, planFor, SpreadStage, startHolders } from './spread-stage.ts'
 
@@ -48,6 +48,30 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
       const busy = [...holders.values()].filter(h => h.stats().steps > 0).length
       console.log(`${arch}, ${n} holder(s): ${single.decodeBytes.toFixed(0)} bytes on the wire per decode token (one stream; frames both ways), ${busy} holders used`)
       expect(busy).toBe(n)
+    } finally {
+      await stage.close()
+      for (const h of holders.values()) await h.stop()
+    }
+  }, 120_000)
+
+  it.each(['int8', 'int4'] as const)('%s experts on 2 holders give the one-graph %s shards\' tokens', async (quant) => {
+    const qdir = join(root, `experts-${quant}`)
+    const qlayout = await compileExpertShards({ modelDir: join(root, 'ckpt'), outDir: qdir, quant })
+    const whole = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, `whole-${quant}`), quant })
+    const p = await openPipeline(join(root, `whole-${quant}`), whole)
+    const one = await greedyDecode(p, prompts[0]!, N)
+    await p.release()
+    const plan = planFor(qlayout, 2)
+    const holders = await startHolders(qdir, qlayout, plan)
+    const stage = new SpreadStage(qdir, qlayout, plan, linkTo(holders, new Set()))
+    await stage.open()
+    try {
+      const got = await stage.greedy([prompts[0]!], N)
+      let err = 0
+      got.logits.forEach((l, i) => l.forEach((v, j) => { err = Math.max(err, Math.abs(v - one.logits[i]![j]!)) }))
+      const agree = got.tokens[0]!.filter((t, i) => t === want[0]![i]).length
+      console.log(`${arch} ${quant} (int8 activations) on 2 holders: max |logit − one-graph ${quant}| ${err.toExponential(2)}; greedy agreement with the fp32 reference ${agree}/${N}`)
+      expect(got.tokens[0]).toEqual(one.tokens)
     } finally {
       await stage.close()
       for (const h of holders.values()) await h.stop()
