@@ -40,6 +40,8 @@ export interface ExpertStepResult {
   /** Bytes sent and received (frame payloads), for the wire-cost measurements. */
   bytesOut: number
   bytesIn: number
+  /** Rows routed to each expert of the layer this step: what the stage adds to its routing histogram (placeExperts' input). */
+  routed: number[]
 }
 
 const failsOver = (err: unknown): boolean => {
@@ -52,6 +54,8 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
     experts: Array.from({ length: s.topK }, (_, j) => Number(s.experts[r * s.topK + j]!)),
     weights: Array.from({ length: s.topK }, (_, j) => s.weights[r * s.topK + j]!),
   }))
+  const routed = new Array<number>(s.placement.holders.length).fill(0)
+  for (const r of routes) for (const e of r.experts) if (e >= 0 && e < routed.length) routed[e]!++
   let bytesOut = 0
   let bytesIn = 0
   for (;;) {
@@ -87,6 +91,6 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
     const partials = answers.map(a => (a as PromiseFulfilledResult<Float32Array>).value)
     const out = combinePartials(s.rows, s.width, d.work, partials)
     for (let i = 0; i < out.length; i++) out[i] = s.base[i]! + out[i]!
-    return { out, bytesOut, bytesIn }
+    return { out, bytesOut, bytesIn, routed }
   }
 }

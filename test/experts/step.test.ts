@@ -35,6 +35,7 @@ describe('runExpertStep', () => {
     const r = await runExpertStep(input(), async (peerId, parts) => answer(peerId, parts, calls))
     expect(Array.from(r.out)).toEqual(want)
     expect(calls.sort()).toEqual(['a', 'b', 'c'])
+    expect(r.routed).toEqual([2, 2, 2])
     expect(r.bytesOut).toBeGreaterThan(0)
   })
 
