@@ -14,7 +14,7 @@ import { compileExpertShards, generateTestModel, type ExpertShardLayout } from '
 import { componentsOf, createNode } from '../pipeline/fixture.ts'
 import { encodePrompt } from '../shards/pipeline.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { planFor, SpreadStage, startHolders } from './spread-stage.ts'
+import { planFor, stageFor, startHolders } from './spread-stage.ts'
 
 const N = 24
 const TEXTS = ['The quick brown fox jumps over the lazy dog. Once upon a time', 'Once', 'A lazy dog and a quick brown fox']
@@ -46,7 +46,7 @@ describe.each([2, 3])('%i holder nodes', (n) => {
     const holders = await startHolders(dir, layout, plan)
     const servers = await Promise.all(ids.map(async (id, i) => await serveExperts(holders.get(id)!, componentsOf(holderNodes[i]!))))
     const links = createExpertLinks(componentsOf(stageNode))
-    const stage = new SpreadStage(dir, layout, plan, links.link)
+    const stage = stageFor(dir, layout, plan, links.link)
     await stage.open()
     try {
       expect((await stage.greedy(prompts, N)).tokens).toEqual(want)

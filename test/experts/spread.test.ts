@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { compileExpertShards, compileShards, generateTestModel, type ExpertShardLayout, type MoeTestArchitecture } from '../../shards/index.ts'
 import { encodePrompt, greedyDecode, openPipeline } from '../shards/pipeline.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { linkTo, planFor, SpreadStage, startHolders } from './spread-stage.ts'
+import { linkTo, planFor, stageFor, startHolders } from './spread-stage.ts'
 
 const N = 32
 const TEXTS = ['The quick brown fox jumps over the lazy dog. Once upon a time', 'Once', 'A lazy dog and a quick brown fox']
@@ -39,7 +39,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
   it.each([1, 2, 3])('%i holder(s): single and batched streams match the float64 reference', async (n) => {
     const plan = planFor(layout, n)
     const holders = await startHolders(dir, layout, plan)
-    const stage = new SpreadStage(dir, layout, plan, linkTo(holders, new Set()))
+    const stage = stageFor(dir, layout, plan, linkTo(holders, new Set()))
     await stage.open()
     try {
       const single = await stage.greedy([prompts[0]!], N)
@@ -63,7 +63,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     await p.release()
     const plan = planFor(qlayout, 2)
     const holders = await startHolders(qdir, qlayout, plan)
-    const stage = new SpreadStage(qdir, qlayout, plan, linkTo(holders, new Set()))
+    const stage = stageFor(qdir, qlayout, plan, linkTo(holders, new Set()))
     await stage.open()
     try {
       const got = await stage.greedy([prompts[0]!], N)
@@ -84,7 +84,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     expect(plan.layers.every(l => l.holders.every(h => h.length === 2))).toBe(true)
     const holders = await startHolders(dir, layout, plan)
     const dead = new Set<string>()
-    const stage = new SpreadStage(dir, layout, plan, linkTo(holders, dead))
+    const stage = stageFor(dir, layout, plan, linkTo(holders, dead))
     await stage.open()
     try {
       let stepsAtDeath = 0
@@ -102,7 +102,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     const plan = planFor(layout, 2, { maxReplicas: 1 })
     const holders = await startHolders(dir, layout, plan)
     const dead = new Set<string>()
-    const stage = new SpreadStage(dir, layout, plan, linkTo(holders, dead))
+    const stage = stageFor(dir, layout, plan, linkTo(holders, dead))
     await stage.open()
     try {
       const err = await stage.greedy([prompts[0]!], N, (i) => { if (i === 3) dead.add('holder-0') }).catch((e: unknown) => e)
