@@ -6,6 +6,8 @@
  *  - sampling (pure functions) and the decode loop;
  *  - batched steps (`stepBatch`: several sequences in one run, left-padded KV) and the
  *    micro-batcher executor over them (`createBatchedExecutor`);
+ *  - static graphs (`shoal shard --static`) for devices that need fixed shapes (NPU): which graphs a
+ *    stage runs (graph-choice.ts) and a runner over the static pair (static-runner.ts);
  *  - the local InferenceService for a whole-model shard directory.
  */
 export { createLocalService, stageInfoOf } from './local-service.ts'
@@ -17,6 +19,10 @@ export type {
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export { createStaticStageRunner, staticContextLimit } from './static-runner.ts'
+export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
+export { chooseStageGraphs, GRAPH_MODES, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
+export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
 export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
 export { generateSequence, endConditions, engineTokenSource, batchedTokenSource } from './generate.ts'

@@ -8,7 +8,6 @@
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
  */
-import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
@@ -24,6 +23,7 @@ import { batchedTokenSource, endConditions, engineTokenSource, generateSequence 
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
+import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
@@ -39,6 +39,8 @@ export interface LocalServiceInit {
   manifestHash?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
   threads?: number
   /** Concurrent sequences; more get SHOAL_ERR_OVERLOADED. */
   maxSequences?: number
@@ -183,11 +185,16 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      const device = init.device ?? 'CPU'
+      const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
+      const info = stageInfoFor(stageInfoOf(manifest), choice)
+      // Prompts and completions end at the context the chosen graphs hold (static: the KV budget).
+      manifest = { ...manifest, shape: { ...manifest.shape, maxPositions: info.maxPositions } }
       const e = createStageEngine({
-        graphPath: join(init.shardDir, ...stage.graph.split('/')),
-        stage: stageInfoOf(manifest),
+        ...resolveGraphChoice(init.shardDir, choice),
+        stage: info,
         backend: init.backend ?? 'onnxruntime',
-        device: init.device ?? 'CPU',
+        device,
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),

@@ -24,6 +24,8 @@ export interface StageEngineInit {
   exclusiveCores?: boolean
   maxSequences?: number
   chunkSize?: number
+  /** Run the stage's static graphs instead of graphPath (graph-choice.ts resolveGraphChoice). */
+  staticGraphs?: WorkerInit['staticGraphs']
   /** How long loading the graph may take. */
   loadTimeoutMs?: number
 }
@@ -136,6 +138,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         chunkSize: init.chunkSize ?? DEFAULT_CHUNK_SIZE,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+        ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
       }
       const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
       worker = w

@@ -5,12 +5,11 @@
  * do), so interleaved chains share engine runs. The manifest hash it reports (sha256 of
  * manifest.json) keeps chains to stages of one compilation.
  */
-import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../engine/index.ts'
-import type { BackendName } from '../engine/index.ts'
+import { chooseStageGraphs, createBatchedExecutor, createStageEngine, resolveGraphChoice, stageInfoFor, stageInfoOf } from '../engine/index.ts'
+import type { BackendName, GraphMode } from '../engine/index.ts'
 import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
@@ -40,6 +39,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   modelId?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs; 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
   threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
@@ -80,11 +81,14 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     throw new StageConfigError(`${init.shardDir} has no stage for layers ${init.layers.join('-')} (stages: ${manifest.stages.map(s => s.layers.join('-')).join(', ')})`)
   }
   const st = manifest.stages[stageIndex]!
+  const device = init.device ?? 'CPU'
+  const choice = chooseStageGraphs(manifest, stageIndex, device, init.graphs)
+  const stageInfo = stageInfoFor(stageInfoOf(manifest, stageIndex), choice)
   const engine = createStageEngine({
-    graphPath: join(init.shardDir, ...st.graph.split('/')),
-    stage: stageInfoOf(manifest, stageIndex),
+    ...resolveGraphChoice(init.shardDir, choice),
+    stage: stageInfo,
     backend: init.backend ?? 'onnxruntime',
-    device: init.device ?? 'CPU',
+    device,
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })
@@ -105,7 +109,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     manifest,
     manifestHash,
     stageIndex,
-    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: manifest.shape.maxPositions }),
+    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: stageInfo.maxPositions }),
     load: () => batcher?.load(),
     async start () {
       await engine.start()
