@@ -31,7 +31,8 @@ export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'
 export { loadBackend, probeBackends, BACKEND_NAMES } from './backend/index.ts'
 export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
-export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './backend/openvino.ts'
+export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES, compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
+export { compiledCacheDir, openvinoCacheDir } from './backend/types.ts'
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
 export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,

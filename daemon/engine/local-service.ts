@@ -41,6 +41,8 @@ export interface LocalServiceInit {
   device?: string
   /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
   graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
+  cacheDir?: string
   threads?: number
   /** Concurrent sequences; more get SHOAL_ERR_OVERLOADED. */
   maxSequences?: number
@@ -195,6 +197,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         stage: info,
         backend: init.backend ?? 'onnxruntime',
         device,
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),

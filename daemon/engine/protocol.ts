@@ -50,6 +50,8 @@ export interface WorkerInit {
    * dynamic one: static-runner.ts. Absent: the dynamic graph.
    */
   staticGraphs?: { prefill: string, decode: string, contextLength: number, chunk: number }
+  /** The node's compiled-model cache (LoadOptions.cacheDir). */
+  cacheDir?: string
 }
 
 export type StepInput =

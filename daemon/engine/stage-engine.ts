@@ -26,6 +26,8 @@ export interface StageEngineInit {
   chunkSize?: number
   /** Run the stage's static graphs instead of graphPath (graph-choice.ts resolveGraphChoice). */
   staticGraphs?: WorkerInit['staticGraphs']
+  /** The node's compiled-model cache (LoadOptions.cacheDir); absent: none. */
+  cacheDir?: string
   /** How long loading the graph may take. */
   loadTimeoutMs?: number
 }
@@ -139,6 +141,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
         ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
       }
       const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
       worker = w

@@ -27,6 +27,7 @@ async function main (init: WorkerInit): Promise<void> {
     device: init.device,
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+    ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
   }
   let session: BackendSession
   let runner: StageRunner

@@ -33,6 +33,8 @@ export interface LocalChainInit {
   metrics?: Registry
   batchLimits?: Partial<BatchLimits>
   threads?: number
+  /** The node's compiled-model cache, shared by every stage (compiledCacheDir). */
+  cacheDir?: string
 }
 
 export interface LocalChain {
@@ -120,6 +122,7 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
             ...(init.metrics === undefined ? {} : { metrics: init.metrics }),
             ...(init.batchLimits === undefined ? {} : { batchLimits: init.batchLimits }),
             ...(init.threads === undefined ? {} : { threads: init.threads }),
+            ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
           }, componentsOf(hosts[i]!))
           await stage.start()
           stages.push(stage)

@@ -41,6 +41,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   device?: string
   /** Dynamic or static graphs; 'auto' (default): static where the device needs them (NPU). */
   graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir). */
+  cacheDir?: string
   threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
@@ -89,6 +91,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     stage: stageInfo,
     backend: init.backend ?? 'onnxruntime',
     device,
+    ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })
