@@ -98,6 +98,25 @@ describe.each(['llama', 'qwen3'] as const)('%s static graphs', (arch) => {
   })
 })
 
+describe('int4 static graphs with f32 activations', () => {
+  it('pick the dynamic graphs\' greedy tokens (int8 activations may not: shards/DESIGN.md)', async () => {
+    const modelDir = join(root, 'int4')
+    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
+    const prompt = await encodePrompt(modelDir, PROMPT)
+    const out = join(root, 'int4-shard')
+    const manifest = await compileShards({ modelDir, outDir: out, quant: 'int4', accuracyLevel: 0, static: { contextLength: prompt.length + N - 1, chunk: CHUNK } })
+    const dyn = await openPipeline(out, manifest)
+    let want: number[]
+    try { want = (await greedyDecode(dyn, prompt, N)).tokens } finally { await dyn.release() }
+    const st = await openStaticPipeline(out, manifest)
+    try {
+      expect((await staticGreedy(st, prompt, N)).tokens).toEqual(want)
+    } finally {
+      await st.release()
+    }
+  })
+})
+
 describe('--static shapes', () => {
   it('refuses a context beyond the model, a chunk beyond the context', async () => {
     const modelDir = join(root, 'shapes')
