@@ -109,7 +109,8 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
   waveCap = () => node.waveCap()
   return {
     node,
-    manifest,
+    // On static graphs this stage holds at most its KV budget: its manifest says so to a coordinator.
+    manifest: stageInfo.maxPositions < manifest.shape.maxPositions ? { ...manifest, shape: { ...manifest.shape, maxPositions: stageInfo.maxPositions } } : manifest,
     manifestHash,
     stageIndex,
     served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: stageInfo.maxPositions }),
