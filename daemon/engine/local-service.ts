@@ -10,7 +10,6 @@
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
  */
-import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
@@ -28,6 +27,7 @@ import { batchedTokenSource, endConditions, engineTokenSource, generateSequence 
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
+import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
@@ -46,6 +46,10 @@ export interface LocalServiceInit {
   manifestHash?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
+  cacheDir?: string
   threads?: number
   /** Concurrent sequences; more wait for a slot while the expected wait is within `budgetMs`. */
   maxSequences?: number
@@ -259,11 +263,17 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      const device = init.device ?? 'CPU'
+      const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
+      const info = stageInfoFor(stageInfoOf(manifest), choice)
+      // Prompts and completions end at the context the chosen graphs hold (static: the KV budget).
+      manifest = { ...manifest, shape: { ...manifest.shape, maxPositions: info.maxPositions } }
       const e = createStageEngine({
-        graphPath: join(init.shardDir, ...stage.graph.split('/')),
-        stage: stageInfoOf(manifest),
+        ...resolveGraphChoice(init.shardDir, choice),
+        stage: info,
         backend: init.backend ?? 'onnxruntime',
-        device: init.device ?? 'CPU',
+        device,
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
