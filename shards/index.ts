@@ -10,7 +10,7 @@ export { compileShards, COMPILER_VERSION, type CompileOptions } from './compile.
 export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from './manifest.ts'
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
-export { generateTestModel, TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
+export { generateDraftPair, generateTestModel, TEST_ARCHITECTURES, type DraftPairOptions, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions } from './cache.ts'
 export {
   UnsupportedArchitectureError, CheckpointError, LayerSplitError, ManifestError, ShardIntegrityError,
