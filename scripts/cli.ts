@@ -28,6 +28,7 @@ function buildProgram (): Command {
     .requiredOption('--model <dir>', 'model directory')
     .option('--api <host:port>', 'HTTP listen address', '127.0.0.1:8080')
     .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO)', 'auto')
+    .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, or "lookup" (prompt lookup, no model)')
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
@@ -41,6 +42,7 @@ function buildProgram (): Command {
     .option('--data <dir>', 'receipt log and caches')
     .option('--revocations <file>', 'CA revocation list')
     .option('--no-mdns', 'disable LAN discovery')
+    .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 
   const ca = program.command('ca').description('Operator certificate authority')

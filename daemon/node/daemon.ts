@@ -36,6 +36,8 @@ import { resolveModel } from './models.ts'
 import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
+import { createSpeculation } from '../speculative/index.ts'
+import type { Speculation } from '../speculative/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -138,8 +140,22 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       async start () {
         for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot))
         engine = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
+        // The draft model (or prompt lookup) for speculative decoding on whole models; each
+        // served model gets its own draft worker beside its engine.
+        const draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot)
+        if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
+        const speculation = (): Speculation | undefined => config.draft === undefined
+          ? undefined
+          : createSpeculation({
+            drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
+            backend: engine!.backend,
+            device: engine!.device,
+            metrics,
+          })
         for (const model of models.filter(m => m.whole)) {
+          const sourceWrapper = speculation()
           const service = createLocalService({
+            ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
             shardDir: model.shardDir,
             nodeId: signer!.peerId,
             backend: engine.backend,
@@ -152,7 +168,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           })
           await service.start()
           locals.push(service)
-          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
+          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
         }
         for (const model of models.filter(m => !m.whole)) await startStage(model, engine)
         local = createModelDirectory([...locals, ...coordinators])

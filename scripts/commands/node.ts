@@ -15,6 +15,7 @@ export interface NodeOptions {
   data?: string
   revocations?: string
   mdns: boolean
+  draft?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -37,6 +38,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     bootstrap: opts.bootstrap,
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
   const daemon = createDaemon(config, { logger: cliLogger() })
   const started = await daemon.start().catch(startFailure)

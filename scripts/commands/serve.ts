@@ -5,7 +5,7 @@ import { ExitError } from '../exit-error.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function serve (opts: { model: string, api: string, device: string }): Promise<void> {
+export async function serve (opts: { model: string, api: string, device: string, draft?: string }): Promise<void> {
   const { createDaemon, parseApiAddress } = await import('../../daemon/node/index.ts')
   let api
   try {
@@ -22,6 +22,7 @@ export async function serve (opts: { model: string, api: string, device: string 
     listen: [],
     bootstrap: [],
     mdns: false,
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
   const daemon = createDaemon(config, { logger: cliLogger() })
   const started = await daemon.start().catch(startFailure)
