@@ -217,6 +217,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      // The source wrapper first: it may refuse this model, or load a draft model (undone if the engine fails).
+      await init.sourceWrapper?.start?.({ modelId, manifest })
       const e = createStageEngine({
         graphPath: join(init.shardDir, ...stage.graph.split('/')),
         stage: stageInfoOf(manifest),
@@ -226,7 +228,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
-      await e.start()
+      await e.start().catch(async (err: unknown) => { await init.sourceWrapper?.stop?.().catch(() => {}); throw err })
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -235,7 +237,6 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         }, { executor: createBatchedExecutor(e), ...(init.metrics === undefined ? {} : { metrics: init.metrics }) })
         await batcher.start()
       }
-      await init.sourceWrapper?.start?.({ modelId, manifest })
       engine = e
       created = Math.floor(Date.now() / 1000)
       stopping = false

@@ -6,6 +6,8 @@
 import type { Registry } from 'prom-client'
 import type { BackendName, TokenSourceWrapper } from '../engine/index.ts'
 import { EngineError } from '../engine/index.ts'
+import { ShoalError } from '../errors.ts'
+import type { ShardManifest } from '../../shards/index.ts'
 import { createDraftModel } from './draft-model.ts'
 import type { DraftModel } from './draft-model.ts'
 import { createPromptLookupDrafter } from './drafter.ts'
@@ -31,6 +33,19 @@ export interface Speculation extends TokenSourceWrapper {
   readonly drafterName: string
 }
 
+/**
+ * Why speculation cannot keep this target's tokens exact, or undefined when it can. A verify step
+ * runs K + 1 positions where plain decoding runs one; with f32 activations the two differ only in
+ * the last bits (as padded batches do), but int8 activations turn those bits into whole
+ * quantization steps: on a generated 250m int4 model a 2-position step chose a different token
+ * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md).
+ */
+export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>): string | undefined {
+  const q = manifest.quantization
+  if (q.kind === 'none' || q.activations === 'f32') return undefined
+  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations to speculate`
+}
+
 export function createSpeculation (init: SpeculationInit): Speculation {
   const metrics = createSpeculationMetrics(init.metrics)
   let draftModel: DraftModel | undefined
@@ -52,6 +67,8 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     get drafterName () { return drafter.name },
     async start (target) {
       modelId = target.modelId
+      const why = inexactTarget(target.manifest)
+      if (why !== undefined) throw new ShoalError('SHOAL_ERR_CONFIG', `--draft: speculative decoding would not keep ${target.modelId}'s tokens exact: ${why}`)
       if (draftModel === undefined) return
       await draftModel.start()
       const d = draftModel.manifest!

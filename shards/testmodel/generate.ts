@@ -31,6 +31,8 @@ export interface GenerateOptions {
   modelId?: string
   /** Number of layers instead of the size's (layer l's weights do not depend on it). */
   layers?: number
+  /** Vocabulary instead of the size's (0: the tokenizer's 512, no padded rows). */
+  vocab?: number
   /**
    * Scales o_proj and down_proj of layers ≥ fromLayer by `scale`: those layers then add only
    * ε-sized updates to the residual stream, so the model's logits track those of the same seed's
@@ -166,7 +168,11 @@ const RESIDUAL_GAIN = 2
 
 export async function generateTestModel (options: GenerateOptions): Promise<void> {
   const prof = PROFILES[options.architecture]
-  const size = { ...SIZES[options.size ?? 'tiny'], ...(options.layers === undefined ? {} : { layers: options.layers }) }
+  const size = {
+    ...SIZES[options.size ?? 'tiny'],
+    ...(options.layers === undefined ? {} : { layers: options.layers }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+  }
   const seed = options.seed ?? 1
   const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
   const hd = size.hidden / size.heads
@@ -303,6 +309,8 @@ export interface DraftPairOptions {
    * random models). Default 0.05.
    */
   epsilon?: number
+  /** Vocabulary instead of the size's (0: the tokenizer's 512). */
+  vocab?: number
   /** Model ids the compiled manifests serve under (default 'draft' / 'target'). */
   draftId?: string
   targetId?: string
@@ -317,7 +325,12 @@ export interface DraftPairOptions {
 export async function generateDraftPair (options: DraftPairOptions): Promise<{ draftDir: string, targetDir: string }> {
   const draftLayers = options.draftLayers ?? 1
   const extra = options.extraLayers ?? 3
-  const common = { architecture: options.architecture, ...(options.size === undefined ? {} : { size: options.size }), seed: options.seed ?? 1 }
+  const common = {
+    architecture: options.architecture,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+    seed: options.seed ?? 1,
+  }
   const draftDir = join(options.outDir, 'draft')
   const targetDir = join(options.outDir, 'target')
   await generateTestModel({ ...common, outDir: draftDir, layers: draftLayers, modelId: options.draftId ?? 'draft', description: `random weights (shoal draft model: ${draftLayers} layers); not a trained model` })
