@@ -75,6 +75,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let ingress: Ingress | undefined
   let apiUrl: string | undefined
   let engine: EngineChoice | undefined
+  let draft: ResolvedModel | undefined
   const models: ResolvedModel[] = []
   /** Whole models, and the chains this node coordinates (it holds their stage 0). */
   const locals: LocalService[] = []
@@ -140,20 +141,11 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       async start () {
         for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot))
         engine = chooseEngine(config.device, config.device === 'cpu' ? false : await openvinoLoads())
-        // The draft model (or prompt lookup) for speculative decoding on whole models; each
-        // served model gets its own draft worker beside its engine.
-        const draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot)
+        // The draft model for speculative decoding (--draft), resolved (compiled) once.
+        draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot)
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
-        const speculation = (): Speculation | undefined => config.draft === undefined
-          ? undefined
-          : createSpeculation({
-            drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
-            backend: engine!.backend,
-            device: engine!.device,
-            metrics,
-          })
         for (const model of models.filter(m => m.whole)) {
-          const sourceWrapper = speculation()
+          const sourceWrapper = speculation(engine)
           const service = createLocalService({
             ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
             shardDir: model.shardDir,
@@ -221,6 +213,20 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     },
   ]
 
+  /**
+   * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
+   * asks for it: its own draft worker (or prompt lookup) beside the model's engine.
+   */
+  function speculation (choice: EngineChoice): Speculation | undefined {
+    if (config.draft === undefined) return undefined
+    return createSpeculation({
+      drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
+      backend: choice.backend,
+      device: choice.device,
+      metrics,
+    })
+  }
+
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
   async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
     const m = mesh
@@ -245,7 +251,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
-    const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) })
+    // Speculation for a chain runs where its requests enter: here, beside stage 0.
+    const sourceWrapper = speculation(choice)
+    const coordinator = createPipelineService(
+      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }) },
+      { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) },
+    )
     await coordinator.start()
     coordinators.push(coordinator)
   }

@@ -8,12 +8,17 @@
  *
  * A drafter that fails is dropped for the rest of the sequence and decoding goes on plainly: a
  * draft can cost speed, never a token.
+ *
+ * Where acceptance happens is the verifier's business: on a whole model here, from the verify
+ * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
+ * stage (greedy), which sends back only the accepted count and the next token.
  */
 import { EngineError, nextPick } from '../engine/index.ts'
-import type { Rng, SamplerParams, StepOptions, StepOutput, TokenSource } from '../engine/index.ts'
+import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
 import { createRng } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
 import { acceptGreedy, acceptSampled, distribution } from './acceptance.ts'
+import type { Acceptance } from './acceptance.ts'
 import { chooseK, createCostTracker } from './adaptive-k.ts'
 import type { CostTracker } from './adaptive-k.ts'
 import type { Drafter, Proposal, SequenceDrafter } from './drafter.ts'
@@ -23,6 +28,53 @@ export interface TargetSequence {
   step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
   /** Sets the target's KV back to its first `length` positions. */
   rollback (length: number, signal: AbortSignal): Promise<void>
+}
+
+/** Checks a round's drafts against the target. */
+export interface Verifier {
+  /** Acceptance happens remotely and greedily (a chain's last stage): sampled requests decode plainly. */
+  readonly greedyOnly: boolean
+  prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal): Promise<number>
+  /** One plain step: `token` at `position`, the next token out. */
+  plain (token: number, position: number, pick: TokenPick, signal: AbortSignal): Promise<number>
+  /**
+   * `token` at `position` and `drafts` after it, in one target step; the target's cache then
+   * holds the accepted prefix (rejected positions rolled back, now or before the next step).
+   */
+  verify (token: number, position: number, drafts: number[], check: { sampling: SamplerParams, q: Float64Array[] | undefined, rng: Rng }, signal: AbortSignal): Promise<Acceptance>
+}
+
+/** A whole model's verifier: logits of every verified position, acceptance here, rollback by KV length. */
+export function wholeModelVerifier (target: TargetSequence): Verifier {
+  const tokenOf = (out: StepOutput): number => {
+    if (out.kind !== 'token') throw new EngineError(`a target step with a pick must return a token, not ${out.kind}`)
+    return out.id
+  }
+  return {
+    greedyOnly: false,
+    async prefill (promptIds, pick, signal) {
+      return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick }, signal))
+    },
+    async plain (token, position, pick, signal) {
+      return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick }, signal))
+    },
+    async verify (token, position, drafts, { sampling, q, rng }, signal) {
+      const n = drafts.length
+      const positions = Array.from({ length: n + 1 }, (_, i) => position + i)
+      const out = await target.step('decode', [token, ...drafts], positions, { logitsToKeep: n + 1 }, signal)
+      if (out.kind !== 'logits' || out.count !== n + 1) throw new EngineError(`a verify step must return ${n + 1} logits rows`)
+      let result: Acceptance
+      if (sampling.temperature <= 0) {
+        result = acceptGreedy(drafts, out.data, out.vocab)
+      } else {
+        const p = Array.from({ length: n + 1 }, (_, i) => distribution(out.data, sampling, i * out.vocab, out.vocab))
+        result = acceptSampled(drafts, p, q, rng)
+      }
+      // The KV holds position .. position + n; keep up to the last accepted draft.
+      if (result.accepted < n) await target.rollback(position + 1 + result.accepted, signal)
+      return result
+    },
+  }
 }
 
 export interface SpeculationOptions {
@@ -60,7 +112,9 @@ export interface SpeculationEvents {
 
 export interface SpeculativeSourceInit extends SpeculationOptions, SpeculationEvents {
   seqId: string
-  target: TargetSequence
+  /** A whole model's sequence (see wholeModelVerifier), or `verifier` for any other target. */
+  target?: TargetSequence
+  verifier?: Verifier
   drafter: Drafter
   sampling: SamplingParams
   /** Undefined: up to the context end. */
@@ -90,6 +144,10 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   const tracker: CostTracker = createCostTracker()
   const vocab = init.vocabSize
   const counts: SpeculationCounts = { drafter: init.drafter.name, rounds: 0, drafted: 0, accepted: 0, plainSteps: 0, drafterFailures: 0 }
+  const verifier = init.verifier ?? (init.target === undefined ? undefined : wholeModelVerifier(init.target))
+  if (verifier === undefined) throw new EngineError('a speculative source needs a target or a verifier')
+  // A verifier that accepts greedily elsewhere cannot keep a sampled request's distribution: those decode plainly.
+  const speculating = !(verifier.greedyOnly && !greedy)
   let drafter: SequenceDrafter | undefined
   let drafterOpening: Promise<SequenceDrafter | undefined> | undefined
   let closed = false
@@ -107,14 +165,9 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     void d?.close().catch(() => {})
   }
 
-  const tokenOf = (out: StepOutput): number => {
-    if (out.kind !== 'token') throw new EngineError(`a target step with a pick must return a token, not ${out.kind}`)
-    return out.id
-  }
-
   async function plainStep (token: number, position: number, signal: AbortSignal): Promise<number> {
     const t0 = now()
-    const next = tokenOf(await init.target.step('decode', [token], [position], { logitsToKeep: 1, pick: nextPick(sampling, rng) }, signal))
+    const next = await verifier!.plain(token, position, nextPick(sampling, rng), signal)
     tracker.plain(now() - t0)
     counts.plainSteps++
     plainSinceRound++
@@ -137,7 +190,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   }
 
   async function round (token: number, position: number, signal: AbortSignal): Promise<number> {
-    const k = pickK(position)
+    const k = speculating ? pickK(position) : 0
     if (k === 0 || drafter === undefined) return await plainStep(token, position, signal)
     let proposal: Proposal
     const t0 = now()
@@ -157,19 +210,9 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     if (drafts.length === 0) return await plainStep(token, position, signal)
     const t1 = now()
     const n = drafts.length
-    const positions = Array.from({ length: n + 1 }, (_, i) => position + i)
-    const out = await init.target.step('decode', [token, ...drafts], positions, { logitsToKeep: n + 1 }, signal)
-    if (out.kind !== 'logits' || out.count !== n + 1) throw new EngineError(`a verify step must return ${n + 1} logits rows`)
+    const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)
+    if (!Number.isSafeInteger(result.accepted) || result.accepted < 0 || result.accepted > n) throw new EngineError(`the verifier accepted ${result.accepted} of ${n} drafts`)
     const t2 = now()
-    let result
-    if (greedy) {
-      result = acceptGreedy(drafts, out.data, out.vocab)
-    } else {
-      const p = Array.from({ length: n + 1 }, (_, i) => distribution(out.data, sampling, i * out.vocab, out.vocab))
-      result = acceptSampled(drafts, p, proposal.q?.slice(0, n), rng)
-    }
-    // The KV holds position .. position + n; keep up to the last accepted draft.
-    if (result.accepted < n) await init.target.rollback(position + 1 + result.accepted, signal)
     tracker.round(n, result.accepted, t1 - t0, t2 - t1)
     counts.rounds++
     counts.drafted += n
@@ -186,15 +229,15 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       promptLength = promptIds.length
       // The draft model prefills beside the target (its own worker); a drafter that fails to
       // open leaves the sequence to plain decoding.
-      drafterOpening = init.drafter.open(init.seqId, promptIds, signal).catch((err: unknown) => {
-        if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
-        return undefined
-      })
-      const positions = promptIds.map((_, i) => i)
-      const [out, d] = await Promise.all([init.target.step('prefill', [...promptIds], positions, { logitsToKeep: 1, pick: nextPick(sampling, rng) }, signal), drafterOpening])
+      drafterOpening = !speculating
+        ? Promise.resolve(undefined)
+        : init.drafter.open(init.seqId, promptIds, signal).catch((err: unknown) => {
+          if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
+          return undefined
+        })
+      const [first, d] = await Promise.all([verifier.prefill([...promptIds], nextPick(sampling, rng), signal), drafterOpening])
       if (closed) await d?.close().catch(() => {})
       else drafter = d
-      const first = tokenOf(out)
       history.push(first)
       return first
     },

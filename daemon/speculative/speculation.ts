@@ -1,10 +1,14 @@
 /**
- * Speculative decoding for a local (whole-model) service: a TokenSourceWrapper that gives every
- * request a speculative token source over the request's target sequence, with a draft model
- * (`--draft DIR`, its own engine worker beside the target's) or prompt lookup as the drafter.
+ * Speculative decoding for a served model: a source wrapper that gives every request a
+ * speculative token source, with a draft model (`--draft DIR`, its own engine worker beside the
+ * target's, on the node where requests enter: the local service's node, or a chain's stage 0) or
+ * prompt lookup as the drafter. `wrap` serves a whole model (daemon/engine's local service),
+ * `wrapChain` a pipeline chain (daemon/pipeline's service: one traversal per verify, greedy
+ * acceptance at the last stage; sampled requests decode plainly there).
  */
 import type { Registry } from 'prom-client'
-import type { BackendName, TokenSourceWrapper } from '../engine/index.ts'
+import type { BackendName, TokenSource, TokenSourceWrapper } from '../engine/index.ts'
+import type { GenerateRequest } from '../service.ts'
 import { EngineError } from '../engine/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -14,7 +18,7 @@ import { createPromptLookupDrafter } from './drafter.ts'
 import type { Drafter } from './drafter.ts'
 import { createSpeculationMetrics } from './metrics.ts'
 import { createSpeculativeSource } from './source.ts'
-import type { SpeculationCounts, SpeculationOptions } from './source.ts'
+import type { SpeculationCounts, SpeculationOptions, SpeculativeSourceInit, Verifier } from './source.ts'
 
 export interface SpeculationInit extends SpeculationOptions {
   /** A whole-model shard directory with the target's tokenizer, or prompt lookup. */
@@ -28,9 +32,33 @@ export interface SpeculationInit extends SpeculationOptions {
   onRequestEnd?: (requestId: string, counts: SpeculationCounts) => void
 }
 
+/** A pipeline chain's request, structurally (daemon/pipeline's ChainWrapContext). */
+export interface ChainTarget {
+  request: GenerateRequest
+  manifest: ShardManifest
+  chain: {
+    prefill (promptIds: number[], signal: AbortSignal): Promise<number>
+    decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
+    verify (tokenId: number, position: number, drafts: number[], signal: AbortSignal): Promise<{ accepted: number, next: number }>
+  }
+}
+
 export interface Speculation extends TokenSourceWrapper {
   /** 'prompt-lookup' or 'draft:<model id>' (after start for a draft model). */
   readonly drafterName: string
+  /** A chain request's source (the chain samples at its last stage; only greedy requests speculate). */
+  wrapChain (ctx: ChainTarget): TokenSource & { close: () => Promise<void> }
+}
+
+/** A chain's verifier: one traversal per verify, greedy acceptance at the last stage, rollback by start position on every stage. */
+function chainVerifier (chain: ChainTarget['chain']): Verifier {
+  return {
+    greedyOnly: true,
+    // The last stage makes the draws with its own seeded generator.
+    prefill: async (promptIds, _pick, signal) => await chain.prefill(promptIds, signal),
+    plain: async (token, position, _pick, signal) => await chain.decode(token, position, signal),
+    verify: async (token, position, drafts, _check, signal) => await chain.verify(token, position, drafts, signal),
+  }
 }
 
 /**
@@ -80,32 +108,39 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     },
     async stop () { await draftModel?.stop() },
     wrap (ctx) {
-      const labels = { model: modelId, drafter: drafter.name }
-      const source = createSpeculativeSource({
-        ...init,
-        seqId: ctx.seqId,
-        target: { step: ctx.step, rollback: ctx.rollback },
-        drafter,
-        sampling: ctx.request.sampling,
-        maxTokens: ctx.request.maxTokens,
-        maxPositions: ctx.manifest.shape.maxPositions,
-        vocabSize: ctx.manifest.shape.vocabSize,
-        onRound (k, drafted, accepted) {
-          metrics.rounds.inc(labels)
-          metrics.drafted.inc(labels, drafted)
-          metrics.accepted.inc(labels, accepted)
-          metrics.k.observe(labels, k)
-        },
-        onDrafterFailure () { metrics.failures.inc(labels) },
-      })
-      return {
-        prefill: source.prefill,
-        decode: source.decode,
-        async close () {
-          await source.close()
-          init.onRequestEnd?.(ctx.request.requestId, source.counts())
-        },
-      }
+      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback } })
     },
+    wrapChain (ctx) {
+      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain) })
+    },
+  }
+
+  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier'>): TokenSource & { close: () => Promise<void> } {
+    const labels = { model: modelId, drafter: drafter.name }
+    const source = createSpeculativeSource({
+      ...init,
+      ...target,
+      seqId,
+      drafter,
+      sampling: request.sampling,
+      maxTokens: request.maxTokens,
+      maxPositions: manifest.shape.maxPositions,
+      vocabSize: manifest.shape.vocabSize,
+      onRound (k, drafted, accepted) {
+        metrics.rounds.inc(labels)
+        metrics.drafted.inc(labels, drafted)
+        metrics.accepted.inc(labels, accepted)
+        metrics.k.observe(labels, k)
+      },
+      onDrafterFailure () { metrics.failures.inc(labels) },
+    })
+    return {
+      prefill: source.prefill,
+      decode: source.decode,
+      async close () {
+        await source.close()
+        init.onRequestEnd?.(request.requestId, source.counts())
+      },
+    }
   }
 }
