@@ -60,8 +60,8 @@ export interface ChainTokenSource extends TokenSource {
   /** Ends the request on every stage (cancel down the chain) and frees stage 0's KV. */
   close (): Promise<void>
   /**
-   * Feeds `tokenId` at `position` with `drafts` after it through the chain in one traversal
-   * (greedy requests only); returns how many drafts the last stage accepted and its token after them.
+   * Feeds `tokenId` at `position` with `drafts` after it through the chain in one traversal;
+   * returns how many drafts the last stage accepted and its token after them.
    */
   verify (tokenId: number, position: number, drafts: number[], signal: AbortSignal): Promise<{ accepted: number, next: number }>
 }
@@ -161,7 +161,9 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     if ((drafts === undefined) !== (got.accepted === undefined) || accepted > (drafts?.length ?? 0) || got.position !== start + accepted + (drafts === undefined ? ids.length : 1)) {
       throw new ShoalError('SHOAL_ERR_INTERNAL', `answer for position ${got.position} (${got.accepted ?? 'no'} accepted) does not fit the step at ${start} of ${ids.length}`)
     }
-    sampled++
+    // The last stage's random draws so far (a replay skips them): one per plain step; a verify
+    // draws once per draft examined and once for the token after them (verify.ts).
+    sampled += drafts === undefined ? 1 : accepted + (accepted < drafts.length ? 1 : 0) + 1
     return { accepted, next: got.tokenId }
   }
 
@@ -238,7 +240,6 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     },
     async verify (tokenId, position, drafts, signal) {
       if (position !== history.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `verify at position ${position}, the sequence holds ${history.length}`)
-      if (init.sampling.temperature > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain verifies drafts for greedy requests only')
       history.push(tokenId)
       const r = drafts.length === 0 ? await step([tokenId], position, signal) : await step([tokenId, ...drafts], position, signal, drafts)
       history.push(...drafts.slice(0, r.accepted))

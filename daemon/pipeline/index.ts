@@ -20,6 +20,8 @@ export type { Links, LinkComponents, LinkOptions, FrameHandler } from './links.t
 export { createStageNode } from './stage-node.ts'
 export type { StageNode, StageNodeInit, StageNodeStats, TokenWatch } from './stage-node.ts'
 export { createChainTokenSource } from './chain-source.ts'
+export { checkDrafts } from './verify.ts'
+export type { Verdict } from './verify.ts'
 export type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 export { createPipelineStage, parseStageSpec, manifestHashOf } from './stage.ts'
 export type { PipelineStage, PipelineStageInit, StageSpec } from './stage.ts'

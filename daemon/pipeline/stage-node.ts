@@ -17,13 +17,14 @@ import type { Hash } from 'node:crypto'
 import { deserializeError, serializeError } from '../errors.ts'
 import { createReceiptPart } from '../ledger/index.ts'
 import type { Batcher } from '../batcher/index.ts'
-import { argmax, createRng, nextPick } from '../engine/index.ts'
+import { createRng, nextPick } from '../engine/index.ts'
 import type { Rng, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
 import type { SerializedError } from '../errors.ts'
 import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
 import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
 import type { OpenBody, StageFrame } from './wire.ts'
+import { checkDrafts } from './verify.ts'
 
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
@@ -247,7 +248,6 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       if (f.start < s.held) await rollback(s.id, f.start, s.ctl.signal)
       s.held = f.start
       const verify = f.drafts
-      if (verify !== undefined && s.next === undefined && s.open.sampling.temperature > 0) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', 'a chain verifies drafts for greedy requests only')
       // The last stage picks the token in its engine worker (the draw from this sequence's seeded
       // generator made here first), so only the id comes back from the worker; a verify needs the
       // logits of every row instead.
@@ -261,10 +261,8 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
         await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }) }, s.ctl.signal)
       } else if (verify !== undefined) {
         if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
-        // Greedy acceptance by id: drafts stand while they equal this model's own choice.
-        let accepted = 0
-        while (accepted < verify.length && argmax(out.data, accepted * out.vocab, out.vocab) === verify[accepted]) accepted++
-        const tokenId = argmax(out.data, accepted * out.vocab, out.vocab)
+        // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
+        const { accepted, tokenId } = checkDrafts(out.data, out.vocab, verify, s.open.sampling, s.rng!)
         const position = f.start + accepted + 1
         s.produced.update(new Uint8Array(Uint32Array.of(position, tokenId).buffer))
         s.rowsOut += accepted + 1

@@ -13,7 +13,7 @@
  *               raw f32 (positions start .. start + rows - 1). A stage holding more positions than
  *               `start` first sets the request's KV back to `start` (rejected speculative drafts).
  *               Verify (speculative decoding, version 2): the rows are a token and its k = rows − 1
- *               drafts; the last stage checks the drafts against its own greedy choices.
+ *               drafts; the last stage checks the drafts (greedy by id, or sampled: verify.ts).
  *   token       u32 position | u32 token id (the last stage's answer: ids, not logits)
  *   verdict     u32 position | u32 accepted | u32 token id: the last stage's answer to a verify —
  *               how many drafts stand, and its own token after them (at `position`)

@@ -11,7 +11,7 @@
  *
  * Where acceptance happens is the verifier's business: on a whole model here, from the verify
  * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
- * stage (greedy), which sends back only the accepted count and the next token.
+ * stage, which sends back only the accepted count and the next token.
  */
 import { EngineError, nextPick } from '../engine/index.ts'
 import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
@@ -32,8 +32,6 @@ export interface TargetSequence {
 
 /** Checks a round's drafts against the target. */
 export interface Verifier {
-  /** Acceptance happens remotely and greedily (a chain's last stage): sampled requests decode plainly. */
-  readonly greedyOnly: boolean
   prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal): Promise<number>
   /** One plain step: `token` at `position`, the next token out. */
   plain (token: number, position: number, pick: TokenPick, signal: AbortSignal): Promise<number>
@@ -51,7 +49,6 @@ export function wholeModelVerifier (target: TargetSequence): Verifier {
     return out.id
   }
   return {
-    greedyOnly: false,
     async prefill (promptIds, pick, signal) {
       return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick }, signal))
     },
@@ -146,8 +143,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   const counts: SpeculationCounts = { drafter: init.drafter.name, rounds: 0, drafted: 0, accepted: 0, plainSteps: 0, drafterFailures: 0 }
   const verifier = init.verifier ?? (init.target === undefined ? undefined : wholeModelVerifier(init.target))
   if (verifier === undefined) throw new EngineError('a speculative source needs a target or a verifier')
-  // A verifier that accepts greedily elsewhere cannot keep a sampled request's distribution: those decode plainly.
-  const speculating = !(verifier.greedyOnly && !greedy)
+
   let drafter: SequenceDrafter | undefined
   let drafterOpening: Promise<SequenceDrafter | undefined> | undefined
   let closed = false
@@ -190,7 +186,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   }
 
   async function round (token: number, position: number, signal: AbortSignal): Promise<number> {
-    const k = speculating ? pickK(position) : 0
+    const k = pickK(position)
     if (k === 0 || drafter === undefined) return await plainStep(token, position, signal)
     let proposal: Proposal
     const t0 = now()
@@ -229,12 +225,10 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       promptLength = promptIds.length
       // The draft model prefills beside the target (its own worker); a drafter that fails to
       // open leaves the sequence to plain decoding.
-      drafterOpening = !speculating
-        ? Promise.resolve(undefined)
-        : init.drafter.open(init.seqId, promptIds, signal).catch((err: unknown) => {
-          if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
-          return undefined
-        })
+      drafterOpening = init.drafter.open(init.seqId, promptIds, signal).catch((err: unknown) => {
+        if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
+        return undefined
+      })
       const [first, d] = await Promise.all([verifier.prefill([...promptIds], nextPick(sampling, rng), signal), drafterOpening])
       if (closed) await d?.close().catch(() => {})
       else drafter = d

@@ -3,8 +3,8 @@
  * speculative token source, with a draft model (`--draft DIR`, its own engine worker beside the
  * target's, on the node where requests enter: the local service's node, or a chain's stage 0) or
  * prompt lookup as the drafter. `wrap` serves a whole model (daemon/engine's local service),
- * `wrapChain` a pipeline chain (daemon/pipeline's service: one traversal per verify, greedy
- * acceptance at the last stage; sampled requests decode plainly there).
+ * `wrapChain` a pipeline chain (daemon/pipeline's service: one traversal per verify, acceptance at
+ * the last stage from token ids alone: greedy, or sampled with the drafts as point masses).
  */
 import type { Registry } from 'prom-client'
 import type { BackendName, TokenSource, TokenSourceWrapper } from '../engine/index.ts'
@@ -46,14 +46,13 @@ export interface ChainTarget {
 export interface Speculation extends TokenSourceWrapper {
   /** 'prompt-lookup' or 'draft:<model id>' (after start for a draft model). */
   readonly drafterName: string
-  /** A chain request's source (the chain samples at its last stage; only greedy requests speculate). */
+  /** A chain request's source (the chain checks drafts and samples at its last stage). */
   wrapChain (ctx: ChainTarget): TokenSource & { close: () => Promise<void> }
 }
 
-/** A chain's verifier: one traversal per verify, greedy acceptance at the last stage, rollback by start position on every stage. */
+/** A chain's verifier: one traversal per verify, acceptance at the last stage, rollback by start position on every stage. */
 function chainVerifier (chain: ChainTarget['chain']): Verifier {
   return {
-    greedyOnly: true,
     // The last stage makes the draws with its own seeded generator.
     prefill: async (promptIds, _pick, signal) => await chain.prefill(promptIds, signal),
     plain: async (token, position, _pick, signal) => await chain.decode(token, position, signal),

@@ -8,6 +8,7 @@ import {
   acceptGreedy, acceptSampled, chooseK, createCostTracker, distribution, expectedTokens, promptLookup, residual, sampleFrom,
 } from '../../daemon/speculative/index.ts'
 import type { SpeculationCosts } from '../../daemon/speculative/index.ts'
+import { checkDrafts } from '../../daemon/pipeline/index.ts'
 
 describe('prompt lookup', () => {
   it('proposes what followed the most recent earlier occurrence of the longest matching suffix', () => {
@@ -180,5 +181,28 @@ describe('adaptive K', () => {
     expect(c.verifyPerTokenMs).toBeCloseTo(1)
     expect(c.hops).toBe(3)
     expect(t.rounds).toBe(2)
+  })
+})
+
+describe("a chain's last stage: drafts as point masses", () => {
+  it('the first token of a verify follows the target softmax (chi-square), and greedy is by id', () => {
+    const vocab = 6
+    const row = Float32Array.from([2.0, 1.5, 1.4, 0.3, -1, 0.9])
+    const logits = new Float32Array(3 * vocab)
+    for (let r = 0; r < 3; r++) logits.set(row, r * vocab)
+    const params = { temperature: 0.8, topP: 0.95 }
+    const p = distribution(row, params, 0, vocab)
+    const rng = createRng(21)
+    const N = 40_000
+    const counts = new Array<number>(vocab).fill(0)
+    for (let s = 0; s < N; s++) {
+      // Drafts chosen any way at all (here: always the second most likely token, then 0).
+      const v = checkDrafts(logits, vocab, [1, 0], params, rng)
+      counts[v.accepted > 0 ? 1 : v.tokenId]!++
+      expect(v.draws).toBe(v.accepted + (v.accepted < 2 ? 1 : 0) + 1)
+    }
+    expect(chiSquare(counts, p, N)).toBeLessThan(20.52)
+    expect(checkDrafts(logits, vocab, [0, 0], { temperature: 0, topP: 1 }, rng)).toEqual({ accepted: 2, tokenId: 0, draws: 0 })
+    expect(checkDrafts(logits, vocab, [0, 3], { temperature: 0, topP: 1 }, rng)).toEqual({ accepted: 1, tokenId: 0, draws: 0 })
   })
 })
