@@ -38,14 +38,19 @@ export function tokensPerMs (c: SpeculationCosts, k: number): number {
   return t > 0 ? expectedTokens(c.acceptance, k) / t : Infinity
 }
 
-/** The K in [0, maxK] with the highest expected tokens per second (smallest K on ties). */
-export function chooseK (c: SpeculationCosts, maxK: number): number {
+/**
+ * The K in [0, maxK] with the highest expected tokens per second (smallest K on ties). Speculating
+ * at all must promise `minGain` over plain decoding (default 5 %): costs are measured on a noisy
+ * machine, and a drafter whose drafts almost never stand should not be kept busy for a rounding error.
+ */
+export function chooseK (c: SpeculationCosts, maxK: number, minGain = 0.05): number {
   let best = 0
-  let bestRate = tokensPerMs(c, 0)
+  const plain = tokensPerMs(c, 0)
+  let bestRate = plain
   for (let k = 1; k <= maxK; k++) {
     const r = tokensPerMs(c, k)
     // A K must beat the smaller ones by a hair: measurement noise should not buy longer rounds.
-    if (r > bestRate * 1.0001) { best = k; bestRate = r }
+    if (r > bestRate * 1.0001 && r > plain * (1 + minGain)) { best = k; bestRate = r }
   }
   return best
 }

@@ -206,3 +206,12 @@ describe("a chain's last stage: drafts as point masses", () => {
     expect(checkDrafts(logits, vocab, [0, 3], { temperature: 0, topP: 1 }, rng)).toEqual({ accepted: 1, tokenId: 0, draws: 0 })
   })
 })
+
+describe('adaptive K and noise', () => {
+  it('does not speculate for a gain inside the measurement noise', () => {
+    // Free drafts, a verify that costs nothing extra, 3 % acceptance: 3 % more tokens per step on paper.
+    const c = { acceptance: 0.03, draftStepMs: 0, verifyBaseMs: 5, verifyPerTokenMs: 0, hopMs: 0, hops: 0 }
+    expect(chooseK(c, 8)).toBe(0)
+    expect(chooseK(c, 8, 0)).toBeGreaterThan(0)
+  })
+})
