@@ -66,6 +66,7 @@ export function buildProgram (): Command {
     .option('--revocations <file>', 'CA revocation list withdrawing client keys (read at start)')
     .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
     .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
+    .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, or "lookup" (prompt lookup, no model)')
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
@@ -83,6 +84,7 @@ export function buildProgram (): Command {
     .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
     .option('--no-mdns', 'disable LAN discovery')
     .addOption(logFormat())
+    .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 
   const ca = program.command('ca').description('Operator certificate authority')

@@ -14,7 +14,7 @@
 export { createLocalService, stageInfoOf, DEFAULT_MAX_WAITING } from './local-service.ts'
 export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
-export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats } from './local-service.ts'
+export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {

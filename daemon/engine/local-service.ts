@@ -26,10 +26,10 @@ import type { SlotState } from './admission.ts'
 import { batchedTokenSource, endConditions, engineTokenSource, generateSequence } from './generate.ts'
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
-import type { EngineStats, StageInfo } from './protocol.ts'
+import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
-import type { BatchingStageEngine } from './stage-engine.ts'
+import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 
 /** Requests that may wait for a sequence slot at once, by default. */
@@ -68,6 +68,29 @@ export interface LocalServiceInit {
   budgetMs?: number
   /** Where the batcher's metrics go (one /metrics page). */
   metrics?: Registry
+  /**
+   * Replaces each request's token source (speculative decoding, daemon/speculative, plugs in
+   * here without the engine depending on it); started after and stopped before the engine.
+   */
+  sourceWrapper?: TokenSourceWrapper
+}
+
+/** What a source wrapper gets for one request: the sequence's target steps and its limits. */
+export interface WrapContext {
+  seqId: string
+  request: GenerateRequest
+  manifest: ShardManifest
+  /** One step of the request's sequence (through the micro-batcher when batching). */
+  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
+  /** Sets the sequence's KV back to its first `length` positions. */
+  rollback (length: number, signal: AbortSignal): Promise<void>
+}
+
+export interface TokenSourceWrapper {
+  start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
+  stop? (): Promise<void>
+  /** A request's token source; `close` runs when the request ends, before its sequence is freed. */
+  wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void> }
 }
 
 /** What routing and the mesh load record need from this service, now. */
@@ -209,9 +232,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released: Promise<void> | undefined
+    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
     const release = async (): Promise<void> => {
       released ??= (async () => {
         scope.dispose()
+        await wrapped?.close?.().catch(() => {})
         if (seqId !== undefined) {
           b?.release(seqId)
           await e.free(seqId).catch(() => {})
@@ -229,7 +254,19 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     try {
       await acquireSlot(ticket, progress, scope.signal)
       seqId = await e.open(request.requestId, scope.signal)
-      let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling)
+      const id = seqId
+      if (init.sourceWrapper !== undefined) {
+        wrapped = init.sourceWrapper.wrap({
+          seqId: id,
+          request,
+          manifest,
+          step: async (kind, tokenIds, positions, options, signal) => b === undefined
+            ? await e.step(id, { tokenIds }, positions, options, signal)
+            : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal),
+          rollback: async (length, signal) => { await e.rollback(id, length, signal) },
+        })
+      }
+      let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling))
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
         const first = await source.prefill(promptIds, scope.signal)
@@ -263,6 +300,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      // The source wrapper first: it may refuse this model, or load a draft model (undone if the engine fails).
+      await init.sourceWrapper?.start?.({ modelId, manifest })
       const device = init.device ?? 'CPU'
       const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
       const info = stageInfoFor(stageInfoOf(manifest), choice)
@@ -278,7 +317,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
-      await e.start()
+      await e.start().catch(async (err: unknown) => { await init.sourceWrapper?.stop?.().catch(() => {}); throw err })
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -294,6 +333,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     async stop () {
       stopping = true
       for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('local engine is stopping'))
+      await init.sourceWrapper?.stop?.()
       await batcher?.stop()
       batcher = undefined
       await engine?.stop()

@@ -7,8 +7,8 @@ import type { SerializedError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
 import type { TokenPick } from './sampling.ts'
 
-/** 2: steps may carry a TokenPick and then return a token id instead of logits. */
-export const ENGINE_PROTOCOL_VERSION = 2
+/** 2: steps may carry a TokenPick and then return a token id instead of logits. 3: rollback. */
+export const ENGINE_PROTOCOL_VERSION = 3
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -101,6 +101,8 @@ export type ToWorker =
   | { type: 'cancel', id: number, seqId: string }
   | { type: 'stats', id: number }
   | { type: 'close', id: number }
+  /** Sets a sequence's KV back to its first `length` positions (rejected speculative positions). */
+  | { type: 'rollback', id: number, seqId: string, length: number }
 
 export type FromWorker =
   | { type: 'ready', version: typeof ENGINE_PROTOCOL_VERSION, inputNames: string[], outputNames: string[] }
@@ -124,6 +126,9 @@ export function parseToWorker (msg: unknown): ToWorker | string {
     case 'free':
     case 'cancel':
       return typeof m.seqId === 'string' && m.seqId.length > 0 ? m as unknown as ToWorker : `${m.type}: seqId must be a non-empty string`
+    case 'rollback':
+      if (typeof m.seqId !== 'string' || m.seqId.length === 0) return 'rollback: seqId must be a non-empty string'
+      return Number.isSafeInteger(m.length) && (m.length as number) >= 0 ? m as unknown as ToWorker : 'rollback: length must be a non-negative integer'
     case 'step': {
       const bad = checkStepFields(m, 'step')
       return bad ?? m as unknown as ToWorker

@@ -73,6 +73,8 @@ export interface BatchingStageEngine extends StageEngine {
    * `signal` aborts every item. Resolves after the worker's run (aborted items included) is over.
    */
   stepBatch (items: StageBatchItem[], signal?: AbortSignal): Promise<StageBatchResult[]>
+  /** Sets a sequence's KV back to its first `length` positions (rejected speculative positions); not during its step. */
+  rollback (seqId: string, length: number, signal?: AbortSignal): Promise<void>
 }
 
 type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' }>
@@ -244,6 +246,10 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       }
       await Promise.all(cancels)
       return results as StageBatchResult[]
+    },
+    async rollback (seqId, length, signal) {
+      signal?.throwIfAborted()
+      await call({ type: 'rollback', id: nextId++, seqId, length })
     },
     async free (seqId) {
       await call({ type: 'free', id: nextId++, seqId })

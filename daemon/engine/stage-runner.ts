@@ -25,7 +25,7 @@ import {
 } from '../../shards/contract.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView } from './kv-block.ts'
+import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
@@ -62,6 +62,11 @@ export interface StageRunner {
    * ends its own sequence only, like a failed step.
    */
   stepBatch (items: BatchStepItem[]): Promise<BatchStepResult[]>
+  /**
+   * Sets a sequence's cache back to its first `length` positions (speculative decoding: positions
+   * the target rejected). Not while a step of it runs.
+   */
+  rollback (seqId: string, length: number): void
   /** Drops a sequence (waits for its running step to stop at a chunk boundary). Unknown ids are fine. */
   drop (seqId: string, how: 'free' | 'cancel'): Promise<void>
   stats (): EngineStats
@@ -348,6 +353,19 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
         for (const e of live) if (e.seq.running === running) e.seq.running = undefined
       }
       return results
+    },
+    rollback (seqId, length) {
+      const seq = sequences.get(seqId)
+      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
+      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
+      if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+      if (length === seq.length) return
+      // A left-aligned cache rolls back by its length alone: columns past it are never read, and
+      // the next step writes right after it (no copy; the paper's "mask and position bookkeeping").
+      // A right-aligned one keeps its live columns at the end, so what stays is copied out.
+      if (length === 0) seq.kv = undefined
+      else if (!leftAligned && seq.kv !== undefined) seq.kv = { block: truncateRow(seq.kv, seq.length, length, kvH, hd), row: 0 }
+      seq.length = length
     },
     async drop (seqId, how) {
       const seq = sequences.get(seqId)

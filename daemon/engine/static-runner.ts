@@ -186,6 +186,14 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
       return await guarded(seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
+    rollback (seqId, length) {
+      const seq = sequences.get(seqId)
+      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
+      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
+      if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+      // Slots past the length are masked out and rewritten by the next step: the length is the cache.
+      seq.length = length
+    },
     async stepBatch (items: BatchStepItem[]) {
       const results: BatchStepResult[] = new Array(items.length)
       const taken = new Set<string>()

@@ -89,6 +89,10 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'stepped-batch', id: msg.id, results: wire }, [...transfer])
         return
       }
+      case 'rollback':
+        runner.rollback(msg.seqId, msg.length)
+        post({ type: 'done', id: msg.id })
+        return
       case 'free':
       case 'cancel':
         await runner.drop(msg.seqId, msg.type)

@@ -56,6 +56,12 @@ export interface DaemonConfig {
   tls?: { certFile: string, keyFile: string }
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
   budgets?: Partial<Budgets>
+  /**
+   * Speculative decoding for the whole models this node serves: a draft model directory
+   * (checkpoint or shard directory with the target's tokenizer) or 'lookup' (prompt lookup, no
+   * model). Absent: no speculation.
+   */
+  draft?: string
 }
 
 export class ConfigError extends ShoalError {
@@ -115,9 +121,12 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   }
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
+  if (input.draft !== undefined && input.draft.length === 0) throw new ConfigError('--draft', 'expected a draft model directory or "lookup"')
+  const draft = input.draft === undefined || input.draft === 'lookup' || input.draft === 'demo' ? input.draft : abs(input.draft)
   return Object.freeze({
     ...input,
     models: Object.freeze(models) as ModelSpec[],
+    ...(draft === undefined ? {} : { draft }),
     dataDir: abs(input.dataDir),
     cacheRoot: abs(input.cacheRoot),
     listen: Object.freeze([...input.listen]) as string[],

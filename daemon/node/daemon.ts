@@ -46,6 +46,8 @@ import { createWitness } from '../witness/index.ts'
 import type { Witness } from '../witness/index.ts'
 import { ingressRefusal, roleRefusal } from './roles.ts'
 import type { ClientAuth } from '../ingress/index.ts'
+import { createSpeculation } from '../speculative/index.ts'
+import type { Speculation } from '../speculative/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -121,6 +123,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let witness: Witness | undefined
   let apiUrl: string | undefined
   let engine: EngineChoice | undefined
+  let draft: ResolvedModel | undefined
   const models: ResolvedModel[] = []
   /** Whole models, and the chains this node coordinates (it holds their stage 0). */
   const locals: LocalService[] = []
@@ -195,8 +198,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         if (devices.length > 1 && (models.length !== 1 || models[0]!.localChain !== true)) {
           throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
         }
+        // The draft model for speculative decoding (--draft), resolved (compiled) once.
+        draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
+        if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
         for (const model of models.filter(m => m.whole)) {
+          const sourceWrapper = speculation(engine)
           const service = createLocalService({
+            ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
             shardDir: model.shardDir,
             nodeId: signer!.peerId,
             backend: engine.backend,
@@ -210,7 +218,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           })
           await service.start()
           locals.push(service)
-          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device }, 'model loaded')
+          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
         }
         for (const model of models.filter(m => !m.whole && m.localChain !== true)) await startStage(model, engine)
         for (const model of models.filter(m => m.localChain === true)) {
@@ -331,6 +339,20 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     return createClientAuth({ caCertificate, revocations: () => list })
   }
 
+  /**
+   * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
+   * asks for it: its own draft worker (or prompt lookup) beside the model's engine.
+   */
+  function speculation (choice: EngineChoice): Speculation | undefined {
+    if (config.draft === undefined) return undefined
+    return createSpeculation({
+      drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
+      backend: choice.backend,
+      device: choice.device,
+      metrics,
+    })
+  }
+
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
   async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
     const m = mesh
@@ -359,7 +381,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
-    const coordinator = createPipelineService({ stage, shardDir: model.shardDir }, { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) })
+    // Speculation for a chain runs where its requests enter: here, beside stage 0.
+    const sourceWrapper = speculation(choice)
+    const coordinator = createPipelineService(
+      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }) },
+      { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) },
+    )
     await coordinator.start()
     coordinators.push(coordinator)
   }

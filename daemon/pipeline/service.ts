@@ -11,11 +11,12 @@ import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, ad
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { TokenSource } from '../engine/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
-import type { ChainTokenSourceInit } from './chain-source.ts'
+import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
 
@@ -38,6 +39,26 @@ export interface PipelineServiceInit {
    * static graphs holds its KV budget). Default: stage 0's (PipelineStage.manifest).
    */
   maxContextTokens?: number
+  /**
+   * Replaces each request's token source over its chain (speculative decoding, daemon/speculative,
+   * plugs in here without the pipeline depending on it); started and stopped with the service.
+   */
+  sourceWrapper?: ChainSourceWrapper
+}
+
+/** What a chain source wrapper gets for one request. */
+export interface ChainWrapContext {
+  request: GenerateRequest
+  manifest: ShardManifest
+  /** The request's chain: prefill / decode, and verify (a token and its drafts in one traversal). */
+  chain: Pick<ChainTokenSource, 'prefill' | 'decode' | 'verify'>
+}
+
+export interface ChainSourceWrapper {
+  start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
+  stop? (): Promise<void>
+  /** A request's token source; `close` runs when the request ends, before the chain is closed. */
+  wrapChain (ctx: ChainWrapContext): TokenSource & { close?: () => Promise<void> }
 }
 
 export interface PipelineServiceComponents {
@@ -104,14 +125,17 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
     })
+    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
     try {
       await source.connect(scope.signal)
+      wrapped = init.sourceWrapper?.wrapChain({ request, manifest, chain: source })
       // Prefill before `start`, as the local engine does: a chain that cannot be completed is then
       // a plain HTTP error (503), streaming or not, and `start` names the chain that answered.
-      let tokens: TokenSource = source
+      let tokens: TokenSource = wrapped ?? source
       if (request.maxTokens === undefined || request.maxTokens > 0) {
-        const first = await source.prefill(promptIds, scope.signal)
-        tokens = { prefill: async () => first, decode: async (t, p, s) => await source.decode(t, p, s) }
+        const inner = tokens
+        const first = await inner.prefill(promptIds, scope.signal)
+        tokens = { prefill: async () => first, decode: async (t, p, s) => await inner.decode(t, p, s) }
       }
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
       for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
@@ -129,6 +153,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     } finally {
       scope.dispose()
       active--
+      await wrapped?.close?.().catch(() => {})
       await source.close()
     }
   }
@@ -137,12 +162,14 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     async start () {
       if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
       codec = await loadTextCodec(init.shardDir, manifest)
+      await init.sourceWrapper?.start?.({ modelId, manifest })
       created = Math.floor(Date.now() / 1000)
     },
     async stop () {
       const c = codec
       codec = undefined
       await c?.close()
+      await init.sourceWrapper?.stop?.()
     },
     models (): ModelCard[] {
       if (codec === undefined) return []

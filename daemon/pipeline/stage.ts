@@ -1,6 +1,6 @@
 /**
  * A served stage: `--model SHARDDIR@A-B` loads only the graph (and weights) of the stage holding
- * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/1.0.0 with it.
+ * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/2.0.0 with it.
  * The steps of all requests waiting for the stage meet in one micro-batcher (as a local model's
  * do), so interleaved chains share engine runs. The manifest hash it reports (sha256 of
  * manifest.json) keeps chains to stages of one compilation.

@@ -20,6 +20,7 @@ export interface NodeOptions {
   requireKeys?: boolean
   tlsCert?: string
   tlsKey?: string
+  draft?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -44,6 +45,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...tlsOf(opts),
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

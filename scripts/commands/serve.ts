@@ -17,6 +17,7 @@ export interface ServeOptions {
   revocations?: string
   tlsCert?: string
   tlsKey?: string
+  draft?: string
 }
 
 export async function serve (opts: ServeOptions): Promise<void> {
@@ -40,6 +41,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...tlsOf(opts),
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

@@ -36,6 +36,14 @@ export interface GenerateOptions {
   configOverrides?: Record<string, unknown>
   /** Rewrites a generated tensor in place before it is written (e.g. a router with tied rows). */
   tensorHook?: (name: string, data: Float32Array, shape: number[]) => void
+  /** Vocabulary instead of the size's (0: the tokenizer's 512, no padded rows). */
+  vocab?: number
+  /**
+   * Scales o_proj and down_proj of layers ≥ fromLayer by `scale`: those layers then add only
+   * ε-sized updates to the residual stream, so the model's logits track those of the same seed's
+   * first `fromLayer` layers (see generateDraftPair).
+   */
+  residualScale?: { fromLayer: number, scale: number }
 }
 
 interface SizeSpec { hidden: number, layers: number, heads: number, kvHeads: number, ffn: number, vocab: number, maxPositions: number }
@@ -240,7 +248,11 @@ const RESIDUAL_GAIN = 2
 
 export async function generateTestModel (options: GenerateOptions): Promise<void> {
   const prof = PROFILES[options.architecture]
-  const size = { ...SIZES[options.size ?? 'tiny'], ...(options.layers === undefined ? {} : { layers: options.layers }) }
+  const size = {
+    ...SIZES[options.size ?? 'tiny'],
+    ...(options.layers === undefined ? {} : { layers: options.layers }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+  }
   const seed = options.seed ?? 1
   const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
   const hd = size.hidden / size.heads
@@ -275,6 +287,11 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     ...options.configOverrides,
   }
 
+  const damping = (name: string): number => {
+    const r = options.residualScale
+    const layer = /^model\.layers\.(\d+)\./.exec(name)?.[1]
+    return r !== undefined && layer !== undefined && Number(layer) >= r.fromLayer ? r.scale : 1
+  }
   // Per-tensor streams: a tensor's values depend only on (seed, name), not on what else is written.
   const special = new Set(tok.specialIds.values())
   const headScale = LOGIT_STD / Math.sqrt(size.hidden)
@@ -287,7 +304,7 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
       const out = new Float32Array(n)
       if (kind === 'norm') for (let i = 0; i < n; i++) out[i] = 1 + 0.1 * rng.normal()
       else if (kind === 'bias') for (let i = 0; i < n; i++) out[i] = 0.1 * rng.normal()
-      else if (kind === 'linear') { const s = (/(o_proj|down_proj|\.w2\.)/.test(name) ? RESIDUAL_GAIN : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
+      else if (kind === 'linear') { const s = (/(o_proj|down_proj|\.w2\.)/.test(name) ? RESIDUAL_GAIN * damping(name) : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
       else {
         // Rows past the tokenizer stay zero (padding, never the argmax); special tokens are damped so random text rarely hits EOS.
         const d = shape[1]!
@@ -355,6 +372,59 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     eos_token: prof.eos,
     ...(prof.pad !== undefined ? { pad_token: prof.pad } : {}),
   })
+}
+
+export interface DraftPairOptions {
+  architecture: TestArchitecture
+  /** Writes `draft/` and `target/` checkpoints under it. */
+  outDir: string
+  size?: TestModelSize
+  seed?: number
+  /** Layers of the draft; the target has these same layers first (default 1). */
+  draftLayers?: number
+  /** Layers the target adds after them (default 3). */
+  extraLayers?: number
+  /**
+   * Scale of the extra layers' output projections: 0 makes the target compute exactly the draft's
+   * function (agreement 100 %), small values keep the target's logits close to the draft's (high
+   * agreement), 1 makes them ordinary layers (the two models disagree about as often as unrelated
+   * random models). Default 0.05.
+   */
+  epsilon?: number
+  /** Vocabulary instead of the size's (0: the tokenizer's 512). */
+  vocab?: number
+  /** Model ids the compiled manifests serve under (default 'draft' / 'target'). */
+  draftId?: string
+  targetId?: string
+}
+
+/**
+ * A draft/target pair with tunable agreement, for speculative decoding: the same seed gives both
+ * the same embedding, head, final norm and first layers (a tensor's values depend only on seed and
+ * name), and the target adds layers whose residual updates are scaled by ε. Random weights make
+ * two independent models disagree on nearly every token; this pair agrees as often as ε allows.
+ */
+export async function generateDraftPair (options: DraftPairOptions): Promise<{ draftDir: string, targetDir: string }> {
+  const draftLayers = options.draftLayers ?? 1
+  const extra = options.extraLayers ?? 3
+  const common = {
+    architecture: options.architecture,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+    seed: options.seed ?? 1,
+  }
+  const draftDir = join(options.outDir, 'draft')
+  const targetDir = join(options.outDir, 'target')
+  await generateTestModel({ ...common, outDir: draftDir, layers: draftLayers, modelId: options.draftId ?? 'draft', description: `random weights (shoal draft model: ${draftLayers} layers); not a trained model` })
+  await generateTestModel({
+    ...common,
+    outDir: targetDir,
+    layers: draftLayers + extra,
+    residualScale: { fromLayer: draftLayers, scale: options.epsilon ?? 0.05 },
+    modelId: options.targetId ?? 'target',
+    description: `random weights (shoal target model: draft + ${extra} layers at ε = ${options.epsilon ?? 0.05}); not a trained model`,
+  })
+  return { draftDir, targetDir }
 }
 
 async function writeJson (file: string, value: unknown): Promise<void> {
