@@ -13,7 +13,7 @@ export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStat
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {
-  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
+  BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'

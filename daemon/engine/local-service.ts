@@ -7,11 +7,18 @@
  * one `stepBatch`, so concurrent requests decode together (continuous batching). The prompt's
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
+ *
+ * Prefix reuse (graphs with left-aligned caches): a finished request's KV (prompt and the tokens
+ * fed back) is kept in the worker instead of freed, indexed by daemon/kv's prefix cache within
+ * `kvCacheBytes`; a new prompt that starts with a kept prefix opens its sequence from it and
+ * prefills only the rest (at least its last token, whose logits pick the first new token).
  */
 import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
+import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index.ts'
+import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
@@ -49,9 +56,19 @@ export interface LocalServiceInit {
   batchLimits?: Partial<BatchLimits>
   /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
   budgetMs?: number
-  /** Where the batcher's metrics go (one /metrics page). */
+  /** Where the batcher's and the prefix cache's metrics go (one /metrics page). */
   metrics?: Registry
+  /**
+   * Bytes of KV kept from finished requests for prefix reuse (graphs with left-aligned caches
+   * only); 0 turns reuse off. Default DEFAULT_KV_CACHE_BYTES.
+   */
+  kvCacheBytes?: number
+  /** Tokens per hashed prefix block (daemon/kv DEFAULT_BLOCK_SIZE otherwise); also the least reused. */
+  prefixBlockSize?: number
 }
+
+/** Kept-prefix budget when none is given (the CLI derives its default from free memory). */
+export const DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 /** What routing and the mesh load record need from this service, now. */
 export interface LocalServiceLoad extends BatcherLoad {
@@ -67,6 +84,8 @@ export interface LocalServiceStats {
   activeRequests: number
   maxSequences: number
   engine: EngineStats | undefined
+  /** The prefix cache's index (absent when reuse is off). */
+  prefix?: PrefixCacheStats
 }
 
 export interface LocalService extends InferenceService {
@@ -123,6 +142,37 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let created = 0
   let stopping = false
   let active = 0
+  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number } | undefined
+
+  /** A prefix lease for this prompt (counted as hits and misses), or none. */
+  function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
+    if (prefix === undefined) return undefined
+    const before = prefix.cache.stats()
+    const lease = prefix.cache.acquire(prefix.scope, promptIds)
+    const after = prefix.cache.stats()
+    prefix.metrics.hitTokens.inc({ model: modelId }, after.hitTokens - before.hitTokens)
+    prefix.metrics.missTokens.inc({ model: modelId }, after.missTokens - before.missTokens)
+    return lease
+  }
+
+  /**
+   * Ends a sequence keeping its KV as a prefix when the cache takes it, freeing it otherwise.
+   * `tokens`: what the sequence was fed, in order (its KV may hold fewer: the last generated
+   * token is never fed back; an abort may have cut a step short).
+   */
+  async function finish (e: BatchingStageEngine, seqId: string, tokens: number[]): Promise<void> {
+    const p = prefix
+    if (p === undefined || tokens.length < p.cache.blockSize) { await e.free(seqId); return }
+    const key = `p${++p.keys}`
+    const kept = await e.retain(seqId, key, tokens.length)
+    if (kept.length === 0) return
+    const before = p.cache.stats().evictions
+    const { drop } = p.cache.insert(p.scope, key, tokens.slice(0, kept.length), kept.bytes)
+    const stats = p.cache.stats()
+    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
+    p.metrics.bytes.set({ model: modelId }, stats.bytes)
+    await e.evict(drop)
+  }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     if (stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined) {
@@ -136,6 +186,9 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     let seqId: string | undefined
     const e = engine
     const b = batcher
+    let lease = acquirePrefix(promptIds)
+    /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
+    const fed = [...promptIds]
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released = false
@@ -144,20 +197,35 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       released = true
       scope.dispose()
       active--
+      lease?.release()
       if (seqId !== undefined) {
         b?.release(seqId)
-        await e.free(seqId).catch(() => {})
+        await finish(e, seqId, fed).catch(async () => { await e.free(seqId!).catch(() => {}) })
       }
     }
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
-      seqId = await e.open(request.requestId, scope.signal)
-      let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling)
+      if (lease !== undefined) {
+        try {
+          seqId = await e.openFrom(request.requestId, lease.key, lease.length, scope.signal)
+        } catch (err) {
+          if (scope.signal.aborted) throw err
+          // The kept prefix is gone (it should not be): forget it and prefill everything.
+          prefix?.cache.remove(lease.key)
+          lease.release()
+          lease = undefined
+        }
+      }
+      seqId ??= await e.open(request.requestId, scope.signal)
+      const reused = lease?.length ?? 0
+      let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling, reused) : batchedTokenSource(b, seqId, request.sampling, reused)
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
         const first = await source.prefill(promptIds, scope.signal)
         source = { prefill: async () => first, decode: source.decode }
       }
+      // The prefix is in this sequence's own KV now: it may be evicted or superseded.
+      lease?.release()
       yield {
         type: 'start',
         promptTokenIds: promptIds,
@@ -165,7 +233,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
-      yield * generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })
+      for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+        if (ev.type === 'delta') fed.push(...ev.tokenIds)
+        yield ev
+      }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
@@ -193,6 +264,16 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
       await e.start()
+      const stage0 = stageInfoOf(manifest)
+      const kvBytes = init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES
+      prefix = stage0.batchPadding === 'right' && kvBytes > 0
+        ? {
+            cache: createPrefixCache({ budgetBytes: kvBytes, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
+            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: stage0.layers, dtype: 'float32' }),
+            metrics: createPrefixMetrics(init.metrics),
+            keys: 0,
+          }
+        : undefined
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -211,6 +292,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       batcher = undefined
       await engine?.stop()
       engine = undefined
+      // Kept prefixes lived in that worker.
+      prefix = undefined
     },
     models (): ModelCard[] {
       if (manifest === undefined || modelId === undefined) return []
@@ -235,7 +318,12 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
     async stats () {
-      return { activeRequests: active, maxSequences, engine: engine === undefined ? undefined : await engine.stats() }
+      return {
+        activeRequests: active,
+        maxSequences,
+        engine: engine === undefined ? undefined : await engine.stats(),
+        ...(prefix === undefined ? {} : { prefix: prefix.cache.stats() }),
+      }
     },
   }
 }

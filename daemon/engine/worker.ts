@@ -84,6 +84,19 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
       case 'stats':
         post({ type: 'stats', id: msg.id, stats: runner.stats() })
         return
+      case 'retain': {
+        const kept = await runner.retain(msg.seqId, msg.key, msg.maxLength)
+        post({ type: 'retained', id: msg.id, ...kept })
+        return
+      }
+      case 'open-from':
+        runner.openFrom(msg.seqId, msg.key, msg.length)
+        post({ type: 'done', id: msg.id })
+        return
+      case 'evict':
+        runner.evict(msg.keys)
+        post({ type: 'done', id: msg.id })
+        return
       case 'close':
         await session.close()
         post({ type: 'done', id: msg.id })

@@ -1,0 +1,217 @@
+/**
+ * KV prefix reuse on one node (a whole-model tiny fp32 shard, ort-contrib ops: left-aligned
+ * caches): kept prefixes in the stage runner, and the local service reusing them — greedy tokens
+ * identical with and without reuse (alone and batched), a follow-up turn prefilling only its new
+ * tokens, the byte budget held under a stream of distinct prompts, and an evicted prefix never
+ * pulled from under a sequence that started from it.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createLocalService, createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { LocalService, LocalServiceInit, StageRunner, StepOutput } from '../../daemon/engine/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { buildTinyModel } from './tiny-model.ts'
+import type { TinyModel } from './tiny-model.ts'
+
+let counter = 0
+function request (model: TinyModel, ids: number[], maxTokens = 12): GenerateRequest {
+  return {
+    requestId: `px-${++counter}`,
+    model: model.manifest.modelId,
+    prompt: { kind: 'tokens', ids },
+    maxTokens,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+  }
+}
+
+interface Run { tokens: number[], end: Extract<GenerateEvent, { type: 'end' }> }
+
+async function run (svc: LocalService, req: GenerateRequest): Promise<Run> {
+  const tokens: number[] = []
+  let end: Run['end'] | undefined
+  for await (const ev of svc.generate(req, new AbortController().signal)) {
+    if (ev.type === 'delta') tokens.push(...ev.tokenIds)
+    if (ev.type === 'end') end = ev
+  }
+  return { tokens, end: end! }
+}
+
+/** Deterministic pseudo-random token ids in [3, vocab). */
+function tokens (n: number, seed: number, vocab: number): number[] {
+  let x = seed * 2654435761 >>> 0
+  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
+}
+
+describe('kept-prefix messages at the worker boundary', () => {
+  it('checks retain, open-from and evict', () => {
+    expect(parseToWorker({ type: 'retain', id: 1, seqId: 's', key: 'k', maxLength: 5 })).toMatchObject({ type: 'retain' })
+    expect(parseToWorker({ type: 'retain', id: 1, seqId: 's', key: '', maxLength: 5 })).toMatch(/non-empty/)
+    expect(parseToWorker({ type: 'retain', id: 1, seqId: 's', key: 'k', maxLength: -1 })).toMatch(/maxLength/)
+    expect(parseToWorker({ type: 'open-from', id: 2, seqId: 's', key: 'k', length: 3 })).toMatchObject({ type: 'open-from' })
+    expect(parseToWorker({ type: 'open-from', id: 2, seqId: 's', key: 'k', length: 0 })).toMatch(/length/)
+    expect(parseToWorker({ type: 'evict', id: 3, keys: ['a', 'b'] })).toMatchObject({ type: 'evict' })
+    expect(parseToWorker({ type: 'evict', id: 3, keys: [1] })).toMatch(/keys/)
+  })
+})
+
+describe('kept prefixes in the stage runner', () => {
+  let model: TinyModel
+  let runner: StageRunner
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    const session = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
+    const stage = stageInfoOf(model.manifest)
+    expect(stage.batchPadding).toBe('right')
+    runner = createStageRunner({ session, stage, chunkSize: 64 })
+  })
+  afterAll(async () => { await model?.cleanup() })
+
+  const step = async (seqId: string, ids: number[], from: number): Promise<Float32Array> => {
+    const out: StepOutput = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(ids, BigInt) }, BigInt64Array.from(ids.map((_, i) => BigInt(from + i))), 1)
+    if (out.kind !== 'logits') throw new Error('expected logits')
+    return out.data
+  }
+
+  it('a sequence opened from a kept prefix computes what a full prefill does, even after the prefix is evicted', async () => {
+    const vocab = model.manifest.shape.vocabSize
+    const prompt = tokens(40, 1, vocab)
+    runner.open('full')
+    const want = await step('full', prompt, 0)
+    await runner.drop('full', 'free')
+
+    runner.open('a')
+    await step('a', prompt.slice(0, 30), 0)
+    await step('a', [prompt[30]!], 30)
+    const kept = await runner.retain('a', 'k1', 31)
+    expect(kept.length).toBe(31)
+    expect(runner.stats()).toMatchObject({ liveSequences: 0, keptPrefixes: 1, keptBytes: kept.bytes })
+
+    for (const [id, length] of [['whole', 31], ['part', 24]] as const) {
+      runner.openFrom(id, 'k1', length)
+      // Evicted while the sequence still holds it: the sequence keeps its own reference (or copy).
+      if (id === 'part') runner.evict(['k1'])
+      const got = await step(id, prompt.slice(length), length)
+      const d = got.reduce((m, v, i) => Math.max(m, Math.abs(v - want[i]!)), 0)
+      expect(d).toBeLessThan(1e-4)
+      expect(got.indexOf(Math.max(...got))).toBe(want.indexOf(Math.max(...want)))
+      await runner.drop(id, 'free')
+    }
+    expect(runner.stats()).toMatchObject({ keptPrefixes: 0, keptBytes: 0 })
+    expect(() => { runner.openFrom('gone', 'k1', 4) }).toThrow(/no prefix is kept/)
+    // Unknown sequence: nothing kept.
+    await expect(runner.retain('nobody', 'k2', 10)).resolves.toEqual({ length: 0, bytes: 0 })
+  })
+})
+
+describe('prefix reuse in the local service', () => {
+  let model: TinyModel
+  const services: LocalService[] = []
+  async function service (init: Partial<LocalServiceInit> = {}): Promise<LocalService> {
+    const svc = createLocalService({ shardDir: model.shardDir, threads: 1, maxSequences: 4, ...init })
+    await svc.start()
+    services.push(svc)
+    return svc
+  }
+  let plain: LocalService
+  let reusing: LocalService
+  let vocab: number
+
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    vocab = model.manifest.shape.vocabSize
+    plain = await service({ kvCacheBytes: 0 })
+    reusing = await service({ prefixBlockSize: 8 })
+  })
+  afterAll(async () => {
+    for (const s of services) await s.stop()
+    await model?.cleanup()
+  })
+
+  const prefixStats = async (svc: LocalService): Promise<{ hitTokens: number, missTokens: number, bytes: number, entries: number, evictions: number }> => {
+    const s = await svc.stats()
+    return s.prefix!
+  }
+
+  it('reuse is off without a budget', async () => {
+    expect((await plain.stats()).prefix).toBeUndefined()
+  })
+
+  it('whole-sequence greedy tokens are identical with and without reuse: same prompt, and a continuation', async () => {
+    const prompt = tokens(37, 2, vocab)
+    const want = await run(plain, request(model, prompt, 20))
+    const first = await run(reusing, request(model, prompt, 20))
+    expect(first.tokens).toEqual(want.tokens)
+    const s0 = await prefixStats(reusing)
+    const again = await run(reusing, request(model, prompt, 20))
+    expect(again.tokens).toEqual(want.tokens)
+    const s1 = await prefixStats(reusing)
+    // The whole prompt but its last token came from the kept prefix.
+    expect(s1.hitTokens - s0.hitTokens).toBe(36)
+    expect(s1.missTokens - s0.missTokens).toBe(1)
+
+    const next = [...prompt, ...want.tokens.slice(0, 7), ...tokens(9, 3, vocab)]
+    const wantNext = await run(plain, request(model, next, 20))
+    const gotNext = await run(reusing, request(model, next, 20))
+    expect(gotNext.tokens).toEqual(wantNext.tokens)
+    expect((await prefixStats(reusing)).hitTokens - s1.hitTokens).toBe(37 + 7)
+  })
+
+  it('with batching: concurrent requests sharing a system prefix give each its tokens alone', async () => {
+    const system = tokens(29, 4, vocab)
+    const prompts = [0, 1, 2, 3].map(i => [...system, ...tokens(5 + 3 * i, 10 + i, vocab)])
+    const want: number[][] = []
+    for (const p of prompts) want.push((await run(plain, request(model, p, 16))).tokens)
+    // Warm the cache with the system prompt alone, then all four at once.
+    await run(reusing, request(model, system, 4))
+    const s0 = await prefixStats(reusing)
+    const got = await Promise.all(prompts.map(async p => await run(reusing, request(model, p, 16))))
+    expect(got.map(g => g.tokens)).toEqual(want)
+    expect((await prefixStats(reusing)).hitTokens - s0.hitTokens).toBeGreaterThanOrEqual(4 * 29)
+  })
+
+  it('multi-turn: each follow-up turn prefills only its new tokens', async () => {
+    let history = tokens(21, 20, vocab)
+    const entries0 = (await prefixStats(reusing)).entries
+    let newTokens = 0
+    for (let turn = 0; turn < 4; turn++) {
+      const before = await prefixStats(reusing)
+      const r = await run(reusing, request(model, history, 10))
+      const wantTurn = await run(plain, request(model, history, 10))
+      expect(r.tokens).toEqual(wantTurn.tokens)
+      const after = await prefixStats(reusing)
+      if (turn === 0) expect(after.missTokens - before.missTokens).toBe(history.length)
+      const user = tokens(6 + turn, 30 + turn, vocab)
+      const nextHistory = [...history, ...r.tokens, ...user]
+      if (turn > 0) {
+        // This turn's prompt = the last turn's prompt + its reply + a new user message; the last
+        // reply's final token was never fed back, so it is prefilled with the new message.
+        expect(after.missTokens - before.missTokens).toBe(newTokens)
+        expect(after.hitTokens - before.hitTokens).toBe(history.length - newTokens)
+      }
+      newTokens = user.length + (r.end.finishReason === 'length' ? 1 : 0)
+      history = nextHistory
+    }
+    // Each turn's entry superseded the last one's: one conversation, one entry.
+    expect((await prefixStats(reusing)).entries).toBe(entries0 + 1)
+  })
+
+  it('holds its byte budget under a stream of distinct prompts, and the worker holds exactly what the index keeps', async () => {
+    const stage = stageInfoOf(model.manifest)
+    const perToken = 2 * (stage.layers[1] - stage.layers[0] + 1) * stage.numKvHeads * stage.headDim * 4
+    const budget = perToken * 100 // room for about three 30-token sequences
+    const small = await service({ prefixBlockSize: 8, kvCacheBytes: budget })
+    for (let i = 0; i < 8; i++) {
+      await run(small, request(model, tokens(24, 100 + i, vocab), 8))
+      const s = await small.stats()
+      expect(s.prefix!.bytes).toBeLessThanOrEqual(budget)
+      expect(s.engine!.keptBytes).toBe(s.prefix!.bytes)
+      expect(s.engine!.keptPrefixes).toBe(s.prefix!.entries)
+      expect(s.engine!.liveSequences).toBe(0)
+    }
+    const s = await small.stats()
+    expect(s.prefix!.evictions).toBeGreaterThanOrEqual(5)
+    expect(s.prefix!.entries).toBe(3)
+  })
+})
