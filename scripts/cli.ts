@@ -60,6 +60,7 @@ export function buildProgram (): Command {
     .option('--api <host:port>', 'HTTP listen address', '127.0.0.1:8080')
     .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO); for a multi-stage shard directory, one per stage (cpu,GPU,NPU)', 'auto')
     .option('--data <dir>', 'receipt log and node key (default: the cache directory\'s serve/)')
+    .option('--kv-cache-mb <n>', 'MiB of KV kept from finished requests for prefix reuse; 0: none (default: an eighth of free memory, 64–2048)')
     .addOption(logFormat())
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
@@ -73,6 +74,7 @@ export function buildProgram (): Command {
     .option('--device <device>', 'engine device', 'auto')
     .option('--data <dir>', 'receipt log and node state (default: IDENTITY/data)')
     .option('--revocations <file>', 'CA revocation list')
+    .option('--kv-cache-mb <n>', 'MiB of KV kept from finished requests for prefix reuse; 0: none (default: an eighth of free memory, 64–2048)')
     .option('--no-mdns', 'disable LAN discovery')
     .addOption(logFormat())
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })

@@ -48,6 +48,11 @@ export interface DaemonConfig {
   revocationsFile?: string
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
   budgets?: Partial<Budgets>
+  /**
+   * MiB of KV kept from finished requests for prefix reuse (--kv-cache-mb); 0 turns reuse off;
+   * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
+   */
+  kvCacheMb?: number
 }
 
 export class ConfigError extends ShoalError {
@@ -89,6 +94,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
   // One /shoal/stage handler per node: a node serves at most one pipeline stage.
   if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')
+  if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
+    throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
+  }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {
     if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)

@@ -4,6 +4,7 @@
  * stop:  ingress (503 while closing) → routing → engines → mesh → ledger flush.
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
+import { freemem } from 'node:os'
 import { join } from 'node:path'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
@@ -13,6 +14,7 @@ import { createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
+import { defaultKvCacheBytes } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh } from '../mesh/index.ts'
@@ -177,6 +179,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
             budgetMs: budgets.batchBudgetMs,
+            // Kept KV prefixes: the operator's budget, else a share of the memory free now.
+            kvCacheBytes: config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024,
           })
           await service.start()
           locals.push(service)

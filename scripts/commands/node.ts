@@ -1,6 +1,6 @@
 /** `shoal node`: the mesh daemon. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -17,6 +17,7 @@ export interface NodeOptions {
   revocations?: string
   mdns: boolean
   logFormat?: string
+  kvCacheMb?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -28,6 +29,7 @@ export async function node (opts: NodeOptions): Promise<void> {
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     identityDir: opts.identity,
     models,
@@ -37,6 +39,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     cacheRoot: cacheRoot(),
     listen: opts.listen,
     bootstrap: opts.bootstrap,
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
   })

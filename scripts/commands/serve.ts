@@ -1,6 +1,6 @@
 /** `shoal serve`: one machine, no mesh — a model directory behind the OpenAI API. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -12,6 +12,7 @@ export interface ServeOptions {
   device: string
   data?: string
   logFormat?: string
+  kvCacheMb?: string
 }
 
 export async function serve (opts: ServeOptions): Promise<void> {
@@ -22,6 +23,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     models: [{ dir: opts.model }],
     api,
@@ -30,6 +32,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     cacheRoot: cacheRoot(),
     listen: [],
     bootstrap: [],
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: false,
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })

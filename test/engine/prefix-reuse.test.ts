@@ -5,6 +5,7 @@
  * tokens, the byte budget held under a stream of distinct prompts, and an evicted prefix never
  * pulled from under a sequence that started from it.
  */
+import { Registry } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService, createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { LocalService, LocalServiceInit, StageRunner, StepOutput } from '../../daemon/engine/index.ts'
@@ -117,12 +118,13 @@ describe('prefix reuse in the local service', () => {
   let plain: LocalService
   let reusing: LocalService
   let vocab: number
+  const registry = new Registry()
 
   beforeAll(async () => {
     model = await buildTinyModel()
     vocab = model.manifest.shape.vocabSize
     plain = await service({ kvCacheBytes: 0 })
-    reusing = await service({ prefixBlockSize: 8 })
+    reusing = await service({ prefixBlockSize: 8, metrics: registry })
   })
   afterAll(async () => {
     for (const s of services) await s.stop()
@@ -195,13 +197,21 @@ describe('prefix reuse in the local service', () => {
     }
     // Each turn's entry superseded the last one's: one conversation, one entry.
     expect((await prefixStats(reusing)).entries).toBe(entries0 + 1)
+    // The same counts on /metrics.
+    const s = await prefixStats(reusing)
+    const text = await registry.metrics()
+    const model0 = model.manifest.modelId
+    expect(text).toContain(`shoal_kv_prefix_hit_tokens_total{model="${model0}"} ${s.hitTokens}`)
+    expect(text).toContain(`shoal_kv_prefix_miss_tokens_total{model="${model0}"} ${s.missTokens}`)
+    expect(text).toContain(`shoal_kv_prefix_bytes{model="${model0}"} ${s.bytes}`)
   })
 
   it('holds its byte budget under a stream of distinct prompts, and the worker holds exactly what the index keeps', async () => {
     const stage = stageInfoOf(model.manifest)
     const perToken = 2 * (stage.layers[1] - stage.layers[0] + 1) * stage.numKvHeads * stage.headDim * 4
     const budget = perToken * 100 // room for about three 30-token sequences
-    const small = await service({ prefixBlockSize: 8, kvCacheBytes: budget })
+    const smallMetrics = new Registry()
+    const small = await service({ prefixBlockSize: 8, kvCacheBytes: budget, metrics: smallMetrics })
     for (let i = 0; i < 8; i++) {
       await run(small, request(model, tokens(24, 100 + i, vocab), 8))
       const s = await small.stats()
@@ -213,5 +223,6 @@ describe('prefix reuse in the local service', () => {
     const s = await small.stats()
     expect(s.prefix!.evictions).toBeGreaterThanOrEqual(5)
     expect(s.prefix!.entries).toBe(3)
+    expect(await smallMetrics.metrics()).toContain(`shoal_kv_prefix_evictions_total{model="${model.manifest.modelId}"} ${s.prefix!.evictions}`)
   })
 })
