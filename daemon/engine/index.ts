@@ -9,7 +9,7 @@
  *  - the local InferenceService for a whole-model shard directory.
  */
 export { createLocalService, stageInfoOf } from './local-service.ts'
-export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats } from './local-service.ts'
+export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {

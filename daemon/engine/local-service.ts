@@ -67,6 +67,16 @@ export interface LocalServiceInit {
   prefixBlockSize?: number
 }
 
+export interface PrefixSummary {
+  scope: string
+  blockSize: number
+  /** Compact block hashes (daemon/kv summary); at most the `max` asked for. */
+  hashes: string[]
+}
+
+/** Block hashes in a summary when the caller names no bound (64 × 16 hex digits ≈ 1 KiB of JSON). */
+export const DEFAULT_PREFIX_SUMMARY_HASHES = 64
+
 /** Kept-prefix budget when none is given (the CLI derives its default from free memory). */
 export const DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 
@@ -94,6 +104,11 @@ export interface LocalService extends InferenceService {
   stats (): Promise<LocalServiceStats>
   /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
   load (): LocalServiceLoad
+  /**
+   * What this node's prefix cache holds, compact and bounded (PrefixCache.summary), with the scope
+   * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
+   */
+  prefixSummary (max?: number): PrefixSummary | undefined
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
 }
@@ -316,6 +331,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const next = Math.min(active + 1, maxSequences)
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
+    },
+    prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
+      if (prefix === undefined) return undefined
+      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max) }
     },
     async stats () {
       return {

@@ -5,7 +5,7 @@
  * what this index decides (free the keys it returns). An entry leased to a request that is
  * prefilling from it is never evicted.
  */
-import { blockHashes, DEFAULT_BLOCK_SIZE } from './hash.ts'
+import { blockHashes, compactHash, DEFAULT_BLOCK_SIZE } from './hash.ts'
 import { decideReuse } from './decide.ts'
 
 export interface PrefixCacheInit {
@@ -77,10 +77,12 @@ export interface PrefixCache {
   /** Keys of kept entries, least recently used first. */
   keys (): string[]
   /**
-   * Up to `max` block hashes, at most `perEntry` deepest first from each entry, most recently
-   * used entries first: a compact, bounded summary of what this node holds (for routing).
+   * What this node holds, compact and bounded (for routing): up to `max` block hashes (compact,
+   * see SUMMARY_HASH_HEX), most recently used entries first; from each entry its deepest block
+   * and blocks 1, 2, 4, 8… deep (deepest first). A prompt sharing any prefix of an entry then
+   * matches a listed block at least half as deep as what it shares.
    */
-  summary (scope: string, max: number, perEntry?: number): string[]
+  summary (scope: string, max: number): string[]
 }
 
 interface Entry {
@@ -218,12 +220,19 @@ export function createPrefixCache (init: PrefixCacheInit): PrefixCache {
     keys () {
       return [...entries.keys()]
     },
-    summary (scope, max, perEntry = 4) {
+    summary (scope, max) {
       const out = new Set<string>()
       const recent = [...entries.values()].reverse()
       for (const e of recent) {
         if (e.scope !== scope) continue
-        for (let i = e.hashes.length - 1; i >= Math.max(0, e.hashes.length - perEntry) && out.size < max; i--) out.add(e.hashes[i]!)
+        const n = e.hashes.length
+        const depths = [n - 1]
+        for (let d = 1; d < n; d *= 2) if (d - 1 !== n - 1) depths.push(d - 1)
+        depths.sort((a, b) => b - a)
+        for (const i of depths) {
+          if (out.size >= max) break
+          out.add(compactHash(e.hashes[i]!))
+        }
         if (out.size >= max) break
       }
       return [...out]

@@ -19,6 +19,14 @@ export interface PrefixScopeInit {
   dtype: string
 }
 
+/** Hex digits of a block hash in a node's summary (64 bits: collisions between a node's few hundred blocks are negligible, and a false match only costs a routing preference). */
+export const SUMMARY_HASH_HEX = 16
+
+/** A block hash as it appears in a summary. */
+export function compactHash (hash: string): string {
+  return hash.slice(0, SUMMARY_HASH_HEX)
+}
+
 /** A scope as one string (used as the hash chain's seed and as a plain key). */
 export function prefixScope (s: PrefixScopeInit): string {
   return `kv1/${s.manifestHash}/${s.layers[0]}-${s.layers[1]}/${s.dtype}`

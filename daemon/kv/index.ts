@@ -5,7 +5,7 @@
  * the reuse decision. The engine holds the tensors (StageRunner `retain` / `openFrom`); the local
  * service wires the two together.
  */
-export { blockHashes, prefixScope, DEFAULT_BLOCK_SIZE } from './hash.ts'
+export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
 export { decideReuse, defaultKvCacheBytes } from './decide.ts'
 export type { ReuseInput } from './decide.ts'
@@ -13,3 +13,4 @@ export { createPrefixCache } from './cache.ts'
 export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'
 export { createPrefixMetrics } from './metrics.ts'
 export type { PrefixMetrics } from './metrics.ts'
+export { cachedTokensFor } from './summary.ts'

@@ -11,6 +11,7 @@ import { createLocalService, createOnnxruntimeBackend, createStageRunner, stageI
 import type { LocalService, LocalServiceInit, StageRunner, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { blockHashes, cachedTokensFor } from '../../daemon/kv/index.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -197,6 +198,14 @@ describe('prefix reuse in the local service', () => {
     }
     // Each turn's entry superseded the last one's: one conversation, one entry.
     expect((await prefixStats(reusing)).entries).toBe(entries0 + 1)
+    // Its summary says it holds this conversation: a router hashing the history finds it.
+    const summary = reusing.prefixSummary()!
+    expect(summary.hashes.length).toBeGreaterThan(0)
+    expect(summary.hashes.length).toBeLessThanOrEqual(64)
+    const held = cachedTokensFor(blockHashes(summary.scope, history, summary.blockSize), new Set(summary.hashes), summary.blockSize)
+    expect(held).toBeGreaterThanOrEqual(history.length / 2 - summary.blockSize)
+    expect(cachedTokensFor(blockHashes(summary.scope, tokens(40, 999, vocab), summary.blockSize), new Set(summary.hashes), summary.blockSize)).toBe(0)
+    expect(plain.prefixSummary()).toBeUndefined()
     // The same counts on /metrics.
     const s = await prefixStats(reusing)
     const text = await registry.metrics()

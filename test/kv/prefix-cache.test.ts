@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
-import { blockHashes, createPrefixCache, decideReuse, defaultKvCacheBytes, prefixScope } from '../../daemon/kv/index.ts'
+import { blockHashes, cachedTokensFor, compactHash, createPrefixCache, decideReuse, defaultKvCacheBytes, prefixScope, SUMMARY_HASH_HEX } from '../../daemon/kv/index.ts'
 
 const scope = prefixScope({ manifestHash: 'ab12', layers: [0, 3], dtype: 'float32' })
 const seq = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => from + i)
@@ -158,14 +158,31 @@ describe('prefix cache', () => {
     }))
   })
 
-  it('summarises what it holds: deepest block hashes of recent entries, bounded', () => {
-    const c = createPrefixCache({ budgetBytes: 1e6, blockSize: 16 })
-    c.insert(scope, 'a', seq(64, 0), 1)
-    c.insert(scope, 'b', seq(32, 500), 1)
-    const s = c.summary(scope, 3, 2)
-    const ha = blockHashes(scope, seq(64, 0), 16)
-    const hb = blockHashes(scope, seq(32, 500), 16)
-    expect(s).toEqual([hb[1], hb[0], ha[3]])
+  it('summarises what it holds: compact hashes, deepest block and blocks 1, 2, 4, 8… deep, recent entries first, bounded', () => {
+    const c = createPrefixCache({ budgetBytes: 1e6, blockSize: 4 })
+    const a = seq(4 * 20, 0) // 20 blocks: listed depths 20, 16, 8, 4, 2, 1
+    const b = seq(4 * 3, 500) // 3 blocks: 3, 2, 1
+    c.insert(scope, 'a', a, 1)
+    c.insert(scope, 'b', b, 1)
+    const ha = blockHashes(scope, a, 4).map(compactHash)
+    const hb = blockHashes(scope, b, 4).map(compactHash)
+    expect(ha[0]).toHaveLength(SUMMARY_HASH_HEX)
+    expect(c.summary(scope, 100)).toEqual([hb[2], hb[1], hb[0], ha[19], ha[15], ha[7], ha[3], ha[1], ha[0]])
+    expect(c.summary(scope, 4)).toEqual([hb[2], hb[1], hb[0], ha[19]])
     expect(c.summary('other', 3)).toEqual([])
+  })
+
+  it('reading a summary: a prompt sharing part of an entry matches at least half of what it shares', () => {
+    const c = createPrefixCache({ budgetBytes: 1e6, blockSize: 4 })
+    const a = seq(4 * 20, 0)
+    c.insert(scope, 'a', a, 1)
+    const summary = new Set(c.summary(scope, 64))
+    for (let shared = 1; shared <= 20; shared++) {
+      const prompt = [...a.slice(0, shared * 4), ...seq(9, 7000)]
+      const got = cachedTokensFor(blockHashes(scope, prompt, 4), summary, 4)
+      expect(got, `${shared} blocks shared`).toBeLessThanOrEqual(shared * 4)
+      expect(got).toBeGreaterThanOrEqual(shared * 4 / 2)
+    }
+    expect(cachedTokensFor(blockHashes(scope, seq(40, 9000), 4), summary, 4)).toBe(0)
   })
 })
