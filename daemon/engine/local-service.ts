@@ -8,10 +8,14 @@
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
  *
- * Prefix reuse (graphs with left-aligned caches): a finished request's KV (prompt and the tokens
- * fed back) is kept in the worker instead of freed, indexed by daemon/kv's prefix cache within
- * `kvCacheBytes`; a new prompt that starts with a kept prefix opens its sequence from it and
- * prefills only the rest (at least its last token, whose logits pick the first new token).
+ * Prefix reuse (graphs with left-aligned caches): a finished request's prompt KV is kept in the
+ * worker instead of freed, indexed by daemon/kv's prefix cache within `kvCacheBytes`; a new prompt
+ * that starts with a kept prefix opens its sequence from it and prefills only the rest (at least
+ * two positions: see daemon/kv DEFAULT_MIN_PREFILL_TOKENS). Only positions a prefill computed are
+ * kept by default, because one-position (decode) steps run another attention kernel whose KV
+ * differs in the last bits: reuse is then bit-for-bit what recomputation gives. `reuseGenerated`
+ * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
+ * price of that last-bit difference (which int8 activations can turn into other tokens).
  */
 import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
@@ -65,6 +69,11 @@ export interface LocalServiceInit {
   kvCacheBytes?: number
   /** Tokens per hashed prefix block (daemon/kv DEFAULT_BLOCK_SIZE otherwise); also the least reused. */
   prefixBlockSize?: number
+  /**
+   * Keep the KV of generated tokens too (not only the prompt's), so a follow-up turn reuses the
+   * previous reply. Not bit-exact against recomputation (see above). Default false.
+   */
+  reuseGenerated?: boolean
 }
 
 export interface PrefixSummary {
@@ -172,8 +181,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
 
   /**
    * Ends a sequence keeping its KV as a prefix when the cache takes it, freeing it otherwise.
-   * `tokens`: what the sequence was fed, in order (its KV may hold fewer: the last generated
-   * token is never fed back; an abort may have cut a step short).
+   * `tokens`: the positions to keep, in order (its KV may hold fewer: the last generated token is
+   * never fed back; an abort may have cut a step short).
    */
   async function finish (e: BatchingStageEngine, seqId: string, tokens: number[]): Promise<void> {
     const p = prefix
@@ -215,7 +224,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       lease?.release()
       if (seqId !== undefined) {
         b?.release(seqId)
-        await finish(e, seqId, fed).catch(async () => { await e.free(seqId!).catch(() => {}) })
+        await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
       }
     }
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })

@@ -6,7 +6,7 @@
  * prefilling from it is never evicted.
  */
 import { blockHashes, compactHash, DEFAULT_BLOCK_SIZE } from './hash.ts'
-import { decideReuse } from './decide.ts'
+import { decideReuse, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
 
 export interface PrefixCacheInit {
   /** Bytes of KV the kept entries may hold together. */
@@ -14,6 +14,8 @@ export interface PrefixCacheInit {
   blockSize?: number
   /** Default: one block. */
   minReuseTokens?: number
+  /** Prompt positions always prefilled (decide.ts DEFAULT_MIN_PREFILL_TOKENS). */
+  minPrefillTokens?: number
 }
 
 /** A longest cached prefix of a query. */
@@ -28,7 +30,7 @@ export interface PrefixMatch {
 /** A pinned entry: it stays until released. */
 export interface PrefixLease {
   key: string
-  /** Tokens to reuse (≤ prompt length − 1). */
+  /** Tokens to reuse (≤ prompt length − minPrefillTokens). */
   length: number
   release (): void
 }
@@ -98,6 +100,7 @@ interface Entry {
 export function createPrefixCache (init: PrefixCacheInit): PrefixCache {
   const blockSize = init.blockSize ?? DEFAULT_BLOCK_SIZE
   const minReuse = init.minReuseTokens ?? blockSize
+  const minPrefill = Math.max(1, init.minPrefillTokens ?? DEFAULT_MIN_PREFILL_TOKENS)
   const budget = init.budgetBytes
   /** Insertion order is recency order: a touched entry is deleted and set again. */
   const entries = new Map<string, Entry>()
@@ -155,8 +158,8 @@ export function createPrefixCache (init: PrefixCacheInit): PrefixCache {
     },
     acquire (scope, promptIds) {
       const n = promptIds.length
-      const m = n > 1 ? match(scope, promptIds, n - 1) : undefined
-      const length = decideReuse({ promptLength: n, matchLength: m?.length ?? 0, minReuseTokens: minReuse })
+      const m = n > minPrefill ? match(scope, promptIds, n - minPrefill) : undefined
+      const length = decideReuse({ promptLength: n, matchLength: m?.length ?? 0, minReuseTokens: minReuse, minPrefillTokens: minPrefill })
       if (m === undefined || length === 0) { missTokens += n; return undefined }
       hitTokens += length
       missTokens += n - length

@@ -9,15 +9,27 @@ export interface ReuseInput {
   matchLength: number
   /** Below this many reusable tokens a copy is not worth its bookkeeping. */
   minReuseTokens: number
+  /**
+   * Prompt positions that must still run (≥ 1; default DEFAULT_MIN_PREFILL_TOKENS). At least one:
+   * the prompt's last position's logits pick the first generated token, and a cache holds KV, not
+   * logits.
+   */
+  minPrefillTokens?: number
 }
 
 /**
- * Tokens to take from the cache (0: prefill everything). At most promptLength − 1: the prompt's
- * last position must still run, because its logits pick the first generated token and a cache
- * holds KV, not logits.
+ * At least two positions prefilled: onnxruntime's attention runs a one-position step through
+ * another kernel (its decode path) than a longer one, and its logits differ in the last bits
+ * (measured 1e-5 on fp32 and int4 graphs, and amplified by int8 activations into different greedy
+ * tokens), while steps of two or more positions give bit-identical results however a prompt is
+ * split. Prefilling two keeps a reused prompt's first token exactly the recomputed one.
  */
+export const DEFAULT_MIN_PREFILL_TOKENS = 2
+
+/** Tokens to take from the cache (0: prefill everything): the match, leaving minPrefillTokens to run. */
 export function decideReuse (r: ReuseInput): number {
-  const reuse = Math.min(r.matchLength, r.promptLength - 1)
+  const rest = Math.max(1, r.minPrefillTokens ?? DEFAULT_MIN_PREFILL_TOKENS)
+  const reuse = Math.min(r.matchLength, r.promptLength - rest)
   return reuse >= Math.max(1, r.minReuseTokens) ? reuse : 0
 }
 

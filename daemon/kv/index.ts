@@ -7,7 +7,7 @@
  */
 export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
-export { decideReuse, defaultKvCacheBytes } from './decide.ts'
+export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
 export type { ReuseInput } from './decide.ts'
 export { createPrefixCache } from './cache.ts'
 export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'

@@ -6,6 +6,7 @@
  * saved time as the affinity slack, so a holder is kept exactly while what it saves outweighs how
  * much later it would finish.
  */
+import { DEFAULT_MIN_PREFILL_TOKENS } from '../kv/index.ts'
 import type { RoutingPolicy } from './decision.ts'
 
 export interface PrefixCandidate {
@@ -58,8 +59,8 @@ export function preferPrefixHolder (candidates: readonly PrefixCandidate[], prom
   for (const c of sorted) {
     const start = Math.max(c.startMs, 0)
     cold = Math.min(cold, start + prefillMs(c, promptTokens))
-    // Reuse never covers the prompt's last token (its logits pick the first new one).
-    const cached = Math.min(Math.max(c.cachedTokens, 0), Math.max(promptTokens - 1, 0))
+    // Reuse never covers the prompt's last positions (daemon/kv decideReuse).
+    const cached = Math.min(Math.max(c.cachedTokens, 0), Math.max(promptTokens - DEFAULT_MIN_PREFILL_TOKENS, 0))
     if (cached === 0) continue
     const cost = start + prefillMs(c, promptTokens - cached)
     if (best === undefined || cost < best.cost) best = { c, cost, cached }

@@ -40,14 +40,16 @@ describe('block hashes', () => {
 })
 
 describe('reuse decision', () => {
-  it('reuses at most promptLength − 1 tokens, and nothing below the minimum', () => {
-    expect(decideReuse({ promptLength: 40, matchLength: 40, minReuseTokens: 16 })).toBe(39)
+  it('leaves at least two prompt positions (or minPrefillTokens ≥ 1) to run, and reuses nothing below the minimum', () => {
+    expect(decideReuse({ promptLength: 40, matchLength: 40, minReuseTokens: 16 })).toBe(38)
+    expect(decideReuse({ promptLength: 40, matchLength: 40, minReuseTokens: 16, minPrefillTokens: 1 })).toBe(39)
+    expect(decideReuse({ promptLength: 40, matchLength: 40, minReuseTokens: 16, minPrefillTokens: 0 })).toBe(39)
     expect(decideReuse({ promptLength: 40, matchLength: 32, minReuseTokens: 16 })).toBe(32)
     expect(decideReuse({ promptLength: 40, matchLength: 15, minReuseTokens: 16 })).toBe(0)
     expect(decideReuse({ promptLength: 1, matchLength: 1, minReuseTokens: 0 })).toBe(0)
-    fc.assert(fc.property(fc.nat(5000), fc.nat(5000), fc.nat(64), (p, m, min) => {
-      const r = decideReuse({ promptLength: p, matchLength: m, minReuseTokens: min })
-      return r === 0 || (r <= m && r <= p - 1 && r >= min && r >= 1)
+    fc.assert(fc.property(fc.nat(5000), fc.nat(5000), fc.nat(64), fc.nat(4), (p, m, min, rest) => {
+      const r = decideReuse({ promptLength: p, matchLength: m, minReuseTokens: min, minPrefillTokens: rest })
+      return r === 0 || (r <= m && r <= p - Math.max(1, rest) && r >= min && r >= 1)
     }))
   })
 
@@ -74,24 +76,24 @@ describe('prefix cache', () => {
     expect(c.lookup(prefixScope({ manifestHash: 'ff', layers: [0, 3], dtype: 'float32' }), seq(40))).toBeUndefined()
   })
 
-  it('acquire reuses at most promptLength − 1 and counts hit and miss tokens', () => {
+  it('acquire leaves two prompt positions to run and counts hit and miss tokens', () => {
     const c = createPrefixCache({ budgetBytes: 1e6, blockSize: 16 })
     c.insert(scope, 'a', seq(40), 400)
     const same = c.acquire(scope, seq(40))!
-    expect(same.length).toBe(39)
+    expect(same.length).toBe(38)
     same.release()
     const longer = c.acquire(scope, seq(50))!
     expect(longer).toMatchObject({ key: 'a', length: 40 })
     longer.release()
     expect(c.acquire(scope, seq(10, 3))).toBeUndefined()
-    expect(c.stats()).toMatchObject({ hitTokens: 79, missTokens: 1 + 10 + 10, pinned: 0 })
+    expect(c.stats()).toMatchObject({ hitTokens: 78, missTokens: 2 + 10 + 10, pinned: 0 })
   })
 
   it('keeps within its byte budget, evicting least recently used first', () => {
     const c = createPrefixCache({ budgetBytes: 1000, blockSize: 16 })
     c.insert(scope, 'a', seq(16, 0), 400)
     c.insert(scope, 'b', seq(16, 100), 400)
-    c.acquire(scope, [...seq(16, 0), 1])!.release() // touches a: b is now the oldest
+    c.acquire(scope, [...seq(16, 0), 1, 2])!.release() // touches a: b is now the oldest
     expect(c.insert(scope, 'c', seq(16, 200), 400)).toEqual({ kept: true, drop: ['b'] })
     expect(c.keys()).toEqual(['a', 'c'])
     expect(c.stats()).toMatchObject({ bytes: 800, evictions: 1 })
@@ -143,7 +145,7 @@ describe('prefix cache', () => {
           const q = seq(o.len, o.base * 1000)
           const l = c.acquire(scope, q)
           if (l !== undefined) {
-            if (!live.has(l.key) || l.length > q.length - 1) return false
+            if (!live.has(l.key) || l.length > q.length - 2) return false
             const have = tokensOf.get(l.key)!
             if (have.slice(0, l.length).some((t, i) => t !== q[i])) return false
             leases.push(l)

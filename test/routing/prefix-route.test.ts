@@ -12,8 +12,8 @@ describe('preferPrefixHolder', () => {
   it('prefers the holder when its saved prefill outweighs its wait', () => {
     // 2000-token prompt at 1000 tok/s: cold 2 s. The holder waits 300 ms but prefills 1 token.
     const p = preferPrefixHolder([cand('a', 0, 0), cand('b', 300, 1999)], 2000)
-    expect(p).toMatchObject({ peerId: 'b', cachedTokens: 1999 })
-    expect(p!.savedMs).toBeCloseTo(2000 - 301, 6)
+    expect(p).toMatchObject({ peerId: 'b', cachedTokens: 1998 })
+    expect(p!.savedMs).toBeCloseTo(2000 - 302, 6)
     expect(p!.policy).toEqual({ affinitySlackMs: p!.savedMs, affinitySlackRatio: 0 })
   })
 
@@ -25,8 +25,8 @@ describe('preferPrefixHolder', () => {
     expect(preferPrefixHolder([], 2000)).toBeUndefined()
   })
 
-  it('never counts the prompt\'s last token as cached, and picks the cheapest holder (ties by peer id)', () => {
-    expect(preferPrefixHolder([cand('a', 0, 5000)], 100)).toMatchObject({ cachedTokens: 99 })
+  it('never counts the prompt\'s last two positions as cached, and picks the cheapest holder (ties by peer id)', () => {
+    expect(preferPrefixHolder([cand('a', 0, 5000)], 100)).toMatchObject({ cachedTokens: 98 })
     expect(preferPrefixHolder([cand('c', 0, 1000), cand('b', 0, 1000), cand('a', 0, 0)], 2000)).toMatchObject({ peerId: 'b' })
     expect(preferPrefixHolder([cand('b', 0, 1000), cand('c', 0, 1500)], 2000)).toMatchObject({ peerId: 'c' })
     // A faster cold replica raises the bar: cold = 2000 tokens at 10k tok/s = 200 ms.
