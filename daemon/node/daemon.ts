@@ -168,7 +168,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         if (devices.length > 1 && (models.length !== 1 || models[0]!.localChain !== true)) {
           throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
         }
-        for (const model of models.filter(m => m.whole)) {
+        const wholeModels = models.filter(m => m.whole)
+        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models share it evenly.
+        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length, 1))
+        for (const model of wholeModels) {
           const service = createLocalService({
             shardDir: model.shardDir,
             nodeId: signer!.peerId,
@@ -179,8 +182,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
             budgetMs: budgets.batchBudgetMs,
-            // Kept KV prefixes: the operator's budget, else a share of the memory free now.
-            kvCacheBytes: config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024,
+            kvCacheBytes,
           })
           await service.start()
           locals.push(service)
