@@ -6,6 +6,21 @@
 import { compactHash } from './hash.ts'
 
 /**
+ * Several caches' summaries as one bounded list (a node with several models): taken round-robin,
+ * so each keeps its most recent hashes, without duplicates.
+ */
+export function mergeSummaries (lists: ReadonlyArray<readonly string[]>, max: number): string[] {
+  const out = new Set<string>()
+  for (let i = 0; out.size < max && lists.some(l => i < l.length); i++) {
+    for (const l of lists) {
+      if (out.size >= max) break
+      if (i < l.length) out.add(l[i]!)
+    }
+  }
+  return [...out]
+}
+
+/**
  * Tokens of the prompt (whose chained block hashes, from blockHashes with the holder's scope, are
  * `promptHashes`) found in `summary`: the deepest listed block × blockSize, 0 when none is listed.
  */

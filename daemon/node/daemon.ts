@@ -14,10 +14,10 @@ import { createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
-import { defaultKvCacheBytes } from '../kv/index.ts'
+import { defaultKvCacheBytes, mergeSummaries } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
-import { createMesh } from '../mesh/index.ts'
+import { createMesh, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
@@ -107,6 +107,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const load = (): LoadRecord => aggregateLoad(
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+    mergeSummaries(locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)?.hashes ?? []), LOAD_MAX_PREFIXES),
   )
 
   const publishCapabilities = (): void => {

@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
-import { blockHashes, cachedTokensFor, compactHash, createPrefixCache, decideReuse, defaultKvCacheBytes, prefixScope, SUMMARY_HASH_HEX } from '../../daemon/kv/index.ts'
+import { blockHashes, cachedTokensFor, compactHash, mergeSummaries, createPrefixCache, decideReuse, defaultKvCacheBytes, prefixScope, SUMMARY_HASH_HEX } from '../../daemon/kv/index.ts'
 
 const scope = prefixScope({ manifestHash: 'ab12', layers: [0, 3], dtype: 'float32' })
 const seq = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => from + i)
@@ -172,6 +172,12 @@ describe('prefix cache', () => {
     expect(c.summary(scope, 100)).toEqual([hb[2], hb[1], hb[0], ha[19], ha[15], ha[7], ha[3], ha[1], ha[0]])
     expect(c.summary(scope, 4)).toEqual([hb[2], hb[1], hb[0], ha[19]])
     expect(c.summary('other', 3)).toEqual([])
+  })
+
+  it('merges several caches\' summaries round-robin, bounded, without duplicates', () => {
+    expect(mergeSummaries([['a1', 'a2', 'a3'], ['b1'], ['c1', 'a1']], 4)).toEqual(['a1', 'b1', 'c1', 'a2'])
+    expect(mergeSummaries([['a1', 'a2'], ['a1']], 10)).toEqual(['a1', 'a2'])
+    expect(mergeSummaries([], 10)).toEqual([])
   })
 
   it('reading a summary: a prompt sharing part of an entry matches at least half of what it shares', () => {
