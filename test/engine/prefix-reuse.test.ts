@@ -162,6 +162,15 @@ describe('prefix reuse in the local service', () => {
     expect((await prefixStats(reusing)).hitTokens - s1.hitTokens).toBe(37)
   })
 
+  it('without the micro-batcher too (each request steps the engine alone)', async () => {
+    const solo = await service({ prefixBlockSize: 8, batching: false })
+    const prompt = tokens(33, 7, vocab)
+    const want = await run(plain, request(model, prompt, 12))
+    expect((await run(solo, request(model, prompt, 12))).tokens).toEqual(want.tokens)
+    expect((await run(solo, request(model, prompt, 12))).tokens).toEqual(want.tokens)
+    expect((await solo.stats()).prefix).toMatchObject({ hitTokens: 31, missTokens: 33 + 2 })
+  })
+
   it('with batching: concurrent requests sharing a system prefix give each its tokens alone', async () => {
     const system = tokens(29, 4, vocab)
     const prompts = [0, 1, 2, 3].map(i => [...system, ...tokens(5 + 3 * i, 10 + i, vocab)])
