@@ -27,3 +27,9 @@ export function startFailure (err: unknown): never {
   if (code === 'EADDRINUSE') throw new ExitError(`address in use: ${(err as Error).message}`)
   throw err
 }
+
+/** `--tls-cert` / `--tls-key` as the config's `tls` (validateConfig says which one is missing). */
+export function tlsOf (opts: { tlsCert?: string, tlsKey?: string }): { tls?: { certFile: string, keyFile: string } } {
+  if (opts.tlsCert === undefined && opts.tlsKey === undefined) return {}
+  return { tls: { certFile: opts.tlsCert ?? '', keyFile: opts.tlsKey ?? '' } }
+}

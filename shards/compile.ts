@@ -95,8 +95,26 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
       }
       expect(w.qkv, [(H + 2 * kvH) * hd, D], 'qkv')
       expect(w.o, [D, H * hd], 'o_proj')
-      expect(w.gateUp, [2 * I, D], 'gate/up')
-      expect(w.down, [D, I], 'down_proj')
+      const moe = shape.moe
+      if (moe?.moeLayers.includes(l) === true) {
+        if (w.moe === undefined) throw new CheckpointError(`layer ${l}: config makes it a mixture-of-experts layer but its router weight is missing`)
+        if (w.moe.experts.length !== moe.numExperts) throw new CheckpointError(`layer ${l}: ${w.moe.experts.length} experts, config says ${moe.numExperts}`)
+        expect(w.moe.router, [moe.numExperts, D], 'router')
+        w.moe.experts.forEach((e, i) => {
+          expect(e.gateUp, [2 * moe.expertIntermediateSize, D], `expert ${i} gate/up`)
+          expect(e.down, [D, moe.expertIntermediateSize], `expert ${i} down_proj`)
+        })
+        if ((w.moe.shared !== undefined) !== (moe.sharedExpertIntermediateSize > 0)) throw new CheckpointError(`layer ${l}: shared expert weights and shared_expert_intermediate_size disagree`)
+        if (w.moe.shared !== undefined) {
+          expect(w.moe.shared.gateUp, [2 * moe.sharedExpertIntermediateSize, D], 'shared expert gate/up')
+          expect(w.moe.shared.down, [D, moe.sharedExpertIntermediateSize], 'shared expert down_proj')
+          expect(w.moe.shared.gate, [1, D], 'shared expert gate')
+        }
+      } else {
+        if (w.moe !== undefined || w.gateUp === undefined || w.down === undefined) throw new CheckpointError(`layer ${l}: expected a dense MLP`)
+        expect(w.gateUp, [2 * I, D], 'gate/up')
+        expect(w.down, [D, I], 'down_proj')
+      }
       if (spec.extras.qkvBias && w.qkvBias === undefined) throw new CheckpointError(`layer ${l}: q/k/v bias missing`)
       return w
     },

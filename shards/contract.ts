@@ -60,6 +60,26 @@ export interface ModelShape {
   maxPositions: number
   rmsNormEps: number
   tieWordEmbeddings: boolean
+  /** Mixture-of-experts layers; absent for dense models. */
+  moe?: MoeShape
+}
+
+/**
+ * A mixture-of-experts model's routing: in each layer of `moeLayers` the MLP is replaced by a
+ * router (softmax over `numExperts` logits, top `topK`), the selected experts' SwiGLU MLPs
+ * (width `expertIntermediateSize`) and their probability-weighted sum; every other layer keeps a
+ * dense MLP of width `intermediateSize`.
+ */
+export interface MoeShape {
+  numExperts: number
+  topK: number
+  expertIntermediateSize: number
+  /** Renormalise the top-k probabilities to sum to 1 (Mixtral, Qwen3-MoE) or use them as they are (Qwen2-MoE). */
+  normTopK: boolean
+  /** Width of a shared expert every row runs, scaled by sigmoid(shared_expert_gate · x) (Qwen2-MoE); 0 = none. */
+  sharedExpertIntermediateSize: number
+  /** Global indices of the MoE layers, ascending. */
+  moeLayers: number[]
 }
 
 export interface ShardFile {

@@ -52,6 +52,12 @@ export function validateManifest (m: unknown): ShardManifest {
   for (const k of ['hiddenSize', 'numLayers', 'numHeads', 'numKvHeads', 'headDim', 'intermediateSize', 'vocabSize', 'maxPositions'] as const) {
     if (!isInt(s[k]) || s[k] <= 0) fail(`shape.${k} must be a positive integer`)
   }
+  if (s.moe !== undefined) {
+    const e = s.moe
+    if (!isInt(e.numExperts) || e.numExperts <= 0 || !isInt(e.topK) || e.topK <= 0 || e.topK > e.numExperts) fail('shape.moe: topK must be 1..numExperts')
+    if (!isInt(e.expertIntermediateSize) || e.expertIntermediateSize <= 0 || !isInt(e.sharedExpertIntermediateSize) || e.sharedExpertIntermediateSize < 0) fail('shape.moe: bad expert widths')
+    if (!Array.isArray(e.moeLayers) || e.moeLayers.some((l, i) => !isInt(l) || l < 0 || l >= s.numLayers || (i > 0 && l <= e.moeLayers[i - 1]!))) fail('shape.moe.moeLayers must be ascending layer indices')
+  }
   const q = o.quantization
   if (q === undefined || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')

@@ -6,9 +6,12 @@
  *  - sampling (pure functions) and the decode loop;
  *  - batched steps (`stepBatch`: several sequences in one run, left-padded KV) and the
  *    micro-batcher executor over them (`createBatchedExecutor`);
- *  - the local InferenceService for a whole-model shard directory.
+ *  - the local InferenceService for a whole-model shard directory, with sequence admission that
+ *    queues within a wait budget (`decideAdmission`, pure).
  */
-export { createLocalService, stageInfoOf } from './local-service.ts'
+export { createLocalService, stageInfoOf, DEFAULT_MAX_WAITING } from './local-service.ts'
+export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
+export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
 export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
@@ -29,7 +32,7 @@ export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './ba
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
 export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
-  OverloadedError, ShuttingDownError,
+  OverloadedError, RequestTooLongError, ShuttingDownError,
 } from './errors.ts'
-export { admitPrompt, requestScope } from './request-scope.ts'
+export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.ts'
 export type { RequestScope } from './request-scope.ts'

@@ -4,7 +4,9 @@
  * tokenizes and renders the prompt, admits a bounded number of sequences, and turns generation into
  * service events; client disconnect and the request deadline end generation and free the KV.
  * Every step goes through a micro-batcher (daemon/batcher) whose executor runs a planned batch as
- * one `stepBatch`, so concurrent requests decode together (continuous batching). The prompt's
+ * one `stepBatch`, so concurrent requests decode together (continuous batching). A request that
+ * finds every sequence busy waits for one while the expected wait is within the budget
+ * (./admission.ts), and is refused with 429 and a retry estimate only past it. The prompt's
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
  *
@@ -23,7 +25,7 @@ import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
 import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
-import { createBatcher } from '../batcher/index.ts'
+import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
@@ -31,6 +33,8 @@ import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
+import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
+import type { SlotState } from './admission.ts'
 import { batchedTokenSource, endConditions, engineTokenSource, generateSequence } from './generate.ts'
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
@@ -38,6 +42,9 @@ import type { EngineStats, StageInfo } from './protocol.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+
+/** Requests that may wait for a sequence slot at once, by default. */
+export const DEFAULT_MAX_WAITING = 64
 
 export interface LocalServiceInit {
   shardDir: string
@@ -51,14 +58,20 @@ export interface LocalServiceInit {
   backend?: BackendName
   device?: string
   threads?: number
-  /** Concurrent sequences; more get SHOAL_ERR_OVERLOADED. */
+  /** Concurrent sequences; more wait for a slot while the expected wait is within `budgetMs`. */
   maxSequences?: number
+  /** Requests that may wait for a sequence slot at once (default DEFAULT_MAX_WAITING); more get SHOAL_ERR_OVERLOADED. */
+  maxWaiting?: number
   chunkSize?: number
   /** False: each request steps the engine on its own (batch-of-one runs; for comparison). Default true. */
   batching?: boolean
   /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
   batchLimits?: Partial<BatchLimits>
-  /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
+  /**
+   * The engine's wait budget: a request that finds every sequence busy waits for one while the
+   * expected wait is within it, and the batcher refuses a prompt whose queue wait exceeds it
+   * (SHOAL_ERR_OVERLOADED with retryAfterMs). Default: the batcher's DEFAULTS.budgetMs.
+   */
   budgetMs?: number
   /** Where the batcher's and the prefix cache's metrics go (one /metrics page). */
   metrics?: Registry
@@ -198,37 +211,102 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     await e.evict(drop)
   }
 
+  const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
+  const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
+
+  /** Tokens each admitted sequence may still generate (its admission's upper bound). */
+  const running = new Set<{ left: number }>()
+  /** Requests waiting for a sequence slot, in arrival order. */
+  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  const slotState = (): SlotState => ({
+    slots: maxSequences,
+    running: [...running].map(r => r.left),
+    waiting: waiters.map(w => w.tokens),
+    stepMs: batcher?.estimateStepMs(maxSequences) ?? 0,
+  })
+
+  /** Takes a sequence slot now, or waits for one when the expected wait is within the budget. */
+  async function acquireSlot (ticket: { held: boolean }, progress: { left: number }, signal: AbortSignal): Promise<void> {
+    const d = decideAdmission(slotState(), { budgetMs, maxWaiting })
+    // Holding a slot and counting in `running` happen together, synchronously, so concurrent
+    // arrivals see each other.
+    if (d.kind === 'run') {
+      active++
+      ticket.held = true
+      running.add(progress)
+      return
+    }
+    if (d.kind === 'refuse') throw new OverloadedError(`the local engine cannot take this request now: ${d.reason}`, d.retryAfterMs)
+    signal.throwIfAborted()
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => {
+        const i = waiters.indexOf(w)
+        if (i >= 0) waiters.splice(i, 1)
+        reject(abortReason(signal))
+      }
+      const w = {
+        tokens: progress.left,
+        // The slot passes straight from the finished sequence to this one (`active` unchanged).
+        grant: () => { signal.removeEventListener('abort', onAbort); ticket.held = true; running.add(progress); resolve() },
+        fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+      }
+      signal.addEventListener('abort', onAbort, { once: true })
+      waiters.push(w)
+    })
+  }
+
+  function releaseSlot (): void {
+    const next = waiters.shift()
+    if (next !== undefined) next.grant()
+    else active--
+  }
+
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     if (stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined) {
       throw new ShuttingDownError('local engine is not running')
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = admitPrompt(codec, request, manifest.shape)
-    if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of the local engine are busy`)
-    active++
-    const scope = requestScope(signal, request.deadline)
-    let seqId: string | undefined
+    const m = manifest
     const e = engine
     const b = batcher
-    let lease = acquirePrefix(promptIds)
+    const promptIds = await admitPrompt(codec, request, m.shape, signal)
+    // Tokenizing may have taken a while (in a worker): the service may be stopping by now.
+    if (stopping) throw new ShuttingDownError('local engine is stopping')
+    const scope = requestScope(signal, request.deadline)
+    const ticket = { held: false }
+    /** What this sequence may still generate: max_tokens, or up to the context's end. */
+    const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
+    let seqId: string | undefined
+    /** A lease on a kept prefix of this prompt, taken once a sequence slot is ours. */
+    let lease: PrefixLease | undefined
     /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
     const fed = [...promptIds]
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
-    let released = false
+    let released: Promise<void> | undefined
     const release = async (): Promise<void> => {
-      if (released) return
-      released = true
-      scope.dispose()
-      active--
-      lease?.release()
-      if (seqId !== undefined) {
-        b?.release(seqId)
-        await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
-      }
+      released ??= (async () => {
+        scope.dispose()
+        lease?.release()
+        if (seqId !== undefined) {
+          b?.release(seqId)
+          // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
+          await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
+        }
+        // After the free: the next sequence's open must find the engine's slot empty.
+        running.delete(progress)
+        if (ticket.held) {
+          ticket.held = false
+          releaseSlot()
+        }
+      })()
+      await released
     }
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
+      await acquireSlot(ticket, progress, scope.signal)
+      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
+      lease = acquirePrefix(promptIds)
       if (lease !== undefined) {
         try {
           seqId = await e.openFrom(request.requestId, lease.key, lease.length, scope.signal)
@@ -257,8 +335,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
-      for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
-        if (ev.type === 'delta') fed.push(...ev.tokenIds)
+      for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
+        if (ev.type === 'delta') {
+          fed.push(...ev.tokenIds)
+          progress.left = Math.max(0, progress.left - ev.tokenIds.length)
+        }
         yield ev
       }
     } catch (err) {
@@ -312,12 +393,14 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     async stop () {
       stopping = true
+      for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('local engine is stopping'))
       await batcher?.stop()
       batcher = undefined
       await engine?.stop()
       engine = undefined
       // Kept prefixes lived in that worker.
       prefix = undefined
+      await codec?.close()
     },
     models (): ModelCard[] {
       if (manifest === undefined || modelId === undefined) return []
@@ -333,7 +416,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     generate,
     load () {
-      const l = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
+      const b = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
+      // Requests waiting for a sequence slot are queued work too, and their wait is what a new one meets.
+      const l = waiters.length === 0 && active < maxSequences
+        ? b
+        : { ...b, queueDepth: b.queueDepth + waiters.length, expectedWaitMs: Math.max(b.expectedWaitMs, expectedSlotWaitMs(slotState())) }
       // What one more sequence would share: the step-time model at active + 1 sequences. Unlike the
       // measured throughput it does not fall to zero while the engine idles, so an idle replica
       // never looks slow to routing.

@@ -1,20 +1,23 @@
 /**
  * Builds the fastify app: routes, the error reply, admission (concurrency bound, 503 while
- * stopping), request metrics, and the start/stop lifecycle with a bounded drain.
+ * stopping), request metrics, large JSON bodies parsed off the event loop, and the start/stop
+ * lifecycle with a bounded drain.
  */
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
-import { fromFastifyError, sendError } from './errors.ts'
+import { clientErrorResponse, fromFastifyError, sendError } from './errors.ts'
 import type { GenerationContext } from './generation.ts'
+import { registerJsonParser } from './json-body.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
 import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
+import { registerAuth } from './auth.ts'
 import type { Ingress, IngressComponents, IngressInit } from './types.ts'
 
 const DEFAULTS = {
@@ -47,8 +50,10 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   const registry = components.metrics ?? new Registry()
   const metrics = createIngressMetrics(registry)
 
-  const app: FastifyInstance = Fastify({
+  const app = Fastify({
     ...loggerOptions(init.logger),
+    // HTTPS with the operator's certificate: same routes, same app; only the server differs.
+    ...(init.tls === undefined ? {} : { https: { cert: init.tls.cert, key: init.tls.key } }),
     bodyLimit: cfg.bodyLimitBytes,
     // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
     // senders hold sockets forever.
@@ -56,11 +61,19 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     genReqId: () => randomUUID(),
     requestIdHeader: false,
     // fastify's two info lines per request drown the daemon's own; one debug line instead (onRequest).
-    disableRequestLogging: true,
+    logController: new LogController({ disableRequestLogging: true }),
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
-  })
+    // Errors the router finds before any route or hook (a bad percent-encoding, a path segment
+    // past maxParamLength) and those the HTTP parser finds: OpenAI's shape too.
+    frameworkErrors: (err, _request, reply) => { void sendError(reply, fromFastifyError(err)) },
+    clientErrorHandler: (err, socket) => {
+      if ((err as { code?: unknown }).code === 'ECONNRESET' || socket.destroyed) return
+      if (socket.writable) socket.write(clientErrorResponse(err as { code?: unknown }))
+      socket.destroy(err)
+    },
+  }) as unknown as FastifyInstance
 
   let stopping = false
   let active = 0
@@ -98,10 +111,13 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     })
   })
 
+  if (components.auth !== undefined) registerAuth(app, components.auth)
+
   app.setErrorHandler((err, _request, reply) => sendError(reply, fromFastifyError(err)))
   app.setNotFoundHandler((request, reply) => sendError(reply,
     new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
 
+  const jsonParser = registerJsonParser(app)
   registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
   registerChatRoute(app, ctx)
   registerCompletionsRoute(app, ctx)
@@ -123,7 +139,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
       await app.listen({ host: cfg.host, port: cfg.port })
       const { address, port } = app.server.address() as AddressInfo
       const host = address.includes(':') ? `[${address}]` : address
-      return { url: `http://${host}:${port}` }
+      return { url: `${init.tls === undefined ? 'http' : 'https'}://${host}:${port}` }
     },
     async stop () {
       stopped ??= (async () => {
@@ -139,6 +155,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
         const closing = app.close()
         app.server.closeAllConnections()
         await closing
+        await jsonParser.close()
       })()
       await stopped
     },

@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify'
 import type { Logger } from 'pino'
 import type { Registry } from 'prom-client'
 import type { InferenceService } from '../service.ts'
+import type { ClientAuth } from './auth.ts'
 
 /** Signed receipts by id, for GET /v1/receipts/{id}. */
 export interface ReceiptLookup {
@@ -40,6 +41,8 @@ export interface IngressInit {
   drainTimeoutMs?: number
   /** A pino logger, or false for none. Default: fastify's pino logger at info level. */
   logger?: Logger | false
+  /** HTTPS with the operator's certificate chain and private key (PEM); plain HTTP without it. */
+  tls?: { cert: string | Buffer, key: string | Buffer }
 }
 
 export interface IngressComponents {
@@ -50,6 +53,8 @@ export interface IngressComponents {
   dashboard?: DashboardSource
   /** Where the ingress registers its metrics and what /metrics serves. Default: a new Registry. */
   metrics?: Registry
+  /** Client keys: when given, every /v1/* request needs a valid bearer key (else 401). */
+  auth?: ClientAuth
 }
 
 export interface Ingress {

@@ -25,3 +25,8 @@ export { publicKeyFromPeerId, certificateKey } from './keys.ts'
 export {
   LedgerClosedError, LedgerBusyError, InvalidReceiptError, SignerMismatchError, LedgerAbortedError, LedgerCorruptError,
 } from './errors.ts'
+export {
+  LOG_HEAD_FORMAT, WITNESSED_HEADS_FORMAT, MAX_HEAD_BYTES, MAX_WITNESSED_SIGNERS,
+  createLogHead, parseLogHead, verifyLogHead, checkHeadBody, chooseHead, headsFromFile,
+} from './head.ts'
+export type { LogHeadBody, SignedLogHead, WitnessedHeadsFile } from './head.ts'

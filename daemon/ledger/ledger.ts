@@ -59,6 +59,8 @@ export interface Ledger {
   tail: (n: number) => Promise<SignedReceipt[]>
   /** Entries in the log (index of the next append). */
   readonly size: number
+  /** What a signed log head states: entries in the log and the hash of the last (GENESIS_HASH when empty). */
+  readonly head: { count: number, hash: string }
   readonly location: string
 }
 
@@ -227,7 +229,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
 
   function bodyOf (input: ReceiptInput, index: number, prevHash: string): ReceiptBody {
     // Explicit field list: unknown input fields are not signed.
-    return {
+    const body: ReceiptBody = {
       format: RECEIPT_FORMAT,
       index,
       id: input.id,
@@ -243,6 +245,8 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       timing: { startedAt: input.timing.startedAt, firstTokenMs: input.timing.firstTokenMs, totalMs: input.timing.totalMs },
       finishReason: input.finishReason,
     }
+    if (input.client !== undefined) body.client = { name: input.client.name, serial: input.client.serial }
+    return body
   }
 
   async function drain (): Promise<void> {
@@ -315,6 +319,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       })
     },
     get size () { return head === undefined ? 0 : head.index + 1 },
+    get head () { return head === undefined ? { count: 0, hash: GENESIS_HASH } : { count: head.index + 1, hash: head.hash } },
     location: receiptsLocation(init.dataDir),
   }
 }

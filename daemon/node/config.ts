@@ -46,6 +46,14 @@ export interface DaemonConfig {
   bootstrap: string[]
   mdns: boolean
   revocationsFile?: string
+  /** The ingress accepts only client keys issued by the CA (the identity's, or `caFile`'s). */
+  requireKeys?: boolean
+  /** The CA certificate (ca.cert.json) for a node without an identity (`shoal serve --ca`). */
+  caFile?: string
+  /** How often the receipt-log head is signed for peers when it changed (default 10 s). */
+  witnessIntervalMs?: number
+  /** HTTPS for the ingress: PEM certificate (chain) and private key files the operator provides. */
+  tls?: { certFile: string, keyFile: string }
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
   budgets?: Partial<Budgets>
   /**
@@ -94,6 +102,18 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
   // One /shoal/stage handler per node: a node serves at most one pipeline stage.
   if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')
+  if (input.requireKeys === true && input.identityDir === undefined && input.caFile === undefined) {
+    throw new ConfigError('--require-keys', 'needs a CA to check keys against: --ca FILE (ca.cert.json), or run `shoal node --identity DIR`')
+  }
+  if (input.requireKeys === true && input.api === undefined) throw new ConfigError('--require-keys', 'needs an HTTP ingress (--api HOST:PORT)')
+  if (input.tls !== undefined) {
+    if (input.tls.certFile === '' || input.tls.certFile === undefined) throw new ConfigError('--tls-cert', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.tls.keyFile === '' || input.tls.keyFile === undefined) throw new ConfigError('--tls-key', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.api === undefined) throw new ConfigError('--tls-cert', 'HTTPS is for the HTTP ingress: give --api HOST:PORT too')
+  }
+  if (input.witnessIntervalMs !== undefined && !(Number.isFinite(input.witnessIntervalMs) && input.witnessIntervalMs > 0)) {
+    throw new ConfigError('witnessIntervalMs', `expected a positive number of milliseconds, got ${String(input.witnessIntervalMs)}`)
+  }
   if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
     throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
   }
@@ -112,6 +132,8 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     bootstrap: Object.freeze([...input.bootstrap]) as string[],
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
+    ...(input.caFile === undefined ? {} : { caFile: abs(input.caFile) }),
+    ...(input.tls === undefined ? {} : { tls: Object.freeze({ certFile: abs(input.tls.certFile), keyFile: abs(input.tls.keyFile) }) }),
     budgets: Object.freeze(budgets),
   })
 }

@@ -4,12 +4,14 @@
  * stop:  ingress (503 while closing) → routing → engines → mesh → ledger flush.
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
+import { readFile } from 'node:fs/promises'
 import { freemem } from 'node:os'
 import { join } from 'node:path'
+import { createSecureContext } from 'node:tls'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
-import { loadIdentity, loadOrCreateNodeKey } from '../../certs/index.ts'
-import type { NodeIdentity } from '../../certs/index.ts'
+import { loadIdentity, loadOrCreateNodeKey, readCaCertificateFile, readRevocationFile } from '../../certs/index.ts'
+import type { NodeIdentity, RevocationList } from '../../certs/index.ts'
 import { createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
@@ -41,6 +43,11 @@ import { createProgress } from '../../shards/index.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
 import pkg from '../../package.json' with { type: 'json' }
+import { createClientAuth } from './client-auth.ts'
+import { createWitness } from '../witness/index.ts'
+import type { Witness } from '../witness/index.ts'
+import { ingressRefusal, roleRefusal } from './roles.ts'
+import type { ClientAuth } from '../ingress/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -53,6 +60,8 @@ export interface Daemon {
   inFlight: () => number
   /** The mesh, when this daemon runs one (tests and `shoal demo` read it). */
   readonly mesh: Mesh | undefined
+  /** Witnessed log heads, when this daemon runs a mesh. */
+  readonly witness: Witness | undefined
 }
 
 /** What capability records say this node runs; the version is package.json's, like `shoal --version`. */
@@ -80,6 +89,25 @@ function modelProgress (logger: Logger): ModelProgress {
   }
 }
 
+/** The operator's PEM certificate and key, read and checked as a pair before the server is made. */
+async function readTls (files: { certFile: string, keyFile: string }): Promise<{ cert: Buffer, key: Buffer }> {
+  const read = async (file: string, flag: string): Promise<Buffer> => {
+    try {
+      return await readFile(file)
+    } catch (err) {
+      throw new ConfigError(flag, `${file} cannot be read (${(err as { code?: string }).code ?? 'error'})`)
+    }
+  }
+  const cert = await read(files.certFile, '--tls-cert')
+  const key = await read(files.keyFile, '--tls-key')
+  try {
+    createSecureContext({ cert, key })
+  } catch (err) {
+    throw new ConfigError('--tls-key', `${files.keyFile} and ${files.certFile} are not a PEM private key and its certificate: ${(err as Error).message}`)
+  }
+  return { cert, key }
+}
+
 export function createDaemon (config: Readonly<DaemonConfig>, components: DaemonComponents): Daemon {
   const { logger } = components
   const metrics = new Registry()
@@ -92,6 +120,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let ledger: Ledger | undefined
   let mesh: Mesh | undefined
   let ingress: Ingress | undefined
+  let witness: Witness | undefined
   let apiUrl: string | undefined
   let engine: EngineChoice | undefined
   const models: ResolvedModel[] = []
@@ -219,21 +248,42 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const m = mesh
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
         const executor = withReceiptPart(local, signer!)
-        await serveForwarded(m, executor, load)
+        const roles = identity!.certificate.body.roles
+        await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         publishCapabilities()
       },
       async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
     },
     {
+      // Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads).
+      name: 'witness',
+      async start () {
+        if (mesh === undefined) return
+        const l = ledger!
+        witness = createWitness(
+          { signer: signer!, head: () => l.head, dataDir: config.dataDir, ...(config.witnessIntervalMs === undefined ? {} : { intervalMs: config.witnessIntervalMs }) },
+          { mesh, logger },
+        )
+        await witness.start()
+      },
+      async stop () { await witness?.stop() },
+    },
+    {
       name: 'ingress',
       async start () {
         if (config.api === undefined) return
+        if (identity !== undefined) {
+          const refused = ingressRefusal(identity.certificate.body.roles, identity.name)
+          if (refused !== undefined) throw refused
+        }
         const service = withReceipts(frontService(), ledger!, {
           onRejectedParts: (requestId, count) => { logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify') },
           certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
         })
+        const auth = config.requireKeys === true ? await clientAuth() : undefined
+        const tls = config.tls === undefined ? undefined : await readTls(config.tls)
         ingress = createIngress(
-          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs },
+          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
           {
             service,
             metrics,
@@ -262,6 +312,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               nodeLoad: load,
               ledger: () => ledger,
             }),
+            ...(auth === undefined ? {} : { auth }),
           },
         )
         apiUrl = (await ingress.start()).url
@@ -271,10 +322,26 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     },
   ]
 
+  /**
+   * Client-key checks against the identity's CA and the mesh's newest revocation list; without a
+   * mesh (`shoal serve --ca`), against the --ca file and the --revocations file read at start.
+   */
+  async function clientAuth (): Promise<ClientAuth> {
+    if (identity !== undefined) {
+      const caCertificate = identity.caCertificate
+      return createClientAuth({ caCertificate, revocations: () => mesh?.revocationList() })
+    }
+    const caCertificate = await readCaCertificateFile(config.caFile!)
+    const list: RevocationList | undefined = config.revocationsFile === undefined ? undefined : await readRevocationFile(config.revocationsFile, caCertificate)
+    return createClientAuth({ caCertificate, revocations: () => list })
+  }
+
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
   async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
     const m = mesh
     if (m === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+    // Every stage of a chain executes work for others: only a worker certificate may hold one.
+    if (!identity!.certificate.body.roles.includes('worker')) throw new ConfigError('--model', `${model.shardDir}@${model.manifest.stages[model.stageIndex]!.layers.join('-')}: serving a pipeline stage needs a worker certificate (this node's roles: ${identity!.certificate.body.roles.join(',')})`)
     const st = model.manifest.stages[model.stageIndex]!
     const stage = await createPipelineStage(
       {
@@ -287,6 +354,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         // (no wait budget: a stage queues; the coordinator admits).
         metrics,
         batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+        authorize: from => roleRefusal('stage', identity!.certificate.body.roles, from, m.certificateOf(from)?.body.roles),
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
@@ -324,6 +392,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const lifecycle = createLifecycle(parts, (name, err) => { logger.error({ err, part: name }, 'stop failed') })
   return {
     get mesh () { return mesh },
+    get witness () { return witness },
     async start () {
       await lifecycle.start()
       return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }

@@ -70,6 +70,8 @@ export function replicaCandidates (model: string, self: { peerId: string, serves
     out.push({ peerId: self.peerId, local: true, admitted: true, alive: true, wholeModel: true, load: toSnapshot(self.load, now) })
   }
   for (const p of peers) {
+    // Only worker certificates execute work for others (their own handlers refuse otherwise).
+    if (!p.roles.includes('worker')) continue
     const served = p.capabilities?.models.find(m => m.id === model)
     if (served === undefined) continue
     out.push({
@@ -102,6 +104,7 @@ function toSnapshot (load: LoadRecord, observedAt: number): NonNullable<Candidat
 export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
   const out: StageHolder[] = []
   for (const p of peers) {
+    if (!p.roles.includes('worker')) continue
     for (const m of p.capabilities?.models ?? []) {
       if (m.id !== model || m.layers === undefined || m.manifestHash === undefined) continue
       out.push({
@@ -135,7 +138,7 @@ function chainComplete (model: string, peers: PeerView[]): boolean {
 export function meshModelCards (peers: PeerView[]): ModelCard[] {
   const cards = new Map<string, ModelCard>()
   for (const p of peers) {
-    if (p.state !== 'alive') continue
+    if (p.state !== 'alive' || !p.roles.includes('worker')) continue
     for (const m of p.capabilities?.models ?? []) {
       if (!isWhole(m) && !(isEntryPoint(m) && chainComplete(m.id, peers))) continue
       const card = cards.get(m.id) ?? { id: m.id, created: 0, ownedBy: 'shoal', contextLength: m.maxContextTokens ?? 0, servedBy: [] }

@@ -4,14 +4,17 @@
  * the last stage samples and the token id comes back. Sampling params travel in the open frame. When a stage is lost the
  * source rebuilds the chain without that peer and replays the prompt plus every token so far
  * (with the RNG advanced past the draws already made), so the caller sees no error; past
- * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. Every wait has an idle timeout, cut short for a
- * stage the mesh has stopped hearing from.
+ * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. A stage that cannot be reached when the chain
+ * opens is left out the same way. Until the first token came back nothing was delivered, so a
+ * chain that could not be completed by then is SHOAL_ERR_CHAIN_INCOMPLETE (503) — the same status
+ * whether the mesh already knew the stage was gone (no chain forms) or not yet (it fails on
+ * contact). Every wait has an idle timeout, cut short for a stage the mesh has stopped hearing from.
  */
 import { ShoalError } from '../errors.ts'
 import type { TokenSource } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
 import { StageLostError } from './errors.ts'
-import { PEER_LOST_IDLE_MS } from '../routing/index.ts'
+import { ChainIncompleteError, PEER_LOST_IDLE_MS } from '../routing/index.ts'
 import type { StageNode, TokenWatch } from './stage-node.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
 import type { ChainHop } from './wire.ts'
@@ -174,9 +177,30 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     }
   }
 
+  /** A lost stage before any token came back: the chain is incomplete (nothing was delivered). */
+  function beforeFirstToken (err: unknown): unknown {
+    if (!(err instanceof StageLostError) || sampled > 0) return err
+    return new ChainIncompleteError(`no complete chain could be reached: ${err.message}`)
+  }
+
+  /** Opens the request on a chain, leaving out (within maxReplays) a stage that cannot be reached. */
+  async function open (signal: AbortSignal): Promise<void> {
+    while (true) {
+      try {
+        await begin(signal)
+        return
+      } catch (err) {
+        if (!(err instanceof StageLostError) || signal.aborted || attempt >= maxReplays) throw beforeFirstToken(err)
+        if (err.peerId !== undefined) excluded.push(err.peerId)
+        await end()
+        attempt++
+      }
+    }
+  }
+
   /** Runs a step; on a lost stage, rebuilds the chain and replays the whole history. */
   async function step (ids: number[], start: number, signal: AbortSignal): Promise<number> {
-    if (!live) await begin(signal)
+    if (!live) await open(signal)
     try {
       return await run(ids, start, signal)
     } catch (err) {
@@ -192,7 +216,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
           last = again
         }
       }
-      throw last
+      throw beforeFirstToken(last)
     }
   }
 
@@ -200,7 +224,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     get route () { return chain.map(h => h.peerId) },
     get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
-    async connect (signal) { if (!live) await begin(signal) },
+    async connect (signal) { if (!live) await open(signal) },
     async prefill (promptIds, signal) {
       if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')
       history.push(...promptIds)

@@ -10,6 +10,7 @@ import { ShoalError } from '../errors.ts'
 import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, endConditions, generateSequence, requestScope } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
+import type { TokenSource } from '../engine/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
@@ -76,9 +77,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
-    if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
+    const text = codec
+    if (text === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = admitPrompt(codec, request, manifest.shape)
+    const promptIds = await admitPrompt(text, request, manifest.shape, signal)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -94,8 +96,15 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     })
     try {
       await source.connect(scope.signal)
+      // Prefill before `start`, as the local engine does: a chain that cannot be completed is then
+      // a plain HTTP error (503), streaming or not, and `start` names the chain that answered.
+      let tokens: TokenSource = source
+      if (request.maxTokens === undefined || request.maxTokens > 0) {
+        const first = await source.prefill(promptIds, scope.signal)
+        tokens = { prefill: async () => first, decode: async (t, p, s) => await source.decode(t, p, s) }
+      }
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      for await (const event of generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
         if (event.type !== 'end') {
           yield event
           continue
@@ -120,7 +129,11 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       codec = await loadTextCodec(init.shardDir, manifest)
       created = Math.floor(Date.now() / 1000)
     },
-    async stop () { codec = undefined },
+    async stop () {
+      const c = codec
+      codec = undefined
+      await c?.close()
+    },
     models (): ModelCard[] {
       if (codec === undefined) return []
       const description = init.description ?? manifest.description

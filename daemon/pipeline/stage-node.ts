@@ -34,6 +34,8 @@ export interface StageNodeInit extends LinkOptions {
   idleTimeoutMs?: number
   /** Signs this stage's receipt part when a request finishes; without it no part is sent. */
   signer?: { peerId: string, secretKey: Uint8Array }
+  /** Why the upstream peer of an open frame may not have this stage work for it (certificate roles); answered as an error frame. */
+  authorize?: (from: string) => Error | undefined
 }
 
 export interface StageNodeStats {
@@ -173,6 +175,8 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     const o = f.open
     try {
       if (served.has(f.requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${f.requestId} is already open here`)
+      const refused = init.authorize?.(from)
+      if (refused !== undefined) throw refused
       checkOpen(o)
     } catch (err) {
       sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(err) })

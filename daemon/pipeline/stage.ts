@@ -57,6 +57,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   budgetMs?: number
   /** Where the batcher's metrics go. */
   metrics?: Registry
+  /** Why an upstream peer may not have this stage work for it (certificate roles), or undefined. */
+  authorize?: (from: string) => Error | undefined
 }
 
 export interface PipelineStage {

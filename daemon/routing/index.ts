@@ -26,6 +26,6 @@ export type { AffinityTable } from './affinity.ts'
 export {
   InferWireError, OverloadedError, NoEligibleNodeError, ModelNotFoundError, ChainIncompleteError,
   ForwardError, PeerUnavailableError, PeerLostError, DeadlineExceededError, ForwardAbortedError,
-  RemoteError, RETRYABLE_CODES, isRetryable,
+  RemoteError, RequestTooLargeError, RETRYABLE_CODES, isRetryable,
 } from './errors.ts'
 export type { InferWireErrorCode, ForwardPhase } from './errors.ts'

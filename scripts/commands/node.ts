@@ -1,6 +1,6 @@
 /** `shoal node`: the mesh daemon. */
 import { join } from 'node:path'
-import { configFrom, parseKvCacheMb, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -17,6 +17,9 @@ export interface NodeOptions {
   revocations?: string
   mdns: boolean
   logFormat?: string
+  requireKeys?: boolean
+  tlsCert?: string
+  tlsKey?: string
   kvCacheMb?: string
 }
 
@@ -42,6 +45,8 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...tlsOf(opts),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

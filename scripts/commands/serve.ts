@@ -1,6 +1,6 @@
 /** `shoal serve`: one machine, no mesh — a model directory behind the OpenAI API. */
 import { join } from 'node:path'
-import { configFrom, parseKvCacheMb, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -12,6 +12,11 @@ export interface ServeOptions {
   device: string
   data?: string
   logFormat?: string
+  requireKeys?: boolean
+  ca?: string
+  revocations?: string
+  tlsCert?: string
+  tlsKey?: string
   kvCacheMb?: string
 }
 
@@ -34,6 +39,10 @@ export async function serve (opts: ServeOptions): Promise<void> {
     bootstrap: [],
     ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: false,
+    ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
+    ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...tlsOf(opts),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

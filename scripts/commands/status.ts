@@ -68,11 +68,14 @@ export async function status (opts: { api: string }): Promise<void> {
   }
   let res: Response
   try {
-    res = await fetch(new URL('/v1/mesh', base), { signal: AbortSignal.timeout(5000) })
+    // A node with --require-keys wants a client key: SHOAL_API_KEY (a `shoal ca key` token), as OpenAI's clients read theirs.
+    const key = process.env.SHOAL_API_KEY
+    res = await fetch(new URL('/v1/mesh', base), { signal: AbortSignal.timeout(5000), ...(key === undefined || key === '' ? {} : { headers: { authorization: `Bearer ${key}` } }) })
   } catch (err) {
     throw new ExitError(`cannot reach ${base.origin}: ${(err as Error).message}`, 1)
   }
   if (res.status === 404) throw new ExitError(`${base.origin} runs no mesh (shoal serve has none); try a shoal node's API`, 1)
+  if (res.status === 401) throw new ExitError(`${base.origin} requires a client key: set SHOAL_API_KEY to one from \`shoal ca key\``, 1)
   if (!res.ok) throw new ExitError(`${base.origin}/v1/mesh answered ${res.status}`, 1)
   process.stdout.write(renderStatus(await res.json() as MeshSnapshot) + '\n')
 }

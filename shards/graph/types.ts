@@ -3,7 +3,7 @@
  * (OpTable) and the attention primitive's tables and I/O. Kept apart from the code so blocks,
  * attention and the op tables depend on these types, not on each other.
  */
-import type { ModelSpec } from '../architectures.ts'
+import type { ModelSpec, MoeWeights } from '../architectures.ts'
 import type { Quantization } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import type { GraphBuilder } from './builder.ts'
@@ -34,6 +34,12 @@ export interface OpTable {
   stageTables: (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string) => StageTables
   /** Rotary, KV update and masked attention: q/k/v [B, S, ·] → context [B, S, H·hd], present K/V. */
   attention: (ctx: BuildContext, name: string, weightPrefix: string, io: AttentionIo, tables: StageTables) => AttentionOut
+  /**
+   * Routed experts: rows x [N, D] and router logits [N, E] → for each row, the sum over its top-k
+   * experts (softmax probabilities, renormalised when shape.moe.normTopK) of weight · expert(row),
+   * [N, D]. Ties in the top-k go to the lower expert index.
+   */
+  experts: (ctx: BuildContext, name: string, weightPrefix: string, x: string, routerLogits: string, w: MoeWeights) => string
 }
 
 export type StageTables =
