@@ -125,6 +125,7 @@ export function buildProgram (): Command {
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
     .option('--f32-activations', 'with --quant: f32 activations (closer to the unquantized model, slower per step)')
     .addOption(new Option('--ops <table>', "op table: ort-contrib (onnxruntime's fused CPU kernels) or standard (portable opset-17 ONNX)").choices(['ort-contrib', 'standard']).default('ort-contrib'))
+    .option('--static <ctx[,chunk]>', 'also write fixed-shape graphs for NPUs: KV budget CTX, prefill chunk CHUNK (default 128)')
     .option('--force', 'replace --out if it already exists')
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 

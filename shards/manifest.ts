@@ -77,7 +77,19 @@ export function validateManifest (m: unknown): ShardManifest {
     if (typeof st.graph !== 'string' || typeof st.dir !== 'string') fail(`stage ${i}: graph/dir missing`)
     checkFiles(st.files, `stage ${i}`)
     if (!st.files.some(f => f.path === st.graph)) fail(`stage ${i}: graph ${st.graph} not among its files`)
+    if (st.static !== undefined || o.static !== undefined) {
+      if (o.static === undefined) fail(`stage ${i}: static graphs without a top-level static`)
+      for (const g of [st.static?.prefill, st.static?.decode]) {
+        if (typeof g !== 'string' || !st.files.some(f => f.path === g)) fail(`stage ${i}: static graph ${JSON.stringify(g)} missing or not among its files`)
+      }
+    }
   })
+  if (o.static !== undefined) {
+    const { contextLength: ctx, chunk } = o.static
+    if (!isInt(ctx) || ctx < 2 || ctx > s.maxPositions) fail(`static.contextLength must be an integer in 2..${s.maxPositions}`)
+    if (!isInt(chunk) || chunk < 1 || chunk > ctx) fail('static.chunk must be an integer in 1..static.contextLength')
+    if (o.static.opSet !== 'standard') fail('static.opSet must be standard')
+  }
   if (next !== s.numLayers) fail(`stages cover layers 0..${next - 1}, model has ${s.numLayers}`)
   return o as ShardManifest
 }

@@ -6,6 +6,8 @@
  *  - sampling (pure functions) and the decode loop;
  *  - batched steps (`stepBatch`: several sequences in one run, left-padded KV) and the
  *    micro-batcher executor over them (`createBatchedExecutor`);
+ *  - static graphs (`shoal shard --static`) for devices that need fixed shapes (NPU): which graphs a
+ *    stage runs (graph-choice.ts) and a runner over the static pair (static-runner.ts);
  *  - the local InferenceService for a whole-model shard directory, with sequence admission that
  *    queues within a wait budget (`decideAdmission`, pure).
  */
@@ -19,7 +21,11 @@ export type {
   BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export type { BatchStepResult, PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export { createStaticStageRunner, staticContextLimit } from './static-runner.ts'
+export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
+export { chooseStageGraphs, GRAPH_MODES, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
+export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
 export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
 export { generateSequence, endConditions, engineTokenSource, batchedTokenSource } from './generate.ts'
@@ -28,7 +34,8 @@ export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'
 export { loadBackend, probeBackends, BACKEND_NAMES } from './backend/index.ts'
 export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
-export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './backend/openvino.ts'
+export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES, compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
+export { compiledCacheDir, openvinoCacheDir } from './backend/types.ts'
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
 export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,

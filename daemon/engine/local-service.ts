@@ -19,7 +19,6 @@
  * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
  * price of that last-bit difference (which int8 activations can turn into other tokens).
  */
-import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
@@ -39,6 +38,7 @@ import { batchedTokenSource, endConditions, engineTokenSource, generateSequence 
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
 import type { EngineStats, StageInfo } from './protocol.ts'
+import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
@@ -57,6 +57,10 @@ export interface LocalServiceInit {
   manifestHash?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
+  cacheDir?: string
   threads?: number
   /** Concurrent sequences; more wait for a slot while the expected wait is within `budgetMs`. */
   maxSequences?: number
@@ -359,22 +363,28 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      const device = init.device ?? 'CPU'
+      const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
+      const info = stageInfoFor(stageInfoOf(manifest), choice)
+      // Prompts and completions end at the context the chosen graphs hold (static: the KV budget).
+      manifest = { ...manifest, shape: { ...manifest.shape, maxPositions: info.maxPositions } }
       const e = createStageEngine({
-        graphPath: join(init.shardDir, ...stage.graph.split('/')),
-        stage: stageInfoOf(manifest),
+        ...resolveGraphChoice(init.shardDir, choice),
+        stage: info,
         backend: init.backend ?? 'onnxruntime',
-        device: init.device ?? 'CPU',
+        device,
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
       await e.start()
-      const stage0 = stageInfoOf(manifest)
       const kvBytes = init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES
-      prefix = stage0.batchPadding === 'right' && kvBytes > 0
+      // Prefixes are kept by the dynamic runner over left-aligned caches (static graphs: 'none').
+      prefix = info.batchPadding === 'right' && kvBytes > 0
         ? {
             cache: createPrefixCache({ budgetBytes: kvBytes, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
-            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: stage0.layers, dtype: 'float32' }),
+            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: info.layers, dtype: 'float32' }),
             metrics: createPrefixMetrics(init.metrics),
             keys: 0,
           }

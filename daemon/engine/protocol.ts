@@ -48,6 +48,13 @@ export interface WorkerInit {
   stage: StageInfo
   maxSequences: number
   chunkSize: number
+  /**
+   * Run the stage's static graphs (absolute paths; graph-choice.ts) instead of graphPath's
+   * dynamic one: static-runner.ts. Absent: the dynamic graph.
+   */
+  staticGraphs?: { prefill: string, decode: string, contextLength: number, chunk: number }
+  /** The node's compiled-model cache (LoadOptions.cacheDir). */
+  cacheDir?: string
 }
 
 export type StepInput =

@@ -24,6 +24,10 @@ export interface StageEngineInit {
   exclusiveCores?: boolean
   maxSequences?: number
   chunkSize?: number
+  /** Run the stage's static graphs instead of graphPath (graph-choice.ts resolveGraphChoice). */
+  staticGraphs?: WorkerInit['staticGraphs']
+  /** The node's compiled-model cache (LoadOptions.cacheDir); absent: none. */
+  cacheDir?: string
   /** How long loading the graph may take. */
   loadTimeoutMs?: number
 }
@@ -145,6 +149,8 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         chunkSize: init.chunkSize ?? DEFAULT_CHUNK_SIZE,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+        ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
       }
       const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
       worker = w

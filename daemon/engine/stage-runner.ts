@@ -72,22 +72,27 @@ export interface StageRunner {
   /** Drops a sequence (waits for its running step to stop at a chunk boundary). Unknown ids are fine. */
   drop (seqId: string, how: 'free' | 'cancel'): Promise<void>
   /**
-   * Ends a sequence, keeping its first min(length, maxLength) positions' KV under `key`. Returns
-   * the positions kept (0 and nothing kept: unknown sequence or empty cache).
+   * Kept prefixes (optional: a runner without them keeps nothing, and the worker then frees a
+   * retained sequence and refuses open-from).
+   * retain: ends a sequence, keeping its first min(length, maxLength) positions' KV under `key`;
+   * returns the positions kept (0 and nothing kept: unknown sequence or empty cache).
    */
-  retain (seqId: string, key: string, maxLength: number): Promise<{ length: number, bytes: number }>
+  retain? (seqId: string, key: string, maxLength: number): Promise<{ length: number, bytes: number }>
   /** Opens a sequence whose first `length` positions are those of the kept prefix `key`. */
-  openFrom (seqId: string, key: string, length: number): void
+  openFrom? (seqId: string, key: string, length: number): void
   /** Frees kept prefixes; unknown keys are fine. */
-  evict (keys: readonly string[]): void
+  evict? (keys: readonly string[]): void
   stats (): EngineStats
 }
 
 export type BatchStepResult = { output: StepOutput } | { error: Error }
 
+/** The dynamic-graph runner: it keeps prefixes (with left-aligned caches). */
+export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>>
+
 interface Live { index: number, seqId: string, seq: Sequence, item: BatchStepItem }
 
-export function createStageRunner (init: StageRunnerInit): StageRunner {
+export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   const { session, stage } = init
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
   const chunkSize = init.chunkSize ?? DEFAULT_CHUNK_SIZE
@@ -346,7 +351,7 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
   }
 
-  const prefixOps: Pick<StageRunner, 'retain' | 'openFrom' | 'evict'> = {
+  const prefixOps: Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>> = {
     async retain (seqId, key, maxLength) {
       if (!leftAligned) throw new EngineError('only graphs with left-aligned caches (batchPadding "right") keep prefixes')
       if (kept.has(key)) throw new EngineError(`a prefix is already kept as ${key}`)

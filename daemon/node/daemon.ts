@@ -12,7 +12,7 @@ import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
 import type { Logger } from 'pino'
 import { loadIdentity, loadOrCreateNodeKey, readCaCertificateFile, readRevocationFile } from '../../certs/index.ts'
 import type { NodeIdentity, RevocationList } from '../../certs/index.ts'
-import { createLocalService, loadBackend } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, loadBackend } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
@@ -207,6 +207,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             nodeId: signer!.peerId,
             backend: engine.backend,
             device: engine.device,
+            cacheDir: compiledCacheDir(config.cacheRoot),
             manifestHash: model.manifestHash,
             // Batch size, queue delay and step time histograms on this node's /metrics.
             metrics,
@@ -224,6 +225,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           const chain = createLocalChain({
             shardDir: model.shardDir,
             engines,
+            cacheDir: compiledCacheDir(config.cacheRoot),
             signer: signer!,
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
@@ -349,6 +351,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         layers: st.layers,
         backend: choice.backend,
         device: choice.device,
+        cacheDir: compiledCacheDir(config.cacheRoot),
         signer: signer!,
         // A stage's steps meet in its batcher, with the same queue delay and metrics as whole models
         // (no wait budget: a stage queues; the coordinator admits).

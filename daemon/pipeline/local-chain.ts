@@ -14,7 +14,7 @@ import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
 import type { Registry } from 'prom-client'
 import type { BatchLimits } from '../batcher/index.ts'
-import type { BackendName } from '../engine/index.ts'
+import type { BackendName, GraphMode } from '../engine/index.ts'
 import type { StageHolder } from '../routing/index.ts'
 import { loadManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
@@ -33,6 +33,10 @@ export interface LocalChainInit {
   metrics?: Registry
   batchLimits?: Partial<BatchLimits>
   threads?: number
+  /** The node's compiled-model cache, shared by every stage (compiledCacheDir). */
+  cacheDir?: string
+  /** Dynamic or static graphs for every stage; 'auto' (default): static on stages whose device needs them (NPU). */
+  graphs?: GraphMode
 }
 
 export interface LocalChain {
@@ -120,6 +124,8 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
             ...(init.metrics === undefined ? {} : { metrics: init.metrics }),
             ...(init.batchLimits === undefined ? {} : { batchLimits: init.batchLimits }),
             ...(init.threads === undefined ? {} : { threads: init.threads }),
+            ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+            ...(init.graphs === undefined ? {} : { graphs: init.graphs }),
           }, componentsOf(hosts[i]!))
           await stage.start()
           stages.push(stage)
@@ -129,7 +135,9 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
           const served = s.served()
           return { peerId: s.node.peerId, modelId: served.id, manifestHash: served.manifestHash, layers: served.layers, admitted: true, alive: true, rttMs: 0 }
         })
-        const coordinator = createPipelineService({ stage: stages[0]!, shardDir: init.shardDir }, { holders: () => holders })
+        // The chain holds what its smallest stage holds (a stage on static graphs: its KV budget).
+        const maxContextTokens = Math.min(...stages.map(s => s.served().maxContextTokens))
+        const coordinator = createPipelineService({ stage: stages[0]!, shardDir: init.shardDir, maxContextTokens }, { holders: () => holders })
         await coordinator.start()
         service = coordinator
       } catch (err) {

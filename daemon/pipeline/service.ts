@@ -33,6 +33,11 @@ export interface PipelineServiceInit {
   /** Concurrent requests coordinated here (default: stage 0's engine capacity, 8). */
   maxRequests?: number
   chainPolicy?: Partial<ChainPolicy>
+  /**
+   * The chain's context limit when below the model's: the smallest any stage holds (a stage on
+   * static graphs holds its KV budget). Default: stage 0's (PipelineStage.manifest).
+   */
+  maxContextTokens?: number
 }
 
 export interface PipelineServiceComponents {
@@ -50,7 +55,12 @@ export interface PipelineService extends InferenceService {
 
 export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
   const { stage } = init
-  const { manifest, node } = stage
+  const { node } = stage
+  // Prompts and completions end at the chain's context limit, so a stage with a smaller KV budget
+  // (static graphs) ends a completion with 'length' rather than failing it mid-stream.
+  const manifest = init.maxContextTokens === undefined || init.maxContextTokens >= stage.manifest.shape.maxPositions
+    ? stage.manifest
+    : { ...stage.manifest, shape: { ...stage.manifest.shape, maxPositions: init.maxContextTokens } }
   const modelId = node.modelId
   const maxRequests = init.maxRequests ?? 8
   let codec: TextCodec | undefined

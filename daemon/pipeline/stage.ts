@@ -5,12 +5,11 @@
  * do), so interleaved chains share engine runs. The manifest hash it reports (sha256 of
  * manifest.json) keeps chains to stages of one compilation.
  */
-import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../engine/index.ts'
-import type { BackendName } from '../engine/index.ts'
+import { chooseStageGraphs, createBatchedExecutor, createStageEngine, resolveGraphChoice, stageInfoFor, stageInfoOf } from '../engine/index.ts'
+import type { BackendName, GraphMode } from '../engine/index.ts'
 import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
@@ -40,6 +39,10 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   modelId?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs; 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir). */
+  cacheDir?: string
   threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
@@ -82,11 +85,15 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     throw new StageConfigError(`${init.shardDir} has no stage for layers ${init.layers.join('-')} (stages: ${manifest.stages.map(s => s.layers.join('-')).join(', ')})`)
   }
   const st = manifest.stages[stageIndex]!
+  const device = init.device ?? 'CPU'
+  const choice = chooseStageGraphs(manifest, stageIndex, device, init.graphs)
+  const stageInfo = stageInfoFor(stageInfoOf(manifest, stageIndex), choice)
   const engine = createStageEngine({
-    graphPath: join(init.shardDir, ...st.graph.split('/')),
-    stage: stageInfoOf(manifest, stageIndex),
+    ...resolveGraphChoice(init.shardDir, choice),
+    stage: stageInfo,
     backend: init.backend ?? 'onnxruntime',
-    device: init.device ?? 'CPU',
+    device,
+    ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })
@@ -104,10 +111,11 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
   waveCap = () => node.waveCap()
   return {
     node,
-    manifest,
+    // On static graphs this stage holds at most its KV budget: its manifest says so to a coordinator.
+    manifest: stageInfo.maxPositions < manifest.shape.maxPositions ? { ...manifest, shape: { ...manifest.shape, maxPositions: stageInfo.maxPositions } } : manifest,
     manifestHash,
     stageIndex,
-    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: manifest.shape.maxPositions }),
+    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: stageInfo.maxPositions }),
     load: () => batcher?.load(),
     async start () {
       await engine.start()

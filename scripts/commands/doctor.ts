@@ -3,7 +3,7 @@
  * Each check is independent and returns a finding; nothing here changes the machine.
  */
 import { createServer } from 'node:net'
-import { access, constants, mkdir, readdir } from 'node:fs/promises'
+import { access, constants, mkdir, readdir, stat } from 'node:fs/promises'
 import { createRequire } from 'node:module'
 import { dirname, join } from 'node:path'
 import pkg from '../../package.json' with { type: 'json' }
@@ -84,6 +84,34 @@ async function cache (): Promise<Finding> {
   }
 }
 
+/**
+ * OpenVINO's compiled-model cache (CACHE_DIR, under the cache root): how many compiled graphs a
+ * restart can load without recompiling (seconds to minutes per graph on GPU/NPU).
+ */
+export async function compiledCache (root: string): Promise<Finding> {
+  const { compiledCacheDir, openvinoCacheDir } = await import('../../daemon/engine/index.ts')
+  const dir = openvinoCacheDir(compiledCacheDir(root))
+  let names: string[]
+  try {
+    names = await readdir(dir)
+  } catch {
+    return { level: 'ok', check: 'compiled', detail: `${dir}: empty (OpenVINO fills it on the first load of each graph per device)` }
+  }
+  try {
+    await access(dir, constants.W_OK)
+  } catch {
+    return { level: 'warn', check: 'compiled', detail: `${dir} is not writable: OpenVINO recompiles every graph at every start`, fix: `make it writable, or set SHOAL_CACHE to a writable directory` }
+  }
+  let count = 0
+  let bytes = 0
+  for (const name of names) {
+    if (!name.endsWith('.blob')) continue
+    count++
+    bytes += (await stat(join(dir, name)).catch(() => ({ size: 0 }))).size
+  }
+  return { level: 'ok', check: 'compiled', detail: `${dir}: ${count} compiled model${count === 1 ? '' : 's'} (${(bytes / 1048576).toFixed(1)} MiB), loaded at start without recompiling` }
+}
+
 async function identity (dir: string): Promise<Finding> {
   try {
     const certs = await import('../../certs/index.ts')
@@ -101,7 +129,7 @@ async function identity (dir: string): Promise<Finding> {
 }
 
 export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
-  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache()]
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot())]
   if (opts.identity !== undefined) findings.push(await identity(opts.identity))
   return findings
 }

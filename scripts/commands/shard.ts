@@ -13,6 +13,7 @@ export interface ShardCommandOptions {
   quant?: string
   f32Activations?: boolean
   ops?: string
+  static?: string
   force?: boolean
 }
 
@@ -38,6 +39,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
     stages = Number(opts.stages)
     if (!Number.isInteger(stages) || stages < 1) throw new ExitError(`--stages must be a positive integer, got ${opts.stages}`)
   }
+  const fixed = opts.static === undefined ? undefined : parseStatic(opts.static)
   await checkOut(opts.out, opts.force === true)
   try {
     const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
@@ -50,13 +52,23 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),
+      ...(fixed !== undefined ? { static: fixed } : {}),
     })
     const ranges = m.stages.map(s => `${s.layers[0]}-${s.layers[1]}`).join(', ')
-    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind} → ${opts.out}\n`)
+    const fixedNote = m.static === undefined ? '' : `, static graphs ctx ${m.static.contextLength} chunk ${m.static.chunk}`
+    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind}${fixedNote} → ${opts.out}\n`)
   } catch (err) {
     const code = (err as { code?: unknown }).code
     // Expected failures (bad checkpoint, unsupported architecture, bad split) are the user's to fix: exit 2 with the reason.
     if (typeof code === 'string' && code.startsWith('SHOAL_ERR_')) throw new ExitError(`shard: ${(err as Error).message}`)
     throw err
   }
+}
+
+/** `--static CTX[,CHUNK]`: positive integers (the compiler checks them against the model). */
+export function parseStatic (text: string): { contextLength: number, chunk?: number } {
+  const m = /^(\d+)(?:,(\d+))?$/.exec(text.trim())
+  if (m === null) throw new ExitError(`--static must be CTX or CTX,CHUNK (positive integers), got ${text}`)
+  const contextLength = Number(m[1])
+  return m[2] === undefined ? { contextLength } : { contextLength, chunk: Number(m[2]) }
 }

@@ -47,7 +47,7 @@ export function standardTables (ctx: BuildContext, positionIds: string, attentio
   return { kind: 'standard', cos, sin, allowed: g.op('Unsqueeze', `${n}/Unsqueeze`, [allowed, g.i64([1, 2])]) }
 }
 
-function rotate (ctx: BuildContext, name: string, x: string, cos: string, sin: string): string {
+export function rotate (ctx: BuildContext, name: string, x: string, cos: string, sin: string): string {
   const { g } = ctx
   const half = ctx.spec.shape.headDim / 2
   const [x1, x2] = g.node('Split', `${name}/Split`, [x, g.i64([half, half])], { axis: -1 }, 2) as [string, string]

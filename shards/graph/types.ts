@@ -51,6 +51,16 @@ export type StageTables =
     allowed: string
   }
   | {
+    /** Fixed-shape graphs (graph/static.ts): a KV buffer of CTX slots written in place. */
+    kind: 'static'
+    cos: string
+    sin: string
+    /** bool [1, 1, 1, S, CTX]: key slot visible to query. */
+    allowed: string
+    /** int64 [1, kvH, S, hd]: each new position's slot, broadcast for ScatterElements. */
+    slots: string
+  }
+  | {
     kind: 'gqa'
     positionIds: string
     cosCache: string

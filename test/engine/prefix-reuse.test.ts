@@ -9,7 +9,7 @@
 import { Registry } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService, createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { LocalService, LocalServiceInit, StageRunner, StepOutput } from '../../daemon/engine/index.ts'
+import type { LocalService, LocalServiceInit, PrefixKeepingRunner, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { blockHashes, cachedTokensFor } from '../../daemon/kv/index.ts'
@@ -61,7 +61,7 @@ describe('kept-prefix messages at the worker boundary', () => {
 
 describe('kept prefixes in the stage runner', () => {
   let model: TinyModel
-  let runner: StageRunner
+  let runner: PrefixKeepingRunner
   beforeAll(async () => {
     model = await buildTinyModel()
     const session = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })

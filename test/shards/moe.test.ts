@@ -132,7 +132,8 @@ describe.each(MOE_TEST_ARCHITECTURES)('%s tiny', (arch: MoeTestArchitecture) => 
     const prompts = [prompt, prompt.slice(0, 5), [...prompt.slice(3), ...prompt.slice(0, 4)]]
     const refs = prompts.map(pr => new ReferenceModel(modelDir).greedy(pr, 24).tokens)
     const out = join(root, `${arch}-batched`)
-    const manifest = await compileShards({ modelDir, outDir: out, stages: 2 })
+    // batchedGreedy left-pads its rows: the standard op table's batch layout.
+    const manifest = await compileShards({ modelDir, outDir: out, stages: 2, opSet: 'standard' })
     const p = await openPipeline(out, manifest)
     try {
       expect(await batchedGreedy(p, prompts, 24)).toEqual(refs)
@@ -218,7 +219,8 @@ describe('router edge cases (qwen3-moe, one dense layer and three MoE layers)', 
     const prompt = await encodePrompt(dir, PROMPT)
     const refModel = new ReferenceModel(dir)
     const ref = refModel.greedy(prompt, 32)
-    const manifest = await compileShards({ modelDir: dir, outDir: `${dir}-shards`, stages: 2 })
+    // batchedGreedy left-pads its rows: the standard op table's batch layout.
+    const manifest = await compileShards({ modelDir: dir, outDir: `${dir}-shards`, stages: 2, opSet: 'standard' })
     const p = await openPipeline(`${dir}-shards`, manifest)
     try {
       expect((await greedyDecode(p, prompt, 32)).tokens).toEqual(ref.tokens)
