@@ -187,7 +187,7 @@ describe('local service on the static graphs (the NPU path, on CPU)', () => {
     const events: GenerateEvent[] = []
     const text = 'The quick brown fox jumps over the lazy dog'
     for await (const ev of svc.generate({
-      requestId: 'r1', model: model.manifest.modelId, prompt: { kind: 'text', text }, maxTokens: 100,
+      requestId: 'r1', model: model.manifest.modelId, prompt: { kind: 'text', text }, maxTokens: undefined,
       sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000,
     }, new AbortController().signal)) events.push(ev)
     const start = events[0] as Extract<GenerateEvent, { type: 'start' }>

@@ -30,7 +30,7 @@ describe('local chain on static graphs', () => {
       expect(chain.service.models()[0]!.contextLength).toBe(CTX)
       const events: GenerateEvent[] = []
       for await (const ev of chain.service.generate({
-        requestId: 'c1', model: 'static-chain', prompt: { kind: 'text', text: 'The quick brown fox jumps over the lazy dog' }, maxTokens: 100,
+        requestId: 'c1', model: 'static-chain', prompt: { kind: 'text', text: 'The quick brown fox jumps over the lazy dog' }, maxTokens: undefined,
         sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000,
       }, new AbortController().signal)) events.push(ev)
       const start = events[0] as Extract<GenerateEvent, { type: 'start' }>
