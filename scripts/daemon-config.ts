@@ -12,6 +12,14 @@ export async function configFrom (input: DaemonConfig): Promise<Readonly<DaemonC
   }
 }
 
+/** `--kv-cache-mb N` → a whole number of MiB (validated again, by key, in the daemon config). */
+export function parseKvCacheMb (value: string | undefined): number | undefined {
+  if (value === undefined) return undefined
+  const n = Number(value)
+  if (value.trim() === '' || !Number.isSafeInteger(n) || n < 0) throw new ExitError(`--kv-cache-mb: expected a whole number of MiB (0: no prefix reuse), got "${value}"`)
+  return n
+}
+
 /** Start failures with a typed code (bad identity, bad model dir, port in use…) are one-liners too. */
 export function startFailure (err: unknown): never {
   const code = (err as { code?: string }).code

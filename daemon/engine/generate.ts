@@ -33,7 +33,7 @@ type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: numbe
  * before the step; the engine worker picks the token where the logits are, so only its id comes
  * back (not a vocabulary-wide row per token), and the tokens equal sampling here exactly.
  */
-function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
+function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: number): TokenSource {
   const rng = createRng(sampling.seed)
   const token = (out: StepOutput | { kind: 'token', id: number }): number => {
     if (out.kind !== 'token') throw new EngineError(`a whole-model step with a pick must return a token, not ${out.kind}`)
@@ -41,7 +41,9 @@ function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   }
   return {
     async prefill (promptIds, signal) {
-      return token(await step('prefill', promptIds, promptIds.map((_, i) => i), nextPick(sampling, rng), signal))
+      // The first `prefilled` positions are already in the sequence's KV (a reused prefix).
+      const ids = promptIds.slice(prefilled)
+      return token(await step('prefill', ids, ids.map((_, i) => prefilled + i), nextPick(sampling, rng), signal))
     },
     async decode (tokenId, position, signal) {
       return token(await step('decode', [tokenId], [position], nextPick(sampling, rng), signal))
@@ -49,19 +51,22 @@ function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   }
 }
 
-/** A token source over one sequence of a whole-model stage engine. */
-export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
+/**
+ * A token source over one sequence of a whole-model stage engine. `prefilled`: the sequence opened
+ * holding the prompt's first positions (a reused prefix), so prefill runs only the rest.
+ */
+export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams, prefilled = 0): TokenSource {
   return pickingSource(async (_kind, tokenIds, positions, pick, signal) =>
-    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1, pick }, signal), sampling)
+    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1, pick }, signal), sampling, prefilled)
 }
 
 /**
  * A token source over one sequence whose steps go through a micro-batcher (so they share runs
  * with other sequences' steps). The caller releases the sequence.
  */
-export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling)
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling, prefilled)
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */

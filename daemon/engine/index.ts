@@ -14,14 +14,14 @@
 export { createLocalService, stageInfoOf, DEFAULT_MAX_WAITING } from './local-service.ts'
 export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
-export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, TokenSourceWrapper, WrapContext } from './local-service.ts'
+export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {
-  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
+  BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export type { BatchStepResult, PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
 export { createStaticStageRunner, staticContextLimit } from './static-runner.ts'
 export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
 export { chooseStageGraphs, GRAPH_MODES, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'

@@ -9,10 +9,21 @@
  * (./admission.ts), and is refused with 429 and a retry estimate only past it. The prompt's
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
+ *
+ * Prefix reuse (graphs with left-aligned caches): a finished request's prompt KV is kept in the
+ * worker instead of freed, indexed by daemon/kv's prefix cache within `kvCacheBytes`; a new prompt
+ * that starts with a kept prefix opens its sequence from it and prefills only the rest (at least
+ * two positions: see daemon/kv DEFAULT_MIN_PREFILL_TOKENS). Only positions a prefill computed are
+ * kept by default, because one-position (decode) steps run another attention kernel whose KV
+ * differs in the last bits: reuse is then bit-for-bit what recomputation gives. `reuseGenerated`
+ * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
+ * price of that last-bit difference (which int8 activations can turn into other tokens).
  */
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
+import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index.ts'
+import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
@@ -66,8 +77,20 @@ export interface LocalServiceInit {
    * (SHOAL_ERR_OVERLOADED with retryAfterMs). Default: the batcher's DEFAULTS.budgetMs.
    */
   budgetMs?: number
-  /** Where the batcher's metrics go (one /metrics page). */
+  /** Where the batcher's and the prefix cache's metrics go (one /metrics page). */
   metrics?: Registry
+  /**
+   * Bytes of KV kept from finished requests for prefix reuse (graphs with left-aligned caches
+   * only); 0 turns reuse off. Default DEFAULT_KV_CACHE_BYTES.
+   */
+  kvCacheBytes?: number
+  /** Tokens per hashed prefix block (daemon/kv DEFAULT_BLOCK_SIZE otherwise); also the least reused. */
+  prefixBlockSize?: number
+  /**
+   * Keep the KV of generated tokens too (not only the prompt's), so a follow-up turn reuses the
+   * previous reply. Not bit-exact against recomputation (see above). Default false.
+   */
+  reuseGenerated?: boolean
   /**
    * Replaces each request's token source (speculative decoding, daemon/speculative, plugs in
    * here without the engine depending on it); started after and stopped before the engine.
@@ -93,6 +116,19 @@ export interface TokenSourceWrapper {
   wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void> }
 }
 
+export interface PrefixSummary {
+  scope: string
+  blockSize: number
+  /** Compact block hashes (daemon/kv summary); at most the `max` asked for. */
+  hashes: string[]
+}
+
+/** Block hashes in a summary when the caller names no bound (64 × 16 hex digits ≈ 1 KiB of JSON). */
+export const DEFAULT_PREFIX_SUMMARY_HASHES = 64
+
+/** Kept-prefix budget when none is given (the CLI derives its default from free memory). */
+export const DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+
 /** What routing and the mesh load record need from this service, now. */
 export interface LocalServiceLoad extends BatcherLoad {
   /** Concurrent sequences this service admits. */
@@ -107,6 +143,8 @@ export interface LocalServiceStats {
   activeRequests: number
   maxSequences: number
   engine: EngineStats | undefined
+  /** The prefix cache's index (absent when reuse is off). */
+  prefix?: PrefixCacheStats
 }
 
 export interface LocalService extends InferenceService {
@@ -115,6 +153,11 @@ export interface LocalService extends InferenceService {
   stats (): Promise<LocalServiceStats>
   /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
   load (): LocalServiceLoad
+  /**
+   * What this node's prefix cache holds, compact and bounded (PrefixCache.summary), with the scope
+   * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
+   */
+  prefixSummary (max?: number): PrefixSummary | undefined
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
 }
@@ -163,6 +206,38 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let created = 0
   let stopping = false
   let active = 0
+  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number } | undefined
+
+  /** A prefix lease for this prompt (counted as hits and misses), or none. */
+  function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
+    if (prefix === undefined) return undefined
+    const before = prefix.cache.stats()
+    const lease = prefix.cache.acquire(prefix.scope, promptIds)
+    const after = prefix.cache.stats()
+    prefix.metrics.hitTokens.inc({ model: modelId }, after.hitTokens - before.hitTokens)
+    prefix.metrics.missTokens.inc({ model: modelId }, after.missTokens - before.missTokens)
+    return lease
+  }
+
+  /**
+   * Ends a sequence keeping its KV as a prefix when the cache takes it, freeing it otherwise.
+   * `tokens`: the positions to keep, in order (its KV may hold fewer: the last generated token is
+   * never fed back; an abort may have cut a step short).
+   */
+  async function finish (e: BatchingStageEngine, seqId: string, tokens: number[]): Promise<void> {
+    const p = prefix
+    if (p === undefined || tokens.length < p.cache.blockSize) { await e.free(seqId); return }
+    const key = `p${++p.keys}`
+    const kept = await e.retain(seqId, key, tokens.length)
+    if (kept.length === 0) return
+    const before = p.cache.stats().evictions
+    const { drop } = p.cache.insert(p.scope, key, tokens.slice(0, kept.length), kept.bytes)
+    const stats = p.cache.stats()
+    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
+    p.metrics.bytes.set({ model: modelId }, stats.bytes)
+    await e.evict(drop)
+  }
+
   const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
   const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
 
@@ -229,6 +304,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
     const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
     let seqId: string | undefined
+    /** A lease on a kept prefix of this prompt, taken once a sequence slot is ours. */
+    let lease: PrefixLease | undefined
+    /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
+    const fed = [...promptIds]
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released: Promise<void> | undefined
@@ -237,9 +316,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       released ??= (async () => {
         scope.dispose()
         await wrapped?.close?.().catch(() => {})
+        lease?.release()
         if (seqId !== undefined) {
           b?.release(seqId)
-          await e.free(seqId).catch(() => {})
+          // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
+          await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
         }
         // After the free: the next sequence's open must find the engine's slot empty.
         running.delete(progress)
@@ -253,7 +334,22 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
       await acquireSlot(ticket, progress, scope.signal)
-      seqId = await e.open(request.requestId, scope.signal)
+      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
+      // Not under speculative decoding: its source prefills the whole prompt itself.
+      lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
+      if (lease !== undefined) {
+        try {
+          seqId = await e.openFrom(request.requestId, lease.key, lease.length, scope.signal)
+        } catch (err) {
+          if (scope.signal.aborted) throw err
+          // The kept prefix is gone (it should not be): forget it and prefill everything.
+          prefix?.cache.remove(lease.key)
+          lease.release()
+          lease = undefined
+        }
+      }
+      seqId ??= await e.open(request.requestId, scope.signal)
+      const reused = lease?.length ?? 0
       const id = seqId
       if (init.sourceWrapper !== undefined) {
         wrapped = init.sourceWrapper.wrap({
@@ -266,12 +362,14 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           rollback: async (length, signal) => { await e.rollback(id, length, signal) },
         })
       }
-      let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling))
+      let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling, reused) : batchedTokenSource(b, seqId, request.sampling, reused))
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
         const first = await source.prefill(promptIds, scope.signal)
         source = { prefill: async () => first, decode: source.decode }
       }
+      // The prefix is in this sequence's own KV now: it may be evicted or superseded.
+      lease?.release()
       yield {
         type: 'start',
         promptTokenIds: promptIds,
@@ -280,7 +378,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
       for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
-        if (ev.type === 'delta') progress.left = Math.max(0, progress.left - ev.tokenIds.length)
+        if (ev.type === 'delta') {
+          fed.push(...ev.tokenIds)
+          progress.left = Math.max(0, progress.left - ev.tokenIds.length)
+        }
         yield ev
       }
     } catch (err) {
@@ -318,6 +419,16 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
       await e.start().catch(async (err: unknown) => { await init.sourceWrapper?.stop?.().catch(() => {}); throw err })
+      const kvBytes = init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES
+      // Prefixes are kept by the dynamic runner over left-aligned caches (static graphs: 'none').
+      prefix = info.batchPadding === 'right' && kvBytes > 0
+        ? {
+            cache: createPrefixCache({ budgetBytes: kvBytes, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
+            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: info.layers, dtype: 'float32' }),
+            metrics: createPrefixMetrics(init.metrics),
+            keys: 0,
+          }
+        : undefined
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -338,6 +449,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       batcher = undefined
       await engine?.stop()
       engine = undefined
+      // Kept prefixes lived in that worker.
+      prefix = undefined
       await codec?.close()
     },
     models (): ModelCard[] {
@@ -366,8 +479,17 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
+    prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
+      if (prefix === undefined) return undefined
+      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max) }
+    },
     async stats () {
-      return { activeRequests: active, maxSequences, engine: engine === undefined ? undefined : await engine.stats() }
+      return {
+        activeRequests: active,
+        maxSequences,
+        engine: engine === undefined ? undefined : await engine.stats(),
+        ...(prefix === undefined ? {} : { prefix: prefix.cache.stats() }),
+      }
     },
   }
 }

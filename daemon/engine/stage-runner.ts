@@ -18,6 +18,13 @@
  * length — so any mix of lengths shares a run bit-exactly. onnxruntime runs such a graph with
  * batch > 1 only for single-position steps (decode); longer steps run one at a time. A sequence
  * takes its row of a shared block as a view (rows are contiguous), never a copy.
+ *
+ * Kept prefixes (left-aligned caches only): `retain` ends a sequence but keeps the first columns
+ * of its cache under a key, compacted into a block of its own; `openFrom` starts a new sequence
+ * from the first L columns of a kept prefix, so only the rest of its prompt runs. A graph never
+ * writes into its past inputs (present outputs are new tensors), so a kept block is immutable
+ * and a sequence may take it whole without a copy. Which prefixes to keep is the caller's
+ * decision (daemon/kv); this only holds the tensors.
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
@@ -69,14 +76,28 @@ export interface StageRunner {
   rollback (seqId: string, length: number): void
   /** Drops a sequence (waits for its running step to stop at a chunk boundary). Unknown ids are fine. */
   drop (seqId: string, how: 'free' | 'cancel'): Promise<void>
+  /**
+   * Kept prefixes (optional: a runner without them keeps nothing, and the worker then frees a
+   * retained sequence and refuses open-from).
+   * retain: ends a sequence, keeping its first min(length, maxLength) positions' KV under `key`;
+   * returns the positions kept (0 and nothing kept: unknown sequence or empty cache).
+   */
+  retain? (seqId: string, key: string, maxLength: number): Promise<{ length: number, bytes: number }>
+  /** Opens a sequence whose first `length` positions are those of the kept prefix `key`. */
+  openFrom? (seqId: string, key: string, length: number): void
+  /** Frees kept prefixes; unknown keys are fine. */
+  evict? (keys: readonly string[]): void
   stats (): EngineStats
 }
 
 export type BatchStepResult = { output: StepOutput } | { error: Error }
 
+/** The dynamic-graph runner: it keeps prefixes (with left-aligned caches). */
+export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>>
+
 interface Live { index: number, seqId: string, seq: Sequence, item: BatchStepItem }
 
-export function createStageRunner (init: StageRunnerInit): StageRunner {
+export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   const { session, stage } = init
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
   const chunkSize = init.chunkSize ?? DEFAULT_CHUNK_SIZE
@@ -312,10 +333,67 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     }
   }
 
+  // ---- kept prefixes (retain / openFrom / evict) ----
+  /** Kept prefixes by key: a one-row block of exactly the kept positions. */
+  const kept = new Map<string, KvBlock>()
+
+  /** The first `length` columns of a left-aligned row as a one-row block of its own (no copy when it already is one). */
+  function compact (ref: KvRef, length: number): KvBlock {
+    if (ref.block.rows === 1 && ref.block.total === length) return ref.block
+    return {
+      rows: 1,
+      total: length,
+      layers: ref.block.layers.map(pair => pair.map(t => {
+        const data = new Float32Array(kvH * length * hd)
+        copyRowLeft(t.data as Float32Array, ref.row, ref.block.total, data, 0, length, length, kvH, hd)
+        return { type: 'float32', data, dims: [1, kvH, length, hd] } satisfies HostTensor
+      }) as [HostTensor, HostTensor]),
+    }
+  }
+
+  function checkOpen (seqId: string): void {
+    if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
+    if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
+  }
+
+  const prefixOps: Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>> = {
+    async retain (seqId, key, maxLength) {
+      if (!leftAligned) throw new EngineError('only graphs with left-aligned caches (batchPadding "right") keep prefixes')
+      if (kept.has(key)) throw new EngineError(`a prefix is already kept as ${key}`)
+      const seq = sequences.get(seqId)
+      if (seq === undefined) return { length: 0, bytes: 0 }
+      // Like a free: a step still running stops at its next chunk boundary, and what it left
+      // (whole chunks, with their length) is consistent.
+      seq.dropped = 'free'
+      sequences.delete(seqId)
+      await seq.running
+      const length = Math.min(seq.length, Math.max(0, Math.floor(maxLength)))
+      const ref = seq.kv
+      seq.kv = undefined
+      if (ref === undefined || length === 0) return { length: 0, bytes: 0 }
+      const block = compact(ref, length)
+      kept.set(key, block)
+      return { length, bytes: blockBytes(block) }
+    },
+    openFrom (seqId, key, length) {
+      checkOpen(seqId)
+      const block = kept.get(key)
+      if (block === undefined) throw new EngineError(`no prefix is kept as ${key}`)
+      if (!Number.isSafeInteger(length) || length < 1 || length > block.total) throw new EngineError(`prefix ${key} holds ${block.total} positions, not ${length}`)
+      // The whole kept block is shared as is; a shorter prefix gets its own exact-width copy, so
+      // the next step's past is exactly the live positions, as after any chunk.
+      const kv: KvRef = { block: length === block.total ? block : compact({ block, row: 0 }, length), row: 0 }
+      sequences.set(seqId, { kv, length, running: undefined, dropped: undefined })
+    },
+    evict (keys) {
+      for (const k of keys) kept.delete(k)
+    },
+  }
+
   return {
+    ...prefixOps,
     open (seqId) {
-      if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
-      if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
+      checkOpen(seqId)
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
     async step (seqId, input, positions, logitsToKeep, pick) {
@@ -385,7 +463,9 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       }
       let kvHeldBytes = 0
       for (const b of blocks) kvHeldBytes += blockBytes(b)
-      return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq }
+      let keptBytes = 0
+      for (const k of kept.values()) keptBytes += blockBytes(k)
+      return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq, keptPrefixes: kept.size, keptBytes }
     },
   }
 }

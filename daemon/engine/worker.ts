@@ -101,6 +101,23 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
       case 'stats':
         post({ type: 'stats', id: msg.id, stats: runner.stats() })
         return
+      case 'retain': {
+        // A runner that keeps no prefixes (static graphs) frees the sequence and keeps nothing.
+        const kept = runner.retain === undefined
+          ? await runner.drop(msg.seqId, 'free').then(() => ({ length: 0, bytes: 0 }))
+          : await runner.retain(msg.seqId, msg.key, msg.maxLength)
+        post({ type: 'retained', id: msg.id, ...kept })
+        return
+      }
+      case 'open-from':
+        if (runner.openFrom === undefined) throw new EngineError('this stage runner keeps no prefixes')
+        runner.openFrom(msg.seqId, msg.key, msg.length)
+        post({ type: 'done', id: msg.id })
+        return
+      case 'evict':
+        runner.evict?.(msg.keys)
+        post({ type: 'done', id: msg.id })
+        return
       case 'close':
         await session.close()
         post({ type: 'done', id: msg.id })

@@ -62,6 +62,11 @@ export interface DaemonConfig {
    * model). Absent: no speculation.
    */
   draft?: string
+  /**
+   * MiB of KV kept from finished requests for prefix reuse (--kv-cache-mb); 0 turns reuse off;
+   * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
+   */
+  kvCacheMb?: number
 }
 
 export class ConfigError extends ShoalError {
@@ -114,6 +119,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   }
   if (input.witnessIntervalMs !== undefined && !(Number.isFinite(input.witnessIntervalMs) && input.witnessIntervalMs > 0)) {
     throw new ConfigError('witnessIntervalMs', `expected a positive number of milliseconds, got ${String(input.witnessIntervalMs)}`)
+  }
+  if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
+    throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
   }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {

@@ -5,6 +5,7 @@
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { readFile } from 'node:fs/promises'
+import { freemem } from 'node:os'
 import { join } from 'node:path'
 import { createSecureContext } from 'node:tls'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
@@ -15,9 +16,10 @@ import { compiledCacheDir, createLocalService, loadBackend } from '../engine/ind
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
+import { defaultKvCacheBytes, mergeSummaries } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
-import { createMesh } from '../mesh/index.ts'
+import { createMesh, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
@@ -137,6 +139,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const load = (): LoadRecord => aggregateLoad(
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+    mergeSummaries(locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)?.hashes ?? []), LOAD_MAX_PREFIXES),
   )
 
   const publishCapabilities = (): void => {
@@ -201,7 +204,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         // The draft model for speculative decoding (--draft), resolved (compiled) once.
         draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
-        for (const model of models.filter(m => m.whole)) {
+        const wholeModels = models.filter(m => m.whole)
+        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models share it evenly.
+        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length, 1))
+        for (const model of wholeModels) {
           const sourceWrapper = speculation(engine)
           const service = createLocalService({
             ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
@@ -215,6 +221,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
             budgetMs: budgets.batchBudgetMs,
+            kvCacheBytes,
           })
           await service.start()
           locals.push(service)

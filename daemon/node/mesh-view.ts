@@ -43,7 +43,7 @@ const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
  * current concurrency + 1, not its recent throughput: throughput decays while a node idles, and an
  * idle node must not look slow (routing divides by this rate).
  */
-export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number): LoadRecord {
+export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number, prefixes: readonly string[] = []): LoadRecord {
   let queueDepth = 0
   let inFlight = chainRequests
   let decodeTokPerSec = 0
@@ -56,7 +56,11 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
     slots += l.slots
     expectedWaitMs = Math.max(expectedWaitMs, l.expectedWaitMs)
   }
-  return { queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1) }
+  return {
+    queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1),
+    // What the engines keep for prefix reuse (already merged and bounded; absent when nothing).
+    ...(prefixes.length > 0 ? { prefixes: [...prefixes] } : {}),
+  }
 }
 
 /** Every node that can take a request for `model` (whole or chain entry), this one included. */

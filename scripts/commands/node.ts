@@ -1,6 +1,6 @@
 /** `shoal node`: the mesh daemon. */
 import { join } from 'node:path'
-import { configFrom, startFailure, tlsOf } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -21,6 +21,7 @@ export interface NodeOptions {
   tlsCert?: string
   tlsKey?: string
   draft?: string
+  kvCacheMb?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -32,6 +33,7 @@ export async function node (opts: NodeOptions): Promise<void> {
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     identityDir: opts.identity,
     models,
@@ -41,6 +43,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     cacheRoot: cacheRoot(),
     listen: opts.listen,
     bootstrap: opts.bootstrap,
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),

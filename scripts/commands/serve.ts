@@ -1,6 +1,6 @@
 /** `shoal serve`: one machine, no mesh — a model directory behind the OpenAI API. */
 import { join } from 'node:path'
-import { configFrom, startFailure, tlsOf } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
 import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
@@ -18,6 +18,7 @@ export interface ServeOptions {
   tlsCert?: string
   tlsKey?: string
   draft?: string
+  kvCacheMb?: string
 }
 
 export async function serve (opts: ServeOptions): Promise<void> {
@@ -28,6 +29,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     models: [{ dir: opts.model }],
     api,
@@ -36,6 +38,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     cacheRoot: cacheRoot(),
     listen: [],
     bootstrap: [],
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: false,
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...(opts.ca === undefined ? {} : { caFile: opts.ca }),

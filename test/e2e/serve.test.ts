@@ -105,6 +105,21 @@ describe('shoal serve: the openai client against the real daemon', () => {
     }
   })
 
+  it('a repeated prompt reuses its kept KV prefix: the same tokens, and /metrics counts the reused tokens', async () => {
+    const hits = async (): Promise<number> => {
+      const text = await (await fetch(`${d.url}/metrics`)).text()
+      const m = /^shoal_kv_prefix_hit_tokens_total\{model="[^"]*"\} (\d+)$/m.exec(text)
+      return m === null ? 0 : Number(m[1])
+    }
+    const prompt = [...promptIds, ...promptIds, ...promptIds] // long enough for whole 16-token blocks
+    const first = await complete({ prompt, max_tokens: 8, temperature: 0, return_token_ids: true })
+    const before = await hits()
+    const again = await complete({ prompt, max_tokens: 8, temperature: 0, return_token_ids: true })
+    expect(again.choice.token_ids).toEqual(first.choice.token_ids)
+    // All but the last two prompt positions came from the first request's kept KV.
+    expect(await hits() - before).toBe(prompt.length - 2)
+  })
+
   it('chat: streaming and non-streaming give the same greedy text, finish reason and usage', async () => {
     const { data, response } = await d.client.chat.completions.create({ model: MODEL_ID, messages: USER, max_tokens: 24, temperature: 0 }).withResponse()
     expect(data.object).toBe('chat.completion')

@@ -199,6 +199,8 @@ describe('local service on the static graphs (the NPU path, on CPU)', () => {
     const cut = want.findIndex(t => eos.includes(t))
     expect(got).toEqual(cut < 0 ? want : want.slice(0, cut + 1))
     if (cut < 0) expect(end).toMatchObject({ type: 'end', finishReason: 'length', usage: { completionTokens: CTX - start.promptTokenIds.length } })
+    // Static graphs keep no KV prefixes (the dynamic runner's left-aligned caches do).
+    expect((await svc.stats()).prefix).toBeUndefined()
 
     const long = { kind: 'text' as const, text: 'word '.repeat(CTX) }
     const gen = svc.generate({ requestId: 'r2', model: model.manifest.modelId, prompt: long, maxTokens: 4, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000 }, new AbortController().signal)
