@@ -185,9 +185,12 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     const parts: Float32Array[] = []
     let rows = 0
     let width = 0
-    for (let a = 0; a < s; a += chunkSize) {
+    for (let a = 0, b = 0; a < s; a = b) {
       if (seq.dropped !== undefined) break
-      const b = Math.min(s, a + chunkSize)
+      b = Math.min(s, a + chunkSize)
+      // Never leave a one-position last chunk: onnxruntime computes a one-position step with
+      // another attention kernel (other last bits); longer steps agree however a prompt is split.
+      if (s - b === 1 && b - a > 2) b--
       // Logits are wanted for positions [s - keepTotal, s); this chunk holds the suffix from `from`.
       const from = Math.max(a, s - keepTotal)
       const keep = from < b ? b - from : 1
