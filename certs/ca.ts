@@ -12,8 +12,9 @@ import { Level } from 'level'
 import { CaError, CertificateError } from './errors.ts'
 import { readJsonFile, readPrivateKeyFile, seedOf, writeJsonAtomic, writePrivateKeyFile } from './files.ts'
 import { createCaCertificate, createNodeCertificate, createRevocationList } from './issue.ts'
+import { createClientKey, encodeClientKey } from './client-key.ts'
 import { ROLES, isValidName, toTimestamp } from './schema.ts'
-import type { CaCertificate, NodeCertificate, RevocationList, Role } from './schema.ts'
+import type { CaCertificate, ClientKey, NodeCertificate, RevocationList, Role } from './schema.ts'
 import { parseCaCertificate, parseRevocationList } from './verify.ts'
 import { toBase64url } from './signed.ts'
 
@@ -32,9 +33,19 @@ interface RegistryEntry {
   certificate: NodeCertificate
 }
 
-type Registry = Level<string, RegistryEntry>
+/** A client key as the registry remembers it: never the token itself (a bearer secret). */
+interface KeyEntry {
+  name: string
+  serial: string
+  notBefore: string
+  notAfter: string
+  issuedAt: string
+}
+
+type Registry = Level<string, RegistryEntry | KeyEntry>
 
 export interface NodeListing { name: string, peerId: string, serial: string, roles: Role[], notAfter: string, revoked: boolean }
+export interface KeyListing { name: string, serial: string, notAfter: string, revoked: boolean }
 
 const paths = (dir: string) => ({
   key: join(dir, 'ca.key'),
@@ -53,7 +64,7 @@ async function exists (path: string): Promise<boolean> {
 }
 
 async function openRegistry (dir: string, create: boolean): Promise<Registry> {
-  const db: Registry = new Level<string, RegistryEntry>(paths(dir).registry, { valueEncoding: 'json', createIfMissing: create })
+  const db: Registry = new Level<string, RegistryEntry | KeyEntry>(paths(dir).registry, { valueEncoding: 'json', createIfMissing: create })
   try {
     await db.open()
   } catch (err) {
@@ -158,6 +169,7 @@ export async function issueNode (caDir: string, options: {
   const ca = await loadCa(caDir)
   return await withRegistry(caDir, false, async (db) => {
     if (await db.get(`node:${name}`) !== undefined) throw new CaError('name-taken', `node ${name} was already issued by this CA; pick another name`)
+    if (await db.get(`key:${name}`) !== undefined) throw new CaError('name-taken', `${name} is already the name of a client key of this CA; pick another name`)
     if (await exists(outDir)) throw new CaError('out-exists', `${outDir} already exists; refusing to overwrite`)
     const key = await generateKeyPair('Ed25519')
     const peerId = peerIdFromPrivateKey(key).toString()
@@ -184,12 +196,30 @@ export async function issueNode (caDir: string, options: {
   })
 }
 
-/** Puts node `name`'s serial on a new revocation list (number + 1). Revoking twice changes nothing. */
+/**
+ * Issues a client API key named `name` (names are shared with nodes, so `revoke --name` is never
+ * ambiguous); returns its bearer token. The registry keeps its serial and validity, not the token.
+ */
+export async function issueKey (caDir: string, options: { name: string, days?: number, notBefore?: Date, notAfter?: Date }): Promise<{ token: string, key: ClientKey }> {
+  const { name } = options
+  if (!isValidName(name)) throw new CaError('bad-option', `key name ${JSON.stringify(name)} is not 1-64 letters, digits, . _ -`)
+  const { notBefore, notAfter } = validityOf(options)
+  const ca = await loadCa(caDir)
+  return await withRegistry(caDir, false, async (db) => {
+    if (await db.get(`key:${name}`) !== undefined) throw new CaError('name-taken', `client key ${name} was already issued by this CA; pick another name`)
+    if (await db.get(`node:${name}`) !== undefined) throw new CaError('name-taken', `${name} is already the name of a node of this CA; pick another name`)
+    const key = createClientKey(ca.secretKey, ca.certificate, { name, notBefore, notAfter })
+    await db.put(`key:${name}`, { name, serial: key.body.serial, notBefore: key.body.notBefore, notAfter: key.body.notAfter, issuedAt: toTimestamp(new Date()) })
+    return { token: encodeClientKey(key), key }
+  })
+}
+
+/** Puts node (or client key) `name`'s serial on a new revocation list (number + 1). Revoking twice changes nothing. */
 export async function revokeNode (caDir: string, name: string): Promise<RevocationList> {
   const ca = await loadCa(caDir)
   return await withRegistry(caDir, false, async (db) => {
-    const entry = await db.get(`node:${name}`)
-    if (entry === undefined) throw new CaError('unknown-node', `this CA has not issued a node named ${JSON.stringify(name)}`)
+    const entry = await db.get(`node:${name}`) ?? await db.get(`key:${name}`)
+    if (entry === undefined) throw new CaError('unknown-node', `this CA has not issued a node named ${JSON.stringify(name)} (nor a client key)`)
     const current = await loadRevocations(caDir, ca.certificate)
     if (current.body.revoked.includes(entry.serial)) return current
     const next = createRevocationList(ca.secretKey, ca.certificate, {
@@ -206,8 +236,23 @@ export async function listNodes (caDir: string): Promise<NodeListing[]> {
   return await withRegistry(caDir, false, async (db) => {
     const revoked = new Set((await loadRevocations(caDir, ca.certificate)).body.revoked)
     const out: NodeListing[] = []
-    for await (const entry of db.values({ gte: 'node:', lt: 'node;' })) {
+    for await (const value of db.values({ gte: 'node:', lt: 'node;' })) {
+      const entry = value as RegistryEntry
       out.push({ name: entry.name, peerId: entry.peerId, serial: entry.serial, roles: entry.roles, notAfter: entry.notAfter, revoked: revoked.has(entry.serial) })
+    }
+    return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
+  })
+}
+
+/** Every client key this CA issued, by name. */
+export async function listKeys (caDir: string): Promise<KeyListing[]> {
+  const ca = await loadCa(caDir)
+  return await withRegistry(caDir, false, async (db) => {
+    const revoked = new Set((await loadRevocations(caDir, ca.certificate)).body.revoked)
+    const out: KeyListing[] = []
+    for await (const value of db.values({ gte: 'key:', lt: 'key;' })) {
+      const entry = value as KeyEntry
+      out.push({ name: entry.name, serial: entry.serial, notAfter: entry.notAfter, revoked: revoked.has(entry.serial) })
     }
     return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0))
   })

@@ -41,6 +41,17 @@ export async function loadIdentity (dir: string, options: { now?: number } = {})
   return { name: certificate.body.name, peerId, privateKey, secretKey: seedOf(privateKey), certificate, caCertificate }
 }
 
+/** Reads a CA certificate file (`ca.cert.json`) and checks its self-signature. Throws CertificateError. */
+export async function readCaCertificateFile (file: string): Promise<CaCertificate> {
+  const doc = await readJsonFile(file)
+  try {
+    return parseCaCertificate(doc)
+  } catch (err) {
+    if (err instanceof CertificateError && err.reason !== undefined) throw new CertificateError(err.reason, `${file}: ${err.message}`)
+    throw err
+  }
+}
+
 /** Reads a revocation list file and checks it against the CA. Throws CertificateError. */
 export async function readRevocationFile (file: string, caCertificate: CaCertificate): Promise<RevocationList> {
   const doc = await readJsonFile(file)

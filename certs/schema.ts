@@ -14,6 +14,7 @@ export const FORMAT_VERSION = 1
 export const CA_CERTIFICATE_TYPE = 'shoal.ca-certificate'
 export const NODE_CERTIFICATE_TYPE = 'shoal.node-certificate'
 export const REVOCATION_LIST_TYPE = 'shoal.revocation-list'
+export const CLIENT_KEY_TYPE = 'shoal.client-key'
 /** Bound on a revocation list, so a list cannot be used to exhaust memory. */
 export const MAX_REVOKED = 10_000
 
@@ -59,9 +60,25 @@ export interface RevocationListBody {
   revoked: string[]
 }
 
+/**
+ * A client API key: a CA-signed statement that the bearer may use the API under `name`. It carries
+ * no public key: the whole signed document is the bearer secret (see client-key.ts for its token form).
+ */
+export interface ClientKeyBody {
+  type: typeof CLIENT_KEY_TYPE
+  version: 1
+  /** 32 lowercase hex digits, random: what a revocation list names. */
+  serial: string
+  name: string
+  notBefore: Timestamp
+  notAfter: Timestamp
+  caKeyId: string
+}
+
 export type NodeCertificate = SignedDocument<NodeCertificateBody>
 export type CaCertificate = SignedDocument<CaCertificateBody>
 export type RevocationList = SignedDocument<RevocationListBody>
+export type ClientKey = SignedDocument<ClientKeyBody>
 
 export type ParseResult<T> =
   | { ok: true, value: T }
@@ -252,5 +269,18 @@ export function parseRevocationListShape (doc: unknown): ParseResult<RevocationL
       revoked.push(serial)
     }
     return deepFreeze({ body: { type: REVOCATION_LIST_TYPE, version: FORMAT_VERSION, caKeyId, number, issuedAt, revoked }, signature })
+  })
+}
+
+const CLIENT_KEY_KEYS = ['type', 'version', 'serial', 'name', 'notBefore', 'notAfter', 'caKeyId'] as const
+
+export function parseClientKeyShape (doc: unknown): ParseResult<ClientKey> {
+  return guard(() => {
+    const { body, signature } = envelope(doc, CLIENT_KEY_TYPE, CLIENT_KEY_KEYS)
+    const serial = string(body.serial, 'body.serial', SERIAL, '32 lowercase hex digits')
+    const name = string(body.name, 'body.name', NAME, 'a name of 1-64 letters, digits, . _ -')
+    const caKeyId = key32(body.caKeyId, 'body.caKeyId')
+    const [notBefore, notAfter] = validity(body, 'body')
+    return deepFreeze({ body: { type: CLIENT_KEY_TYPE, version: FORMAT_VERSION, serial, name, notBefore, notAfter, caKeyId }, signature })
   })
 }

@@ -19,23 +19,28 @@ export interface SerializedError {
   message: string
   /** An overloaded component's own estimate of when to retry (becomes Retry-After). */
   retryAfterMs?: number
+  /** The request field at fault (OpenAI's `param`), when the error names one. */
+  param?: string
 }
 
 export function serializeError (err: unknown): SerializedError {
   if (err instanceof Error) {
     const code = typeof (err as { code?: unknown }).code === 'string' ? (err as unknown as { code: string }).code : 'SHOAL_ERR_INTERNAL'
     const retryAfterMs = (err as { retryAfterMs?: unknown }).retryAfterMs
-    return typeof retryAfterMs === 'number' && Number.isFinite(retryAfterMs)
-      ? { name: err.name, code, message: err.message, retryAfterMs }
-      : { name: err.name, code, message: err.message }
+    const param = (err as { param?: unknown }).param
+    const out: SerializedError = { name: err.name, code, message: err.message }
+    if (typeof retryAfterMs === 'number' && Number.isFinite(retryAfterMs)) out.retryAfterMs = retryAfterMs
+    if (typeof param === 'string') out.param = param
+    return out
   }
   return { name: 'Error', code: 'SHOAL_ERR_INTERNAL', message: String(err) }
 }
 
 export function deserializeError (e: SerializedError): ShoalError {
-  const err = new ShoalError(e.code, e.message) as ShoalError & { retryAfterMs?: number }
+  const err = new ShoalError(e.code, e.message) as ShoalError & { retryAfterMs?: number, param?: string }
   err.name = e.name
   if (e.retryAfterMs !== undefined) err.retryAfterMs = e.retryAfterMs
+  if (e.param !== undefined) err.param = e.param
   return err
 }
 
@@ -48,9 +53,13 @@ export function errorCodeOf (err: unknown): string | undefined {
 const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_BAD_REQUEST: [400, 'invalid_request_error'],
   SHOAL_ERR_UNSUPPORTED_PARAMETER: [400, 'invalid_request_error'],
+  SHOAL_ERR_INVALID_API_KEY: [401, 'invalid_request_error'],
   SHOAL_ERR_MODEL_NOT_FOUND: [404, 'invalid_request_error'],
   SHOAL_ERR_CONTEXT_LENGTH: [413, 'invalid_request_error'],
   SHOAL_ERR_BODY_TOO_LARGE: [413, 'invalid_request_error'],
+  SHOAL_ERR_URI_TOO_LONG: [414, 'invalid_request_error'],
+  SHOAL_ERR_HEADERS_TOO_LARGE: [431, 'invalid_request_error'],
+  SHOAL_ERR_CLIENT_TIMEOUT: [408, 'invalid_request_error'],
   SHOAL_ERR_OVERLOADED: [429, 'rate_limit_error'],
   SHOAL_ERR_NO_ELIGIBLE_NODE: [503, 'server_error'],
   SHOAL_ERR_SHUTTING_DOWN: [503, 'server_error'],
@@ -58,6 +67,7 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_LEDGER_CLOSED: [503, 'server_error'],
   SHOAL_ERR_PEER_UNAVAILABLE: [503, 'server_error'],
   SHOAL_ERR_CHAIN_INCOMPLETE: [503, 'server_error'],
+  SHOAL_ERR_ROLE_REFUSED: [503, 'server_error'],
   SHOAL_ERR_PEER_LOST: [502, 'server_error'],
   SHOAL_ERR_DEADLINE: [504, 'server_error'],
   SHOAL_ERR_ABORTED: [499, 'server_error'],

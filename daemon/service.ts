@@ -36,6 +36,17 @@ export interface GenerateRequest {
   stop: string[]
   /** Epoch milliseconds after which the request fails with SHOAL_ERR_DEADLINE. */
   deadline: number
+  /**
+   * The client API key that asked (ingress with --require-keys), for the receipt. Stays on the
+   * ingress node: it is not part of the forwarded request.
+   */
+  client?: ClientIdentity
+}
+
+/** Who asked: a client key's name and serial, as the CA issued it. */
+export interface ClientIdentity {
+  name: string
+  serial: string
 }
 
 export type FinishReason = 'stop' | 'length'

@@ -5,86 +5,142 @@
  */
 import { Command, CommanderError, Option } from 'commander'
 import { isExitError } from './exit-error.ts'
+import pkg from '../package.json' with { type: 'json' }
 
 function collect (value: string, previous: string[]): string[] {
   return [...previous, value]
 }
 
-function buildProgram (): Command {
+/** A flag given any number of times; `shown` is what --help says the default is. */
+function repeatable (flags: string, description: string, shown: string): Option {
+  return new Option(flags, description).argParser(collect).default([], shown)
+}
+
+/**
+ * Required options are checked after unknown ones, unlike commander's requiredOption: a mistyped
+ * `--modle x` must be reported as the unknown option it is, not as a missing `--model`.
+ */
+const REQUIRED = new WeakSet<Option>()
+function required (flags: string, description: string): Option {
+  const option = new Option(flags, `${description} (required)`)
+  REQUIRED.add(option)
+  return option
+}
+
+function logFormat (): Option {
+  return new Option('--log-format <format>', 'logs on stderr: human lines, or JSON lines (default: human on a terminal, else json)').choices(['human', 'json'])
+}
+
+export function buildProgram (): Command {
   const program = new Command('shoal')
     .description('A private inference mesh: one daemon per machine, any OpenAI client, any node.')
+    .version(pkg.version, '-V, --version', 'print the version')
     .showHelpAfterError(false)
     .exitOverride()
     .configureOutput({ outputError: () => { /* main prints the one-line reason */ } })
+  // Runs after commander's unknown-option check and before the action.
+  program.hook('preAction', (_program, command) => {
+    for (const option of command.options) {
+      if (REQUIRED.has(option) && command.getOptionValue(option.attributeName()) === undefined) {
+        command.error(`required option '${option.flags}' not specified`, { code: 'commander.missingMandatoryOptionValue', exitCode: 2 })
+      }
+    }
+  })
 
   program.command('demo')
     .description('Start a local mesh of N daemons on loopback with a throwaway CA and the built-in demo model')
     .option('--nodes <n>', 'number of daemons', '3')
     .option('--port <port>', 'API port of the first node', '8080')
+    .addOption(logFormat())
     .action(async (opts) => { await (await import('./commands/demo.ts')).demo(opts) })
 
   program.command('serve')
-    .description('Serve one model on this machine, no mesh (HF checkpoint or shard directory)')
-    .requiredOption('--model <dir>', 'model directory')
+    .description('Serve one model on this machine, no mesh (HF checkpoint or shard directory; a multi-stage one runs as a local chain)')
+    .addOption(required('--model <dir>', 'model directory'))
     .option('--api <host:port>', 'HTTP listen address', '127.0.0.1:8080')
-    .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO)', 'auto')
+    .option('--device <device>', 'engine device: cpu, or an OpenVINO device (CPU, GPU, NPU, AUTO); for a multi-stage shard directory, one per stage (cpu,GPU,NPU)', 'auto')
+    .option('--data <dir>', 'receipt log and node key (default: the cache directory\'s serve/)')
+    .option('--kv-cache-mb <n>', 'MiB of KV kept from finished requests for prefix reuse; 0: none (default: an eighth of free memory, 64–2048)')
+    .addOption(logFormat())
+    .option('--require-keys', 'accept only client keys issued by the CA given with --ca (`shoal ca key`)')
+    .option('--ca <file>', 'CA certificate (ca.cert.json) that client keys must chain to')
+    .option('--revocations <file>', 'CA revocation list withdrawing client keys (read at start)')
+    .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
+    .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
+    .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, or "lookup" (prompt lookup, no model)')
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
     .description('Run the mesh daemon')
-    .requiredOption('--identity <dir>', 'identity directory made by `shoal ca issue`')
-    .option('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', collect, [])
-    .option('--listen <multiaddr>', 'listen address; repeatable', collect, [])
-    .option('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', collect, [])
+    .addOption(required('--identity <dir>', 'identity directory made by `shoal ca issue`'))
+    .addOption(repeatable('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', 'none'))
+    .addOption(repeatable('--listen <multiaddr>', 'listen address; repeatable', 'QUIC and TCP on all interfaces, ephemeral ports'))
+    .addOption(repeatable('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', 'none; mDNS finds LAN peers'))
     .option('--api <host:port>', 'HTTP ingress address (none without it)')
     .option('--device <device>', 'engine device', 'auto')
-    .option('--data <dir>', 'receipt log and caches')
+    .option('--data <dir>', 'receipt log and node state (default: IDENTITY/data)')
     .option('--revocations <file>', 'CA revocation list')
+    .option('--require-keys', 'the ingress accepts only client keys issued by the CA (`shoal ca key`)')
+    .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
+    .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
+    .option('--kv-cache-mb <n>', 'MiB of KV kept from finished requests for prefix reuse; 0: none (default: an eighth of free memory, 64–2048)')
     .option('--no-mdns', 'disable LAN discovery')
+    .addOption(logFormat())
+    .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 
   const ca = program.command('ca').description('Operator certificate authority')
   ca.command('init')
     .description('Create an operator CA (ed25519); refuses to overwrite')
-    .requiredOption('--dir <dir>', 'CA directory')
+    .addOption(required('--dir <dir>', 'CA directory'))
     .action(async (opts) => { await (await import('./commands/ca.ts')).caInit(opts) })
   ca.command('issue')
     .description('Create a node identity and its CA-signed certificate; prints the peer id')
-    .requiredOption('--dir <dir>', 'CA directory')
-    .requiredOption('--name <name>', 'node name')
-    .requiredOption('--out <dir>', 'identity directory to create')
+    .addOption(required('--dir <dir>', 'CA directory'))
+    .addOption(required('--name <name>', 'node name'))
+    .addOption(required('--out <dir>', 'identity directory to create'))
     .option('--days <n>', 'validity in days', '365')
     .option('--roles <roles>', 'comma-separated: ingress,worker', 'ingress,worker')
     .action(async (opts) => { await (await import('./commands/ca.ts')).caIssue(opts) })
   ca.command('revoke')
     .description("Add a node's certificate to the CA's signed revocation list")
-    .requiredOption('--dir <dir>', 'CA directory')
-    .requiredOption('--name <name>', 'node name')
+    .addOption(required('--dir <dir>', 'CA directory'))
+    .addOption(required('--name <name>', 'node name'))
     .action(async (opts) => { await (await import('./commands/ca.ts')).caRevoke(opts) })
+  ca.command('key')
+    .description('Issue a client API key (a bearer token every node verifies offline; revocable like a certificate); prints it on the last line')
+    .addOption(required('--dir <dir>', 'CA directory'))
+    .addOption(required('--name <name>', 'key name (recorded in the receipts of its requests)'))
+    .option('--days <n>', 'validity in days', '365')
+    .action(async (opts) => { await (await import('./commands/ca.ts')).caKey(opts) })
   ca.command('list')
     .description('Name, peer id, serial, roles, expiry, revoked')
-    .requiredOption('--dir <dir>', 'CA directory')
+    .addOption(required('--dir <dir>', 'CA directory'))
     .action(async (opts) => { await (await import('./commands/ca.ts')).caList(opts) })
 
   program.command('shard')
     .description('Compile a checkpoint into per-stage shards and a manifest')
-    .requiredOption('--model <dir>', 'Hugging Face checkpoint directory')
-    .requiredOption('--out <dir>', 'shard directory to write')
+    .addOption(required('--model <dir>', 'Hugging Face checkpoint directory'))
+    .addOption(required('--out <dir>', 'shard directory to write'))
     .option('--stages <n>', 'split evenly into N stages')
     .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
-    .option('--f32-activations', 'with --quant: f32 activations (slower per step; requests of any context length share batched runs)')
+    .option('--f32-activations', 'with --quant: f32 activations (closer to the unquantized model, slower per step)')
+    .addOption(new Option('--ops <table>', "op table: ort-contrib (onnxruntime's fused CPU kernels) or standard (portable opset-17 ONNX)").choices(['ort-contrib', 'standard']).default('ort-contrib'))
+    .option('--static <ctx[,chunk]>', 'also write fixed-shape graphs for NPUs: KV budget CTX, prefill chunk CHUNK (default 128)')
+    .option('--force', 'replace --out if it already exists')
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 
   const receipts = program.command('receipts').description('Signed receipts and the hash-chained log')
   receipts.command('verify')
-    .description('Check every signature and the whole hash chain')
-    .requiredOption('--data <dir>', 'data directory')
+    .description('Check every signature and the whole hash chain (a running node\'s log: a copy taken now)')
+    .addOption(required('--data <dir>', 'data directory'))
     .option('--ca <file>', "also require every signer to hold a certificate from this CA (ca.cert.json) valid at each receipt's time; revocation is not checked")
+    .option('--heads <file>', "also check the log against the heads its signer handed to peers (a peer's DATA/witnessed-heads.json); repeatable", collect, [])
     .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsVerify(opts) })
   receipts.command('show')
     .description('Print receipts')
-    .requiredOption('--data <dir>', 'data directory')
+    .addOption(required('--data <dir>', 'data directory'))
     .option('--last <n>', 'only the last N')
     .action(async (opts) => { await (await import('./commands/receipts.ts')).receiptsShow(opts) })
 

@@ -1,16 +1,16 @@
 /**
  * Keeps a started daemon (or a group of them) alive until SIGINT/SIGTERM, then stops it
- * gracefully; a second signal exits at once.
+ * gracefully, saying how many requests it waits for; a second signal exits at once.
  */
-import { pino } from 'pino'
-import type { Logger } from 'pino'
+export { cliLogger } from './logging.ts'
 
-export function cliLogger (): Logger {
-  // Structured logs go to stderr so stdout stays for the lines a person or script reads.
-  return pino({ level: process.env.SHOAL_LOG_LEVEL ?? 'info' }, pino.destination(2))
+/** The line printed on the first signal. */
+export function stoppingLine (signal: string, inFlight: number): string {
+  if (inFlight === 0) return `shoal: ${signal}, stopping (again to force)`
+  return `shoal: ${signal}, draining ${inFlight} request${inFlight === 1 ? '' : 's'} (Ctrl-C again to force)`
 }
 
-export async function runUntilSignal (stop: () => Promise<void>): Promise<void> {
+export async function runUntilSignal (stop: () => Promise<void>, inFlight: () => number = () => 0): Promise<void> {
   await new Promise<void>((resolve) => {
     let stopping = false
     const onSignal = (signal: NodeJS.Signals): void => {
@@ -19,7 +19,7 @@ export async function runUntilSignal (stop: () => Promise<void>): Promise<void> 
         process.exit(130)
       }
       stopping = true
-      process.stderr.write(`shoal: ${signal}, stopping (again to force)\n`)
+      process.stderr.write(stoppingLine(signal, inFlight()) + '\n')
       stop().then(resolve, (err: unknown) => {
         process.stderr.write(`shoal: stop failed: ${(err as Error).message}\n`)
         resolve()

@@ -1,10 +1,21 @@
 #!/usr/bin/env node
-// The `shoal` bin. Plain JS so that an old Node gets a clear message instead of a syntax error;
-// everything else is TypeScript run by Node's built-in type stripping (Node >= 22.18 / 24).
-const [major, minor] = process.versions.node.split('.').map(Number)
-if (major < 22 || (major === 22 && minor < 18)) {
-  process.stderr.write(`shoal: Node ${process.versions.node} is too old; shoal needs Node >= 22.18 (24 LTS recommended)\n`)
-  process.exit(2)
+// The `shoal` bin. Plain JS that parses on any Node >= 18: on a Node older than package.json's
+// engines.node it re-runs itself with Node 24 from .toolchain/ (fetched from the npm registry on
+// first use; scripts/toolchain.mjs says so in one line). Everything else is TypeScript run by
+// Node's built-in type stripping.
+import { fileURLToPath } from 'node:url'
+import { isNewEnough, modernNode, runWith } from './toolchain.mjs'
+
+if (isNewEnough(process.versions.node)) {
+  const { main } = await import('./cli.ts')
+  process.exitCode = await main(process.argv.slice(2))
+} else {
+  let node
+  try {
+    node = modernNode()
+  } catch (err) {
+    process.stderr.write(`shoal: ${err.message}\n`)
+    process.exit(2)
+  }
+  runWith(node, [node, fileURLToPath(import.meta.url), ...process.argv.slice(2)])
 }
-const { main } = await import('./cli.ts')
-process.exitCode = await main(process.argv.slice(2))

@@ -3,7 +3,7 @@
  * shape (ModelShape + ArchExtras) and says where its weights live. A new architecture is one
  * entry here (plus at most one new graph block); nothing else branches on the architecture.
  */
-import type { ModelShape } from './contract.ts'
+import type { ModelShape, MoeShape } from './contract.ts'
 import { CheckpointError, UnsupportedArchitectureError } from './errors.ts'
 import { ropeInvFreq, type RopeSpec } from './rope.ts'
 import type { F32Tensor, WeightStore } from './safetensors.ts'
@@ -25,7 +25,24 @@ export interface ModelSpec {
   mapping: ArchMapping
 }
 
-/** One decoder layer's weights in HF layout ([out, in]); q, k, v and gate, up already fused. */
+/** One SwiGLU MLP in HF layout: gate and up fused (rows: gate (I), up (I)), down [D, I]. */
+export interface SwiGluWeights {
+  gateUp: F32Tensor
+  down: F32Tensor
+}
+
+/** A mixture-of-experts block's weights: router [E, D], E routed experts, optionally a gated shared expert. */
+export interface MoeWeights {
+  router: F32Tensor
+  experts: SwiGluWeights[]
+  /** Qwen2-MoE: an expert every row runs, scaled by sigmoid(gate · x); gate is [1, D]. */
+  shared?: SwiGluWeights & { gate: F32Tensor }
+}
+
+/**
+ * One decoder layer's weights in HF layout ([out, in]); q, k, v and gate, up already fused. A
+ * dense layer has gateUp and down; a mixture-of-experts layer has moe instead.
+ */
 export interface LayerWeights {
   inputNorm: F32Tensor
   postNorm: F32Tensor
@@ -36,8 +53,9 @@ export interface LayerWeights {
   kNorm?: F32Tensor
   o: F32Tensor
   /** Rows: gate (I), up (I). */
-  gateUp: F32Tensor
-  down: F32Tensor
+  gateUp?: F32Tensor
+  down?: F32Tensor
+  moe?: MoeWeights
 }
 
 export interface ArchMapping {
@@ -137,6 +155,74 @@ const llamaLike = (opts: { architectures: string[], modelTypes: string[], name: 
   },
 })
 
+async function swiGlu (w: WeightStore, gate: string, up: string, down: string): Promise<SwiGluWeights> {
+  return { gateUp: await cat(w, [gate, up]), down: await w.get(down) }
+}
+
+/**
+ * Which layers are MoE (HF's rule for Qwen-MoE: not in mlp_only_layers and (l + 1) divisible by
+ * decoder_sparse_step; Mixtral: every layer) and how the router weighs the chosen experts.
+ */
+function moeShapeOf (c: HfConfig, family: 'mixtral' | 'qwen2_moe' | 'qwen3_moe', numLayers: number): MoeShape {
+  const numExperts = family === 'mixtral' ? num(c, 'num_local_experts') : num(c, 'num_experts')
+  const topK = num(c, 'num_experts_per_tok')
+  if (topK < 1 || topK > numExperts) throw new CheckpointError(`config.json: num_experts_per_tok ${topK} with ${numExperts} experts`)
+  const step = family === 'mixtral' ? 1 : num(c, 'decoder_sparse_step', 1)
+  const only = family !== 'mixtral' && Array.isArray(c.mlp_only_layers) ? c.mlp_only_layers as number[] : []
+  const moeLayers = Array.from({ length: numLayers }, (_, l) => l).filter(l => !only.includes(l) && (l + 1) % step === 0)
+  return {
+    numExperts,
+    topK,
+    expertIntermediateSize: family === 'mixtral' ? num(c, 'intermediate_size') : num(c, 'moe_intermediate_size'),
+    // Mixtral's softmax over the chosen logits is the renormalised top-k of the full softmax.
+    normTopK: family === 'mixtral' ? true : c.norm_topk_prob === true,
+    sharedExpertIntermediateSize: family === 'qwen2_moe' ? num(c, 'shared_expert_intermediate_size', 0) : 0,
+    moeLayers,
+  }
+}
+
+const moeFamily = (opts: { family: 'mixtral' | 'qwen2_moe' | 'qwen3_moe', architectures: string[], qkvBias: boolean, qkNorm: boolean }): ArchMapping => {
+  const dense = llamaLike({ name: opts.family, architectures: opts.architectures, modelTypes: [opts.family], qkvBias: () => opts.qkvBias, qkNorm: opts.qkNorm })
+  return {
+    ...dense,
+    normalize: (c) => {
+      if (c.attention_bias === true && !opts.qkvBias) throw new CheckpointError(`${opts.family}: attention_bias=true is not supported`)
+      const { shape, extras } = dense.normalize(c)
+      return { shape: { ...shape, moe: moeShapeOf(c, opts.family, shape.numLayers) }, extras }
+    },
+    // Whether a layer is MoE is read from the weights present: the config rule above decided
+    // which ones the checkpoint has, and the compiler checks the two agree.
+    layer: async (w, l) => {
+      const p = `model.layers.${l}`
+      const block = opts.family === 'mixtral' ? `${p}.block_sparse_moe` : `${p}.mlp`
+      if (!w.has(`${block}.gate.weight`)) return await dense.layer(w, l)
+      const a = `${p}.self_attn`
+      const experts: SwiGluWeights[] = []
+      for (let e = 0; w.has(`${block}.experts.${e}.${opts.family === 'mixtral' ? 'w1' : 'gate_proj'}.weight`); e++) {
+        const x = `${block}.experts.${e}`
+        experts.push(opts.family === 'mixtral'
+          ? await swiGlu(w, `${x}.w1.weight`, `${x}.w3.weight`, `${x}.w2.weight`)
+          : await swiGlu(w, `${x}.gate_proj.weight`, `${x}.up_proj.weight`, `${x}.down_proj.weight`))
+      }
+      const shared = w.has(`${block}.shared_expert.gate_proj.weight`)
+        ? {
+            ...await swiGlu(w, `${block}.shared_expert.gate_proj.weight`, `${block}.shared_expert.up_proj.weight`, `${block}.shared_expert.down_proj.weight`),
+            gate: await w.get(`${block}.shared_expert_gate.weight`),
+          }
+        : undefined
+      return {
+        inputNorm: await w.get(`${p}.input_layernorm.weight`),
+        postNorm: await w.get(`${p}.post_attention_layernorm.weight`),
+        qkv: await cat(w, [`${a}.q_proj.weight`, `${a}.k_proj.weight`, `${a}.v_proj.weight`]),
+        ...(opts.qkvBias ? { qkvBias: await cat(w, [`${a}.q_proj.bias`, `${a}.k_proj.bias`, `${a}.v_proj.bias`]) } : {}),
+        ...(opts.qkNorm ? { qNorm: await w.get(`${a}.q_norm.weight`), kNorm: await w.get(`${a}.k_norm.weight`) } : {}),
+        o: await w.get(`${a}.o_proj.weight`),
+        moe: { router: await w.get(`${block}.gate.weight`), experts, ...(shared !== undefined ? { shared } : {}) },
+      }
+    },
+  }
+}
+
 /** The registry. Order matters only for listing in error messages. */
 export const ARCHITECTURES: ArchMapping[] = [
   llamaLike({
@@ -157,6 +243,9 @@ export const ARCHITECTURES: ArchMapping[] = [
     qkvBias: (c) => c.attention_bias === true,
     qkNorm: true,
   }),
+  moeFamily({ family: 'mixtral', architectures: ['MixtralForCausalLM'], qkvBias: false, qkNorm: false }),
+  moeFamily({ family: 'qwen2_moe', architectures: ['Qwen2MoeForCausalLM'], qkvBias: true, qkNorm: false }),
+  moeFamily({ family: 'qwen3_moe', architectures: ['Qwen3MoeForCausalLM'], qkvBias: false, qkNorm: true }),
   {
     architectures: ['Phi3ForCausalLM'],
     modelTypes: ['phi3'],

@@ -37,6 +37,16 @@ const tmpName = (parent: string, what: string): string => join(parent, `.tmp-${w
 export interface DemoOptions {
   architecture?: TestArchitecture
   size?: TestModelSize
+  /** Called once when the checkpoint has to be generated (not when it is already cached). */
+  onGenerate?: (dir: string) => void
+}
+
+/** What a cache fill reports: only a cache miss calls these. */
+export interface CompileCacheProgress {
+  /** The compile starts (the checkpoint, the cache entry it fills). */
+  onCompile?: (modelDir: string, dest: string) => void
+  /** Layers compiled so far, of all. */
+  onProgress?: (done: number, total: number) => void
 }
 
 /**
@@ -51,6 +61,7 @@ export async function ensureDemoModel (cacheRoot: string, options: DemoOptions =
   if (existsSync(join(dest, 'config.json'))) return dest
   await mkdir(parent, { recursive: true })
   const tmp = tmpName(parent, 'demo')
+  options.onGenerate?.(dest)
   try {
     await generateTestModel({
       architecture: arch,
@@ -72,7 +83,7 @@ export async function ensureDemoModel (cacheRoot: string, options: DemoOptions =
  * One-stage fp32 shards of an HF checkpoint, compiled once into cacheRoot/shards/<sourceHash>
  * and reused while the checkpoint's content and the compiler version are unchanged.
  */
-export async function compileCached (modelDir: string, cacheRoot: string): Promise<string> {
+export async function compileCached (modelDir: string, cacheRoot: string, progress: CompileCacheProgress = {}): Promise<string> {
   const hash = await checkpointHash(modelDir)
   const parent = join(resolve(cacheRoot), 'shards')
   const dest = join(parent, hash)
@@ -84,8 +95,9 @@ export async function compileCached (modelDir: string, cacheRoot: string): Promi
   }
   await mkdir(parent, { recursive: true })
   const tmp = tmpName(parent, hash.slice(0, 12))
+  progress.onCompile?.(modelDir, dest)
   try {
-    await compileShards({ modelDir, outDir: tmp })
+    await compileShards({ modelDir, outDir: tmp, ...(progress.onProgress === undefined ? {} : { onProgress: progress.onProgress }) })
     if (existsSync(dest)) {
       // A stale entry from another compiler version: move it aside, then publish ours.
       const old = tmpName(parent, 'stale')

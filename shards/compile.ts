@@ -2,15 +2,18 @@
  * The shard compiler: HF checkpoint directory → per-stage ONNX graphs (weights as one external
  * data file per stage), tokenizer files, and manifest.json with layer ranges and sha256 hashes.
  */
+import { createHash } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { copyFile, mkdir, open, writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { normalizeConfig } from './architectures.ts'
 import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
-import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type Quantization, type ShardManifest, type StageManifest } from './contract.ts'
+import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { OP_TABLES, type OpTable } from './graph/ops.ts'
+import type { GraphBuilder } from './graph/builder.ts'
 import { buildStage, type StageSource } from './graph/stage.ts'
+import { buildStaticStage } from './graph/static.ts'
 import { describeFile, writeManifest } from './manifest.ts'
 import { openWeights, type F32Tensor } from './safetensors.ts'
 import { planStages } from './split.ts'
@@ -26,6 +29,12 @@ export const COMPILER_VERSION = 4
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'
 export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
+export const STATIC_PREFILL_FILE = 'static-prefill.onnx'
+export const STATIC_DECODE_FILE = 'static-decode.onnx'
+/** One weights file for both static graphs of a stage (they write the same weights in the same order). */
+export const STATIC_DATA_FILE = 'static.onnx.data'
+/** The prefill chunk of `--static CTX` without CHUNK (capped at CTX). */
+export const DEFAULT_STATIC_CHUNK = 128
 
 export interface CompileOptions {
   modelDir: string
@@ -51,6 +60,13 @@ export interface CompileOptions {
    * batch-of-one tokens (test/engine/batched-int4.test.ts).
    */
   accuracyLevel?: 0 | 4
+  /**
+   * Also write fixed-shape graphs per stage (`--static CTX[,CHUNK]`, for NPUs): a [1, chunk]
+   * prefill and a [1, 1] decode graph over a KV buffer of contextLength slots, 'standard' ops.
+   */
+  static?: { contextLength: number, chunk?: number }
+  /** Called as each layer is compiled (done of total, over all stages): long compiles say how far they are. */
+  onProgress?: (done: number, total: number) => void
 }
 
 export async function compileShards (options: CompileOptions): Promise<ShardManifest> {
@@ -67,6 +83,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     ? { kind: 'none' }
     : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
   const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
+  const staticShapes = options.static === undefined ? undefined : staticShapesOf(options.static, spec.shape.maxPositions)
   const weights = await openWeights(modelDir)
   const { shape } = spec
   const checked = async (name: string, dims: number[]): Promise<F32Tensor> => {
@@ -76,12 +93,16 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     }
     return t
   }
+  let layersDone = 0
+  // Each static graph reads every layer again.
+  const layersTotal = ranges.reduce((n, [a, b]) => n + b - a + 1, 0) * (staticShapes === undefined ? 1 : 3)
   const src: StageSource = {
     embed: async () => await checked(spec.mapping.embedName, [shape.vocabSize, shape.hiddenSize]),
     finalNorm: async () => await checked(spec.mapping.finalNormName, [shape.hiddenSize]),
     lmHead: async () => await checked(shape.tieWordEmbeddings || !weights.has(spec.mapping.lmHeadName) ? spec.mapping.embedName : spec.mapping.lmHeadName, [shape.vocabSize, shape.hiddenSize]),
     layer: async (l) => {
       const w = await spec.mapping.layer(weights, l)
+      options.onProgress?.(++layersDone, layersTotal)
       const { hiddenSize: D, numHeads: H, numKvHeads: kvH, headDim: hd, intermediateSize: I } = shape
       const expect = (t: F32Tensor | undefined, dims: number[], what: string): void => {
         if (t !== undefined && (t.shape.length !== dims.length || t.shape.some((d, i) => d !== dims[i]))) {
@@ -90,8 +111,26 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
       }
       expect(w.qkv, [(H + 2 * kvH) * hd, D], 'qkv')
       expect(w.o, [D, H * hd], 'o_proj')
-      expect(w.gateUp, [2 * I, D], 'gate/up')
-      expect(w.down, [D, I], 'down_proj')
+      const moe = shape.moe
+      if (moe?.moeLayers.includes(l) === true) {
+        if (w.moe === undefined) throw new CheckpointError(`layer ${l}: config makes it a mixture-of-experts layer but its router weight is missing`)
+        if (w.moe.experts.length !== moe.numExperts) throw new CheckpointError(`layer ${l}: ${w.moe.experts.length} experts, config says ${moe.numExperts}`)
+        expect(w.moe.router, [moe.numExperts, D], 'router')
+        w.moe.experts.forEach((e, i) => {
+          expect(e.gateUp, [2 * moe.expertIntermediateSize, D], `expert ${i} gate/up`)
+          expect(e.down, [D, moe.expertIntermediateSize], `expert ${i} down_proj`)
+        })
+        if ((w.moe.shared !== undefined) !== (moe.sharedExpertIntermediateSize > 0)) throw new CheckpointError(`layer ${l}: shared expert weights and shared_expert_intermediate_size disagree`)
+        if (w.moe.shared !== undefined) {
+          expect(w.moe.shared.gateUp, [2 * moe.sharedExpertIntermediateSize, D], 'shared expert gate/up')
+          expect(w.moe.shared.down, [D, moe.sharedExpertIntermediateSize], 'shared expert down_proj')
+          expect(w.moe.shared.gate, [1, D], 'shared expert gate')
+        }
+      } else {
+        if (w.moe !== undefined || w.gateUp === undefined || w.down === undefined) throw new CheckpointError(`layer ${l}: expected a dense MLP`)
+        expect(w.gateUp, [2 * I, D], 'gate/up')
+        expect(w.down, [D, I], 'down_proj')
+      }
       if (spec.extras.qkvBias && w.qkvBias === undefined) throw new CheckpointError(`layer ${l}: q/k/v bias missing`)
       return w
     },
@@ -109,18 +148,25 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     })
     const graphPath = join(outDir, dir, STAGE_GRAPH_FILE)
     const dataPath = join(outDir, dir, STAGE_DATA_FILE)
-    await writeFile(graphPath, g.encode(`shoal-stage-${index}`, `layers ${layers[0]}-${layers[1]} of ${basename(modelDir)}`))
-    const fh = await open(dataPath, 'w')
-    try {
-      for (const chunk of g.data()) await fh.write(chunk)
-    } finally {
-      await fh.close()
+    const doc = `layers ${layers[0]}-${layers[1]} of ${basename(modelDir)}`
+    await writeGraph(g, graphPath, `shoal-stage-${index}`, doc, dataPath)
+    const files = [await describeFile(outDir, graphPath), await describeFile(outDir, dataPath)]
+    const stage: StageManifest = { index, layers, hasEmbedding, hasHead, dir, graph: `${dir}/${STAGE_GRAPH_FILE}`, files }
+    if (staticShapes !== undefined) {
+      const common = { spec, layers, hasEmbedding, hasHead, quant, accuracyLevel: options.accuracyLevel ?? 4, dataFile: STATIC_DATA_FILE, contextLength: staticShapes.contextLength }
+      const prefillPath = join(outDir, dir, STATIC_PREFILL_FILE)
+      const decodePath = join(outDir, dir, STATIC_DECODE_FILE)
+      const staticData = join(outDir, dir, STATIC_DATA_FILE)
+      const prefill = await buildStaticStage(src, { ...common, steps: staticShapes.chunk })
+      await writeGraph(prefill, prefillPath, `shoal-stage-${index}-static-prefill`, `${doc}, static [1, ${staticShapes.chunk}] over ${staticShapes.contextLength} KV slots`, staticData)
+      const decode = await buildStaticStage(src, { ...common, steps: 1 })
+      // The decode graph points into the prefill graph's weights file: it must have laid out the same bytes.
+      if (!sameData(prefill, decode)) throw new Error(`stage ${index}: static prefill and decode graphs disagree on their weights`)
+      await writeGraph(decode, decodePath, `shoal-stage-${index}-static-decode`, `${doc}, static [1, 1] over ${staticShapes.contextLength} KV slots`)
+      files.push(await describeFile(outDir, prefillPath), await describeFile(outDir, decodePath), await describeFile(outDir, staticData))
+      stage.static = { prefill: `${dir}/${STATIC_PREFILL_FILE}`, decode: `${dir}/${STATIC_DECODE_FILE}` }
     }
-    stages.push({
-      index, layers, hasEmbedding, hasHead, dir,
-      graph: `${dir}/${STAGE_GRAPH_FILE}`,
-      files: [await describeFile(outDir, graphPath), await describeFile(outDir, dataPath)],
-    })
+    stages.push(stage)
   }
 
   const tokenizerFiles = []
@@ -146,7 +192,40 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     compilerVersion: COMPILER_VERSION,
     batchPadding: ops.batchPadding,
     batchedPrefillWithPast: ops.batchedPrefillWithPast,
+    ...(staticShapes !== undefined ? { static: staticShapes } : {}),
   }
   await writeManifest(outDir, manifest)
   return manifest
+}
+
+/** Writes a graph, and its external weights when `dataPath` is given. */
+async function writeGraph (g: GraphBuilder, graphPath: string, name: string, doc: string, dataPath?: string): Promise<void> {
+  await writeFile(graphPath, g.encode(name, doc))
+  if (dataPath === undefined) return
+  const fh = await open(dataPath, 'w')
+  try {
+    for (const chunk of g.data()) await fh.write(chunk)
+  } finally {
+    await fh.close()
+  }
+}
+
+function sameData (a: GraphBuilder, b: GraphBuilder): boolean {
+  if (a.dataSize !== b.dataSize) return false
+  const hash = (g: GraphBuilder): string => {
+    const h = createHash('sha256')
+    for (const c of g.data()) h.update(c)
+    return h.digest('hex')
+  }
+  return hash(a) === hash(b)
+}
+
+/** Checks `--static CTX[,CHUNK]` against the model: CTX within its context limit, CHUNK within CTX. */
+export function staticShapesOf (o: { contextLength: number, chunk?: number }, maxPositions: number): StaticShapes {
+  const ctx = o.contextLength
+  if (!Number.isSafeInteger(ctx) || ctx < 2) throw new CheckpointError(`static context length must be an integer ≥ 2, got ${ctx}`)
+  if (ctx > maxPositions) throw new CheckpointError(`static context length ${ctx} exceeds the model's context limit ${maxPositions}`)
+  const chunk = o.chunk ?? Math.min(DEFAULT_STATIC_CHUNK, ctx)
+  if (!Number.isSafeInteger(chunk) || chunk < 1 || chunk > ctx) throw new CheckpointError(`static prefill chunk must be an integer in 1..${ctx}, got ${chunk}`)
+  return { contextLength: ctx, chunk, opSet: 'standard' }
 }

@@ -19,6 +19,23 @@
  *     hidden_states_out             f32   [B, S, D]       every other stage
  * Key j is visible to query i (at index P + i) iff j <= P + i and attention_mask[b, j] = 1; rotary
  * positions come from position_ids alone, so left padding in a batch is just mask zeros.
+ *
+ * Static graphs (`shoal shard --static CTX[,CHUNK]`, for NPUs, which compile only fixed shapes;
+ * StageManifest.static names them): every dimension is a number, batch 1, S = CHUNK (prefill) or
+ * 1 (decode), over a KV buffer of CTX slots that the graph writes in place by slot:
+ *   inputs
+ *     input_ids / hidden_states     as above with B = 1, S fixed (rows past the real ones: padding)
+ *     position_ids                  int64 [1, S]          rotary positions
+ *     cache_position                int64 [S]             the KV slot each new position is written to
+ *     attention_mask                int64 [1, CTX]        1 = slot holds a real position
+ *     past_key_values.{l}.key/value f32   [1, kvH, CTX, hd] the whole buffer (slots ≥ live length: anything finite)
+ *   outputs
+ *     present.{l}.key / .value      f32   [1, kvH, CTX, hd] the buffer with the new positions written
+ *     logits                        f32   [1, S, V]       last stage: every position's (no num_logits_to_keep)
+ *     hidden_states_out             f32   [1, S, D]       every other stage
+ * Key slot j is visible to new position i iff j <= cache_position[i] and attention_mask[0, j] = 1.
+ * Padding rows of a chunk get slots after the real ones (cache_position + i < CTX), so no real
+ * position sees them, and the next step overwrites them.
  */
 
 export const MANIFEST_FORMAT = 'shoal-shards/1'
@@ -32,6 +49,8 @@ export const POSITION_IDS = 'position_ids'
 export const ATTENTION_MASK = 'attention_mask'
 export const LOGITS = 'logits'
 export const NUM_LOGITS_TO_KEEP = 'num_logits_to_keep'
+/** Static graphs only: the KV slot of each new position. */
+export const CACHE_POSITION = 'cache_position'
 export const pastKeyName = (layer: number): string => `past_key_values.${layer}.key`
 export const pastValueName = (layer: number): string => `past_key_values.${layer}.value`
 export const presentKeyName = (layer: number): string => `present.${layer}.key`
@@ -60,6 +79,26 @@ export interface ModelShape {
   maxPositions: number
   rmsNormEps: number
   tieWordEmbeddings: boolean
+  /** Mixture-of-experts layers; absent for dense models. */
+  moe?: MoeShape
+}
+
+/**
+ * A mixture-of-experts model's routing: in each layer of `moeLayers` the MLP is replaced by a
+ * router (softmax over `numExperts` logits, top `topK`), the selected experts' SwiGLU MLPs
+ * (width `expertIntermediateSize`) and their probability-weighted sum; every other layer keeps a
+ * dense MLP of width `intermediateSize`.
+ */
+export interface MoeShape {
+  numExperts: number
+  topK: number
+  expertIntermediateSize: number
+  /** Renormalise the top-k probabilities to sum to 1 (Mixtral, Qwen3-MoE) or use them as they are (Qwen2-MoE). */
+  normTopK: boolean
+  /** Width of a shared expert every row runs, scaled by sigmoid(shared_expert_gate · x) (Qwen2-MoE); 0 = none. */
+  sharedExpertIntermediateSize: number
+  /** Global indices of the MoE layers, ascending. */
+  moeLayers: number[]
 }
 
 export interface ShardFile {
@@ -79,7 +118,27 @@ export interface StageManifest {
   dir: string
   /** The stage's ONNX graph, relative to the shard directory. */
   graph: string
+  /** Every file of the stage (static graphs and their weights included). */
   files: ShardFile[]
+  /** Fixed-shape graphs (ShardManifest.static), relative to the shard directory; absent without --static. */
+  static?: StaticStageGraphs
+}
+
+export interface StaticStageGraphs {
+  /** [1, chunk] positions per run. */
+  prefill: string
+  /** [1, 1] positions per run. */
+  decode: string
+}
+
+/** The fixed shapes of every stage's static graphs (`shoal shard --static CTX[,CHUNK]`). */
+export interface StaticShapes {
+  /** KV buffer slots (CTX): the most positions a sequence can hold on the static graphs. */
+  contextLength: number
+  /** Positions per prefill run (CHUNK). */
+  chunk: number
+  /** The op table of the static graphs: always 'standard' (NPU compilers read no contrib ops). */
+  opSet: 'standard'
 }
 
 export interface GenerationDefaults {
@@ -130,4 +189,6 @@ export interface ShardManifest {
    * takes S > 1 after a past only at batch 1.
    */
   batchedPrefillWithPast?: boolean
+  /** Present when the stages also carry fixed-shape graphs (StageManifest.static). */
+  static?: StaticShapes
 }

@@ -10,8 +10,13 @@ export { compileShards, COMPILER_VERSION, type CompileOptions } from './compile.
 export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from './manifest.ts'
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
-export { generateTestModel, TEST_ARCHITECTURES, type GenerateOptions, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
-export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions } from './cache.ts'
+export {
+  compileExpertShards, EXPERT_SHARDS_FORMAT, MOE_BASE, MOE_INPUT, MOE_EXPERTS, MOE_WEIGHTS, type ExpertShardLayout, type ExpertShardOptions,
+} from './expert-shards.ts'
+export { generateDraftPair, generateTestModel, TEST_ARCHITECTURES, MOE_TEST_ARCHITECTURES, type DraftPairOptions, type GenerateOptions, type TestArchitecture, type MoeTestArchitecture, type TestModelSize } from './testmodel/generate.ts'
+export { createProgress } from './progress.ts'
+export type { ProgressOptions } from './progress.ts'
+export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions, type CompileCacheProgress } from './cache.ts'
 export {
   UnsupportedArchitectureError, CheckpointError, LayerSplitError, ManifestError, ShardIntegrityError,
 } from './errors.ts'

@@ -52,6 +52,12 @@ export function validateManifest (m: unknown): ShardManifest {
   for (const k of ['hiddenSize', 'numLayers', 'numHeads', 'numKvHeads', 'headDim', 'intermediateSize', 'vocabSize', 'maxPositions'] as const) {
     if (!isInt(s[k]) || s[k] <= 0) fail(`shape.${k} must be a positive integer`)
   }
+  if (s.moe !== undefined) {
+    const e = s.moe
+    if (!isInt(e.numExperts) || e.numExperts <= 0 || !isInt(e.topK) || e.topK <= 0 || e.topK > e.numExperts) fail('shape.moe: topK must be 1..numExperts')
+    if (!isInt(e.expertIntermediateSize) || e.expertIntermediateSize <= 0 || !isInt(e.sharedExpertIntermediateSize) || e.sharedExpertIntermediateSize < 0) fail('shape.moe: bad expert widths')
+    if (!Array.isArray(e.moeLayers) || e.moeLayers.some((l, i) => !isInt(l) || l < 0 || l >= s.numLayers || (i > 0 && l <= e.moeLayers[i - 1]!))) fail('shape.moe.moeLayers must be ascending layer indices')
+  }
   const q = o.quantization
   if (q === undefined || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
@@ -71,7 +77,19 @@ export function validateManifest (m: unknown): ShardManifest {
     if (typeof st.graph !== 'string' || typeof st.dir !== 'string') fail(`stage ${i}: graph/dir missing`)
     checkFiles(st.files, `stage ${i}`)
     if (!st.files.some(f => f.path === st.graph)) fail(`stage ${i}: graph ${st.graph} not among its files`)
+    if (st.static !== undefined || o.static !== undefined) {
+      if (o.static === undefined) fail(`stage ${i}: static graphs without a top-level static`)
+      for (const g of [st.static?.prefill, st.static?.decode]) {
+        if (typeof g !== 'string' || !st.files.some(f => f.path === g)) fail(`stage ${i}: static graph ${JSON.stringify(g)} missing or not among its files`)
+      }
+    }
   })
+  if (o.static !== undefined) {
+    const { contextLength: ctx, chunk } = o.static
+    if (!isInt(ctx) || ctx < 2 || ctx > s.maxPositions) fail(`static.contextLength must be an integer in 2..${s.maxPositions}`)
+    if (!isInt(chunk) || chunk < 1 || chunk > ctx) fail('static.chunk must be an integer in 1..static.contextLength')
+    if (o.static.opSet !== 'standard') fail('static.opSet must be standard')
+  }
   if (next !== s.numLayers) fail(`stages cover layers 0..${next - 1}, model has ${s.numLayers}`)
   return o as ShardManifest
 }

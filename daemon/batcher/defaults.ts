@@ -4,7 +4,7 @@
  * --max-batch 4,8,16 --delay 0,2,5 --streams 1,8,16`): on int4 60m/250m, in CPU time, a decode
  * run of 4 sequences costs 1.35–1.7× a run of one, 8 cost 2.5–2.9×, 16 cost 4.3–5.6×: per-token
  * cost flattens past 8, so 8 — the local service's default sequence bound — gets most of the
- * gain with one run per round. The other numbers are first guesses from engine-notes.md.
+ * gain with one run per round. The other numbers are first guesses from docs/engine-notes.md.
  */
 import type { BatchLimits, StepCostModel } from './types.ts'
 

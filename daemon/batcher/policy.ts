@@ -8,9 +8,15 @@
  * budget is chunked (its first positions run, the remainder keeps its place in line, so a
  * sequence's chunks run in order). One step per sequence per run.
  *
+ * A step of several positions is never cut into a one-position chunk, nor cut so that one
+ * position remains: onnxruntime computes a one-position step with another attention kernel than a
+ * longer one, whose last bits differ (int8 activations turn them into different tokens), while
+ * steps of two or more positions give the same bits however a prompt is split. So a sequence's
+ * tokens never depend on how busy the node was (limits with maxTokens < 4 excepted).
+ *
  * No starvation: once the oldest prefill has waited `prefillAgingMs`, decodes leave it one slot and
- * one position in every run until it is done (with maxBatch 1, whichever of the two heads is older
- * runs). Decodes still progress in every run, since maxTokens ≥ maxBatch.
+ * three positions in every run until it is done (with maxBatch 1, whichever of the two heads is
+ * older runs). Decodes still progress in every run, since maxTokens ≥ maxBatch.
  *
  * Run now when the batch is as large as the limits allow, when the oldest waiter has waited
  * `maxQueueDelayMs`, or when no company is expected (`awaiting === 0`); else wait until the oldest
@@ -57,19 +63,38 @@ export function planBatch<T extends PendingStep> (queue: readonly T[], limits: B
   const take = (list: T[], slots: number, tokenCap: number): boolean => {
     for (const step of list) {
       if (run.length >= slots || used >= tokenCap) return false
-      const n = Math.min(step.tokens, tokenCap - used)
+      const n = chunkOf(step.tokens, tokenCap - used, maxTokens)
+      if (n === 0) { cut = true; return false }
       run.push({ step, tokens: n })
       used += n
       if (n < step.tokens) { cut = true; return false }
     }
     return true
   }
-  const allDecodes = take(decodes, decodeSlots, reserved ? maxTokens - 1 : maxTokens)
-  if (allDecodes || reserved) take(prefills, maxBatch, maxTokens)
+  const allDecodes = take(decodes, decodeSlots, reserved ? Math.max(maxTokens - AGED_RESERVE, decodeSlots === 0 ? 0 : 1) : maxTokens)
+  // Past waiting decodes only the aged head prefill runs, in the room reserved for it.
+  if (allDecodes) take(prefills, maxBatch, maxTokens)
+  else if (reserved) take([head], maxBatch, maxTokens)
 
   // As large as the limits allow: more company could not join this run anyway.
   const full = cut || run.length >= maxBatch || used >= maxTokens || run.length < decodes.length + prefills.length
   const age = Math.max(0, now - oldest)
   if (full || age >= limits.maxQueueDelayMs || hints.awaiting === 0) return { run }
   return { run: [], wait: limits.maxQueueDelayMs - age }
+}
+
+/** Positions left to an aged prefill in every run: enough for a chunk that leaves no single position. */
+const AGED_RESERVE = 3
+
+/**
+ * How many of a step's `tokens` positions run in `room`: all when they fit, else a chunk of at least
+ * two that does not leave exactly one behind; 0 when no such chunk fits (the step waits a run).
+ * With maxTokens < 4 an aged prefill and a decode could not both progress in every run with such
+ * chunks, so one-position chunks are allowed there.
+ */
+export function chunkOf (tokens: number, room: number, maxTokens: number): number {
+  if (tokens <= room) return tokens
+  if (maxTokens < 4) return room
+  const n = tokens - room === 1 ? room - 1 : room
+  return n >= 2 ? n : 0
 }

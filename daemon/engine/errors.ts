@@ -9,6 +9,14 @@ export class ContextLengthError extends ShoalError {
   constructor (message: string) { super('SHOAL_ERR_CONTEXT_LENGTH', message) }
 }
 
+/** Prompt plus max_tokens exceed the context: a 400 naming the numbers (as vLLM and OpenAI answer). */
+export class RequestTooLongError extends ShoalError {
+  override name = 'RequestTooLongError'
+  /** The request field to change (OpenAI's `param`). */
+  readonly param = 'max_tokens'
+  constructor (message: string) { super('SHOAL_ERR_BAD_REQUEST', message) }
+}
+
 export class ModelNotFoundError extends ShoalError {
   override name = 'ModelNotFoundError'
   constructor (model: string, served: string[]) {
@@ -18,7 +26,12 @@ export class ModelNotFoundError extends ShoalError {
 
 export class OverloadedError extends ShoalError {
   override name = 'OverloadedError'
-  constructor (message: string) { super('SHOAL_ERR_OVERLOADED', message) }
+  /** When known, how long until a retry is likely to be admitted (becomes Retry-After). */
+  readonly retryAfterMs: number | undefined
+  constructor (message: string, retryAfterMs?: number) {
+    super('SHOAL_ERR_OVERLOADED', message)
+    this.retryAfterMs = retryAfterMs
+  }
 }
 
 export class DeadlineError extends ShoalError {

@@ -33,7 +33,7 @@ type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: numbe
  * before the step; the engine worker picks the token where the logits are, so only its id comes
  * back (not a vocabulary-wide row per token), and the tokens equal sampling here exactly.
  */
-function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
+function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: number): TokenSource {
   const rng = createRng(sampling.seed)
   const token = (out: StepOutput | { kind: 'token', id: number }): number => {
     if (out.kind !== 'token') throw new EngineError(`a whole-model step with a pick must return a token, not ${out.kind}`)
@@ -41,7 +41,9 @@ function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   }
   return {
     async prefill (promptIds, signal) {
-      return token(await step('prefill', promptIds, promptIds.map((_, i) => i), nextPick(sampling, rng), signal))
+      // The first `prefilled` positions are already in the sequence's KV (a reused prefix).
+      const ids = promptIds.slice(prefilled)
+      return token(await step('prefill', ids, ids.map((_, i) => prefilled + i), nextPick(sampling, rng), signal))
     },
     async decode (tokenId, position, signal) {
       return token(await step('decode', [tokenId], [position], nextPick(sampling, rng), signal))
@@ -49,19 +51,22 @@ function pickingSource (step: Stepper, sampling: SamplingParams): TokenSource {
   }
 }
 
-/** A token source over one sequence of a whole-model stage engine. */
-export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams): TokenSource {
+/**
+ * A token source over one sequence of a whole-model stage engine. `prefilled`: the sequence opened
+ * holding the prompt's first positions (a reused prefix), so prefill runs only the rest.
+ */
+export function engineTokenSource (engine: StageEngine, seqId: string, sampling: SamplingParams, prefilled = 0): TokenSource {
   return pickingSource(async (_kind, tokenIds, positions, pick, signal) =>
-    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1, pick }, signal), sampling)
+    await engine.step(seqId, { tokenIds }, positions, { logitsToKeep: 1, pick }, signal), sampling, prefilled)
 }
 
 /**
  * A token source over one sequence whose steps go through a micro-batcher (so they share runs
  * with other sequences' steps). The caller releases the sequence.
  */
-export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams): TokenSource {
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling)
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling, prefilled)
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */
@@ -98,21 +103,40 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     return
   }
   let token = await g.source.prefill(g.promptIds, g.signal)
-  for (;;) {
-    completion++
-    if (eos.has(token)) { finish = 'stop'; break }
-    pendingIds.push(token)
-    const pushed = stops.push(detok.push(token))
-    // Token ids ride with the text they produced; ids whose text a stop string swallowed still
-    // go out (with empty text) so the deltas carry every generated id but EOS.
-    if (pushed.text.length > 0 || (pushed.stopped && pendingIds.length > 0)) {
-      yield { type: 'delta', text: pushed.text, tokenIds: pendingIds }
-      pendingIds = []
+  // The next step is submitted before this token's delta is yielded: the engine computes it while
+  // the consumer detokenizes, writes and signs, so a token costs max(step, consumer) instead of
+  // their sum. Everything that decides whether there is a next step is known before the yield.
+  let next: Promise<number> | undefined
+  try {
+    for (;;) {
+      completion++
+      if (eos.has(token)) { finish = 'stop'; break }
+      pendingIds.push(token)
+      const pushed = stops.push(detok.push(token))
+      const more = !pushed.stopped && completion < limit && n + completion < g.maxPositions
+      if (more) {
+        g.signal.throwIfAborted()
+        next = g.source.decode(token, n + completion - 1, g.signal)
+        // Observed now, awaited after the yield: a failure while the consumer holds the delta is
+        // not an unhandled rejection.
+        next.catch(() => {})
+      }
+      // Token ids ride with the text they produced; ids whose text a stop string swallowed still
+      // go out (with empty text) so the deltas carry every generated id but EOS.
+      if (pushed.text.length > 0 || (pushed.stopped && pendingIds.length > 0)) {
+        yield { type: 'delta', text: pushed.text, tokenIds: pendingIds }
+        pendingIds = []
+      }
+      if (pushed.stopped) { finish = 'stop'; stopped = true; break }
+      if (next === undefined) { finish = 'length'; break }
+      const pending = next
+      next = undefined
+      token = await pending
     }
-    if (pushed.stopped) { finish = 'stop'; stopped = true; break }
-    if (completion >= limit || n + completion >= g.maxPositions) { finish = 'length'; break }
-    g.signal.throwIfAborted()
-    token = await g.source.decode(token, n + completion - 1, g.signal)
+  } finally {
+    // The consumer left while a step was in flight (it aborts the signal when a client goes): let
+    // that one step settle before the caller frees the sequence under it.
+    if (next !== undefined) await next.catch(() => {})
   }
   // Flush what the detokenizer and stop matcher still hold (unless a stop string already ended it).
   if (!stopped) {

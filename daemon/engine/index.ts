@@ -6,17 +6,26 @@
  *  - sampling (pure functions) and the decode loop;
  *  - batched steps (`stepBatch`: several sequences in one run, left-padded KV) and the
  *    micro-batcher executor over them (`createBatchedExecutor`);
- *  - the local InferenceService for a whole-model shard directory.
+ *  - static graphs (`shoal shard --static`) for devices that need fixed shapes (NPU): which graphs a
+ *    stage runs (graph-choice.ts) and a runner over the static pair (static-runner.ts);
+ *  - the local InferenceService for a whole-model shard directory, with sequence admission that
+ *    queues within a wait budget (`decideAdmission`, pure).
  */
-export { createLocalService, stageInfoOf } from './local-service.ts'
-export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats } from './local-service.ts'
+export { createLocalService, stageInfoOf, DEFAULT_MAX_WAITING } from './local-service.ts'
+export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
+export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
+export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {
-  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
+  BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-export type { BatchStepResult, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export type { BatchStepResult, PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export { createStaticStageRunner, staticContextLimit } from './static-runner.ts'
+export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
+export { chooseStageGraphs, GRAPH_MODES, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
+export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
 export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
 export { generateSequence, endConditions, engineTokenSource, batchedTokenSource } from './generate.ts'
@@ -25,11 +34,12 @@ export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'
 export { loadBackend, probeBackends, BACKEND_NAMES } from './backend/index.ts'
 export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
-export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES } from './backend/openvino.ts'
+export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES, compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
+export { compiledCacheDir, openvinoCacheDir } from './backend/types.ts'
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
 export {
   AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
-  OverloadedError, ShuttingDownError,
+  OverloadedError, RequestTooLongError, ShuttingDownError,
 } from './errors.ts'
-export { admitPrompt, requestScope } from './request-scope.ts'
+export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.ts'
 export type { RequestScope } from './request-scope.ts'

@@ -77,6 +77,26 @@ export function ownRow (ref: KvRef, length: number, layer: number, kvH: number, 
   return [one(pair[0]), one(pair[1])]
 }
 
+/**
+ * The first `keep` of a row's `length` live positions as a block of its own (speculative decoding's
+ * rollback of rejected positions). Live columns are right-aligned, so dropping the newest ones
+ * cannot be a view; it is one copy of what stays, the size of what the next step's concatenation
+ * copies anyway.
+ */
+export function truncateRow (ref: KvRef, length: number, keep: number, kvH: number, hd: number): KvBlock {
+  const { block, row } = ref
+  const one = (t: HostTensor): HostTensor => {
+    const src = t.data as Float32Array
+    const data = new Float32Array(kvH * keep * hd)
+    for (let h = 0; h < kvH; h++) {
+      const s = ((row * kvH + h) * block.total + block.total - length) * hd
+      data.set(src.subarray(s, s + keep * hd), h * keep * hd)
+    }
+    return { type: 'float32', data, dims: [1, kvH, keep, hd] }
+  }
+  return { rows: 1, total: keep, layers: block.layers.map(([k, v]) => [one(k), one(v)]) }
+}
+
 /** Grow-only scratch buffers for packed past KV, reused across runs (views are handed to the backend). */
 export function createScratch (): (slot: number, length: number) => Float32Array {
   const buffers: Float32Array[] = []

@@ -4,15 +4,27 @@
  * tokenizes and renders the prompt, admits a bounded number of sequences, and turns generation into
  * service events; client disconnect and the request deadline end generation and free the KV.
  * Every step goes through a micro-batcher (daemon/batcher) whose executor runs a planned batch as
- * one `stepBatch`, so concurrent requests decode together (continuous batching). The prompt's
+ * one `stepBatch`, so concurrent requests decode together (continuous batching). A request that
+ * finds every sequence busy waits for one while the expected wait is within the budget
+ * (./admission.ts), and is refused with 429 and a retry estimate only past it. The prompt's
  * prefill runs before the `start` event, so a batcher refusal (SHOAL_ERR_OVERLOADED with
  * `retryAfterMs`) is still a plain HTTP 429 with Retry-After.
+ *
+ * Prefix reuse (graphs with left-aligned caches): a finished request's prompt KV is kept in the
+ * worker instead of freed, indexed by daemon/kv's prefix cache within `kvCacheBytes`; a new prompt
+ * that starts with a kept prefix opens its sequence from it and prefills only the rest (at least
+ * two positions: see daemon/kv DEFAULT_MIN_PREFILL_TOKENS). Only positions a prefill computed are
+ * kept by default, because one-position (decode) steps run another attention kernel whose KV
+ * differs in the last bits: reuse is then bit-for-bit what recomputation gives. `reuseGenerated`
+ * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
+ * price of that last-bit difference (which int8 activations can turn into other tokens).
  */
-import { join } from 'node:path'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createBatcher } from '../batcher/index.ts'
+import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index.ts'
+import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
+import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
@@ -20,13 +32,19 @@ import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
+import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
+import type { SlotState } from './admission.ts'
 import { batchedTokenSource, endConditions, engineTokenSource, generateSequence } from './generate.ts'
 import { admitPrompt, requestScope } from './request-scope.ts'
 import type { TokenSource } from './generate.ts'
-import type { EngineStats, StageInfo } from './protocol.ts'
+import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
+import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
-import type { BatchingStageEngine } from './stage-engine.ts'
+import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+
+/** Requests that may wait for a sequence slot at once, by default. */
+export const DEFAULT_MAX_WAITING = 64
 
 export interface LocalServiceInit {
   shardDir: string
@@ -39,19 +57,77 @@ export interface LocalServiceInit {
   manifestHash?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
+  cacheDir?: string
   threads?: number
-  /** Concurrent sequences; more get SHOAL_ERR_OVERLOADED. */
+  /** Concurrent sequences; more wait for a slot while the expected wait is within `budgetMs`. */
   maxSequences?: number
+  /** Requests that may wait for a sequence slot at once (default DEFAULT_MAX_WAITING); more get SHOAL_ERR_OVERLOADED. */
+  maxWaiting?: number
   chunkSize?: number
   /** False: each request steps the engine on its own (batch-of-one runs; for comparison). Default true. */
   batching?: boolean
   /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
   batchLimits?: Partial<BatchLimits>
-  /** The batcher's own wait budget before refusing a new prompt with SHOAL_ERR_OVERLOADED. */
+  /**
+   * The engine's wait budget: a request that finds every sequence busy waits for one while the
+   * expected wait is within it, and the batcher refuses a prompt whose queue wait exceeds it
+   * (SHOAL_ERR_OVERLOADED with retryAfterMs). Default: the batcher's DEFAULTS.budgetMs.
+   */
   budgetMs?: number
-  /** Where the batcher's metrics go (one /metrics page). */
+  /** Where the batcher's and the prefix cache's metrics go (one /metrics page). */
   metrics?: Registry
+  /**
+   * Bytes of KV kept from finished requests for prefix reuse (graphs with left-aligned caches
+   * only); 0 turns reuse off. Default DEFAULT_KV_CACHE_BYTES.
+   */
+  kvCacheBytes?: number
+  /** Tokens per hashed prefix block (daemon/kv DEFAULT_BLOCK_SIZE otherwise); also the least reused. */
+  prefixBlockSize?: number
+  /**
+   * Keep the KV of generated tokens too (not only the prompt's), so a follow-up turn reuses the
+   * previous reply. Not bit-exact against recomputation (see above). Default false.
+   */
+  reuseGenerated?: boolean
+  /**
+   * Replaces each request's token source (speculative decoding, daemon/speculative, plugs in
+   * here without the engine depending on it); started after and stopped before the engine.
+   */
+  sourceWrapper?: TokenSourceWrapper
 }
+
+/** What a source wrapper gets for one request: the sequence's target steps and its limits. */
+export interface WrapContext {
+  seqId: string
+  request: GenerateRequest
+  manifest: ShardManifest
+  /** One step of the request's sequence (through the micro-batcher when batching). */
+  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
+  /** Sets the sequence's KV back to its first `length` positions. */
+  rollback (length: number, signal: AbortSignal): Promise<void>
+}
+
+export interface TokenSourceWrapper {
+  start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
+  stop? (): Promise<void>
+  /** A request's token source; `close` runs when the request ends, before its sequence is freed. */
+  wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void> }
+}
+
+export interface PrefixSummary {
+  scope: string
+  blockSize: number
+  /** Compact block hashes (daemon/kv summary); at most the `max` asked for. */
+  hashes: string[]
+}
+
+/** Block hashes in a summary when the caller names no bound (64 × 16 hex digits ≈ 1 KiB of JSON). */
+export const DEFAULT_PREFIX_SUMMARY_HASHES = 64
+
+/** Kept-prefix budget when none is given (the CLI derives its default from free memory). */
+export const DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 
 /** What routing and the mesh load record need from this service, now. */
 export interface LocalServiceLoad extends BatcherLoad {
@@ -67,6 +143,8 @@ export interface LocalServiceStats {
   activeRequests: number
   maxSequences: number
   engine: EngineStats | undefined
+  /** The prefix cache's index (absent when reuse is off). */
+  prefix?: PrefixCacheStats
 }
 
 export interface LocalService extends InferenceService {
@@ -75,6 +153,11 @@ export interface LocalService extends InferenceService {
   stats (): Promise<LocalServiceStats>
   /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
   load (): LocalServiceLoad
+  /**
+   * What this node's prefix cache holds, compact and bounded (PrefixCache.summary), with the scope
+   * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
+   */
+  prefixSummary (max?: number): PrefixSummary | undefined
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
 }
@@ -123,41 +206,170 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let created = 0
   let stopping = false
   let active = 0
+  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number } | undefined
+
+  /** A prefix lease for this prompt (counted as hits and misses), or none. */
+  function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
+    if (prefix === undefined) return undefined
+    const before = prefix.cache.stats()
+    const lease = prefix.cache.acquire(prefix.scope, promptIds)
+    const after = prefix.cache.stats()
+    prefix.metrics.hitTokens.inc({ model: modelId }, after.hitTokens - before.hitTokens)
+    prefix.metrics.missTokens.inc({ model: modelId }, after.missTokens - before.missTokens)
+    return lease
+  }
+
+  /**
+   * Ends a sequence keeping its KV as a prefix when the cache takes it, freeing it otherwise.
+   * `tokens`: the positions to keep, in order (its KV may hold fewer: the last generated token is
+   * never fed back; an abort may have cut a step short).
+   */
+  async function finish (e: BatchingStageEngine, seqId: string, tokens: number[]): Promise<void> {
+    const p = prefix
+    if (p === undefined || tokens.length < p.cache.blockSize) { await e.free(seqId); return }
+    const key = `p${++p.keys}`
+    const kept = await e.retain(seqId, key, tokens.length)
+    if (kept.length === 0) return
+    const before = p.cache.stats().evictions
+    const { drop } = p.cache.insert(p.scope, key, tokens.slice(0, kept.length), kept.bytes)
+    const stats = p.cache.stats()
+    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
+    p.metrics.bytes.set({ model: modelId }, stats.bytes)
+    await e.evict(drop)
+  }
+
+  const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
+  const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
+
+  /** Tokens each admitted sequence may still generate (its admission's upper bound). */
+  const running = new Set<{ left: number }>()
+  /** Requests waiting for a sequence slot, in arrival order. */
+  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  const slotState = (): SlotState => ({
+    slots: maxSequences,
+    running: [...running].map(r => r.left),
+    waiting: waiters.map(w => w.tokens),
+    stepMs: batcher?.estimateStepMs(maxSequences) ?? 0,
+  })
+
+  /** Takes a sequence slot now, or waits for one when the expected wait is within the budget. */
+  async function acquireSlot (ticket: { held: boolean }, progress: { left: number }, signal: AbortSignal): Promise<void> {
+    const d = decideAdmission(slotState(), { budgetMs, maxWaiting })
+    // Holding a slot and counting in `running` happen together, synchronously, so concurrent
+    // arrivals see each other.
+    if (d.kind === 'run') {
+      active++
+      ticket.held = true
+      running.add(progress)
+      return
+    }
+    if (d.kind === 'refuse') throw new OverloadedError(`the local engine cannot take this request now: ${d.reason}`, d.retryAfterMs)
+    signal.throwIfAborted()
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => {
+        const i = waiters.indexOf(w)
+        if (i >= 0) waiters.splice(i, 1)
+        reject(abortReason(signal))
+      }
+      const w = {
+        tokens: progress.left,
+        // The slot passes straight from the finished sequence to this one (`active` unchanged).
+        grant: () => { signal.removeEventListener('abort', onAbort); ticket.held = true; running.add(progress); resolve() },
+        fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+      }
+      signal.addEventListener('abort', onAbort, { once: true })
+      waiters.push(w)
+    })
+  }
+
+  function releaseSlot (): void {
+    const next = waiters.shift()
+    if (next !== undefined) next.grant()
+    else active--
+  }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     if (stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined) {
       throw new ShuttingDownError('local engine is not running')
     }
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = admitPrompt(codec, request, manifest.shape)
-    if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of the local engine are busy`)
-    active++
-    const scope = requestScope(signal, request.deadline)
-    let seqId: string | undefined
+    const m = manifest
     const e = engine
     const b = batcher
+    const promptIds = await admitPrompt(codec, request, m.shape, signal)
+    // Tokenizing may have taken a while (in a worker): the service may be stopping by now.
+    if (stopping) throw new ShuttingDownError('local engine is stopping')
+    const scope = requestScope(signal, request.deadline)
+    const ticket = { held: false }
+    /** What this sequence may still generate: max_tokens, or up to the context's end. */
+    const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
+    let seqId: string | undefined
+    /** A lease on a kept prefix of this prompt, taken once a sequence slot is ours. */
+    let lease: PrefixLease | undefined
+    /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
+    const fed = [...promptIds]
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
-    let released = false
+    let released: Promise<void> | undefined
+    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
     const release = async (): Promise<void> => {
-      if (released) return
-      released = true
-      scope.dispose()
-      active--
-      if (seqId !== undefined) {
-        b?.release(seqId)
-        await e.free(seqId).catch(() => {})
-      }
+      released ??= (async () => {
+        scope.dispose()
+        await wrapped?.close?.().catch(() => {})
+        lease?.release()
+        if (seqId !== undefined) {
+          b?.release(seqId)
+          // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
+          await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
+        }
+        // After the free: the next sequence's open must find the engine's slot empty.
+        running.delete(progress)
+        if (ticket.held) {
+          ticket.held = false
+          releaseSlot()
+        }
+      })()
+      await released
     }
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
-      seqId = await e.open(request.requestId, scope.signal)
-      let source: TokenSource = b === undefined ? engineTokenSource(e, seqId, request.sampling) : batchedTokenSource(b, seqId, request.sampling)
+      await acquireSlot(ticket, progress, scope.signal)
+      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
+      // Not under speculative decoding: its source prefills the whole prompt itself.
+      lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
+      if (lease !== undefined) {
+        try {
+          seqId = await e.openFrom(request.requestId, lease.key, lease.length, scope.signal)
+        } catch (err) {
+          if (scope.signal.aborted) throw err
+          // The kept prefix is gone (it should not be): forget it and prefill everything.
+          prefix?.cache.remove(lease.key)
+          lease.release()
+          lease = undefined
+        }
+      }
+      seqId ??= await e.open(request.requestId, scope.signal)
+      const reused = lease?.length ?? 0
+      const id = seqId
+      if (init.sourceWrapper !== undefined) {
+        wrapped = init.sourceWrapper.wrap({
+          seqId: id,
+          request,
+          manifest,
+          step: async (kind, tokenIds, positions, options, signal) => b === undefined
+            ? await e.step(id, { tokenIds }, positions, options, signal)
+            : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal),
+          rollback: async (length, signal) => { await e.rollback(id, length, signal) },
+        })
+      }
+      let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling, reused) : batchedTokenSource(b, seqId, request.sampling, reused))
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
         const first = await source.prefill(promptIds, scope.signal)
         source = { prefill: async () => first, decode: source.decode }
       }
+      // The prefix is in this sequence's own KV now: it may be evicted or superseded.
+      lease?.release()
       yield {
         type: 'start',
         promptTokenIds: promptIds,
@@ -165,7 +377,13 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
       }
-      yield * generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })
+      for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
+        if (ev.type === 'delta') {
+          fed.push(...ev.tokenIds)
+          progress.left = Math.max(0, progress.left - ev.tokenIds.length)
+        }
+        yield ev
+      }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
@@ -183,16 +401,34 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       }
       modelId ??= manifest.modelId
       codec = await loadTextCodec(init.shardDir, manifest)
+      // The source wrapper first: it may refuse this model, or load a draft model (undone if the engine fails).
+      await init.sourceWrapper?.start?.({ modelId, manifest })
+      const device = init.device ?? 'CPU'
+      const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
+      const info = stageInfoFor(stageInfoOf(manifest), choice)
+      // Prompts and completions end at the context the chosen graphs hold (static: the KV budget).
+      manifest = { ...manifest, shape: { ...manifest.shape, maxPositions: info.maxPositions } }
       const e = createStageEngine({
-        graphPath: join(init.shardDir, ...stage.graph.split('/')),
-        stage: stageInfoOf(manifest),
+        ...resolveGraphChoice(init.shardDir, choice),
+        stage: info,
         backend: init.backend ?? 'onnxruntime',
-        device: init.device ?? 'CPU',
+        device,
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
-      await e.start()
+      await e.start().catch(async (err: unknown) => { await init.sourceWrapper?.stop?.().catch(() => {}); throw err })
+      const kvBytes = init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES
+      // Prefixes are kept by the dynamic runner over left-aligned caches (static graphs: 'none').
+      prefix = info.batchPadding === 'right' && kvBytes > 0
+        ? {
+            cache: createPrefixCache({ budgetBytes: kvBytes, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
+            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: info.layers, dtype: 'float32' }),
+            metrics: createPrefixMetrics(init.metrics),
+            keys: 0,
+          }
+        : undefined
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -207,10 +443,15 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     async stop () {
       stopping = true
+      for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('local engine is stopping'))
+      await init.sourceWrapper?.stop?.()
       await batcher?.stop()
       batcher = undefined
       await engine?.stop()
       engine = undefined
+      // Kept prefixes lived in that worker.
+      prefix = undefined
+      await codec?.close()
     },
     models (): ModelCard[] {
       if (manifest === undefined || modelId === undefined) return []
@@ -226,7 +467,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     generate,
     load () {
-      const l = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
+      const b = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
+      // Requests waiting for a sequence slot are queued work too, and their wait is what a new one meets.
+      const l = waiters.length === 0 && active < maxSequences
+        ? b
+        : { ...b, queueDepth: b.queueDepth + waiters.length, expectedWaitMs: Math.max(b.expectedWaitMs, expectedSlotWaitMs(slotState())) }
       // What one more sequence would share: the step-time model at active + 1 sequences. Unlike the
       // measured throughput it does not fall to zero while the engine idles, so an idle replica
       // never looks slow to routing.
@@ -234,8 +479,17 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
+    prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
+      if (prefix === undefined) return undefined
+      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max) }
+    },
     async stats () {
-      return { activeRequests: active, maxSequences, engine: engine === undefined ? undefined : await engine.stats() }
+      return {
+        activeRequests: active,
+        maxSequences,
+        engine: engine === undefined ? undefined : await engine.stats(),
+        ...(prefix === undefined ? {} : { prefix: prefix.cache.stats() }),
+      }
     },
   }
 }

@@ -7,8 +7,11 @@ import type { SerializedError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
 import type { TokenPick } from './sampling.ts'
 
-/** 2: steps may carry a TokenPick and then return a token id instead of logits. */
-export const ENGINE_PROTOCOL_VERSION = 2
+/**
+ * 2: steps may carry a TokenPick and then return a token id instead of logits. 3: rollback.
+ * 4: kept prefixes: retain, open-from, evict.
+ */
+export const ENGINE_PROTOCOL_VERSION = 4
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -45,6 +48,13 @@ export interface WorkerInit {
   stage: StageInfo
   maxSequences: number
   chunkSize: number
+  /**
+   * Run the stage's static graphs (absolute paths; graph-choice.ts) instead of graphPath's
+   * dynamic one: static-runner.ts. Absent: the dynamic graph.
+   */
+  staticGraphs?: { prefill: string, decode: string, contextLength: number, chunk: number }
+  /** The node's compiled-model cache (LoadOptions.cacheDir). */
+  cacheDir?: string
 }
 
 export type StepInput =
@@ -71,6 +81,9 @@ export interface EngineStats {
    * together share one padded batch buffer (until their next step). Absent from older engines.
    */
   kvHeldBytes?: number
+  /** Prefixes kept for reuse (retain) and the bytes their KV holds. Absent from older engines. */
+  keptPrefixes?: number
+  keptBytes?: number
 }
 
 /** One sequence's part of a step-batch message. */
@@ -94,6 +107,14 @@ export type ToWorker =
   | { type: 'cancel', id: number, seqId: string }
   | { type: 'stats', id: number }
   | { type: 'close', id: number }
+  /** Sets a sequence's KV back to its first `length` positions (rejected speculative positions). */
+  | { type: 'rollback', id: number, seqId: string, length: number }
+  /** Ends a sequence keeping its first min(length, maxLength) positions' KV as prefix `key`; answered by 'retained'. */
+  | { type: 'retain', id: number, seqId: string, key: string, maxLength: number }
+  /** Opens a sequence from the first `length` positions of kept prefix `key`. */
+  | { type: 'open-from', id: number, seqId: string, key: string, length: number }
+  /** Frees kept prefixes. */
+  | { type: 'evict', id: number, keys: string[] }
 
 export type FromWorker =
   | { type: 'ready', version: typeof ENGINE_PROTOCOL_VERSION, inputNames: string[], outputNames: string[] }
@@ -102,6 +123,7 @@ export type FromWorker =
   | { type: 'stepped', id: number, output: StepOutput }
   | { type: 'stepped-batch', id: number, results: Array<{ output: StepOutput } | { error: SerializedError }> }
   | { type: 'stats', id: number, stats: EngineStats }
+  | { type: 'retained', id: number, length: number, bytes: number }
   | { type: 'error', id: number, error: SerializedError }
 
 /** Validates a message arriving at the worker; returns an error text when it is malformed. */
@@ -117,6 +139,17 @@ export function parseToWorker (msg: unknown): ToWorker | string {
     case 'free':
     case 'cancel':
       return typeof m.seqId === 'string' && m.seqId.length > 0 ? m as unknown as ToWorker : `${m.type}: seqId must be a non-empty string`
+    case 'rollback':
+      if (typeof m.seqId !== 'string' || m.seqId.length === 0) return 'rollback: seqId must be a non-empty string'
+      return Number.isSafeInteger(m.length) && (m.length as number) >= 0 ? m as unknown as ToWorker : 'rollback: length must be a non-negative integer'
+    case 'retain':
+      if (typeof m.seqId !== 'string' || m.seqId.length === 0 || typeof m.key !== 'string' || m.key.length === 0) return 'retain: seqId and key must be non-empty strings'
+      return Number.isSafeInteger(m.maxLength) && (m.maxLength as number) >= 0 ? m as unknown as ToWorker : 'retain: maxLength must be a non-negative integer'
+    case 'open-from':
+      if (typeof m.seqId !== 'string' || m.seqId.length === 0 || typeof m.key !== 'string' || m.key.length === 0) return 'open-from: seqId and key must be non-empty strings'
+      return Number.isSafeInteger(m.length) && (m.length as number) >= 1 ? m as unknown as ToWorker : 'open-from: length must be a positive integer'
+    case 'evict':
+      return Array.isArray(m.keys) && m.keys.every(k => typeof k === 'string') ? m as unknown as ToWorker : 'evict: keys must be an array of strings'
     case 'step': {
       const bad = checkStepFields(m, 'step')
       return bad ?? m as unknown as ToWorker

@@ -24,6 +24,10 @@ export interface StageEngineInit {
   exclusiveCores?: boolean
   maxSequences?: number
   chunkSize?: number
+  /** Run the stage's static graphs instead of graphPath (graph-choice.ts resolveGraphChoice). */
+  staticGraphs?: WorkerInit['staticGraphs']
+  /** The node's compiled-model cache (LoadOptions.cacheDir); absent: none. */
+  cacheDir?: string
   /** How long loading the graph may take. */
   loadTimeoutMs?: number
 }
@@ -62,13 +66,24 @@ export interface StageBatchItem {
 
 export type StageBatchResult = { output: StepOutput } | { error: Error }
 
+/** Kept prefixes of finished sequences' KV (left-aligned graphs; see stage-runner.ts). */
+export interface PrefixKeepingEngine {
+  /** Ends a sequence keeping its first min(length, maxLength) positions as prefix `key`; 0 kept: none. */
+  retain (seqId: string, key: string, maxLength: number): Promise<{ length: number, bytes: number }>
+  /** Opens `seqId` from the first `length` positions of kept prefix `key`. */
+  openFrom (seqId: string, key: string, length: number, signal?: AbortSignal): Promise<string>
+  evict (keys: readonly string[]): Promise<void>
+}
+
 /** A stage engine that also runs several sequences' steps in one call (see stage-runner.ts). */
-export interface BatchingStageEngine extends StageEngine {
+export interface BatchingStageEngine extends StageEngine, PrefixKeepingEngine {
   /**
    * One result per item, in order; a failed or aborted item ends its own sequence only. Aborting
    * `signal` aborts every item. Resolves after the worker's run (aborted items included) is over.
    */
   stepBatch (items: StageBatchItem[], signal?: AbortSignal): Promise<StageBatchResult[]>
+  /** Sets a sequence's KV back to its first `length` positions (rejected speculative positions); not during its step. */
+  rollback (seqId: string, length: number, signal?: AbortSignal): Promise<void>
 }
 
 type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' }>
@@ -136,6 +151,8 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         chunkSize: init.chunkSize ?? DEFAULT_CHUNK_SIZE,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+        ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
+        ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
       }
       const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
       worker = w
@@ -239,8 +256,25 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       await Promise.all(cancels)
       return results as StageBatchResult[]
     },
+    async rollback (seqId, length, signal) {
+      signal?.throwIfAborted()
+      await call({ type: 'rollback', id: nextId++, seqId, length })
+    },
     async free (seqId) {
       await call({ type: 'free', id: nextId++, seqId })
+    },
+    async retain (seqId, key, maxLength) {
+      const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength })
+      if (reply.type !== 'retained') throw new EngineError(`unexpected reply ${reply.type} to retain`)
+      return { length: reply.length, bytes: reply.bytes }
+    },
+    async openFrom (seqId, key, length, signal) {
+      signal?.throwIfAborted()
+      await withSignal(call({ type: 'open-from', id: nextId++, seqId, key, length }), signal, () => call({ type: 'free', id: nextId++, seqId }))
+      return seqId
+    },
+    async evict (keys) {
+      if (keys.length > 0) await call({ type: 'evict', id: nextId++, keys: [...keys] })
     },
     async stats (signal) {
       const reply = await withSignal(call({ type: 'stats', id: nextId++ }), signal, async () => {})

@@ -18,6 +18,13 @@
  * length — so any mix of lengths shares a run bit-exactly. onnxruntime runs such a graph with
  * batch > 1 only for single-position steps (decode); longer steps run one at a time. A sequence
  * takes its row of a shared block as a view (rows are contiguous), never a copy.
+ *
+ * Kept prefixes (left-aligned caches only): `retain` ends a sequence but keeps the first columns
+ * of its cache under a key, compacted into a block of its own; `openFrom` starts a new sequence
+ * from the first L columns of a kept prefix, so only the rest of its prompt runs. A graph never
+ * writes into its past inputs (present outputs are new tensors), so a kept block is immutable
+ * and a sequence may take it whole without a copy. Which prefixes to keep is the caller's
+ * decision (daemon/kv); this only holds the tensors.
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
@@ -25,7 +32,7 @@ import {
 } from '../../shards/contract.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView } from './kv-block.ts'
+import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
@@ -62,16 +69,35 @@ export interface StageRunner {
    * ends its own sequence only, like a failed step.
    */
   stepBatch (items: BatchStepItem[]): Promise<BatchStepResult[]>
+  /**
+   * Sets a sequence's cache back to its first `length` positions (speculative decoding: positions
+   * the target rejected). Not while a step of it runs.
+   */
+  rollback (seqId: string, length: number): void
   /** Drops a sequence (waits for its running step to stop at a chunk boundary). Unknown ids are fine. */
   drop (seqId: string, how: 'free' | 'cancel'): Promise<void>
+  /**
+   * Kept prefixes (optional: a runner without them keeps nothing, and the worker then frees a
+   * retained sequence and refuses open-from).
+   * retain: ends a sequence, keeping its first min(length, maxLength) positions' KV under `key`;
+   * returns the positions kept (0 and nothing kept: unknown sequence or empty cache).
+   */
+  retain? (seqId: string, key: string, maxLength: number): Promise<{ length: number, bytes: number }>
+  /** Opens a sequence whose first `length` positions are those of the kept prefix `key`. */
+  openFrom? (seqId: string, key: string, length: number): void
+  /** Frees kept prefixes; unknown keys are fine. */
+  evict? (keys: readonly string[]): void
   stats (): EngineStats
 }
 
 export type BatchStepResult = { output: StepOutput } | { error: Error }
 
+/** The dynamic-graph runner: it keeps prefixes (with left-aligned caches). */
+export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>>
+
 interface Live { index: number, seqId: string, seq: Sequence, item: BatchStepItem }
 
-export function createStageRunner (init: StageRunnerInit): StageRunner {
+export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   const { session, stage } = init
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
   const chunkSize = init.chunkSize ?? DEFAULT_CHUNK_SIZE
@@ -159,9 +185,12 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     const parts: Float32Array[] = []
     let rows = 0
     let width = 0
-    for (let a = 0; a < s; a += chunkSize) {
+    for (let a = 0, b = 0; a < s; a = b) {
       if (seq.dropped !== undefined) break
-      const b = Math.min(s, a + chunkSize)
+      b = Math.min(s, a + chunkSize)
+      // Never leave a one-position last chunk: onnxruntime computes a one-position step with
+      // another attention kernel (other last bits); longer steps agree however a prompt is split.
+      if (s - b === 1 && b - a > 2) b--
       // Logits are wanted for positions [s - keepTotal, s); this chunk holds the suffix from `from`.
       const from = Math.max(a, s - keepTotal)
       const keep = from < b ? b - from : 1
@@ -307,10 +336,67 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
     }
   }
 
+  // ---- kept prefixes (retain / openFrom / evict) ----
+  /** Kept prefixes by key: a one-row block of exactly the kept positions. */
+  const kept = new Map<string, KvBlock>()
+
+  /** The first `length` columns of a left-aligned row as a one-row block of its own (no copy when it already is one). */
+  function compact (ref: KvRef, length: number): KvBlock {
+    if (ref.block.rows === 1 && ref.block.total === length) return ref.block
+    return {
+      rows: 1,
+      total: length,
+      layers: ref.block.layers.map(pair => pair.map(t => {
+        const data = new Float32Array(kvH * length * hd)
+        copyRowLeft(t.data as Float32Array, ref.row, ref.block.total, data, 0, length, length, kvH, hd)
+        return { type: 'float32', data, dims: [1, kvH, length, hd] } satisfies HostTensor
+      }) as [HostTensor, HostTensor]),
+    }
+  }
+
+  function checkOpen (seqId: string): void {
+    if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
+    if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
+  }
+
+  const prefixOps: Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>> = {
+    async retain (seqId, key, maxLength) {
+      if (!leftAligned) throw new EngineError('only graphs with left-aligned caches (batchPadding "right") keep prefixes')
+      if (kept.has(key)) throw new EngineError(`a prefix is already kept as ${key}`)
+      const seq = sequences.get(seqId)
+      if (seq === undefined) return { length: 0, bytes: 0 }
+      // Like a free: a step still running stops at its next chunk boundary, and what it left
+      // (whole chunks, with their length) is consistent.
+      seq.dropped = 'free'
+      sequences.delete(seqId)
+      await seq.running
+      const length = Math.min(seq.length, Math.max(0, Math.floor(maxLength)))
+      const ref = seq.kv
+      seq.kv = undefined
+      if (ref === undefined || length === 0) return { length: 0, bytes: 0 }
+      const block = compact(ref, length)
+      kept.set(key, block)
+      return { length, bytes: blockBytes(block) }
+    },
+    openFrom (seqId, key, length) {
+      checkOpen(seqId)
+      const block = kept.get(key)
+      if (block === undefined) throw new EngineError(`no prefix is kept as ${key}`)
+      if (!Number.isSafeInteger(length) || length < 1 || length > block.total) throw new EngineError(`prefix ${key} holds ${block.total} positions, not ${length}`)
+      // The whole kept block is shared as is; a shorter prefix gets its own exact-width copy, so
+      // the next step's past is exactly the live positions, as after any chunk.
+      const kv: KvRef = { block: length === block.total ? block : compact({ block, row: 0 }, length), row: 0 }
+      sequences.set(seqId, { kv, length, running: undefined, dropped: undefined })
+    },
+    evict (keys) {
+      for (const k of keys) kept.delete(k)
+    },
+  }
+
   return {
+    ...prefixOps,
     open (seqId) {
-      if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
-      if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
+      checkOpen(seqId)
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
     async step (seqId, input, positions, logitsToKeep, pick) {
@@ -349,6 +435,19 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       }
       return results
     },
+    rollback (seqId, length) {
+      const seq = sequences.get(seqId)
+      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
+      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
+      if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+      if (length === seq.length) return
+      // A left-aligned cache rolls back by its length alone: columns past it are never read, and
+      // the next step writes right after it (no copy; the paper's "mask and position bookkeeping").
+      // A right-aligned one keeps its live columns at the end, so what stays is copied out.
+      if (length === 0) seq.kv = undefined
+      else if (!leftAligned && seq.kv !== undefined) seq.kv = { block: truncateRow(seq.kv, seq.length, length, kvH, hd), row: 0 }
+      seq.length = length
+    },
     async drop (seqId, how) {
       const seq = sequences.get(seqId)
       if (seq === undefined) return
@@ -367,7 +466,9 @@ export function createStageRunner (init: StageRunnerInit): StageRunner {
       }
       let kvHeldBytes = 0
       for (const b of blocks) kvHeldBytes += blockBytes(b)
-      return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq }
+      let keptBytes = 0
+      for (const k of kept.values()) keptBytes += blockBytes(k)
+      return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq, keptPrefixes: kept.size, keptBytes }
     },
   }
 }

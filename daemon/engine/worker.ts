@@ -12,6 +12,7 @@ import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
 import type { FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { createStageRunner } from './stage-runner.ts'
+import { createStaticStageRunner } from './static-runner.ts'
 import type { StageRunner } from './stage-runner.ts'
 
 if (parentPort === null) throw new Error('daemon/engine/worker.ts must run in a worker thread')
@@ -22,12 +23,24 @@ const post = (msg: FromWorker, transfer: ArrayBuffer[] = []): void => { port.pos
 async function main (init: WorkerInit): Promise<void> {
   if (init.version !== ENGINE_PROTOCOL_VERSION) throw new EngineError(`engine protocol ${String(init.version)} is not ${ENGINE_PROTOCOL_VERSION}`)
   const backend = await loadBackend(init.backend)
-  const session = await backend.load(init.graphPath, {
+  const options = {
     device: init.device,
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
-  })
-  const runner = createStageRunner({ session, stage: init.stage, maxSequences: init.maxSequences, chunkSize: init.chunkSize })
+    ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+  }
+  let session: BackendSession
+  let runner: StageRunner
+  if (init.staticGraphs === undefined) {
+    session = await backend.load(init.graphPath, options)
+    runner = createStageRunner({ session, stage: init.stage, maxSequences: init.maxSequences, chunkSize: init.chunkSize })
+  } else {
+    const { prefill: prefillPath, decode: decodePath, contextLength, chunk } = init.staticGraphs
+    const prefill = await backend.load(prefillPath, options)
+    const decode = await backend.load(decodePath, options)
+    session = { inputNames: prefill.inputNames, outputNames: prefill.outputNames, run: async (f) => await prefill.run(f), close: async () => { await prefill.close(); await decode.close() } }
+    runner = createStaticStageRunner({ prefill, decode, stage: init.stage, maxSequences: init.maxSequences, contextLength, chunk })
+  }
   let queue: Promise<void> = Promise.resolve()
   port.on('message', (raw: unknown) => {
     const msg = parseToWorker(raw)
@@ -76,6 +89,10 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'stepped-batch', id: msg.id, results: wire }, [...transfer])
         return
       }
+      case 'rollback':
+        runner.rollback(msg.seqId, msg.length)
+        post({ type: 'done', id: msg.id })
+        return
       case 'free':
       case 'cancel':
         await runner.drop(msg.seqId, msg.type)
@@ -83,6 +100,23 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         return
       case 'stats':
         post({ type: 'stats', id: msg.id, stats: runner.stats() })
+        return
+      case 'retain': {
+        // A runner that keeps no prefixes (static graphs) frees the sequence and keeps nothing.
+        const kept = runner.retain === undefined
+          ? await runner.drop(msg.seqId, 'free').then(() => ({ length: 0, bytes: 0 }))
+          : await runner.retain(msg.seqId, msg.key, msg.maxLength)
+        post({ type: 'retained', id: msg.id, ...kept })
+        return
+      }
+      case 'open-from':
+        if (runner.openFrom === undefined) throw new EngineError('this stage runner keeps no prefixes')
+        runner.openFrom(msg.seqId, msg.key, msg.length)
+        post({ type: 'done', id: msg.id })
+        return
+      case 'evict':
+        runner.evict?.(msg.keys)
+        post({ type: 'done', id: msg.id })
         return
       case 'close':
         await session.close()

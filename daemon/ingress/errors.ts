@@ -3,6 +3,7 @@
  * `{"error":{"message","type","param","code"}}`, the status from `httpStatusOf` (daemon/errors.ts),
  * and fastify's own errors (bad JSON, body too large, schema validation) reshaped into it.
  */
+import { STATUS_CODES } from 'node:http'
 import type { FastifyReply } from 'fastify'
 import { ShoalError, errorCodeOf, httpStatusOf } from '../errors.ts'
 
@@ -33,7 +34,8 @@ export function describeError (err: unknown): { status: number, body: OpenAIErro
   const { status, type } = httpStatusOf(err)
   const code = errorCodeOf(err)
   const known = code?.startsWith('SHOAL_ERR_') === true
-  const message = known && err instanceof Error ? err.message : 'Internal server error'
+  // An internal error's message is for the logs, not the client — also when it came from a peer.
+  const message = known && code !== 'SHOAL_ERR_INTERNAL' && err instanceof Error ? err.message : 'Internal server error'
   const param = (err as { param?: unknown } | null)?.param
   return {
     status,
@@ -96,6 +98,10 @@ export function fromFastifyError (err: unknown): unknown {
     return badRequest(`Invalid value for ${where}: ${reason}`, param)
   }
   switch (e.code) {
+    case 'FST_ERR_BAD_URL':
+      return badRequest('The URL is not valid: a path segment is not a valid percent-encoded component')
+    case 'FST_ERR_MAX_PARAM_LENGTH':
+      return new RequestError('SHOAL_ERR_URI_TOO_LONG', 'The URL is too long')
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return new RequestError('SHOAL_ERR_BODY_TOO_LARGE', 'Request body is too large')
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
@@ -112,4 +118,21 @@ export function fromFastifyError (err: unknown): unknown {
       : badRequest(e.message ?? 'Bad request')
   }
   return err
+}
+
+/**
+ * Errors Node's HTTP parser finds before there is a request to reply to (a malformed request
+ * line, headers past the size limit, a client too slow to send them): answered on the raw socket,
+ * still in OpenAI's shape, then the socket is closed (what Node and fastify do by default, in
+ * their own shapes).
+ */
+export function clientErrorResponse (err: { code?: unknown }): string {
+  const shoal = err.code === 'HPE_HEADER_OVERFLOW'
+    ? new RequestError('SHOAL_ERR_HEADERS_TOO_LARGE', 'The request headers (or its URL) are too large')
+    : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? new RequestError('SHOAL_ERR_CLIENT_TIMEOUT', 'The request was not received in time')
+      : badRequest('The request is not valid HTTP')
+  const { status, body } = describeError(shoal)
+  const text = JSON.stringify(body)
+  return `HTTP/1.1 ${status} ${STATUS_CODES[status] ?? 'Error'}\r\nContent-Length: ${Buffer.byteLength(text)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${text}`
 }

@@ -10,6 +10,7 @@ import { ShoalError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService } from '../service.ts'
 import type { IngressMetrics } from './metrics.ts'
 import type { ParsedRequest } from './params.ts'
+import { clientOf } from './auth.ts'
 
 export type StartEvent = Extract<GenerateEvent, { type: 'start' }>
 export type BodyEvent = Exclude<GenerateEvent, { type: 'start' }>
@@ -56,6 +57,8 @@ export async function beginGeneration (ctx: GenerationContext, requestId: string
     stop: parsed.stop,
     deadline: Date.now() + ctx.requestTimeoutMs,
   }
+  const client = clientOf(reply.request)
+  if (client !== undefined) request.client = client
   let finished = false
   let iterator: AsyncIterator<GenerateEvent> | undefined
   const close = (): void => {

@@ -1,8 +1,10 @@
 /**
  * Pure translation of validated OpenAI request bodies into the service's terms, with the checks a
- * JSON schema cannot express well (n ≠ 1, unsupported features, batched prompts).
+ * JSON schema cannot express well (n ≠ 1, unsupported features, batched prompts, lone surrogates,
+ * token ids no vocabulary holds).
  */
 import type { ChatMessage, PromptInput, SamplingParams } from '../service.ts'
+import { findLoneSurrogate } from '../text/index.ts'
 import { badRequest, unsupported } from './errors.ts'
 import type { ChatBody, CompletionBody } from './schemas.ts'
 
@@ -21,7 +23,15 @@ export interface ParsedRequest {
 /** OpenAI's legacy completions endpoint defaults to 16 tokens; chat runs to the context limit. */
 export const COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
+/** Bound of a token id any vocabulary (and /shoal/infer) can hold. */
+const MAX_TOKEN_ID = 2 ** 32 - 1
+
 function commonParams (body: ChatBody | CompletionBody): Omit<ParsedRequest, 'prompt' | 'maxTokens' | 'returnTokenIds'> {
+  // Before anything is hashed or forwarded: text must be text (see daemon/text/well-formed.ts).
+  const illFormed = findLoneSurrogate(body)
+  if (illFormed !== undefined) {
+    throw badRequest(`Invalid value for '${illFormed || 'request body'}': the string holds a lone UTF-16 surrogate (not valid Unicode text)`, illFormed || null)
+  }
   if (body.n != null && body.n !== 1) throw unsupported('n', "Only 'n': 1 is supported")
   if (body.presence_penalty != null && body.presence_penalty !== 0) throw unsupported('presence_penalty')
   if (body.frequency_penalty != null && body.frequency_penalty !== 0) throw unsupported('frequency_penalty')
@@ -81,6 +91,9 @@ function promptInput (prompt: CompletionBody['prompt']): PromptInput {
   if (prompt.every(x => typeof x === 'number')) {
     const bad = prompt.findIndex(x => !Number.isSafeInteger(x) || (x as number) < 0)
     if (bad >= 0) throw badRequest('Token ids must be non-negative integers', `prompt[${bad}]`)
+    // No vocabulary holds more: refused here, by any node, before the request goes anywhere.
+    const huge = prompt.findIndex(x => (x as number) > MAX_TOKEN_ID)
+    if (huge >= 0) throw badRequest(`Token id ${prompt[huge] as number} is outside any vocabulary (at most ${MAX_TOKEN_ID})`, `prompt[${huge}]`)
     return { kind: 'tokens', ids: prompt as number[] }
   }
   if (prompt.every(x => typeof x === 'string' || Array.isArray(x))) {

@@ -47,7 +47,10 @@ export async function respond (reply: FastifyReply, gen: Generation, requestId: 
 }
 
 async function wholeResponse (reply: FastifyReply, gen: Generation, shape: ResponseShape, base: Record<string, unknown>): Promise<void> {
-  reply.headers(gen.headers)
+  // The receipt id is announced only with the completion it belongs to: a failure before `end`
+  // (the ledger's append included) leaves no receipt behind.
+  const { 'x-shoal-receipt': receipt, ...headers } = gen.headers
+  reply.headers(headers)
   let text = ''
   const tokenIds: number[] = []
   try {
@@ -56,6 +59,7 @@ async function wholeResponse (reply: FastifyReply, gen: Generation, shape: Respo
         text += ev.text
         tokenIds.push(...ev.tokenIds)
       } else {
+        if (receipt !== undefined) reply.header('x-shoal-receipt', receipt)
         await reply.send({
           ...base,
           object: shape.object,

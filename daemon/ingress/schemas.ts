@@ -44,6 +44,8 @@ export const chatBodySchema = {
     messages: {
       type: 'array',
       minItems: 1,
+      // OpenAI's own bound; a body of hundreds of thousands of tiny messages is no conversation.
+      maxItems: 2048,
       items: {
         type: 'object',
         required: ['role', 'content'],

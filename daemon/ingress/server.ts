@@ -1,19 +1,23 @@
 /**
  * Builds the fastify app: routes, the error reply, admission (concurrency bound, 503 while
- * stopping), request metrics, and the start/stop lifecycle with a bounded drain.
+ * stopping), request metrics, large JSON bodies parsed off the event loop, and the start/stop
+ * lifecycle with a bounded drain.
  */
 import { randomUUID } from 'node:crypto'
 import type { AddressInfo } from 'node:net'
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest, type FastifyServerOptions } from 'fastify'
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
-import { fromFastifyError, sendError } from './errors.ts'
+import { clientErrorResponse, fromFastifyError, sendError } from './errors.ts'
 import type { GenerationContext } from './generation.ts'
+import { registerJsonParser } from './json-body.ts'
 import { createIngressMetrics } from './metrics.ts'
 import { registerChatRoute } from './routes/chat.ts'
 import { registerCompletionsRoute } from './routes/completions.ts'
+import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
+import { registerAuth } from './auth.ts'
 import type { Ingress, IngressComponents, IngressInit } from './types.ts'
 
 const DEFAULTS = {
@@ -46,18 +50,30 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   const registry = components.metrics ?? new Registry()
   const metrics = createIngressMetrics(registry)
 
-  const app: FastifyInstance = Fastify({
+  const app = Fastify({
     ...loggerOptions(init.logger),
+    // HTTPS with the operator's certificate: same routes, same app; only the server differs.
+    ...(init.tls === undefined ? {} : { https: { cert: init.tls.cert, key: init.tls.key } }),
     bodyLimit: cfg.bodyLimitBytes,
     // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
     // senders hold sockets forever.
     requestTimeout: 120_000,
     genReqId: () => randomUUID(),
     requestIdHeader: false,
+    // fastify's two info lines per request drown the daemon's own; one debug line instead (onRequest).
+    logController: new LogController({ disableRequestLogging: true }),
     // Our onRequest hook answers 503 in OpenAI's shape while stopping.
     return503OnClosing: false,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
-  })
+    // Errors the router finds before any route or hook (a bad percent-encoding, a path segment
+    // past maxParamLength) and those the HTTP parser finds: OpenAI's shape too.
+    frameworkErrors: (err, _request, reply) => { void sendError(reply, fromFastifyError(err)) },
+    clientErrorHandler: (err, socket) => {
+      if ((err as { code?: unknown }).code === 'ECONNRESET' || socket.destroyed) return
+      if (socket.writable) socket.write(clientErrorResponse(err as { code?: unknown }))
+      socket.destroy(err)
+    },
+  }) as unknown as FastifyInstance
 
   let stopping = false
   let active = 0
@@ -78,6 +94,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     reply.raw.once('close', () => {
       metrics.inFlight.dec({ route })
       metrics.requests.inc({ method: request.method, route, status: String(reply.raw.statusCode) })
+      request.log.debug({ method: request.method, url: request.url, status: reply.raw.statusCode, ms: Math.round(reply.elapsedTime) }, 'request')
     })
     if (stopping) {
       reply.header('connection', 'close')
@@ -94,13 +111,17 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     })
   })
 
+  if (components.auth !== undefined) registerAuth(app, components.auth)
+
   app.setErrorHandler((err, _request, reply) => sendError(reply, fromFastifyError(err)))
   app.setNotFoundHandler((request, reply) => sendError(reply,
     new ShoalError('SHOAL_ERR_NOT_FOUND', `Unknown route: ${request.method} ${request.url.split('?')[0] ?? ''}`)))
 
+  const jsonParser = registerJsonParser(app)
   registerInfoRoutes(app, { service: components.service, receipts: components.receipts, mesh: components.mesh, registry })
   registerChatRoute(app, ctx)
   registerCompletionsRoute(app, ctx)
+  const dashboard = components.dashboard === undefined ? undefined : registerDashboardRoutes(app, components.dashboard)
 
   const waitIdle = async (ms: number): Promise<boolean> => {
     if (active === 0) return true
@@ -113,11 +134,12 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   let stopped: Promise<void> | undefined
   return {
     app,
+    get inFlight () { return active },
     async start () {
       await app.listen({ host: cfg.host, port: cfg.port })
       const { address, port } = app.server.address() as AddressInfo
       const host = address.includes(':') ? `[${address}]` : address
-      return { url: `http://${host}:${port}` }
+      return { url: `${init.tls === undefined ? 'http' : 'https'}://${host}:${port}` }
     },
     async stop () {
       stopped ??= (async () => {
@@ -128,9 +150,12 @@ export function createIngress (init: IngressInit, components: IngressComponents)
         }
         // Completions are drained; connections that carry no request (a client's spare pooled
         // socket, a preconnect) would otherwise hold close() until the client hangs up.
+        // Dashboard event streams end with a last event instead of a cut connection.
+        await dashboard?.close()
         const closing = app.close()
         app.server.closeAllConnections()
         await closing
+        await jsonParser.close()
       })()
       await stopped
     },

@@ -17,9 +17,16 @@ export type {
 } from './receipt.ts'
 export { verifyLog, VERIFY_REASONS } from './verify.ts'
 export type { VerifyOptions, VerifyReport, VerifyReason } from './verify.ts'
+export { verifyReceipt } from './verify-one.ts'
+export type { ReceiptCheck, ReceiptVerification } from './verify-one.ts'
 export { openDb, hasLog, receiptsLocation, getReceipt, tailText, allText } from './store.ts'
 export type { LedgerDb } from './store.ts'
 export { publicKeyFromPeerId, certificateKey } from './keys.ts'
 export {
   LedgerClosedError, LedgerBusyError, InvalidReceiptError, SignerMismatchError, LedgerAbortedError, LedgerCorruptError,
 } from './errors.ts'
+export {
+  LOG_HEAD_FORMAT, WITNESSED_HEADS_FORMAT, MAX_HEAD_BYTES, MAX_WITNESSED_SIGNERS,
+  createLogHead, parseLogHead, verifyLogHead, checkHeadBody, chooseHead, headsFromFile,
+} from './head.ts'
+export type { LogHeadBody, SignedLogHead, WitnessedHeadsFile } from './head.ts'

@@ -12,6 +12,8 @@ import type { ReceiptBody, ReceiptInput, SignedReceipt } from './receipt.ts'
 import { CERT_RANGE, getReceipt, KEY, lastEntry, parseEntry, parseHead, receiptsLocation, STORE_FORMAT, tailText, openDb } from './store.ts'
 import type { Head, LedgerDb } from './store.ts'
 import { verifyLog } from './verify.ts'
+import { verifyReceipt } from './verify-one.ts'
+import type { ReceiptVerification } from './verify-one.ts'
 import type { VerifyOptions, VerifyReport } from './verify.ts'
 
 export interface LedgerSigner {
@@ -51,10 +53,14 @@ export interface Ledger {
   /** The signed receipt and its signer's certificate (null when none was stored). */
   get: (id: string) => Promise<{ receipt: SignedReceipt, certificate: unknown } | undefined>
   verify: (options?: VerifyOptions) => Promise<VerifyReport>
+  /** One receipt's form, signatures and both hash links (undefined when no receipt has this id). */
+  verifyOne: (id: string) => Promise<ReceiptVerification | undefined>
   /** The last n receipts, oldest first. */
   tail: (n: number) => Promise<SignedReceipt[]>
   /** Entries in the log (index of the next append). */
   readonly size: number
+  /** What a signed log head states: entries in the log and the hash of the last (GENESIS_HASH when empty). */
+  readonly head: { count: number, hash: string }
   readonly location: string
 }
 
@@ -223,7 +229,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
 
   function bodyOf (input: ReceiptInput, index: number, prevHash: string): ReceiptBody {
     // Explicit field list: unknown input fields are not signed.
-    return {
+    const body: ReceiptBody = {
       format: RECEIPT_FORMAT,
       index,
       id: input.id,
@@ -239,6 +245,8 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       timing: { startedAt: input.timing.startedAt, firstTokenMs: input.timing.firstTokenMs, totalMs: input.timing.totalMs },
       finishReason: input.finishReason,
     }
+    if (input.client !== undefined) body.client = { name: input.client.name, serial: input.client.serial }
+    return body
   }
 
   async function drain (): Promise<void> {
@@ -300,6 +308,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     append,
     get: async (id) => await getReceipt(opened(), id),
     verify: async (options) => await verifyLog(opened(), options),
+    verifyOne: async (id) => await verifyReceipt(opened(), id),
     async tail (n) {
       if (!Number.isSafeInteger(n) || n < 0) throw new RangeError('tail(n) needs a non-negative integer')
       const rows = await tailText(opened(), n)
@@ -310,6 +319,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       })
     },
     get size () { return head === undefined ? 0 : head.index + 1 },
+    get head () { return head === undefined ? { count: 0, hash: GENESIS_HASH } : { count: head.index + 1, hash: head.hash } },
     location: receiptsLocation(init.dataDir),
   }
 }

@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto'
 import { canonicalBytes, signDocument, verifyDocument } from '../../certs/signed.ts'
 import type { SignedDocument } from '../../certs/signed.ts'
-import type { GenerateRequest, FinishReason, Usage } from '../service.ts'
+import type { ClientIdentity, GenerateRequest, FinishReason, Usage } from '../service.ts'
 
 export const RECEIPT_FORMAT = 'shoal.receipt/1'
 export const RECEIPT_PART_FORMAT = 'shoal.receipt-part/1'
@@ -58,6 +58,8 @@ export interface ReceiptInput {
   /** Epoch ms of arrival; ms to first token (null when none was produced); total ms. */
   timing: { startedAt: number, firstTokenMs: number | null, totalMs: number }
   finishReason: FinishReason
+  /** The client API key that asked (name and serial), when the ingress requires keys; absent otherwise. */
+  client?: ClientIdentity
 }
 
 /** The signed body of a log entry. */
@@ -134,8 +136,8 @@ export interface ReceiptContext {
 }
 
 /** Pure: the receipt input for a finished request and its complete output. */
-export function buildReceiptInput (request: RequestLike & { requestId: string }, output: CompletionOutput, context: ReceiptContext): ReceiptInput {
-  return {
+export function buildReceiptInput (request: RequestLike & { requestId: string, client?: ClientIdentity }, output: CompletionOutput, context: ReceiptContext): ReceiptInput {
+  const input: ReceiptInput = {
     id: request.requestId,
     requestHash: requestHash(request),
     responseHash: responseHash(output),
@@ -146,6 +148,8 @@ export function buildReceiptInput (request: RequestLike & { requestId: string },
     timing: { ...context.timing },
     finishReason: output.finishReason,
   }
+  if (request.client !== undefined) input.client = { name: request.client.name, serial: request.client.serial }
+  return input
 }
 
 export type ReceiptPartInput = Omit<ReceiptPartBody, 'format'>
@@ -177,6 +181,7 @@ export function verifyReceiptPart (part: unknown, publicKey: Uint8Array): boolea
 // ---- shape checks: return a description of the first problem, or undefined ----
 
 const HEX64 = /^[0-9a-f]{64}$/
+const HEX32 = /^[0-9a-f]{32}$/
 
 function isRecord (v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v)
@@ -239,10 +244,12 @@ export function checkReceiptInput (r: unknown): string | undefined {
   const t = r.timing
   if (!isRecord(t) || !isTime(t.startedAt) || !(t.firstTokenMs === null || isTime(t.firstTokenMs)) || !isTime(t.totalMs) || onlyKeys(t, ['startedAt', 'firstTokenMs', 'totalMs']) !== undefined) return 'timing must be {startedAt, firstTokenMs, totalMs}'
   if (!isText(r.finishReason)) return 'finishReason'
+  const c = r.client
+  if (c !== undefined && (!isRecord(c) || !isText(c.name) || typeof c.serial !== 'string' || !HEX32.test(c.serial) || onlyKeys(c, ['name', 'serial']) !== undefined)) return 'client must be {name, serial: 32 hex digits}'
   return undefined
 }
 
-const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason']
+const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client']
 
 /** Checks a whole stored entry: {body: ReceiptBody, signature}. */
 export function checkEntry (e: unknown): string | undefined {

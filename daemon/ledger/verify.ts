@@ -9,6 +9,8 @@ import { verifyDocument } from '../../certs/signed.ts'
 import type { CaCertificate } from '../../certs/index.ts'
 import { createCaTrust, resolveKey } from './keys.ts'
 import { checkEntry, entryHash, GENESIS_HASH, verifyReceiptPart } from './receipt.ts'
+import { verifyLogHead } from './head.ts'
+import type { SignedLogHead } from './head.ts'
 import type { ReceiptBody, SignedReceipt } from './receipt.ts'
 import { ENTRY_RANGE, KEY, parseEntry, parseEntryKey, parseHead, readCertificates } from './store.ts'
 import type { LedgerDb } from './store.ts'
@@ -40,6 +42,12 @@ export const VERIFY_REASONS = [
    * `timestamp` (CLOCK_SKEW_MS either side). Revocation is not checked.
    */
   'untrusted-signer',
+  /**
+   * Only with `options.witnessedHeads`: a head the log's signer signed (and a peer kept) says the
+   * log held more entries than it does now (a cut tail, the head pointer rewritten to match), or
+   * that the entry at its last index hashed to something else (the log was rewritten).
+   */
+  'witnessed-head',
 ] as const
 
 export type VerifyReason = typeof VERIFY_REASONS[number]
@@ -54,6 +62,13 @@ export interface VerifyOptions {
    * valid CA certificate.
    */
   ca?: CaCertificate
+  /**
+   * Signed log heads peers kept (their DATA/witnessed-heads.json, see head.ts): each one signed by
+   * the signer of this log's entries must match it — the log must reach its count, and the entry at
+   * count-1 must hash to its hash — else 'witnessed-head'. Heads of other signers are not this
+   * log's and are skipped; heads whose signature does not verify are counted and skipped.
+   */
+  witnessedHeads?: readonly SignedLogHead[]
   signal?: AbortSignal
 }
 
@@ -69,6 +84,8 @@ export interface VerifyReport {
   partSigners: string[]
   /** With `options.ca`: the CA every signer of the good entries chains to. */
   ca?: { name: string, keyId: string }
+  /** With `options.witnessedHeads`: heads of this log's signers checked (`applied`), and heads skipped because their signature did not verify. */
+  witness?: { applied: number, badSignature: number, newest?: { count: number, hash: string, timestamp: number } }
   firstBad?: { index: number, id?: string, reason: VerifyReason, detail: string }
 }
 
@@ -84,7 +101,24 @@ export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Pro
     let lastId: string | undefined
     const signers: VerifyReport['signers'] = []
     const partSigners: string[] = []
-    const report = (ok: boolean): VerifyReport => ({ ok, entries: expected, headHash: prevHash, signers, partSigners, ...(ca === undefined ? {} : { ca }) })
+    // Witnessed heads by the index of the entry they end at (count - 1), signature-checked up front.
+    const witnessed = new Map<number, SignedLogHead[]>()
+    const witness = { applied: 0, badSignature: 0, newest: undefined as SignedLogHead['body'] | undefined }
+    for (const head of options.witnessedHeads ?? []) {
+      const key = resolveKey(head.body.signer, certs.get(head.body.signer), options.publicKeyFor)
+      if (!key.ok || !verifyLogHead(head, key.publicKey)) { witness.badSignature++; continue }
+      const at = head.body.count - 1
+      witnessed.set(at, [...(witnessed.get(at) ?? []), head])
+    }
+    const applied = new Set<SignedLogHead>()
+    const apply = (head: SignedLogHead): void => {
+      applied.add(head)
+      if (witness.newest === undefined || head.body.count > witness.newest.count) witness.newest = head.body
+    }
+    const witnessReport = (): Pick<VerifyReport, 'witness'> => options.witnessedHeads === undefined
+      ? {}
+      : { witness: { applied: applied.size, badSignature: witness.badSignature, ...(witness.newest === undefined ? {} : { newest: { count: witness.newest.count, hash: witness.newest.hash, timestamp: witness.newest.timestamp } }) } }
+    const report = (ok: boolean): VerifyReport => ({ ok, entries: expected, headHash: prevHash, signers, partSigners, ...(ca === undefined ? {} : { ca }), ...witnessReport() })
     const bad = (index: number, reason: VerifyReason, detail: string, id?: string): VerifyReport =>
       ({ ...report(false), firstBad: id === undefined ? { index, reason, detail } : { index, id, reason, detail } })
     // A log that stores certificates vouches for its signers through them; then a bare peer id is no key.
@@ -119,6 +153,11 @@ export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Pro
       const mapped = await db.get(KEY.id(body.id), { snapshot })
       if (mapped !== String(index)) return bad(index, 'id-mapping', mapped === undefined ? 'no id → index mapping' : `id maps to index ${mapped}`, id)
       prevHash = entryHash(entry as SignedReceipt)
+      for (const head of witnessed.get(index) ?? []) {
+        if (head.body.signer !== body.signer) continue
+        apply(head)
+        if (head.body.hash !== prevHash) return bad(index, 'witnessed-head', `a head ${body.signer} signed at ${when(head.body.timestamp)} says entry ${index} hashes to ${head.body.hash}; it hashes to ${prevHash} (the log was rewritten)`, id)
+      }
       lastId = body.id
       if (!signers.some((s) => s.peerId === body.signer)) signers.push({ peerId: body.signer, certificate: certs.has(body.signer) })
       for (const part of body.parts) if (!partSigners.includes(part.body.peerId)) partSigners.push(part.body.peerId)
@@ -128,15 +167,30 @@ export async function verifyLog (db: LedgerDb, options: VerifyOptions = {}): Pro
     const h = parseHead(head)
     if (expected === 0) {
       if (head !== undefined) return bad(h?.index ?? 0, h === undefined || h.index === 0 ? 'head-mismatch' : 'missing-entry', 'the log has no entries but a head pointer')
-      return report(true)
+    } else {
+      if (h === undefined) return bad(expected - 1, 'head-mismatch', head === undefined ? 'head pointer missing' : 'head pointer unreadable', lastId)
+      if (h.index >= expected) return bad(expected, 'missing-entry', `head points at entry ${h.index} (${h.id}) but the log ends at ${expected - 1}`, expected === h.index ? h.id : undefined)
+      if (h.index !== expected - 1 || h.hash !== prevHash || h.id !== lastId) return bad(expected - 1, 'head-mismatch', `head ${JSON.stringify(h)} differs from the last entry`, lastId)
     }
-    if (h === undefined) return bad(expected - 1, 'head-mismatch', head === undefined ? 'head pointer missing' : 'head pointer unreadable', lastId)
-    if (h.index >= expected) return bad(expected, 'missing-entry', `head points at entry ${h.index} (${h.id}) but the log ends at ${expected - 1}`, expected === h.index ? h.id : undefined)
-    if (h.index !== expected - 1 || h.hash !== prevHash || h.id !== lastId) return bad(expected - 1, 'head-mismatch', `head ${JSON.stringify(h)} differs from the last entry`, lastId)
+    // The log is consistent in itself; heads past its end show a witness saw entries it no longer has
+    // (a cut tail with the head pointer rewritten to match). A log cut to nothing names no signer: not caught.
+    const logSigners = new Set(signers.map(s => s.peerId))
+    for (const [at, heads] of [...witnessed.entries()].sort((a, b) => b[0] - a[0])) {
+      if (at < expected) continue
+      const head = heads.find(h => logSigners.has(h.body.signer))
+      if (head === undefined) continue
+      apply(head)
+      return bad(expected, 'witnessed-head', `a head ${head.body.signer} signed at ${when(head.body.timestamp)} says the log held ${head.body.count} entries (last hash ${head.body.hash}); it holds ${expected} (the tail was cut)`)
+    }
     return report(true)
   } finally {
     await snapshot.close()
   }
+}
+
+function when (ms: number): string {
+  const d = new Date(ms)
+  return Number.isFinite(d.getTime()) ? d.toISOString() : String(ms)
 }
 
 /** Every part's signature, and the key each verified with (for the CA check). */

@@ -16,7 +16,7 @@ export type {
 export { WireError, PeerNotAdmittedError, MeshNotRunningError, MeshConfigError } from './errors.ts'
 export type { WireErrorCode } from './errors.ts'
 export { ADMIT_PROTOCOL } from './wire/admit.ts'
-export { LOAD_PROTOCOL, IDLE_LOAD } from './wire/load.ts'
+export { LOAD_PROTOCOL, IDLE_LOAD, LOAD_MAX_PREFIXES } from './wire/load.ts'
 export { CAPS_TOPIC } from './wire/caps.ts'
 export { REVOCATIONS_TOPIC } from './wire/revocations.ts'
 export { decideAdmission, reviewAdmission, livenessState, chooseRecord, backoffDelay, firstDialDelay, expiresSoon } from './decisions.ts'

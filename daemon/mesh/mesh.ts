@@ -203,6 +203,8 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
     async addRevocationList (doc: unknown) {
       return offerRevocations(doc, 'operator') === 'adopted'
     },
+
+    revocationList: () => revocations.current,
   }
   return mesh
 }

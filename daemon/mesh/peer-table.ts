@@ -104,6 +104,7 @@ export class PeerTable {
     if (entry.admission === 'admitted') return
     entry.admission = 'pending'
     entry.changedAt = now
+    entry.lastSeen = now
   }
 
   setAdmitted (peerId: string, certificate: NodeCertificate, now: number): void {
@@ -131,6 +132,8 @@ export class PeerTable {
     entry.reason = reason
     entry.detail = detail
     entry.changedAt = now
+    // The refusal is the last we heard of it: no load is polled from a refused peer.
+    entry.lastSeen = now
     delete entry.certificate
     delete entry.record
     delete entry.recordAt
@@ -237,7 +240,7 @@ export class PeerTable {
     for (const e of this.entries.values()) {
       if (e.admission === 'unknown' || e.admission === 'pending') continue
       const admitted = e.admission === 'admitted'
-      const snap: PeerSnapshot = { peerId: e.peerId, admitted, models: admitted ? models(e.record) : [], state: e.liveness }
+      const snap: PeerSnapshot = { peerId: e.peerId, admitted, models: admitted ? models(e.record) : [], state: admitted ? e.liveness : this.contactState(e, now) }
       const name = e.certificate?.body.name ?? e.record?.name
       if (name !== undefined) snap.name = name
       if (!admitted) {
@@ -261,6 +264,16 @@ export class PeerTable {
       out.push(snap)
     }
     return out.sort((a, b) => a.peerId < b.peerId ? -1 : 1)
+  }
+
+  /**
+   * Liveness of a peer that is not admitted: nothing is polled from it, so it is alive only while
+   * it was heard from (a handshake, a refusal) within the suspect bound — never for as long as it
+   * stays listed (a killed refused peer stays visible, with its reason, as suspect).
+   */
+  private contactState (e: PeerEntry, now: number): PeerSnapshot['state'] {
+    const state = livenessState({ lastSeenMs: e.lastSeen, now, suspectAfterMs: this.timings.suspectAfterMs, goneAfterMs: this.timings.goneAfterMs })
+    return state === 'alive' ? 'alive' : 'suspect'
   }
 
   counts (): Record<string, number> {

@@ -5,7 +5,7 @@
 import type { Stream, StreamHandler, StreamHandlerOptions } from '@libp2p/interface'
 import type { MeshLibp2p, Transport } from './node.ts'
 import type { Registry } from 'prom-client'
-import type { NodeCertificate, NodeIdentity } from '../../certs/index.ts'
+import type { NodeCertificate, NodeIdentity, RevocationList } from '../../certs/index.ts'
 import type { Capabilities, ServedModel } from './wire/caps.ts'
 import type { LoadRecord } from './wire/load.ts'
 import type { Liveness } from './decisions.ts'
@@ -163,6 +163,8 @@ export interface Mesh {
   openStream: (peerId: string, protocol: string, signal?: AbortSignal) => Promise<Stream>
   /** Adopts a revocation list (e.g. from the CA dir) if newer; it then spreads through the mesh. */
   addRevocationList: (doc: unknown) => Promise<boolean>
+  /** The newest CA revocation list this node holds (it also withdraws client keys). */
+  revocationList: () => RevocationList | undefined
 }
 
 export type { Capabilities, ServedModel, LoadRecord }

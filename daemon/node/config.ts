@@ -37,16 +37,36 @@ export interface DaemonConfig {
   identityDir?: string
   models: ModelSpec[]
   api?: { host: string, port: number }
-  /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO. */
+  /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO; or a comma-separated list, one per stage of a local chain. */
   device: string
   dataDir: string
   cacheRoot: string
+  /** libp2p listen multiaddrs; empty means the mesh's default (QUIC and TCP on all interfaces, ephemeral ports). */
   listen: string[]
   bootstrap: string[]
   mdns: boolean
   revocationsFile?: string
+  /** The ingress accepts only client keys issued by the CA (the identity's, or `caFile`'s). */
+  requireKeys?: boolean
+  /** The CA certificate (ca.cert.json) for a node without an identity (`shoal serve --ca`). */
+  caFile?: string
+  /** How often the receipt-log head is signed for peers when it changed (default 10 s). */
+  witnessIntervalMs?: number
+  /** HTTPS for the ingress: PEM certificate (chain) and private key files the operator provides. */
+  tls?: { certFile: string, keyFile: string }
   /** Latency budgets; defaults in DEFAULT_BUDGETS. */
   budgets?: Partial<Budgets>
+  /**
+   * Speculative decoding for the whole models this node serves: a draft model directory
+   * (checkpoint or shard directory with the target's tokenizer) or 'lookup' (prompt lookup, no
+   * model). Absent: no speculation.
+   */
+  draft?: string
+  /**
+   * MiB of KV kept from finished requests for prefix reuse (--kv-cache-mb); 0 turns reuse off;
+   * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
+   */
+  kvCacheMb?: number
 }
 
 export class ConfigError extends ShoalError {
@@ -81,25 +101,48 @@ export function parseModelSpec (value: string, key = '--model'): ModelSpec {
 }
 
 export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
-  if (!DEVICES.includes(input.device)) throw new ConfigError('--device', `"${input.device}" is not one of ${DEVICES.join(', ')}`)
+  // One device, or one per stage of a local chain ("cpu,GPU").
+  for (const device of input.device.split(',').map(d => d.trim())) {
+    if (!DEVICES.includes(device)) throw new ConfigError('--device', `"${device}" is not one of ${DEVICES.join(', ')} (or a comma-separated list of them, one per stage)`)
+  }
   if (input.models.length === 0 && input.identityDir === undefined) throw new ConfigError('--model', 'serving needs a model directory')
   // One /shoal/stage handler per node: a node serves at most one pipeline stage.
   if (input.models.filter(m => m.layers !== undefined).length > 1) throw new ConfigError('--model', 'a node serves at most one pipeline stage (one DIR@A-B)')
+  if (input.requireKeys === true && input.identityDir === undefined && input.caFile === undefined) {
+    throw new ConfigError('--require-keys', 'needs a CA to check keys against: --ca FILE (ca.cert.json), or run `shoal node --identity DIR`')
+  }
+  if (input.requireKeys === true && input.api === undefined) throw new ConfigError('--require-keys', 'needs an HTTP ingress (--api HOST:PORT)')
+  if (input.tls !== undefined) {
+    if (input.tls.certFile === '' || input.tls.certFile === undefined) throw new ConfigError('--tls-cert', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.tls.keyFile === '' || input.tls.keyFile === undefined) throw new ConfigError('--tls-key', 'HTTPS needs both --tls-cert FILE and --tls-key FILE')
+    if (input.api === undefined) throw new ConfigError('--tls-cert', 'HTTPS is for the HTTP ingress: give --api HOST:PORT too')
+  }
+  if (input.witnessIntervalMs !== undefined && !(Number.isFinite(input.witnessIntervalMs) && input.witnessIntervalMs > 0)) {
+    throw new ConfigError('witnessIntervalMs', `expected a positive number of milliseconds, got ${String(input.witnessIntervalMs)}`)
+  }
+  if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
+    throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
+  }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {
     if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
   }
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
+  if (input.draft !== undefined && input.draft.length === 0) throw new ConfigError('--draft', 'expected a draft model directory or "lookup"')
+  const draft = input.draft === undefined || input.draft === 'lookup' || input.draft === 'demo' ? input.draft : abs(input.draft)
   return Object.freeze({
     ...input,
     models: Object.freeze(models) as ModelSpec[],
+    ...(draft === undefined ? {} : { draft }),
     dataDir: abs(input.dataDir),
     cacheRoot: abs(input.cacheRoot),
     listen: Object.freeze([...input.listen]) as string[],
     bootstrap: Object.freeze([...input.bootstrap]) as string[],
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
+    ...(input.caFile === undefined ? {} : { caFile: abs(input.caFile) }),
+    ...(input.tls === undefined ? {} : { tls: Object.freeze({ certFile: abs(input.tls.certFile), keyFile: abs(input.tls.keyFile) }) }),
     budgets: Object.freeze(budgets),
   })
 }

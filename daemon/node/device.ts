@@ -16,3 +16,12 @@ export function chooseEngine (device: string, openvinoAvailable: boolean): Engin
   }
   return { backend: 'openvino', device }
 }
+
+/**
+ * `--device` as given: one device, or a comma-separated list with one device per stage of a model
+ * run as a local chain (`cpu,GPU,NPU`: the first stage on onnxruntime's CPU, the others on
+ * OpenVINO's GPU and NPU).
+ */
+export function deviceList (device: string): string[] {
+  return device.split(',').map(d => d.trim())
+}

@@ -8,7 +8,7 @@ export { validateConfig, parseApiAddress, parseModelSpec, ConfigError, DEFAULT_B
 export type { Budgets, DaemonConfig, ModelSpec } from './config.ts'
 export { chooseEngine } from './device.ts'
 export { resolveModel } from './models.ts'
-export type { ResolvedModel } from './models.ts'
+export type { ModelProgress, ResolvedModel } from './models.ts'
 export { withReceipts } from './receipted-service.ts'
 export { createModelDirectory } from './model-directory.ts'
 export { serveForwarded } from './forwarded.ts'

@@ -15,8 +15,9 @@ export function servedModels (models: ResolvedModel[]): Capabilities['models'] {
     return {
       id: m.manifest.modelId,
       manifestHash: m.manifestHash,
-      // A whole model carries no layer range (the capability format's convention).
-      ...(m.whole ? {} : { layers: [stage.layers[0], stage.layers[1]] as [number, number] }),
+      // A whole model carries no layer range (the capability format's convention); so does a
+      // local chain, which serves the whole model from this node.
+      ...(m.whole || m.localChain === true ? {} : { layers: [stage.layers[0], stage.layers[1]] as [number, number] }),
       totalLayers: m.manifest.shape.numLayers,
       maxContextTokens: m.manifest.shape.maxPositions,
     }
@@ -42,7 +43,7 @@ const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
  * current concurrency + 1, not its recent throughput: throughput decays while a node idles, and an
  * idle node must not look slow (routing divides by this rate).
  */
-export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number): LoadRecord {
+export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number, prefixes: readonly string[] = []): LoadRecord {
   let queueDepth = 0
   let inFlight = chainRequests
   let decodeTokPerSec = 0
@@ -55,7 +56,11 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
     slots += l.slots
     expectedWaitMs = Math.max(expectedWaitMs, l.expectedWaitMs)
   }
-  return { queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1) }
+  return {
+    queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1),
+    // What the engines keep for prefix reuse (already merged and bounded; absent when nothing).
+    ...(prefixes.length > 0 ? { prefixes: [...prefixes] } : {}),
+  }
 }
 
 /** Every node that can take a request for `model` (whole or chain entry), this one included. */
@@ -65,6 +70,8 @@ export function replicaCandidates (model: string, self: { peerId: string, serves
     out.push({ peerId: self.peerId, local: true, admitted: true, alive: true, wholeModel: true, load: toSnapshot(self.load, now) })
   }
   for (const p of peers) {
+    // Only worker certificates execute work for others (their own handlers refuse otherwise).
+    if (!p.roles.includes('worker')) continue
     const served = p.capabilities?.models.find(m => m.id === model)
     if (served === undefined) continue
     out.push({
@@ -97,6 +104,7 @@ function toSnapshot (load: LoadRecord, observedAt: number): NonNullable<Candidat
 export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
   const out: StageHolder[] = []
   for (const p of peers) {
+    if (!p.roles.includes('worker')) continue
     for (const m of p.capabilities?.models ?? []) {
       if (m.id !== model || m.layers === undefined || m.manifestHash === undefined) continue
       out.push({
@@ -130,7 +138,7 @@ function chainComplete (model: string, peers: PeerView[]): boolean {
 export function meshModelCards (peers: PeerView[]): ModelCard[] {
   const cards = new Map<string, ModelCard>()
   for (const p of peers) {
-    if (p.state !== 'alive') continue
+    if (p.state !== 'alive' || !p.roles.includes('worker')) continue
     for (const m of p.capabilities?.models ?? []) {
       if (!isWhole(m) && !(isEntryPoint(m) && chainComplete(m.id, peers))) continue
       const card = cards.get(m.id) ?? { id: m.id, created: 0, ownedBy: 'shoal', contextLength: m.maxContextTokens ?? 0, servedBy: [] }

@@ -3,8 +3,9 @@
  * as it is, a Hugging Face checkpoint is compiled once into the cache (keyed by its content hash),
  * and 'demo' is the built-in random-weight model, generated on first use.
  */
+import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
-import type { ShardManifest } from '../../shards/index.ts'
+import type { CompileCacheProgress, ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelSpec } from './config.ts'
 
@@ -17,14 +18,22 @@ export interface ResolvedModel {
   stageIndex: number
   /** True when this node holds the whole model (one stage with embedding and head). */
   whole: boolean
+  /** Every stage of a multi-stage shard directory, run here as a local chain (`shoal serve`). */
+  localChain?: boolean
 }
 
-export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise<ResolvedModel> {
+/** What preparing a model reports; only work that actually happens (a cache miss) is reported. */
+export interface ModelProgress extends CompileCacheProgress {
+  onGenerate?: (dir: string) => void
+}
+
+export async function resolveModel (spec: ModelSpec, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
+  if (spec.dir !== 'demo' && !existsSync(spec.dir)) throw new ConfigError('--model', `${spec.dir} does not exist`)
   let shardDir: string
-  if (spec.dir === 'demo') shardDir = await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+  if (spec.dir === 'demo') shardDir = await ensureDemoReady(cacheRoot, progress)
   else if (isShardDir(spec.dir)) shardDir = spec.dir
   else if (spec.layers !== undefined) throw new ConfigError('--model', `${spec.dir}@${spec.layers.join('-')}: a layer range needs a shard directory (make one with shoal shard)`)
-  else shardDir = await compileCached(spec.dir, cacheRoot)
+  else shardDir = await compileCached(spec.dir, cacheRoot, progress)
 
   const manifest = await loadManifest(shardDir)
   let stageIndex = 0
@@ -36,13 +45,15 @@ export async function resolveModel (spec: ModelSpec, cacheRoot: string): Promise
       throw new ConfigError('--model', `${spec.dir} has no stage with layers ${a}-${b} (stages: ${have})`)
     }
   } else if (manifest.stages.length !== 1) {
-    throw new ConfigError('--model', `${spec.dir} has ${manifest.stages.length} stages; pick one with ${spec.dir}@A-B`)
+    // No stage picked: serve them all here, chained (each stage its own engine worker).
+    return { shardDir, manifest, manifestHash: await manifestHash(shardDir), stageIndex: 0, whole: false, localChain: true }
   }
   const stage = manifest.stages[stageIndex]!
   return { shardDir, manifest, manifestHash: await manifestHash(shardDir), stageIndex, whole: stage.hasEmbedding && stage.hasHead }
 }
 
 /** Generates and compiles the demo model once, so N daemons starting together don't race to. */
-export async function ensureDemoReady (cacheRoot: string): Promise<string> {
-  return await compileCached(await ensureDemoModel(cacheRoot), cacheRoot)
+export async function ensureDemoReady (cacheRoot: string, progress: ModelProgress = {}): Promise<string> {
+  const demo = await ensureDemoModel(cacheRoot, progress.onGenerate === undefined ? {} : { onGenerate: progress.onGenerate })
+  return await compileCached(demo, cacheRoot, progress)
 }

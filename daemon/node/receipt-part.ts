@@ -7,7 +7,21 @@
  */
 import type { SignedReceiptPart } from '../ledger/index.ts'
 import { createReceiptPart, publicKeyFromPeerId, requestHash, responseHash, verifyReceiptPart } from '../ledger/index.ts'
+import { ShoalError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+import { findLoneSurrogate } from '../text/index.ts'
+
+/**
+ * Checked when a request is accepted, before any work: a request with no canonical form (a lone
+ * surrogate, which RFC 8785 refuses — the ingress already answers those with a 400) fails here as
+ * a 400, so no completion is ever produced that cannot get its receipt. Only the cheap check runs
+ * now; the hash itself is taken at the end, for requests that were admitted (a prompt refused for
+ * its length is never hashed).
+ */
+export function checkHashable (request: GenerateRequest): void {
+  const at = findLoneSurrogate(request.prompt) ?? findLoneSurrogate(request.stop) ?? findLoneSurrogate(request.model)
+  if (at !== undefined) throw new ShoalError('SHOAL_ERR_BAD_REQUEST', 'the request holds a lone UTF-16 surrogate and has no canonical form to hash into its receipt')
+}
 
 export interface PartSigner {
   peerId: string
@@ -19,6 +33,7 @@ export function withReceiptPart (service: InferenceService, signer: PartSigner):
     models (): ModelCard[] { return service.models() },
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const startedAt = Date.now()
+      checkHashable(request)
       let text = ''
       const tokenIds: number[] = []
       for await (const event of service.generate(request, signal)) {

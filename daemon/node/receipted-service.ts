@@ -6,7 +6,7 @@
  */
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
-import { acceptedParts } from './receipt-part.ts'
+import { acceptedParts, checkHashable } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, RouteHop } from '../service.ts'
 
 export interface ReceiptOptions {
@@ -23,6 +23,8 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
     },
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const startedAt = Date.now()
+      // Before any work: a request that could not be receipted is a 400, never a 500 after generating.
+      checkHashable(request)
       let firstTokenAt: number | undefined
       let hops: RouteHop[] = []
       let manifestHash: string | undefined

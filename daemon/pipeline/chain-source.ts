@@ -4,14 +4,22 @@
  * the last stage samples and the token id comes back. Sampling params travel in the open frame. When a stage is lost the
  * source rebuilds the chain without that peer and replays the prompt plus every token so far
  * (with the RNG advanced past the draws already made), so the caller sees no error; past
- * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. Every wait has an idle timeout, cut short for a
- * stage the mesh has stopped hearing from.
+ * `maxReplays` it fails with SHOAL_ERR_PEER_LOST. A stage that cannot be reached when the chain
+ * opens is left out the same way. Until the first token came back nothing was delivered, so a
+ * chain that could not be completed by then is SHOAL_ERR_CHAIN_INCOMPLETE (503) — the same status
+ * whether the mesh already knew the stage was gone (no chain forms) or not yet (it fails on
+ * contact). Every wait has an idle timeout, cut short for a stage the mesh has stopped hearing from.
+ *
+ * Speculative decoding (`verify`): one traversal carries a token and its drafts; the last stage
+ * answers with how many drafts stand and its own next token. Each stage sets its KV back to where
+ * the next activation starts, so rejected drafts cost no extra message; a stage lost mid-verify is
+ * replayed like any step (the replay decodes plainly, so no draft goes unchecked).
  */
 import { ShoalError } from '../errors.ts'
 import type { TokenSource } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
 import { StageLostError } from './errors.ts'
-import { PEER_LOST_IDLE_MS } from '../routing/index.ts'
+import { ChainIncompleteError, PEER_LOST_IDLE_MS } from '../routing/index.ts'
 import type { StageNode, TokenWatch } from './stage-node.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
 import type { ChainHop } from './wire.ts'
@@ -54,6 +62,11 @@ export interface ChainTokenSource extends TokenSource {
   finish (signal: AbortSignal): Promise<Array<Record<string, unknown>>>
   /** Ends the request on every stage (cancel down the chain) and frees stage 0's KV. */
   close (): Promise<void>
+  /**
+   * Feeds `tokenId` at `position` with `drafts` after it through the chain in one traversal;
+   * returns how many drafts the last stage accepted and its token after them.
+   */
+  verify (tokenId: number, position: number, drafts: number[], signal: AbortSignal): Promise<{ accepted: number, next: number }>
 }
 
 export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenSource {
@@ -72,6 +85,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   /** Loss signals of the current chain's stages after stage 0. */
   let losses: Array<{ peerId: string, signal: AbortSignal, release: () => void }> = []
   let live = false
+  /** Positions stage 0's KV holds (more than the history after a verify whose drafts were rejected). */
+  let held = 0
 
   async function begin (signal: AbortSignal): Promise<void> {
     chain = init.formChain(excluded)
@@ -80,6 +95,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
     losses = init.peerLost === undefined ? [] : chain.slice(1).map(h => ({ peerId: h.peerId, ...init.peerLost!(h.peerId) }))
     live = true
+    held = 0
     await node.engine.open(wireId, signal)
     await node.send(chain[1]!.peerId, {
       kind: 'open',
@@ -127,27 +143,38 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     return parts
   }
 
-  /** Runs `ids` at positions start.. through the chain; resolves with the sampled next token. */
-  async function run (ids: number[], start: number, signal: AbortSignal): Promise<number> {
+  /**
+   * Runs `ids` at positions start.. through the chain; resolves with the sampled next token. With
+   * `drafts` (ids = a token and its drafts, one traversal) the last stage's verdict comes back.
+   */
+  async function run (ids: number[], start: number, signal: AbortSignal, drafts?: number[]): Promise<{ accepted: number, next: number }> {
     const w = watch!
+    if (held > start) await node.rollback(wireId, start, signal)
+    held = start
     for (let a = 0; a < ids.length; a += chunk) {
       const part = ids.slice(a, a + chunk)
-      const out = await node.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), undefined, signal)
+      const out = await node.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), undefined, signal, drafts === undefined ? undefined : { logitsToKeep: 1 })
       if (out.kind !== 'hidden') throw new ShoalError('SHOAL_ERR_INTERNAL', 'stage 0 of a chain must return hidden states')
+      held = start + a + part.length
       const final = a + chunk >= ids.length
-      await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data }, signal)
+      await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data, ...(drafts === undefined ? {} : { drafts }) }, signal)
     }
     const got = await nextToken(w, signal)
-    if (got.position !== start + ids.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `token for position ${got.position}, expected ${start + ids.length}`)
-    sampled++
-    return got.tokenId
+    const accepted = got.accepted ?? 0
+    if ((drafts === undefined) !== (got.accepted === undefined) || accepted > (drafts?.length ?? 0) || got.position !== start + accepted + (drafts === undefined ? ids.length : 1)) {
+      throw new ShoalError('SHOAL_ERR_INTERNAL', `answer for position ${got.position} (${got.accepted ?? 'no'} accepted) does not fit the step at ${start} of ${ids.length}`)
+    }
+    // The last stage's random draws so far (a replay skips them): one per plain step; a verify
+    // draws once per draft examined and once for the token after them (verify.ts).
+    sampled += drafts === undefined ? 1 : accepted + (accepted < drafts.length ? 1 : 0) + 1
+    return { accepted, next: got.tokenId }
   }
 
   /**
    * The next token, bounded by the idle timeout, and by PEER_LOST_IDLE_MS of silence once the
    * mesh has lost contact with a stage (that stage is then the one reported lost).
    */
-  async function nextToken (w: TokenWatch, signal: AbortSignal): Promise<{ position: number, tokenId: number }> {
+  async function nextToken (w: TokenWatch, signal: AbortSignal): Promise<{ position: number, tokenId: number, accepted?: number }> {
     const ctl = new AbortController()
     let lost: StageLostError | undefined
     const stop = (err: StageLostError): void => { lost ??= err; ctl.abort() }
@@ -174,11 +201,35 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     }
   }
 
-  /** Runs a step; on a lost stage, rebuilds the chain and replays the whole history. */
-  async function step (ids: number[], start: number, signal: AbortSignal): Promise<number> {
-    if (!live) await begin(signal)
+  /** A lost stage before any token came back: the chain is incomplete (nothing was delivered). */
+  function beforeFirstToken (err: unknown): unknown {
+    if (!(err instanceof StageLostError) || sampled > 0) return err
+    return new ChainIncompleteError(`no complete chain could be reached: ${err.message}`)
+  }
+
+  /** Opens the request on a chain, leaving out (within maxReplays) a stage that cannot be reached. */
+  async function open (signal: AbortSignal): Promise<void> {
+    while (true) {
+      try {
+        await begin(signal)
+        return
+      } catch (err) {
+        if (!(err instanceof StageLostError) || signal.aborted || attempt >= maxReplays) throw beforeFirstToken(err)
+        if (err.peerId !== undefined) excluded.push(err.peerId)
+        await end()
+        attempt++
+      }
+    }
+  }
+
+  /**
+   * Runs a step; on a lost stage, rebuilds the chain and replays the whole history (plainly: a
+   * verify lost midway comes back as its token's plain next token, no draft accepted).
+   */
+  async function step (ids: number[], start: number, signal: AbortSignal, drafts?: number[]): Promise<{ accepted: number, next: number }> {
+    if (!live) await open(signal)
     try {
-      return await run(ids, start, signal)
+      return await run(ids, start, signal, drafts)
     } catch (err) {
       let last = err
       while (last instanceof StageLostError && !signal.aborted && attempt < maxReplays) {
@@ -192,7 +243,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
           last = again
         }
       }
-      throw last
+      throw beforeFirstToken(last)
     }
   }
 
@@ -200,16 +251,23 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     get route () { return chain.map(h => h.peerId) },
     get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
-    async connect (signal) { if (!live) await begin(signal) },
+    async connect (signal) { if (!live) await open(signal) },
     async prefill (promptIds, signal) {
       if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')
       history.push(...promptIds)
-      return await step(promptIds, 0, signal)
+      return (await step(promptIds, 0, signal)).next
     },
     async decode (tokenId, position, signal) {
       if (position !== history.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `decode at position ${position}, the sequence holds ${history.length}`)
       history.push(tokenId)
-      return await step([tokenId], position, signal)
+      return (await step([tokenId], position, signal)).next
+    },
+    async verify (tokenId, position, drafts, signal) {
+      if (position !== history.length) throw new ShoalError('SHOAL_ERR_INTERNAL', `verify at position ${position}, the sequence holds ${history.length}`)
+      history.push(tokenId)
+      const r = drafts.length === 0 ? await step([tokenId], position, signal) : await step([tokenId, ...drafts], position, signal, drafts)
+      history.push(...drafts.slice(0, r.accepted))
+      return r
     },
     finish,
     close: end,

@@ -1,13 +1,13 @@
 /**
  * Pipeline-sharded chains: a model split by layers across peers. A node serving one stage
- * (`--model SHARDDIR@A-B`) loads only that stage and answers /shoal/stage/1.0.0; the coordinator
+ * (`--model SHARDDIR@A-B`) loads only that stage and answers /shoal/stage/2.0.0; the coordinator
  * (stage 0, with the tokenizer) forms a chain with daemon/routing's chain function and runs the
  * decode loop, its activations travelling stage to stage as binary frames over long-lived
  * multiplexed streams and only the sampled token id coming back. Many requests interleave through
  * one engine per stage; a lost stage is replayed on another holder or ends with a typed error.
  */
 export {
-  STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, MAX_REQUEST_ID_BYTES,
+  STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, MAX_REQUEST_ID_BYTES, MAX_VERIFY_DRAFTS,
   encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload, peekRequestId,
 } from './wire.ts'
 export type { StageFrame, StageFrameKind, OpenBody, ChainHop } from './wire.ts'
@@ -20,8 +20,12 @@ export type { Links, LinkComponents, LinkOptions, FrameHandler } from './links.t
 export { createStageNode } from './stage-node.ts'
 export type { StageNode, StageNodeInit, StageNodeStats, TokenWatch } from './stage-node.ts'
 export { createChainTokenSource } from './chain-source.ts'
+export { checkDrafts } from './verify.ts'
+export type { Verdict } from './verify.ts'
 export type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 export { createPipelineStage, parseStageSpec, manifestHashOf } from './stage.ts'
 export type { PipelineStage, PipelineStageInit, StageSpec } from './stage.ts'
 export { createPipelineService } from './service.ts'
-export type { PipelineService, PipelineServiceInit, PipelineServiceComponents } from './service.ts'
+export type { ChainSourceWrapper, ChainWrapContext, PipelineService, PipelineServiceInit, PipelineServiceComponents } from './service.ts'
+export { createLocalChain } from './local-chain.ts'
+export type { LocalChain, LocalChainInit } from './local-chain.ts'

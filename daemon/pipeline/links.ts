@@ -1,5 +1,5 @@
 /**
- * Links: the long-lived /shoal/stage/1.0.0 streams between a node and its chain neighbours. One
+ * Links: the long-lived /shoal/stage/2.0.0 streams between a node and its chain neighbours. One
  * stream per peer pair carries every request in both directions (frames are multiplexed by
  * request id); it is opened on first use by whichever side sends first and reused by both.
  * Incoming bytes are split into varint-length-prefixed frames with a hard cap; a frame that cannot

@@ -10,11 +10,13 @@ import { ShoalError } from '../errors.ts'
 import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, endConditions, generateSequence, requestScope } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
+import type { TokenSource } from '../engine/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
-import type { ChainTokenSourceInit } from './chain-source.ts'
+import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
 
@@ -32,6 +34,31 @@ export interface PipelineServiceInit {
   /** Concurrent requests coordinated here (default: stage 0's engine capacity, 8). */
   maxRequests?: number
   chainPolicy?: Partial<ChainPolicy>
+  /**
+   * The chain's context limit when below the model's: the smallest any stage holds (a stage on
+   * static graphs holds its KV budget). Default: stage 0's (PipelineStage.manifest).
+   */
+  maxContextTokens?: number
+  /**
+   * Replaces each request's token source over its chain (speculative decoding, daemon/speculative,
+   * plugs in here without the pipeline depending on it); started and stopped with the service.
+   */
+  sourceWrapper?: ChainSourceWrapper
+}
+
+/** What a chain source wrapper gets for one request. */
+export interface ChainWrapContext {
+  request: GenerateRequest
+  manifest: ShardManifest
+  /** The request's chain: prefill / decode, and verify (a token and its drafts in one traversal). */
+  chain: Pick<ChainTokenSource, 'prefill' | 'decode' | 'verify'>
+}
+
+export interface ChainSourceWrapper {
+  start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
+  stop? (): Promise<void>
+  /** A request's token source; `close` runs when the request ends, before the chain is closed. */
+  wrapChain (ctx: ChainWrapContext): TokenSource & { close?: () => Promise<void> }
 }
 
 export interface PipelineServiceComponents {
@@ -49,7 +76,12 @@ export interface PipelineService extends InferenceService {
 
 export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
   const { stage } = init
-  const { manifest, node } = stage
+  const { node } = stage
+  // Prompts and completions end at the chain's context limit, so a stage with a smaller KV budget
+  // (static graphs) ends a completion with 'length' rather than failing it mid-stream.
+  const manifest = init.maxContextTokens === undefined || init.maxContextTokens >= stage.manifest.shape.maxPositions
+    ? stage.manifest
+    : { ...stage.manifest, shape: { ...stage.manifest.shape, maxPositions: init.maxContextTokens } }
   const modelId = node.modelId
   const maxRequests = init.maxRequests ?? 8
   let codec: TextCodec | undefined
@@ -76,9 +108,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
-    if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
+    const text = codec
+    if (text === undefined) throw new ShuttingDownError('the pipeline service is not running')
     if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = admitPrompt(codec, request, manifest.shape)
+    const promptIds = await admitPrompt(text, request, manifest.shape, signal)
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
     const scope = requestScope(signal, request.deadline)
@@ -92,10 +125,20 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
     })
+    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
     try {
       await source.connect(scope.signal)
+      wrapped = init.sourceWrapper?.wrapChain({ request, manifest, chain: source })
+      // Prefill before `start`, as the local engine does: a chain that cannot be completed is then
+      // a plain HTTP error (503), streaming or not, and `start` names the chain that answered.
+      let tokens: TokenSource = wrapped ?? source
+      if (request.maxTokens === undefined || request.maxTokens > 0) {
+        const inner = tokens
+        const first = await inner.prefill(promptIds, scope.signal)
+        tokens = { prefill: async () => first, decode: async (t, p, s) => await inner.decode(t, p, s) }
+      }
       yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      for await (const event of generateSequence({ source, codec, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
         if (event.type !== 'end') {
           yield event
           continue
@@ -110,6 +153,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     } finally {
       scope.dispose()
       active--
+      await wrapped?.close?.().catch(() => {})
       await source.close()
     }
   }
@@ -118,9 +162,15 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     async start () {
       if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
       codec = await loadTextCodec(init.shardDir, manifest)
+      await init.sourceWrapper?.start?.({ modelId, manifest })
       created = Math.floor(Date.now() / 1000)
     },
-    async stop () { codec = undefined },
+    async stop () {
+      const c = codec
+      codec = undefined
+      await c?.close()
+      await init.sourceWrapper?.stop?.()
+    },
     models (): ModelCard[] {
       if (codec === undefined) return []
       const description = init.description ?? manifest.description

@@ -1,6 +1,6 @@
 /**
  * A stage node: one StageEngine (this node's layers, shared by every request) behind the
- * /shoal/stage/1.0.0 links. As a middle or last stage it serves open / activation / cancel frames:
+ * /shoal/stage/2.0.0 links. As a middle or last stage it serves open / activation / cancel frames:
  * KV is keyed by request id; activations of one request run in order, different requests
  * interleave freely (while this stage steps request A, its neighbours step B and C); the last stage
  * samples and sends only the token id to the coordinator. As the coordinator it lets a chain token
@@ -8,7 +8,9 @@
  * (which also means "finished"), on error, at its deadline, after an idle timeout, and when the
  * link to the neighbour it depends on goes down; nothing waits without a bound. With a batcher,
  * the steps of every request waiting for this stage (the coordinator's own stage-0 steps included)
- * share engine runs.
+ * share engine runs. Speculative decoding: an activation that starts before what a stage holds
+ * first sets the request's KV back to its start (drafts the chain rejected), and the last stage
+ * answers a verify activation with a verdict (accepted drafts, its own next token).
  */
 import { createHash } from 'node:crypto'
 import type { Hash } from 'node:crypto'
@@ -22,10 +24,11 @@ import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
 import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
 import type { OpenBody, StageFrame } from './wire.ts'
+import { checkDrafts } from './verify.ts'
 
 export interface StageNodeInit extends LinkOptions {
-  /** Started by the caller; the node never starts or stops it. */
-  engine: StageEngine
+  /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
+  engine: StageEngine & { rollback?: (seqId: string, length: number, signal?: AbortSignal) => Promise<void> }
   /** Over `engine`, started by the caller: when given, every step goes through it (shared runs). */
   batcher?: Batcher
   modelId: string
@@ -34,6 +37,8 @@ export interface StageNodeInit extends LinkOptions {
   idleTimeoutMs?: number
   /** Signs this stage's receipt part when a request finishes; without it no part is sent. */
   signer?: { peerId: string, secretKey: Uint8Array }
+  /** Why the upstream peer of an open frame may not have this stage work for it (certificate roles); answered as an error frame. */
+  authorize?: (from: string) => Error | undefined
 }
 
 export interface StageNodeStats {
@@ -46,8 +51,8 @@ export interface StageNodeStats {
 
 /** Token and error frames of one coordinated request, plus losses of the peers it runs on. */
 export interface TokenWatch {
-  /** The next token frame; rejects with the request's typed error, or signal.reason. */
-  next (signal: AbortSignal): Promise<{ position: number, tokenId: number }>
+  /** The next token or verdict frame (`accepted` set for a verdict); rejects with the request's typed error, or signal.reason. */
+  next (signal: AbortSignal): Promise<{ position: number, tokenId: number, accepted?: number }>
   /** Signed receipt parts received; waits until `count` stages have answered or the signal fires. */
   parts (count: number, signal: AbortSignal): Promise<Array<Record<string, unknown>>>
   close (): void
@@ -61,10 +66,16 @@ export interface StageNode {
   start (): Promise<void>
   stop (): Promise<void>
   send (peerId: string, frame: StageFrame, signal: AbortSignal): Promise<void>
-  /** One step of one sequence on this node's stage (through the batcher when there is one); logits of the last position, or its picked token. */
-  step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal): Promise<StepOutput>
+  /**
+   * One step of one sequence on this node's stage (through the batcher when there is one); logits
+   * of the last position, or its picked token. `verify`: the positions are a token and its drafts
+   * (scheduled as a decode), with logits of the last `logitsToKeep` rows.
+   */
+  step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput>
   /** The sequence is done here: its batcher company is not waited for and its KV is freed. */
   free (seqId: string): Promise<void>
+  /** Sets a sequence's KV back to its first `length` positions (speculative drafts rejected). */
+  rollback (seqId: string, length: number, signal: AbortSignal): Promise<void>
   /**
    * Sequences one engine run should take now so this node's requests move through their chain in
    * one wave per stage (⌈requests here / stages⌉): the batcher's cap, so batching never marches
@@ -91,11 +102,13 @@ interface Served {
   rowsIn: number
   rowsOut: number
   startedAt: number
+  /** Positions this stage's KV holds for the request. */
+  held: number
 }
 
 interface Watch {
   peers: Set<string>
-  queue: Array<{ position: number, tokenId: number } | Error>
+  queue: Array<{ position: number, tokenId: number, accepted?: number } | Error>
   parts: Array<Record<string, unknown>>
   wake: (() => void) | undefined
 }
@@ -119,11 +132,18 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     links.send(peerId, frame, AbortSignal.timeout(SEND_TIMEOUT_MS)).catch(() => {})
   }
 
-  async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal): Promise<StepOutput> {
+  async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
     const picking = pick === undefined ? {} : { pick }
     const batcher = init.batcher
-    if (batcher === undefined) return await engine.step(seqId, input, positions, { logitsToKeep: 1, ...picking }, signal)
-    return await batcher.submit({ seqId, kind: positions.length > 1 ? 'prefill' : 'decode', input, positions, logitsToKeep: 1, ...picking }, signal)
+    const logitsToKeep = verify?.logitsToKeep ?? 1
+    if (batcher === undefined) return await engine.step(seqId, input, positions, { logitsToKeep, ...picking }, signal)
+    // A verify (several positions) is a decode: it holds a live stream's next tokens.
+    return await batcher.submit({ seqId, kind: positions.length > 1 && verify === undefined ? 'prefill' : 'decode', input, positions, logitsToKeep, ...picking }, signal)
+  }
+
+  async function rollback (seqId: string, length: number, signal: AbortSignal): Promise<void> {
+    if (engine.rollback === undefined) throw new StageConfigError('this stage engine cannot roll a sequence back (no speculative decoding)')
+    await engine.rollback(seqId, length, signal)
   }
 
   async function free (seqId: string): Promise<void> {
@@ -173,6 +193,8 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     const o = f.open
     try {
       if (served.has(f.requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${f.requestId} is already open here`)
+      const refused = init.authorize?.(from)
+      if (refused !== undefined) throw refused
       checkOpen(o)
     } catch (err) {
       sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(err) })
@@ -194,6 +216,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       rowsIn: 0,
       rowsOut: 0,
       startedAt: Date.now(),
+      held: 0,
     }
     if (last) {
       s.rng = createRng(o.sampling.seed)
@@ -224,15 +247,30 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     const positions = Array.from({ length: f.rows }, (_, i) => f.start + i)
     s.tail = s.tail.then(async () => {
       if (served.get(s.id) !== s) return
+      if (f.start > s.held) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `activation starts at ${f.start}; this stage holds ${s.held} positions`)
+      // Drafts the chain rejected: the KV goes back to where this activation starts.
+      if (f.start < s.held) await rollback(s.id, f.start, s.ctl.signal)
+      s.held = f.start
+      const verify = f.drafts
       // The last stage picks the token in its engine worker (the draw from this sequence's seeded
-      // generator made here first), so only the id comes back from the worker.
-      const pick = s.next === undefined && f.final ? nextPick(s.open.sampling, s.rng!) : undefined
-      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal)
+      // generator made here first), so only the id comes back from the worker; a verify needs the
+      // logits of every row instead.
+      const pick = s.next === undefined && f.final && verify === undefined ? nextPick(s.open.sampling, s.rng!) : undefined
+      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: s.next === undefined ? f.rows : 1 })
+      s.held = f.start + f.rows
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
         s.produced.update(bytesOf(out.data))
         s.rowsOut += out.count
-        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data }, s.ctl.signal)
+        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }) }, s.ctl.signal)
+      } else if (verify !== undefined) {
+        if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
+        // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
+        const { accepted, tokenId } = checkDrafts(out.data, out.vocab, verify, s.open.sampling, s.rng!)
+        const position = f.start + accepted + 1
+        s.produced.update(new Uint8Array(Uint32Array.of(position, tokenId).buffer))
+        s.rowsOut += accepted + 1
+        await links.send(s.open.returnTo, { kind: 'verdict', requestId: s.id, position, accepted, tokenId }, s.ctl.signal)
       } else if (f.final) {
         if (out.kind !== 'token') throw new StageConfigError('the last stage must return a token')
         const tokenId = out.id
@@ -245,11 +283,11 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
 
   function onFrame (f: StageFrame, from: string): void {
     const w = watches.get(f.requestId)
-    if (w !== undefined && (f.kind === 'token' || f.kind === 'error' || f.kind === 'part')) {
+    if (w !== undefined && (f.kind === 'token' || f.kind === 'verdict' || f.kind === 'error' || f.kind === 'part')) {
       if (f.kind === 'part') {
         if (w.parts.length < w.peers.size) w.parts.push(f.part)
       } else {
-        w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : remoteError(f.error))
+        w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : f.kind === 'verdict' ? { position: f.position, tokenId: f.tokenId, accepted: f.accepted } : remoteError(f.error))
       }
       const wake = w.wake
       w.wake = undefined
@@ -276,7 +314,8 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
         if (s !== undefined) fail(s, remoteError(f.error))
         return
       }
-      case 'token': return // for a request no longer watched
+      case 'token':
+      case 'verdict': return // for a request no longer watched
     }
   }
 
@@ -338,6 +377,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     send: async (peerId, frame, signal) => { await links.send(peerId, frame, signal) },
     step,
     free,
+    rollback,
     waveCap,
     watch (requestId, peers) {
       if (watches.has(requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${requestId} is already watched`)

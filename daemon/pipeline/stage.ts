@@ -1,16 +1,15 @@
 /**
  * A served stage: `--model SHARDDIR@A-B` loads only the graph (and weights) of the stage holding
- * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/1.0.0 with it.
+ * layers A..B, in one StageEngine shared by every request, and serves /shoal/stage/2.0.0 with it.
  * The steps of all requests waiting for the stage meet in one micro-batcher (as a local model's
  * do), so interleaved chains share engine runs. The manifest hash it reports (sha256 of
  * manifest.json) keeps chains to stages of one compilation.
  */
-import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
-import type { Batcher, BatchLimits } from '../batcher/index.ts'
-import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../engine/index.ts'
-import type { BackendName } from '../engine/index.ts'
+import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
+import { chooseStageGraphs, createBatchedExecutor, createStageEngine, resolveGraphChoice, stageInfoFor, stageInfoOf } from '../engine/index.ts'
+import type { BackendName, GraphMode } from '../engine/index.ts'
 import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
@@ -40,6 +39,10 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   modelId?: string
   backend?: BackendName
   device?: string
+  /** Dynamic or static graphs; 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir). */
+  cacheDir?: string
   threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
@@ -57,6 +60,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   budgetMs?: number
   /** Where the batcher's metrics go. */
   metrics?: Registry
+  /** Why an upstream peer may not have this stage work for it (certificate roles), or undefined. */
+  authorize?: (from: string) => Error | undefined
 }
 
 export interface PipelineStage {
@@ -66,6 +71,8 @@ export interface PipelineStage {
   readonly stageIndex: number
   /** What to declare in capabilities (mesh ServedModel). */
   served (): { id: string, manifestHash: string, layers: [number, number], totalLayers: number, maxContextTokens: number }
+  /** The stage batcher's queue and rate (undefined without batching), for the dashboard. */
+  load (): BatcherLoad | undefined
   start (): Promise<void>
   stop (): Promise<void>
 }
@@ -78,11 +85,15 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     throw new StageConfigError(`${init.shardDir} has no stage for layers ${init.layers.join('-')} (stages: ${manifest.stages.map(s => s.layers.join('-')).join(', ')})`)
   }
   const st = manifest.stages[stageIndex]!
+  const device = init.device ?? 'CPU'
+  const choice = chooseStageGraphs(manifest, stageIndex, device, init.graphs)
+  const stageInfo = stageInfoFor(stageInfoOf(manifest, stageIndex), choice)
   const engine = createStageEngine({
-    graphPath: join(init.shardDir, ...st.graph.split('/')),
-    stage: stageInfoOf(manifest, stageIndex),
+    ...resolveGraphChoice(init.shardDir, choice),
+    stage: stageInfo,
     backend: init.backend ?? 'onnxruntime',
-    device: init.device ?? 'CPU',
+    device,
+    ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })
@@ -100,10 +111,12 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
   waveCap = () => node.waveCap()
   return {
     node,
-    manifest,
+    // On static graphs this stage holds at most its KV budget: its manifest says so to a coordinator.
+    manifest: stageInfo.maxPositions < manifest.shape.maxPositions ? { ...manifest, shape: { ...manifest.shape, maxPositions: stageInfo.maxPositions } } : manifest,
     manifestHash,
     stageIndex,
-    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: manifest.shape.maxPositions }),
+    served: () => ({ id: modelId, manifestHash, layers: [st.layers[0], st.layers[1]], totalLayers: manifest.shape.numLayers, maxContextTokens: stageInfo.maxPositions }),
+    load: () => batcher?.load(),
     async start () {
       await engine.start()
       try {

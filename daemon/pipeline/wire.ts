@@ -1,16 +1,22 @@
 /**
- * The /shoal/stage/1.0.0 wire format: frames between consecutive stages of a pipeline chain, many
+ * The /shoal/stage/2.0.0 wire format: frames between consecutive stages of a pipeline chain, many
  * requests interleaved on one long-lived stream per neighbour pair.
  *
  * A frame is an unsigned-varint length, then a payload (all integers little-endian):
- *   u8 version (1) | u8 kind | u8 n | n bytes request id (UTF-8; n = 0 only in link-level errors) | body
+ *   u8 version (2) | u8 kind | u8 n | n bytes request id (UTF-8; n = 0 only in link-level errors) | body
  * Bodies:
  *   open        JSON (fixed key order): model, manifest hash, the chain, this hop, who gets the
  *               tokens, sampling params, RNG draws to skip (replay), deadline
- *   activation  u8 flags (bit 0: final — the last stage samples after this one) | u8 dtype (1 = f32)
- *               | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position | u32 rows
- *               | u32 width | rows × width raw f32 (positions start .. start + rows - 1)
+ *   activation  u8 flags (bit 0: final — the last stage samples after this one; bit 1: verify) | u8
+ *               dtype (1 = f32) | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position
+ *               | u32 rows | u32 width | with verify: u32 k | k × u32 draft token ids | rows × width
+ *               raw f32 (positions start .. start + rows - 1). A stage holding more positions than
+ *               `start` first sets the request's KV back to `start` (rejected speculative drafts).
+ *               Verify (speculative decoding, version 2): the rows are a token and its k = rows − 1
+ *               drafts; the last stage checks the drafts (greedy by id, or sampled: verify.ts).
  *   token       u32 position | u32 token id (the last stage's answer: ids, not logits)
+ *   verdict     u32 position | u32 accepted | u32 token id: the last stage's answer to a verify —
+ *               how many drafts stand, and its own token after them (at `position`)
  *   error       JSON {name, code, message[, peerId]}
  *   cancel      empty (drop the request's state here and downstream)
  *   finish      empty (the request completed: each stage sends its signed receipt part to the
@@ -23,15 +29,18 @@ import type { Uint8ArrayList } from 'uint8arraylist'
 import type { SerializedError } from '../errors.ts'
 import { StageWireError } from './errors.ts'
 
-export const STAGE_PROTOCOL = '/shoal/stage/1.0.0'
-export const STAGE_WIRE_VERSION = 1
+/** 2.0.0: activation frames may carry drafts to verify (speculative decoding), answered by verdict frames. */
+export const STAGE_PROTOCOL = '/shoal/stage/2.0.0'
+export const STAGE_WIRE_VERSION = 2
+/** Drafts one verify frame may carry. */
+export const MAX_VERIFY_DRAFTS = 255
 /** One prefill chunk of a large model's activations fits (256 × 8192 × 4 = 8 MiB). */
 export const MAX_FRAME_BYTES = 16 * 1024 * 1024
 export const MAX_REQUEST_ID_BYTES = 255
 const MAX_ERROR_MESSAGE_CHARS = 2048
 const DTYPE_F32 = 1
 
-const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7 } as const
+const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7, verdict: 8 } as const
 export type StageFrameKind = keyof typeof KIND_CODES
 const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as StageFrameKind]))
 
@@ -61,8 +70,10 @@ export interface OpenBody {
 
 export type StageFrame =
   | { kind: 'open', requestId: string, open: OpenBody }
-  | { kind: 'activation', requestId: string, start: number, final: boolean, rows: number, width: number, data: Float32Array }
+  /** `drafts`: a verify (rows = drafts.length + 1, final). */
+  | { kind: 'activation', requestId: string, start: number, final: boolean, rows: number, width: number, data: Float32Array, drafts?: number[] }
   | { kind: 'token', requestId: string, position: number, tokenId: number }
+  | { kind: 'verdict', requestId: string, position: number, accepted: number, tokenId: number }
   /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
   | { kind: 'error', requestId: string, error: SerializedError & { peerId?: string } }
   | { kind: 'cancel', requestId: string }
@@ -160,16 +171,25 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
     case 'activation': {
       if (!isU32(f.start) || !isU32(f.rows) || !isU32(f.width) || f.rows === 0 || f.width === 0) throw malformed('activation: start, rows and width must be u32, rows and width > 0')
       if (f.data.length !== f.rows * f.width) throw malformed(`activation: ${f.data.length} values for ${f.rows} × ${f.width}`)
+      const drafts = f.drafts
+      if (drafts !== undefined) {
+        if (!f.final || drafts.length + 1 !== f.rows || drafts.length > MAX_VERIFY_DRAFTS || !drafts.every(isU32)) throw malformed(`activation: a verify is final and carries rows − 1 (≤ ${MAX_VERIFY_DRAFTS}) u32 drafts`)
+      }
       const idLen = utf8.encode(f.requestId).length
       const pad = (4 - ((3 + idLen + 3) % 4)) % 4
-      const { out, at } = header('activation', f.requestId, 3 + pad + 12)
-      out[at] = f.final ? 1 : 0
+      const extra = drafts === undefined ? 0 : 4 + 4 * drafts.length
+      const { out, at } = header('activation', f.requestId, 3 + pad + 12 + extra)
+      out[at] = (f.final ? 1 : 0) | (drafts === undefined ? 0 : 2)
       out[at + 1] = DTYPE_F32
       out[at + 2] = 2
-      const dv = new DataView(out.buffer, out.byteOffset + at + 3 + pad, 12)
+      const dv = new DataView(out.buffer, out.byteOffset + at + 3 + pad, 12 + extra)
       dv.setUint32(0, f.start, true)
       dv.setUint32(4, f.rows, true)
       dv.setUint32(8, f.width, true)
+      if (drafts !== undefined) {
+        dv.setUint32(12, drafts.length, true)
+        drafts.forEach((t, i) => dv.setUint32(16 + 4 * i, t, true))
+      }
       return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
     }
     case 'token': {
@@ -178,6 +198,15 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
       const dv = new DataView(out.buffer, out.byteOffset + at, 8)
       dv.setUint32(0, f.position, true)
       dv.setUint32(4, f.tokenId, true)
+      return [out]
+    }
+    case 'verdict': {
+      if (!isU32(f.position) || !isU32(f.accepted) || !isU32(f.tokenId)) throw malformed('verdict: position, accepted and token id must be u32')
+      const { out, at } = header('verdict', f.requestId, 12)
+      const dv = new DataView(out.buffer, out.byteOffset + at, 12)
+      dv.setUint32(0, f.position, true)
+      dv.setUint32(4, f.accepted, true)
+      dv.setUint32(8, f.tokenId, true)
       return [out]
     }
     case 'cancel':
@@ -271,18 +300,35 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       const dv = new DataView(body.buffer, body.byteOffset, 8)
       return { kind, requestId, position: dv.getUint32(0, true), tokenId: dv.getUint32(4, true) }
     }
+    case 'verdict': {
+      if (body.length !== 12) throw body.length < 12 ? truncated('verdict frame is short') : malformed('verdict frame is too long')
+      const dv = new DataView(body.buffer, body.byteOffset, 12)
+      return { kind, requestId, position: dv.getUint32(0, true), accepted: dv.getUint32(4, true), tokenId: dv.getUint32(8, true) }
+    }
     case 'activation': {
       const pad = (4 - ((at + 3) % 4)) % 4
-      const dataAt = 3 + pad + 12
+      let dataAt = 3 + pad + 12
       if (body.length < dataAt) throw truncated('activation header is short')
       if (body[1] !== DTYPE_F32) throw malformed(`activation dtype ${body[1]} is not supported (1 = f32)`)
       if (body[2] !== 2) throw malformed(`activation rank ${body[2]} is not 2`)
-      if ((body[0] as number) > 1) throw malformed('activation has unknown flags')
+      const flags = body[0] as number
+      if (flags > 3) throw malformed('activation has unknown flags')
       const dv = new DataView(body.buffer, body.byteOffset + 3 + pad, 12)
       const start = dv.getUint32(0, true)
       const rows = dv.getUint32(4, true)
       const width = dv.getUint32(8, true)
       if (rows === 0 || width === 0) throw malformed('activation has an empty shape')
+      let drafts: number[] | undefined
+      if ((flags & 2) !== 0) {
+        if ((flags & 1) === 0) throw malformed('a verify activation must be final')
+        if (body.length < dataAt + 4) throw truncated('verify drafts are short')
+        const k = new DataView(body.buffer, body.byteOffset + dataAt, 4).getUint32(0, true)
+        if (k > MAX_VERIFY_DRAFTS || k + 1 !== rows) throw malformed(`a verify of ${rows} rows carries ${k} drafts`)
+        if (body.length < dataAt + 4 + 4 * k) throw truncated('verify drafts are short')
+        const ids = new DataView(body.buffer, body.byteOffset + dataAt + 4, 4 * k)
+        drafts = Array.from({ length: k }, (_, i) => ids.getUint32(4 * i, true))
+        dataAt += 4 + 4 * k
+      }
       const bytes = rows * width * 4
       const have = body.length - dataAt
       if (have !== bytes) throw have < bytes ? truncated(`activation holds ${have} of ${bytes} tensor bytes`) : malformed(`activation has ${have - bytes} bytes past its tensor`)
@@ -295,7 +341,9 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
         data = new Float32Array(rows * width)
         new Uint8Array(data.buffer).set(body.subarray(dataAt))
       }
-      return { kind, requestId, start, final: body[0] === 1, rows, width, data }
+      return drafts === undefined
+        ? { kind, requestId, start, final: (flags & 1) === 1, rows, width, data }
+        : { kind, requestId, start, final: true, rows, width, data, drafts }
     }
   }
 }

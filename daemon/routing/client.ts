@@ -11,10 +11,10 @@ import type { Stream } from '@libp2p/interface'
 import type { GenerateEvent, GenerateRequest } from '../service.ts'
 import {
   DeadlineExceededError, ForwardAbortedError, ForwardError, InferWireError, PeerLostError,
-  PeerUnavailableError, RemoteError,
+  PeerUnavailableError, RemoteError, RequestTooLargeError,
 } from './errors.ts'
 import type { ForwardPhase } from './errors.ts'
-import { createFrameReader, raceAbort, writeFrame } from './frame-stream.ts'
+import { createFrameReader, raceAbort } from './frame-stream.ts'
 import { encodeFrame, MAX_FRAME_BYTES } from './wire.ts'
 
 /** Opens a stream for /shoal/infer/1.0.0 to one peer (the mesh's `openStream(peerId, protocol, signal)`). */
@@ -53,6 +53,19 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
   let phase: ForwardPhase = 'before-start'
   if (signal.aborted) throw new ForwardAbortedError(phase, peer, { cause: signal.reason })
   if (Date.now() >= request.deadline) throw new DeadlineExceededError('the deadline passed before forwarding', phase, peer)
+
+  // Encoded before dialing: a request no frame can carry (a prompt of megabytes) is the client's
+  // problem, and would be on every replica — a 413, never a retryable "peer unavailable".
+  let requestBytes: Uint8Array
+  try {
+    // Each UTF-16 unit is at least one byte: a prompt this long cannot fit, and is not encoded to find out.
+    const chars = promptLength(request)
+    if (chars > maxFrameBytes) throw new InferWireError('SHOAL_ERR_INFER_TOO_LARGE', `a prompt of ${chars} characters exceeds the ${maxFrameBytes}-byte frame cap`)
+    requestBytes = encodeFrame({ kind: 'request', requestId: request.requestId, request }, maxFrameBytes)
+  } catch (err) {
+    if ((err as { code?: unknown }).code !== 'SHOAL_ERR_INFER_TOO_LARGE') throw err
+    throw new RequestTooLargeError(`the request is too large to run on another node (${(err as Error).message}); shorten the prompt`, peer)
+  }
 
   const ctl = new AbortController()
   const onCallerAbort = (): void => ctl.abort({ why: 'caller', reason: signal.reason } satisfies Stop)
@@ -115,7 +128,7 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
     stream = await bounded(async () => await opened, firstMs)
     reader = createFrameReader(stream, maxFrameBytes)
     const s = stream
-    await bounded(async () => { await writeFrame(s, { kind: 'request', requestId: request.requestId, request }, ctl.signal, maxFrameBytes) }, firstMs)
+    await bounded(async () => { if (!s.send(requestBytes)) await s.onDrain({ signal: ctl.signal }) }, firstMs)
     while (true) {
       const r = reader
       const frame = await bounded(async () => await r.next(ctl.signal), phase === 'before-start' ? firstMs : idleMs)
@@ -153,6 +166,16 @@ export async function * forwardGenerate (open: StreamOpener, request: GenerateRe
     if (stream !== undefined) release(stream, settled ? undefined : request.requestId, maxFrameBytes)
     ctl.abort({ why: 'caller', reason: 'done' } satisfies Stop)
   }
+}
+
+/** UTF-16 units of the request's text (a lower bound on its encoded bytes). */
+function promptLength (request: GenerateRequest): number {
+  const p = request.prompt
+  if (p.kind === 'text') return p.text.length
+  if (p.kind === 'tokens') return p.ids.length
+  let n = 0
+  for (const m of p.messages) n += m.content.length + m.role.length + (m.name?.length ?? 0)
+  return n
 }
 
 /** Closes our side; first tells the peer to stop when it has not finished. Never waits long. */

@@ -99,6 +99,14 @@ export class DeadlineExceededError extends ForwardError {
   }
 }
 
+/** The request cannot travel at all (its frame exceeds the cap): 413, and no other replica would take it either. */
+export class RequestTooLargeError extends ForwardError {
+  override name = 'RequestTooLargeError'
+  constructor (message: string, peerId?: string) {
+    super('SHOAL_ERR_CONTEXT_LENGTH', message, 'before-start', false, peerId)
+  }
+}
+
 /** The caller aborted (client went away). */
 export class ForwardAbortedError extends ForwardError {
   override name = 'ForwardAbortedError'
@@ -125,10 +133,13 @@ export const RETRYABLE_CODES: ReadonlySet<string> = new Set([
 export class RemoteError extends ForwardError {
   /** The peer's own retry estimate when it was overloaded (the ingress's Retry-After). */
   readonly retryAfterMs: number | undefined
-  constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number }, phase: ForwardPhase, peerId?: string) {
+  /** The request field the peer named (OpenAI's `param`), carried to the client unchanged. */
+  readonly param: string | undefined
+  constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number, param?: string }, phase: ForwardPhase, peerId?: string) {
     super(remote.code, remote.message, phase, RETRYABLE_CODES.has(remote.code), peerId)
     this.name = remote.name
     this.retryAfterMs = remote.retryAfterMs
+    this.param = remote.param
   }
 }
 

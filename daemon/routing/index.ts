@@ -19,11 +19,13 @@ export { handleInferStream, withRouteHop, DEFAULT_REQUEST_TIMEOUT_MS } from './s
 export type { InferHandlerOptions } from './server.ts'
 export { createRoutedService } from './routed-service.ts'
 export type { RoutedService, RoutedServiceInit, RoutedServiceComponents } from './routed-service.ts'
+export { preferPrefixHolder, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
+export type { PrefixCandidate, PrefixPreference, PrefixRoutePolicy } from './prefix-route.ts'
 export { createAffinityTable } from './affinity.ts'
 export type { AffinityTable } from './affinity.ts'
 export {
   InferWireError, OverloadedError, NoEligibleNodeError, ModelNotFoundError, ChainIncompleteError,
   ForwardError, PeerUnavailableError, PeerLostError, DeadlineExceededError, ForwardAbortedError,
-  RemoteError, RETRYABLE_CODES, isRetryable,
+  RemoteError, RequestTooLargeError, RETRYABLE_CODES, isRetryable,
 } from './errors.ts'
 export type { InferWireErrorCode, ForwardPhase } from './errors.ts'

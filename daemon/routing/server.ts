@@ -8,6 +8,7 @@ import type { Stream } from '@libp2p/interface'
 import { serializeError, ShoalError } from '../errors.ts'
 import type { SerializedError } from '../errors.ts'
 import type { GenerateEvent, InferenceService } from '../service.ts'
+import { findLoneSurrogate } from '../text/index.ts'
 import { InferWireError } from './errors.ts'
 import { createFrameReader, raceAbort, writeFrame } from './frame-stream.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
@@ -62,6 +63,13 @@ export async function handleInferStream (stream: Stream, service: InferenceServi
       return
     }
     const request = first.request
+    // The ingress refuses these already; a peer that did not is answered the same way, before
+    // anything is generated whose receipt could not be hashed.
+    const illFormed = findLoneSurrogate(request.prompt) ?? findLoneSurrogate(request.stop)
+    if (illFormed !== undefined) {
+      await sendError(serializeError(new ShoalError('SHOAL_ERR_BAD_REQUEST', 'the request holds a lone UTF-16 surrogate (not valid Unicode text)')))
+      return
+    }
     const untilDeadline = request.deadline - Date.now()
     if (untilDeadline <= 0) {
       await sendError(serializeError(new ShoalError('SHOAL_ERR_DEADLINE', 'the deadline passed before the request arrived')))

@@ -21,6 +21,8 @@ export const MAX_FRAME_BYTES = 4 * 1024 * 1024
 export const MAX_REQUEST_ID_BYTES = 256
 /** Error messages are cut here so an error frame always fits. */
 const MAX_ERROR_MESSAGE_CHARS = 4096
+/** The request field an error names (OpenAI's `param`), e.g. `max_tokens`; optional, after retryAfterMs. */
+const MAX_ERROR_PARAM_CHARS = 256
 
 /** Bound on route hops and receipt parts a frame may carry (one per executing node). */
 const MAX_HOPS = 64
@@ -160,7 +162,11 @@ function decodeEnd (v: unknown): EndEvent {
 function decodeError (v: unknown): SerializedError {
   if (!isObj(v) || !isStr(v.name) || !isStr(v.code) || !isStr(v.message)) throw malformed('error body is malformed')
   if (v.retryAfterMs !== undefined && !(isNum(v.retryAfterMs) && v.retryAfterMs >= 0)) throw malformed('error.retryAfterMs must be a non-negative number')
-  return v.retryAfterMs === undefined ? { name: v.name, code: v.code, message: v.message } : { name: v.name, code: v.code, message: v.message, retryAfterMs: v.retryAfterMs }
+  if (v.param !== undefined && !(isStr(v.param) && v.param.length <= MAX_ERROR_PARAM_CHARS)) throw malformed('error.param must be a short string')
+  const out: SerializedError = { name: v.name, code: v.code, message: v.message }
+  if (v.retryAfterMs !== undefined) out.retryAfterMs = v.retryAfterMs
+  if (v.param !== undefined) out.param = v.param
+  return out
 }
 
 function encodeDelta (e: DeltaEvent): Uint8Array {
@@ -215,6 +221,7 @@ function bodyOf (f: InferFrame): Uint8Array {
       code: f.error.code,
       message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS),
       ...(f.error.retryAfterMs === undefined ? {} : { retryAfterMs: f.error.retryAfterMs }),
+      ...(f.error.param === undefined ? {} : { param: f.error.param.slice(0, MAX_ERROR_PARAM_CHARS) }),
     }))
     case 'cancel': return new Uint8Array(0)
   }

@@ -5,6 +5,14 @@
  * BOS: text and chat prompts are encoded without the tokenizer's own special tokens, then get BOS
  * per the manifest's `addBosToken` unless they already start with it (a template that writes
  * `{{ bos_token }}` already added it). Token-id prompts are used as given.
+ *
+ * Long prompts: tokenizing costs about a microsecond per character on the calling thread, so
+ * `encodePromptAsync` runs prompts longer than `offloadAboveChars` in a worker thread (the event
+ * loop stays free), and `minPromptTokens` bounds a prompt's length from its characters alone (no
+ * token of the vocabulary covers more characters than its longest entry), so a prompt that cannot
+ * fit a context is refused before any tokenizing. The bound assumes the normalizer does not delete
+ * characters (none of the Llama, Qwen, Phi or GPT-2 families' does) and the chat template renders
+ * every message's content (the ones those families ship do; Llama-2's strips its ends).
  */
 import { readFile } from 'node:fs/promises'
 import { basename, join } from 'node:path'
@@ -16,10 +24,25 @@ import { chatTemplateSource, compileChatTemplate, specialTokenText } from './cha
 import type { ChatTemplate } from './chat-template.ts'
 import { createStreamingDetokenizer } from './detok.ts'
 import type { StreamingDetokenizer } from './detok.ts'
+import { createTokenizerThread } from './tokenizer-thread.ts'
+import type { TokenizerThread } from './tokenizer-thread.ts'
+
+/** Prompts up to this many characters are tokenized inline (a few ms at most). */
+export const DEFAULT_OFFLOAD_ABOVE_CHARS = 4096
+/** Characters per token assumed when the vocabulary's form is not one we read. */
+const FALLBACK_MAX_CHARS_PER_TOKEN = 64
 
 export interface TextCodec {
   /** Prompt → token ids (chat rendered through the template; BOS per the rule above). */
   encodePrompt (prompt: PromptInput): number[]
+  /** The same ids; long prompts are tokenized in a worker thread, off the event loop. */
+  encodePromptAsync (prompt: PromptInput, signal?: AbortSignal): Promise<number[]>
+  /** A lower bound on the prompt's token count from its length alone (no tokenizing). */
+  minPromptTokens (prompt: PromptInput): number
+  /** The most characters one token of this vocabulary covers. */
+  readonly maxCharsPerToken: number
+  /** Stops the tokenizer worker, if one was started. */
+  close (): Promise<void>
   /** Plain text → ids, no special tokens added. */
   encode (text: string): number[]
   /** Ids → text, special tokens skipped. */
@@ -35,6 +58,39 @@ export interface TextCodecInit {
   /** Overrides tokenizer_config's chat_template (e.g. from chat_template.jinja). */
   chatTemplate?: string
   generation: GenerationDefaults
+  /** Prompts longer than this (characters) are tokenized in a worker thread. Default DEFAULT_OFFLOAD_ABOVE_CHARS. */
+  offloadAboveChars?: number
+}
+
+/** The longest vocabulary entry or added token, in UTF-16 units (what `String.length` counts). */
+export function longestTokenChars (tokenizerJson: object): number {
+  const json = tokenizerJson as { model?: { vocab?: unknown }, added_tokens?: Array<{ content?: unknown }> }
+  const vocab = json.model?.vocab
+  let keys: string[]
+  if (Array.isArray(vocab)) keys = vocab.map(v => Array.isArray(v) && typeof v[0] === 'string' ? v[0] : '') // Unigram: [piece, score]
+  else if (typeof vocab === 'object' && vocab !== null) keys = Object.keys(vocab)
+  else return FALLBACK_MAX_CHARS_PER_TOKEN
+  let max = 1
+  for (const k of keys) if (k.length > max) max = k.length
+  for (const t of json.added_tokens ?? []) if (typeof t.content === 'string' && t.content.length > max) max = t.content.length
+  return max
+}
+
+/**
+ * Characters a prompt brings to the tokenizer: its text, or its messages' contents (chat
+ * templates render each message's content and add their own markup; roles may be rendered as
+ * other words, so they are not counted).
+ */
+function promptChars (prompt: PromptInput): number {
+  switch (prompt.kind) {
+    case 'tokens': return 0
+    case 'text': return prompt.text.length
+    case 'chat': {
+      let n = 0
+      for (const m of prompt.messages) n += m.content.length
+      return n
+    }
+  }
 }
 
 export function createTextCodec (init: TextCodecInit): TextCodec {
@@ -54,10 +110,29 @@ export function createTextCodec (init: TextCodecInit): TextCodec {
   // tokenizers.js throws on an empty list; an empty window is common in streaming.
   const decode = (ids: number[]): string => ids.length === 0 ? '' : tokenizer.decode(ids, { skip_special_tokens: true })
 
-  return {
+  const maxCharsPerToken = longestTokenChars(init.tokenizerJson)
+  const offloadAbove = init.offloadAboveChars ?? DEFAULT_OFFLOAD_ABOVE_CHARS
+  let thread: TokenizerThread | undefined
+
+  const codec: TextCodec = {
     hasChatTemplate: template !== undefined,
+    maxCharsPerToken,
     encode,
     decode,
+    minPromptTokens (prompt) {
+      return prompt.kind === 'tokens' ? prompt.ids.length : Math.ceil(promptChars(prompt) / maxCharsPerToken)
+    },
+    async encodePromptAsync (prompt, signal) {
+      signal?.throwIfAborted()
+      if (prompt.kind === 'tokens' || promptChars(prompt) <= offloadAbove) return codec.encodePrompt(prompt)
+      thread ??= createTokenizerThread(init)
+      return await thread.encodePrompt(prompt, signal)
+    },
+    async close () {
+      const t = thread
+      thread = undefined
+      await t?.close()
+    },
     encodePrompt (prompt) {
       switch (prompt.kind) {
         case 'tokens': return [...prompt.ids]
@@ -78,6 +153,7 @@ export function createTextCodec (init: TextCodecInit): TextCodec {
     },
     detokenizer: () => createStreamingDetokenizer({ decode }),
   }
+  return codec
 }
 
 /** Reads the tokenizer files a manifest lists from its shard directory. */

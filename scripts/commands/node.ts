@@ -1,7 +1,8 @@
 /** `shoal node`: the mesh daemon. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
+import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
@@ -15,6 +16,12 @@ export interface NodeOptions {
   data?: string
   revocations?: string
   mdns: boolean
+  logFormat?: string
+  requireKeys?: boolean
+  tlsCert?: string
+  tlsKey?: string
+  draft?: string
+  kvCacheMb?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -26,6 +33,7 @@ export async function node (opts: NodeOptions): Promise<void> {
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     identityDir: opts.identity,
     models,
@@ -35,13 +43,18 @@ export async function node (opts: NodeOptions): Promise<void> {
     cacheRoot: cacheRoot(),
     listen: opts.listen,
     bootstrap: opts.bootstrap,
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: opts.mdns,
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...tlsOf(opts),
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
-  const daemon = createDaemon(config, { logger: cliLogger() })
+  const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
   const addrs = daemon.mesh?.libp2p.getMultiaddrs().map(a => a.toString()) ?? []
   process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
   for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
-  await runUntilSignal(daemon.stop)
+  process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
+  await runUntilSignal(daemon.stop, daemon.inFlight)
 }

@@ -1,11 +1,27 @@
 /** `shoal serve`: one machine, no mesh — a model directory behind the OpenAI API. */
 import { join } from 'node:path'
-import { configFrom, startFailure } from '../daemon-config.ts'
+import { configFrom, parseKvCacheMb, startFailure, tlsOf } from '../daemon-config.ts'
 import { ExitError } from '../exit-error.ts'
+import { resolveLogFormat } from '../logging.ts'
 import { cacheRoot } from '../paths.ts'
 import { cliLogger, runUntilSignal } from '../run-until-signal.ts'
 
-export async function serve (opts: { model: string, api: string, device: string }): Promise<void> {
+export interface ServeOptions {
+  model: string
+  api: string
+  device: string
+  data?: string
+  logFormat?: string
+  requireKeys?: boolean
+  ca?: string
+  revocations?: string
+  tlsCert?: string
+  tlsKey?: string
+  draft?: string
+  kvCacheMb?: string
+}
+
+export async function serve (opts: ServeOptions): Promise<void> {
   const { createDaemon, parseApiAddress } = await import('../../daemon/node/index.ts')
   let api
   try {
@@ -13,18 +29,26 @@ export async function serve (opts: { model: string, api: string, device: string 
   } catch (err) {
     throw new ExitError((err as Error).message)
   }
+  const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
   const config = await configFrom({
     models: [{ dir: opts.model }],
     api,
     device: opts.device,
-    dataDir: join(cacheRoot(), 'serve'),
+    dataDir: opts.data ?? join(cacheRoot(), 'serve'),
     cacheRoot: cacheRoot(),
     listen: [],
     bootstrap: [],
+    ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: false,
+    ...(opts.requireKeys === true ? { requireKeys: true } : {}),
+    ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
+    ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
+    ...tlsOf(opts),
+    ...(opts.draft === undefined ? {} : { draft: opts.draft }),
   })
-  const daemon = createDaemon(config, { logger: cliLogger() })
+  const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
   process.stdout.write(`shoal: serving ${opts.model} at ${started.apiUrl}/v1 (node ${started.peerId})\n`)
-  await runUntilSignal(daemon.stop)
+  process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
+  await runUntilSignal(daemon.stop, daemon.inFlight)
 }

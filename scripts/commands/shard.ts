@@ -1,6 +1,8 @@
 /**
  * `shoal shard`: compile a Hugging Face checkpoint into per-stage ONNX shards and a manifest.
  */
+import { existsSync } from 'node:fs'
+import { readdir, rm } from 'node:fs/promises'
 import { ExitError } from '../exit-error.ts'
 
 export interface ShardCommandOptions {
@@ -10,34 +12,63 @@ export interface ShardCommandOptions {
   layers?: string
   quant?: string
   f32Activations?: boolean
+  ops?: string
+  static?: string
+  force?: boolean
+}
+
+/** An --out that holds anything is refused unless --force: a typo must not eat a directory. */
+async function checkOut (out: string, force: boolean): Promise<void> {
+  if (!existsSync(out)) return
+  const entries = await readdir(out).catch(() => { throw new ExitError(`--out ${out} exists and is not a directory`) })
+  if (entries.length === 0) return
+  if (!force) throw new ExitError(`--out ${out} already exists and is not empty; pass --force to replace it`)
+  await rm(out, { recursive: true, force: true })
 }
 
 export async function shard (opts: ShardCommandOptions): Promise<void> {
-  const { compileShards, parseLayerRanges } = await import('../../shards/index.ts')
+  const { compileShards, createProgress, parseLayerRanges } = await import('../../shards/index.ts')
+  if (!existsSync(opts.model)) throw new ExitError(`--model ${opts.model} does not exist`)
   const quant = opts.quant ?? 'none'
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
   if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
+  const ops = opts.ops ?? 'ort-contrib'
+  if (ops !== 'ort-contrib' && ops !== 'standard') throw new ExitError(`--ops must be ort-contrib or standard, got ${ops}`)
   let stages: number | undefined
   if (opts.stages !== undefined) {
     stages = Number(opts.stages)
     if (!Number.isInteger(stages) || stages < 1) throw new ExitError(`--stages must be a positive integer, got ${opts.stages}`)
   }
+  const fixed = opts.static === undefined ? undefined : parseStatic(opts.static)
+  await checkOut(opts.out, opts.force === true)
   try {
     const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
     const m = await compileShards({
       modelDir: opts.model,
       outDir: opts.out,
       quant,
+      opSet: ops,
+      onProgress: createProgress((line) => { process.stderr.write(`shoal: ${line}\n`) }, `compiling ${opts.model}`),
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),
+      ...(fixed !== undefined ? { static: fixed } : {}),
     })
     const ranges = m.stages.map(s => `${s.layers[0]}-${s.layers[1]}`).join(', ')
-    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind} → ${opts.out}\n`)
+    const fixedNote = m.static === undefined ? '' : `, static graphs ctx ${m.static.contextLength} chunk ${m.static.chunk}`
+    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind}${fixedNote} → ${opts.out}\n`)
   } catch (err) {
     const code = (err as { code?: unknown }).code
     // Expected failures (bad checkpoint, unsupported architecture, bad split) are the user's to fix: exit 2 with the reason.
     if (typeof code === 'string' && code.startsWith('SHOAL_ERR_')) throw new ExitError(`shard: ${(err as Error).message}`)
     throw err
   }
+}
+
+/** `--static CTX[,CHUNK]`: positive integers (the compiler checks them against the model). */
+export function parseStatic (text: string): { contextLength: number, chunk?: number } {
+  const m = /^(\d+)(?:,(\d+))?$/.exec(text.trim())
+  if (m === null) throw new ExitError(`--static must be CTX or CTX,CHUNK (positive integers), got ${text}`)
+  const contextLength = Number(m[1])
+  return m[2] === undefined ? { contextLength } : { contextLength, chunk: Number(m[2]) }
 }

@@ -32,13 +32,19 @@ function formatLoad (load: MeshPeer['load']): string {
   return `q=${String(q ?? '?')} inflight=${String(f ?? '?')} tok/s=${typeof t === 'number' ? t.toFixed(1) : '?'}`
 }
 
+/** Admission first; liveness only when it is not plain 'alive' (a suspect peer is still admitted). */
+function admission (p: MeshPeer): string {
+  if (p.admitted === false) return `refused (${p.reason ?? '?'})`
+  return p.state === undefined || p.state === 'alive' ? 'admitted' : `admitted, ${p.state}`
+}
+
 export function renderStatus (snapshot: MeshSnapshot): string {
   const rows: string[][] = [['', 'NAME', 'PEER ID', 'ADMISSION', 'MODELS', 'LOAD', 'RTT']]
   const row = (p: MeshPeer, self: boolean): string[] => [
     self ? '*' : '',
     p.name ?? '-',
     p.peerId,
-    p.admitted === false ? `refused (${p.reason ?? '?'})` : (p.state ?? 'admitted'),
+    admission(p),
     formatModels(p.models),
     formatLoad(p.load),
     p.rttMs === undefined ? '-' : `${p.rttMs.toFixed(1)}ms`,
@@ -62,11 +68,14 @@ export async function status (opts: { api: string }): Promise<void> {
   }
   let res: Response
   try {
-    res = await fetch(new URL('/v1/mesh', base), { signal: AbortSignal.timeout(5000) })
+    // A node with --require-keys wants a client key: SHOAL_API_KEY (a `shoal ca key` token), as OpenAI's clients read theirs.
+    const key = process.env.SHOAL_API_KEY
+    res = await fetch(new URL('/v1/mesh', base), { signal: AbortSignal.timeout(5000), ...(key === undefined || key === '' ? {} : { headers: { authorization: `Bearer ${key}` } }) })
   } catch (err) {
     throw new ExitError(`cannot reach ${base.origin}: ${(err as Error).message}`, 1)
   }
   if (res.status === 404) throw new ExitError(`${base.origin} runs no mesh (shoal serve has none); try a shoal node's API`, 1)
+  if (res.status === 401) throw new ExitError(`${base.origin} requires a client key: set SHOAL_API_KEY to one from \`shoal ca key\``, 1)
   if (!res.ok) throw new ExitError(`${base.origin}/v1/mesh answered ${res.status}`, 1)
   process.stdout.write(renderStatus(await res.json() as MeshSnapshot) + '\n')
 }

@@ -47,7 +47,7 @@ export function standardTables (ctx: BuildContext, positionIds: string, attentio
   return { kind: 'standard', cos, sin, allowed: g.op('Unsqueeze', `${n}/Unsqueeze`, [allowed, g.i64([1, 2])]) }
 }
 
-function rotate (ctx: BuildContext, name: string, x: string, cos: string, sin: string): string {
+export function rotate (ctx: BuildContext, name: string, x: string, cos: string, sin: string): string {
   const { g } = ctx
   const half = ctx.spec.shape.headDim / 2
   const [x1, x2] = g.node('Split', `${name}/Split`, [x, g.i64([half, half])], { axis: -1 }, 2) as [string, string]
@@ -69,9 +69,10 @@ export function standardAttention (ctx: BuildContext, n: string, wn: string, io:
     if (norm !== undefined) r = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, r, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
     return g.op('Transpose', `${n}/${name}/Transpose`, [r], { perm: [0, 2, 1, 3] })
   }
-  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', io.q, H, io.qNorm), t.cos, t.sin)
-  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', io.k, kvH, io.kNorm), t.cos, t.sin)
-  const vh = heads('v', io.v, kvH)
+  const { q, k, v } = io.split()
+  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', q, H, io.qNorm), t.cos, t.sin)
+  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', k, kvH, io.kNorm), t.cos, t.sin)
+  const vh = heads('v', v, kvH)
   const presentK = g.op('Concat', `${n}/k_cache/Concat`, [io.pastK, kh], { axis: 2 })
   const presentV = g.op('Concat', `${n}/v_cache/Concat`, [io.pastV, vh], { axis: 2 })
   const q5 = g.op('Reshape', `${n}/q_groups/Reshape`, [qh, g.i64([0, kvH, rep, -1, hd])])
@@ -122,14 +123,24 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
 }
 
 /**
- * RotaryEmbedding on q and k (positions from position_ids, so any layout of positions is exact),
- * then GroupQueryAttention: causal over [0, T) with the new keys at P..T−1 (seqlens_k = T − 1 in
- * every row) plus the padding bias — the same visibility rule as the standard graph.
+ * GroupQueryAttention, causal over each row's own keys (seqlens_k from the attention mask, see
+ * gqaTables), rotary from position_ids and the compile-time cos/sin caches. Without q/k norms it
+ * takes the fused projection packed and applies the rotary itself (do_rotary): one kernel where
+ * a Split and two RotaryEmbeddings ran — the same rotary routine, so the same bits. With q/k
+ * norms (Qwen3) the norm must come between projection and rotary: split, norm, RotaryEmbedding,
+ * then GroupQueryAttention on the three parts.
  */
 export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, t: StageTables): AttentionOut {
   if (t.kind !== 'gqa') throw new Error('GroupQueryAttention needs gqa stage tables')
   const { g } = ctx
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+  const attrs = { num_heads: H, kv_num_heads: kvH, scale: { float: 1 / Math.sqrt(hd) } }
+  if (io.qNorm === undefined && io.kNorm === undefined) {
+    const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
+      [io.qkv, '', '', io.pastK, io.pastV, t.seqlensK, t.totalLength, t.cosCache, t.sinCache, t.positionIds],
+      { ...attrs, do_rotary: 1, rotary_interleaved: 0 }, 3, MS_DOMAIN) as [string, string, string]
+    return { context, presentK, presentV }
+  }
   const prep = (name: 'q' | 'k', y: string, count: number, norm?: F32Tensor): string => {
     let r = y
     if (norm !== undefined) {
@@ -140,10 +151,11 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
     return g.op('RotaryEmbedding', `${n}/${name}_rotary/RotaryEmbedding`, [r, t.positionIds, t.cosCache, t.sinCache],
       { interleaved: 0, num_heads: count }, MS_DOMAIN)
   }
-  const q = prep('q', io.q, H, io.qNorm)
-  const k = prep('k', io.k, kvH, io.kNorm)
+  const parts = io.split()
+  const q = prep('q', parts.q, H, io.qNorm)
+  const k = prep('k', parts.k, kvH, io.kNorm)
   const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
-    [q, k, io.v, io.pastK, io.pastV, t.seqlensK, t.totalLength],
-    { num_heads: H, kv_num_heads: kvH, scale: { float: 1 / Math.sqrt(hd) } }, 3, MS_DOMAIN) as [string, string, string]
+    [q, k, parts.v, io.pastK, io.pastV, t.seqlensK, t.totalLength],
+    attrs, 3, MS_DOMAIN) as [string, string, string]
   return { context, presentK, presentV }
 }

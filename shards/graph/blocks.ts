@@ -1,16 +1,17 @@
 /**
  * The decoder's blocks, one function each: embedding, norm, attention (projections around the
- * op table's attention primitive, graph/attention.ts), MLP, lm_head. Each reads the normalised
+ * op table's attention primitive, graph/attention.ts), MLP or mixture of experts (router and
+ * shared expert around the op table's experts primitive, graph/moe.ts), lm_head. Each reads the normalised
  * ModelSpec (never the HF config) and emits nodes named /model/<block>/... through the
  * GraphBuilder; op choice comes from the OpTable.
  */
-import type { LayerWeights } from '../architectures.ts'
+import type { LayerWeights, MoeWeights, SwiGluWeights } from '../architectures.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { quantizeMatrix } from '../quant.ts'
 import { DT, MS_DOMAIN, type GraphBuilder } from './builder.ts'
 import type { BuildContext, StageTables } from './types.ts'
 
-function transpose (w: F32Tensor): Float32Array {
+export function transpose (w: F32Tensor): Float32Array {
   const [rows, cols] = w.shape as [number, number]
   const out = new Float32Array(rows * cols)
   for (let r = 0; r < rows; r++) {
@@ -55,25 +56,59 @@ export function makeAttention (ctx: BuildContext, l: number, x: string, w: Layer
   const n = `/model/layers.${l}/attn`
   const wn = `model.layers.${l}.attn`
   const qkv = makeLinear(ctx, `${n}/qkv_proj`, `${wn}.qkv_proj.weight`, x, w.qkv, w.qkvBias)
-  const [q, k, v] = g.node('Split', `${n}/qkv/Split`, [qkv, g.i64([H * hd, kvH * hd, kvH * hd])], { axis: -1 }, 3) as [string, string, string]
+  let parts: { q: string, k: string, v: string } | undefined
+  const split = (): { q: string, k: string, v: string } => {
+    if (parts === undefined) {
+      const [q, k, v] = g.node('Split', `${n}/qkv/Split`, [qkv, g.i64([H * hd, kvH * hd, kvH * hd])], { axis: -1 }, 3) as [string, string, string]
+      parts = { q, k, v }
+    }
+    return parts
+  }
   const a = ctx.ops.attention(ctx, n, wn, {
-    q, k, v, pastK, pastV, ...(w.qNorm !== undefined ? { qNorm: w.qNorm } : {}), ...(w.kNorm !== undefined ? { kNorm: w.kNorm } : {}),
+    qkv, split, pastK, pastV, ...(w.qNorm !== undefined ? { qNorm: w.qNorm } : {}), ...(w.kNorm !== undefined ? { kNorm: w.kNorm } : {}),
   }, t)
   const out = makeLinear(ctx, `${n}/o_proj`, `${wn}.o_proj.weight`, a.context, w.o)
   return { out, presentK: a.presentK, presentV: a.presentV }
 }
 
-/** SwiGLU: down(silu(gate(x)) · up(x)), gate and up as one fused matmul. */
-export function makeMlp (ctx: BuildContext, l: number, x: string, w: LayerWeights): string {
+/** SwiGLU of width I: down(silu(gate(x)) · up(x)), gate and up as one fused matmul. Nodes under `name`, weights under `weightPrefix`. */
+export function makeSwiGlu (ctx: BuildContext, name: string, weightPrefix: string, x: string, w: SwiGluWeights, I: number): string {
   const { g } = ctx
-  const I = ctx.spec.shape.intermediateSize
-  const n = `/model/layers.${l}/mlp`
-  const wn = `model.layers.${l}.mlp`
-  const gu = makeLinear(ctx, `${n}/gate_up_proj`, `${wn}.gate_up_proj.weight`, x, w.gateUp)
-  const [gate, up] = g.node('Split', `${n}/gate_up/Split`, [gu, g.i64([I, I])], { axis: -1 }, 2) as [string, string]
-  const act = g.op('Mul', `${n}/act/Mul`, [gate, g.op('Sigmoid', `${n}/act/Sigmoid`, [gate])])
-  const h = g.op('Mul', `${n}/Mul`, [act, up])
-  return makeLinear(ctx, `${n}/down_proj`, `${wn}.down_proj.weight`, h, w.down)
+  const gu = makeLinear(ctx, `${name}/gate_up_proj`, `${weightPrefix}.gate_up_proj.weight`, x, w.gateUp)
+  const [gate, up] = g.node('Split', `${name}/gate_up/Split`, [gu, g.i64([I, I])], { axis: -1 }, 2) as [string, string]
+  const act = g.op('Mul', `${name}/act/Mul`, [gate, g.op('Sigmoid', `${name}/act/Sigmoid`, [gate])])
+  const h = g.op('Mul', `${name}/Mul`, [act, up])
+  return makeLinear(ctx, `${name}/down_proj`, `${weightPrefix}.down_proj.weight`, h, w.down)
+}
+
+/** The dense MLP: one SwiGLU of the model's intermediate size. */
+export function makeMlp (ctx: BuildContext, l: number, x: string, w: LayerWeights): string {
+  if (w.gateUp === undefined || w.down === undefined) throw new Error(`layer ${l}: dense MLP weights missing`)
+  return makeSwiGlu(ctx, `/model/layers.${l}/mlp`, `model.layers.${l}.mlp`, x, { gateUp: w.gateUp, down: w.down }, ctx.spec.shape.intermediateSize)
+}
+
+/**
+ * Mixture of experts over the rows of x [B, S, D], flattened to [B·S, D] so batched sequences
+ * share each expert's call: router logits (always f32 — quantizing the router would change which
+ * experts run, not only round their outputs), the op table's experts primitive (top-k, each
+ * chosen expert once over its rows, weighted sum), plus Qwen2-MoE's sigmoid-gated shared expert.
+ */
+export function makeMoe (ctx: BuildContext, l: number, x: string, w: MoeWeights): string {
+  const { g } = ctx
+  const { hiddenSize: D, moe } = ctx.spec.shape
+  if (moe === undefined) throw new Error(`layer ${l}: MoE weights in a model without a MoE shape`)
+  const n = `/model/layers.${l}/moe`
+  const wn = `model.layers.${l}.moe`
+  const flat = g.op('Reshape', `${n}/flat/Reshape`, [x, g.i64([-1, D])])
+  const logits = g.op('MatMul', `${n}/router/MatMul`, [flat, g.f32Weight(`${wn}.router.weight`, [D, moe.numExperts], transpose(w.router))])
+  let y = ctx.ops.experts(ctx, n, wn, flat, logits, w)
+  if (w.shared !== undefined) {
+    const sh = makeSwiGlu(ctx, `${n}/shared_expert`, `${wn}.shared_expert`, flat, w.shared, moe.sharedExpertIntermediateSize)
+    const gateLogit = g.op('MatMul', `${n}/shared_expert_gate/MatMul`, [flat, g.f32Weight(`${wn}.shared_expert_gate.weight`, [D, 1], w.shared.gate.data)])
+    const gated = g.op('Mul', `${n}/shared_expert/gated/Mul`, [sh, g.op('Sigmoid', `${n}/shared_expert_gate/Sigmoid`, [gateLogit])])
+    y = g.op('Add', `${n}/shared_expert/gated/Add`, [y, gated])
+  }
+  return g.op('Reshape', `${n}/Reshape`, [y, g.op('Shape', `${n}/Shape`, [x])])
 }
 
 /**
@@ -87,7 +122,8 @@ export function makeLayer (ctx: BuildContext, l: number, x: string, w: LayerWeig
   const attn = makeAttention(ctx, l, h1, w, t, pastK, pastV)
   const post = ctx.g.f32Weight(`model.layers.${l}.post_attention_layernorm.weight`, w.postNorm.shape, w.postNorm.data)
   const { sum: r1, normed: h2 } = ctx.ops.addNorm(g, `${n}/post_attention_layernorm`, `${n}/attn_residual`, x, attn.out, post, ctx.spec.shape.rmsNormEps)
-  const out = g.op('Add', `${n}/mlp_residual/Add`, [r1, makeMlp(ctx, l, h2, w)])
+  const ffn = w.moe !== undefined ? makeMoe(ctx, l, h2, w.moe) : makeMlp(ctx, l, h2, w)
+  const out = g.op('Add', `${n}/mlp_residual/Add`, [r1, ffn])
   return { out, presentK: attn.presentK, presentV: attn.presentV }
 }
 

@@ -6,6 +6,7 @@
  */
 import { gqaAttention, gqaTables, standardAttention, standardTables } from './attention.ts'
 import { MS_DOMAIN } from './builder.ts'
+import { contribExperts, groupedExperts } from './moe.ts'
 import type { OpTable } from './types.ts'
 
 export type { OpTable } from './types.ts'
@@ -30,6 +31,7 @@ const standard: OpTable = {
   },
   stageTables: standardTables,
   attention: standardAttention,
+  experts: groupedExperts,
 }
 
 const ortContrib: OpTable = {
@@ -50,6 +52,7 @@ const ortContrib: OpTable = {
   },
   stageTables: gqaTables,
   attention: gqaAttention,
+  experts: contribExperts,
 }
 
 export const OP_TABLES: Record<OpTable['name'], OpTable> = { standard, 'ort-contrib': ortContrib }

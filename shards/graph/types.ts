@@ -3,7 +3,7 @@
  * (OpTable) and the attention primitive's tables and I/O. Kept apart from the code so blocks,
  * attention and the op tables depend on these types, not on each other.
  */
-import type { ModelSpec } from '../architectures.ts'
+import type { ModelSpec, MoeWeights } from '../architectures.ts'
 import type { Quantization } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import type { GraphBuilder } from './builder.ts'
@@ -34,6 +34,12 @@ export interface OpTable {
   stageTables: (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string) => StageTables
   /** Rotary, KV update and masked attention: q/k/v [B, S, ·] → context [B, S, H·hd], present K/V. */
   attention: (ctx: BuildContext, name: string, weightPrefix: string, io: AttentionIo, tables: StageTables) => AttentionOut
+  /**
+   * Routed experts: rows x [N, D] and router logits [N, E] → for each row, the sum over its top-k
+   * experts (softmax probabilities, renormalised when shape.moe.normTopK) of weight · expert(row),
+   * [N, D]. Ties in the top-k go to the lower expert index.
+   */
+  experts: (ctx: BuildContext, name: string, weightPrefix: string, x: string, routerLogits: string, w: MoeWeights) => string
 }
 
 export type StageTables =
@@ -43,6 +49,16 @@ export type StageTables =
     sin: string
     /** bool [B, 1, 1, S, T]: key visible to query. */
     allowed: string
+  }
+  | {
+    /** Fixed-shape graphs (graph/static.ts): a KV buffer of CTX slots written in place. */
+    kind: 'static'
+    cos: string
+    sin: string
+    /** bool [1, 1, 1, S, CTX]: key slot visible to query. */
+    allowed: string
+    /** int64 [1, kvH, S, hd]: each new position's slot, broadcast for ScatterElements. */
+    slots: string
   }
   | {
     kind: 'gqa'
@@ -56,9 +72,10 @@ export type StageTables =
   }
 
 export interface AttentionIo {
-  q: string
-  k: string
-  v: string
+  /** The fused projection [B, S, (H + 2·kvH)·hd], for primitives that take it packed. */
+  qkv: string
+  /** Its q/k/v parts, split on first use (an unused Split would still run). */
+  split: () => { q: string, k: string, v: string }
   qNorm?: F32Tensor
   kNorm?: F32Tensor
   pastK: string

@@ -10,7 +10,8 @@ import { writeSafetensors, type SafetensorsDtype, type TensorToWrite } from '../
 import { hash32, Prng } from './prng.ts'
 import { buildTokenizerJson } from './tokenizer.ts'
 
-export type TestArchitecture = 'llama' | 'qwen2' | 'qwen3' | 'phi3'
+export type TestArchitecture = 'llama' | 'qwen2' | 'qwen3' | 'phi3' | MoeTestArchitecture
+export type MoeTestArchitecture = 'mixtral' | 'qwen2-moe' | 'qwen3-moe'
 export type TestModelSize = 'tiny' | 'small' | '60m' | '250m' | 'demo'
 
 export interface GenerateOptions {
@@ -29,6 +30,20 @@ export interface GenerateOptions {
   description?: string
   /** Written into config.json as shoal_model_id: the id the compiled manifest serves under. */
   modelId?: string
+  /** Overrides the size's layer count (e.g. 24 tiny layers to split like a real 24-layer model). */
+  layers?: number
+  /** Merged over the generated config.json (e.g. num_experts_per_tok for router tests). */
+  configOverrides?: Record<string, unknown>
+  /** Rewrites a generated tensor in place before it is written (e.g. a router with tied rows). */
+  tensorHook?: (name: string, data: Float32Array, shape: number[]) => void
+  /** Vocabulary instead of the size's (0: the tokenizer's 512, no padded rows). */
+  vocab?: number
+  /**
+   * Scales o_proj and down_proj of layers ≥ fromLayer by `scale`: those layers then add only
+   * ε-sized updates to the residual stream, so the model's logits track those of the same seed's
+   * first `fromLayer` layers (see generateDraftPair).
+   */
+  residualScale?: { fromLayer: number, scale: number }
 }
 
 interface SizeSpec { hidden: number, layers: number, heads: number, kvHeads: number, ffn: number, vocab: number, maxPositions: number }
@@ -59,8 +74,8 @@ interface ArchProfile {
   chatTemplate: string
   tiedByDefault: boolean
   extraConfig: (s: SizeSpec) => Record<string, unknown>
-  /** Weight names and shapes of one layer, in HF layout. */
-  layer: (p: string, s: SizeSpec, hd: number) => Array<[string, number[], 'linear' | 'norm' | 'bias']>
+  /** Weight names and shapes of layer l, in HF layout. */
+  layer: (p: string, s: SizeSpec, hd: number, l: number) => Array<[string, number[], 'linear' | 'norm' | 'bias']>
 }
 
 const LLAMA_TEMPLATE = "{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content'] + '\\n\\n' %}{%- set loop_messages = messages[1:] %}{%- else %}{%- set system = '' %}{%- set loop_messages = messages %}{%- endif %}{{- bos_token }}{%- for message in loop_messages %}{%- if message['role'] == 'user' %}{%- if loop.first %}{{- '[INST] ' + system + message['content'] + ' [/INST]' }}{%- else %}{{- '[INST] ' + message['content'] + ' [/INST]' }}{%- endif %}{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'] + eos_token }}{%- else %}{{- raise_exception('Only system, user and assistant roles are supported') }}{%- endif %}{%- endfor %}"
@@ -84,6 +99,40 @@ const llamaLayer = (bias: boolean, qkNorm: boolean) => (p: string, s: SizeSpec, 
     [`${p}.mlp.up_proj.weight`, [s.ffn, s.hidden], 'linear'],
     [`${p}.mlp.down_proj.weight`, [s.hidden, s.ffn], 'linear'],
   )
+  return out
+}
+
+/**
+ * The test MoE shape: 8 experts, top 2, experts a quarter of the dense width (Qwen-MoE's
+ * moe_intermediate_size; Mixtral's experts are intermediate_size wide, as in HF).
+ */
+const MOE_EXPERTS = 8
+const MOE_TOP_K = 2
+const moeWidth = (s: SizeSpec): number => s.ffn / 4
+/** Qwen3-MoE keeps layer 0 dense (mlp_only_layers), so dense and MoE layers meet in one model and one stage. */
+const QWEN3_MOE_DENSE_LAYERS = [0]
+
+type LayerTensors = Array<[string, number[], 'linear' | 'norm' | 'bias']>
+const swiGluTensors = (p: string, D: number, I: number, names = ['gate_proj', 'up_proj', 'down_proj']): LayerTensors => [
+  [`${p}.${names[0]}.weight`, [I, D], 'linear'],
+  [`${p}.${names[1]}.weight`, [I, D], 'linear'],
+  [`${p}.${names[2]}.weight`, [D, I], 'linear'],
+]
+
+/** A llama-like layer whose MLP is replaced by a MoE block (attention tensors first, as HF orders them). */
+const moeLayer = (family: MoeTestArchitecture) => (p: string, s: SizeSpec, hd: number, l: number): LayerTensors => {
+  const dense = llamaLayer(family === 'qwen2-moe', family === 'qwen3-moe')(p, s, hd)
+  if (family === 'qwen3-moe' && QWEN3_MOE_DENSE_LAYERS.includes(l)) return dense
+  const attn = dense.filter(([name]) => !name.includes('.mlp.'))
+  if (family === 'mixtral') {
+    const b = `${p}.block_sparse_moe`
+    return [...attn, [`${b}.gate.weight`, [MOE_EXPERTS, s.hidden], 'linear'],
+      ...Array.from({ length: MOE_EXPERTS }, (_, e) => swiGluTensors(`${b}.experts.${e}`, s.hidden, s.ffn, ['w1', 'w3', 'w2'])).flat()]
+  }
+  const b = `${p}.mlp`
+  const out: LayerTensors = [...attn, [`${b}.gate.weight`, [MOE_EXPERTS, s.hidden], 'linear'],
+    ...Array.from({ length: MOE_EXPERTS }, (_, e) => swiGluTensors(`${b}.experts.${e}`, s.hidden, moeWidth(s))).flat()]
+  if (family === 'qwen2-moe') out.push(...swiGluTensors(`${b}.shared_expert`, s.hidden, s.ffn / 2), [`${b}.shared_expert_gate.weight`, [1, s.hidden], 'linear'])
   return out
 }
 
@@ -126,6 +175,44 @@ const PROFILES: Record<TestArchitecture, ArchProfile> = {
     extraConfig: (s) => ({ hidden_act: 'silu', attention_bias: false, use_sliding_window: false, sliding_window: null, head_dim: s.hidden / s.heads }),
     layer: llamaLayer(false, true),
   },
+  mixtral: {
+    hfArchitecture: 'MixtralForCausalLM',
+    modelType: 'mixtral',
+    specials: ['<unk>', '<s>', '</s>'],
+    bos: '<s>',
+    eos: '</s>',
+    genEos: ['</s>'],
+    addBosToken: true,
+    chatTemplate: LLAMA_TEMPLATE,
+    tiedByDefault: false,
+    extraConfig: () => ({
+      hidden_act: 'silu', sliding_window: null, num_local_experts: MOE_EXPERTS, num_experts_per_tok: MOE_TOP_K,
+      output_router_logits: false, router_aux_loss_coef: 0.02, router_jitter_noise: 0,
+    }),
+    layer: moeLayer('mixtral'),
+  },
+  'qwen2-moe': {
+    hfArchitecture: 'Qwen2MoeForCausalLM',
+    modelType: 'qwen2_moe',
+    ...QWEN_TOKENS,
+    extraConfig: (s) => ({
+      hidden_act: 'silu', use_sliding_window: false, sliding_window: s.maxPositions, max_window_layers: 0,
+      num_experts: MOE_EXPERTS, num_experts_per_tok: MOE_TOP_K, moe_intermediate_size: moeWidth(s), shared_expert_intermediate_size: s.ffn / 2,
+      decoder_sparse_step: 1, mlp_only_layers: [], norm_topk_prob: false, output_router_logits: false, router_aux_loss_coef: 0.001,
+    }),
+    layer: moeLayer('qwen2-moe'),
+  },
+  'qwen3-moe': {
+    hfArchitecture: 'Qwen3MoeForCausalLM',
+    modelType: 'qwen3_moe',
+    ...QWEN_TOKENS,
+    extraConfig: (s) => ({
+      hidden_act: 'silu', attention_bias: false, use_sliding_window: false, sliding_window: null, head_dim: s.hidden / s.heads,
+      num_experts: MOE_EXPERTS, num_experts_per_tok: MOE_TOP_K, moe_intermediate_size: moeWidth(s),
+      decoder_sparse_step: 1, mlp_only_layers: QWEN3_MOE_DENSE_LAYERS, norm_topk_prob: true, output_router_logits: false, router_aux_loss_coef: 0.001,
+    }),
+    layer: moeLayer('qwen3-moe'),
+  },
   phi3: {
     hfArchitecture: 'Phi3ForCausalLM',
     modelType: 'phi3',
@@ -149,7 +236,10 @@ const PROFILES: Record<TestArchitecture, ArchProfile> = {
   },
 }
 
-export const TEST_ARCHITECTURES = Object.keys(PROFILES) as TestArchitecture[]
+/** The dense architectures (what the dense-path test suites iterate). */
+export const TEST_ARCHITECTURES: TestArchitecture[] = ['llama', 'qwen2', 'qwen3', 'phi3']
+/** The mixture-of-experts architectures. */
+export const MOE_TEST_ARCHITECTURES: MoeTestArchitecture[] = ['mixtral', 'qwen2-moe', 'qwen3-moe']
 
 /** Target std of logits: peaked enough that greedy ties are rare, flat enough that text does not loop at once. */
 const LOGIT_STD = 3
@@ -158,7 +248,11 @@ const RESIDUAL_GAIN = 2
 
 export async function generateTestModel (options: GenerateOptions): Promise<void> {
   const prof = PROFILES[options.architecture]
-  const size = SIZES[options.size ?? 'tiny']
+  const size = {
+    ...SIZES[options.size ?? 'tiny'],
+    ...(options.layers === undefined ? {} : { layers: options.layers }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+  }
   const seed = options.seed ?? 1
   const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
   const hd = size.hidden / size.heads
@@ -190,8 +284,14 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     ...prof.extraConfig(size),
     ...(options.modelId !== undefined ? { shoal_model_id: options.modelId } : {}),
     shoal_description: options.description ?? `random weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}); not a trained model`,
+    ...options.configOverrides,
   }
 
+  const damping = (name: string): number => {
+    const r = options.residualScale
+    const layer = /^model\.layers\.(\d+)\./.exec(name)?.[1]
+    return r !== undefined && layer !== undefined && Number(layer) >= r.fromLayer ? r.scale : 1
+  }
   // Per-tensor streams: a tensor's values depend only on (seed, name), not on what else is written.
   const special = new Set(tok.specialIds.values())
   const headScale = LOGIT_STD / Math.sqrt(size.hidden)
@@ -204,7 +304,7 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
       const out = new Float32Array(n)
       if (kind === 'norm') for (let i = 0; i < n; i++) out[i] = 1 + 0.1 * rng.normal()
       else if (kind === 'bias') for (let i = 0; i < n; i++) out[i] = 0.1 * rng.normal()
-      else if (kind === 'linear') { const s = (/(o_proj|down_proj)/.test(name) ? RESIDUAL_GAIN : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
+      else if (kind === 'linear') { const s = (/(o_proj|down_proj|\.w2\.)/.test(name) ? RESIDUAL_GAIN * damping(name) : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
       else {
         // Rows past the tokenizer stay zero (padding, never the argmax); special tokens are damped so random text rarely hits EOS.
         const d = shape[1]!
@@ -213,12 +313,13 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
           for (let c = 0; c < d; c++) out[r * d + c] = s * rng.normal()
         }
       }
+      options.tensorHook?.(name, out, shape)
       return out
     },
   })
   const tensors: TensorToWrite[] = [gen('model.embed_tokens.weight', [vocab, size.hidden], 'embed')]
   for (let l = 0; l < size.layers; l++) {
-    for (const [name, shape, kind] of prof.layer(`model.layers.${l}`, size, hd)) tensors.push(gen(name, shape, kind))
+    for (const [name, shape, kind] of prof.layer(`model.layers.${l}`, size, hd, l)) tensors.push(gen(name, shape, kind))
   }
   tensors.push(gen('model.norm.weight', [size.hidden], 'norm'))
   if (!tied) tensors.push(gen('lm_head.weight', [vocab, size.hidden], 'embed'))
@@ -264,13 +365,66 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     chat_template: prof.chatTemplate,
     clean_up_tokenization_spaces: false,
     model_max_length: size.maxPositions,
-    tokenizer_class: prof.modelType === 'llama' || prof.modelType === 'phi3' ? 'LlamaTokenizerFast' : 'Qwen2TokenizerFast',
+    tokenizer_class: ['llama', 'phi3', 'mixtral'].includes(prof.modelType) ? 'LlamaTokenizerFast' : 'Qwen2TokenizerFast',
   })
   await writeJson(join(options.outDir, 'special_tokens_map.json'), {
     ...(prof.bos !== undefined ? { bos_token: prof.bos } : {}),
     eos_token: prof.eos,
     ...(prof.pad !== undefined ? { pad_token: prof.pad } : {}),
   })
+}
+
+export interface DraftPairOptions {
+  architecture: TestArchitecture
+  /** Writes `draft/` and `target/` checkpoints under it. */
+  outDir: string
+  size?: TestModelSize
+  seed?: number
+  /** Layers of the draft; the target has these same layers first (default 1). */
+  draftLayers?: number
+  /** Layers the target adds after them (default 3). */
+  extraLayers?: number
+  /**
+   * Scale of the extra layers' output projections: 0 makes the target compute exactly the draft's
+   * function (agreement 100 %), small values keep the target's logits close to the draft's (high
+   * agreement), 1 makes them ordinary layers (the two models disagree about as often as unrelated
+   * random models). Default 0.05.
+   */
+  epsilon?: number
+  /** Vocabulary instead of the size's (0: the tokenizer's 512). */
+  vocab?: number
+  /** Model ids the compiled manifests serve under (default 'draft' / 'target'). */
+  draftId?: string
+  targetId?: string
+}
+
+/**
+ * A draft/target pair with tunable agreement, for speculative decoding: the same seed gives both
+ * the same embedding, head, final norm and first layers (a tensor's values depend only on seed and
+ * name), and the target adds layers whose residual updates are scaled by ε. Random weights make
+ * two independent models disagree on nearly every token; this pair agrees as often as ε allows.
+ */
+export async function generateDraftPair (options: DraftPairOptions): Promise<{ draftDir: string, targetDir: string }> {
+  const draftLayers = options.draftLayers ?? 1
+  const extra = options.extraLayers ?? 3
+  const common = {
+    architecture: options.architecture,
+    ...(options.size === undefined ? {} : { size: options.size }),
+    ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
+    seed: options.seed ?? 1,
+  }
+  const draftDir = join(options.outDir, 'draft')
+  const targetDir = join(options.outDir, 'target')
+  await generateTestModel({ ...common, outDir: draftDir, layers: draftLayers, modelId: options.draftId ?? 'draft', description: `random weights (shoal draft model: ${draftLayers} layers); not a trained model` })
+  await generateTestModel({
+    ...common,
+    outDir: targetDir,
+    layers: draftLayers + extra,
+    residualScale: { fromLayer: draftLayers, scale: options.epsilon ?? 0.05 },
+    modelId: options.targetId ?? 'target',
+    description: `random weights (shoal target model: draft + ${extra} layers at ε = ${options.epsilon ?? 0.05}); not a trained model`,
+  })
+  return { draftDir, targetDir }
 }
 
 async function writeJson (file: string, value: unknown): Promise<void> {

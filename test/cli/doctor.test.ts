@@ -3,7 +3,8 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createThrowawayCa } from '../../certs/index.ts'
-import { runChecks } from '../../scripts/commands/doctor.ts'
+import { mkdir, writeFile } from 'node:fs/promises'
+import { compiledCache, installedProviders, runChecks } from '../../scripts/commands/doctor.ts'
 
 describe('shoal doctor', () => {
   it('reports node, engines, port, cache and identity, each problem with its fix', async () => {
@@ -20,10 +21,35 @@ describe('shoal doctor', () => {
       expect(by.identity!.detail).toContain(ca.identities[0]!.peerId)
       for (const f of findings) if (f.level !== 'ok') expect(f.fix, f.check).toBeDefined()
 
+      // Only providers whose libraries are installed (here: none of CUDA/TensorRT's).
+      expect(by.onnxruntime!.detail).not.toMatch(/cuda|tensorrt/)
+
       const bad = await runChecks({ identity: join(dir, 'missing') })
       expect(bad.find(f => f.check === 'identity')).toMatchObject({ level: 'fail', fix: expect.any(String) })
     } finally {
       await rm(dir, { recursive: true, force: true })
+    }
+  })
+
+  it('lists an execution provider only when it is bundled or its library is installed', () => {
+    const listed = [{ name: 'cpu', bundled: true }, { name: 'webgpu', bundled: true }, { name: 'cuda', bundled: false }, { name: 'tensorrt', bundled: false }]
+    expect(installedProviders(listed, ['libonnxruntime.so.1', 'onnxruntime_binding.node'])).toEqual(['cpu', 'webgpu'])
+    expect(installedProviders(listed, ['libonnxruntime.so.1', 'libonnxruntime_providers_cuda.so', 'libonnxruntime_providers_shared.so'])).toEqual(['cpu', 'webgpu', 'cuda'])
+  })
+
+  it('reports the OpenVINO compiled-model cache under the cache root: empty, or how many compiled graphs it holds', async () => {
+    const root = await mkdtemp(join(tmpdir(), 'shoal-doctor-cache-'))
+    try {
+      const empty = await compiledCache(root)
+      expect(empty).toMatchObject({ level: 'ok', check: 'compiled' })
+      expect(empty.detail).toContain(join(root, 'compiled', 'openvino'))
+      expect(empty.detail).toMatch(/empty/)
+      await mkdir(join(root, 'compiled', 'openvino'), { recursive: true })
+      await writeFile(join(root, 'compiled', 'openvino', '123abc.blob'), new Uint8Array(2 * 1048576))
+      await writeFile(join(root, 'compiled', 'openvino', 'notes.txt'), 'x')
+      expect((await compiledCache(root)).detail).toMatch(/1 compiled model \(2\.0 MiB\)/)
+    } finally {
+      await rm(root, { recursive: true, force: true })
     }
   })
 })

@@ -1,7 +1,9 @@
 /**
  * `shoal serve` as a user runs it: the real bin in a child process (`node scripts/shoal.mjs
  * serve …`), ready when it prints its "serving" line, answering the openai client, and leaving
- * cleanly (exit 0) on Ctrl-C. A missing model directory is a one-line error with exit 2.
+ * cleanly (exit 0) on Ctrl-C. A missing model directory is a one-line error with exit 2. A
+ * checkpoint is compiled with progress lines; Ctrl-C drains a running request and says so. The
+ * CLI's edges: --version, unknown flags, shard's --out.
  */
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -12,6 +14,7 @@ import { createInterface } from 'node:readline'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import OpenAI from 'openai'
 import { MODEL_ID, freePort, makeTinyCheckpoint } from './daemon.ts'
+import pkg from '../../package.json' with { type: 'json' }
 import type { TinyCheckpoint } from './daemon.ts'
 
 const BIN = join(import.meta.dirname, '..', '..', 'scripts', 'shoal.mjs')
@@ -30,16 +33,18 @@ afterAll(async () => {
   await rm(cache, { recursive: true, force: true })
 })
 
-function shoal (args: string[]): { child: ChildProcess, stderr: () => string, exit: Promise<{ code: number | null, signal: NodeJS.Signals | null }> } {
+function shoal (args: string[], env: Record<string, string> = {}): { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<{ code: number | null, signal: NodeJS.Signals | null }> } {
   const child = spawn(process.execPath, [BIN, ...args], {
-    env: { ...process.env, SHOAL_CACHE: cache, SHOAL_LOG_LEVEL: 'warn' },
+    env: { ...process.env, SHOAL_CACHE: cache, SHOAL_LOG_LEVEL: 'warn', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
   })
   children.push(child)
   let stderr = ''
+  let stdout = ''
   child.stderr!.setEncoding('utf8').on('data', (s: string) => { stderr += s })
+  child.stdout!.setEncoding('utf8').on('data', (s: string) => { stdout += s })
   const exit = new Promise<{ code: number | null, signal: NodeJS.Signals | null }>(resolve => child.once('exit', (code, signal) => resolve({ code, signal })))
-  return { child, stderr: () => stderr, exit }
+  return { child, stdout: () => stdout, stderr: () => stderr, exit }
 }
 
 /** Resolves with the first stdout line that matches, or rejects at exit or after `ms`. */
@@ -88,6 +93,72 @@ describe('shoal serve (the CLI)', () => {
     const lines = run.stderr().split('\n').filter(l => l !== '')
     expect(lines).toHaveLength(1)
     expect(lines[0]).toMatch(/^shoal: /)
-    expect(lines[0]).toContain(missing)
+    expect(lines[0]).toContain(`${missing} does not exist`)
+  })
+
+  it('compiles a checkpoint with progress lines, says where its data is, and drains a running request on Ctrl-C', async () => {
+    const port = await freePort()
+    const data = join(cache, 'my-data')
+    const run = shoal(['serve', '--model', ck.modelDir, '--api', `127.0.0.1:${port}`, '--device', 'cpu', '--data', data, '--log-format', 'human'], { SHOAL_LOG_LEVEL: 'info' })
+    const dataLine = await lineMatching(run.child, /data in/, 60_000).catch((err: Error) => { throw new Error(`${err.message}; stderr: ${run.stderr()}`) })
+    const line = run.stdout().split('\n').find(l => l.includes('serving'))!
+    expect(dataLine).toBe(`  data in ${data} (check the receipts: shoal receipts verify --data ${data})`)
+    // First use of a checkpoint: it is compiled, and the log says so and how far (human lines, not JSON).
+    expect(run.stderr()).toMatch(/info  compiling the checkpoint into ONNX shards \(once, then cached\)/)
+    expect(run.stderr()).toMatch(/info  compiling: 4\/4 layers, done in \d+\.\d s/)
+    expect(run.stderr()).not.toMatch(/^\{/m)
+    const baseURL = /(http:\/\/\S+\/v1)/.exec(line)![1]!
+    const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 })
+    const stream = await client.chat.completions.create({ model: MODEL_ID, messages: [{ role: 'user', content: 'hello' }], max_tokens: 600, temperature: 0, stream: true, stream_options: { include_usage: true } })
+    let chunks = 0
+    let usage: number | undefined
+    for await (const chunk of stream) {
+      if (chunks++ === 0) run.child.kill('SIGINT')
+      if (chunk.usage != null) usage = chunk.usage.completion_tokens
+    }
+    // The running request finished (drained), then the process left cleanly.
+    expect(usage).toBe(600)
+    const { code } = await within(run.exit, 30_000, 'exiting after SIGINT')
+    expect(code).toBe(0)
+    expect(run.stderr()).toContain('shoal: SIGINT, draining 1 request (Ctrl-C again to force)')
+  })
+})
+
+describe('shoal (the CLI) at its edges', () => {
+  const quick = async (args: string[]): Promise<{ code: number | null, stdout: string, stderr: string }> => {
+    const run = shoal(args)
+    const { code } = await within(run.exit, 60_000, args.join(' '))
+    return { code, stdout: run.stdout(), stderr: run.stderr() }
+  }
+
+  it('prints its version from package.json', async () => {
+    const r = await quick(['--version'])
+    expect(r.code).toBe(0)
+    expect(r.stdout.trim()).toBe(pkg.version)
+  })
+
+  it('reports a mistyped flag as unknown, not as a missing required one', async () => {
+    const r = await quick(['serve', '--modle', ck.shardDir])
+    expect(r.code).toBe(2)
+    expect(r.stderr.trim()).toMatch(/^shoal: unknown option '--modle'/)
+    const missing = await quick(['serve'])
+    expect(missing.code).toBe(2)
+    expect(missing.stderr.trim()).toBe("shoal: required option '--model <dir>' not specified")
+  })
+
+  it('shard: a missing --model does not exist; an existing --out is refused without --force', async () => {
+    const missing = await quick(['shard', '--model', join(ck.root, 'nope'), '--out', join(cache, 'out-x')])
+    expect(missing.code).toBe(2)
+    expect(missing.stderr.trim()).toBe(`shoal: --model ${join(ck.root, 'nope')} does not exist`)
+    const out = join(cache, 'shards-once')
+    const first = await quick(['shard', '--model', ck.modelDir, '--out', out])
+    expect(first.code, first.stderr).toBe(0)
+    expect(first.stderr).toMatch(/compiling .*: 4\/4 layers, done in/)
+    const again = await quick(['shard', '--model', ck.modelDir, '--out', out])
+    expect(again.code).toBe(2)
+    expect(again.stderr.trim()).toBe(`shoal: --out ${out} already exists and is not empty; pass --force to replace it`)
+    const forced = await quick(['shard', '--model', ck.modelDir, '--out', out, '--force', '--stages', '2'])
+    expect(forced.code, forced.stderr).toBe(0)
+    expect(forced.stdout).toContain('2 stage(s)')
   })
 })

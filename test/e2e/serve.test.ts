@@ -105,6 +105,21 @@ describe('shoal serve: the openai client against the real daemon', () => {
     }
   })
 
+  it('a repeated prompt reuses its kept KV prefix: the same tokens, and /metrics counts the reused tokens', async () => {
+    const hits = async (): Promise<number> => {
+      const text = await (await fetch(`${d.url}/metrics`)).text()
+      const m = /^shoal_kv_prefix_hit_tokens_total\{model="[^"]*"\} (\d+)$/m.exec(text)
+      return m === null ? 0 : Number(m[1])
+    }
+    const prompt = [...promptIds, ...promptIds, ...promptIds] // long enough for whole 16-token blocks
+    const first = await complete({ prompt, max_tokens: 8, temperature: 0, return_token_ids: true })
+    const before = await hits()
+    const again = await complete({ prompt, max_tokens: 8, temperature: 0, return_token_ids: true })
+    expect(again.choice.token_ids).toEqual(first.choice.token_ids)
+    // All but the last two prompt positions came from the first request's kept KV.
+    expect(await hits() - before).toBe(prompt.length - 2)
+  })
+
   it('chat: streaming and non-streaming give the same greedy text, finish reason and usage', async () => {
     const { data, response } = await d.client.chat.completions.create({ model: MODEL_ID, messages: USER, max_tokens: 24, temperature: 0 }).withResponse()
     expect(data.object).toBe('chat.completion')
@@ -316,6 +331,51 @@ describe('shoal serve: the openai client against the real daemon', () => {
     for (const r of burst) expect(r.choice.finish_reason).toBe('length')
     // Cancelled completions get no receipt.
     for (const h of held) expect((await getReceipt(h.receipt)).status).toBe(404)
+  })
+
+  it('a burst of twice the sequences (16 × 48 tokens) all complete: those beyond the free sequences wait within the budget (issue 13 #1)', async () => {
+    const burst = await Promise.all(Array.from({ length: 2 * CONCURRENCY }, async () => await complete({ prompt: promptIds, max_tokens: 48, temperature: 0 })))
+    for (const r of burst) {
+      expect(r.choice.finish_reason).toBe('length')
+      expect(r.choice.token_ids ?? r.data.usage?.completion_tokens).toBeTruthy()
+      expect(r.data.usage?.completion_tokens).toBe(48)
+    }
+    // Greedy: every one of them, queued or not, gave the same text.
+    expect(new Set(burst.map(r => r.choice.text)).size).toBe(1)
+  })
+
+  it('an 8 MB and a 1 MB prompt are refused from their length; /healthz answers throughout (issue 13 #2)', async () => {
+    const probe: number[] = []
+    let running = true
+    const poll = (async () => {
+      while (running) {
+        const t0 = performance.now()
+        expect((await fetch(`${d.url}/healthz`)).status).toBe(200)
+        probe.push(performance.now() - t0)
+        await new Promise(resolve => setTimeout(resolve, 5))
+      }
+    })()
+    for (const size of [8_000_000, 1_000_000]) {
+      const err = await d.client.completions.create({ model: MODEL_ID, prompt: 'x'.repeat(size), max_tokens: 4 }).then(() => undefined, (e: unknown) => e)
+      expect((err as { status?: number }).status).toBe(413)
+      expect((err as { code?: string }).code).toBe('SHOAL_ERR_CONTEXT_LENGTH')
+    }
+    running = false
+    await poll
+    probe.sort((a, b) => a - b)
+    // Logged, not asserted; the client shares this process, so its own encoding of 8 MB is in these numbers.
+    console.log(`[e2e] /healthz during 8 MB + 1 MB prompts (client in-process): ${probe.length} probes, p99 ${probe[Math.floor(probe.length * 0.99)]?.toFixed(1)} ms, max ${probe.at(-1)?.toFixed(1)} ms`)
+  })
+
+  it('max_tokens of 1e9 is a 400 naming the numbers; a lone surrogate is a 400 and leaves no receipt (issue 13 #8, #3)', async () => {
+    const err = await d.client.completions.create({ model: MODEL_ID, prompt: promptIds, max_tokens: 1e9 }).then(() => undefined, (e: unknown) => e) as { status?: number, code?: string, message?: string }
+    expect(err.status).toBe(400)
+    expect(err.code).toBe('SHOAL_ERR_BAD_REQUEST')
+    expect(err.message).toContain(`maximum context length is ${manifest.shape.maxPositions} tokens. However, you requested ${promptIds.length + 1e9} tokens (${promptIds.length} in the prompt, 1000000000 in the completion)`)
+    const res = await fetch(`${d.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"model":"${MODEL_ID}","messages":[{"role":"user","content":"a\\ud800b"}],"max_tokens":4}` })
+    expect(res.status).toBe(400)
+    expect(res.headers.get('x-shoal-receipt')).toBeNull()
+    expect(((await res.json()) as { error: { param: string } }).error.param).toBe('messages[0].content')
   })
 
   it('after the daemon stops, `shoal receipts verify` checks the whole log and exits 0', async () => {

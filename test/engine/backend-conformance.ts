@@ -3,14 +3,17 @@
  * device it lists. It runs a real stage graph (the tiny test model) and checks the contract the
  * stage runner relies on: named I/O per shards/contract.ts, empty past (P = 0), growing KV fed back
  * as inputs, num_logits_to_keep, outputs the caller owns, agreement with onnxruntime (the reference
- * backend), typed errors for bad paths, bad devices and closed sessions.
+ * backend), typed errors for bad paths, bad devices and closed sessions; and the static graphs
+ * (`shoal shard --static`, what NPUs run) through the static runner, token for token against the
+ * dynamic graph on onnxruntime.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import {
   ATTENTION_MASK, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
   pastKeyName, pastValueName, presentKeyName, presentValueName,
 } from '../../shards/contract.ts'
-import { createOnnxruntimeBackend } from '../../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { StageRunner } from '../../daemon/engine/index.ts'
 import type { Backend, HostTensor, TensorMap } from '../../daemon/engine/index.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
@@ -20,6 +23,9 @@ export interface ConformanceOptions {
   /** Max |a − b| allowed against onnxruntime's logits (devices with fp16 math need more). */
   tolerance?: number
 }
+
+/** The static graphs the suite compiles: a small KV budget, a chunk that splits the prompt. */
+const STATIC_SHAPES = { contextLength: 32, chunk: 4 }
 
 const i64 = (values: number[], dims: number[]): HostTensor => ({ type: 'int64', data: BigInt64Array.from(values, BigInt), dims })
 
@@ -56,7 +62,7 @@ export function backendConformance (label: string, factory: () => Promise<Backen
     }
 
     beforeAll(async () => {
-      model = await buildTinyModel()
+      model = await buildTinyModel('llama', undefined, STATIC_SHAPES)
       backend = await factory()
     })
     afterAll(async () => { await model?.cleanup() })
@@ -111,6 +117,41 @@ export function backendConformance (label: string, factory: () => Promise<Backen
       const again = await s.run(feeds(prompt, undefined, 1))
       expect(again[LOGITS]!.data).toEqual(copy)
       await s.close()
+    })
+
+    it('static graphs: fixed-shape I/O, and the static runner on this device picks the dynamic graph\'s greedy tokens up to a full KV budget', async () => {
+      const st = model.manifest.stages[0]!
+      const dir = model.graphPath.slice(0, -st.graph.length)
+      const prefill = await backend.load(dir + st.static!.prefill, { device: options.device, threads: 1 })
+      const decode = await backend.load(dir + st.static!.decode, { device: options.device, threads: 1 })
+      const ref = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
+      try {
+        expect(prefill.inputNames).toEqual(expect.arrayContaining(['cache_position', ATTENTION_MASK, pastKeyName(0)]))
+        expect(prefill.inputNames).not.toContain(NUM_LOGITS_TO_KEEP)
+        const info = stageInfoOf(model.manifest)
+        const greedy = async (r: StageRunner): Promise<number[]> => {
+          r.open('g')
+          const out: number[] = []
+          let input = prompt
+          let at = 0
+          // The last token is picked, never fed: the buffer ends full.
+          while (out.length < STATIC_SHAPES.contextLength - prompt.length + 1) {
+            const o = await r.step('g', { kind: 'tokens', ids: BigInt64Array.from(input, BigInt) }, BigInt64Array.from(input, (_, i) => BigInt(at + i)), 1, { temperature: 0, topP: 1, u: 0 })
+            if (o.kind !== 'token') throw new Error('token expected')
+            at += input.length
+            out.push(o.id)
+            input = [o.id]
+          }
+          return out
+        }
+        const want = await greedy(createStageRunner({ session: ref, stage: info }))
+        const got = await greedy(createStaticStageRunner({ prefill, decode, stage: info, ...STATIC_SHAPES }))
+        // Devices with lower-precision math (a looser tolerance) may flip a close greedy choice later on.
+        if (tolerance <= 1e-4) expect(got).toEqual(want)
+        else expect(got[0]).toBe(want[0])
+      } finally {
+        await prefill.close(); await decode.close(); await ref.close()
+      }
     })
 
     it('fails with typed errors: missing graph, unknown device, closed session', async () => {

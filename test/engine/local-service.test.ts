@@ -5,7 +5,7 @@
  */
 import { monitorEventLoopDelay } from 'node:perf_hooks'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createLocalService } from '../../daemon/engine/index.ts'
+import { checkCompletionFits, createLocalService } from '../../daemon/engine/index.ts'
 import type { LocalService, LocalServiceInit } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { buildTinyModel } from './tiny-model.ts'
@@ -146,6 +146,26 @@ describe('local service on a tiny generated model', () => {
     else expect(near.end?.usage.completionTokens).toBeLessThanOrEqual(5)
   })
 
+  it('an 8 MB prompt is refused from its length alone, before tokenizing (issue 13 #2)', async () => {
+    const text = 'The quick brown fox '.repeat(400_000)
+    const err = await collect(svc, request(model, { prompt: { kind: 'text', text } })).then(() => undefined, (e: unknown) => e)
+    expect(err).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH' })
+    expect((err as Error).message).toMatch(/has at least \d+ tokens; this model's context is 2048 tokens/)
+    const chat = await collect(svc, request(model, { prompt: { kind: 'chat', messages: [{ role: 'user', content: text }] } })).then(() => undefined, (e: unknown) => e)
+    expect(chat).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH' })
+  })
+
+  it('prompt + max_tokens beyond the context is a 400 naming the numbers, as in vLLM (issue 13 #8)', async () => {
+    const ids = [1, 2, 3, 4, 5]
+    const err = await collect(svc, request(model, { prompt: { kind: 'tokens', ids }, maxTokens: 1e9 })).then(() => undefined, (e: unknown) => e)
+    expect(err).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'max_tokens' })
+    expect((err as Error).message).toBe("This model's maximum context length is 2048 tokens. However, you requested 1000000005 tokens (5 in the prompt, 1000000000 in the completion). Please reduce the length of the prompt or of max_tokens.")
+    // Exactly filling the context is allowed; one more is not.
+    expect(() => { checkCompletionFits(5, 2043, 2048) }).not.toThrow()
+    await expect(collect(svc, request(model, { prompt: { kind: 'tokens', ids }, maxTokens: 2044 }))).rejects.toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST' })
+    expect(await svc.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
+  })
+
   it('rejects unknown models, empty prompts, out-of-vocabulary ids and passed deadlines before start', async () => {
     await expect(collect(svc, request(model, { model: 'other' }))).rejects.toMatchObject({ code: 'SHOAL_ERR_MODEL_NOT_FOUND' })
     await expect(collect(svc, request(model, { prompt: { kind: 'tokens', ids: [] } }))).rejects.toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST' })
@@ -157,7 +177,7 @@ describe('local service on a tiny generated model', () => {
     const events: GenerateEvent[] = []
     const err = await (async () => {
       try {
-        for await (const ev of svc.generate(request(model, { maxTokens: 100_000, prompt: { kind: 'tokens', ids: [1, 2, 3] }, deadline: Date.now() + 150 }), new AbortController().signal)) events.push(ev)
+        for await (const ev of svc.generate(request(model, { maxTokens: undefined, prompt: { kind: 'tokens', ids: [1, 2, 3] }, deadline: Date.now() + 150 }), new AbortController().signal)) events.push(ev)
       } catch (e) { return e }
     })()
     expect(err).toMatchObject({ code: 'SHOAL_ERR_DEADLINE' })
@@ -165,13 +185,41 @@ describe('local service on a tiny generated model', () => {
     expect(await svc.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
   })
 
-  it('bounds concurrent sequences with SHOAL_ERR_OVERLOADED', async () => {
-    const one = await service({ maxSequences: 1 })
+  it('bounds concurrent sequences: past the wait budget, SHOAL_ERR_OVERLOADED with a retry estimate', async () => {
+    const one = await service({ maxSequences: 1, budgetMs: 0 })
     const it = one.generate(request(model), new AbortController().signal)[Symbol.asyncIterator]()
     expect((await it.next()).value).toMatchObject({ type: 'start' })
-    await expect(collect(one, request(model))).rejects.toMatchObject({ code: 'SHOAL_ERR_OVERLOADED' })
+    // A batched step ran, so the step time is measured and the wait (64 tokens) exceeds 0 ms.
+    const err = await collect(one, request(model)).then(() => undefined, (e: unknown) => e)
+    expect(err).toMatchObject({ code: 'SHOAL_ERR_OVERLOADED' })
+    expect((err as { retryAfterMs: number }).retryAfterMs).toBeGreaterThanOrEqual(1)
     await it.return?.(undefined)
     expect((await collect(one, request(model))).end?.finishReason).toBeDefined()
+  })
+
+  it('a burst beyond the free sequences waits for a slot within the budget instead of 429 (issue 13 #1)', async () => {
+    const two = await service({ maxSequences: 2 })
+    const runs = await Promise.all(Array.from({ length: 6 }, async () => await collect(two, request(model, { maxTokens: 16 }))))
+    for (const r of runs) expect(r.tokens).toHaveLength(16)
+    // Every request got the same greedy tokens, whether it ran at once or waited.
+    for (const r of runs) expect(r.tokens).toEqual(runs[0]!.tokens)
+    expect(await two.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
+  })
+
+  it('a request waiting for a slot leaves the queue on abort, and the slot still passes on', async () => {
+    const one = await service({ maxSequences: 1, budgetMs: 60_000 })
+    const it = one.generate(request(model), new AbortController().signal)[Symbol.asyncIterator]()
+    expect((await it.next()).value).toMatchObject({ type: 'start' })
+    const ctl = new AbortController()
+    const waiting = collect(one, request(model), ctl.signal)
+    const after = collect(one, request(model, { maxTokens: 4 }))
+    await new Promise(resolve => setTimeout(resolve, 20))
+    expect(one.load()).toMatchObject({ activeSequences: 1, queueDepth: 2 })
+    ctl.abort()
+    await expect(waiting).rejects.toMatchObject({ code: 'SHOAL_ERR_ABORTED' })
+    await it.return?.(undefined)
+    expect((await after).tokens).toHaveLength(4)
+    expect(await one.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
   })
 
   it('the same seed gives the same sampled tokens', async () => {

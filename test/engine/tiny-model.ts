@@ -15,11 +15,11 @@ export interface TinyModel {
   cleanup (): Promise<void>
 }
 
-export async function buildTinyModel (architecture: 'llama' | 'qwen2' | 'qwen3' | 'phi3' = 'llama', opSet?: 'standard' | 'ort-contrib'): Promise<TinyModel> {
+export async function buildTinyModel (architecture: 'llama' | 'qwen2' | 'qwen3' | 'phi3' = 'llama', opSet?: 'standard' | 'ort-contrib', staticShapes?: { contextLength: number, chunk: number }): Promise<TinyModel> {
   const dir = await mkdtemp(join(tmpdir(), 'shoal-engine-'))
   await generateTestModel({ architecture, outDir: join(dir, 'ckpt'), size: 'tiny' })
   const shardDir = join(dir, 'shard')
-  const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardDir, modelId: `tiny-${architecture}`, ...(opSet === undefined ? {} : { opSet }) })
+  const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardDir, modelId: `tiny-${architecture}`, ...(opSet === undefined ? {} : { opSet }), ...(staticShapes === undefined ? {} : { static: staticShapes }) })
   const stage = manifest.stages[0]!
   return {
     shardDir,

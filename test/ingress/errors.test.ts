@@ -145,11 +145,39 @@ describe('ingress errors', () => {
     expect(events.slice(0, -2).map(d => (JSON.parse(d) as { choices: Array<{ text: string }> }).choices[0]?.text).join('')).toBe(SIMULATED_DEFAULT_REPLY.slice(0, 2))
   })
 
-  it('an error after start without streaming is a real HTTP error that still names the receipt', async () => {
+  it('an error after start without streaming is a real HTTP error that names no receipt (none was written)', async () => {
     const { response } = await h.client.chat.completions.create({ model: 'dies-midway', messages: user }).withResponse().catch((err: APIError) => ({ response: err }))
     const err = response as APIError
     expect(err.status).toBe(503)
-    expect(err.headers?.get('x-shoal-receipt')).toBeTruthy()
+    expect(err.headers?.get('x-shoal-receipt')).toBeNull()
+    expect(err.headers?.get('x-request-id')).toBeTruthy()
+  })
+
+  it('an internal error keeps its message from the client whole too (e.g. one relayed from a peer)', async () => {
+    const res = await post('/v1/completions', JSON.stringify({ model: 'internal-midway', prompt: 'x' }))
+    expect(res.status).toBe(500)
+    expect(res.headers.get('x-shoal-receipt')).toBeNull()
+    expect(expectOpenAIError(await res.json())).toEqual({ message: 'Internal server error', type: 'server_error', param: null, code: 'SHOAL_ERR_INTERNAL' })
+  })
+
+  it('400 for a lone surrogate anywhere in the body, naming the field, before the service sees it (issue 13 #3)', async () => {
+    const before = h.service.calls.length
+    const chat = await post('/v1/chat/completions', '{"model":"sim","messages":[{"role":"user","content":"a\\ud800b"}]}')
+    expect(chat.status).toBe(400)
+    expect(expectOpenAIError(await chat.json())).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'messages[0].content' })
+    const completion = await post('/v1/completions', '{"model":"sim","prompt":"x","stop":["\\udc00"]}')
+    expect(completion.status).toBe(400)
+    expect(expectOpenAIError(await completion.json())).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'stop[0]' })
+    // A well-formed pair is text.
+    const pair = await post('/v1/completions', '{"model":"sim","prompt":"\\ud83d\\ude00"}')
+    expect(pair.status).toBe(200)
+    expect(h.service.calls.length).toBe(before + 1)
+  })
+
+  it('400 for a token id no vocabulary holds (≥ 2^32), before the service sees it (issue 13 #4)', async () => {
+    const res = await post('/v1/completions', JSON.stringify({ model: 'sim', prompt: [1, 2 ** 32] }))
+    expect(res.status).toBe(400)
+    expect(expectOpenAIError(await res.json())).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'prompt[1]' })
   })
 })
 

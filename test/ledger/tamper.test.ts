@@ -184,13 +184,25 @@ describe('tamper evidence', () => {
     await db.close()
   })
 
-  it('misuse exits 2: missing data dir, a dir without a log, a bad --last, a locked log', async () => {
+  it('misuse exits 2: missing data dir, a dir without a log, a bad --last', async () => {
     await expect(receiptsVerify({ data: join(root, 'nope') })).rejects.toMatchObject({ exitCode: 2, message: /no such data directory/ })
     await expect(receiptsVerify({ data: root })).rejects.toMatchObject({ exitCode: 2, message: /no receipt log/ })
     await expect(receiptsShow({ data: template, last: '0' })).rejects.toMatchObject({ exitCode: 2, message: /--last/ })
     await expect(receiptsShow({ data: template, last: 'x' })).rejects.toMatchObject({ exitCode: 2 })
+  })
+
+  it('a log held open (a running node) is read from a copy taken then: verified, tampering still caught, the original untouched', async () => {
     const { dir, db } = await copy()
-    await expect(receiptsVerify({ data: dir })).rejects.toMatchObject({ exitCode: 2, message: /locked/ })
-    await db.close()
+    try {
+      const lines: string[] = []
+      expect(await receiptsVerify({ data: dir }, l => lines.push(l))).toMatchObject({ ok: true, entries: N })
+      expect(lines[0]).toMatch(/in use by a running node; reading a copy taken at/)
+      expect(await receiptsShow({ data: dir, last: '2' }, () => {})).toBe(2)
+      await db.put(key(4), (await db.get(key(4)))!.replace('"r4"', '"rX"'))
+      await expect(receiptsVerify({ data: dir }, () => {})).rejects.toMatchObject({ exitCode: 1, message: /^receipts: entry 4 / })
+      expect(await db.get(key(5))).toBeDefined() // still open and writable
+    } finally {
+      await db.close()
+    }
   })
 })

@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
-import type { Daemon } from '../../daemon/node/index.ts'
+import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
 
 export const LOOPBACK_LISTEN = ['/ip4/127.0.0.1/udp/0/quic-v1', '/ip4/127.0.0.1/tcp/0']
 const SHOAL_BIN = fileURLToPath(new URL('../../scripts/shoal.mjs', import.meta.url))
@@ -33,7 +33,7 @@ export function clientFor (url: string, timeoutMs = 60_000): OpenAI {
 }
 
 /** Starts a mesh daemon in this process. */
-export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[] }): Promise<MeshNode & { daemon: Daemon }> {
+export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[], budgets?: DaemonConfig['budgets'] }): Promise<MeshNode & { daemon: Daemon }> {
   const daemon = createDaemon(validateConfig({
     identityDir: opts.identityDir,
     models: opts.model === undefined ? [] : [{ dir: opts.model }],
@@ -44,6 +44,7 @@ export async function startInProcess (opts: { name: string, identityDir: string,
     listen: LOOPBACK_LISTEN,
     bootstrap: opts.bootstrap,
     mdns: false,
+    ...(opts.budgets === undefined ? {} : { budgets: opts.budgets }),
   }), { logger: pino({ level: 'silent' }) })
   const { peerId, apiUrl } = await daemon.start()
   let stopped: Promise<void> | undefined

@@ -104,6 +104,27 @@ describe('PeerTable', () => {
     expect(table.offerRecord(record(5), 2)).toBe('stale')
   })
 
+  it('a refused peer is alive only while it was heard from recently, not for as long as it is listed (issue 13 #6)', () => {
+    const table = new PeerTable(timings)
+    table.setAdmitted('p1', cert, 0)
+    table.setLoad('p1', { queueDepth: 0, inFlight: 0, decodeTokPerSec: 0, freeKvTokens: 0, expectedWaitMs: 0 }, 1, 50)
+    table.setRefused('p1', 'revoked', 'serial ab', 60)
+    table.setPending('p2', 60)
+    table.setRefused('p2', 'wrong-ca', 'x', 70)
+    expect(table.snapshot(80).map(p => p.state)).toEqual(['alive', 'alive'])
+    // Killed: nothing more is heard; the sweep keeps them listed (with their reasons) but not alive.
+    for (const t of [200, 500, 900]) {
+      table.sweep(t)
+      expect(table.snapshot(t)).toEqual([
+        expect.objectContaining({ peerId: 'p1', admitted: false, reason: 'revoked', state: 'suspect' }),
+        expect.objectContaining({ peerId: 'p2', admitted: false, reason: 'wrong-ca', state: 'suspect' }),
+      ])
+    }
+    // Heard from again (another refused handshake): alive again.
+    table.setRefused('p2', 'wrong-ca', 'x', 950)
+    expect(table.snapshot(960).find(p => p.peerId === 'p2')?.state).toBe('alive')
+  })
+
   it('a listener that throws does not break the table', () => {
     const errors: unknown[] = []
     const table = new PeerTable(timings, err => errors.push(err))

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createThrowawayCa, initCa, issueNode, loadIdentity, revokeNode } from '../../certs/index.ts'
 import type { NodeIdentity, RevocationList } from '../../certs/index.ts'
 import type { Transport } from '../../daemon/mesh/index.ts'
-import { addrOf, refusals, startNode, tempDir, waitFor } from './helpers.ts'
+import { FAST, addrOf, refusals, startNode, tempDir, waitFor } from './helpers.ts'
 import type { TestNode } from './helpers.ts'
 
 const DAY = 24 * 3600_000
@@ -78,6 +78,11 @@ describe.each(['quic', 'tcp'] as Transport[])('mesh over %s', (transport) => {
     expect(bad.mesh.peers()).toEqual([])
     expect(bad.mesh.snapshot().peers.filter(p => p.admitted)).toEqual([])
     await bad.mesh.stop()
+    // Gone quiet: still listed with why it was refused, but no longer reported alive (issue 13 #6).
+    await waitFor(`no good node reports the stopped ${identity.name} alive`, () => good.every(n => {
+      const p = n.mesh.snapshot().peers.find(x => x.peerId === identity.peerId)
+      return p === undefined || (p.state !== 'alive' && p.reason === reason)
+    }), (FAST.suspectAfterMs ?? 0) + 5_000)
   }
 
   it('refuses a node of a foreign CA', async () => {

@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest'
 import { codeOf } from '../support/errors.ts'
 import * as lp from 'it-length-prefixed'
 import { decodeAdmitFrame, encodeAdmitFrame, helloFrame, refusedFrame, ADMIT_PROTOCOL, ADMIT_MAX_FRAME } from '../../daemon/mesh/wire/admit.ts'
-import { decodeLoadFrame, encodeLoadFrame, LOAD_PROTOCOL, LOAD_MAX_FRAME } from '../../daemon/mesh/wire/load.ts'
+import { decodeLoadFrame, encodeLoadFrame, LOAD_PROTOCOL, LOAD_MAX_FRAME, LOAD_MAX_PREFIXES } from '../../daemon/mesh/wire/load.ts'
 import { capabilityBody, decodeCapsMessage, encodeCapsMessage, CAPS_TOPIC, CAPS_MAX_MESSAGE } from '../../daemon/mesh/wire/caps.ts'
 import { decodeRevocationsMessage, encodeRevocationsMessage, REVOCATIONS_TOPIC } from '../../daemon/mesh/wire/revocations.ts'
 import { errorFrame } from '../../daemon/mesh/wire/frame.ts'
@@ -67,6 +67,18 @@ describe('load frames', () => {
     expect(text(encodeLoadFrame({ v: 1, type: 'load', id: 2, load: { ...load, fromYou: 1 } }))).toBe('{"id":2,"load":{"decodeTokPerSec":41.5,"expectedWaitMs":120,"freeKvTokens":8192,"fromYou":1,"inFlight":3,"queueDepth":2},"type":"load","v":1}')
     expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 2, load: { ...load, fromYou: 1 } }))).toMatchObject({ load: { fromYou: 1 } })
     expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, fromYou: -1 } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+  })
+
+  it('carries the optional prefix summary: at most 64 compact block hashes of 16 lowercase hex digits', () => {
+    const prefixes = ['0123456789abcdef', 'fedcba9876543210']
+    expect(text(encodeLoadFrame({ v: 1, type: 'load', id: 3, load: { ...load, prefixes } }))).toBe('{"id":3,"load":{"decodeTokPerSec":41.5,"expectedWaitMs":120,"freeKvTokens":8192,"inFlight":3,"prefixes":["0123456789abcdef","fedcba9876543210"],"queueDepth":2},"type":"load","v":1}')
+    expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 3, load: { ...load, prefixes } }))).toEqual({ v: 1, type: 'load', id: 3, load: { ...load, prefixes } })
+    // A full summary fits a frame.
+    const full = Array.from({ length: LOAD_MAX_PREFIXES }, (_, i) => i.toString(16).padStart(16, 'f'))
+    expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 4, load: { ...load, slots: 8, accepting: true, fromYou: 3, prefixes: full } }))).toMatchObject({ load: { prefixes: full } })
+    for (const bad of [[...full, 'ffffffffffffffff'], ['0123456789ABCDEF'], ['0123456789abcde'], [1], 'x']) {
+      expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, prefixes: bad } })))), JSON.stringify(bad)).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
   })
 
   it('ignores unknown load fields, refuses missing or negative ones', () => {

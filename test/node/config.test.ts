@@ -36,6 +36,15 @@ describe('daemon config', () => {
     expect(() => validateConfig({ ...base, budgets: { batchBudgetMs: -1 } })).toThrowError(/budgets\.batchBudgetMs/)
   })
 
+  it('takes --kv-cache-mb as a whole number of MiB (0: no prefix reuse) and names it when it is not', () => {
+    expect(validateConfig({ ...base, kvCacheMb: 0 }).kvCacheMb).toBe(0)
+    expect(validateConfig({ ...base, kvCacheMb: 512 }).kvCacheMb).toBe(512)
+    expect(validateConfig(base).kvCacheMb).toBeUndefined()
+    for (const bad of [-1, 1.5, Number.NaN]) {
+      expect(() => validateConfig({ ...base, kvCacheMb: bad }), String(bad)).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--kv-cache-mb' }))
+    }
+  })
+
   it('names the bad key', () => {
     expect(() => validateConfig({ ...base, device: 'tpu' })).toThrowError(/--device/)
     expect(() => validateConfig({ ...base, models: [] })).toThrowError(/--model/)

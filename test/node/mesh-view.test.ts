@@ -54,4 +54,9 @@ describe('node load', () => {
     expect(aggregateLoad([e(1, 2, 30), e(0, 3, 80)], 1)).toEqual({ queueDepth: 1, inFlight: 6, decodeTokPerSec: 20, freeKvTokens: 0, expectedWaitMs: 80, slots: 16 })
     expect(aggregateLoad([], 0).slots).toBe(1)
   })
+
+  it('carries the engines\' merged prefix summary, and no field when there is none', () => {
+    expect(aggregateLoad([], 0, ['0123456789abcdef']).prefixes).toEqual(['0123456789abcdef'])
+    expect(aggregateLoad([], 0, [])).not.toHaveProperty('prefixes')
+  })
 })

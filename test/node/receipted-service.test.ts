@@ -99,4 +99,17 @@ describe('receipts on every completion', () => {
     await expect(drain(service.generate(req, new AbortController().signal))).rejects.toMatchObject({ code: expect.any(String) })
     expect(await ledger.get(req.requestId)).toBeUndefined()
   })
+
+  it('a request that cannot be hashed (a lone surrogate) is a 400 before any work, with no receipt and no part (issue 13 #3)', async () => {
+    const inner = createSimulatedService({ models: ['sim'], script: { reply: 'abc' } })
+    const seed = new Uint8Array(randomBytes(32))
+    const peerId = peerIdFromPrivateKey(privateKeyFromRaw(new Uint8Array([...seed, ...publicKeyOf(seed)]))).toString()
+    for (const service of [withReceipts(inner, ledger), withReceiptPart(inner, { peerId, secretKey: seed })]) {
+      const req = request({ prompt: { kind: 'chat', messages: [{ role: 'user', content: 'a\ud800b' }] } })
+      await expect(drain(service.generate(req, new AbortController().signal))).rejects.toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST' })
+      expect(await ledger.get(req.requestId)).toBeUndefined()
+    }
+    expect(inner.calls).toHaveLength(0)
+    expect((await ledger.verify()).ok).toBe(true)
+  })
 })

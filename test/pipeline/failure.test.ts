@@ -123,6 +123,23 @@ describe('a stage killed mid-generation', () => {
     expect(await eventually(() => c.stage.node.stats().streams, n => n === 1)).toBe(1)
   }, 120_000)
 
+  it('a request right after the only other stage died is CHAIN_INCOMPLETE, as one after the mesh noticed (issue 13 #7)', async () => {
+    const [c, d] = [await stage(models.two, [0, 1]), await stage(models.two, [2, 3])]
+    // Warm the link, then kill the stage: the mesh has not noticed yet, so d is still offered.
+    const warm = createChainTokenSource({ node: c.stage.node, requestId: 'warm-7', sampling: greedy, deadline: Date.now() + 60_000, formChain: chainFrom(c, () => [holderOf(d)]) })
+    expect(await runSource(warm, prompt, 2, AbortSignal.timeout(60_000))).toEqual(want.slice(0, 2))
+    await warm.close()
+    await kill(d)
+    const soon = createChainTokenSource({ node: c.stage.node, requestId: 'soon-7', sampling: greedy, deadline: Date.now() + 60_000, formChain: chainFrom(c, () => [holderOf(d)]) })
+    await expect(runSource(soon, prompt, N, AbortSignal.timeout(60_000))).rejects.toMatchObject({ code: 'SHOAL_ERR_CHAIN_INCOMPLETE' })
+    await soon.close()
+    // Later the mesh no longer offers d: the same code.
+    const later = createChainTokenSource({ node: c.stage.node, requestId: 'later-7', sampling: greedy, deadline: Date.now() + 60_000, formChain: chainFrom(c, () => []) })
+    await expect(runSource(later, prompt, N, AbortSignal.timeout(60_000))).rejects.toMatchObject({ code: 'SHOAL_ERR_CHAIN_INCOMPLETE' })
+    await later.close()
+    await expectClean(c)
+  }, 120_000)
+
   it('with replays off, fails at once with SHOAL_ERR_PEER_LOST naming the peer', async () => {
     const [c, d] = [await stage(models.two, [0, 1]), await stage(models.two, [2, 3])]
     const src = createChainTokenSource({

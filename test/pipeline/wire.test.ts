@@ -1,5 +1,5 @@
 /**
- * The /shoal/stage/1.0.0 wire format: golden bytes for every frame kind, round trips, zero-copy
+ * The /shoal/stage/2.0.0 wire format: golden bytes for every frame kind, round trips, zero-copy
  * tensor views, and typed refusals of truncated, oversized, wrong-version and malformed frames.
  */
 import { describe, expect, it } from 'vitest'
@@ -25,30 +25,51 @@ const open: OpenBody = {
 
 describe('stage wire golden bytes', () => {
   it('pins the token frame', () => {
-    expect(hex(encodeFrame({ kind: 'token', requestId: 'r1', position: 5, tokenId: 300 }))).toBe('0d' + '01' + '03' + '02' + '7231' + '05000000' + '2c010000')
+    expect(hex(encodeFrame({ kind: 'token', requestId: 'r1', position: 5, tokenId: 300 }))).toBe('0d' + '02' + '03' + '02' + '7231' + '05000000' + '2c010000')
   })
   it('pins the cancel frame', () => {
-    expect(hex(encodeFrame({ kind: 'cancel', requestId: 'r1' }))).toBe('05' + '01' + '05' + '02' + '7231')
+    expect(hex(encodeFrame({ kind: 'cancel', requestId: 'r1' }))).toBe('05' + '02' + '05' + '02' + '7231')
   })
   it('pins the finish and part frames', () => {
-    expect(hex(encodeFrame({ kind: 'finish', requestId: 'r1' }))).toBe('05' + '01' + '06' + '02' + '7231')
+    expect(hex(encodeFrame({ kind: 'finish', requestId: 'r1' }))).toBe('05' + '02' + '06' + '02' + '7231')
     const part = '{"body":{"peerId":"B"},"signature":"s"}'
-    expect(hex(payloadOf({ kind: 'part', requestId: 'x', part: { body: { peerId: 'B' }, signature: 's' } }))).toBe('01' + '07' + '01' + '78' + hex(Buffer.from(part)))
+    expect(hex(payloadOf({ kind: 'part', requestId: 'x', part: { body: { peerId: 'B' }, signature: 's' } }))).toBe('02' + '07' + '01' + '78' + hex(Buffer.from(part)))
   })
   it('pins the activation frame (no padding needed)', () => {
     const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 7, final: true, rows: 1, width: 2, data: Float32Array.of(1, -2) }
-    expect(hex(encodeFrame(f))).toBe('1c' + '01' + '02' + '02' + '6162' + '01' + '01' + '02' + '07000000' + '01000000' + '02000000' + '0000803f' + '000000c0')
+    expect(hex(encodeFrame(f))).toBe('1c' + '02' + '02' + '02' + '6162' + '01' + '01' + '02' + '07000000' + '01000000' + '02000000' + '0000803f' + '000000c0')
   })
   it('pins the activation frame (padded so tensor bytes are 4-byte aligned)', () => {
     const f: StageFrame = { kind: 'activation', requestId: 'abc', start: 0, final: false, rows: 1, width: 1, data: Float32Array.of(0.5) }
-    expect(hex(encodeFrame(f))).toBe('1c' + '01' + '02' + '03' + '616263' + '00' + '01' + '02' + '000000' + '00000000' + '01000000' + '01000000' + '0000003f')
+    expect(hex(encodeFrame(f))).toBe('1c' + '02' + '02' + '03' + '616263' + '00' + '01' + '02' + '000000' + '00000000' + '01000000' + '01000000' + '0000003f')
+  })
+  it('pins the verify activation frame (version 2: drafts before the tensor, still aligned) and the verdict frame', () => {
+    const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 7, final: true, rows: 3, width: 1, data: Float32Array.of(1, -2, 0.5), drafts: [300, 5] }
+    expect(hex(encodeFrame(f))).toBe('2c' + '02' + '02' + '02' + '6162' + '03' + '01' + '02' + '07000000' + '03000000' + '01000000' + '02000000' + '2c010000' + '05000000' + '0000803f' + '000000c0' + '0000003f')
+    const back = decodePayload(payloadOf(f))
+    expect(back).toMatchObject({ kind: 'activation', start: 7, final: true, rows: 3, width: 1, drafts: [300, 5] })
+    expect([...(back as Extract<StageFrame, { kind: 'activation' }>).data]).toEqual([1, -2, 0.5])
+    expect(hex(encodeFrame({ kind: 'verdict', requestId: 'r1', position: 9, accepted: 1, tokenId: 300 }))).toBe('11' + '02' + '08' + '02' + '7231' + '09000000' + '01000000' + '2c010000')
+    expect(decodePayload(payloadOf({ kind: 'verdict', requestId: 'r1', position: 9, accepted: 1, tokenId: 300 }))).toEqual({ kind: 'verdict', requestId: 'r1', position: 9, accepted: 1, tokenId: 300 })
+  })
+  it('refuses a verify that is not final or whose drafts do not match its rows', () => {
+    const base = { kind: 'activation' as const, requestId: 'ab', start: 0, rows: 2, width: 1, data: Float32Array.of(1, 2) }
+    expect(() => encodeFrame({ ...base, final: false, drafts: [1] })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    expect(() => encodeFrame({ ...base, final: true, drafts: [1, 2] })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const ok = payloadOf({ ...base, final: true, drafts: [1] })
+    const notFinal = ok.slice()
+    notFinal[5] = 2 // verify without final
+    expect(() => decodePayload(notFinal)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    const tooMany = ok.slice()
+    tooMany[20] = 3 // k = 3 drafts for 2 rows
+    expect(() => decodePayload(tooMany)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
   })
   it('pins the error and open frames (JSON with a fixed key order)', () => {
     const err = '{"name":"StageWireError","code":"SHOAL_ERR_STAGE_UNKNOWN_REQUEST","message":"no","peerId":"B"}'
     expect(hex(payloadOf({ kind: 'error', requestId: 'x', error: { name: 'StageWireError', code: 'SHOAL_ERR_STAGE_UNKNOWN_REQUEST', message: 'no', peerId: 'B' } })))
-      .toBe('01' + '04' + '01' + '78' + hex(Buffer.from(err)))
+      .toBe('02' + '04' + '01' + '78' + hex(Buffer.from(err)))
     const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5}'
-    expect(hex(payloadOf({ kind: 'open', requestId: 'x', open }))).toBe('01' + '01' + '01' + '78' + hex(Buffer.from(body)))
+    expect(hex(payloadOf({ kind: 'open', requestId: 'x', open }))).toBe('02' + '01' + '01' + '78' + hex(Buffer.from(body)))
   })
 })
 
@@ -56,7 +77,7 @@ describe('stage wire decoding', () => {
   it('refuses a finish with a body and a part that is not an object', () => {
     const finish = payloadOf({ kind: 'finish', requestId: 'x' })
     expect(() => decodePayload(Uint8Array.of(...finish, 0x01))).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
-    const notObject = Uint8Array.of(1, 7, 1, 0x78, ...Buffer.from('[1,2]'))
+    const notObject = Uint8Array.of(2, 7, 1, 0x78, ...Buffer.from('[1,2]'))
     expect(() => decodePayload(notObject)).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
   })
 
@@ -118,7 +139,7 @@ describe('stage wire decoding', () => {
     const dtype = act.slice()
     dtype[6] = 2
     expect(() => decodePayload(dtype)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
-    const noId = Uint8Array.of(1, 5, 0)
+    const noId = Uint8Array.of(2, 5, 0)
     expect(() => decodePayload(noId)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     const badOpen = payloadOf({ kind: 'open', requestId: 'x', open: { ...open, hop: 0 } })
     expect(() => decodePayload(badOpen)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))

@@ -259,3 +259,11 @@ describe('rankReplicas', () => {
     expect(rankReplicas(cs, ctx({ roundRobin: 1 }))).toEqual(['b', 'c', 'a'])
   })
 })
+
+describe('a node with no other replica (issue 13 #1)', () => {
+  it('sends a burst beyond its free slots to its own engine, which queues it, instead of answering 429', () => {
+    const full = node('self', { local: true, load: load({ inFlight: 8, slots: 8, queueDepth: 8, expectedQueueWaitMs: 170 }) })
+    const d = chooseReplica([full], ctx({ expectedTokens: 48, deadline: NOW + 600_000 }))
+    expect(d).toMatchObject({ kind: 'node', peerId: 'self', local: true })
+  })
+})

@@ -4,7 +4,7 @@
  */
 import type { Libp2p } from '@libp2p/interface'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { ShoalError } from '../../daemon/errors.ts'
+import { httpStatusOf, ShoalError } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import {
   createRoutedService, encodeFrame, forwardGenerate, handleInferStream, INFER_PROTOCOL, MAX_FRAME_BYTES,
@@ -130,6 +130,13 @@ describe('forwarding over libp2p', () => {
     const node2 = await serve(tooLong)
     const ctx = await failure(collect(forwardGenerate(opener(client, node2, INFER_PROTOCOL), request({ model: 'sim-2' }), new AbortController().signal)))
     expect(ctx).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH', phase: 'before-start', retryable: false, message: 'prompt too long' })
+
+    // The field the peer named (OpenAI's `param`) comes back too, so the client sees what the holder said.
+    const tooMany = new SimulatedService({ model: 'sim-3', failBeforeStart: () => Object.assign(new ShoalError('SHOAL_ERR_BAD_REQUEST', 'max_tokens too large'), { param: 'max_tokens' }) })
+    const node3 = await serve(tooMany)
+    const bad = await failure(collect(forwardGenerate(opener(client, node3, INFER_PROTOCOL), request({ model: 'sim-3' }), new AbortController().signal)))
+    expect(bad).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'max_tokens', retryable: false })
+    expect(httpStatusOf(bad).status).toBe(400)
   })
 
   it('fails with SHOAL_ERR_DEADLINE when the deadline passes, and the service is stopped', async () => {
@@ -291,6 +298,34 @@ describe('forwarding over libp2p', () => {
       expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 10))
       expect(healthy.calls).toEqual([req.requestId])
       release.resolve()
+    })
+
+    it('client errors are not retried elsewhere, and keep the code (and so the status) they had (issue 13 #4)', async () => {
+      // A 5 MB prompt cannot travel: 413 at the forwarding node, nothing dialed, no Retry-After.
+      const holder = new SimulatedService()
+      const spare = new SimulatedService()
+      const a = await serve(holder)
+      const b = await serve(spare)
+      const opens = new Map([a, b].map(n => [n.peerId.toString(), opener(client, n, INFER_PROTOCOL)]))
+      const routed = createRoutedService({ random: () => 0 }, {
+        candidates: () => [
+          { peerId: a.peerId.toString(), local: false, admitted: true, alive: true, wholeModel: true, load: load(0) },
+          { peerId: b.peerId.toString(), local: false, admitted: true, alive: true, wholeModel: true, load: load(3) },
+        ],
+        forward: (peerId, req, signal) => forwardGenerate(opens.get(peerId) as never, req, signal, { peerId }),
+      })
+      const big = request({ prompt: { kind: 'text', text: 'x'.repeat(5 * 1024 * 1024) } })
+      const tooBig = await failure(collect(routed.generate(big, new AbortController().signal)))
+      expect(tooBig).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH', retryable: false })
+      expect(httpStatusOf(tooBig).status).toBe(413)
+
+      // A lone surrogate that reached a node anyway is a 400 from it, carried back as it was.
+      const bad = request({ prompt: { kind: 'text', text: 'a\ud800b' } })
+      const badErr = await failure(collect(routed.generate(bad, new AbortController().signal)))
+      expect(badErr).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', retryable: false })
+      expect(httpStatusOf(badErr).status).toBe(400)
+      expect(holder.calls).toEqual([])
+      expect(spare.calls).toEqual([])
     })
 
     it('server dies after start: a typed PEER_LOST error, no retry, no hang', async () => {

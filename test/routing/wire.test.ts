@@ -38,6 +38,9 @@ describe('infer wire format', () => {
         '4c' + '01' + '04' + '027231' + utf8hex('{"finishReason":"stop","usage":{"promptTokens":2,"completionTokens":2}}')],
       [{ kind: 'error', requestId: 'r1', error: { name: 'ShoalError', code: 'SHOAL_ERR_OVERLOADED', message: 'busy' } },
         '49' + '01' + '05' + '027231' + utf8hex('{"name":"ShoalError","code":"SHOAL_ERR_OVERLOADED","message":"busy"}')],
+      // The field at fault travels last, only when named (frames without it are unchanged).
+      [{ kind: 'error', requestId: 'r1', error: { name: 'RequestTooLongError', code: 'SHOAL_ERR_BAD_REQUEST', message: 'too long', param: 'max_tokens' } },
+        '6c' + '01' + '05' + '027231' + utf8hex('{"name":"RequestTooLongError","code":"SHOAL_ERR_BAD_REQUEST","message":"too long","param":"max_tokens"}')],
       [{ kind: 'cancel', requestId: 'r1' }, '05' + '01' + '06' + '027231'],
     ]
     for (const [frame, expected] of golden) {

@@ -127,10 +127,10 @@ describe('tokenizer, chat template and generation defaults', () => {
 })
 
 describe('graph I/O semantics', () => {
-  it('num_logits_to_keep 0 keeps all positions; left padding is just mask zeros', async () => {
+  it('num_logits_to_keep 0 keeps all positions; left padding is just mask zeros (standard op table)', async () => {
     const dir = join(root, 'io')
     await generateTestModel({ architecture: 'qwen2', outDir: dir, seed: 3 })
-    const m = await compileShards({ modelDir: dir, outDir: `${dir}-shards`, stages: 2 })
+    const m = await compileShards({ modelDir: dir, outDir: `${dir}-shards`, stages: 2, opSet: 'standard' })
     const p = await openPipeline(`${dir}-shards`, m)
     const V = m.shape.vocabSize
     try {

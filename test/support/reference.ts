@@ -1,5 +1,6 @@
 /**
- * A float64 reference forward pass for the supported decoder families, in plain TypeScript.
+ * A float64 reference forward pass for the supported decoder families (dense, and the
+ * mixture-of-experts ones: Mixtral, Qwen2-MoE, Qwen3-MoE), in plain TypeScript.
  * Tests only. It reads config.json and the safetensors files itself and shares no code with the
  * shard compiler or graph builder, so agreement between the two is evidence, not tautology.
  */
@@ -15,8 +16,20 @@ interface RefLayer {
   qb?: Vec; kb?: Vec; vb?: Vec
   qNorm?: Vec; kNorm?: Vec
   o: Vec
-  gate: Vec; up: Vec; down: Vec
+  gate?: Vec; up?: Vec; down?: Vec
+  moe?: RefMoe
 }
+
+interface RefMlp { gate: Vec, up: Vec, down: Vec, I: number }
+
+interface RefMoe {
+  router: Vec // [E, D]
+  experts: RefMlp[]
+  shared?: RefMlp & { sgate: Vec }
+}
+
+/** Which experts a MoE layer chose for one token, and their weights (for router tests). */
+export interface RefRoute { layer: number, experts: number[], weights: number[] }
 
 function half (h: number, bf16: boolean): number {
   if (bf16) { const b = new DataView(new ArrayBuffer(4)); b.setUint32(0, h << 16); return b.getFloat32(0) }
@@ -122,21 +135,53 @@ export class ReferenceModel {
     this.layers = []
     for (let l = 0; l < this.L; l++) {
       const p = `model.layers.${l}`
-      const common = { inNorm: get(`${p}.input_layernorm.weight`), postNorm: get(`${p}.post_attention_layernorm.weight`), o: get(`${p}.self_attn.o_proj.weight`), down: get(`${p}.mlp.down_proj.weight`) }
+      const common = { inNorm: get(`${p}.input_layernorm.weight`), postNorm: get(`${p}.post_attention_layernorm.weight`), o: get(`${p}.self_attn.o_proj.weight`) }
+      const mt = cfg.model_type as string
+      if (['mixtral', 'qwen2_moe', 'qwen3_moe'].includes(mt)) {
+        const a = `${p}.self_attn`
+        const layer: RefLayer = { ...common, q: get(`${a}.q_proj.weight`), k: get(`${a}.k_proj.weight`), v: get(`${a}.v_proj.weight`) }
+        if (mt === 'qwen2_moe') { layer.qb = get(`${a}.q_proj.bias`); layer.kb = get(`${a}.k_proj.bias`); layer.vb = get(`${a}.v_proj.bias`) }
+        if (mt === 'qwen3_moe') { layer.qNorm = get(`${a}.q_norm.weight`); layer.kNorm = get(`${a}.k_norm.weight`) }
+        // HF's rule: Mixtral is MoE everywhere; Qwen-MoE unless in mlp_only_layers or off the sparse step.
+        const isMoe = mt === 'mixtral' || (!(cfg.mlp_only_layers ?? []).includes(l) && cfg.num_experts > 0 && (l + 1) % (cfg.decoder_sparse_step ?? 1) === 0)
+        if (!isMoe) {
+          layer.gate = get(`${p}.mlp.gate_proj.weight`); layer.up = get(`${p}.mlp.up_proj.weight`); layer.down = get(`${p}.mlp.down_proj.weight`)
+        } else if (mt === 'mixtral') {
+          const b = `${p}.block_sparse_moe`
+          layer.moe = {
+            router: get(`${b}.gate.weight`),
+            experts: Array.from({ length: cfg.num_local_experts as number }, (_, e) => ({ gate: get(`${b}.experts.${e}.w1.weight`), up: get(`${b}.experts.${e}.w3.weight`), down: get(`${b}.experts.${e}.w2.weight`), I: this.I })),
+          }
+        } else {
+          const b = `${p}.mlp`
+          const I = cfg.moe_intermediate_size as number
+          layer.moe = {
+            router: get(`${b}.gate.weight`),
+            experts: Array.from({ length: cfg.num_experts as number }, (_, e) => ({ gate: get(`${b}.experts.${e}.gate_proj.weight`), up: get(`${b}.experts.${e}.up_proj.weight`), down: get(`${b}.experts.${e}.down_proj.weight`), I })),
+          }
+          if (mt === 'qwen2_moe' && (cfg.shared_expert_intermediate_size ?? 0) > 0) {
+            const sh = `${b}.shared_expert`
+            layer.moe.shared = { gate: get(`${sh}.gate_proj.weight`), up: get(`${sh}.up_proj.weight`), down: get(`${sh}.down_proj.weight`), I: cfg.shared_expert_intermediate_size, sgate: get(`${b}.shared_expert_gate.weight`) }
+          }
+        }
+        this.layers.push(layer)
+        continue
+      }
+      const down = get(`${p}.mlp.down_proj.weight`)
       if (cfg.model_type === 'phi3') {
         const qkv = get(`${p}.self_attn.qkv_proj.weight`)
         const gu = get(`${p}.mlp.gate_up_proj.weight`)
         this.layers.push({
           ...common,
           q: qkv.slice(0, qn * this.D), k: qkv.slice(qn * this.D, (qn + kn) * this.D), v: qkv.slice((qn + kn) * this.D),
-          gate: gu.slice(0, this.I * this.D), up: gu.slice(this.I * this.D),
+          gate: gu.slice(0, this.I * this.D), up: gu.slice(this.I * this.D), down,
         })
       } else {
         const a = `${p}.self_attn`
         const layer: RefLayer = {
           ...common,
           q: get(`${a}.q_proj.weight`), k: get(`${a}.k_proj.weight`), v: get(`${a}.v_proj.weight`),
-          gate: get(`${p}.mlp.gate_proj.weight`), up: get(`${p}.mlp.up_proj.weight`),
+          gate: get(`${p}.mlp.gate_proj.weight`), up: get(`${p}.mlp.up_proj.weight`), down,
         }
         if (cfg.model_type === 'qwen2') { layer.qb = get(`${a}.q_proj.bias`); layer.kb = get(`${a}.k_proj.bias`); layer.vb = get(`${a}.v_proj.bias`) }
         if (cfg.model_type === 'qwen3') { layer.qNorm = get(`${a}.q_norm.weight`); layer.kNorm = get(`${a}.k_norm.weight`) }
@@ -197,13 +242,51 @@ export class ReferenceModel {
       const o = matvec(w.o, attn, D)
       x = x.map((xi, i) => xi + o[i]!)
       const m = rmsNorm(x, w.postNorm, this.eps)
-      const gate = matvec(w.gate, m, this.I)
-      const up = matvec(w.up, m, this.I)
-      const act = gate.map((gv, i) => gv / (1 + Math.exp(-gv)) * up[i]!)
-      const dn = matvec(w.down, act, D)
+      const dn = w.moe !== undefined ? this.moe(l, w.moe, m) : this.mlp({ gate: w.gate!, up: w.up!, down: w.down!, I: this.I }, m)
       x = x.map((xi, i) => xi + dn[i]!)
     }
     return matvec(this.head, rmsNorm(x, this.norm, this.eps), this.V)
+  }
+
+  private mlp (w: RefMlp, m: Vec): Vec {
+    const gate = matvec(w.gate, m, w.I)
+    const up = matvec(w.up, m, w.I)
+    const act = gate.map((gv, i) => gv / (1 + Math.exp(-gv)) * up[i]!)
+    return matvec(w.down, act, this.D)
+  }
+
+  /** Every MoE layer's choice for every token stepped so far (tests read it). */
+  readonly routes: RefRoute[] = []
+
+  /**
+   * HF's sparse MoE block: softmax over the router logits, the top k (ties to the lower index),
+   * renormalised when norm_topk_prob (always for Mixtral), weighted sum of the chosen experts,
+   * plus Qwen2-MoE's sigmoid-gated shared expert.
+   */
+  private moe (l: number, w: RefMoe, m: Vec): Vec {
+    const E = w.experts.length
+    const k = this.cfg.num_experts_per_tok as number
+    const logits = matvec(w.router, m, E)
+    const mx = Math.max(...logits)
+    const ex = logits.map(v => Math.exp(v - mx))
+    const z = ex.reduce((a, b) => a + b, 0)
+    const probs = ex.map(v => v / z)
+    const chosen = Array.from({ length: E }, (_, e) => e).sort((a, b) => probs[b]! - probs[a]! || a - b).slice(0, k)
+    const norm = this.cfg.model_type === 'mixtral' || this.cfg.norm_topk_prob === true
+    const total = chosen.reduce((s, e) => s + probs[e]!, 0)
+    const weights = chosen.map(e => norm ? probs[e]! / total : probs[e]!)
+    this.routes.push({ layer: l, experts: chosen, weights })
+    const out = new Float64Array(this.D)
+    chosen.forEach((e, i) => {
+      const y = this.mlp(w.experts[e]!, m)
+      for (let d = 0; d < this.D; d++) out[d]! += weights[i]! * y[d]!
+    })
+    if (w.shared !== undefined) {
+      const y = this.mlp(w.shared, m)
+      const g = 1 / (1 + Math.exp(-matvec(w.shared.sgate, m, 1)[0]!))
+      for (let d = 0; d < this.D; d++) out[d]! += g * y[d]!
+    }
+    return out
   }
 
   /** Greedy continuation of `prompt` for `n` tokens; also returns each step's top-2 logit margin. */

@@ -3,6 +3,7 @@
  * a stage graph (model.onnx with external weights, by path) for a device and runs it with named
  * host tensors. Every implementation passes test/engine/backend-conformance.ts.
  */
+import { join } from 'node:path'
 
 export type HostTensor =
   | { type: 'float32', data: Float32Array, dims: number[] }
@@ -17,9 +18,25 @@ export interface LoadOptions {
   threads?: number
   /**
    * True when this session has the cores to itself. Otherwise intra-op threads must not spin:
-   * two spinning sessions slow each other by 4–9 ms per step (engine-notes.md).
+   * two spinning sessions slow each other by 4–9 ms per step (docs/engine-notes.md).
    */
   exclusiveCores?: boolean
+  /**
+   * The node's compiled-model cache directory (compiledCacheDir): a backend that compiles graphs
+   * per device keeps its compiled blobs under its own subdirectory there, so a restart loads
+   * without recompiling (OpenVINO: CACHE_DIR). Absent: nothing is cached.
+   */
+  cacheDir?: string
+}
+
+/** The compiled-model cache under a node's cache root (OpenVINO blobs in its openvino/ subdirectory). */
+export function compiledCacheDir (cacheRoot: string): string {
+  return join(cacheRoot, 'compiled')
+}
+
+/** OpenVINO's CACHE_DIR inside a compiled-model cache directory. */
+export function openvinoCacheDir (cacheDir: string): string {
+  return join(cacheDir, 'openvino')
 }
 
 export interface BackendSession {

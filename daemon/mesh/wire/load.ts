@@ -32,7 +32,18 @@ export interface LoadRecord {
    * instead of guessing which of its dispatches and finishes the report already saw.
    */
   fromYou?: number
+  /**
+   * KV prefixes the node keeps for reuse, as compact block hashes (16 hex digits; daemon/kv
+   * PrefixCache.summary, scoped by manifest hash, layer range and dtype), at most
+   * LOAD_MAX_PREFIXES (optional; absent when it keeps none). Lets routing send a conversation
+   * where its history's KV already is.
+   */
+  prefixes?: string[]
 }
+
+/** Bound on `prefixes`: 64 × 19 bytes of JSON keeps a load frame well inside LOAD_MAX_FRAME. */
+export const LOAD_MAX_PREFIXES = 64
+const PREFIX_HASH = /^[0-9a-f]{16}$/
 
 export const LOAD_FIELDS = ['queueDepth', 'inFlight', 'decodeTokPerSec', 'freeKvTokens', 'expectedWaitMs'] as const
 
@@ -63,6 +74,12 @@ export function parseLoadRecord (value: unknown): LoadRecord {
   if (obj.accepting !== undefined) {
     if (typeof obj.accepting !== 'boolean') throw malformed('load.accepting is not a boolean')
     out.accepting = obj.accepting
+  }
+  if (obj.prefixes !== undefined) {
+    const p = obj.prefixes
+    if (!Array.isArray(p) || p.length > LOAD_MAX_PREFIXES) throw malformed(`load.prefixes is not an array of at most ${LOAD_MAX_PREFIXES}`)
+    if (!p.every(h => typeof h === 'string' && PREFIX_HASH.test(h))) throw malformed('load.prefixes holds something other than 16 lowercase hex digits')
+    out.prefixes = [...p] as string[]
   }
   return out as LoadRecord
 }

@@ -1,0 +1,69 @@
+/**
+ * Sequence admission as a pure decision: a request that finds every sequence slot busy waits for
+ * one when the expected wait is within the budget (as llama-server, vLLM and Triton queue), and
+ * only beyond that is refused with a retry estimate. Refusing a burst that would be served in a
+ * fraction of the budget only makes clients retry later than they would have been answered.
+ *
+ * The expected wait replays the slots: each running sequence frees its slot after its remaining
+ * tokens (an upper bound: max_tokens, or the context's end), each waiter ahead takes the earliest
+ * free slot and holds it for its own tokens, and the new request gets the next one. All sequences
+ * advance one token per batched step, so time is tokens × the step time at a full batch.
+ */
+
+export interface SlotState {
+  /** Sequences the engine runs at once. */
+  slots: number
+  /** Tokens each running sequence may still generate (≤ slots entries). */
+  running: readonly number[]
+  /** Tokens each waiting request may generate, in queue order. */
+  waiting: readonly number[]
+  /** ms of one decode step with every slot busy; 0 when not yet measured. */
+  stepMs: number
+}
+
+export interface AdmissionPolicy {
+  /** Longest expected wait for a slot before a request is refused. */
+  budgetMs: number
+  /** Bound on waiting requests, whatever the estimate. */
+  maxWaiting: number
+}
+
+export type AdmissionDecision =
+  | { kind: 'run' }
+  | { kind: 'wait', expectedWaitMs: number }
+  | { kind: 'refuse', expectedWaitMs: number, retryAfterMs: number, reason: string }
+
+/** Expected ms until a newly arriving request gets a slot (0 when one is free and nobody waits). */
+export function expectedSlotWaitMs (s: SlotState): number {
+  const step = Math.max(0, s.stepMs)
+  const free: number[] = s.running.slice(0, s.slots).map(t => Math.max(0, t) * step)
+  while (free.length < s.slots) free.push(0)
+  if (free.length === 0) return Infinity
+  free.sort((a, b) => a - b)
+  for (const tokens of s.waiting) {
+    // The earliest free slot goes to this waiter, busy again after its own tokens.
+    const at = free.shift() as number
+    const until = at + Math.max(0, tokens) * step
+    let i = 0
+    while (i < free.length && (free[i] as number) <= until) i++
+    free.splice(i, 0, until)
+  }
+  return free[0] as number
+}
+
+export function decideAdmission (s: SlotState, policy: AdmissionPolicy): AdmissionDecision {
+  if (s.running.length < s.slots && s.waiting.length === 0) return { kind: 'run' }
+  const wait = expectedSlotWaitMs(s)
+  if (s.waiting.length >= policy.maxWaiting) {
+    return { kind: 'refuse', expectedWaitMs: wait, retryAfterMs: Math.max(1, Math.ceil(wait)), reason: `all ${s.slots} sequences are busy and ${s.waiting.length} requests are already waiting` }
+  }
+  if (wait > policy.budgetMs) {
+    return {
+      kind: 'refuse',
+      expectedWaitMs: wait,
+      retryAfterMs: Math.max(1, Math.ceil(wait - policy.budgetMs)),
+      reason: `all ${s.slots} sequences are busy; the expected wait of ${Math.round(wait)} ms for one exceeds the budget of ${policy.budgetMs} ms`,
+    }
+  }
+  return { kind: 'wait', expectedWaitMs: wait }
+}

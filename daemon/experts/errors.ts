@@ -1,0 +1,39 @@
+/**
+ * Typed errors of expert holders. Callers compare `code`, never message text; codes travel in
+ * /shoal/experts error frames unchanged.
+ */
+import { ShoalError } from '../errors.ts'
+
+/** Codes of /shoal/experts wire violations; they also travel back in error frames. */
+export type ExpertWireErrorCode =
+  | 'SHOAL_ERR_EXPERTS_UNSUPPORTED_VERSION'
+  | 'SHOAL_ERR_EXPERTS_UNKNOWN_KIND'
+  | 'SHOAL_ERR_EXPERTS_TOO_LARGE'
+  | 'SHOAL_ERR_EXPERTS_TRUNCATED'
+  | 'SHOAL_ERR_EXPERTS_MALFORMED'
+  /** The holder does not hold an expert the frame names, or serves another model. */
+  | 'SHOAL_ERR_EXPERTS_NOT_HELD'
+
+/** A frame that cannot be decoded. */
+export class ExpertWireError extends ShoalError {
+  override name = 'ExpertWireError'
+  declare readonly code: ExpertWireErrorCode
+  constructor (code: ExpertWireErrorCode, message: string, options?: ErrorOptions) {
+    super(code, message, options)
+  }
+}
+
+/**
+ * A MoE step could not run: every holder of a chosen expert is gone. The request fails cleanly
+ * (before its next token) and is replayed like a request whose chain stage died.
+ */
+export class ExpertsLostError extends ShoalError {
+  override name = 'ExpertsLostError'
+  readonly layer: number
+  readonly expert: number
+  constructor (layer: number, expert: number, holders: string[], options?: ErrorOptions) {
+    super('SHOAL_ERR_PEER_LOST', `no live holder of expert ${expert} of layer ${layer} (held by ${holders.join(', ') || 'nobody'})`, options)
+    this.layer = layer
+    this.expert = expert
+  }
+}

@@ -1,0 +1,251 @@
+/**
+ * The /shoal/experts/1.0.0 wire format: a stage node that runs a MoE layer's attention and router
+ * sends each expert holder the rows routed to its experts; the holder answers with each row's
+ * weighted partial sum. Many steps are in flight on one long-lived stream per (stage, holder)
+ * pair, matched by step id.
+ *
+ * A frame is an unsigned-varint length, then a payload (all integers little-endian):
+ *   u8 version (1) | u8 kind | u8 n | n bytes model key (the manifest hash, UTF-8)
+ *   | zero padding to a 4-byte boundary | u32 step | body
+ * Bodies:
+ *   compute  u32 layer | u32 rows | u32 width | u32 groups | groups × (u32 expert | u32 count)
+ *            | Σcount × u32 row (per group, ascending, each < rows) | Σcount × f32 weight
+ *            | rows × width f32 (the hidden rows, post-attention-norm)
+ *            Groups list distinct experts ascending; every row belongs to at least one group.
+ *   partial  u32 rows | u32 width | rows × width f32: for each row of the compute frame, in its
+ *            order, Σ weight · expert(row) over the groups that name it, added in group order
+ *   error    JSON {name, code, message}: the step failed at the holder (step 0: the link)
+ * Everything after the model key is 4-byte aligned, so a decoder can view tensors in place.
+ */
+import type { SerializedError } from '../errors.ts'
+import { ExpertWireError } from './errors.ts'
+
+export const EXPERTS_PROTOCOL = '/shoal/experts/1.0.0'
+export const EXPERTS_WIRE_VERSION = 1
+/** 256 rows of an 8192-wide model are 8 MiB; a prefill chunk of a large model fits. */
+export const MAX_FRAME_BYTES = 16 * 1024 * 1024
+export const MAX_MODEL_KEY_BYTES = 255
+const MAX_ERROR_MESSAGE_CHARS = 2048
+
+const KIND_CODES = { compute: 1, partial: 2, error: 3 } as const
+export type ExpertFrameKind = keyof typeof KIND_CODES
+const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as ExpertFrameKind]))
+
+export interface ExpertGroup {
+  expert: number
+  /** Indices into the frame's rows, ascending. */
+  rows: number[]
+  weights: number[]
+}
+
+export type ExpertFrame =
+  | { kind: 'compute', model: string, step: number, layer: number, rows: number, width: number, groups: ExpertGroup[], data: Float32Array }
+  | { kind: 'partial', model: string, step: number, rows: number, width: number, data: Float32Array }
+  | { kind: 'error', model: string, step: number, error: SerializedError }
+
+if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the experts wire format assumes a little-endian host')
+
+const utf8 = new TextEncoder()
+const utf8Strict = new TextDecoder('utf-8', { fatal: true })
+const malformed = (message: string, cause?: unknown): ExpertWireError =>
+  new ExpertWireError('SHOAL_ERR_EXPERTS_MALFORMED', message, cause === undefined ? undefined : { cause })
+const truncated = (message: string): ExpertWireError => new ExpertWireError('SHOAL_ERR_EXPERTS_TRUNCATED', message)
+const isU32 = (n: unknown): n is number => Number.isInteger(n) && (n as number) >= 0 && (n as number) < 2 ** 32
+
+function varintLength (n: number): number {
+  let len = 1
+  while (n >= 0x80) { n = Math.floor(n / 128); len++ }
+  return len
+}
+
+function writeVarint (out: Uint8Array, offset: number, n: number): number {
+  while (n >= 0x80) { out[offset++] = (n % 128) | 0x80; n = Math.floor(n / 128) }
+  out[offset++] = n
+  return offset
+}
+
+/** Header through the step id, with `extra` bytes of room after it; `at` is 4-byte aligned. */
+function header (kind: ExpertFrameKind, model: string, step: number, extra: number): { out: Uint8Array, dv: DataView, at: number } {
+  const key = utf8.encode(model)
+  if (key.length === 0 || key.length > MAX_MODEL_KEY_BYTES) throw malformed(`model key must be 1-${MAX_MODEL_KEY_BYTES} bytes`)
+  if (!isU32(step)) throw malformed('step must be a u32')
+  const stepAt = align4(3 + key.length)
+  const out = new Uint8Array(stepAt + 4 + extra)
+  out[0] = EXPERTS_WIRE_VERSION
+  out[1] = KIND_CODES[kind]
+  out[2] = key.length
+  out.set(key, 3)
+  const dv = new DataView(out.buffer, out.byteOffset, out.byteLength)
+  dv.setUint32(stepAt, step, true)
+  return { out, dv, at: stepAt + 4 }
+}
+
+const align4 = (n: number): number => n + ((4 - (n % 4)) % 4)
+
+function checkGroups (rows: number, groups: ExpertGroup[]): void {
+  const seen = new Uint8Array(rows)
+  let last = -1
+  for (const g of groups) {
+    if (!isU32(g.expert) || g.expert <= last) throw malformed('compute: group experts must be distinct u32s, ascending')
+    last = g.expert
+    if (g.rows.length === 0 || g.rows.length !== g.weights.length) throw malformed(`compute: expert ${g.expert} has ${g.rows.length} rows and ${g.weights.length} weights`)
+    let prev = -1
+    for (const r of g.rows) {
+      if (!Number.isInteger(r) || r <= prev || r >= rows) throw malformed(`compute: expert ${g.expert} rows must be ascending indices below ${rows}`)
+      prev = r
+      seen[r] = 1
+    }
+    if (g.weights.some(w => !Number.isFinite(w))) throw malformed(`compute: expert ${g.expert} has a non-finite weight`)
+  }
+  if (seen.includes(0)) throw malformed('compute: a row belongs to no group')
+}
+
+/** The payload as parts: tensor bytes are not copied (the last part is a view of `data`). */
+export function encodePayloadParts (f: ExpertFrame): Uint8Array[] {
+  switch (f.kind) {
+    case 'compute': {
+      if (!isU32(f.layer) || !isU32(f.rows) || !isU32(f.width) || f.rows === 0 || f.width === 0) throw malformed('compute: layer, rows and width must be u32, rows and width > 0')
+      if (f.data.length !== f.rows * f.width) throw malformed(`compute: ${f.data.length} values for ${f.rows} × ${f.width}`)
+      checkGroups(f.rows, f.groups)
+      const total = f.groups.reduce((s, g) => s + g.rows.length, 0)
+      const { out, dv, at } = header('compute', f.model, f.step, 16 + 8 * f.groups.length + 8 * total)
+      dv.setUint32(at, f.layer, true)
+      dv.setUint32(at + 4, f.rows, true)
+      dv.setUint32(at + 8, f.width, true)
+      dv.setUint32(at + 12, f.groups.length, true)
+      let o = at + 16
+      for (const g of f.groups) { dv.setUint32(o, g.expert, true); dv.setUint32(o + 4, g.rows.length, true); o += 8 }
+      for (const g of f.groups) for (const r of g.rows) { dv.setUint32(o, r, true); o += 4 }
+      for (const g of f.groups) for (const w of g.weights) { dv.setFloat32(o, w, true); o += 4 }
+      return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
+    }
+    case 'partial': {
+      if (!isU32(f.rows) || !isU32(f.width) || f.rows === 0 || f.width === 0) throw malformed('partial: rows and width must be u32 > 0')
+      if (f.data.length !== f.rows * f.width) throw malformed(`partial: ${f.data.length} values for ${f.rows} × ${f.width}`)
+      const { out, dv, at } = header('partial', f.model, f.step, 8)
+      dv.setUint32(at, f.rows, true)
+      dv.setUint32(at + 4, f.width, true)
+      return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
+    }
+    case 'error': {
+      const body = utf8.encode(JSON.stringify({ name: f.error.name, code: f.error.code, message: f.error.message.slice(0, MAX_ERROR_MESSAGE_CHARS) }))
+      const { out, at } = header('error', f.model, f.step, body.length)
+      out.set(body, at)
+      return [out]
+    }
+  }
+}
+
+/** The frame as it goes on the stream: varint length, then the payload parts. */
+export function encodeFrameParts (f: ExpertFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array[] {
+  const parts = encodePayloadParts(f)
+  const len = parts.reduce((n, p) => n + p.length, 0)
+  if (len > maxFrameBytes) throw new ExpertWireError('SHOAL_ERR_EXPERTS_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`)
+  const prefix = new Uint8Array(varintLength(len))
+  writeVarint(prefix, 0, len)
+  return [prefix, ...parts]
+}
+
+/** The frame as one contiguous byte array (tests, golden bytes). */
+export function encodeFrame (f: ExpertFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array {
+  const parts = encodeFrameParts(f, maxFrameBytes)
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
+  let o = 0
+  for (const p of parts) { out.set(p, o); o += p.length }
+  return out
+}
+
+/** The step id of a payload whose body may not decode (so an answer can be matched or refused). */
+export function peekStep (buf: Uint8Array): number | undefined {
+  const n = buf[2]
+  if (n === undefined) return undefined
+  const at = align4(3 + n)
+  if (buf.length < at + 4) return undefined
+  return new DataView(buf.buffer, buf.byteOffset, buf.byteLength).getUint32(at, true)
+}
+
+/** f32 values at byte offset `at` of `buf`: a view when aligned, else a copy. */
+function f32At (buf: Uint8Array, at: number, count: number): Float32Array {
+  const start = buf.byteOffset + at
+  if (start % 4 === 0) return new Float32Array(buf.buffer, start, count)
+  // Copy into a fresh buffer (a Node Buffer's slice() would be a view of its pool).
+  const copy = new Uint8Array(count * 4)
+  copy.set(buf.subarray(at, at + count * 4))
+  return new Float32Array(copy.buffer)
+}
+
+/** Decodes one payload (the bytes inside a length prefix). */
+export function decodePayload (buf: Uint8Array): ExpertFrame {
+  if (buf.length < 3) throw truncated(`frame of ${buf.length} bytes is shorter than its header`)
+  if (buf[0] !== EXPERTS_WIRE_VERSION) throw new ExpertWireError('SHOAL_ERR_EXPERTS_UNSUPPORTED_VERSION', `experts frame version ${buf[0]} is not supported (this node speaks ${EXPERTS_WIRE_VERSION})`)
+  const kind = KIND_BY_CODE.get(buf[1] as number)
+  if (kind === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_UNKNOWN_KIND', `unknown experts frame kind ${buf[1]}`)
+  const keyLen = buf[2] as number
+  if (keyLen === 0) throw malformed('model key is empty')
+  const stepAt = align4(3 + keyLen)
+  if (buf.length < stepAt + 4) throw truncated('frame ends inside its header')
+  let model: string
+  try {
+    model = utf8Strict.decode(buf.subarray(3, 3 + keyLen))
+  } catch (err) {
+    throw malformed('model key is not valid UTF-8', err)
+  }
+  if (buf.subarray(3 + keyLen, stepAt).some(b => b !== 0)) throw malformed('header padding is not zero')
+  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength)
+  const step = dv.getUint32(stepAt, true)
+  const at = stepAt + 4
+  switch (kind) {
+    case 'compute': {
+      if (buf.length < at + 16) throw truncated('compute: frame ends inside its header')
+      const layer = dv.getUint32(at, true)
+      const rows = dv.getUint32(at + 4, true)
+      const width = dv.getUint32(at + 8, true)
+      const n = dv.getUint32(at + 12, true)
+      if (rows === 0 || width === 0) throw malformed('compute: rows and width must be > 0')
+      if (buf.length < at + 16 + 8 * n) throw truncated('compute: frame ends inside its group table')
+      const counts: Array<[number, number]> = []
+      let total = 0
+      for (let g = 0; g < n; g++) {
+        const c = dv.getUint32(at + 16 + 8 * g + 4, true)
+        counts.push([dv.getUint32(at + 16 + 8 * g, true), c])
+        total += c
+      }
+      const idxAt = at + 16 + 8 * n
+      const dataAt = idxAt + 8 * total
+      const expected = dataAt + rows * width * 4
+      if (buf.length < expected) throw truncated(`compute: ${buf.length} bytes, ${expected} expected`)
+      if (buf.length > expected) throw malformed(`compute: ${buf.length - expected} bytes after the rows`)
+      let o = 0
+      const groups: ExpertGroup[] = counts.map(([expert, c]) => {
+        const g: ExpertGroup = { expert, rows: [], weights: [] }
+        for (let j = 0; j < c; j++, o++) {
+          g.rows.push(dv.getUint32(idxAt + 4 * o, true))
+          g.weights.push(dv.getFloat32(idxAt + 4 * total + 4 * o, true))
+        }
+        return g
+      })
+      checkGroups(rows, groups)
+      return { kind, model, step, layer, rows, width, groups, data: f32At(buf, dataAt, rows * width) }
+    }
+    case 'partial': {
+      if (buf.length < at + 8) throw truncated('partial: frame ends inside its header')
+      const rows = dv.getUint32(at, true)
+      const width = dv.getUint32(at + 4, true)
+      if (rows === 0 || width === 0) throw malformed('partial: rows and width must be > 0')
+      const expected = at + 8 + rows * width * 4
+      if (buf.length !== expected) throw (buf.length < expected ? truncated : malformed)(`partial: ${buf.length} bytes, ${expected} expected`)
+      return { kind, model, step, rows, width, data: f32At(buf, at + 8, rows * width) }
+    }
+    case 'error': {
+      let v: unknown
+      try {
+        v = JSON.parse(utf8Strict.decode(buf.subarray(at)))
+      } catch (err) {
+        throw malformed('error body is not valid JSON', err)
+      }
+      const o = v as Record<string, unknown> | null
+      if (o === null || typeof o !== 'object' || typeof o.name !== 'string' || typeof o.code !== 'string' || typeof o.message !== 'string') throw malformed('error body is malformed')
+      return { kind, model, step, error: { name: o.name, code: o.code, message: o.message } }
+    }
+  }
+}

@@ -1,0 +1,16 @@
+/**
+ * KV prefix reuse: what a node keeps of finished sequences' KV caches and how a new request finds
+ * the longest prefix it can start from. Pure parts only — chained token-block hashes scoped by
+ * model, layer range and dtype; an LRU index with a byte budget that never evicts a leased entry;
+ * the reuse decision. The engine holds the tensors (StageRunner `retain` / `openFrom`); the local
+ * service wires the two together.
+ */
+export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
+export type { PrefixScopeInit } from './hash.ts'
+export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
+export type { ReuseInput } from './decide.ts'
+export { createPrefixCache } from './cache.ts'
+export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'
+export { createPrefixMetrics } from './metrics.ts'
+export type { PrefixMetrics } from './metrics.ts'
+export { cachedTokensFor, mergeSummaries } from './summary.ts'

@@ -1,0 +1,114 @@
+/**
+ * How many tokens to draft per verification (K), as a pure function of measured quantities. With
+ * a per-token acceptance rate α (each drafted token stands with probability α given the previous
+ * ones stood), one round of K drafts yields E(K) = (1 − α^(K+1)) / (1 − α) tokens (the accepted
+ * prefix plus the target's own next token) and costs
+ *   T(K) = K·draft + verify(K) + hops·hop,   verify(K) = verifyBase + K·verifyPerToken.
+ * K = argmax E(K)/T(K); K = 0 (plain decoding: one token per verifyBase + hops·hop) wins whenever
+ * no K beats it. Long round trips make each traversal dear, so the best K grows with the hop time
+ * — the numbers the paper reports (5–7 on a LAN, ~10 at ≥ 50 ms per hop) come out of this, they
+ * are not written in.
+ */
+
+export interface SpeculationCosts {
+  /** Per-token acceptance rate in [0, 1]. */
+  acceptance: number
+  /** One draft step (one proposed token), ms. */
+  draftStepMs: number
+  /** A plain one-position step of the target (every stage), ms. */
+  verifyBaseMs: number
+  /** What each extra verified position adds to that step, ms. */
+  verifyPerTokenMs: number
+  /** Network time per hop of one traversal, ms (0 on one machine). */
+  hopMs: number
+  /** Hops per traversal (stages + the way back; 0 on one machine). */
+  hops: number
+}
+
+/** Expected tokens from one round of K drafts at acceptance α. */
+export function expectedTokens (acceptance: number, k: number): number {
+  const a = Math.min(Math.max(acceptance, 0), 1)
+  if (a >= 1) return k + 1
+  return (1 - a ** (k + 1)) / (1 - a)
+}
+
+/** Expected tokens per millisecond with K drafts per round. */
+export function tokensPerMs (c: SpeculationCosts, k: number): number {
+  const t = k * c.draftStepMs + c.verifyBaseMs + k * c.verifyPerTokenMs + c.hops * c.hopMs
+  return t > 0 ? expectedTokens(c.acceptance, k) / t : Infinity
+}
+
+/**
+ * The K in [0, maxK] with the highest expected tokens per second (smallest K on ties). Speculating
+ * at all must promise `minGain` over plain decoding (default 5 %): costs are measured on a noisy
+ * machine, and a drafter whose drafts almost never stand should not be kept busy for a rounding error.
+ */
+export function chooseK (c: SpeculationCosts, maxK: number, minGain = 0.05): number {
+  let best = 0
+  const plain = tokensPerMs(c, 0)
+  let bestRate = plain
+  for (let k = 1; k <= maxK; k++) {
+    const r = tokensPerMs(c, k)
+    // A K must beat the smaller ones by a hair: measurement noise should not buy longer rounds.
+    if (r > bestRate * 1.0001 && r > plain * (1 + minGain)) { best = k; bestRate = r }
+  }
+  return best
+}
+
+/**
+ * Running estimates of the costs above for one request, decayed so they follow a generation whose
+ * acceptance changes (it rises with length in the paper's runs). Acceptance counts each examined
+ * draft token as a trial: a round with n of K accepted is n successes and, when n < K, one failure.
+ */
+export interface CostTracker {
+  /** Records one verified round. */
+  round (drafted: number, accepted: number, draftMs: number, verifyMs: number): void
+  /** Records a plain (K = 0) step. */
+  plain (stepMs: number): void
+  costs (hopMs: number, hops: number): SpeculationCosts
+  /** Rounds recorded so far. */
+  readonly rounds: number
+}
+
+export interface CostPriors {
+  acceptance?: number
+  /** Decay per observation (default 0.9: about the last ten rounds matter). */
+  decay?: number
+}
+
+export function createCostTracker (priors: CostPriors = {}): CostTracker {
+  const decay = priors.decay ?? 0.9
+  // Acceptance as decayed successes / trials, starting from one pseudo-trial at the prior.
+  let hits = priors.acceptance ?? 0.7
+  let trials = 1
+  let draftPerToken: number | undefined
+  let base: number | undefined
+  let perToken: number | undefined
+  let rounds = 0
+  const ewma = (old: number | undefined, x: number): number => old === undefined ? x : decay * old + (1 - decay) * x
+  return {
+    get rounds () { return rounds },
+    round (drafted, accepted, draftMs, verifyMs) {
+      if (drafted <= 0) return
+      rounds++
+      hits = decay * hits + accepted
+      trials = decay * trials + accepted + (accepted < drafted ? 1 : 0)
+      draftPerToken = ewma(draftPerToken, draftMs / drafted)
+      // Until a plain step was measured, a verify's cost is split as if every position cost alike.
+      const b = base ?? verifyMs / (drafted + 1)
+      perToken = ewma(perToken, Math.max(0, (verifyMs - b) / drafted))
+    },
+    plain (stepMs) { base = ewma(base, stepMs) },
+    costs (hopMs, hops) {
+      const b = base ?? 1
+      return {
+        acceptance: trials > 0 ? hits / trials : 0,
+        draftStepMs: draftPerToken ?? 0,
+        verifyBaseMs: b,
+        verifyPerTokenMs: perToken ?? 0,
+        hopMs,
+        hops,
+      }
+    },
+  }
+}

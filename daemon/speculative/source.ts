@@ -1,0 +1,254 @@
+/**
+ * The speculative token source: the decode loop (daemon/engine generateSequence) asks it for one
+ * token at a time as for any source; behind that, each round drafts K tokens, verifies them with
+ * one target step of K + 1 positions (logits of every position), keeps the accepted prefix plus
+ * the target's own next token, rolls the target's KV back over the rejected positions by length,
+ * and hands the tokens out one per call. The tokens are the target's own: greedy by id; with
+ * temperature, speculative sampling keeps the target's distribution exactly.
+ *
+ * A drafter that fails is dropped for the rest of the sequence and decoding goes on plainly: a
+ * draft can cost speed, never a token.
+ *
+ * Where acceptance happens is the verifier's business: on a whole model here, from the verify
+ * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
+ * stage, which sends back only the accepted count and the next token.
+ */
+import { EngineError, nextPick } from '../engine/index.ts'
+import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
+import { createRng } from '../engine/index.ts'
+import type { SamplingParams } from '../service.ts'
+import { acceptGreedy, acceptSampled, distribution } from './acceptance.ts'
+import type { Acceptance } from './acceptance.ts'
+import { chooseK, createCostTracker } from './adaptive-k.ts'
+import type { CostTracker } from './adaptive-k.ts'
+import type { Drafter, Proposal, SequenceDrafter } from './drafter.ts'
+
+/** The target sequence's steps, however they run (directly on the engine or through the micro-batcher). */
+export interface TargetSequence {
+  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
+  /** Sets the target's KV back to its first `length` positions. */
+  rollback (length: number, signal: AbortSignal): Promise<void>
+}
+
+/** Checks a round's drafts against the target. */
+export interface Verifier {
+  prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal): Promise<number>
+  /** One plain step: `token` at `position`, the next token out. */
+  plain (token: number, position: number, pick: TokenPick, signal: AbortSignal): Promise<number>
+  /**
+   * `token` at `position` and `drafts` after it, in one target step; the target's cache then
+   * holds the accepted prefix (rejected positions rolled back, now or before the next step).
+   */
+  verify (token: number, position: number, drafts: number[], check: { sampling: SamplerParams, q: Float64Array[] | undefined, rng: Rng }, signal: AbortSignal): Promise<Acceptance>
+}
+
+/** A whole model's verifier: logits of every verified position, acceptance here, rollback by KV length. */
+export function wholeModelVerifier (target: TargetSequence): Verifier {
+  const tokenOf = (out: StepOutput): number => {
+    if (out.kind !== 'token') throw new EngineError(`a target step with a pick must return a token, not ${out.kind}`)
+    return out.id
+  }
+  return {
+    async prefill (promptIds, pick, signal) {
+      return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick }, signal))
+    },
+    async plain (token, position, pick, signal) {
+      return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick }, signal))
+    },
+    async verify (token, position, drafts, { sampling, q, rng }, signal) {
+      const n = drafts.length
+      const positions = Array.from({ length: n + 1 }, (_, i) => position + i)
+      const out = await target.step('decode', [token, ...drafts], positions, { logitsToKeep: n + 1 }, signal)
+      if (out.kind !== 'logits' || out.count !== n + 1) throw new EngineError(`a verify step must return ${n + 1} logits rows`)
+      let result: Acceptance
+      if (sampling.temperature <= 0) {
+        result = acceptGreedy(drafts, out.data, out.vocab)
+      } else {
+        const p = Array.from({ length: n + 1 }, (_, i) => distribution(out.data, sampling, i * out.vocab, out.vocab))
+        result = acceptSampled(drafts, p, q, rng)
+      }
+      // The KV holds position .. position + n; keep up to the last accepted draft.
+      if (result.accepted < n) await target.rollback(position + 1 + result.accepted, signal)
+      return result
+    },
+  }
+}
+
+export interface SpeculationOptions {
+  /** Drafts per round: a number, or 'adaptive' (chosen from measured acceptance and costs). Default 'adaptive'. */
+  k?: number | 'adaptive'
+  /** Upper bound on K (default 16). */
+  maxK?: number
+  /** K for the first rounds of an adaptive request, and for seeded sampled ones (default 4). */
+  initialK?: number
+  /** Network time per hop and hops per target traversal, for the cost model (0 on one machine). */
+  hopMs?: number
+  hops?: number
+  /** With an adaptive K of 0, probe with a short round after this many plain steps (default 16). */
+  probeEvery?: number
+}
+
+/** What one sequence's speculation did. */
+export interface SpeculationCounts {
+  drafter: string
+  /** Verification rounds (steps with at least one drafted token). */
+  rounds: number
+  drafted: number
+  accepted: number
+  /** Plain one-token steps (K = 0, nothing proposed, or after a drafter failure). */
+  plainSteps: number
+  /** 1 when the drafter failed and the sequence went on without it. */
+  drafterFailures: number
+}
+
+export interface SpeculationEvents {
+  /** After every verified round. */
+  onRound?: (k: number, drafted: number, accepted: number) => void
+  onDrafterFailure?: (err: unknown) => void
+}
+
+export interface SpeculativeSourceInit extends SpeculationOptions, SpeculationEvents {
+  seqId: string
+  /** A whole model's sequence (see wholeModelVerifier), or `verifier` for any other target. */
+  target?: TargetSequence
+  verifier?: Verifier
+  drafter: Drafter
+  sampling: SamplingParams
+  /** Undefined: up to the context end. */
+  maxTokens: number | undefined
+  maxPositions: number
+  vocabSize: number
+  now?: () => number
+}
+
+export interface SpeculativeSource extends TokenSource {
+  counts (): SpeculationCounts
+  /** Releases the drafter's state (a draft model's KV). */
+  close (): Promise<void>
+}
+
+export function createSpeculativeSource (init: SpeculativeSourceInit): SpeculativeSource {
+  const now = init.now ?? (() => performance.now())
+  const sampling: SamplerParams = { temperature: init.sampling.temperature, topP: init.sampling.topP }
+  const greedy = sampling.temperature <= 0
+  const rng: Rng = createRng(init.sampling.seed)
+  const maxK = Math.max(0, init.maxK ?? 16)
+  const initialK = Math.min(maxK, init.initialK ?? 4)
+  // A seeded sampled request keeps one K: the draws then line up the same way on every run,
+  // whatever the machine's timings (adaptive K follows them).
+  const fixedK = typeof init.k === 'number' ? Math.min(init.k, maxK) : !greedy && init.sampling.seed !== undefined ? initialK : undefined
+  const probeEvery = init.probeEvery ?? 16
+  const tracker: CostTracker = createCostTracker()
+  const vocab = init.vocabSize
+  const counts: SpeculationCounts = { drafter: init.drafter.name, rounds: 0, drafted: 0, accepted: 0, plainSteps: 0, drafterFailures: 0 }
+  const verifier = init.verifier ?? (init.target === undefined ? undefined : wholeModelVerifier(init.target))
+  if (verifier === undefined) throw new EngineError('a speculative source needs a target or a verifier')
+
+  let drafter: SequenceDrafter | undefined
+  let drafterOpening: Promise<SequenceDrafter | undefined> | undefined
+  let closed = false
+  let history: number[] = []
+  let promptLength = 0
+  /** Tokens verified but not yet handed out, in order. */
+  const queue: number[] = []
+  let plainSinceRound = 0
+
+  const dropDrafter = (err: unknown): void => {
+    counts.drafterFailures = 1
+    init.onDrafterFailure?.(err)
+    const d = drafter
+    drafter = undefined
+    void d?.close().catch(() => {})
+  }
+
+  async function plainStep (token: number, position: number, signal: AbortSignal): Promise<number> {
+    const t0 = now()
+    const next = await verifier!.plain(token, position, nextPick(sampling, rng), signal)
+    tracker.plain(now() - t0)
+    counts.plainSteps++
+    plainSinceRound++
+    return next
+  }
+
+  function pickK (position: number): number {
+    const generated = history.length - promptLength
+    const wanted = init.maxTokens === undefined ? Infinity : init.maxTokens - generated
+    // K drafts yield up to K + 1 tokens; past what is wanted or past the context they are waste.
+    const cap = Math.max(0, Math.min(maxK, wanted - 1, init.maxPositions - 1 - position))
+    if (fixedK !== undefined) return Math.min(fixedK, cap)
+    // Adaptive: measure a plain step first (the cost model's base), run a few rounds at the
+    // initial K, then let the measurements decide; a K of 0 is re-probed now and then.
+    if (counts.plainSteps === 0) return 0
+    if (tracker.rounds < 2) return Math.min(initialK, cap)
+    const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0), cap)
+    if (k === 0 && plainSinceRound >= probeEvery) return Math.min(2, cap)
+    return k
+  }
+
+  async function round (token: number, position: number, signal: AbortSignal): Promise<number> {
+    const k = pickK(position)
+    if (k === 0 || drafter === undefined) return await plainStep(token, position, signal)
+    let proposal: Proposal
+    const t0 = now()
+    try {
+      proposal = await drafter.propose({ context: history, k, sampling, rng, signal })
+    } catch (err) {
+      signal.throwIfAborted()
+      dropDrafter(err)
+      return await plainStep(token, position, signal)
+    }
+    const drafts = proposal.tokens.slice(0, k).filter(t => Number.isSafeInteger(t) && t >= 0 && t < vocab)
+    if (drafts.length < Math.min(k, proposal.tokens.length)) {
+      // Out-of-vocabulary ids: a broken drafter; its later tokens are not worth verifying.
+      dropDrafter(new EngineError('the drafter proposed token ids outside the vocabulary'))
+      return await plainStep(token, position, signal)
+    }
+    if (drafts.length === 0) return await plainStep(token, position, signal)
+    const t1 = now()
+    const n = drafts.length
+    const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)
+    if (!Number.isSafeInteger(result.accepted) || result.accepted < 0 || result.accepted > n) throw new EngineError(`the verifier accepted ${result.accepted} of ${n} drafts`)
+    const t2 = now()
+    tracker.round(n, result.accepted, t1 - t0, t2 - t1)
+    counts.rounds++
+    counts.drafted += n
+    counts.accepted += result.accepted
+    plainSinceRound = 0
+    init.onRound?.(k, n, result.accepted)
+    queue.push(...drafts.slice(0, result.accepted), result.next)
+    return queue.shift()!
+  }
+
+  return {
+    async prefill (promptIds, signal) {
+      history = [...promptIds]
+      promptLength = promptIds.length
+      // The draft model prefills beside the target (its own worker); a drafter that fails to
+      // open leaves the sequence to plain decoding.
+      drafterOpening = init.drafter.open(init.seqId, promptIds, signal).catch((err: unknown) => {
+        if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
+        return undefined
+      })
+      const [first, d] = await Promise.all([verifier.prefill([...promptIds], nextPick(sampling, rng), signal), drafterOpening])
+      if (closed) await d?.close().catch(() => {})
+      else drafter = d
+      history.push(first)
+      return first
+    },
+    async decode (tokenId, position, signal) {
+      if (tokenId !== history[history.length - 1] || position !== history.length - 1) {
+        throw new EngineError(`speculative source fed token ${tokenId} at ${position}, expected ${history[history.length - 1]} at ${history.length - 1}`)
+      }
+      const next = queue.length > 0 ? queue.shift()! : await round(tokenId, position, signal)
+      history.push(next)
+      return next
+    },
+    counts: () => ({ ...counts }),
+    async close () {
+      closed = true
+      const d = drafter ?? await drafterOpening
+      drafter = undefined
+      await d?.close().catch(() => {})
+    },
+  }
+}

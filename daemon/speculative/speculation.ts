@@ -1,0 +1,145 @@
+/**
+ * Speculative decoding for a served model: a source wrapper that gives every request a
+ * speculative token source, with a draft model (`--draft DIR`, its own engine worker beside the
+ * target's, on the node where requests enter: the local service's node, or a chain's stage 0) or
+ * prompt lookup as the drafter. `wrap` serves a whole model (daemon/engine's local service),
+ * `wrapChain` a pipeline chain (daemon/pipeline's service: one traversal per verify, acceptance at
+ * the last stage from token ids alone: greedy, or sampled with the drafts as point masses).
+ */
+import type { Registry } from 'prom-client'
+import type { BackendName, TokenSource, TokenSourceWrapper } from '../engine/index.ts'
+import type { GenerateRequest } from '../service.ts'
+import { EngineError } from '../engine/index.ts'
+import { ShoalError } from '../errors.ts'
+import type { ShardManifest } from '../../shards/index.ts'
+import { createDraftModel } from './draft-model.ts'
+import type { DraftModel } from './draft-model.ts'
+import { createPromptLookupDrafter } from './drafter.ts'
+import type { Drafter } from './drafter.ts'
+import { createSpeculationMetrics } from './metrics.ts'
+import { createSpeculativeSource } from './source.ts'
+import type { SpeculationCounts, SpeculationOptions, SpeculativeSourceInit, Verifier } from './source.ts'
+
+export interface SpeculationInit extends SpeculationOptions {
+  /** A whole-model shard directory with the target's tokenizer, or prompt lookup. */
+  drafter: { draftDir: string } | 'prompt-lookup' | Drafter
+  backend?: BackendName
+  device?: string
+  threads?: number
+  maxSequences?: number
+  metrics?: Registry
+  /** Each request's counts when it ends (tests, receipts). */
+  onRequestEnd?: (requestId: string, counts: SpeculationCounts) => void
+}
+
+/** A pipeline chain's request, structurally (daemon/pipeline's ChainWrapContext). */
+export interface ChainTarget {
+  request: GenerateRequest
+  manifest: ShardManifest
+  chain: {
+    prefill (promptIds: number[], signal: AbortSignal): Promise<number>
+    decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
+    verify (tokenId: number, position: number, drafts: number[], signal: AbortSignal): Promise<{ accepted: number, next: number }>
+  }
+}
+
+export interface Speculation extends TokenSourceWrapper {
+  /** 'prompt-lookup' or 'draft:<model id>' (after start for a draft model). */
+  readonly drafterName: string
+  /** A chain request's source (the chain checks drafts and samples at its last stage). */
+  wrapChain (ctx: ChainTarget): TokenSource & { close: () => Promise<void> }
+}
+
+/** A chain's verifier: one traversal per verify, acceptance at the last stage, rollback by start position on every stage. */
+function chainVerifier (chain: ChainTarget['chain']): Verifier {
+  return {
+    // The last stage makes the draws with its own seeded generator.
+    prefill: async (promptIds, _pick, signal) => await chain.prefill(promptIds, signal),
+    plain: async (token, position, _pick, signal) => await chain.decode(token, position, signal),
+    verify: async (token, position, drafts, _check, signal) => await chain.verify(token, position, drafts, signal),
+  }
+}
+
+/**
+ * Why speculation cannot keep this target's tokens exact, or undefined when it can. A verify step
+ * runs K + 1 positions where plain decoding runs one; with f32 activations the two differ only in
+ * the last bits (as padded batches do), but int8 activations turn those bits into whole
+ * quantization steps: on a generated 250m int4 model a 2-position step chose a different token
+ * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md).
+ */
+export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>): string | undefined {
+  const q = manifest.quantization
+  if (q.kind === 'none' || q.activations === 'f32') return undefined
+  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations to speculate`
+}
+
+export function createSpeculation (init: SpeculationInit): Speculation {
+  const metrics = createSpeculationMetrics(init.metrics)
+  let draftModel: DraftModel | undefined
+  let drafter: Drafter
+  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter()
+  else if ('draftDir' in init.drafter) {
+    draftModel = createDraftModel({
+      shardDir: init.drafter.draftDir,
+      ...(init.backend === undefined ? {} : { backend: init.backend }),
+      ...(init.device === undefined ? {} : { device: init.device }),
+      ...(init.threads === undefined ? {} : { threads: init.threads }),
+      ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
+      ...(init.metrics === undefined ? {} : { metrics: init.metrics }),
+    })
+    drafter = draftModel
+  } else drafter = init.drafter
+  let modelId = ''
+  return {
+    get drafterName () { return drafter.name },
+    async start (target) {
+      modelId = target.modelId
+      const why = inexactTarget(target.manifest)
+      if (why !== undefined) throw new ShoalError('SHOAL_ERR_CONFIG', `--draft: speculative decoding would not keep ${target.modelId}'s tokens exact: ${why}`)
+      if (draftModel === undefined) return
+      await draftModel.start()
+      const d = draftModel.manifest!
+      // Drafts are token ids of the target's vocabulary; a different one could only be wrong.
+      if (d.shape.vocabSize !== target.manifest.shape.vocabSize) {
+        await draftModel.stop()
+        throw new EngineError(`draft model ${d.modelId} has a vocabulary of ${d.shape.vocabSize}; the target ${target.modelId} has ${target.manifest.shape.vocabSize}`)
+      }
+    },
+    async stop () { await draftModel?.stop() },
+    wrap (ctx) {
+      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback } })
+    },
+    wrapChain (ctx) {
+      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain) })
+    },
+  }
+
+  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier'>): TokenSource & { close: () => Promise<void> } {
+    const labels = { model: modelId, drafter: drafter.name }
+    const source = createSpeculativeSource({
+      ...init,
+      ...target,
+      seqId,
+      drafter,
+      sampling: request.sampling,
+      maxTokens: request.maxTokens,
+      maxPositions: manifest.shape.maxPositions,
+      vocabSize: manifest.shape.vocabSize,
+      onRound (k, drafted, accepted) {
+        metrics.rounds.inc(labels)
+        metrics.drafted.inc(labels, drafted)
+        metrics.accepted.inc(labels, accepted)
+        metrics.k.observe(labels, k)
+      },
+      onDrafterFailure () { metrics.failures.inc(labels) },
+    })
+    return {
+      prefill: source.prefill,
+      decode: source.decode,
+      async close () {
+        await source.close()
+        init.onRequestEnd?.(request.requestId, source.counts())
+      },
+    }
+  }
+}

@@ -1,0 +1,135 @@
+/**
+ * Speculative decoding across a pipeline chain: single-stream greedy decode tok/s of a 2- or
+ * 3-stage chain (real libp2p nodes on loopback, one process, every received frame delayed by the
+ * hop time) without speculation and with a draft model on the coordinator for K in a sweep and
+ * adaptive, at several per-hop latencies and two agreement levels (ε of generateDraftPair). Every
+ * configuration's tokens are checked equal to the plain chain's. The paper's 3-stage table
+ * (tok/s at LAN / 50 / 100 ms per hop) is printed beside it for shape, not for absolute numbers.
+ *
+ * Run: node reproduction/bench-speculative-chain.ts [--size small] [--layers 12] [--stages 3]
+ *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48]
+ * Models are generated and compiled once into .cache/bench/.
+ */
+import { existsSync } from 'node:fs'
+import { cpus, loadavg } from 'node:os'
+import { join, resolve } from 'node:path'
+import { performance } from 'node:perf_hooks'
+import { parseArgs } from 'node:util'
+import { noise } from '@chainsafe/libp2p-noise'
+import { yamux } from '@chainsafe/libp2p-yamux'
+import type { Libp2p } from '@libp2p/interface'
+import { tcp } from '@libp2p/tcp'
+import { createLibp2p } from 'libp2p'
+import { createPipelineService, createPipelineStage } from '../daemon/pipeline/index.ts'
+import type { ChainSourceWrapper, LinkComponents, PipelineService, PipelineStage } from '../daemon/pipeline/index.ts'
+import type { StageHolder } from '../daemon/routing/index.ts'
+import { createSpeculation } from '../daemon/speculative/index.ts'
+import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
+import { compileShards, generateDraftPair } from '../shards/index.ts'
+import type { TestModelSize } from '../shards/index.ts'
+
+const { values: args } = parseArgs({
+  options: {
+    size: { type: 'string', default: 'small' },
+    layers: { type: 'string', default: '12' },
+    stages: { type: 'string', default: '3' },
+    epsilon: { type: 'string', default: '0.02,0.1' },
+    hops: { type: 'string', default: '0,20,50,100' },
+    k: { type: 'string', default: '1,2,3,5,7,10,adaptive' },
+    tokens: { type: 'string', default: '48' },
+  },
+})
+const LAYERS = Number(args.layers)
+const STAGES = Number(args.stages)
+const TOKENS = Number(args.tokens)
+const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived'
+const PAPER = 'paper (3 stages, tok/s at LAN / 50 / 100 ms): K=2 28.6 / 10.3 / 6.5 · K=5 30.4 / 14.1 / 9.3 · K=7 31.0 / 15.3 / 10.5 · K=10 28.0 / 16.0 / 11.3'
+
+function ranges (): Array<[number, number]> {
+  const per = Math.ceil(LAYERS / STAGES)
+  return Array.from({ length: STAGES }, (_, i) => [i * per, Math.min(LAYERS, (i + 1) * per) - 1] as [number, number])
+}
+
+async function prepare (epsilon: string): Promise<{ chain: string, draft: string }> {
+  const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', `spec-chain-${args.size}-${LAYERS}-e${epsilon}-s${STAGES}`)
+  const chain = join(dir, 'chain')
+  const draft = join(dir, 'draft')
+  if (existsSync(join(chain, 'manifest.json')) && existsSync(join(draft, 'manifest.json'))) return { chain, draft }
+  const ck = await generateDraftPair({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: args.size as TestModelSize, draftLayers: 1, extraLayers: LAYERS - 1, epsilon: Number(epsilon), targetId: 'target' })
+  await compileShards({ modelDir: ck.targetDir, outDir: chain, layers: ranges() })
+  await compileShards({ modelDir: ck.draftDir, outDir: draft })
+  return { chain, draft }
+}
+
+const book = new Map<string, Libp2p>()
+async function host (dir: string, layers: [number, number], delayMs: number): Promise<{ libp2p: Libp2p, stage: PipelineStage }> {
+  const libp2p = await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
+  book.set(libp2p.peerId.toString(), libp2p)
+  const components: LinkComponents = {
+    peerId: libp2p.peerId.toString(),
+    handle: async (p, h) => { await libp2p.handle(p, h) },
+    unhandle: async (p) => { await libp2p.unhandle(p) },
+    openStream: async (peerId, p, signal) => await libp2p.dialProtocol(book.get(peerId)!.getMultiaddrs(), p, { signal }),
+  }
+  const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, delayMs }, components)
+  await stage.start()
+  return { libp2p, stage }
+}
+
+async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[] }> {
+  const tokens: number[] = []
+  let first = 0
+  for await (const e of svc.generate({ requestId: `${config}#${performance.now()}`, model: 'target', prompt: { kind: 'text', text: PROMPT }, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
+    if (e.type === 'delta') { if (tokens.length === 0) first = performance.now(); tokens.push(...e.tokenIds) }
+  }
+  return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), tokens }
+}
+
+async function main (): Promise<void> {
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers, draft = 1 layer; ${cpus().length} cores, load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n# ${PAPER}\n`)
+  const ks = args.k.split(',')
+  const hops = args.hops.split(',').map(Number)
+  for (const epsilon of args.epsilon.split(',')) {
+    const { chain, draft } = await prepare(epsilon)
+    const table = new Map<string, string[]>()
+    const acceptance = new Map<string, number[]>()
+    for (const hopMs of hops) {
+      const hosts: Array<{ libp2p: Libp2p, stage: PipelineStage }> = []
+      for (const r of ranges()) hosts.push(await host(chain, r, hopMs))
+      const counts = new Map<string, SpeculationCounts[]>()
+      const configs: Record<string, Speculation> = {}
+      for (const k of ks) configs[k] = createSpeculation({ drafter: { draftDir: draft }, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd: (id, c) => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) } })
+      const wrapper: ChainSourceWrapper = {
+        async start (t) { for (const s of Object.values(configs)) await s.start!(t) },
+        async stop () { for (const s of Object.values(configs)) await s.stop!() },
+        wrapChain: (ctx) => configs[ctx.request.requestId.split('#')[0]!]!.wrapChain(ctx),
+      }
+      const holders = (): StageHolder[] => hosts.slice(1).map(h => { const s = h.stage.served(); return { peerId: h.libp2p.peerId.toString(), modelId: s.id, manifestHash: s.manifestHash, layers: s.layers, admitted: true, alive: true, rttMs: 1 } })
+      const plain = createPipelineService({ stage: hosts[0]!.stage, shardDir: chain }, { holders })
+      const spec = createPipelineService({ stage: hosts[0]!.stage, shardDir: chain, sourceWrapper: wrapper }, { holders })
+      await plain.start()
+      await spec.start()
+      await decode(plain, 'warm')
+      const base = await decode(plain, 'plain')
+      table.set('plain', [...(table.get('plain') ?? []), `${base.tokS.toFixed(1)}`])
+      for (const k of ks) {
+        const r = await decode(spec, k)
+        if (r.tokens.join() !== base.tokens.join()) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
+        const c = counts.get(k)!.at(-1)!
+        acceptance.set(k, [...(acceptance.get(k) ?? []), c.drafted === 0 ? NaN : c.accepted / c.drafted])
+        table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)} (${(r.tokS / base.tokS).toFixed(2)}×${k === 'adaptive' && c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ''})`])
+      }
+      await spec.stop()
+      await plain.stop()
+      for (const h of hosts) { await h.stage.stop(); await h.libp2p.stop() }
+    }
+    process.stdout.write(`\n## ε = ${epsilon}\n\n| K | ${hops.map(h => `${h} ms/hop tok/s (× plain)`).join(' | ')} | acceptance |\n|---|${hops.map(() => '---|').join('')}---|\n`)
+    for (const [k, cells] of table) {
+      const acc = acceptance.get(k)
+      process.stdout.write(`| ${k} | ${cells.join(' | ')} | ${acc === undefined ? '—' : `${(100 * acc.reduce((a, b) => a + b, 0) / acc.length).toFixed(0)} %`} |\n`)
+    }
+  }
+}
+
+await main()
+process.exit(0)

@@ -1,0 +1,144 @@
+/**
+ * Fixed-shape stage graphs for NPUs (`shoal shard --static CTX[,CHUNK]`): batch 1, S new positions
+ * (CHUNK for prefill, 1 for decode), over a KV buffer of CTX slots that each run writes in place by
+ * slot (ScatterElements, no Concat: the buffer never changes shape), with an explicit attention
+ * mask over the slots. Built from the same blocks as the dynamic graphs with the portable
+ * 'standard' op table, only the attention primitive and its tables swapped, so the weights, names
+ * and every other op are the dynamic standard graph's. I/O: shards/contract.ts (static graphs).
+ */
+import type { ModelSpec } from '../architectures.ts'
+import {
+  ATTENTION_MASK, CACHE_POSITION, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, POSITION_IDS,
+  pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+} from '../contract.ts'
+import type { F32Tensor } from '../safetensors.ts'
+import { F32_LOWEST, rotate } from './attention.ts'
+import { DT, GraphBuilder } from './builder.ts'
+import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
+import { OP_TABLES } from './ops.ts'
+import type { StageSource } from './stage.ts'
+import type { AttentionIo, AttentionOut, BuildContext, OpTable, StageTables } from './types.ts'
+
+/**
+ * cos/sin [1, 1, S, hd] from position_ids (as the standard tables), allowed[0, 0, 0, i, j] =
+ * j <= cache_position[i] && attention_mask[0, j] over the CTX slots, and the slot indices
+ * broadcast to the KV update's shape.
+ */
+function staticTables (contextLength: number, steps: number, cachePosition: string) {
+  return (ctx: BuildContext, positionIds: string, attentionMask: string): StageTables => {
+    const { g } = ctx
+    const { numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+    let n = '/model/rotary_emb'
+    const inv = g.f32Weight('model.rotary_emb.inv_freq', [ctx.spec.invFreq.length], Float32Array.from(ctx.spec.invFreq))
+    const pos = g.op('Cast', `${n}/Cast`, [positionIds], { to: DT.FLOAT })
+    const freqs = g.op('Mul', `${n}/Mul`, [g.op('Unsqueeze', `${n}/Unsqueeze`, [pos, g.i64([2])]), inv])
+    const emb = g.op('Concat', `${n}/Concat`, [freqs, freqs], { axis: -1 })
+    const cos = g.op('Unsqueeze', `${n}/cos/Unsqueeze`, [g.op('Cos', `${n}/Cos`, [emb]), g.i64([1])])
+    const sin = g.op('Unsqueeze', `${n}/sin/Unsqueeze`, [g.op('Sin', `${n}/Sin`, [emb]), g.i64([1])])
+
+    n = '/model/attn_mask'
+    const slotsCol = g.op('Reshape', `${n}/query/Reshape`, [cachePosition, g.i64([steps, 1])])
+    const keys = g.i64(Array.from({ length: contextLength }, (_, j) => j), [1, contextLength])
+    const causal = g.op('LessOrEqual', `${n}/causal/LessOrEqual`, [keys, slotsCol])
+    const real = g.op('Cast', `${n}/pad/Cast`, [attentionMask], { to: DT.BOOL })
+    const allowed = g.op('And', `${n}/And`, [causal, real])
+    n = '/model/kv_slots'
+    const slots = g.op('Expand', `${n}/Expand`, [g.op('Reshape', `${n}/Reshape`, [cachePosition, g.i64([1, 1, steps, 1])]), g.i64([1, kvH, steps, hd])])
+    return { kind: 'static', cos, sin, allowed: g.op('Reshape', `${n}/allowed/Reshape`, [allowed, g.i64([1, 1, 1, steps, contextLength])]), slots }
+  }
+}
+
+/**
+ * Grouped-query attention over the whole KV buffer: the new keys/values are scattered into their
+ * slots, then every query attends over all CTX slots with the mask (masked scores become the
+ * lowest f32, whose softmax weight is exactly 0, so stale or padding slots contribute nothing).
+ */
+function staticAttention (ctx: BuildContext, n: string, _wn: string, io: AttentionIo, t: StageTables): AttentionOut {
+  if (t.kind !== 'static') throw new Error('static attention needs static stage tables')
+  const { g } = ctx
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+  const rep = H / kvH
+  const wn = _wn
+  const heads = (name: string, y: string, count: number, norm?: F32Tensor): string => {
+    let r = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
+    if (norm !== undefined) r = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, r, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
+    return g.op('Transpose', `${n}/${name}/Transpose`, [r], { perm: [0, 2, 1, 3] })
+  }
+  const { q, k, v } = io.split()
+  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', q, H, io.qNorm), t.cos, t.sin)
+  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', k, kvH, io.kNorm), t.cos, t.sin)
+  const vh = heads('v', v, kvH)
+  const presentK = g.op('ScatterElements', `${n}/k_cache/ScatterElements`, [io.pastK, t.slots, kh], { axis: 2 })
+  const presentV = g.op('ScatterElements', `${n}/v_cache/ScatterElements`, [io.pastV, t.slots, vh], { axis: 2 })
+  const q5 = g.op('Reshape', `${n}/q_groups/Reshape`, [qh, g.i64([0, kvH, rep, -1, hd])])
+  const k5 = g.op('Transpose', `${n}/k_groups/Transpose`, [g.op('Unsqueeze', `${n}/k_groups/Unsqueeze`, [presentK, g.i64([2])])], { perm: [0, 1, 2, 4, 3] })
+  const v5 = g.op('Unsqueeze', `${n}/v_groups/Unsqueeze`, [presentV, g.i64([2])])
+  const scores = g.op('Mul', `${n}/scores/Mul`, [g.op('MatMul', `${n}/scores/MatMul`, [q5, k5]), g.f32(1 / Math.sqrt(hd))])
+  const masked = g.op('Where', `${n}/mask/Where`, [t.allowed, scores, g.f32(F32_LOWEST)])
+  const probs = g.op('Softmax', `${n}/Softmax`, [masked], { axis: -1 })
+  const ctxv = g.op('MatMul', `${n}/context/MatMul`, [probs, v5])
+  const context = g.op('Reshape', `${n}/context/Reshape`, [
+    g.op('Transpose', `${n}/context/Transpose`, [ctxv], { perm: [0, 3, 1, 2, 4] }), g.i64([0, 0, H * hd])])
+  return { context, presentK, presentV }
+}
+
+export interface StaticStageOptions {
+  spec: ModelSpec
+  layers: [number, number]
+  hasEmbedding: boolean
+  hasHead: boolean
+  quant: Quantization
+  accuracyLevel: number
+  /** Shared by a stage's prefill and decode graphs: both write the same weights in the same order. */
+  dataFile: string
+  /** KV buffer slots (CTX). */
+  contextLength: number
+  /** New positions per run: the prefill chunk, or 1 for decode. */
+  steps: number
+}
+
+export async function buildStaticStage (src: StageSource, o: StaticStageOptions): Promise<GraphBuilder> {
+  const g = new GraphBuilder(o.dataFile)
+  const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = o.spec.shape
+  const S = o.steps
+  const C = o.contextLength
+  const cachePosition = g.input(CACHE_POSITION, DT.INT64, [S])
+  const ops: OpTable = { ...OP_TABLES.standard, stageTables: staticTables(C, S, cachePosition), attention: staticAttention }
+  const ctx: BuildContext = { g, spec: o.spec, ops, quant: o.quant, accuracyLevel: o.accuracyLevel }
+  let x: string
+  let embedShared: F32Tensor | undefined
+  if (o.hasEmbedding) {
+    const ids = g.input(INPUT_IDS, DT.INT64, [1, S])
+    embedShared = await src.embed()
+    x = makeEmbedding(ctx, ids, embedShared)
+  } else {
+    x = g.input(HIDDEN_IN, DT.FLOAT, [1, S, D])
+  }
+  const positionIds = g.input(POSITION_IDS, DT.INT64, [1, S])
+  const mask = g.input(ATTENTION_MASK, DT.INT64, [1, C])
+  const tables = ops.stageTables(ctx, positionIds, mask, '')
+  const kvDims = [1, kvH, C, hd]
+  const presents: Array<[number, string, string]> = []
+  for (let l = o.layers[0]; l <= o.layers[1]; l++) {
+    const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
+    const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
+    const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
+    x = r.out
+    presents.push([l, r.presentK, r.presentV])
+  }
+  if (o.hasHead) {
+    const tied = o.spec.shape.tieWordEmbeddings && embedShared !== undefined
+    const head = tied ? embedShared! : await src.lmHead()
+    // Keep = 0 (a constant): every position's logits, so the shape stays fixed; the engine takes
+    // the rows it needs (the last real one, or several for speculative verification).
+    const logits = makeLmHead(ctx, x, g.i64([0], []), await src.finalNorm(), head, tied ? 'model.embed_tokens.weight' : 'lm_head.weight', tied)
+    g.output(LOGITS, logits, DT.FLOAT, [1, S, head.shape[0]!])
+  } else {
+    g.output(HIDDEN_OUT, x, DT.FLOAT, [1, S, D])
+  }
+  for (const [l, k, v] of presents) {
+    g.output(presentKeyName(l), k, DT.FLOAT, kvDims)
+    g.output(presentValueName(l), v, DT.FLOAT, kvDims)
+  }
+  return g
+}

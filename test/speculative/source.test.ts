@@ -1,0 +1,148 @@
+/**
+ * The speculative token source over a fake target and a fake draft model whose logits depend only
+ * on the token at each position (tables), so every expectation is computable: the KV bookkeeping
+ * (steps contiguous with the cache, rejected positions rolled back, never past the context or past
+ * max_tokens), greedy output equal to the plain argmax chain, and the first sampled token of a
+ * round distributed as the target's softmax through the whole path (draft sampling from q, the
+ * verify step, acceptance, residual; with the residual left unnormalised the statistic is ~450).
+ */
+import { describe, expect, it } from 'vitest'
+import { createRng, pickToken } from '../../daemon/engine/index.ts'
+import type { StepOptions, StepOutput } from '../../daemon/engine/index.ts'
+import { createSpeculativeSource, distribution, draftModelDrafter } from '../../daemon/speculative/index.ts'
+import type { DraftSteps, TargetSequence } from '../../daemon/speculative/index.ts'
+
+const V = 6
+
+/** Logits rows by input token; a model whose next-token distribution depends on the last token only. */
+function table (seed: number, peaked: Record<number, number> = {}): Float32Array[] {
+  const rng = createRng(seed)
+  return Array.from({ length: V }, (_, t) => {
+    const row = Float32Array.from({ length: V }, () => 2 * (rng() - 0.5) * 2)
+    if (peaked[t] !== undefined) row[peaked[t]] = 40
+    return row
+  })
+}
+
+/** A sequence of a table model with a checked KV: steps must continue it, rollbacks shorten it. */
+function fakeSequence (rows: Float32Array[], maxPositions: number) {
+  const kv: number[] = []
+  const log = { maxLength: 0, rollbacks: 0 }
+  const step = async (tokenIds: number[], positions: number[], options: StepOptions): Promise<StepOutput> => {
+    positions.forEach((p, i) => { if (p !== kv.length + i) throw new Error(`position ${p} does not continue a cache of ${kv.length}`) })
+    kv.push(...tokenIds)
+    if (kv.length > maxPositions) throw new Error(`cache of ${kv.length} is past the context`)
+    log.maxLength = Math.max(log.maxLength, kv.length)
+    const last = rows[tokenIds[tokenIds.length - 1]!]!
+    if (options.pick !== undefined) return { kind: 'token', id: pickToken(last, options.pick) }
+    const keep = options.logitsToKeep ?? 1
+    const data = new Float32Array(keep * V)
+    tokenIds.slice(-keep).forEach((t, i) => data.set(rows[t]!, i * V))
+    return { kind: 'logits', data, count: keep, vocab: V }
+  }
+  const rollback = async (length: number): Promise<void> => {
+    if (length > kv.length || length < 0) throw new Error(`rollback to ${length} of ${kv.length}`)
+    kv.length = length
+    log.rollbacks++
+  }
+  return { kv, log, step, rollback }
+}
+
+function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositions?: number, temperature?: number, seed?: number, targetSeed?: number, draftSeed?: number }) {
+  const maxPositions = options.maxPositions ?? 1000
+  const targetRows = table(options.targetSeed ?? 1, { 1: 2 })
+  const draftRows = table(options.draftSeed ?? 2, { 1: 2 })
+  const target = fakeSequence(targetRows, maxPositions)
+  const draftSeqs = new Map<string, ReturnType<typeof fakeSequence>>()
+  const steps: DraftSteps = {
+    async open (id) { draftSeqs.set(id, fakeSequence(draftRows, maxPositions)) },
+    async step (id, tokenIds, positions, opts) { return await draftSeqs.get(id)!.step(tokenIds, positions, opts) },
+    async rollback (id, length) { await draftSeqs.get(id)!.rollback(length) },
+    async free (id) { draftSeqs.delete(id) },
+  }
+  const t: TargetSequence = { step: async (_kind, ids, pos, opts) => await target.step(ids, pos, opts), rollback: target.rollback }
+  const source = createSpeculativeSource({
+    seqId: 's',
+    target: t,
+    drafter: draftModelDrafter('draft:fake', steps),
+    sampling: { temperature: options.temperature ?? 0, topP: 1, ...(options.seed === undefined ? {} : { seed: options.seed }) },
+    maxTokens: options.maxTokens,
+    maxPositions,
+    vocabSize: V,
+    k: options.k,
+  })
+  return { source, target, targetRows, draftSeqs }
+}
+
+const signal = new AbortController().signal
+
+/** Runs the source like the decode loop: prefill, then decode until `count` tokens or the context end. */
+async function run (source: ReturnType<typeof setup>['source'], prompt: number[], count: number, maxPositions = Infinity): Promise<number[]> {
+  const out = [await source.prefill(prompt, signal)]
+  while (out.length < count && prompt.length + out.length < maxPositions) out.push(await source.decode(out[out.length - 1]!, prompt.length + out.length - 1, signal))
+  return out
+}
+
+describe('speculative token source', () => {
+  it('greedy output equals the plain argmax chain for every K, with the cache kept exact', async () => {
+    const plain: number[] = []
+    const rowsOf = table(1, { 1: 2 })
+    let t = 1
+    for (let i = 0; i < 30; i++) { let b = 0; for (let v = 1; v < V; v++) if (rowsOf[t]![v]! > rowsOf[t]![b]!) b = v; plain.push(b); t = b }
+    for (const k of [1, 2, 4, 8, 'adaptive'] as const) {
+      for (const draftSeed of [1, 2]) {
+        const { source, target } = setup({ k, draftSeed })
+        expect(await run(source, [0, 1], 30), `K=${k} draft seed ${draftSeed}`).toEqual(plain)
+        // The cache holds the prompt and every token but the last (still to be fed), plus at most unverified drafts that the next round discards.
+        expect(target.kv.slice(0, 31)).toEqual([0, 1, ...plain.slice(0, 29)])
+        const c = source.counts()
+        if (k !== 'adaptive' && draftSeed === 1) expect(c.accepted).toBe(c.drafted) // the target as its own draft
+        if (draftSeed === 2 && k === 4) expect(target.log.rollbacks).toBeGreaterThan(0)
+        await source.close()
+      }
+    }
+  })
+
+  it('never verifies past max_tokens or the context end', async () => {
+    for (const maxTokens of [1, 2, 3, 6]) {
+      const { source, target } = setup({ k: 8, maxTokens, draftSeed: 1 })
+      await run(source, [0, 1], maxTokens)
+      expect(target.log.maxLength).toBeLessThanOrEqual(2 + maxTokens)
+    }
+    const { source, target } = setup({ k: 8, maxPositions: 12, draftSeed: 1 })
+    const out = await run(source, [0, 1, 3], 100, 12)
+    expect(out).toHaveLength(9)
+    expect(target.log.maxLength).toBeLessThanOrEqual(12)
+  })
+
+  it('the first sampled token of a round follows the target softmax (chi-square, through draft sampling, verify and residual)', async () => {
+    const temperature = 1.3
+    const N = 12_000
+    const counts = new Array<number>(V).fill(0)
+    for (let s = 0; s < N; s++) {
+      const { source } = setup({ k: 3, temperature, seed: s })
+      // Token 1 is followed by 2 with certainty (logit 40), so the round starts from a fixed prefix.
+      const first = await source.prefill([0, 1], signal)
+      expect(first).toBe(2)
+      counts[await source.decode(2, 2, signal)]!++
+      expect(source.counts().drafted).toBe(3)
+    }
+    const p = distribution(table(1, { 1: 2 })[2]!, { temperature, topP: 1 }, 0, V)
+    let chi = 0
+    for (let v = 0; v < V; v++) chi += (counts[v]! - N * p[v]!) ** 2 / (N * p[v]!)
+    expect(chi).toBeLessThan(20.52) // df 5, significance 0.001
+    // …and the draft's own distribution is far from it (the test can tell them apart).
+    const q = distribution(table(2, { 1: 2 })[2]!, { temperature, topP: 1 }, 0, V)
+    let chiQ = 0
+    for (let v = 0; v < V; v++) chiQ += (counts[v]! - N * q[v]!) ** 2 / (N * q[v]!)
+    expect(chiQ).toBeGreaterThan(200)
+  })
+
+  it('a seeded sampled run reproduces, adaptive K or not', async () => {
+    for (const k of [3, 'adaptive'] as const) {
+      const a = await run(setup({ k, temperature: 0.9, seed: 5 }).source, [0, 1], 40)
+      const b = await run(setup({ k, temperature: 0.9, seed: 5 }).source, [0, 1], 40)
+      expect(b).toEqual(a)
+    }
+  })
+})
