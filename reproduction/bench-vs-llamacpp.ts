@@ -7,8 +7,9 @@
  *    (ggml's reference quantizer) for every 2-D weight including the output matrix;
  *  - `shoal serve` on the shards compiled from the checkpoint (--quant none / int4).
  * Both servers get the same OpenAI /v1/completions requests: token-id prompts, greedy, streamed;
- * llama-server with `ignore_eos` and `cache_prompt: false` (shoal has no prompt cache and stops at
- * EOS; the random weights damp EOS, and token counts are measured, not assumed). Per server run:
+ * llama-server with `ignore_eos` and `cache_prompt: false` (and `--no-cache-prompt -cram 0`), shoal
+ * with `--kv-cache-mb 0` (no prefix reuse) — every prompt is prefilled cold; shoal stops at EOS
+ * (the random weights damp EOS, and token counts are measured, not assumed). Per server run:
  * decode tok/s of one stream (128-token prompt), aggregate tok/s of N concurrent streams, TTFT of a
  * cold 128- and 2,000-token prompt (max_tokens 1), peak RSS (VmHWM) against the weight bytes.
  * Server runs alternate (llama, shoal, shoal, llama, ...) so drifting machine load hits both alike.
@@ -255,7 +256,7 @@ async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
 
 async function startShoal (m: ModelFiles, cache: string): Promise<Server> {
   const t = performance.now()
-  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu'],
+  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0'],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
   const tail = tailOf(child)
   const url = await new Promise<string>((resolve, reject) => {
@@ -536,7 +537,7 @@ async function main (): Promise<void> {
     `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${RT.length > 0 ? `; servers and llama-bench under \`${RT.join(' ')}\`` : ''}`,
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
-    `shoal: \`shoal serve --model <shards> --device cpu\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
+    `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
