@@ -290,6 +290,21 @@ async function stop (s: Server): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Client: the same streamed /v1/completions request to both servers.
 
+/** 429s answered (and retried after their Retry-After, as the openai client does) per server run. */
+const refused = new Map<Server, number>()
+
+/** POST JSON; a 429 is waited out (Retry-After) and retried, inside the request's time. */
+async function post (s: Server, path: string, body: unknown): Promise<Response> {
+  for (let attempt = 0; ; attempt++) {
+    const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
+    if (res.status === 200) return res
+    const text = await res.text()
+    if (res.status !== 429 || attempt >= 30) throw new Error(`${s.kind}: HTTP ${res.status}: ${text}`)
+    refused.set(s, (refused.get(s) ?? 0) + 1)
+    await sleep(1000 * Math.max(0.1, Number(res.headers.get('retry-after') ?? 1)))
+  }
+}
+
 interface Completion { count: number, t0: number, first: number, last: number, end: number }
 
 /**
@@ -305,13 +320,7 @@ async function complete (s: Server, prompt: number[], maxTokens: number): Promis
   if (s.kind === 'shoal') body.return_token_ids = true
   else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true })
   const t0 = performance.now()
-  const res = await fetch(`${s.url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(body),
-    signal: AbortSignal.timeout(600_000),
-  })
-  if (res.status !== 200) throw new Error(`${s.kind}: HTTP ${res.status}: ${await res.text()}`)
+  const res = await post(s, '/v1/completions', body)
   let count = 0
   let first = NaN
   let last = NaN
@@ -340,8 +349,7 @@ async function greedyIds (s: Server, prompt: number[], maxTokens: number): Promi
   const [path, body] = s.kind === 'shoal'
     ? ['/v1/completions', { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, return_token_ids: true }]
     : ['/completion', { prompt, n_predict: maxTokens, temperature: 0, ignore_eos: true, cache_prompt: false, return_tokens: true }]
-  const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
-  if (res.status !== 200) throw new Error(`${s.kind}: HTTP ${res.status}: ${await res.text()}`)
+  const res = await post(s, path, body)
   const data = await res.json() as { tokens?: number[], choices?: Array<{ token_ids?: number[] }> }
   return (s.kind === 'shoal' ? data.choices?.[0]?.token_ids : data.tokens) ?? []
 }
@@ -365,6 +373,8 @@ interface SessionResult {
   multiWallS: number
   /** TTFT: a max_tokens-1 request's whole time (request sent to response ended). */
   ttftShortMs: number
+  /** 429s waited out and retried during the timed requests. */
+  refusedTimed: number
   ttftLongMs: number
   peakRss: number
 }
@@ -380,6 +390,7 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
   const short = await complete(s, promptIds(PROMPT, 100 + rep), 1)
   const long = await complete(s, promptIds(LONG, 200 + rep), 1)
   const rss = peakRss(s.child)
+  const refusedTimed = refused.get(s) ?? 0
   // The same prompts again, untimed, for the ids: alone, then all streams at once (batched).
   const singleIds = verify ? await greedyIds(s, promptIds(PROMPT, 1), TOKENS) : []
   const multiIds = verify ? await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await greedyIds(s, promptIds(PROMPT, 10 + i), TOKENS))) : []
@@ -397,6 +408,7 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
     ttftShortMs: short.end - short.t0,
     ttftLongMs: long.end - long.t0,
     peakRss: rss,
+    refusedTimed,
   }
 }
 
@@ -448,11 +460,11 @@ function report (rows: ModelRun[]): string {
   out.push('')
   out.push('### Every run')
   out.push('')
-  out.push(`| model | server | start s | decode tok/s, 1 stream, end to end (tokens) | same, first to last chunk | ${STREAMS} streams tok/s (tokens, wall s) | TTFT ${PROMPT} ms | TTFT ${LONG} ms | peak RSS MB |`)
-  out.push('|---|---|---:|---:|---:|---:|---:|---:|---:|')
+  out.push(`| model | server | start s | decode tok/s, 1 stream, end to end (tokens) | same, first to last chunk | ${STREAMS} streams tok/s (tokens, wall s) | TTFT ${PROMPT} ms | TTFT ${LONG} ms | peak RSS MB | 429s retried |`)
+  out.push('|---|---|---:|---:|---:|---:|---:|---:|---:|---:|')
   for (const r of rows) {
     for (const x of r.runs) {
-      out.push(`| ${label(r.m)} | ${x.kind === 'llama' ? 'llama-server' : 'shoal serve'} | ${f1(x.startMs / 1000)} | ${f1(x.singleDecode)} (${x.singleTokens}) | ${f1(x.singleDecodeChunks)} | ${f1(x.multiTokS)} (${x.multiTokens}, ${f1(x.multiWallS)}) | ${f1(x.ttftShortMs)} | ${f0(x.ttftLongMs)} | ${mb(x.peakRss)} |`)
+      out.push(`| ${label(r.m)} | ${x.kind === 'llama' ? 'llama-server' : 'shoal serve'} | ${f1(x.startMs / 1000)} | ${f1(x.singleDecode)} (${x.singleTokens}) | ${f1(x.singleDecodeChunks)} | ${f1(x.multiTokS)} (${x.multiTokens}, ${f1(x.multiWallS)}) | ${f1(x.ttftShortMs)} | ${f0(x.ttftLongMs)} | ${mb(x.peakRss)} | ${x.refusedTimed} |`)
     }
   }
   out.push('')
@@ -507,22 +519,31 @@ async function main (): Promise<void> {
   const loadStart = la()
   const cache = await mkdtemp(join(tmpdir(), 'shoal-vs-llamacpp-'))
   const rows: ModelRun[] = []
+  const failures: string[] = []
   try {
     for (const m of models) {
       const t = performance.now()
       const run: ModelRun = { m, bench: [], runs: [] }
       rows.push(run)
-      if (args['verify-only'] !== true) run.bench = llamaBench(bin, m)
+      if (args['verify-only'] !== true) {
+        try { run.bench = llamaBench(bin, m) } catch (err) { failures.push(`${m.modelId} llama-bench: ${(err as Error).message.slice(0, 300)}`) }
+      }
       const reps = args['verify-only'] === true ? 1 : REPS
       for (let rep = 0; rep < reps; rep++) {
         // llama, shoal | shoal, llama | ...: each side goes first half the time.
         const order: Array<'llama' | 'shoal'> = rep % 2 === 0 ? ['llama', 'shoal'] : ['shoal', 'llama']
         for (const kind of order) {
-          const s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
+          // A failed run is reported and skipped: the others still make the table.
+          let s: Server | undefined
           try {
+            s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
             run.runs.push(await session(s, rep, rep === 0))
+          } catch (err) {
+            failures.push(`${m.modelId} rep ${rep + 1} ${kind}: ${(err as Error).message.slice(0, 300)}`)
+            log(`FAILED: ${failures.at(-1)!}`)
+            continue
           } finally {
-            await stop(s)
+            if (s !== undefined) await stop(s)
           }
           const x = run.runs.at(-1)!
           log(`${m.modelId} rep ${rep + 1}/${reps} ${kind}: decode ${f1(x.singleDecode)} tok/s, ${STREAMS} streams ${f1(x.multiTokS)} tok/s, TTFT ${f0(x.ttftShortMs)} / ${f0(x.ttftLongMs)} ms, RSS ${mb(x.peakRss)} MB`)
@@ -541,6 +562,7 @@ async function main (): Promise<void> {
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
+  for (const f of failures) lines.push(`FAILED: ${f}`)
   console.log(lines.map(l => `- ${l}`).join('\n'))
   console.log('')
   console.log(report(rows))
