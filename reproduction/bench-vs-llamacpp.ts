@@ -27,6 +27,7 @@
  *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
  *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
+ *     [--skip-ids]       (no untimed pass for the greedy ids: timing only)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
 import { spawn, spawnSync } from 'node:child_process'
@@ -62,6 +63,7 @@ const { values: args } = parseArgs({
     threads: { type: 'string', default: String(availableParallelism()) },
     'verify-only': { type: 'boolean', default: false },
     'prepare-only': { type: 'boolean', default: false },
+    'skip-ids': { type: 'boolean', default: false },
   },
 })
 const REPS = Number(args.reps)
@@ -537,7 +539,7 @@ async function main (): Promise<void> {
           let s: Server | undefined
           try {
             s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
-            run.runs.push(await session(s, rep, rep === 0))
+            run.runs.push(await session(s, rep, rep === 0 && args['skip-ids'] !== true))
           } catch (err) {
             failures.push(`${m.modelId} rep ${rep + 1} ${kind}: ${(err as Error).message.slice(0, 300)}`)
             log(`FAILED: ${failures.at(-1)!}`)
