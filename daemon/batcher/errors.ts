@@ -3,6 +3,7 @@
  * throw sites read clearly.
  */
 import { ShoalError } from '../errors.ts'
+import { codedAbortReason } from '../abort.ts'
 
 /** 429: the queue cannot run this step within the batcher's budget; try again after `retryAfterMs`. */
 export class BatcherOverloadedError extends ShoalError {
@@ -38,9 +39,7 @@ export class StepAbortedError extends ShoalError {
 
 /** The error an aborted wait fails with: the signal's own coded reason, else SHOAL_ERR_ABORTED. */
 export function abortReason (signal: AbortSignal): Error {
-  const r: unknown = signal.reason
-  if (r instanceof Error && typeof (r as { code?: unknown }).code === 'string') return r
-  return new StepAbortedError()
+  return codedAbortReason(signal, () => new StepAbortedError())
 }
 
 /** Keeps a coded error as it is (the engine's codes mean something); wraps anything else. */
