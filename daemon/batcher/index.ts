@@ -23,7 +23,7 @@ export { createSequentialExecutor } from './executor.ts'
 export type { StepEngine } from './executor.ts'
 export { createBatcherMetrics } from './metrics.ts'
 export type { BatcherMetrics } from './metrics.ts'
-export { BatcherOverloadedError, BadStepError, BatchFailedError, BatcherStoppedError, StepAbortedError } from './errors.ts'
+export { BadStepError, BatchFailedError, BatcherStoppedError } from './errors.ts'
 export type {
   Batcher, BatcherInit, BatcherComponents, BatcherLoad, BatchExecutor, BatchItem, BatchItemResult,
   BatchLimits, BatchPlan, Chunk, Clock, PendingStep, StepCostModel, StepInput, StepKind, StepRequest, StepResult,
