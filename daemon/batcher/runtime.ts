@@ -63,7 +63,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     let wait = running === undefined ? 0 : Math.max(0, running.startedAt + estimator.estimate(running.sequences, running.tokens) - now)
     const n = queue.length
     if (n > 0) {
-      const rounds = Math.max(Math.ceil(n / limits.maxBatch), Math.ceil(queuedTokens / limits.maxTokens))
+      const rounds = Math.max(Math.ceil(n / limits.maxBatch), Math.ceil(queuedTokens / limits.maxPositions))
       wait += rounds * estimator.estimate(Math.ceil(n / rounds), Math.ceil(queuedTokens / rounds))
     }
     return wait
@@ -219,7 +219,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       if (queue.length >= maxQueue) {
         metrics.refused.inc({ ...label, reason: 'queue_full' })
         // One full run frees maxBatch places.
-        throw new OverloadedError(`batcher queue is full (${maxQueue} steps)`, Math.max(1, Math.ceil(estimator.estimate(limits.maxBatch, limits.maxTokens))))
+        throw new OverloadedError(`batcher queue is full (${maxQueue} steps)`, Math.max(1, Math.ceil(estimator.estimate(limits.maxBatch, limits.maxPositions))))
       }
       if (step.kind === 'prefill') {
         const wait = expectedWaitMs(now)

@@ -22,7 +22,7 @@ describe('batcher admission under overload', () => {
     // One full run: 4 prefills × 16 positions = 64 positions ≈ 4 + 3.2 ms ⇒ ~550 prefills/s sustained.
     const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
     const budgetMs = 40
-    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 64, maxQueueDelayMs: 2 }, budgetMs }, { executor: sim })
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 2 }, budgetMs }, { executor: sim })
     batcher = b
     await b.start()
 
