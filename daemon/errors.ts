@@ -12,6 +12,34 @@ export class ShoalError extends Error {
   }
 }
 
+// Errors more than one module throws: each lives here once (compared by `code` everywhere).
+
+/** 404: the model is not served here (`servedHere` names what is), or by no node of the mesh. */
+export class ModelNotFoundError extends ShoalError {
+  override name = 'ModelNotFoundError'
+  constructor (model: string, servedHere?: string[]) {
+    super('SHOAL_ERR_MODEL_NOT_FOUND', servedHere === undefined
+      ? `model "${model}" is not served by any node in the mesh`
+      : `model "${model}" is not served here (serving: ${servedHere.join(', ') || 'none'})`)
+  }
+}
+
+/** 429: too busy to take this now; `retryAfterMs`, when known, becomes Retry-After. */
+export class OverloadedError extends ShoalError {
+  override name = 'OverloadedError'
+  readonly retryAfterMs: number | undefined
+  constructor (message: string, retryAfterMs?: number) {
+    super('SHOAL_ERR_OVERLOADED', message)
+    this.retryAfterMs = retryAfterMs
+  }
+}
+
+/** 499: the caller went away (a request, or one step of it, was cancelled). */
+export class AbortedError extends ShoalError {
+  override name = 'AbortedError'
+  constructor (message = 'request was cancelled') { super('SHOAL_ERR_ABORTED', message) }
+}
+
 /** The plain shape an error takes across worker_threads and the wire. */
 export interface SerializedError {
   name: string

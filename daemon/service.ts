@@ -77,7 +77,14 @@ export type GenerateEvent =
   /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
   | { type: 'delta', text: string, tokenIds: number[] }
   /** `receiptParts`: signed shares of the work from each executing peer (forwarded or pipelined). */
-  | { type: 'end', finishReason: FinishReason, usage: Usage, receiptParts?: unknown[] }
+  | { type: 'end', finishReason: FinishReason, usage: Usage, receiptParts?: unknown[], speculation?: SpeculationSummary }
+
+/** What speculative decoding did for one request: the drafter and its proposed and accepted tokens. */
+export interface SpeculationSummary {
+  drafter: string
+  drafted: number
+  accepted: number
+}
 
 export interface ModelCard {
   id: string

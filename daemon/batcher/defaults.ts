@@ -12,7 +12,7 @@ export const DEFAULTS = Object.freeze({
   /** Batching is nearly free up to 4 and still gains at 8 (1766 tok/s at batch 8 for the small model). */
   maxBatch: 8,
   /** One 256-position prefill chunk costs a few decode steps, so streams stall at most that long. */
-  maxTokens: 256,
+  maxPositions: 256,
   /**
    * Well under one decode step (1.4–7 ms). Must be > 0: in steady state every sequence resubmits
    * within the same macrotask as its batch-mates, and a 0 delay would run the first one alone.
@@ -31,7 +31,7 @@ export const DEFAULTS = Object.freeze({
 export function resolveLimits (partial: Partial<BatchLimits> = {}): BatchLimits {
   const limits: BatchLimits = {
     maxBatch: partial.maxBatch ?? DEFAULTS.maxBatch,
-    maxTokens: partial.maxTokens ?? Math.max(DEFAULTS.maxTokens, partial.maxBatch ?? 0),
+    maxPositions: partial.maxPositions ?? Math.max(DEFAULTS.maxPositions, partial.maxBatch ?? 0),
     maxQueueDelayMs: partial.maxQueueDelayMs ?? DEFAULTS.maxQueueDelayMs,
     prefillAgingMs: partial.prefillAgingMs ?? Math.max(DEFAULTS.prefillAgingMs, partial.maxQueueDelayMs ?? 0),
   }
@@ -42,7 +42,7 @@ export function resolveLimits (partial: Partial<BatchLimits> = {}): BatchLimits 
 /** Throws RangeError naming the bad key. */
 export function checkLimits (l: BatchLimits): void {
   if (!Number.isSafeInteger(l.maxBatch) || l.maxBatch < 1) throw new RangeError(`limits.maxBatch must be a positive integer, got ${l.maxBatch}`)
-  if (!Number.isSafeInteger(l.maxTokens) || l.maxTokens < l.maxBatch) throw new RangeError(`limits.maxTokens must be an integer ≥ maxBatch (${l.maxBatch}), got ${l.maxTokens}`)
+  if (!Number.isSafeInteger(l.maxPositions) || l.maxPositions < l.maxBatch) throw new RangeError(`limits.maxPositions must be an integer ≥ maxBatch (${l.maxBatch}), got ${l.maxPositions}`)
   if (!(l.maxQueueDelayMs >= 0) || !Number.isFinite(l.maxQueueDelayMs)) throw new RangeError(`limits.maxQueueDelayMs must be a finite number ≥ 0, got ${l.maxQueueDelayMs}`)
   if (!(l.prefillAgingMs >= l.maxQueueDelayMs) || !Number.isFinite(l.prefillAgingMs)) throw new RangeError(`limits.prefillAgingMs must be finite and ≥ maxQueueDelayMs, got ${l.prefillAgingMs}`)
 }

@@ -2,17 +2,9 @@
  * Batcher errors. Callers compare `code` (they cross worker and wire boundaries); the classes make
  * throw sites read clearly.
  */
-import { ShoalError } from '../errors.ts'
+import { AbortedError, ShoalError } from '../errors.ts'
+import { codedAbortReason } from '../abort.ts'
 
-/** 429: the queue cannot run this step within the batcher's budget; try again after `retryAfterMs`. */
-export class BatcherOverloadedError extends ShoalError {
-  override name = 'BatcherOverloadedError'
-  readonly retryAfterMs: number
-  constructor (message: string, retryAfterMs: number) {
-    super('SHOAL_ERR_OVERLOADED', message)
-    this.retryAfterMs = retryAfterMs
-  }
-}
 
 /** A malformed step, or a second step for a sequence whose previous one has not finished. */
 export class BadStepError extends ShoalError {
@@ -31,16 +23,10 @@ export class BatcherStoppedError extends ShoalError {
   constructor (message = 'batcher is not running') { super('SHOAL_ERR_SHUTTING_DOWN', message) }
 }
 
-export class StepAbortedError extends ShoalError {
-  override name = 'StepAbortedError'
-  constructor (message = 'step was cancelled') { super('SHOAL_ERR_ABORTED', message) }
-}
 
 /** The error an aborted wait fails with: the signal's own coded reason, else SHOAL_ERR_ABORTED. */
 export function abortReason (signal: AbortSignal): Error {
-  const r: unknown = signal.reason
-  if (r instanceof Error && typeof (r as { code?: unknown }).code === 'string') return r
-  return new StepAbortedError()
+  return codedAbortReason(signal, () => new AbortedError('step was cancelled'))
 }
 
 /** Keeps a coded error as it is (the engine's codes mean something); wraps anything else. */

@@ -1,7 +1,7 @@
 /**
  * The micro-batcher: a deliberate batching layer in front of each engine session. Steps from all
  * sequences that wait for one session (local requests, forwarded ones, pipeline stage steps) are
- * grouped into one run, bounded by `maxBatch` sequences, `maxTokens` positions (long prefills are
+ * grouped into one run, bounded by `maxBatch` sequences, `maxPositions` positions (long prefills are
  * chunked, so they cannot stall decodes) and `maxQueueDelayMs` (how long the first waiter waits
  * for company). Sequences join and leave between runs (continuous batching).
  *
@@ -23,7 +23,7 @@ export { createSequentialExecutor } from './executor.ts'
 export type { StepEngine } from './executor.ts'
 export { createBatcherMetrics } from './metrics.ts'
 export type { BatcherMetrics } from './metrics.ts'
-export { BatcherOverloadedError, BadStepError, BatchFailedError, BatcherStoppedError, StepAbortedError } from './errors.ts'
+export { BadStepError, BatchFailedError, BatcherStoppedError } from './errors.ts'
 export type {
   Batcher, BatcherInit, BatcherComponents, BatcherLoad, BatchExecutor, BatchItem, BatchItemResult,
   BatchLimits, BatchPlan, Chunk, Clock, PendingStep, StepCostModel, StepInput, StepKind, StepRequest, StepResult,

@@ -48,14 +48,14 @@ export function createBatcherMetrics (registry?: Registry): BatcherMetrics {
       name: 'shoal_batch_expected_wait_seconds', help: 'What a new prefill would wait before its run starts', labelNames: ['batcher'], registers,
     })),
     config: reuse('shoal_batch_config', () => new Gauge({
-      name: 'shoal_batch_config', help: 'Batcher bounds: max_batch, max_tokens, max_queue_delay_seconds, budget_seconds', labelNames: ['batcher', 'setting'], registers,
+      name: 'shoal_batch_config', help: 'Batcher bounds: max_batch, max_positions, max_queue_delay_seconds, budget_seconds', labelNames: ['batcher', 'setting'], registers,
     })),
   }
 }
 
 export function recordConfig (m: BatcherMetrics, batcher: string, limits: BatchLimits, budgetMs: number): void {
   m.config.set({ batcher, setting: 'max_batch' }, limits.maxBatch)
-  m.config.set({ batcher, setting: 'max_tokens' }, limits.maxTokens)
+  m.config.set({ batcher, setting: 'max_positions' }, limits.maxPositions)
   m.config.set({ batcher, setting: 'max_queue_delay_seconds' }, limits.maxQueueDelayMs / 1000)
   m.config.set({ batcher, setting: 'budget_seconds' }, budgetMs / 1000)
 }

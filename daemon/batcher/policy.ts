@@ -4,7 +4,7 @@
  * the plan.
  *
  * Order: decodes first, FIFO by enqueue time; then prefills, FIFO. A batch is a prefix of that
- * order, cut at `maxBatch` sequences or `maxTokens` positions; the step that crosses the token
+ * order, cut at `maxBatch` sequences or `maxPositions` positions; the step that crosses the token
  * budget is chunked (its first positions run, the remainder keeps its place in line, so a
  * sequence's chunks run in order). One step per sequence per run.
  *
@@ -12,11 +12,11 @@
  * position remains: onnxruntime computes a one-position step with another attention kernel than a
  * longer one, whose last bits differ (int8 activations turn them into different tokens), while
  * steps of two or more positions give the same bits however a prompt is split. So a sequence's
- * tokens never depend on how busy the node was (limits with maxTokens < 4 excepted).
+ * tokens never depend on how busy the node was (limits with maxPositions < 4 excepted).
  *
  * No starvation: once the oldest prefill has waited `prefillAgingMs`, decodes leave it one slot and
  * three positions in every run until it is done (with maxBatch 1, whichever of the two heads is
- * older runs). Decodes still progress in every run, since maxTokens ≥ maxBatch.
+ * older runs). Decodes still progress in every run, since maxPositions ≥ maxBatch.
  *
  * Run now when the batch is as large as the limits allow, when the oldest waiter has waited
  * `maxQueueDelayMs`, or when no company is expected (`awaiting === 0`); else wait until the oldest
@@ -46,7 +46,7 @@ export function planBatch<T extends PendingStep> (queue: readonly T[], limits: B
   }
   if (decodes.length + prefills.length === 0) return { run: [] }
 
-  const { maxBatch, maxTokens } = limits
+  const { maxBatch, maxPositions } = limits
   const head = prefills[0]
   const aged = head !== undefined && now - head.enqueuedAt >= limits.prefillAgingMs
   let decodeSlots = maxBatch
@@ -63,7 +63,7 @@ export function planBatch<T extends PendingStep> (queue: readonly T[], limits: B
   const take = (list: T[], slots: number, tokenCap: number): boolean => {
     for (const step of list) {
       if (run.length >= slots || used >= tokenCap) return false
-      const n = chunkOf(step.tokens, tokenCap - used, maxTokens)
+      const n = chunkOf(step.tokens, tokenCap - used, maxPositions)
       if (n === 0) { cut = true; return false }
       run.push({ step, tokens: n })
       used += n
@@ -71,13 +71,13 @@ export function planBatch<T extends PendingStep> (queue: readonly T[], limits: B
     }
     return true
   }
-  const allDecodes = take(decodes, decodeSlots, reserved ? Math.max(maxTokens - AGED_RESERVE, decodeSlots === 0 ? 0 : 1) : maxTokens)
+  const allDecodes = take(decodes, decodeSlots, reserved ? Math.max(maxPositions - AGED_RESERVE, decodeSlots === 0 ? 0 : 1) : maxPositions)
   // Past waiting decodes only the aged head prefill runs, in the room reserved for it.
-  if (allDecodes) take(prefills, maxBatch, maxTokens)
-  else if (reserved) take([head], maxBatch, maxTokens)
+  if (allDecodes) take(prefills, maxBatch, maxPositions)
+  else if (reserved) take([head], maxBatch, maxPositions)
 
   // As large as the limits allow: more company could not join this run anyway.
-  const full = cut || run.length >= maxBatch || used >= maxTokens || run.length < decodes.length + prefills.length
+  const full = cut || run.length >= maxBatch || used >= maxPositions || run.length < decodes.length + prefills.length
   const age = Math.max(0, now - oldest)
   if (full || age >= limits.maxQueueDelayMs || hints.awaiting === 0) return { run }
   return { run: [], wait: limits.maxQueueDelayMs - age }
@@ -89,12 +89,12 @@ const AGED_RESERVE = 3
 /**
  * How many of a step's `tokens` positions run in `room`: all when they fit, else a chunk of at least
  * two that does not leave exactly one behind; 0 when no such chunk fits (the step waits a run).
- * With maxTokens < 4 an aged prefill and a decode could not both progress in every run with such
+ * With maxPositions < 4 an aged prefill and a decode could not both progress in every run with such
  * chunks, so one-position chunks are allowed there.
  */
-export function chunkOf (tokens: number, room: number, maxTokens: number): number {
+export function chunkOf (tokens: number, room: number, maxPositions: number): number {
   if (tokens <= room) return tokens
-  if (maxTokens < 4) return room
+  if (maxPositions < 4) return room
   const n = tokens - room === 1 ? room - 1 : room
   return n >= 2 ? n : 0
 }

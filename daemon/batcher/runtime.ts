@@ -4,7 +4,8 @@
  * (one run at a time) and routes each item's result, or its chunk's remainder back into the queue.
  */
 import { DEFAULTS, resolveLimits } from './defaults.ts'
-import { BadStepError, BatchFailedError, BatcherOverloadedError, BatcherStoppedError, abortReason, asCoded } from './errors.ts'
+import { OverloadedError } from '../errors.ts'
+import { BadStepError, BatchFailedError, BatcherStoppedError, abortReason, asCoded } from './errors.ts'
 import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
 import { createBatcherMetrics, recordConfig } from './metrics.ts'
 import { planBatch } from './policy.ts'
@@ -62,7 +63,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     let wait = running === undefined ? 0 : Math.max(0, running.startedAt + estimator.estimate(running.sequences, running.tokens) - now)
     const n = queue.length
     if (n > 0) {
-      const rounds = Math.max(Math.ceil(n / limits.maxBatch), Math.ceil(queuedTokens / limits.maxTokens))
+      const rounds = Math.max(Math.ceil(n / limits.maxBatch), Math.ceil(queuedTokens / limits.maxPositions))
       wait += rounds * estimator.estimate(Math.ceil(n / rounds), Math.ceil(queuedTokens / rounds))
     }
     return wait
@@ -218,13 +219,13 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       if (queue.length >= maxQueue) {
         metrics.refused.inc({ ...label, reason: 'queue_full' })
         // One full run frees maxBatch places.
-        throw new BatcherOverloadedError(`batcher queue is full (${maxQueue} steps)`, Math.max(1, Math.ceil(estimator.estimate(limits.maxBatch, limits.maxTokens))))
+        throw new OverloadedError(`batcher queue is full (${maxQueue} steps)`, Math.max(1, Math.ceil(estimator.estimate(limits.maxBatch, limits.maxPositions))))
       }
       if (step.kind === 'prefill') {
         const wait = expectedWaitMs(now)
         if (wait > budgetMs) {
           metrics.refused.inc({ ...label, reason: 'overloaded' })
-          throw new BatcherOverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, Math.max(1, Math.ceil(wait - budgetMs)))
+          throw new OverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, Math.max(1, Math.ceil(wait - budgetMs)))
         }
       }
       return await new Promise<StepResult>((resolve, reject) => {

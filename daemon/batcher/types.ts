@@ -64,8 +64,8 @@ export interface Chunk<T extends PendingStep = PendingStep> {
 export interface BatchLimits {
   /** Sequences per run. */
   maxBatch: number
-  /** Positions per run, so a long prefill is chunked and cannot stall decodes; at least maxBatch. */
-  maxTokens: number
+  /** Positions per run (not a request's max_tokens), so a long prefill is chunked and cannot stall decodes; at least maxBatch. */
+  maxPositions: number
   /** How long the oldest waiter may wait for company before a partial batch runs. */
   maxQueueDelayMs: number
   /** After this long in the queue the oldest prefill is guaranteed a slot in every run. */

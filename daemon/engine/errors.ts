@@ -3,6 +3,7 @@
  * {name, code, message}); the classes exist so throw sites read clearly.
  */
 import { ShoalError } from '../errors.ts'
+export { AbortedError, ModelNotFoundError, OverloadedError } from '../errors.ts'
 
 export class ContextLengthError extends ShoalError {
   override name = 'ContextLengthError'
@@ -17,32 +18,13 @@ export class RequestTooLongError extends ShoalError {
   constructor (message: string) { super('SHOAL_ERR_BAD_REQUEST', message) }
 }
 
-export class ModelNotFoundError extends ShoalError {
-  override name = 'ModelNotFoundError'
-  constructor (model: string, served: string[]) {
-    super('SHOAL_ERR_MODEL_NOT_FOUND', `model "${model}" is not served here (serving: ${served.join(', ') || 'none'})`)
-  }
-}
 
-export class OverloadedError extends ShoalError {
-  override name = 'OverloadedError'
-  /** When known, how long until a retry is likely to be admitted (becomes Retry-After). */
-  readonly retryAfterMs: number | undefined
-  constructor (message: string, retryAfterMs?: number) {
-    super('SHOAL_ERR_OVERLOADED', message)
-    this.retryAfterMs = retryAfterMs
-  }
-}
 
 export class DeadlineError extends ShoalError {
   override name = 'DeadlineError'
   constructor (message = 'request deadline passed') { super('SHOAL_ERR_DEADLINE', message) }
 }
 
-export class AbortedError extends ShoalError {
-  override name = 'AbortedError'
-  constructor (message = 'request was cancelled') { super('SHOAL_ERR_ABORTED', message) }
-}
 
 /** A backend failed to load or run a graph, or an engine call was malformed. */
 export class EngineError extends ShoalError {

@@ -32,7 +32,7 @@ export { generateSequence, endConditions, engineTokenSource, batchedTokenSource 
 export type { GenerationInput, TokenSource } from './generate.ts'
 export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './sampling.ts'
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'
-export { loadBackend, probeBackends, BACKEND_NAMES } from './backend/index.ts'
+export { loadBackend, BACKEND_NAMES } from './backend/index.ts'
 export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
 export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES, compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
 export { compiledCacheDir, openvinoCacheDir } from './backend/types.ts'

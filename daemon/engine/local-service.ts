@@ -26,7 +26,7 @@ import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index
 import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
@@ -113,7 +113,7 @@ export interface TokenSourceWrapper {
   start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
   stop? (): Promise<void>
   /** A request's token source; `close` runs when the request ends, before its sequence is freed. */
-  wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void> }
+  wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }
 }
 
 export interface PrefixSummary {
@@ -311,7 +311,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
     // admission slot come back even if a consumer abandons the iterator without closing it.
     let released: Promise<void> | undefined
-    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
+    let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     const release = async (): Promise<void> => {
       released ??= (async () => {
         scope.dispose()
@@ -382,7 +382,9 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           fed.push(...ev.tokenIds)
           progress.left = Math.max(0, progress.left - ev.tokenIds.length)
         }
-        yield ev
+        // The receipt records what speculation did (drafter, proposed and accepted tokens).
+        const summary = ev.type === 'end' ? wrapped?.summary?.() : undefined
+        yield ev.type === 'end' && summary !== undefined ? { ...ev, speculation: summary } : ev
       }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err

@@ -9,8 +9,8 @@ import type { GenerateRequest } from '../service.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { ModelShape } from '../../shards/index.ts'
 import { AbortedError, ContextLengthError, DeadlineError, RequestTooLongError } from './errors.ts'
+import { MAX_TIMER_MS } from '../abort.ts'
 
-const MAX_TIMER_MS = 2 ** 31 - 1
 
 /**
  * Token ids of the request's prompt, or a typed error (400 / 413) before any work starts. A

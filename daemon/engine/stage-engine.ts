@@ -14,6 +14,7 @@ import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
 import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+import { codedAbortReason } from '../abort.ts'
 
 export interface StageEngineInit {
   graphPath: string
@@ -286,7 +287,5 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
 
 /** The error an aborted call fails with: the signal's own ShoalError reason, else SHOAL_ERR_ABORTED. */
 export function abortReason (signal: AbortSignal): Error {
-  const r: unknown = signal.reason
-  if (r instanceof Error && typeof (r as { code?: unknown }).code === 'string') return r
-  return new AbortedError()
+  return codedAbortReason(signal, () => new AbortedError())
 }

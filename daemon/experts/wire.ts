@@ -18,6 +18,7 @@
  * Everything after the model key is 4-byte aligned, so a decoder can view tensors in place.
  */
 import type { SerializedError } from '../errors.ts'
+import { joinParts, lengthPrefixed } from '../wire-bytes.ts'
 import { ExpertWireError } from './errors.ts'
 
 export const EXPERTS_PROTOCOL = '/shoal/experts/1.0.0'
@@ -52,17 +53,7 @@ const malformed = (message: string, cause?: unknown): ExpertWireError =>
 const truncated = (message: string): ExpertWireError => new ExpertWireError('SHOAL_ERR_EXPERTS_TRUNCATED', message)
 const isU32 = (n: unknown): n is number => Number.isInteger(n) && (n as number) >= 0 && (n as number) < 2 ** 32
 
-function varintLength (n: number): number {
-  let len = 1
-  while (n >= 0x80) { n = Math.floor(n / 128); len++ }
-  return len
-}
 
-function writeVarint (out: Uint8Array, offset: number, n: number): number {
-  while (n >= 0x80) { out[offset++] = (n % 128) | 0x80; n = Math.floor(n / 128) }
-  out[offset++] = n
-  return offset
-}
 
 /** Header through the step id, with `extra` bytes of room after it; `at` is 4-byte aligned. */
 function header (kind: ExpertFrameKind, model: string, step: number, extra: number): { out: Uint8Array, dv: DataView, at: number } {
@@ -138,21 +129,12 @@ export function encodePayloadParts (f: ExpertFrame): Uint8Array[] {
 
 /** The frame as it goes on the stream: varint length, then the payload parts. */
 export function encodeFrameParts (f: ExpertFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array[] {
-  const parts = encodePayloadParts(f)
-  const len = parts.reduce((n, p) => n + p.length, 0)
-  if (len > maxFrameBytes) throw new ExpertWireError('SHOAL_ERR_EXPERTS_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`)
-  const prefix = new Uint8Array(varintLength(len))
-  writeVarint(prefix, 0, len)
-  return [prefix, ...parts]
+  return lengthPrefixed(encodePayloadParts(f), maxFrameBytes, len => new ExpertWireError('SHOAL_ERR_EXPERTS_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`))
 }
 
 /** The frame as one contiguous byte array (tests, golden bytes). */
 export function encodeFrame (f: ExpertFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array {
-  const parts = encodeFrameParts(f, maxFrameBytes)
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
-  let o = 0
-  for (const p of parts) { out.set(p, o); o += p.length }
-  return out
+  return joinParts(encodeFrameParts(f, maxFrameBytes))
 }
 
 /** The step id of a payload whose body may not decode (so an answer can be matched or refused). */

@@ -11,6 +11,7 @@ import type { GenerateEvent, GenerateRequest, InferenceService } from '../servic
 import type { IngressMetrics } from './metrics.ts'
 import type { ParsedRequest } from './params.ts'
 import { clientOf } from './auth.ts'
+import { raceAbort } from '../abort.ts'
 
 export type StartEvent = Extract<GenerateEvent, { type: 'start' }>
 export type BodyEvent = Exclude<GenerateEvent, { type: 'start' }>
@@ -127,20 +128,5 @@ export async function beginGeneration (ctx: GenerationContext, requestId: string
 
 /** iterator.next() raced against the signal; once aborted, the abort reason is what is thrown. */
 async function nextOrAbort<T> (it: AsyncIterator<T>, signal: AbortSignal): Promise<IteratorResult<T>> {
-  if (signal.aborted) throw signal.reason
-  let onAbort = (): void => {}
-  const aborted = new Promise<never>((_resolve, reject) => {
-    onAbort = () => { reject(signal.reason) }
-    signal.addEventListener('abort', onAbort, { once: true })
-  })
-  const next = it.next()
-  // The loser of the race must not become an unhandled rejection.
-  next.catch(() => {})
-  try {
-    return await Promise.race([next, aborted])
-  } catch (err) {
-    throw signal.aborted ? signal.reason : err
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-  }
+  return await raceAbort(it.next(), signal)
 }

@@ -246,6 +246,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       finishReason: input.finishReason,
     }
     if (input.client !== undefined) body.client = { name: input.client.name, serial: input.client.serial }
+    if (input.speculation !== undefined) body.speculation = { drafter: input.speculation.drafter, drafted: input.speculation.drafted, accepted: input.speculation.accepted }
     return body
   }
 

@@ -60,6 +60,8 @@ export interface ReceiptInput {
   finishReason: FinishReason
   /** The client API key that asked (name and serial), when the ingress requires keys; absent otherwise. */
   client?: ClientIdentity
+  /** What speculative decoding did (the drafter, tokens it proposed and the model accepted); absent without it. */
+  speculation?: { drafter: string, drafted: number, accepted: number }
 }
 
 /** The signed body of a log entry. */
@@ -129,6 +131,7 @@ export function responseHash (output: CompletionOutput): string {
 
 export interface ReceiptContext {
   manifestHash?: string | null
+  speculation?: { drafter: string, drafted: number, accepted: number }
   route: RouteHop[]
   parts?: SignedReceiptPart[]
   usage: Usage
@@ -149,6 +152,8 @@ export function buildReceiptInput (request: RequestLike & { requestId: string, c
     finishReason: output.finishReason,
   }
   if (request.client !== undefined) input.client = { name: request.client.name, serial: request.client.serial }
+  const s = context.speculation
+  if (s !== undefined) input.speculation = { drafter: s.drafter, drafted: s.drafted, accepted: s.accepted }
   return input
 }
 
@@ -246,10 +251,12 @@ export function checkReceiptInput (r: unknown): string | undefined {
   if (!isText(r.finishReason)) return 'finishReason'
   const c = r.client
   if (c !== undefined && (!isRecord(c) || !isText(c.name) || typeof c.serial !== 'string' || !HEX32.test(c.serial) || onlyKeys(c, ['name', 'serial']) !== undefined)) return 'client must be {name, serial: 32 hex digits}'
+  const s = r.speculation
+  if (s !== undefined && (!isRecord(s) || !isText(s.drafter) || !isCount(s.drafted) || !isCount(s.accepted) || (s.accepted as number) > (s.drafted as number) || onlyKeys(s, ['drafter', 'drafted', 'accepted']) !== undefined)) return 'speculation must be {drafter, drafted, accepted ≤ drafted}'
   return undefined
 }
 
-const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client']
+const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client', 'speculation']
 
 /** Checks a whole stored entry: {body: ReceiptBody, signature}. */
 export function checkEntry (e: unknown): string | undefined {

@@ -42,12 +42,3 @@ export function createMeshMetrics (registry?: Registry): MeshMetrics {
   }
 }
 
-/** Current value of one labelled counter (for tests and the snapshot). */
-export async function counterValue (counter: Counter<string>, labels: Record<string, string>): Promise<number> {
-  const data = await counter.get()
-  let total = 0
-  for (const v of data.values) {
-    if (Object.entries(labels).every(([k, want]) => v.labels[k] === want)) total += v.value
-  }
-  return total
-}

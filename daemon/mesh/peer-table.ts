@@ -38,6 +38,7 @@ function models (record: CapabilityRecordBody | undefined): PeerModel[] {
     if (m.manifestHash !== undefined) out.manifestHash = m.manifestHash
     if (m.totalLayers !== undefined) out.totalLayers = m.totalLayers
     if (m.maxContextTokens !== undefined) out.maxContextTokens = m.maxContextTokens
+    if (m.drafter !== undefined) out.drafter = m.drafter
     return out
   })
 }

@@ -82,6 +82,8 @@ export interface PeerModel {
   manifestHash?: string
   totalLayers?: number
   maxContextTokens?: number
+  /** Speculative decoding's drafter for requests entering at this node (see ServedModel). */
+  drafter?: string
 }
 
 /** One entry of GET /v1/mesh `peers`. */

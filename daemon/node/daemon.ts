@@ -142,9 +142,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     mergeSummaries(locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)?.hashes ?? []), LOAD_MAX_PREFIXES),
   )
 
+  /** The drafter --draft names, as metrics and receipts call it ('prompt-lookup' or 'draft:<model id>'). */
+  const drafterName = (): string | undefined =>
+    config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
+
   const publishCapabilities = (): void => {
     mesh?.setCapabilities({
-      models: servedModels(models),
+      models: servedModels(models, drafterName()),
       ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
       maxContextTokens: Math.max(0, ...models.map(m => m.manifest.shape.maxPositions)),
       ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
@@ -314,7 +318,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
                 ...(apiUrl === undefined ? {} : { apiUrl }),
                 software: SOFTWARE,
               }),
-              models: () => servedModels(models),
+              models: () => servedModels(models, drafterName()),
               mesh: () => mesh,
               locals: () => locals,
               stages: () => [...stages, ...localChains.flatMap(c => c.stages)],

@@ -9,7 +9,8 @@ import type { LocalServiceLoad } from '../engine/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
 
-export function servedModels (models: ResolvedModel[]): Capabilities['models'] {
+/** `drafter`: speculative decoding's drafter name, declared for the models requests enter here by. */
+export function servedModels (models: ResolvedModel[], drafter?: string): Capabilities['models'] {
   return models.map(m => {
     const stage = m.manifest.stages[m.stageIndex]!
     return {
@@ -20,6 +21,8 @@ export function servedModels (models: ResolvedModel[]): Capabilities['models'] {
       ...(m.whole || m.localChain === true ? {} : { layers: [stage.layers[0], stage.layers[1]] as [number, number] }),
       totalLayers: m.manifest.shape.numLayers,
       maxContextTokens: m.manifest.shape.maxPositions,
+      // Whole models, local chains and stage 0 (which coordinates its chains) draft.
+      ...(drafter !== undefined && (m.whole || m.localChain === true || stage.layers[0] === 0) ? { drafter } : {}),
     }
   })
 }

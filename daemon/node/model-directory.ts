@@ -1,7 +1,7 @@
 /**
  * Several local services behind one InferenceService: dispatch by model id, list them all.
  */
-import { ShoalError } from '../errors.ts'
+import { ModelNotFoundError } from '../errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 
 export function createModelDirectory (services: InferenceService[]): InferenceService {
@@ -13,8 +13,7 @@ export function createModelDirectory (services: InferenceService[]): InferenceSe
     async * generate (request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent> {
       const service = find(request.model)
       if (service === undefined) {
-        const known = services.flatMap(s => s.models().map(m => m.id))
-        throw new ShoalError('SHOAL_ERR_MODEL_NOT_FOUND', `model "${request.model}" does not exist here; models: ${known.join(', ') || 'none'}`)
+        throw new ModelNotFoundError(request.model, services.flatMap(s => s.models().map(m => m.id)))
       }
       yield * service.generate(request, signal)
     },

@@ -43,6 +43,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           if (parts.rejected > 0) options.onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
             manifestHash: manifestHash ?? null,
+            ...(event.speculation === undefined ? {} : { speculation: event.speculation }),
             route: hops,
             parts: parts.accepted,
             usage: event.usage,

@@ -12,7 +12,7 @@ import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { TokenSource } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
@@ -58,7 +58,7 @@ export interface ChainSourceWrapper {
   start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
   stop? (): Promise<void>
   /** A request's token source; `close` runs when the request ends, before the chain is closed. */
-  wrapChain (ctx: ChainWrapContext): TokenSource & { close?: () => Promise<void> }
+  wrapChain (ctx: ChainWrapContext): TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }
 }
 
 export interface PipelineServiceComponents {
@@ -125,7 +125,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
     })
-    let wrapped: (TokenSource & { close?: () => Promise<void> }) | undefined
+    let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     try {
       await source.connect(scope.signal)
       wrapped = init.sourceWrapper?.wrapChain({ request, manifest, chain: source })
@@ -146,7 +146,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         // Each stage's signed share of the work, collected before the end goes out (bounded wait:
         // a stage that does not answer is left out; its hop still names it in the receipt).
         const parts = await source.finish(AbortSignal.any([scope.signal, AbortSignal.timeout(PART_WAIT_MS)]))
-        yield parts.length === 0 ? event : { ...event, receiptParts: [...(event.receiptParts ?? []), ...parts] }
+        const summary = wrapped?.summary?.()
+        const withSpeculation = summary === undefined ? event : { ...event, speculation: summary }
+        yield parts.length === 0 ? withSpeculation : { ...withSpeculation, receiptParts: [...(event.receiptParts ?? []), ...parts] }
       }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err

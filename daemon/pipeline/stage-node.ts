@@ -25,6 +25,7 @@ import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
 import type { OpenBody, StageFrame } from './wire.ts'
 import { checkDrafts } from './verify.ts'
+import { MAX_TIMER_MS } from '../abort.ts'
 
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
@@ -117,7 +118,6 @@ interface Watch {
 const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
 
 const SEND_TIMEOUT_MS = 30_000
-const MAX_TIMER_MS = 2 ** 31 - 1
 
 export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
   const { engine } = init

@@ -10,7 +10,7 @@ import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import { chooseStageGraphs, createBatchedExecutor, createStageEngine, resolveGraphChoice, stageInfoFor, stageInfoOf } from '../engine/index.ts'
 import type { BackendName, GraphMode } from '../engine/index.ts'
-import { loadManifest, manifestHash, parseLayerRanges } from '../../shards/index.ts'
+import { loadManifest, manifestHash } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
 import type { LinkComponents, LinkOptions } from './links.ts'
@@ -22,14 +22,6 @@ export interface StageSpec {
   layers: [number, number]
 }
 
-/** Parses `SHARDDIR@A-B` (the `--model` form for one stage). */
-export function parseStageSpec (text: string): StageSpec {
-  const at = text.lastIndexOf('@')
-  if (at <= 0) throw new StageConfigError(`"${text}" is not SHARDDIR@FIRST-LAST`)
-  const ranges = parseLayerRanges(text.slice(at + 1))
-  if (ranges.length !== 1) throw new StageConfigError(`"${text}": one layer range per stage`)
-  return { shardDir: text.slice(0, at), layers: ranges[0]! }
-}
 
 /** The shard directory's manifest hash (one definition for the whole daemon: shards' manifestHash). */
 export const manifestHashOf = manifestHash

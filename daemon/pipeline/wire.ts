@@ -27,6 +27,7 @@
  */
 import type { Uint8ArrayList } from 'uint8arraylist'
 import type { SerializedError } from '../errors.ts'
+import { joinParts, lengthPrefixed } from '../wire-bytes.ts'
 import { StageWireError } from './errors.ts'
 
 /** 2.0.0: activation frames may carry drafts to verify (speculative decoding), answered by verdict frames. */
@@ -89,17 +90,7 @@ const malformed = (message: string, cause?: unknown): StageWireError =>
 const truncated = (message: string): StageWireError => new StageWireError('SHOAL_ERR_STAGE_TRUNCATED', message)
 const isU32 = (n: unknown): n is number => Number.isInteger(n) && (n as number) >= 0 && (n as number) < 2 ** 32
 
-function varintLength (n: number): number {
-  let len = 1
-  while (n >= 0x80) { n = Math.floor(n / 128); len++ }
-  return len
-}
 
-function writeVarint (out: Uint8Array, offset: number, n: number): number {
-  while (n >= 0x80) { out[offset++] = (n % 128) | 0x80; n = Math.floor(n / 128) }
-  out[offset++] = n
-  return offset
-}
 
 function encodeOpen (o: OpenBody): Uint8Array {
   const sampling = o.sampling.seed === undefined
@@ -236,21 +227,12 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
 
 /** The frame as it goes on the stream: varint length, then the payload (parts, not concatenated). */
 export function encodeFrameParts (f: StageFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array[] {
-  const parts = encodePayloadParts(f)
-  const len = parts.reduce((n, p) => n + p.length, 0)
-  if (len > maxFrameBytes) throw new StageWireError('SHOAL_ERR_STAGE_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`)
-  const prefix = new Uint8Array(varintLength(len))
-  writeVarint(prefix, 0, len)
-  return [prefix, ...parts]
+  return lengthPrefixed(encodePayloadParts(f), maxFrameBytes, len => new StageWireError('SHOAL_ERR_STAGE_TOO_LARGE', `${f.kind} frame of ${len} bytes exceeds the ${maxFrameBytes}-byte cap`))
 }
 
 /** The frame as one contiguous byte array (tests, golden bytes). */
 export function encodeFrame (f: StageFrame, maxFrameBytes: number = MAX_FRAME_BYTES): Uint8Array {
-  const parts = encodeFrameParts(f, maxFrameBytes)
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
-  let o = 0
-  for (const p of parts) { out.set(p, o); o += p.length }
-  return out
+  return joinParts(encodeFrameParts(f, maxFrameBytes))
 }
 
 /** Reads the request id of a payload that may fail to decode otherwise (so an error can name it). */

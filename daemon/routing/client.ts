@@ -14,8 +14,9 @@ import {
   PeerUnavailableError, RemoteError, RequestTooLargeError,
 } from './errors.ts'
 import type { ForwardPhase } from './errors.ts'
-import { createFrameReader, raceAbort } from './frame-stream.ts'
+import { createFrameReader } from './frame-stream.ts'
 import { encodeFrame, MAX_FRAME_BYTES } from './wire.ts'
+import { MAX_TIMER_MS, raceAbort } from '../abort.ts'
 
 /** Opens a stream for /shoal/infer/1.0.0 to one peer (the mesh's `openStream(peerId, protocol, signal)`). */
 export type StreamOpener = (signal: AbortSignal) => Promise<Stream>
@@ -39,8 +40,6 @@ export const DEFAULT_FIRST_FRAME_TIMEOUT_MS = 60_000
 export const DEFAULT_IDLE_TIMEOUT_MS = 30_000
 /** Silence that ends a forward once the mesh has lost contact with its peer. */
 export const PEER_LOST_IDLE_MS = 1_000
-/** setTimeout's limit; a later deadline is simply not armed. */
-const MAX_TIMER_MS = 2 ** 31 - 1
 
 /** Why the forwarding controller aborted; the error thrown follows from it. */
 type Stop = { why: 'caller', reason: unknown } | { why: 'deadline' } | { why: 'idle', ms: number, lost: boolean }

@@ -3,6 +3,7 @@
  * `phase` / `retryable` of a ForwardError), never message text.
  */
 import { ShoalError } from '../errors.ts'
+export { ModelNotFoundError, OverloadedError } from '../errors.ts'
 
 /** Codes of /shoal/infer wire violations; they may also travel back in an error frame. */
 export type InferWireErrorCode =
@@ -22,13 +23,6 @@ export class InferWireError extends ShoalError {
   }
 }
 
-/** Every replica that could serve the model is too busy (or cannot meet the deadline): HTTP 429. */
-export class OverloadedError extends ShoalError {
-  override name = 'OverloadedError'
-  constructor (message: string) {
-    super('SHOAL_ERR_OVERLOADED', message)
-  }
-}
 
 /** Nodes know the model but none may serve it now (not admitted, unreachable, …): HTTP 503. */
 export class NoEligibleNodeError extends ShoalError {
@@ -38,13 +32,6 @@ export class NoEligibleNodeError extends ShoalError {
   }
 }
 
-/** No node in the mesh serves the model at all: HTTP 404. */
-export class ModelNotFoundError extends ShoalError {
-  override name = 'ModelNotFoundError'
-  constructor (model: string) {
-    super('SHOAL_ERR_MODEL_NOT_FOUND', `model "${model}" is not served by any node in the mesh`)
-  }
-}
 
 /** Stage holders do not form a complete chain for a sharded model. */
 export class ChainIncompleteError extends ShoalError {

@@ -124,19 +124,3 @@ export async function writeFrame (stream: Stream, frame: InferFrame, signal: Abo
   if (!stream.send(bytes)) await stream.onDrain({ signal })
 }
 
-/** Resolves with `p`, or rejects with `signal.reason` as soon as the signal aborts. */
-export async function raceAbort<T> (p: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) {
-    p.catch(() => {}) // lost the race before it began: its outcome no longer matters
-    throw signal.reason
-  }
-  let onAbort: (() => void) | undefined
-  try {
-    return await Promise.race([p, new Promise<never>((_resolve, reject) => {
-      onAbort = () => reject(signal.reason)
-      signal.addEventListener('abort', onAbort, { once: true })
-    })])
-  } finally {
-    if (onAbort !== undefined) signal.removeEventListener('abort', onAbort)
-  }
-}

@@ -10,9 +10,10 @@ import type { SerializedError } from '../errors.ts'
 import type { GenerateEvent, InferenceService } from '../service.ts'
 import { findLoneSurrogate } from '../text/index.ts'
 import { InferWireError } from './errors.ts'
-import { createFrameReader, raceAbort, writeFrame } from './frame-stream.ts'
+import { createFrameReader, writeFrame } from './frame-stream.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
 import type { InferFrame } from './wire.ts'
+import { MAX_TIMER_MS, raceAbort } from '../abort.ts'
 
 export interface InferHandlerOptions {
   /** This node's peer id, appended to the route. */
@@ -23,7 +24,6 @@ export interface InferHandlerOptions {
 }
 
 export const DEFAULT_REQUEST_TIMEOUT_MS = 10_000
-const MAX_TIMER_MS = 2 ** 31 - 1
 
 /** Why generation stopped early; decides whether an error frame is still worth sending. */
 type Stop = { why: 'cancelled' | 'gone' | 'done' } | { why: 'deadline' } | { why: 'protocol', error: SerializedError }

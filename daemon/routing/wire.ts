@@ -11,6 +11,7 @@
 import * as lp from 'it-length-prefixed'
 import type { Uint8ArrayList } from 'uint8arraylist'
 import type { SerializedError } from '../errors.ts'
+import { varintLength, writeVarint } from '../wire-bytes.ts'
 import type { ChatMessage, GenerateEvent, GenerateRequest, PromptInput } from '../service.ts'
 import { InferWireError } from './errors.ts'
 
@@ -50,22 +51,7 @@ function malformed (message: string, cause?: unknown): InferWireError {
   return new InferWireError('SHOAL_ERR_INFER_MALFORMED', message, cause === undefined ? undefined : { cause })
 }
 
-// --- varints (unsigned LEB128, up to 2^53) ---
-
-function varintLength (n: number): number {
-  let len = 1
-  while (n >= 0x80) { n = Math.floor(n / 128); len++ }
-  return len
-}
-
-function writeVarint (out: Uint8Array, offset: number, n: number): number {
-  while (n >= 0x80) {
-    out[offset++] = (n % 128) | 0x80
-    n = Math.floor(n / 128)
-  }
-  out[offset++] = n
-  return offset
-}
+// --- varints (unsigned LEB128, up to 2^53; writing in ../wire-bytes.ts) ---
 
 function readVarint (buf: Uint8Array, offset: number): [number, number] {
   let n = 0

@@ -8,7 +8,7 @@
  */
 import type { Registry } from 'prom-client'
 import type { BackendName, TokenSource, TokenSourceWrapper } from '../engine/index.ts'
-import type { GenerateRequest } from '../service.ts'
+import type { GenerateRequest, SpeculationSummary } from '../service.ts'
 import { EngineError } from '../engine/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -114,7 +114,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     },
   }
 
-  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier'>): TokenSource & { close: () => Promise<void> } {
+  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier'>): TokenSource & { close: () => Promise<void>, summary: () => SpeculationSummary } {
     const labels = { model: modelId, drafter: drafter.name }
     const source = createSpeculativeSource({
       ...init,
@@ -136,6 +136,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     return {
       prefill: source.prefill,
       decode: source.decode,
+      summary: () => { const c = source.counts(); return { drafter: c.drafter, drafted: c.drafted, accepted: c.accepted } },
       async close () {
         await source.close()
         init.onRequestEnd?.(request.requestId, source.counts())

@@ -19,13 +19,14 @@ import { basename, join } from 'node:path'
 import { Tokenizer } from '@huggingface/tokenizers'
 import { ShoalError } from '../errors.ts'
 import type { PromptInput } from '../service.ts'
-import type { GenerationDefaults, ShardManifest } from '../../shards/contract.ts'
+import type { ShardManifest } from '../../shards/contract.ts'
 import { chatTemplateSource, compileChatTemplate, specialTokenText } from './chat-template.ts'
 import type { ChatTemplate } from './chat-template.ts'
 import { createStreamingDetokenizer } from './detok.ts'
 import type { StreamingDetokenizer } from './detok.ts'
 import { createTokenizerThread } from './tokenizer-thread.ts'
 import type { TokenizerThread } from './tokenizer-thread.ts'
+import type { TextCodecInit } from './codec-init.ts'
 
 /** Prompts up to this many characters are tokenized inline (a few ms at most). */
 export const DEFAULT_OFFLOAD_ABOVE_CHARS = 4096
@@ -52,15 +53,7 @@ export interface TextCodec {
   readonly hasChatTemplate: boolean
 }
 
-export interface TextCodecInit {
-  tokenizerJson: object
-  tokenizerConfig: Record<string, unknown>
-  /** Overrides tokenizer_config's chat_template (e.g. from chat_template.jinja). */
-  chatTemplate?: string
-  generation: GenerationDefaults
-  /** Prompts longer than this (characters) are tokenized in a worker thread. Default DEFAULT_OFFLOAD_ABOVE_CHARS. */
-  offloadAboveChars?: number
-}
+export type { TextCodecInit }
 
 /** The longest vocabulary entry or added token, in UTF-16 units (what `String.length` counts). */
 export function longestTokenChars (tokenizerJson: object): number {

@@ -8,7 +8,7 @@ import { Worker } from 'node:worker_threads'
 import { deserializeError, ShoalError } from '../errors.ts'
 import type { SerializedError } from '../errors.ts'
 import type { PromptInput } from '../service.ts'
-import type { TextCodecInit } from './codec.ts'
+import type { TextCodecInit } from './codec-init.ts'
 
 export interface TokenizerRequest { id: number, prompt: PromptInput }
 export type TokenizerReply = { id: number, ids: Int32Array } | { id: number, error: SerializedError }

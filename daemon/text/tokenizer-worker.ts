@@ -7,7 +7,7 @@
 import { parentPort, workerData } from 'node:worker_threads'
 import { serializeError } from '../errors.ts'
 import { createTextCodec } from './codec.ts'
-import type { TextCodecInit } from './codec.ts'
+import type { TextCodecInit } from './codec-init.ts'
 import type { TokenizerReply, TokenizerRequest } from './tokenizer-thread.ts'
 
 if (parentPort === null) throw new Error('daemon/text/tokenizer-worker.ts must run in a worker thread')

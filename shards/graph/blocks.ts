@@ -8,7 +8,7 @@
 import type { LayerWeights, MoeWeights, SwiGluWeights } from '../architectures.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { quantizeMatrix } from '../quant.ts'
-import { DT, MS_DOMAIN, type GraphBuilder } from './builder.ts'
+import { DT, MS_DOMAIN } from './builder.ts'
 import type { BuildContext, StageTables } from './types.ts'
 
 export function transpose (w: F32Tensor): Float32Array {

@@ -6,7 +6,8 @@
  */
 import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher } from '../../daemon/batcher/index.ts'
-import type { Batcher, BatcherOverloadedError, StepResult } from '../../daemon/batcher/index.ts'
+import type { Batcher, StepResult } from '../../daemon/batcher/index.ts'
+import type { OverloadedError } from '../../daemon/errors.ts'
 import { httpStatusOf } from '../../daemon/errors.ts'
 import { SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
 
@@ -21,7 +22,7 @@ describe('batcher admission under overload', () => {
     // One full run: 4 prefills × 16 positions = 64 positions ≈ 4 + 3.2 ms ⇒ ~550 prefills/s sustained.
     const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
     const budgetMs = 40
-    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 64, maxQueueDelayMs: 2 }, budgetMs }, { executor: sim })
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 2 }, budgetMs }, { executor: sim })
     batcher = b
     await b.start()
 
@@ -56,10 +57,10 @@ describe('batcher admission under overload', () => {
     expect(refused.length).toBeGreaterThan(sent.length / 2)
     expect(admitted.length).toBeGreaterThan(20)
     for (const { s, o } of refused) {
-      const err = (o as { err: BatcherOverloadedError }).err
+      const err = (o as { err: OverloadedError }).err
       expect(err.code).toBe('SHOAL_ERR_OVERLOADED')
       expect(httpStatusOf(err).status).toBe(429)
-      expect(Number.isFinite(err.retryAfterMs) && err.retryAfterMs > 0).toBe(true)
+      expect(err.retryAfterMs).toBeGreaterThan(0)
       expect(s.settledAtSubmit).toBe(true) // refused at submit, not after queueing
     }
     for (const { s, o } of admitted) {

@@ -12,7 +12,7 @@ const limitsArb: fc.Arbitrary<BatchLimits> = fc.record({
   extraTokens: fc.integer({ min: 0, max: 60 }),
   maxQueueDelayMs: fc.integer({ min: 0, max: 20 }),
   extraAging: fc.integer({ min: 0, max: 40 }),
-}).map(r => ({ maxBatch: r.maxBatch, maxTokens: r.maxBatch + r.extraTokens, maxQueueDelayMs: r.maxQueueDelayMs, prefillAgingMs: r.maxQueueDelayMs + r.extraAging }))
+}).map(r => ({ maxBatch: r.maxBatch, maxPositions: r.maxBatch + r.extraTokens, maxQueueDelayMs: r.maxQueueDelayMs, prefillAgingMs: r.maxQueueDelayMs + r.extraAging }))
 
 const stepArb = fc.record({
   kind: fc.constantFrom('prefill' as const, 'decode' as const),
@@ -32,11 +32,11 @@ const before = (q: readonly PendingStep[], a: PendingStep, b: PendingStep): bool
   a.enqueuedAt < b.enqueuedAt || (a.enqueuedAt === b.enqueuedAt && q.indexOf(a) < q.indexOf(b))
 
 describe('planBatch', () => {
-  it('never exceeds maxBatch or maxTokens, and takes each step at most once, in 1..tokens positions', () => {
+  it('never exceeds maxBatch or maxPositions, and takes each step at most once, in 1..tokens positions', () => {
     fc.assert(fc.property(queueArb, limitsArb, nowArb, fc.option(fc.nat(3), { nil: undefined }), (queue, limits, now, awaiting) => {
       const { run } = planBatch(queue, limits, Math.max(now, ...queue.map(s => s.enqueuedAt)), { awaiting })
       expect(run.length).toBeLessThanOrEqual(limits.maxBatch)
-      expect(run.reduce((sum, c) => sum + c.tokens, 0)).toBeLessThanOrEqual(limits.maxTokens)
+      expect(run.reduce((sum, c) => sum + c.tokens, 0)).toBeLessThanOrEqual(limits.maxPositions)
       expect(new Set(run.map(c => c.step.seqId)).size).toBe(run.length)
       for (const c of run) {
         expect(queue).toContain(c.step)
@@ -51,10 +51,10 @@ describe('planBatch', () => {
     }), { numRuns: 500 })
   })
 
-  it('never cuts a step of several positions into a one-position chunk, nor leaves one position behind (maxTokens ≥ 4)', () => {
+  it('never cuts a step of several positions into a one-position chunk, nor leaves one position behind (maxPositions ≥ 4)', () => {
     // onnxruntime runs one-position steps through another attention kernel (different last bits);
     // steps of two or more positions give the same bits however a prompt is split.
-    fc.assert(fc.property(queueArb, limitsArb.filter(l => l.maxTokens >= 4), nowArb, (queue, limits, now) => {
+    fc.assert(fc.property(queueArb, limitsArb.filter(l => l.maxPositions >= 4), nowArb, (queue, limits, now) => {
       const { run } = planBatch(queue, limits, Math.max(now, ...queue.map(s => s.enqueuedAt)), { awaiting: 0 })
       for (const c of run) {
         if (c.step.tokens === 1) continue
@@ -107,8 +107,8 @@ describe('planBatch', () => {
     }), { numRuns: 500 })
   })
 
-  it('chunks a long prefill to fit maxTokens, leaving room for decodes', () => {
-    const limits: BatchLimits = { maxBatch: 4, maxTokens: 16, maxQueueDelayMs: 2, prefillAgingMs: 10 }
+  it('chunks a long prefill to fit maxPositions, leaving room for decodes', () => {
+    const limits: BatchLimits = { maxBatch: 4, maxPositions: 16, maxQueueDelayMs: 2, prefillAgingMs: 10 }
     const long: PendingStep = { id: 1, seqId: 'long', kind: 'prefill', tokens: 100, enqueuedAt: 0 }
     expect(planBatch([long], limits, 5).run).toEqual([{ step: long, tokens: 16 }])
     const decodes = [2, 3].map((id): PendingStep => ({ id, seqId: `d${id}`, kind: 'decode', tokens: 1, enqueuedAt: 3 }))
@@ -118,7 +118,7 @@ describe('planBatch', () => {
   })
 
   it('runs a sequence\'s steps one per run, in order', () => {
-    const limits: BatchLimits = { maxBatch: 4, maxTokens: 64, maxQueueDelayMs: 0, prefillAgingMs: 0 }
+    const limits: BatchLimits = { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0, prefillAgingMs: 0 }
     const first: PendingStep = { id: 1, seqId: 'a', kind: 'prefill', tokens: 3, enqueuedAt: 1 }
     const second: PendingStep = { id: 2, seqId: 'a', kind: 'decode', tokens: 1, enqueuedAt: 2 }
     expect(planBatch([second, first], limits, 3).run).toEqual([{ step: first, tokens: 3 }])

@@ -14,7 +14,7 @@ const started: Batcher[] = []
 afterEach(async () => { await Promise.all(started.splice(0).map(b => b.stop())) })
 
 async function make (executor: SimulatedExecutor, init: BatcherInit = {}, metrics?: Registry): Promise<Batcher> {
-  const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 16, maxQueueDelayMs: 2, prefillAgingMs: 20 }, ...init }, { executor, ...(metrics === undefined ? {} : { metrics }) })
+  const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 16, maxQueueDelayMs: 2, prefillAgingMs: 20 }, ...init }, { executor, ...(metrics === undefined ? {} : { metrics }) })
   await b.start()
   started.push(b)
   return b
@@ -69,7 +69,7 @@ describe('batcher runtime', () => {
     expect(b.load().queueDepth).toBe(0)
   })
 
-  it('chunks a long prefill to maxTokens, in order, alongside decodes, and joins the outputs', async () => {
+  it('chunks a long prefill to maxPositions, in order, alongside decodes, and joins the outputs', async () => {
     const sim = new SimulatedExecutor()
     const b = await make(sim)
     const positions = range(0, 50)
@@ -95,7 +95,7 @@ describe('batcher runtime', () => {
   it('takes at most batchCap() sequences per run when the owner caps it below maxBatch, read at every plan', async () => {
     const sim = new SimulatedExecutor()
     let cap = 2
-    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 16, maxQueueDelayMs: 2, prefillAgingMs: 20 } }, { executor: sim, batchCap: () => cap })
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 16, maxQueueDelayMs: 2, prefillAgingMs: 20 } }, { executor: sim, batchCap: () => cap })
     await b.start()
     started.push(b)
     sim.hold()
@@ -261,7 +261,7 @@ describe('batcher runtime', () => {
         return { kind: 'logits', data: Float32Array.from(ids.slice(-k)), count: k, vocab: 1 }
       },
     }
-    const b = createBatcher({ limits: { maxBatch: 4, maxTokens: 8 } }, { executor: createSequentialExecutor(engine) })
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 8 } }, { executor: createSequentialExecutor(engine) })
     await b.start()
     started.push(b)
     const [long, bad] = await Promise.allSettled([

@@ -7,7 +7,7 @@
  *   hidden input → the same rows, each value + 1
  *   with a pick  → the token hash(seqId) + last position
  */
-import { StepAbortedError } from '../../daemon/batcher/index.ts'
+import { AbortedError } from '../../daemon/errors.ts'
 import type { BatchExecutor, BatchItem, BatchItemResult, StepResult } from '../../daemon/batcher/index.ts'
 
 export const SIM_VOCAB = 4
@@ -69,7 +69,7 @@ export class SimulatedExecutor implements BatchExecutor {
       const failure = this.options.failRun?.(items)
       if (failure !== undefined) throw failure
       return items.map(item => {
-        const error = this.options.failItem?.(item) ?? (item.signal.aborted ? new StepAbortedError() : undefined)
+        const error = this.options.failItem?.(item) ?? (item.signal.aborted ? new AbortedError('step was cancelled') : undefined)
         return error === undefined ? { output: simulate(item) } : { error }
       })
     } finally {

@@ -102,6 +102,13 @@ describe('local service with continuous batching', () => {
     const strict = await service({ budgetMs: 0 })
     // A's 300-token prefill is in flight (prior estimate ≥ 30 ms) when B's prefill is submitted.
     const a = tokensOf(strict, request(model, PROMPTS[5]!, 8))
+    // B only once A's step is queued or running: both start admission together, and on a loaded
+    // machine B could otherwise reach the batcher first and find it idle.
+    for (let i = 0; i < 5000; i++) {
+      const l = strict.load()
+      if (l.inFlight > 0 || l.queueDepth > 0) break
+      await new Promise(resolve => setTimeout(resolve, 1))
+    }
     const events: GenerateEvent[] = []
     const b = (async () => { for await (const ev of strict.generate(request(model, PROMPTS[0]!, 8), new AbortController().signal)) events.push(ev) })()
     const err = await b.then(() => undefined, (e: unknown) => e)

@@ -110,6 +110,14 @@ describe('capability gossip message', () => {
     expect(bad({ addrs: Array(17).fill('/ip4/1.2.3.4') })).toBe('SHOAL_ERR_MESH_MALFORMED')
     expect(codeOf(() => decodeCapsMessage(new Uint8Array(CAPS_MAX_MESSAGE + 1)))).toBe('SHOAL_ERR_MESH_TOO_LARGE')
   })
+
+  it('carries a model\'s drafter (optional: a record without one is unchanged, a bad one refused)', () => {
+    const withDrafter = { ...body, models: [{ id: 'm', totalLayers: 24, drafter: 'draft:tiny' }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withDrafter, signature: 's' })).record.body.models[0]!.drafter).toBe('draft:tiny')
+    expect(text(encodeCapsMessage(cert, { body: withDrafter, signature: 's' }))).toContain('"models":[{"drafter":"draft:tiny","id":"m","totalLayers":24}]')
+    const bad = codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', drafter: 7 }] }, signature: 's' } }))))
+    expect(bad).toBe('SHOAL_ERR_MESH_MALFORMED')
+  })
 })
 
 describe('revocations gossip message', () => {

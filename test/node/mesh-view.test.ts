@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { aggregateLoad, meshModelCards, replicaCandidates, stageHolders } from '../../daemon/node/mesh-view.ts'
+import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
@@ -58,5 +58,14 @@ describe('node load', () => {
   it('carries the engines\' merged prefix summary, and no field when there is none', () => {
     expect(aggregateLoad([], 0, ['0123456789abcdef']).prefixes).toEqual(['0123456789abcdef'])
     expect(aggregateLoad([], 0, [])).not.toHaveProperty('prefixes')
+  })
+
+  it('declares the drafter on the models requests enter by (whole models and stage 0), not on later stages', () => {
+    const manifest = (first: number, last: number) => ({ modelId: 'm', shape: { numLayers: 8, maxPositions: 64 }, stages: [{ layers: [first, last] }] }) as never
+    const whole = { manifest: manifest(0, 7), manifestHash: 'h', stageIndex: 0, whole: true } as never
+    const first = { manifest: manifest(0, 3), manifestHash: 'h', stageIndex: 0, whole: false } as never
+    const second = { manifest: manifest(4, 7), manifestHash: 'h', stageIndex: 0, whole: false } as never
+    expect(servedModels([whole, first, second], 'prompt-lookup').map(m => m.drafter)).toEqual(['prompt-lookup', 'prompt-lookup', undefined])
+    expect(servedModels([whole]).map(m => m.drafter)).toEqual([undefined])
   })
 })

@@ -52,6 +52,12 @@ describe('shoal serve with --draft', () => {
       const drafted = new RegExp(`shoal_speculative_drafted_tokens_total\\{model="${pair.target.manifest.modelId}",drafter="${draft === 'good' ? 'draft:draft' : 'prompt-lookup'}"\\} (\\d+)`).exec(metrics)
       expect(drafted, metrics.split('\n').filter(l => l.includes('speculative')).join('\n')).not.toBeNull()
       expect(Number(drafted![1])).toBeGreaterThan(0)
+      // The signed receipt records the drafter and its counts.
+      const receiptId = (res as unknown as { shoal: { receipt_id: string } }).shoal.receipt_id
+      const receipt = await (await fetch(`${url}/v1/receipts/${receiptId}`)).json() as { body: { speculation?: { drafter: string, drafted: number, accepted: number } } }
+      expect(receipt.body.speculation?.drafter).toBe(draft === 'good' ? 'draft:draft' : 'prompt-lookup')
+      expect(receipt.body.speculation!.drafted).toBeGreaterThan(0)
+      expect(receipt.body.speculation!.accepted).toBeLessThanOrEqual(receipt.body.speculation!.drafted)
     })
   }
 

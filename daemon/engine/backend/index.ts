@@ -14,16 +14,3 @@ export async function loadBackend (name: BackendName): Promise<Backend> {
   }
 }
 
-/** The backends that load on this machine, with their devices; unavailable ones say why. */
-export async function probeBackends (): Promise<Array<{ name: BackendName, devices: string[] } | { name: BackendName, unavailable: string }>> {
-  const out = []
-  for (const name of BACKEND_NAMES) {
-    try {
-      const b = await loadBackend(name)
-      out.push({ name, devices: b.devices() })
-    } catch (err) {
-      out.push({ name, unavailable: (err as Error).message })
-    }
-  }
-  return out
-}

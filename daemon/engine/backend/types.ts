@@ -56,6 +56,3 @@ export interface Backend {
 
 export type BackendName = 'onnxruntime' | 'openvino'
 
-export function tensorBytes (t: HostTensor): number {
-  return t.data.byteLength
-}

@@ -28,6 +28,11 @@ export interface ServedModel {
   totalLayers?: number
   /** Context limit in tokens. */
   maxContextTokens?: number
+  /**
+   * The drafter speculative decoding uses for requests entering here (`draft:<model>` or
+   * `prompt-lookup`); absent without one. Optional: older readers ignore it.
+   */
+  drafter?: string
 }
 
 /** What a node declares about itself (`mesh.setCapabilities`). */
@@ -101,6 +106,8 @@ function model (value: unknown, where: string): ServedModel {
   }
   if (obj.totalLayers !== undefined) out.totalLayers = uint(obj.totalLayers, `${where}.totalLayers`)
   if (obj.maxContextTokens !== undefined) out.maxContextTokens = uint(obj.maxContextTokens, `${where}.maxContextTokens`)
+  const drafter = optStr(obj.drafter, `${where}.drafter`, 128)
+  if (drafter !== undefined) out.drafter = drafter
   return out
 }
 

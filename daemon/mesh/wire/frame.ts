@@ -65,10 +65,6 @@ export function decodeErrorFrame (obj: Record<string, unknown>): ErrorFrame {
   return errorFrame(code as WireErrorCode, message, id)
 }
 
-/** The WireError a received error frame stands for. */
-export function errorFromFrame (frame: ErrorFrame): WireError {
-  return new WireError(frame.code, `remote: ${frame.message}`)
-}
 
 // ---- small field validators shared by the protocol files ----
 
