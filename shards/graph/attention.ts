@@ -62,6 +62,20 @@ export function rotate (ctx: BuildContext, name: string, x: string, cos: string,
 export function standardAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, t: StageTables): AttentionOut {
   if (t.kind !== 'standard') throw new Error('standard attention needs standard stage tables')
   const { g } = ctx
+  return groupedAttention(ctx, n, wn, io, t.cos, t.sin, t.allowed, (kh, vh) => [
+    g.op('Concat', `${n}/k_cache/Concat`, [io.pastK, kh], { axis: 2 }),
+    g.op('Concat', `${n}/v_cache/Concat`, [io.pastV, vh], { axis: 2 }),
+  ])
+}
+
+/**
+ * The standard ops' attention around any KV update: q/k/v to heads (with q/k norms), rotary from
+ * cos/sin, `cache` turns the new keys and values [B, kvH, S, hd] into present K/V (a Concat onto
+ * the past; the static graphs scatter them into a fixed buffer), then grouped, masked attention.
+ */
+export function groupedAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, cos: string, sin: string, allowed: string,
+  cache: (kh: string, vh: string) => [string, string]): AttentionOut {
+  const { g } = ctx
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
   const rep = H / kvH
   const heads = (name: string, y: string, count: number, norm?: F32Tensor): string => {
@@ -70,16 +84,15 @@ export function standardAttention (ctx: BuildContext, n: string, wn: string, io:
     return g.op('Transpose', `${n}/${name}/Transpose`, [r], { perm: [0, 2, 1, 3] })
   }
   const { q, k, v } = io.split()
-  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', q, H, io.qNorm), t.cos, t.sin)
-  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', k, kvH, io.kNorm), t.cos, t.sin)
+  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', q, H, io.qNorm), cos, sin)
+  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', k, kvH, io.kNorm), cos, sin)
   const vh = heads('v', v, kvH)
-  const presentK = g.op('Concat', `${n}/k_cache/Concat`, [io.pastK, kh], { axis: 2 })
-  const presentV = g.op('Concat', `${n}/v_cache/Concat`, [io.pastV, vh], { axis: 2 })
+  const [presentK, presentV] = cache(kh, vh)
   const q5 = g.op('Reshape', `${n}/q_groups/Reshape`, [qh, g.i64([0, kvH, rep, -1, hd])])
   const k5 = g.op('Transpose', `${n}/k_groups/Transpose`, [g.op('Unsqueeze', `${n}/k_groups/Unsqueeze`, [presentK, g.i64([2])])], { perm: [0, 1, 2, 4, 3] })
   const v5 = g.op('Unsqueeze', `${n}/v_groups/Unsqueeze`, [presentV, g.i64([2])])
   const scores = g.op('Mul', `${n}/scores/Mul`, [g.op('MatMul', `${n}/scores/MatMul`, [q5, k5]), g.f32(1 / Math.sqrt(hd))])
-  const masked = g.op('Where', `${n}/mask/Where`, [t.allowed, scores, g.f32(F32_LOWEST)])
+  const masked = g.op('Where', `${n}/mask/Where`, [allowed, scores, g.f32(F32_LOWEST)])
   const probs = g.op('Softmax', `${n}/Softmax`, [masked], { axis: -1 })
   const ctxv = g.op('MatMul', `${n}/context/MatMul`, [probs, v5])
   const context = g.op('Reshape', `${n}/context/Reshape`, [

@@ -12,7 +12,7 @@ import {
   pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
-import { F32_LOWEST, rotate } from './attention.ts'
+import { groupedAttention } from './attention.ts'
 import { DT, GraphBuilder } from './builder.ts'
 import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
 import { OP_TABLES } from './ops.ts'
@@ -53,33 +53,13 @@ function staticTables (contextLength: number, steps: number, cachePosition: stri
  * slots, then every query attends over all CTX slots with the mask (masked scores become the
  * lowest f32, whose softmax weight is exactly 0, so stale or padding slots contribute nothing).
  */
-function staticAttention (ctx: BuildContext, n: string, _wn: string, io: AttentionIo, t: StageTables): AttentionOut {
+function staticAttention (ctx: BuildContext, n: string, wn: string, io: AttentionIo, t: StageTables): AttentionOut {
   if (t.kind !== 'static') throw new Error('static attention needs static stage tables')
   const { g } = ctx
-  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
-  const rep = H / kvH
-  const wn = _wn
-  const heads = (name: string, y: string, count: number, norm?: F32Tensor): string => {
-    let r = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
-    if (norm !== undefined) r = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, r, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
-    return g.op('Transpose', `${n}/${name}/Transpose`, [r], { perm: [0, 2, 1, 3] })
-  }
-  const { q, k, v } = io.split()
-  const qh = rotate(ctx, `${n}/q_rotary`, heads('q', q, H, io.qNorm), t.cos, t.sin)
-  const kh = rotate(ctx, `${n}/k_rotary`, heads('k', k, kvH, io.kNorm), t.cos, t.sin)
-  const vh = heads('v', v, kvH)
-  const presentK = g.op('ScatterElements', `${n}/k_cache/ScatterElements`, [io.pastK, t.slots, kh], { axis: 2 })
-  const presentV = g.op('ScatterElements', `${n}/v_cache/ScatterElements`, [io.pastV, t.slots, vh], { axis: 2 })
-  const q5 = g.op('Reshape', `${n}/q_groups/Reshape`, [qh, g.i64([0, kvH, rep, -1, hd])])
-  const k5 = g.op('Transpose', `${n}/k_groups/Transpose`, [g.op('Unsqueeze', `${n}/k_groups/Unsqueeze`, [presentK, g.i64([2])])], { perm: [0, 1, 2, 4, 3] })
-  const v5 = g.op('Unsqueeze', `${n}/v_groups/Unsqueeze`, [presentV, g.i64([2])])
-  const scores = g.op('Mul', `${n}/scores/Mul`, [g.op('MatMul', `${n}/scores/MatMul`, [q5, k5]), g.f32(1 / Math.sqrt(hd))])
-  const masked = g.op('Where', `${n}/mask/Where`, [t.allowed, scores, g.f32(F32_LOWEST)])
-  const probs = g.op('Softmax', `${n}/Softmax`, [masked], { axis: -1 })
-  const ctxv = g.op('MatMul', `${n}/context/MatMul`, [probs, v5])
-  const context = g.op('Reshape', `${n}/context/Reshape`, [
-    g.op('Transpose', `${n}/context/Transpose`, [ctxv], { perm: [0, 3, 1, 2, 4] }), g.i64([0, 0, H * hd])])
-  return { context, presentK, presentV }
+  return groupedAttention(ctx, n, wn, io, t.cos, t.sin, t.allowed, (kh, vh) => [
+    g.op('ScatterElements', `${n}/k_cache/ScatterElements`, [io.pastK, t.slots, kh], { axis: 2 }),
+    g.op('ScatterElements', `${n}/v_cache/ScatterElements`, [io.pastV, t.slots, vh], { axis: 2 }),
+  ])
 }
 
 export interface StaticStageOptions {
