@@ -436,10 +436,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       return results
     },
     rollback (seqId, length) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
-      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
-      if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+      const seq = rollbackTarget(sequences.get(seqId), seqId, length)
       if (length === seq.length) return
       // A left-aligned cache rolls back by its length alone: columns past it are never read, and
       // the next step writes right after it (no copy; the paper's "mask and position bookkeeping").
@@ -471,6 +468,14 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq, keptPrefixes: kept.size, keptBytes }
     },
   }
+}
+
+/** The sequence a rollback to `length` applies to, or the error saying why it cannot (both runners). */
+export function rollbackTarget<S extends { running: Promise<void> | undefined, length: number }> (seq: S | undefined, seqId: string, length: number): S {
+  if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
+  if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
+  if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+  return seq
 }
 
 function concat (parts: Float32Array[], length: number): Float32Array {

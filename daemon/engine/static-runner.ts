@@ -16,7 +16,7 @@ import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken, type TokenPick } from './sampling.ts'
-import { DEFAULT_MAX_SEQUENCES, type BatchStepResult, type StageRunner } from './stage-runner.ts'
+import { DEFAULT_MAX_SEQUENCES, rollbackTarget, type BatchStepResult, type StageRunner } from './stage-runner.ts'
 
 export interface StaticShapesInit {
   /** KV buffer slots (CTX). */
@@ -187,10 +187,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       return await guarded(seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
     rollback (seqId, length) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
-      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
-      if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
+      const seq = rollbackTarget(sequences.get(seqId), seqId, length)
       // Slots past the length are masked out and rewritten by the next step: the length is the cache.
       seq.length = length
     },
