@@ -110,6 +110,23 @@ export function createScratch (): (slot: number, length: number) => Float32Array
   }
 }
 
+/**
+ * Gives a block's memory back now instead of at some later garbage collection: each tensor that
+ * owns its whole ArrayBuffer has it detached (`transfer(0)` frees the backing store). V8 sees
+ * onnxruntime's outputs as small objects, so a 2,000-token prefill left ~300 MB of replaced caches
+ * (each chunk's present is the whole cache so far) waiting for a GC that did not come soon; the
+ * process kept that high-water mark. Only for blocks nothing reads any more: no sequence or kept
+ * prefix refers to it and no run that was fed it is still in flight (the runner checks both).
+ */
+export function freeBlock (block: KvBlock): void {
+  for (const pair of block.layers) {
+    for (const t of pair) {
+      const buf = t.data.buffer
+      if (buf instanceof ArrayBuffer && !buf.detached && t.data.byteOffset === 0 && t.data.byteLength === buf.byteLength) buf.transfer(0)
+    }
+  }
+}
+
 export function blockBytes (block: KvBlock): number {
   let n = 0
   for (const [k, v] of block.layers) n += k.data.byteLength + v.data.byteLength

@@ -32,7 +32,7 @@ import {
 } from '../../shards/contract.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { blockBytes, copyRow, copyRowLeft, createScratch, ownRow, rowView, truncateRow } from './kv-block.ts'
+import { blockBytes, copyRow, copyRowLeft, createScratch, freeBlock, ownRow, rowView, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
@@ -157,8 +157,10 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     })
     if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
     const out = await session.run(feeds)
+    const old = seq.kv?.block
     seq.kv = { block: presentBlock(out, 1, width), row: 0 }
     seq.length = total
+    release(old)
     return out
   }
 
@@ -284,8 +286,10 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     const block = presentBlock(out, rows, total)
     const result = stage.hasHead ? out[LOGITS] : out[HIDDEN_OUT]
     if (result?.type !== 'float32') throw new EngineError(`stage graph returned no float32 ${stage.hasHead ? 'logits' : 'hidden_states_out'}`)
-    return group.map(({ seqId, seq, item }, b): BatchStepResult => {
+    const replaced = new Set<KvBlock>()
+    const outs = group.map(({ seqId, seq, item }, b): BatchStepResult => {
       if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }
+      if (seq.kv !== undefined) replaced.add(seq.kv.block)
       seq.kv = { block, row: b }
       seq.length += s
       if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
@@ -296,6 +300,8 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const data = result.data.slice((b * have + have - want) * width, (b + 1) * have * width)
       return { output: { kind: 'logits', data, count: want, vocab: width } }
     })
+    for (const old of replaced) release(old)
+    return outs
   }
 
   /** Runs checked items: groups (see groupKey) together where the graph allows it, the rest one at a time. */
@@ -340,6 +346,19 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   /** Kept prefixes by key: a one-row block of exactly the kept positions. */
   const kept = new Map<string, KvBlock>()
 
+  /**
+   * Frees a block that lost a reference, unless a sequence or a kept prefix still refers to it.
+   * Called only once no run fed with it can still be in flight: after the run that replaced it,
+   * and after a dropped sequence's running step ended (a running step's sequence still refers to
+   * the block it was fed until the step's result replaces it).
+   */
+  function release (block: KvBlock | undefined): void {
+    if (block === undefined) return
+    for (const s of sequences.values()) if (s.kv?.block === block) return
+    for (const k of kept.values()) if (k === block) return
+    freeBlock(block)
+  }
+
   /** The first `length` columns of a left-aligned row as a one-row block of its own (no copy when it already is one). */
   function compact (ref: KvRef, length: number): KvBlock {
     if (ref.block.rows === 1 && ref.block.total === length) return ref.block
@@ -373,9 +392,10 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const length = Math.min(seq.length, Math.max(0, Math.floor(maxLength)))
       const ref = seq.kv
       seq.kv = undefined
-      if (ref === undefined || length === 0) return { length: 0, bytes: 0 }
+      if (ref === undefined || length === 0) { release(ref?.block); return { length: 0, bytes: 0 } }
       const block = compact(ref, length)
       kept.set(key, block)
+      if (block !== ref.block) release(ref.block)
       return { length, bytes: blockBytes(block) }
     },
     openFrom (seqId, key, length) {
@@ -389,7 +409,11 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       sequences.set(seqId, { kv, length, running: undefined, dropped: undefined })
     },
     evict (keys) {
-      for (const k of keys) kept.delete(k)
+      for (const k of keys) {
+        const block = kept.get(k)
+        kept.delete(k)
+        release(block)
+      }
     },
   }
 
@@ -441,17 +465,25 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       // A left-aligned cache rolls back by its length alone: columns past it are never read, and
       // the next step writes right after it (no copy; the paper's "mask and position bookkeeping").
       // A right-aligned one keeps its live columns at the end, so what stays is copied out.
+      const old = seq.kv?.block
       if (length === 0) seq.kv = undefined
       else if (!leftAligned && seq.kv !== undefined) seq.kv = { block: truncateRow(seq.kv, seq.length, length, kvH, hd), row: 0 }
       seq.length = length
+      if (seq.kv?.block !== old) release(old)
     },
     async drop (seqId, how) {
       const seq = sequences.get(seqId)
       if (seq === undefined) return
       seq.dropped = how
       sequences.delete(seqId)
+      const old = seq.kv?.block
       seq.kv = undefined
       await seq.running
+      // The running step may have ended by giving the dropped sequence a new block.
+      const last = (seq.kv as KvRef | undefined)?.block
+      seq.kv = undefined
+      release(old)
+      release(last)
     },
     stats () {
       const perSeq: Record<string, number> = {}
