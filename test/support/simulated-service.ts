@@ -4,18 +4,18 @@
  * is `<|role|>\ncontent\n… <|assistant|>\n`, and it "generates" a scripted reply byte by byte.
  * Deterministic; it can be told to fail before start, fail after N tokens, stall, or go slowly.
  */
-import { ShoalError } from '../../daemon/errors.ts'
+import { ShoalError, type ShoalErrorCode } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PromptInput } from '../../daemon/service.ts'
 
 export interface SimulatedScript {
   /** The text generated (then finish 'stop'). Default 'Hello from the simulated engine.' */
   reply?: string
   /** Throw a ShoalError with this code before the start event. */
-  failBeforeStart?: string
+  failBeforeStart?: ShoalErrorCode
   /** Throw after this many generated tokens (after start). */
   failAfterTokens?: number
   /** Code for failAfterTokens; default SHOAL_ERR_NO_ELIGIBLE_NODE (a peer vanished mid-stream). */
-  failCode?: string
+  failCode?: ShoalErrorCode
   /** Before start: wait until aborted, or forever (ignoring the signal, like a hung peer). */
   stallBeforeStart?: 'until-abort' | 'forever'
   /** After this many tokens, wait for `until` (or an abort) before going on: a deterministic mid-stream pause. */
