@@ -100,6 +100,19 @@ export class AbortedError extends ShoalError {
   constructor (message = 'request was cancelled') { super('SHOAL_ERR_ABORTED', message) }
 }
 
+/**
+ * The one shape of every wire protocol's decoding error (a frame that cannot be decoded, or does
+ * not fit the conversation), typed by the protocol's own subset of codes. Each protocol subclasses
+ * it only to set the `name` its peers and callers see (StageWireError, InferWireError, …).
+ */
+export class WireFormatError<C extends ShoalErrorCode = ShoalErrorCode> extends ShoalError {
+  override name = 'WireFormatError'
+  declare readonly code: C
+  constructor (code: C, message: string, options?: ErrorOptions) {
+    super(code, message, options)
+  }
+}
+
 /** The plain shape an error takes across worker_threads and the wire. */
 export interface SerializedError {
   name: string

@@ -2,7 +2,7 @@
  * Typed errors of routing and forwarding. Callers compare `code` (and, in-process, the
  * `phase` / `retryable` of a ForwardError), never message text.
  */
-import { ShoalError, type ShoalErrorCode } from '../errors.ts'
+import { ShoalError, WireFormatError, type ShoalErrorCode } from '../errors.ts'
 export { ModelNotFoundError, OverloadedError } from '../errors.ts'
 
 /** Codes of /shoal/infer wire violations; they may also travel back in an error frame. */
@@ -15,12 +15,8 @@ export type InferWireErrorCode =
   | 'SHOAL_ERR_INFER_UNEXPECTED_FRAME'
 
 /** A frame that cannot be decoded or does not fit the conversation. */
-export class InferWireError extends ShoalError {
+export class InferWireError extends WireFormatError<InferWireErrorCode> {
   override name = 'InferWireError'
-  declare readonly code: InferWireErrorCode
-  constructor (code: InferWireErrorCode, message: string, options?: ErrorOptions) {
-    super(code, message, options)
-  }
 }
 
 
