@@ -8,7 +8,7 @@
  */
 export { createMesh, REVOCATIONS_FILE_NAME } from './mesh.ts'
 export { DEFAULT_TIMINGS } from './types.ts'
-export type { MeshLibp2p, MeshServices, Transport } from './node.ts'
+export type { MeshLibp2p, MeshServices, Transport } from './libp2p-node.ts'
 export type {
   Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
   PeerChange, PeerModel, Capabilities, ServedModel, LoadRecord,

@@ -4,8 +4,8 @@
  */
 export { createDaemon } from './daemon.ts'
 export type { Daemon, DaemonComponents } from './daemon.ts'
-export { validateConfig, parseApiAddress, parseModelSpec, ConfigError, DEFAULT_BUDGETS } from './config.ts'
-export type { Budgets, DaemonConfig, ModelSpec } from './config.ts'
+export { validateConfig, parseApiAddress, parseModelEntry, ConfigError, DEFAULT_BUDGETS } from './config.ts'
+export type { Budgets, DaemonConfig, ModelEntry } from './config.ts'
 export { chooseEngine } from './device.ts'
 export { resolveModel } from './models.ts'
 export type { ModelProgress, ResolvedModel } from './models.ts'
