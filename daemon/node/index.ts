@@ -4,12 +4,9 @@
  */
 export { createDaemon } from './daemon.ts'
 export type { Daemon, DaemonComponents } from './daemon.ts'
-export { validateConfig, parseApiAddress, parseModelEntry, ConfigError, DEFAULT_BUDGETS } from './config.ts'
+export { validateConfig, parseApiAddress, parseModelEntry, DEFAULT_BUDGETS } from './config.ts'
 export type { Budgets, DaemonConfig, ModelEntry } from './config.ts'
 export { chooseEngine } from './device.ts'
-export { resolveModel } from './models.ts'
-export type { ModelProgress, ResolvedModel } from './models.ts'
 export { withReceipts } from './receipted-service.ts'
-export { createModelDirectory } from './model-directory.ts'
 export { serveForwarded } from './forwarded.ts'
 export { ensureDemoReady } from './models.ts'
