@@ -1,34 +1,27 @@
 /**
- * The waits of the test fakes (simulated-service.ts, simulated-peer.ts): a timer or a promise that
- * an AbortSignal cuts short. They reject with the signal's reason when it is an Error, else with
+ * The waits of the test fakes (simulated-service.ts, simulated-peer.ts), over the daemon's own
+ * `raceAbort`. They reject with the signal's reason when it is an Error, else with
  * SHOAL_ERR_ABORTED (the routing server aborts with a plain `Stop` object).
  */
+import { raceAbort } from '../../daemon/abort.ts'
 import { AbortedError } from '../../daemon/errors.ts'
 
-function reasonOf (signal: AbortSignal): Error {
-  return signal.reason instanceof Error ? signal.reason : new AbortedError('aborted')
+/** `until`'s value, or a rejection when `signal` aborts first (also while `until` never settles). */
+export async function untilOrAbort<T> (until: Promise<T>, signal: AbortSignal): Promise<T> {
+  try {
+    return await raceAbort(until, signal)
+  } catch (err) {
+    if (!signal.aborted) throw err
+    throw signal.reason instanceof Error ? signal.reason : new AbortedError('aborted')
+  }
 }
 
 /** Resolves after `ms`, or rejects when `signal` aborts first. */
 export async function sleep (ms: number, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) throw reasonOf(signal)
-  await new Promise<void>((resolve, reject) => {
-    const onAbort = (): void => { clearTimeout(timer); reject(reasonOf(signal)) }
-    const timer = setTimeout(() => { signal.removeEventListener('abort', onAbort); resolve() }, ms)
-    signal.addEventListener('abort', onAbort, { once: true })
-  })
-}
-
-/** `until`'s value, or a rejection when `signal` aborts first (also while `until` never settles). */
-export async function untilOrAbort<T> (until: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) throw reasonOf(signal)
-  let onAbort = (): void => {}
+  let timer: ReturnType<typeof setTimeout> | undefined
   try {
-    return await Promise.race([until, new Promise<never>((_resolve, reject) => {
-      onAbort = () => { reject(reasonOf(signal)) }
-      signal.addEventListener('abort', onAbort, { once: true })
-    })])
+    await untilOrAbort(new Promise<void>(resolve => { timer = setTimeout(resolve, ms) }), signal)
   } finally {
-    signal.removeEventListener('abort', onAbort)
+    clearTimeout(timer)
   }
 }
