@@ -7,7 +7,7 @@
 export type { SignedDocument } from './signed.ts'
 export { canonicalBytes, signDocument, verifyDocument, toBase64url, fromBase64url, publicKeyOf } from './signed.ts'
 export { CertificateError, CaError, REFUSAL_REASONS, certErrorCode } from './errors.ts'
-export type { RefusalReason, CaErrorKind } from './errors.ts'
+export type { RefusalReason, CaErrorKind, CertErrorCode, CaErrorCode } from './errors.ts'
 export {
   FORMAT_VERSION, CA_CERTIFICATE_TYPE, NODE_CERTIFICATE_TYPE, REVOCATION_LIST_TYPE, CLIENT_KEY_TYPE, MAX_REVOKED, ROLES,
   keyIdOf, toTimestamp, isValidName,

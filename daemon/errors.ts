@@ -3,10 +3,70 @@
  * code crossing a worker or wire boundary compares `code`, never `instanceof` or message text.
  * HTTP status mapping lives in exactly one place: `httpStatusOf` below.
  */
+
+/**
+ * Every code this build throws, in one list: `ShoalError` takes only these, and the HTTP table
+ * below must name a status for each (a new code without one does not compile). Modules type their
+ * own codes as subsets (`Extract<ShoalErrorCode, `SHOAL_ERR_STAGE_${string}`>` and the like).
+ */
+export const SHOAL_ERROR_CODES = [
+  // requests (ingress, engine, text)
+  'SHOAL_ERR_BAD_REQUEST', 'SHOAL_ERR_UNSUPPORTED_PARAMETER', 'SHOAL_ERR_INVALID_API_KEY',
+  'SHOAL_ERR_MODEL_NOT_FOUND', 'SHOAL_ERR_NOT_FOUND', 'SHOAL_ERR_CONTEXT_LENGTH',
+  'SHOAL_ERR_BODY_TOO_LARGE', 'SHOAL_ERR_URI_TOO_LONG', 'SHOAL_ERR_HEADERS_TOO_LARGE',
+  'SHOAL_ERR_CLIENT_TIMEOUT', 'SHOAL_ERR_OVERLOADED', 'SHOAL_ERR_DEADLINE', 'SHOAL_ERR_ABORTED',
+  'SHOAL_ERR_SHUTTING_DOWN', 'SHOAL_ERR_INTERNAL',
+  // engine and shards
+  'SHOAL_ERR_ENGINE', 'SHOAL_ERR_BACKEND_UNAVAILABLE', 'SHOAL_ERR_SHARD_INVALID',
+  'SHOAL_ERR_SHARD_INTEGRITY', 'SHOAL_ERR_UNSUPPORTED_ARCHITECTURE', 'SHOAL_ERR_CHECKPOINT',
+  'SHOAL_ERR_LAYER_SPLIT', 'SHOAL_ERR_MANIFEST',
+  // node configuration and roles
+  'SHOAL_ERR_CONFIG', 'SHOAL_ERR_ROLE_REFUSED',
+  // routing and forwarding (/shoal/infer)
+  'SHOAL_ERR_NO_ELIGIBLE_NODE', 'SHOAL_ERR_CHAIN_INCOMPLETE', 'SHOAL_ERR_PEER_UNAVAILABLE',
+  'SHOAL_ERR_PEER_LOST',
+  'SHOAL_ERR_INFER_UNSUPPORTED_VERSION', 'SHOAL_ERR_INFER_UNKNOWN_KIND', 'SHOAL_ERR_INFER_TOO_LARGE',
+  'SHOAL_ERR_INFER_TRUNCATED', 'SHOAL_ERR_INFER_MALFORMED', 'SHOAL_ERR_INFER_UNEXPECTED_FRAME',
+  // pipeline chains (/shoal/stage)
+  'SHOAL_ERR_STAGE_CONFIG',
+  'SHOAL_ERR_STAGE_UNSUPPORTED_VERSION', 'SHOAL_ERR_STAGE_UNKNOWN_KIND', 'SHOAL_ERR_STAGE_TOO_LARGE',
+  'SHOAL_ERR_STAGE_TRUNCATED', 'SHOAL_ERR_STAGE_MALFORMED', 'SHOAL_ERR_STAGE_UNKNOWN_REQUEST',
+  'SHOAL_ERR_STAGE_MISMATCH',
+  // expert holders (/shoal/experts)
+  'SHOAL_ERR_EXPERTS_UNSUPPORTED_VERSION', 'SHOAL_ERR_EXPERTS_UNKNOWN_KIND',
+  'SHOAL_ERR_EXPERTS_TOO_LARGE', 'SHOAL_ERR_EXPERTS_TRUNCATED', 'SHOAL_ERR_EXPERTS_MALFORMED',
+  'SHOAL_ERR_EXPERTS_NOT_HELD',
+  // mesh
+  'SHOAL_ERR_MESH_NOT_ADMITTED', 'SHOAL_ERR_MESH_NOT_RUNNING', 'SHOAL_ERR_MESH_CONFIG',
+  'SHOAL_ERR_MESH_MALFORMED', 'SHOAL_ERR_MESH_TOO_LARGE', 'SHOAL_ERR_MESH_UNSUPPORTED_VERSION',
+  'SHOAL_ERR_MESH_UNEXPECTED_FRAME', 'SHOAL_ERR_MESH_RATE_LIMITED', 'SHOAL_ERR_MESH_REFUSED',
+  'SHOAL_ERR_MESH_INTERNAL',
+  // witness (/shoal/heads)
+  'SHOAL_ERR_WITNESS_MALFORMED', 'SHOAL_ERR_WITNESS_UNSUPPORTED_VERSION',
+  // receipt ledger
+  'SHOAL_ERR_LEDGER_BUSY', 'SHOAL_ERR_LEDGER_CLOSED', 'SHOAL_ERR_LEDGER_INVALID',
+  'SHOAL_ERR_LEDGER_SIGNER', 'SHOAL_ERR_LEDGER_CORRUPT',
+  // certificates (certs/: one per refusal reason, plus file problems) and the operator CA
+  'SHOAL_ERR_CERT_MALFORMED', 'SHOAL_ERR_CERT_UNKNOWN_FORMAT_VERSION', 'SHOAL_ERR_CERT_WRONG_CA',
+  'SHOAL_ERR_CERT_BAD_SIGNATURE', 'SHOAL_ERR_CERT_EXPIRED', 'SHOAL_ERR_CERT_NOT_YET_VALID',
+  'SHOAL_ERR_CERT_REVOKED', 'SHOAL_ERR_CERT_PEER_ID_MISMATCH', 'SHOAL_ERR_CERT_FILE',
+  'SHOAL_ERR_CA_EXISTS', 'SHOAL_ERR_CA_NOT_FOUND', 'SHOAL_ERR_CA_UNKNOWN_NODE',
+  'SHOAL_ERR_CA_NAME_TAKEN', 'SHOAL_ERR_CA_OUT_EXISTS', 'SHOAL_ERR_CA_BAD_OPTION', 'SHOAL_ERR_CA_BUSY',
+] as const
+
+export type ShoalErrorCode = typeof SHOAL_ERROR_CODES[number]
+
+const KNOWN_CODES: ReadonlySet<string> = new Set(SHOAL_ERROR_CODES)
+
+/** True for a code this build lists (a newer peer may send one it does not). */
+export function isShoalErrorCode (code: unknown): code is ShoalErrorCode {
+  return typeof code === 'string' && KNOWN_CODES.has(code)
+}
+
 export class ShoalError extends Error {
   override name = 'ShoalError'
-  readonly code: string
-  constructor (code: string, message: string, options?: ErrorOptions) {
+  readonly code: ShoalErrorCode
+  constructor (code: ShoalErrorCode, message: string, options?: ErrorOptions) {
     super(message, options)
     this.code = code
   }
@@ -40,6 +100,19 @@ export class AbortedError extends ShoalError {
   constructor (message = 'request was cancelled') { super('SHOAL_ERR_ABORTED', message) }
 }
 
+/**
+ * The one shape of every wire protocol's decoding error (a frame that cannot be decoded, or does
+ * not fit the conversation), typed by the protocol's own subset of codes. Each protocol subclasses
+ * it only to set the `name` its peers and callers see (StageWireError, InferWireError, …).
+ */
+export class WireFormatError<C extends ShoalErrorCode = ShoalErrorCode> extends ShoalError {
+  override name = 'WireFormatError'
+  declare readonly code: C
+  constructor (code: C, message: string, options?: ErrorOptions) {
+    super(code, message, options)
+  }
+}
+
 /** The plain shape an error takes across worker_threads and the wire. */
 export interface SerializedError {
   name: string
@@ -64,8 +137,12 @@ export function serializeError (err: unknown): SerializedError {
   return { name: 'Error', code: 'SHOAL_ERR_INTERNAL', message: String(err) }
 }
 
+/**
+ * The error as the other side threw it. Its code is kept as it came, also one this build does not
+ * list (a newer peer's): comparisons against it simply fail and `httpStatusOf` answers 500.
+ */
 export function deserializeError (e: SerializedError): ShoalError {
-  const err = new ShoalError(e.code, e.message) as ShoalError & { retryAfterMs?: number, param?: string }
+  const err = new ShoalError(e.code as ShoalErrorCode, e.message) as ShoalError & { retryAfterMs?: number, param?: string }
   err.name = e.name
   if (e.retryAfterMs !== undefined) err.retryAfterMs = e.retryAfterMs
   if (e.param !== undefined) err.param = e.param
@@ -77,8 +154,18 @@ export function errorCodeOf (err: unknown): string | undefined {
   return typeof code === 'string' ? code : undefined
 }
 
-/** code → [HTTP status, OpenAI error type]. Unknown codes are 500 server_error. */
-const HTTP: Record<string, [number, string]> = {
+type OpenAIErrorType = 'invalid_request_error' | 'rate_limit_error' | 'server_error'
+
+/** "Any other failure" of docs/reference.md: the codes a client meets only as an internal failure. */
+const OTHER = Object.freeze([500, 'server_error'] as const)
+
+/**
+ * code → [HTTP status, OpenAI error type]; every code has a row (the `satisfies` makes a missing
+ * one a compile error). The rows spelled out are the client's catalogue (docs/reference.md lists
+ * exactly those); the rest (wire, ledger, certificates, shards, CLI) are `OTHER`, as is any code a
+ * peer sends that this build does not list.
+ */
+const HTTP = {
   SHOAL_ERR_BAD_REQUEST: [400, 'invalid_request_error'],
   SHOAL_ERR_UNSUPPORTED_PARAMETER: [400, 'invalid_request_error'],
   SHOAL_ERR_INVALID_API_KEY: [401, 'invalid_request_error'],
@@ -103,9 +190,72 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_BACKEND_UNAVAILABLE: [503, 'server_error'],
   SHOAL_ERR_SHARD_INVALID: [500, 'server_error'],
   SHOAL_ERR_ENGINE: [500, 'server_error'],
+  SHOAL_ERR_INTERNAL: OTHER,
+  SHOAL_ERR_SHARD_INTEGRITY: OTHER,
+  SHOAL_ERR_UNSUPPORTED_ARCHITECTURE: OTHER,
+  SHOAL_ERR_CHECKPOINT: OTHER,
+  SHOAL_ERR_LAYER_SPLIT: OTHER,
+  SHOAL_ERR_MANIFEST: OTHER,
+  SHOAL_ERR_CONFIG: OTHER,
+  SHOAL_ERR_INFER_UNSUPPORTED_VERSION: OTHER,
+  SHOAL_ERR_INFER_UNKNOWN_KIND: OTHER,
+  SHOAL_ERR_INFER_TOO_LARGE: OTHER,
+  SHOAL_ERR_INFER_TRUNCATED: OTHER,
+  SHOAL_ERR_INFER_MALFORMED: OTHER,
+  SHOAL_ERR_INFER_UNEXPECTED_FRAME: OTHER,
+  SHOAL_ERR_STAGE_CONFIG: OTHER,
+  SHOAL_ERR_STAGE_UNSUPPORTED_VERSION: OTHER,
+  SHOAL_ERR_STAGE_UNKNOWN_KIND: OTHER,
+  SHOAL_ERR_STAGE_TOO_LARGE: OTHER,
+  SHOAL_ERR_STAGE_TRUNCATED: OTHER,
+  SHOAL_ERR_STAGE_MALFORMED: OTHER,
+  SHOAL_ERR_STAGE_UNKNOWN_REQUEST: OTHER,
+  SHOAL_ERR_STAGE_MISMATCH: OTHER,
+  SHOAL_ERR_EXPERTS_UNSUPPORTED_VERSION: OTHER,
+  SHOAL_ERR_EXPERTS_UNKNOWN_KIND: OTHER,
+  SHOAL_ERR_EXPERTS_TOO_LARGE: OTHER,
+  SHOAL_ERR_EXPERTS_TRUNCATED: OTHER,
+  SHOAL_ERR_EXPERTS_MALFORMED: OTHER,
+  SHOAL_ERR_EXPERTS_NOT_HELD: OTHER,
+  SHOAL_ERR_MESH_NOT_ADMITTED: OTHER,
+  SHOAL_ERR_MESH_NOT_RUNNING: OTHER,
+  SHOAL_ERR_MESH_CONFIG: OTHER,
+  SHOAL_ERR_MESH_MALFORMED: OTHER,
+  SHOAL_ERR_MESH_TOO_LARGE: OTHER,
+  SHOAL_ERR_MESH_UNSUPPORTED_VERSION: OTHER,
+  SHOAL_ERR_MESH_UNEXPECTED_FRAME: OTHER,
+  SHOAL_ERR_MESH_RATE_LIMITED: OTHER,
+  SHOAL_ERR_MESH_REFUSED: OTHER,
+  SHOAL_ERR_MESH_INTERNAL: OTHER,
+  SHOAL_ERR_WITNESS_MALFORMED: OTHER,
+  SHOAL_ERR_WITNESS_UNSUPPORTED_VERSION: OTHER,
+  SHOAL_ERR_LEDGER_INVALID: OTHER,
+  SHOAL_ERR_LEDGER_SIGNER: OTHER,
+  SHOAL_ERR_LEDGER_CORRUPT: OTHER,
+  SHOAL_ERR_CERT_MALFORMED: OTHER,
+  SHOAL_ERR_CERT_UNKNOWN_FORMAT_VERSION: OTHER,
+  SHOAL_ERR_CERT_WRONG_CA: OTHER,
+  SHOAL_ERR_CERT_BAD_SIGNATURE: OTHER,
+  SHOAL_ERR_CERT_EXPIRED: OTHER,
+  SHOAL_ERR_CERT_NOT_YET_VALID: OTHER,
+  SHOAL_ERR_CERT_REVOKED: OTHER,
+  SHOAL_ERR_CERT_PEER_ID_MISMATCH: OTHER,
+  SHOAL_ERR_CERT_FILE: OTHER,
+  SHOAL_ERR_CA_EXISTS: OTHER,
+  SHOAL_ERR_CA_NOT_FOUND: OTHER,
+  SHOAL_ERR_CA_UNKNOWN_NODE: OTHER,
+  SHOAL_ERR_CA_NAME_TAKEN: OTHER,
+  SHOAL_ERR_CA_OUT_EXISTS: OTHER,
+  SHOAL_ERR_CA_BAD_OPTION: OTHER,
+  SHOAL_ERR_CA_BUSY: OTHER,
+} as const satisfies Record<ShoalErrorCode, readonly [number, OpenAIErrorType]>
+
+/** The HTTP status and OpenAI error type of a code (exported for the catalogue's own test). */
+export function httpStatusOfCode (code: string): { status: number, type: OpenAIErrorType } {
+  const entry = isShoalErrorCode(code) ? HTTP[code] : undefined
+  return entry === undefined ? { status: 500, type: 'server_error' } : { status: entry[0], type: entry[1] }
 }
 
-export function httpStatusOf (err: unknown): { status: number, type: string } {
-  const entry = HTTP[errorCodeOf(err) ?? '']
-  return entry === undefined ? { status: 500, type: 'server_error' } : { status: entry[0], type: entry[1] }
+export function httpStatusOf (err: unknown): { status: number, type: OpenAIErrorType } {
+  return httpStatusOfCode(errorCodeOf(err) ?? '')
 }

@@ -16,14 +16,11 @@
 export { createBatcher } from './runtime.ts'
 export { planBatch } from './policy.ts'
 export type { PlanHints } from './policy.ts'
-export { DEFAULTS, resolveLimits, checkLimits } from './defaults.ts'
+export { DEFAULTS } from './defaults.ts'
 export { createStepTimeEstimator, createRateMeter } from './estimator.ts'
 export type { StepTimeEstimator, EstimatorOptions, RateMeter } from './estimator.ts'
 export { createSequentialExecutor } from './executor.ts'
 export type { StepEngine } from './executor.ts'
-export { createBatcherMetrics } from './metrics.ts'
-export type { BatcherMetrics } from './metrics.ts'
-export { BadStepError, BatchFailedError, BatcherStoppedError } from './errors.ts'
 export type {
   Batcher, BatcherInit, BatcherComponents, BatcherLoad, BatchExecutor, BatchItem, BatchItemResult,
   BatchLimits, BatchPlan, Chunk, Clock, PendingStep, StepCostModel, StepInput, StepKind, StepRequest, StepResult,

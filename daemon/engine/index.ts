@@ -11,35 +11,33 @@
  *  - the local InferenceService for a whole-model shard directory, with sequence admission that
  *    queues within a wait budget (`decideAdmission`, pure).
  */
-export { createLocalService, stageInfoOf, DEFAULT_MAX_WAITING } from './local-service.ts'
+export { createLocalService, stageInfoOf } from './local-service.ts'
 export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
 export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {
-  BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput, StepOptions,
+  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput,
+  StepOptions,
 } from './stage-engine.ts'
-export { createStageRunner, DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-export type { BatchStepResult, PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
-export { createStaticStageRunner, staticContextLimit } from './static-runner.ts'
+export { createStageRunner, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
+export type { PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
+export { createStaticStageRunner } from './static-runner.ts'
 export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
-export { chooseStageGraphs, GRAPH_MODES, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
+export { chooseStageGraphs, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
 export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
-export type { BatchStepItem, EngineStats, StageInfo, StepOutput } from './protocol.ts'
-export { generateSequence, endConditions, engineTokenSource, batchedTokenSource } from './generate.ts'
+export type { StageInfo, StepOutput } from './protocol.ts'
+export { generateSequence, endConditions } from './generate.ts'
 export type { GenerationInput, TokenSource } from './generate.ts'
 export { argmax, createRng, nextPick, nucleus, pickToken, sampleToken } from './sampling.ts'
 export type { Rng, SamplerParams, TokenPick } from './sampling.ts'
 export { loadBackend, BACKEND_NAMES } from './backend/index.ts'
 export { createOnnxruntimeBackend } from './backend/onnxruntime.ts'
-export { createOpenvinoBackend, loadOpenvinoAddon, OPENVINO_DEVICES, compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
+export { compileConfig as openvinoCompileConfig } from './backend/openvino.ts'
 export { compiledCacheDir, openvinoCacheDir } from './backend/types.ts'
 export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, TensorMap } from './backend/types.ts'
-export {
-  AbortedError, BackendUnavailableError, ContextLengthError, DeadlineError, EngineError, ModelNotFoundError,
-  OverloadedError, RequestTooLongError, ShuttingDownError,
-} from './errors.ts'
+export { DeadlineError, EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.ts'
 export type { RequestScope } from './request-scope.ts'

@@ -427,17 +427,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const seq = sequences.get(seqId)
       if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
       if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
-      const result = run(seqId, seq, input, positions, logitsToKeep, pick)
-      seq.running = result.then(() => {}, () => {})
-      try {
-        return await result
-      } catch (err) {
-        // A failed step leaves the cache in an unknown state: the sequence is over.
-        if (sequences.get(seqId) === seq) sequences.delete(seqId)
-        throw err
-      } finally {
-        seq.running = undefined
-      }
+      return await guardedStep(sequences, seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
     async stepBatch (items) {
       const results: BatchStepResult[] = new Array(items.length)
@@ -499,6 +489,23 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       for (const k of kept.values()) keptBytes += blockBytes(k)
       return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq, keptPrefixes: kept.size, keptBytes }
     },
+  }
+}
+
+/**
+ * One step of `seq`, marked running until it settles (both runners). A failed step leaves the
+ * cache in an unknown state: the sequence is over, unless it was replaced meanwhile.
+ */
+export async function guardedStep<S extends { running: Promise<void> | undefined }, T> (sequences: Map<string, S>, seqId: string, seq: S, work: () => Promise<T>): Promise<T> {
+  const result = work()
+  seq.running = result.then(() => {}, () => {})
+  try {
+    return await result
+  } catch (err) {
+    if (sequences.get(seqId) === seq) sequences.delete(seqId)
+    throw err
+  } finally {
+    seq.running = undefined
   }
 }
 

@@ -16,7 +16,7 @@ import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken, type TokenPick } from './sampling.ts'
-import { DEFAULT_MAX_SEQUENCES, rollbackTarget, type BatchStepResult, type StageRunner } from './stage-runner.ts'
+import { DEFAULT_MAX_SEQUENCES, guardedStep, rollbackTarget, type BatchStepResult, type StageRunner } from './stage-runner.ts'
 
 export interface StaticShapesInit {
   /** KV buffer slots (CTX). */
@@ -160,20 +160,6 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
     return stage.hasHead ? { kind: 'logits', data, count: rows, vocab: width } : { kind: 'hidden', data, count: rows, hidden: width }
   }
 
-  async function guarded (seqId: string, seq: Sequence, work: () => Promise<StepOutput>): Promise<StepOutput> {
-    const result = work()
-    seq.running = result.then(() => {}, () => {})
-    try {
-      return await result
-    } catch (err) {
-      // A failed step leaves the cache in an unknown state: the sequence is over.
-      if (sequences.get(seqId) === seq) sequences.delete(seqId)
-      throw err
-    } finally {
-      seq.running = undefined
-    }
-  }
-
   return {
     open (seqId) {
       if (sequences.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
@@ -184,7 +170,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       const seq = sequences.get(seqId)
       if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
       if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
-      return await guarded(seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
+      return await guardedStep(sequences, seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
     rollback (seqId, length) {
       const seq = rollbackTarget(sequences.get(seqId), seqId, length)
@@ -205,7 +191,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       for (const { index, seq, item } of live) {
         if (seq.dropped !== undefined) { results[index] = { error: droppedError(item.seqId, seq) }; continue }
         try {
-          results[index] = { output: await guarded(item.seqId, seq, async () => await run(item.seqId, seq, item.input, item.positions, item.logitsToKeep, item.pick)) }
+          results[index] = { output: await guardedStep(sequences, item.seqId, seq, async () => await run(item.seqId, seq, item.input, item.positions, item.logitsToKeep, item.pick)) }
         } catch (err) {
           results[index] = { error: err instanceof Error ? err : new EngineError(String(err)) }
         }

@@ -2,7 +2,7 @@
  * Typed errors of expert holders. Callers compare `code`, never message text; codes travel in
  * /shoal/experts error frames unchanged.
  */
-import { ShoalError } from '../errors.ts'
+import { ShoalError, WireFormatError } from '../errors.ts'
 
 /** Codes of /shoal/experts wire violations; they also travel back in error frames. */
 export type ExpertWireErrorCode =
@@ -15,12 +15,8 @@ export type ExpertWireErrorCode =
   | 'SHOAL_ERR_EXPERTS_NOT_HELD'
 
 /** A frame that cannot be decoded. */
-export class ExpertWireError extends ShoalError {
+export class ExpertWireError extends WireFormatError<ExpertWireErrorCode> {
   override name = 'ExpertWireError'
-  declare readonly code: ExpertWireErrorCode
-  constructor (code: ExpertWireErrorCode, message: string, options?: ErrorOptions) {
-    super(code, message, options)
-  }
 }
 
 /**

@@ -9,15 +9,12 @@
  * (runExpertStep: dispatch, send, combine, fail over to replicas), over libp2p streams
  * (serveExperts, createExpertLinks).
  */
-export { placeExperts, DEFAULT_HOT_FACTOR, DEFAULT_MAX_REPLICAS } from './placement.ts'
+export { placeExperts } from './placement.ts'
 export type { PlacementInput, PlacementNode, PlacementDecision, ExpertPlan, LayerPlacement, NodePlacement } from './placement.ts'
 export { dispatchRows, combinePartials, expertBytes } from './dispatch.ts'
-export type { RowRoute, HolderWork, DispatchDecision, DispatchOptions } from './dispatch.ts'
-export {
-  EXPERTS_PROTOCOL, EXPERTS_WIRE_VERSION, MAX_FRAME_BYTES, MAX_MODEL_KEY_BYTES,
-  encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload, peekStep,
-} from './wire.ts'
-export type { ExpertFrame, ExpertFrameKind, ExpertGroup } from './wire.ts'
+export type { DispatchDecision, DispatchOptions } from './dispatch.ts'
+export { encodeFrame, encodePayloadParts, decodePayload } from './wire.ts'
+export type { ExpertFrame, ExpertGroup } from './wire.ts'
 export { createExpertHolder } from './holder.ts'
 export type { ExpertHolder, ExpertHolderInit } from './holder.ts'
 export { runExpertStep } from './step.ts'
@@ -26,5 +23,3 @@ export { createExpertParallelRunner } from './runner.ts'
 export type { ExpertParallelRunner, ExpertParallelRunnerInit, GreedyResult } from './runner.ts'
 export type { ExpertTransportComponents } from './transport.ts'
 export type { ExpertLink, ExpertStepInput, ExpertStepResult } from './step.ts'
-export { ExpertWireError, ExpertsLostError } from './errors.ts'
-export type { ExpertWireErrorCode } from './errors.ts'

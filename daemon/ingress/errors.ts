@@ -5,13 +5,13 @@
  */
 import { STATUS_CODES } from 'node:http'
 import type { FastifyReply } from 'fastify'
-import { ShoalError, errorCodeOf, httpStatusOf } from '../errors.ts'
+import { ShoalError, errorCodeOf, httpStatusOf, type ShoalErrorCode } from '../errors.ts'
 
 /** A client mistake that names the request field at fault (OpenAI's `param`). */
 export class RequestError extends ShoalError {
   override name = 'RequestError'
   readonly param: string | null
-  constructor (code: string, message: string, param: string | null = null) {
+  constructor (code: ShoalErrorCode, message: string, param: string | null = null) {
     super(code, message)
     this.param = param
   }

@@ -5,7 +5,5 @@
  */
 export { createIngress } from './server.ts'
 export type { DashboardSource, Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
-export { RequestError } from './errors.ts'
 export { OFFLOAD_JSON_ABOVE_BYTES } from './json-body.ts'
-export { bearerToken, clientOf, AuthError } from './auth.ts'
 export type { ClientAuth, ClientCheck } from './auth.ts'

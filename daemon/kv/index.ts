@@ -5,7 +5,7 @@
  * the reuse decision. The engine holds the tensors (StageRunner `retain` / `openFrom`); the local
  * service wires the two together.
  */
-export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
+export { blockHashes, compactHash, prefixScope, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
 export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
 export type { ReuseInput } from './decide.ts'

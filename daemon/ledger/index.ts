@@ -7,9 +7,8 @@
 export { createLedger } from './ledger.ts'
 export type { AppendOptions, Ledger, LedgerInit, LedgerComponents, LedgerSigner } from './ledger.ts'
 export {
-  RECEIPT_FORMAT, RECEIPT_PART_FORMAT, GENESIS_HASH,
-  buildReceiptInput, requestContent, responseContent, requestHash, responseHash,
-  createReceiptPart, verifyReceiptPart, entryHash, hashJson, sha256Hex, checkEntry,
+  RECEIPT_FORMAT, GENESIS_HASH, buildReceiptInput, requestContent, responseContent, requestHash,
+  responseHash, createReceiptPart, verifyReceiptPart, entryHash,
 } from './receipt.ts'
 export type {
   ReceiptBody, ReceiptInput, SignedReceipt, ReceiptPartBody, ReceiptPartInput, SignedReceiptPart,
@@ -19,14 +18,11 @@ export { verifyLog, VERIFY_REASONS } from './verify.ts'
 export type { VerifyOptions, VerifyReport, VerifyReason } from './verify.ts'
 export { verifyReceipt } from './verify-one.ts'
 export type { ReceiptCheck, ReceiptVerification } from './verify-one.ts'
-export { openDb, hasLog, receiptsLocation, getReceipt, tailText, allText } from './store.ts'
+export { openDb, hasLog, receiptsLocation, tailText, allText } from './store.ts'
 export type { LedgerDb } from './store.ts'
-export { publicKeyFromPeerId, certificateKey } from './keys.ts'
+export { publicKeyFromPeerId } from './keys.ts'
 export {
-  LedgerClosedError, LedgerBusyError, InvalidReceiptError, SignerMismatchError, LedgerAbortedError, LedgerCorruptError,
-} from './errors.ts'
-export {
-  LOG_HEAD_FORMAT, WITNESSED_HEADS_FORMAT, MAX_HEAD_BYTES, MAX_WITNESSED_SIGNERS,
-  createLogHead, parseLogHead, verifyLogHead, checkHeadBody, chooseHead, headsFromFile,
+  WITNESSED_HEADS_FORMAT, MAX_HEAD_BYTES, MAX_WITNESSED_SIGNERS, createLogHead, parseLogHead, verifyLogHead,
+  chooseHead, headsFromFile,
 } from './head.ts'
 export type { LogHeadBody, SignedLogHead, WitnessedHeadsFile } from './head.ts'

@@ -19,7 +19,7 @@ import type { MeshLogger, MeshTimings } from './types.ts'
 import { ADMIT_MAX_FRAME, ADMIT_PROTOCOL, ADMIT_PROTOCOL_PREFIX, decodeAdmitFrame, encodeAdmitFrame, helloFrame, refusedFrame } from './wire/admit.ts'
 import type { AdmitFrame } from './wire/admit.ts'
 import { errorFrame } from './wire/frame.ts'
-import type { MeshLibp2p } from './node.ts'
+import type { MeshLibp2p } from './libp2p-node.ts'
 
 export interface AdmissionDeps {
   identity: NodeIdentity

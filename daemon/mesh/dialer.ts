@@ -8,7 +8,7 @@ import { multiaddr } from '@multiformats/multiaddr'
 import type { Multiaddr } from '@multiformats/multiaddr'
 import type { PeerInfo } from '@libp2p/interface'
 import { backoffDelay, firstDialDelay } from './decisions.ts'
-import type { MeshLibp2p } from './node.ts'
+import type { MeshLibp2p } from './libp2p-node.ts'
 import type { MeshLogger, MeshTimings } from './types.ts'
 import { MeshConfigError } from './errors.ts'
 

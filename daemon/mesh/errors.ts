@@ -2,7 +2,7 @@
  * Typed errors of the mesh. Wire problems are `WireError`s whose `code` is what travels in an
  * error frame; callers compare `code`, never message text.
  */
-import { ShoalError } from '../errors.ts'
+import { ShoalError, WireFormatError } from '../errors.ts'
 
 /** Codes that may appear in a wire error frame (`{"type":"error","code":…}`). */
 export type WireErrorCode =
@@ -21,12 +21,8 @@ export const WIRE_ERROR_CODES: readonly WireErrorCode[] = Object.freeze([
 ])
 
 /** A frame that cannot be decoded, or an error frame received from the remote. */
-export class WireError extends ShoalError {
+export class WireError extends WireFormatError<WireErrorCode> {
   override name = 'WireError'
-  declare readonly code: WireErrorCode
-  constructor (code: WireErrorCode, message: string, options?: ErrorOptions) {
-    super(code, message, options)
-  }
 }
 
 /** A stream was asked of / offered by a peer that is not (or no longer) admitted. */

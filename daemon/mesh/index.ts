@@ -6,18 +6,12 @@
  * and for GET /v1/mesh (`snapshot()`). Later protocols register through `handle` and dial
  * through `openStream`, both of which enforce admission.
  */
-export { createMesh, REVOCATIONS_FILE_NAME } from './mesh.ts'
+export { createMesh } from './mesh.ts'
 export { DEFAULT_TIMINGS } from './types.ts'
-export type { MeshLibp2p, MeshServices, Transport } from './node.ts'
+export type { Transport } from './libp2p-node.ts'
 export type {
   Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
   PeerChange, PeerModel, Capabilities, ServedModel, LoadRecord,
 } from './types.ts'
-export { WireError, PeerNotAdmittedError, MeshNotRunningError, MeshConfigError } from './errors.ts'
-export type { WireErrorCode } from './errors.ts'
-export { ADMIT_PROTOCOL } from './wire/admit.ts'
-export { LOAD_PROTOCOL, IDLE_LOAD, LOAD_MAX_PREFIXES } from './wire/load.ts'
+export { LOAD_PROTOCOL, LOAD_MAX_PREFIXES } from './wire/load.ts'
 export { CAPS_TOPIC } from './wire/caps.ts'
-export { REVOCATIONS_TOPIC } from './wire/revocations.ts'
-export { decideAdmission, reviewAdmission, livenessState, chooseRecord, backoffDelay, firstDialDelay, expiresSoon } from './decisions.ts'
-export type { Liveness } from './decisions.ts'

@@ -13,8 +13,8 @@ import { MeshNotRunningError, PeerNotAdmittedError } from './errors.ts'
 import { Gossip } from './gossip.ts'
 import { LoadExchange } from './load.ts'
 import { createMeshMetrics } from './metrics.ts'
-import { createMeshNode } from './node.ts'
-import type { MeshLibp2p } from './node.ts'
+import { createMeshLibp2p } from './libp2p-node.ts'
+import type { MeshLibp2p } from './libp2p-node.ts'
 import { PeerTable } from './peer-table.ts'
 import { RevocationState } from './revocations.ts'
 import { DEFAULT_TIMINGS } from './types.ts'
@@ -137,7 +137,7 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
       if (running) return
       try {
         await revocations.load()
-        node = await createMeshNode({
+        node = await createMeshLibp2p({
           privateKey: identity.privateKey,
           listen: init.listen,
           announce: init.announce,

@@ -3,7 +3,7 @@
  * GET /v1/mesh.
  */
 import type { Stream, StreamHandler, StreamHandlerOptions } from '@libp2p/interface'
-import type { MeshLibp2p, Transport } from './node.ts'
+import type { MeshLibp2p, Transport } from './libp2p-node.ts'
 import type { Registry } from 'prom-client'
 import type { NodeCertificate, NodeIdentity, RevocationList } from '../../certs/index.ts'
 import type { Capabilities, ServedModel } from './wire/caps.ts'

@@ -5,7 +5,8 @@
 import { isAbsolute, resolve } from 'node:path'
 import { ShoalError } from '../errors.ts'
 
-export interface ModelSpec {
+/** One `--model` of the node (not shards' `ModelSpec`, the normalised checkpoint config). */
+export interface ModelEntry {
   /** A Hugging Face checkpoint or a shard directory; 'demo' means the built-in demo model. */
   dir: string
   /** One pipeline stage of a shard directory: inclusive layer range. */
@@ -35,7 +36,7 @@ export const DEFAULT_BUDGETS: Readonly<Budgets> = Object.freeze({
 export interface DaemonConfig {
   /** Identity directory from `shoal ca issue`; absent means a single machine without a mesh. */
   identityDir?: string
-  models: ModelSpec[]
+  models: ModelEntry[]
   api?: { host: string, port: number }
   /** 'auto' | 'cpu' (onnxruntime) | an OpenVINO device: CPU, GPU, NPU, AUTO; or a comma-separated list, one per stage of a local chain. */
   device: string
@@ -91,7 +92,7 @@ export function parseApiAddress (value: string, key = '--api'): { host: string, 
 }
 
 /** "DIR" or "DIR@A-B". A '@' followed by something that is not a layer range is part of the path. */
-export function parseModelSpec (value: string, key = '--model'): ModelSpec {
+export function parseModelEntry (value: string, key = '--model'): ModelEntry {
   const m = /^(.*)@(\d+)-(\d+)$/.exec(value)
   if (m === null) return { dir: value }
   const first = Number(m[2])
@@ -133,7 +134,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   const draft = input.draft === undefined || input.draft === 'lookup' || input.draft === 'demo' ? input.draft : abs(input.draft)
   return Object.freeze({
     ...input,
-    models: Object.freeze(models) as ModelSpec[],
+    models: Object.freeze(models) as ModelEntry[],
     ...(draft === undefined ? {} : { draft }),
     dataDir: abs(input.dataDir),
     cacheRoot: abs(input.cacheRoot),

@@ -7,7 +7,7 @@ import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
 import type { CompileCacheProgress, ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
-import type { ModelSpec } from './config.ts'
+import type { ModelEntry } from './config.ts'
 
 export interface ResolvedModel {
   shardDir: string
@@ -27,7 +27,7 @@ export interface ModelProgress extends CompileCacheProgress {
   onGenerate?: (dir: string) => void
 }
 
-export async function resolveModel (spec: ModelSpec, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
+export async function resolveModel (spec: ModelEntry, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
   if (spec.dir !== 'demo' && !existsSync(spec.dir)) throw new ConfigError('--model', `${spec.dir} does not exist`)
   let shardDir: string
   if (spec.dir === 'demo') shardDir = await ensureDemoReady(cacheRoot, progress)

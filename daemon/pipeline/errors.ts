@@ -2,7 +2,7 @@
  * Typed errors of pipeline chains. Callers compare `code`, never message text; codes travel in
  * error frames unchanged.
  */
-import { ShoalError } from '../errors.ts'
+import { ShoalError, WireFormatError } from '../errors.ts'
 
 /** Codes of /shoal/stage wire violations; they also travel back in error frames. */
 export type StageWireErrorCode =
@@ -15,12 +15,8 @@ export type StageWireErrorCode =
   | 'SHOAL_ERR_STAGE_MISMATCH'
 
 /** A frame that cannot be decoded, or does not fit what this stage holds. */
-export class StageWireError extends ShoalError {
+export class StageWireError extends WireFormatError<StageWireErrorCode> {
   override name = 'StageWireError'
-  declare readonly code: StageWireErrorCode
-  constructor (code: StageWireErrorCode, message: string, options?: ErrorOptions) {
-    super(code, message, options)
-  }
 }
 
 /** A stage of the chain went away (stream reset, node stopped, or silent past the idle timeout). */

@@ -6,17 +6,9 @@
  * multiplexed streams and only the sampled token id coming back. Many requests interleave through
  * one engine per stage; a lost stage is replayed on another holder or ends with a typed error.
  */
-export {
-  STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, MAX_REQUEST_ID_BYTES, MAX_VERIFY_DRAFTS,
-  encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload, peekRequestId,
-} from './wire.ts'
-export type { StageFrame, StageFrameKind, OpenBody, ChainHop } from './wire.ts'
-export { StageWireError, StageLostError, StageConfigError } from './errors.ts'
-export type { StageWireErrorCode } from './errors.ts'
-export { createDelayLine } from './delay.ts'
-export type { DelayLine } from './delay.ts'
-export { createLinks } from './links.ts'
-export type { Links, LinkComponents, LinkOptions, FrameHandler } from './links.ts'
+export { STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, encodeFrame, encodePayloadParts, decodePayload } from './wire.ts'
+export type { StageFrame, OpenBody, ChainHop } from './wire.ts'
+export type { LinkComponents } from './links.ts'
 export { createStageNode } from './stage-node.ts'
 export type { StageNode, StageNodeInit, StageNodeStats, TokenWatch } from './stage-node.ts'
 export { createChainTokenSource } from './chain-source.ts'

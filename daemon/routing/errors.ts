@@ -2,7 +2,7 @@
  * Typed errors of routing and forwarding. Callers compare `code` (and, in-process, the
  * `phase` / `retryable` of a ForwardError), never message text.
  */
-import { ShoalError } from '../errors.ts'
+import { ShoalError, WireFormatError, type ShoalErrorCode } from '../errors.ts'
 export { ModelNotFoundError, OverloadedError } from '../errors.ts'
 
 /** Codes of /shoal/infer wire violations; they may also travel back in an error frame. */
@@ -15,12 +15,8 @@ export type InferWireErrorCode =
   | 'SHOAL_ERR_INFER_UNEXPECTED_FRAME'
 
 /** A frame that cannot be decoded or does not fit the conversation. */
-export class InferWireError extends ShoalError {
+export class InferWireError extends WireFormatError<InferWireErrorCode> {
   override name = 'InferWireError'
-  declare readonly code: InferWireErrorCode
-  constructor (code: InferWireErrorCode, message: string, options?: ErrorOptions) {
-    super(code, message, options)
-  }
 }
 
 
@@ -54,7 +50,7 @@ export class ForwardError extends ShoalError {
   /** True when the request may be sent, unchanged, to another replica. */
   readonly retryable: boolean
   readonly peerId: string | undefined
-  constructor (code: string, message: string, phase: ForwardPhase, retryable: boolean, peerId?: string, options?: ErrorOptions) {
+  constructor (code: ShoalErrorCode, message: string, phase: ForwardPhase, retryable: boolean, peerId?: string, options?: ErrorOptions) {
     super(code, message, options)
     this.phase = phase
     this.retryable = retryable && phase === 'before-start'
@@ -107,7 +103,7 @@ export class ForwardAbortedError extends ForwardError {
  * the node is busy, draining, lost the model since it gossiped, or broke internally. Everything
  * else (bad request, context too long, deadline) would fail the same way anywhere.
  */
-export const RETRYABLE_CODES: ReadonlySet<string> = new Set([
+export const RETRYABLE_CODES: ReadonlySet<string> = new Set<ShoalErrorCode>([
   'SHOAL_ERR_OVERLOADED',
   'SHOAL_ERR_MODEL_NOT_FOUND',
   'SHOAL_ERR_SHUTTING_DOWN',
@@ -123,7 +119,8 @@ export class RemoteError extends ForwardError {
   /** The request field the peer named (OpenAI's `param`), carried to the client unchanged. */
   readonly param: string | undefined
   constructor (remote: { name: string, code: string, message: string, retryAfterMs?: number, param?: string }, phase: ForwardPhase, peerId?: string) {
-    super(remote.code, remote.message, phase, RETRYABLE_CODES.has(remote.code), peerId)
+    // Kept as the peer sent it, also a code this build does not list (a newer peer's).
+    super(remote.code as ShoalErrorCode, remote.message, phase, RETRYABLE_CODES.has(remote.code), peerId)
     this.name = remote.name
     this.retryAfterMs = remote.retryAfterMs
     this.param = remote.param

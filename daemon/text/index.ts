@@ -3,12 +3,10 @@
  * never splits a UTF-8 character, and stop strings that never reach the client. Long prompts are
  * tokenized in a worker thread, and bounded from their length before that.
  */
-export { createTextCodec, loadTextCodec, longestTokenChars, DEFAULT_OFFLOAD_ABOVE_CHARS } from './codec.ts'
+export { createTextCodec, loadTextCodec } from './codec.ts'
 export type { TextCodec, TextCodecInit } from './codec.ts'
-export { compileChatTemplate, chatTemplateSource, specialTokenText, ChatTemplateError } from './chat-template.ts'
+export { compileChatTemplate } from './chat-template.ts'
 export type { ChatTemplate, ChatTemplateInput } from './chat-template.ts'
-export { createStreamingDetokenizer } from './detok.ts'
-export type { StreamingDetokenizer, Decoder } from './detok.ts'
-export { createStopMatcher, earliestStop, heldSuffixLength } from './stop.ts'
+export { createStopMatcher, heldSuffixLength } from './stop.ts'
 export type { StopMatcher, StopPush } from './stop.ts'
 export { findLoneSurrogate } from './well-formed.ts'

@@ -1,12 +1,9 @@
 /** Typed errors of the witness module. */
-import { ShoalError } from '../errors.ts'
+import { WireFormatError } from '../errors.ts'
 
 export type WitnessWireCode = 'SHOAL_ERR_WITNESS_MALFORMED' | 'SHOAL_ERR_WITNESS_UNSUPPORTED_VERSION'
 
 /** A /shoal/heads frame that is not one this build reads. */
-export class WitnessWireError extends ShoalError {
+export class WitnessWireError extends WireFormatError<WitnessWireCode> {
   override name = 'WitnessWireError'
-  constructor (code: WitnessWireCode, message: string) {
-    super(code, message)
-  }
 }

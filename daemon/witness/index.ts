@@ -7,8 +7,6 @@
  */
 export { createWitness } from './witness.ts'
 export type { Witness, WitnessInit, WitnessComponents } from './witness.ts'
-export { createHeadStore, WITNESSED_HEADS_FILE } from './store.ts'
-export type { HeadStore, HeadOffer } from './store.ts'
-export { HEADS_PROTOCOL, HEADS_WIRE_VERSION, MAX_HEAD_FRAME, encodeHeadFrame, decodeHeadFrame } from './wire.ts'
-export { WitnessWireError } from './errors.ts'
-export type { WitnessWireCode } from './errors.ts'
+export { WITNESSED_HEADS_FILE } from './store.ts'
+export type { HeadOffer } from './store.ts'
+export { HEADS_WIRE_VERSION, encodeHeadFrame, decodeHeadFrame } from './wire.ts'

@@ -25,10 +25,10 @@ export interface NodeOptions {
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
-  const { createDaemon, parseApiAddress, parseModelSpec } = await import('../../daemon/node/index.ts')
+  const { createDaemon, parseApiAddress, parseModelEntry } = await import('../../daemon/node/index.ts')
   let models, api
   try {
-    models = opts.model.map(m => parseModelSpec(m))
+    models = opts.model.map(m => parseModelEntry(m))
     api = opts.api === undefined ? undefined : parseApiAddress(opts.api)
   } catch (err) {
     throw new ExitError((err as Error).message)

@@ -6,6 +6,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { APIError } from 'openai'
 import { type Harness, expectOpenAIError, readSse, startHarness } from './harness.ts'
 import { SIMULATED_DEFAULT_REPLY } from '../support/simulated-service.ts'
+import type { ShoalErrorCode } from '../../daemon/errors.ts'
 
 async function apiError (p: Promise<unknown>): Promise<APIError> {
   try {
@@ -27,7 +28,7 @@ describe('ingress errors', () => {
       'no-node': { failBeforeStart: 'SHOAL_ERR_NO_ELIGIBLE_NODE' },
       'late-deadline': { failBeforeStart: 'SHOAL_ERR_DEADLINE' },
       'dies-midway': { failAfterTokens: 3, failCode: 'SHOAL_ERR_NO_ELIGIBLE_NODE' },
-      'internal-midway': { failAfterTokens: 2, failCode: 'SOMETHING_ELSE' },
+      'internal-midway': { failAfterTokens: 2, failCode: 'SOMETHING_ELSE' as ShoalErrorCode }, // a code no build lists
       stall: { stallBeforeStart: 'until-abort' },
     }, { bodyLimitBytes: 16 * 1024, maxConcurrentRequests: 2 })
   })

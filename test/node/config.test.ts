@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { DEFAULT_BUDGETS, chooseEngine, parseApiAddress, parseModelSpec, validateConfig } from '../../daemon/node/index.ts'
+import { DEFAULT_BUDGETS, chooseEngine, parseApiAddress, parseModelEntry, validateConfig } from '../../daemon/node/index.ts'
 import type { DaemonConfig } from '../../daemon/node/index.ts'
 
 const base: DaemonConfig = { models: [{ dir: 'demo' }], device: 'auto', dataDir: '/tmp/d', cacheRoot: '/tmp/c', listen: [], bootstrap: [], mdns: false }
@@ -15,10 +15,10 @@ describe('daemon config', () => {
   })
 
   it('parses model specs with and without a layer range', () => {
-    expect(parseModelSpec('/m')).toEqual({ dir: '/m' })
-    expect(parseModelSpec('/m@0-11')).toEqual({ dir: '/m', layers: [0, 11] })
-    expect(parseModelSpec('/weird@name')).toEqual({ dir: '/weird@name' })
-    expect(() => parseModelSpec('/m@5-2')).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG' }))
+    expect(parseModelEntry('/m')).toEqual({ dir: '/m' })
+    expect(parseModelEntry('/m@0-11')).toEqual({ dir: '/m', layers: [0, 11] })
+    expect(parseModelEntry('/weird@name')).toEqual({ dir: '/weird@name' })
+    expect(() => parseModelEntry('/m@5-2')).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG' }))
   })
 
   it('validates, resolves paths and freezes', () => {

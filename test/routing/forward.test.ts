@@ -1,6 +1,6 @@
 /**
  * The forwarding client and server over real libp2p streams (TCP + noise + yamux on loopback),
- * with a SimulatedService behind the handler.
+ * with a SimulatedPeer behind the handler.
  */
 import type { Libp2p } from '@libp2p/interface'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -11,7 +11,7 @@ import {
 } from '../../daemon/routing/index.ts'
 import type { Candidate, ForwardError } from '../../daemon/routing/index.ts'
 import { createTestNode, opener } from './nodes.ts'
-import { SimulatedService } from './simulated-service.ts'
+import { SimulatedPeer } from '../support/simulated-peer.ts'
 
 let seq = 0
 function request (over: Partial<GenerateRequest> = {}): GenerateRequest {
@@ -47,7 +47,7 @@ function tokenIds (events: GenerateEvent[]): number[] {
 }
 
 /** A node serving `service` on /shoal/infer/1.0.0. */
-async function server (service: SimulatedService, transport: 'tcp' | 'quic' = 'tcp'): Promise<Libp2p> {
+async function server (service: SimulatedPeer, transport: 'tcp' | 'quic' = 'tcp'): Promise<Libp2p> {
   const node = await createTestNode(transport)
   await node.handle(INFER_PROTOCOL, async (stream) => {
     await handleInferStream(stream, service, { localPeerId: node.peerId.toString() })
@@ -58,7 +58,7 @@ async function server (service: SimulatedService, transport: 'tcp' | 'quic' = 't
 describe('forwarding over libp2p', () => {
   let client: Libp2p
   const started: Libp2p[] = []
-  const serve = async (service: SimulatedService): Promise<Libp2p> => {
+  const serve = async (service: SimulatedPeer): Promise<Libp2p> => {
     const node = await server(service)
     started.push(node)
     return node
@@ -72,29 +72,29 @@ describe('forwarding over libp2p', () => {
   })
 
   it('delivers start, every token in order, and end, equal to the service run locally', async () => {
-    const service = new SimulatedService()
+    const service = new SimulatedPeer()
     const node = await serve(service)
     const req = request({ maxTokens: 40 })
     const events = await collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { peerId: node.peerId.toString() }))
-    const direct = await collect(new SimulatedService().generate(req, new AbortController().signal))
+    const direct = await collect(new SimulatedPeer().generate(req, new AbortController().signal))
 
     expect(events[0]).toEqual({ type: 'start', promptTokenIds: [1, 2, 3], route: [node.peerId.toString()], receiptId: req.requestId })
     expect(events.slice(1)).toEqual(direct.slice(1))
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 40))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 40))
     expect(events.at(-1)).toEqual({ type: 'end', finishReason: 'length', usage: { promptTokens: 3, completionTokens: 40 } })
   })
 
   it('carries every prompt kind and sampling field intact', async () => {
-    const service = new SimulatedService()
+    const service = new SimulatedPeer()
     const node = await serve(service)
     const req = request({ prompt: { kind: 'tokens', ids: [5, 0, 70000] }, sampling: { temperature: 0.7, topP: 0.9, seed: 42 }, stop: ['\n', 'END'], maxTokens: 3 })
     const events = await collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal))
     expect(events[0]).toMatchObject({ type: 'start', promptTokenIds: [5, 0, 70000] })
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 3))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 3))
   })
 
   it('propagates cancel: the caller aborts mid-stream, the service sees its signal fire', async () => {
-    const service = new SimulatedService({ msPerToken: 5, stallAfter: 3 })
+    const service = new SimulatedPeer({ msPerToken: 5, stallAfter: 3 })
     const node = await serve(service)
     const req = request({ maxTokens: 100 })
     const ctl = new AbortController()
@@ -112,7 +112,7 @@ describe('forwarding over libp2p', () => {
   })
 
   it('propagates cancel when the consumer stops iterating', async () => {
-    const service = new SimulatedService({ stallAfter: 2 })
+    const service = new SimulatedPeer({ stallAfter: 2 })
     const node = await serve(service)
     const req = request({ maxTokens: 100 })
     for await (const ev of forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal)) {
@@ -122,17 +122,17 @@ describe('forwarding over libp2p', () => {
   })
 
   it('turns an error frame before start into a typed, retryable-by-code error', async () => {
-    const node = await serve(new SimulatedService())
+    const node = await serve(new SimulatedPeer())
     const notFound = await failure(collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), request({ model: 'nope' }), new AbortController().signal)))
     expect(notFound).toMatchObject({ code: 'SHOAL_ERR_MODEL_NOT_FOUND', phase: 'before-start', retryable: true })
 
-    const tooLong = new SimulatedService({ model: 'sim-2', failBeforeStart: () => new ShoalError('SHOAL_ERR_CONTEXT_LENGTH', 'prompt too long') })
+    const tooLong = new SimulatedPeer({ model: 'sim-2', failBeforeStart: () => new ShoalError('SHOAL_ERR_CONTEXT_LENGTH', 'prompt too long') })
     const node2 = await serve(tooLong)
     const ctx = await failure(collect(forwardGenerate(opener(client, node2, INFER_PROTOCOL), request({ model: 'sim-2' }), new AbortController().signal)))
     expect(ctx).toMatchObject({ code: 'SHOAL_ERR_CONTEXT_LENGTH', phase: 'before-start', retryable: false, message: 'prompt too long' })
 
     // The field the peer named (OpenAI's `param`) comes back too, so the client sees what the holder said.
-    const tooMany = new SimulatedService({ model: 'sim-3', failBeforeStart: () => Object.assign(new ShoalError('SHOAL_ERR_BAD_REQUEST', 'max_tokens too large'), { param: 'max_tokens' }) })
+    const tooMany = new SimulatedPeer({ model: 'sim-3', failBeforeStart: () => Object.assign(new ShoalError('SHOAL_ERR_BAD_REQUEST', 'max_tokens too large'), { param: 'max_tokens' }) })
     const node3 = await serve(tooMany)
     const bad = await failure(collect(forwardGenerate(opener(client, node3, INFER_PROTOCOL), request({ model: 'sim-3' }), new AbortController().signal)))
     expect(bad).toMatchObject({ code: 'SHOAL_ERR_BAD_REQUEST', param: 'max_tokens', retryable: false })
@@ -140,7 +140,7 @@ describe('forwarding over libp2p', () => {
   })
 
   it('fails with SHOAL_ERR_DEADLINE when the deadline passes, and the service is stopped', async () => {
-    const service = new SimulatedService({ stallAfter: 2 })
+    const service = new SimulatedPeer({ stallAfter: 2 })
     const node = await serve(service)
     const req = request({ maxTokens: 100, deadline: Date.now() + 400 })
     const err = await failure(collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal)))
@@ -157,7 +157,7 @@ describe('forwarding over libp2p', () => {
   })
 
   it('reports a silent peer after start as PEER_LOST (idle timeout), never hangs', async () => {
-    const service = new SimulatedService({ stallAfter: 2 })
+    const service = new SimulatedPeer({ stallAfter: 2 })
     const node = await serve(service)
     const req = request({ maxTokens: 100 })
     const events: GenerateEvent[] = []
@@ -165,12 +165,12 @@ describe('forwarding over libp2p', () => {
       for await (const ev of forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { idleTimeoutMs: 300 })) events.push(ev)
     })())
     expect(err).toMatchObject({ code: 'SHOAL_ERR_PEER_LOST', phase: 'after-start', retryable: false })
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 2))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 2))
     await service.aborted(req.requestId) // the client cancelled on its way out
   })
 
   it('once the mesh loses contact with the peer, a short silence ends the forward (not the idle bound)', async () => {
-    const service = new SimulatedService({ stallAfter: 2 })
+    const service = new SimulatedPeer({ stallAfter: 2 })
     const node = await serve(service)
     const req = request({ maxTokens: 100 })
     const lost = new AbortController()
@@ -183,33 +183,33 @@ describe('forwarding over libp2p', () => {
       }
     })())
     expect(err).toMatchObject({ code: 'SHOAL_ERR_PEER_LOST', phase: 'after-start', message: expect.stringMatching(/after the mesh lost contact/) })
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 2))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 2))
     await service.aborted(req.requestId)
   })
 
   it('a peer that keeps streaming is not cut off when the mesh loses contact with it', async () => {
-    const node = await serve(new SimulatedService({ msPerToken: 20 }))
+    const node = await serve(new SimulatedPeer({ msPerToken: 20 }))
     const req = request({ maxTokens: 80 })
     const lost = new AbortController()
     lost.abort() // lost from the start: 80 tokens at 20 ms each outlast the short bound, but none is silent that long
     const events = await collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { peerLost: lost.signal }))
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 80))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 80))
     expect(events.at(-1)?.type).toBe('end')
   })
 
   it('turns an error frame after start into a typed, non-retryable error', async () => {
-    const node = await serve(new SimulatedService({ failAfter: { tokens: 2, error: () => new ShoalError('SHOAL_ERR_INTERNAL', 'engine crashed') } }))
+    const node = await serve(new SimulatedPeer({ failAfter: { tokens: 2, error: () => new ShoalError('SHOAL_ERR_INTERNAL', 'engine crashed') } }))
     const req = request({ maxTokens: 10 })
     const events: GenerateEvent[] = []
     const err = await failure((async () => {
       for await (const ev of forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal)) events.push(ev)
     })())
     expect(err).toMatchObject({ code: 'SHOAL_ERR_INTERNAL', message: 'engine crashed', phase: 'after-start', retryable: false })
-    expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 2))
+    expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 2))
   })
 
   it('reports a peer that never starts as PEER_UNAVAILABLE after the first-frame timeout, and cancels it', async () => {
-    const service = new SimulatedService({ holdBeforeStart: async () => await new Promise(() => {}) })
+    const service = new SimulatedPeer({ holdBeforeStart: async () => await new Promise(() => {}) })
     const node = await serve(service)
     const req = request()
     const err = await failure(collect(forwardGenerate(opener(client, node, INFER_PROTOCOL), req, new AbortController().signal, { firstFrameTimeoutMs: 300 })))
@@ -242,7 +242,7 @@ describe('forwarding over libp2p', () => {
   })
 
   it('server: resets a stream whose first frame is oversized, answers a non-request frame with an error frame', async () => {
-    const service = new SimulatedService()
+    const service = new SimulatedPeer()
     const node = await serve(service)
     // Oversized: a length prefix above the cap; the server must drop the stream, not buffer it.
     const big = await client.dialProtocol(node.getMultiaddrs(), INFER_PROTOCOL)
@@ -275,8 +275,8 @@ describe('forwarding over libp2p', () => {
 
     it('server dies before start: the request is retried on another replica, invisibly', async () => {
       const release = Promise.withResolvers<void>()
-      const doomed = new SimulatedService({ holdBeforeStart: async () => await release.promise })
-      const healthy = new SimulatedService()
+      const doomed = new SimulatedPeer({ holdBeforeStart: async () => await release.promise })
+      const healthy = new SimulatedPeer()
       const a = await server(doomed)
       const b = await serve(healthy)
       const nodes = new Map([[a.peerId.toString(), a], [b.peerId.toString(), b]])
@@ -295,15 +295,15 @@ describe('forwarding over libp2p', () => {
       await a.stop() // the peer dies while the request waits in its queue
       const events = await run
       expect(events[0]).toMatchObject({ type: 'start', route: [b.peerId.toString()] })
-      expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 10))
+      expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 10))
       expect(healthy.calls).toEqual([req.requestId])
       release.resolve()
     })
 
     it('client errors are not retried elsewhere, and keep the code (and so the status) they had (issue 13 #4)', async () => {
       // A 5 MB prompt cannot travel: 413 at the forwarding node, nothing dialed, no Retry-After.
-      const holder = new SimulatedService()
-      const spare = new SimulatedService()
+      const holder = new SimulatedPeer()
+      const spare = new SimulatedPeer()
       const a = await serve(holder)
       const b = await serve(spare)
       const opens = new Map([a, b].map(n => [n.peerId.toString(), opener(client, n, INFER_PROTOCOL)]))
@@ -329,8 +329,8 @@ describe('forwarding over libp2p', () => {
     })
 
     it('server dies after start: a typed PEER_LOST error, no retry, no hang', async () => {
-      const dying = new SimulatedService({ stallAfter: 3 })
-      const spare = new SimulatedService()
+      const dying = new SimulatedPeer({ stallAfter: 3 })
+      const spare = new SimulatedPeer()
       const a = await server(dying)
       const b = await serve(spare)
       const opens = new Map([a, b].map(n => [n.peerId.toString(), opener(client, n, INFER_PROTOCOL)]))
@@ -350,7 +350,7 @@ describe('forwarding over libp2p', () => {
         }
       })())
       expect(err).toMatchObject({ code: 'SHOAL_ERR_PEER_LOST', phase: 'after-start', retryable: false, peerId: a.peerId.toString() })
-      expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 3))
+      expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 3))
       expect(spare.calls).toEqual([])
       expect(routed.inFlight()).toEqual({})
     })
@@ -360,15 +360,15 @@ describe('forwarding over libp2p', () => {
     it('delivers every token in order and propagates cancel', async () => {
       const quicClient = await createTestNode('quic')
       started.push(quicClient)
-      const full = new SimulatedService()
-      const stalling = new SimulatedService({ stallAfter: 3 })
+      const full = new SimulatedPeer()
+      const stalling = new SimulatedPeer({ stallAfter: 3 })
       const a = await server(full, 'quic')
       const b = await server(stalling, 'quic')
       started.push(a, b)
       const req = request({ maxTokens: 30 })
       const events = await collect(forwardGenerate(opener(quicClient, a, INFER_PROTOCOL), req, new AbortController().signal))
       expect(events[0]).toMatchObject({ type: 'start', route: [a.peerId.toString()] })
-      expect(tokenIds(events)).toEqual(SimulatedService.tokensFor(req, 30))
+      expect(tokenIds(events)).toEqual(SimulatedPeer.tokensFor(req, 30))
       expect(events.at(-1)).toMatchObject({ type: 'end' })
 
       const req2 = request({ maxTokens: 30 })

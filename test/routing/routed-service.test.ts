@@ -1,6 +1,6 @@
 /**
  * The routed InferenceService's own logic (choice, local vs forward, the one retry, affinity,
- * own-load bookkeeping) with SimulatedServices standing in for peers. The same service over real
+ * own-load bookkeeping) with SimulatedPeers standing in for peers. The same service over real
  * libp2p streams is in forward.test.ts.
  */
 import { describe, expect, it } from 'vitest'
@@ -8,7 +8,7 @@ import { ShoalError } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService } from '../../daemon/service.ts'
 import { createRoutedService, PeerUnavailableError, RemoteError } from '../../daemon/routing/index.ts'
 import type { Candidate, LoadSnapshot, RoutedServiceComponents } from '../../daemon/routing/index.ts'
-import { SimulatedService } from './simulated-service.ts'
+import { SimulatedPeer } from '../support/simulated-peer.ts'
 
 const NOW = 2_000_000
 let seq = 0
@@ -71,32 +71,32 @@ const ids = (events: GenerateEvent[]): number[] => events.flatMap(e => e.type ==
 
 describe('createRoutedService', () => {
   it('serves locally while the local engine has headroom, naming this node in the route', async () => {
-    const local = new SimulatedService()
-    const remote = new SimulatedService()
+    const local = new SimulatedPeer()
+    const remote = new SimulatedPeer()
     const m = mesh({ r: remote }, [cand('r', { load: load({ tokensPerSecond: 1000 }) }), cand('me', { local: true })], { local })
     const routed = createRoutedService({ localPeerId: 'me', now: () => NOW }, m)
     const req = request()
     const events = await collect(routed.generate(req, new AbortController().signal))
     expect(events[0]).toMatchObject({ type: 'start', route: ['me'] })
-    expect(ids(events)).toEqual(SimulatedService.tokensFor(req, 5))
+    expect(ids(events)).toEqual(SimulatedPeer.tokensFor(req, 5))
     expect(local.calls).toEqual([req.requestId])
     expect(m.forwarded).toEqual([])
   })
 
   it('retries once, invisibly, when the first replica fails before start', async () => {
-    const b = new SimulatedService()
+    const b = new SimulatedPeer()
     const m = mesh({ a: 'unreachable', b }, [cand('a'), cand('b', { load: load({ inFlight: 2 }) })])
     const routed = createRoutedService({ now: () => NOW, random: () => 0 }, m)
     const req = request()
     const events = await collect(routed.generate(req, new AbortController().signal))
     expect(m.forwarded).toEqual(['a', 'b'])
     expect(events.map(e => e.type)).toEqual(['start', 'delta', 'delta', 'delta', 'delta', 'delta', 'end'])
-    expect(ids(events)).toEqual(SimulatedService.tokensFor(req, 5))
+    expect(ids(events)).toEqual(SimulatedPeer.tokensFor(req, 5))
   })
 
   it('retries a local OVERLOADED on a peer', async () => {
-    const local = new SimulatedService({ failBeforeStart: () => new ShoalError('SHOAL_ERR_OVERLOADED', 'queue full') })
-    const remote = new SimulatedService()
+    const local = new SimulatedPeer({ failBeforeStart: () => new ShoalError('SHOAL_ERR_OVERLOADED', 'queue full') })
+    const remote = new SimulatedPeer()
     const m = mesh({ r: remote }, [cand('me', { local: true }), cand('r')], { local })
     const events = await collect(createRoutedService({ localPeerId: 'me', now: () => NOW }, m).generate(request(), new AbortController().signal))
     expect(events[0]).toMatchObject({ type: 'start' })
@@ -104,7 +104,7 @@ describe('createRoutedService', () => {
   })
 
   it('retries only once', async () => {
-    const m = mesh({ a: 'unreachable', b: 'unreachable', c: new SimulatedService() }, [cand('a'), cand('b'), cand('c')])
+    const m = mesh({ a: 'unreachable', b: 'unreachable', c: new SimulatedPeer() }, [cand('a'), cand('b'), cand('c')])
     const err = await failure(collect(createRoutedService({ now: () => NOW, random: () => 0 }, m).generate(request(), new AbortController().signal)))
     expect(err.code).toBe('SHOAL_ERR_PEER_UNAVAILABLE')
     expect(m.forwarded).toHaveLength(2)
@@ -112,7 +112,7 @@ describe('createRoutedService', () => {
 
   it('does not retry errors that would repeat anywhere', async () => {
     const bad = { models: () => [], generate: () => (async function * (): AsyncGenerator<GenerateEvent> { throw new RemoteError({ name: 'ShoalError', code: 'SHOAL_ERR_CONTEXT_LENGTH', message: 'too long' }, 'before-start', 'a') })() }
-    const m = mesh({ a: bad, b: new SimulatedService() }, [cand('a'), cand('b', { load: load({ inFlight: 3 }) })])
+    const m = mesh({ a: bad, b: new SimulatedPeer() }, [cand('a'), cand('b', { load: load({ inFlight: 3 }) })])
     const err = await failure(collect(createRoutedService({ now: () => NOW, random: () => 0 }, m).generate(request(), new AbortController().signal)))
     expect(err.code).toBe('SHOAL_ERR_CONTEXT_LENGTH')
     expect(m.forwarded).toEqual(['a'])
@@ -127,7 +127,7 @@ describe('createRoutedService', () => {
         throw new ShoalError('SHOAL_ERR_PEER_LOST', 'gone')
       })(),
     }
-    const m = mesh({ a: halfway, b: new SimulatedService() }, [cand('a'), cand('b', { load: load({ inFlight: 3 }) })])
+    const m = mesh({ a: halfway, b: new SimulatedPeer() }, [cand('a'), cand('b', { load: load({ inFlight: 3 }) })])
     const seen: GenerateEvent[] = []
     const err = await failure((async () => { for await (const e of createRoutedService({ now: () => NOW, random: () => 0 }, m).generate(request(), new AbortController().signal)) seen.push(e) })())
     expect(err.code).toBe('SHOAL_ERR_PEER_LOST')
@@ -150,8 +150,8 @@ describe('createRoutedService', () => {
   })
 
   it('sends the next turn of a conversation to the node that served its prefix', async () => {
-    const a = new SimulatedService()
-    const b = new SimulatedService()
+    const a = new SimulatedPeer()
+    const b = new SimulatedPeer()
     const m = mesh({ a, b }, [cand('a'), cand('b')])
     let r = 0
     // First draw picks a, later draws would pick b.
@@ -167,7 +167,7 @@ describe('createRoutedService', () => {
 
   it('counts its own unreported dispatches, so a burst does not land on one node', async () => {
     const release = Promise.withResolvers<void>()
-    const held = (): SimulatedService => new SimulatedService({ holdBeforeStart: async () => await release.promise })
+    const held = (): SimulatedPeer => new SimulatedPeer({ holdBeforeStart: async () => await release.promise })
     const m = mesh({ a: held(), b: held(), c: held() }, [cand('a'), cand('b'), cand('c')])
     // random() = 0 always draws the pair (a, b): without bookkeeping all three would go to a.
     const routed = createRoutedService({ now: () => NOW, random: () => 0 }, m)
@@ -185,7 +185,7 @@ describe('createRoutedService', () => {
     // One slot each; the last reports (at NOW) show both full, `a` with our own first request.
     // `b` is faster, so on the reports alone `b` would win the second request.
     const table = [cand('a', { load: load({ observedAt: NOW, inFlight: 1, slots: 1, tokensPerSecond: 10 }) })]
-    const m = mesh({ a: new SimulatedService(), b: new SimulatedService() }, table)
+    const m = mesh({ a: new SimulatedPeer(), b: new SimulatedPeer() }, table)
     const routed = createRoutedService({ now: () => clock, random: () => 0 }, m)
     // Our request to `a` was dispatched before the report and finishes after it.
     clock = NOW - 5
@@ -207,7 +207,7 @@ describe('createRoutedService', () => {
       cand('a', { load: load({ observedAt: NOW, inFlight: 1, fromYou: 1, slots: 1, tokensPerSecond: 1000 }) }),
       cand('b', { load: load({ observedAt: NOW, inFlight: 0, fromYou: 0, slots: 1, tokensPerSecond: 10 }) }),
     ]
-    const m = mesh({ a: new SimulatedService({ holdBeforeStart: async () => await release.promise }), b: new SimulatedService() }, table)
+    const m = mesh({ a: new SimulatedPeer({ holdBeforeStart: async () => await release.promise }), b: new SimulatedPeer() }, table)
     const routed = createRoutedService({ now: () => NOW + 100, random: () => 0 }, m)
     // The report still counts our earlier request to `a`, which has finished: `a` is free.
     const first = collect(routed.generate(request(), new AbortController().signal))
@@ -223,7 +223,7 @@ describe('createRoutedService', () => {
   })
 
   it('merges local and mesh models', () => {
-    const local = new SimulatedService({ model: 'm-local' })
+    const local = new SimulatedPeer({ model: 'm-local' })
     const routed = createRoutedService({ localPeerId: 'me' }, mesh({}, [], {
       local,
       meshModels: () => [

@@ -3,19 +3,21 @@
  * engine. Its tokenizer is UTF-8 bytes (token id = byte value, vocabulary 256), its chat template
  * is `<|role|>\ncontent\n… <|assistant|>\n`, and it "generates" a scripted reply byte by byte.
  * Deterministic; it can be told to fail before start, fail after N tokens, stall, or go slowly.
+ * (Routing's stand-in for a peer, with hashed tokens and per-request hooks, is simulated-peer.ts.)
  */
-import { ShoalError } from '../../daemon/errors.ts'
+import { ShoalError, type ShoalErrorCode } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PromptInput } from '../../daemon/service.ts'
+import { sleep, untilOrAbort } from './abortable.ts'
 
 export interface SimulatedScript {
   /** The text generated (then finish 'stop'). Default 'Hello from the simulated engine.' */
   reply?: string
   /** Throw a ShoalError with this code before the start event. */
-  failBeforeStart?: string
+  failBeforeStart?: ShoalErrorCode
   /** Throw after this many generated tokens (after start). */
   failAfterTokens?: number
   /** Code for failAfterTokens; default SHOAL_ERR_NO_ELIGIBLE_NODE (a peer vanished mid-stream). */
-  failCode?: string
+  failCode?: ShoalErrorCode
   /** Before start: wait until aborted, or forever (ignoring the signal, like a hung peer). */
   stallBeforeStart?: 'until-abort' | 'forever'
   /** After this many tokens, wait for `until` (or an abort) before going on: a deterministic mid-stream pause. */
@@ -54,28 +56,6 @@ export function simulatedPromptIds (prompt: PromptInput): number[] {
     ? prompt.text
     : prompt.messages.map(m => `<|${m.role}|>\n${m.content}\n`).join('') + '<|assistant|>\n'
   return [...encoder.encode(text)]
-}
-
-async function sleep (ms: number, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) throw signal.reason
-  await new Promise<void>((resolve, reject) => {
-    const onAbort = (): void => { clearTimeout(timer); reject(signal.reason) }
-    const timer = setTimeout(() => { signal.removeEventListener('abort', onAbort); resolve() }, ms)
-    signal.addEventListener('abort', onAbort, { once: true })
-  })
-}
-
-async function untilOrAbort (until: Promise<unknown>, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) throw signal.reason
-  let onAbort = (): void => {}
-  try {
-    await Promise.race([until, new Promise((_resolve, reject) => {
-      onAbort = () => { reject(signal.reason) }
-      signal.addEventListener('abort', onAbort, { once: true })
-    })])
-  } finally {
-    signal.removeEventListener('abort', onAbort)
-  }
 }
 
 export function createSimulatedService (init: SimulatedServiceInit): SimulatedService {

@@ -1,13 +1,16 @@
 /**
- * SimulatedService: a control-plane test fixture implementing InferenceService with no weights.
- * Tokens are a deterministic function of the prompt; each takes a fixed time (a real timer, not a
- * busy loop). Hooks let tests hold a request before `start`, stall it after N tokens, fail it, and
- * observe when its AbortSignal fires.
+ * SimulatedPeer: a control-plane test fixture implementing InferenceService with no weights, for
+ * routing and forwarding tests where it stands in for a peer's engine. Tokens are a deterministic
+ * function of the prompt (`tokensFor`); each takes a fixed time (a real timer, not a busy loop).
+ * Hooks let tests hold a request before `start`, stall it after N tokens, fail it, and observe
+ * when its AbortSignal fires. (The ingress's fake, with a tokenizer, chat template and scripted
+ * replies, is `createSimulatedService` beside it.)
  */
 import { ShoalError } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../../daemon/service.ts'
+import { sleep, untilOrAbort } from './abortable.ts'
 
-export interface SimulatedServiceInit {
+export interface SimulatedPeerInit {
   model?: string
   msPerToken?: number
   /** Tokens generated when the request has no maxTokens. */
@@ -25,14 +28,14 @@ export interface SimulatedServiceInit {
 
 interface Seen { request: GenerateRequest, arrived: PromiseWithResolvers<void>, aborted: PromiseWithResolvers<unknown> }
 
-export class SimulatedService implements InferenceService {
+export class SimulatedPeer implements InferenceService {
   readonly model: string
-  private readonly init: SimulatedServiceInit
+  private readonly init: SimulatedPeerInit
   private readonly seen = new Map<string, Seen>()
   /** Requests that reached generate(), in order. */
   readonly calls: string[] = []
 
-  constructor (init: SimulatedServiceInit = {}) {
+  constructor (init: SimulatedPeerInit = {}) {
     this.init = init
     this.model = init.model ?? 'sim-1'
   }
@@ -87,35 +90,18 @@ export class SimulatedService implements InferenceService {
     if (request.model !== this.model) throw new ShoalError('SHOAL_ERR_MODEL_NOT_FOUND', `no model ${request.model}`)
     const failure = this.init.failBeforeStart?.()
     if (failure !== undefined) throw failure
-    if (this.init.holdBeforeStart !== undefined) await abortable(this.init.holdBeforeStart(), signal)
+    if (this.init.holdBeforeStart !== undefined) await untilOrAbort(this.init.holdBeforeStart(), signal)
     const promptIds = request.prompt.kind === 'tokens' ? request.prompt.ids : [1, 2, 3]
     yield { type: 'start', promptTokenIds: promptIds, route: [], receiptId: request.requestId }
     const n = request.maxTokens ?? this.init.defaultTokens ?? 8
-    const ids = SimulatedService.tokensFor(request, n)
+    const ids = SimulatedPeer.tokensFor(request, n)
     for (let i = 0; i < ids.length; i++) {
-      if (this.init.stallAfter !== undefined && i >= this.init.stallAfter) await abortable(new Promise(() => {}), signal)
+      if (this.init.stallAfter !== undefined && i >= this.init.stallAfter) await untilOrAbort(new Promise(() => {}), signal)
       if (this.init.failAfter !== undefined && i >= this.init.failAfter.tokens) throw this.init.failAfter.error()
       await sleep(this.init.msPerToken ?? 1, signal)
       const id = ids[i] as number
-      yield { type: 'delta', text: SimulatedService.textOf(id), tokenIds: [id] }
+      yield { type: 'delta', text: SimulatedPeer.textOf(id), tokenIds: [id] }
     }
     yield { type: 'end', finishReason: 'length', usage: { promptTokens: promptIds.length, completionTokens: n } }
-  }
-}
-
-export async function sleep (ms: number, signal: AbortSignal): Promise<void> {
-  await abortable(new Promise(resolve => setTimeout(resolve, ms)), signal)
-}
-
-async function abortable<T> (p: Promise<T>, signal: AbortSignal): Promise<T> {
-  signal.throwIfAborted()
-  let onAbort = (): void => {}
-  try {
-    return await Promise.race([p, new Promise<never>((_r, reject) => {
-      onAbort = () => reject(signal.reason instanceof Error ? signal.reason : new ShoalError('SHOAL_ERR_ABORTED', 'aborted'))
-      signal.addEventListener('abort', onAbort, { once: true })
-    })])
-  } finally {
-    signal.removeEventListener('abort', onAbort)
   }
 }

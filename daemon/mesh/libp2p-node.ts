@@ -32,7 +32,7 @@ export type MeshLibp2p = Libp2p<MeshServices>
 
 export const MDNS_SERVICE_TAG = 'shoal-mesh.local'
 
-export interface NodeOptions {
+export interface MeshLibp2pOptions {
   privateKey: PrivateKey
   listen?: string[]
   announce?: string[]
@@ -61,7 +61,7 @@ export function fastMessageId (msg: { from?: Uint8Array, seqno?: Uint8Array, top
   return h.digest('base64')
 }
 
-export async function createMeshNode (options: NodeOptions): Promise<MeshLibp2p> {
+export async function createMeshLibp2p (options: MeshLibp2pOptions): Promise<MeshLibp2p> {
   const transports = options.transports
   if (transports.length === 0) throw new MeshConfigError('transports', 'needs at least one of quic, tcp')
   for (const t of transports) if (t !== 'quic' && t !== 'tcp') throw new MeshConfigError('transports', `unknown transport ${String(t)}`)
