@@ -38,7 +38,7 @@ describe('KV blocks are freed when nothing refers to them', () => {
   const step = async (seqId: string, tokens: number[], from: number): Promise<void> => {
     await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
   }
-  const detached = (t: Float32Array): boolean => t.buffer.detached
+  const detached = (t: Float32Array): boolean => (t.buffer as ArrayBuffer).detached
 
   it('frees each replaced block, the last one at drop, and keeps what is still used', async () => {
     expect(presents[0]).toBeUndefined()
@@ -95,7 +95,7 @@ describe('KV blocks are freed when nothing refers to them', () => {
     const view = whole.subarray(4, 8)
     const own = new Float32Array(4)
     freeBlock({ rows: 1, total: 1, layers: [[{ type: 'float32', data: view, dims: [1, 1, 1, 4] }, { type: 'float32', data: own, dims: [1, 1, 1, 4] }]] })
-    expect(whole.buffer.detached).toBe(false)
-    expect(own.buffer.detached).toBe(true)
+    expect((whole.buffer as ArrayBuffer).detached).toBe(false)
+    expect((own.buffer as ArrayBuffer).detached).toBe(true)
   })
 })
