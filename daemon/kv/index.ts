@@ -7,8 +7,10 @@
  */
 export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
-export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
-export type { ReuseInput } from './decide.ts'
+export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, pullCost, shouldPull } from './decide.ts'
+export type { PullCostInput, ReuseInput } from './decide.ts'
+export { kvBytesPerToken } from './store.ts'
+export type { ExportedPrefix, KvStore, KvStoreInfo, PullOutcome, PullPrefix } from './store.ts'
 export { createPrefixCache } from './cache.ts'
 export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'
 export { createPrefixMetrics } from './metrics.ts'
