@@ -5,7 +5,7 @@
  * the reuse decision. The engine holds the tensors (StageRunner `retain` / `openFrom`); the local
  * service wires the two together.
  */
-export { blockHashes, compactHash, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
+export { blockHashes, compactHash, exactPrefixHashes, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
 export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, pullCost, shouldPull } from './decide.ts'
 export type { PullCostInput, ReuseInput } from './decide.ts'
@@ -16,3 +16,10 @@ export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, Pref
 export { createPrefixMetrics } from './metrics.ts'
 export type { PrefixMetrics } from './metrics.ts'
 export { cachedTokensFor, mergeSummaries } from './summary.ts'
+export {
+  createFrameSplitter, createPrefixReceiver, decodePayload, encodeFrame, encodeFrameParts, encodePayloadParts, transferFrames,
+  DEFAULT_MAX_CHUNK_BYTES, HASH_BYTES, KV_PROTOCOL, KV_WIRE_VERSION, MAX_CHUNK_BYTES, MAX_FRAME_BYTES,
+} from './wire.ts'
+export type { KvFrame, KvFrameKind, KvScopeFields, PrefixExpectation, PrefixReceiver, PrefixTransfer, ReceivedPrefix } from './wire.ts'
+export { KvRefusedError, KvWireError } from './errors.ts'
+export type { KvRefusalCode, KvWireErrorCode } from './errors.ts'
