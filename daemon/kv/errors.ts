@@ -17,6 +17,8 @@ export type KvWireErrorCode =
   | 'SHOAL_ERR_KV_UNEXPECTED_FRAME'
   /** The transfer disagrees with what the puller knows: block hashes, layer range, dtype or shapes. */
   | 'SHOAL_ERR_KV_MISMATCH'
+  /** The pull did not finish within its time bound. */
+  | 'SHOAL_ERR_KV_TIMEOUT'
 
 export type KvRefusalCode =
   /** The holder keeps no prefix of those tokens (any more). */

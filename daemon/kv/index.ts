@@ -23,3 +23,5 @@ export {
 export type { KvFrame, KvFrameKind, KvScopeFields, PrefixExpectation, PrefixReceiver, PrefixTransfer, ReceivedPrefix } from './wire.ts'
 export { KvRefusedError, KvWireError } from './errors.ts'
 export type { KvRefusalCode, KvWireErrorCode } from './errors.ts'
+export { createKvPuller, serveKv, DEFAULT_PULL_TIMEOUT_MS } from './transport.ts'
+export type { KvPuller, KvPullerComponents, KvPullerInit, KvTransportComponents, PullRequest, ServeKvInit } from './transport.ts'
