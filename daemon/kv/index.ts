@@ -1,9 +1,13 @@
 /**
  * KV prefix reuse: what a node keeps of finished sequences' KV caches and how a new request finds
- * the longest prefix it can start from. Pure parts only — chained token-block hashes scoped by
- * model, layer range and dtype; an LRU index with a byte budget that never evicts a leased entry;
- * the reuse decision. The engine holds the tensors (StageRunner `retain` / `openFrom`); the local
- * service wires the two together.
+ * the longest prefix it can start from — chained token-block hashes scoped by model, layer range
+ * and dtype; an LRU index with a byte budget that never evicts a leased entry; the reuse decision.
+ * The engine holds the tensors (StageRunner `retain` / `openFrom`); the local service wires the
+ * two together.
+ *
+ * KV mobility: moving a kept prefix to another node (/shoal/kv/1.0.0) — the wire format and the
+ * puller's checks (wire.ts), the pull decision (decide.ts shouldPull), the holder and the puller
+ * over libp2p (transport.ts), and the store interface the local service implements (store.ts).
  */
 export { blockHashes, compactHash, exactPrefixHashes, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
