@@ -180,6 +180,8 @@ try {
     await turn(holder, warm, 2)
     await turn(pullerService, [...warm, ...tokens(8, 8, vocab)], 2, { peerId: holderNode.peerId.toString(), cachedTokens: warm.length })
     await turn(cold, warm, 2)
+    // The puller knows its own prefill speed (it bounds how long a pull may take).
+    await turn(pullerService, tokens(Math.min(HISTORY, 512), 9, vocab), 2)
   }
   let seed = 0
   for (const d of DELAYS) {

@@ -22,7 +22,7 @@
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullCost, shouldPull } from '../kv/index.ts'
+import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullWaitMs, shouldPull } from '../kv/index.ts'
 import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
@@ -118,8 +118,6 @@ export const DEFAULT_LINK_BYTES_PER_SECOND = 12_500_000
 export const DEFAULT_LINK_RTT_MS = 2
 /** Prefill speed assumed before this service measured its own (a CPU running a ~250M model). */
 export const DEFAULT_PREFILL_TOKENS_PER_SECOND = 2_000
-/** The least time a pull gets before it is given up for recomputation. */
-export const MIN_PULL_WAIT_MS = 2_000
 
 /** What a source wrapper gets for one request: the sequence's target steps and its limits. */
 export interface WrapContext {
@@ -330,9 +328,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       prefillTokensPerSecond: rates.prefillTokensPerSecond ?? DEFAULT_PREFILL_TOKENS_PER_SECOND,
     }
     if (!(init.pullPolicy ?? shouldPull)(cost)) return false
-    // A pull that takes much longer than recomputing would have is given up (then recomputed):
-    // twice the estimate, never under MIN_PULL_WAIT_MS (estimates are rough, timings noisy).
-    const bound = AbortSignal.timeout(Math.max(MIN_PULL_WAIT_MS, 2 * pullCost(cost).recomputeMs))
+    // A pull that takes much longer than recomputing would have is given up (then recomputed).
+    const bound = AbortSignal.timeout(pullWaitMs(cost))
     const outcome = await init.pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: AbortSignal.any([signal, bound]) }).catch((err: unknown) => {
       signal.throwIfAborted()
       return { ok: false as const, reason: (err as Error).message, code: (err as { code?: string }).code ?? 'SHOAL_ERR_INTERNAL' }
@@ -442,8 +439,9 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     try {
       await acquireSlot(ticket, progress, scope.signal)
       // Not under speculative decoding: its source prefills the whole prompt itself.
+      // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
       const moved = request.prefixHolder !== undefined && init.sourceWrapper === undefined
-        ? await maybePull(request.prefixHolder, promptIds, scope.signal)
+        ? await maybePull(request.prefixHolder, promptIds, scope.signal).catch((err: unknown) => { if (scope.signal.aborted) throw err; return false })
         : false
       // Looked up once the slot is ours: a request that waited may find what the one before it kept.
       lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined

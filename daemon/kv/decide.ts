@@ -90,3 +90,18 @@ export function shouldPull (i: PullCostInput): boolean {
   const { transferMs, recomputeMs } = pullCost(i)
   return transferMs * (1 + Math.max(0, i.margin ?? DEFAULT_PULL_MARGIN)) < recomputeMs
 }
+
+/** The least time a pull gets before it is given up for recomputation. */
+export const MIN_PULL_WAIT_MS = 2_000
+/** The longest timer a wait may use (setTimeout's and AbortSignal.timeout's bound). */
+const MAX_WAIT_MS = 2 ** 31 - 1
+
+/**
+ * How long a pull may take before it is given up (and the prompt recomputed): twice the
+ * recomputation it replaces, never under MIN_PULL_WAIT_MS (estimates are rough, timings noisy).
+ * Whole milliseconds within a timer's range, as AbortSignal.timeout requires.
+ */
+export function pullWaitMs (i: PullCostInput): number {
+  const ms = 2 * pullCost(i).recomputeMs
+  return Number.isFinite(ms) ? Math.min(MAX_WAIT_MS, Math.max(MIN_PULL_WAIT_MS, Math.ceil(ms))) : MIN_PULL_WAIT_MS
+}

@@ -11,7 +11,7 @@
  */
 export { blockHashes, compactHash, exactPrefixHashes, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
-export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, pullCost, shouldPull } from './decide.ts'
+export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, MIN_PULL_WAIT_MS, pullCost, pullWaitMs, shouldPull } from './decide.ts'
 export type { PullCostInput, ReuseInput } from './decide.ts'
 export { kvBytesPerToken } from './store.ts'
 export type { ExportedPrefix, KvStore, KvStoreInfo, PullOutcome, PullPrefix } from './store.ts'

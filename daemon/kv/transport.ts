@@ -221,11 +221,16 @@ export function createKvPuller (init: KvPullerInit, components: KvPullerComponen
   return {
     async pull ({ peerId, model, tokens, signal }) {
       const began = performance.now()
-      const fallback = (err: unknown): PullOutcome => ({
-        ok: false,
-        code: (err as { code?: unknown } | null)?.code as string | undefined ?? 'SHOAL_ERR_INTERNAL',
-        reason: err instanceof Error ? err.message : String(err),
-      })
+      const fallback = (err: unknown): PullOutcome => {
+        const code = (err as { code?: unknown } | null)?.code
+        // A DOMException's code is a number: an AbortSignal.timeout reason, from the caller's bound or ours.
+        const timedOut = (err as { name?: unknown } | null)?.name === 'TimeoutError'
+        return {
+          ok: false,
+          code: typeof code === 'string' ? code : timedOut ? 'SHOAL_ERR_KV_TIMEOUT' : 'SHOAL_ERR_INTERNAL',
+          reason: err instanceof Error ? err.message : String(err),
+        }
+      }
       const store = components.store(model)
       if (store === undefined) return fallback(new KvRefusedError('SHOAL_ERR_KV_WRONG_MODEL', `model ${model} keeps no prefixes here`))
       if (tokens.length === 0) return fallback(new KvRefusedError('SHOAL_ERR_KV_NOT_HELD', 'no tokens to pull'))

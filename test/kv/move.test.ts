@@ -232,6 +232,10 @@ describe('KV mobility between two nodes', () => {
     const none = await b.puller.pull({ peerId: a.peerId, model: model.manifest.modelId, tokens: tokens(30, 99, vocab), signal: AbortSignal.timeout(10_000) })
     expect(none).toMatchObject({ ok: false, code: 'SHOAL_ERR_KV_NOT_HELD' })
     expect(new KvRefusedError('SHOAL_ERR_KV_NOT_HELD', 'x').name).toBe('KvRefusedError')
+    // Whatever fails on the way to a pull (here the policy itself), the request runs, recomputed.
+    const e = await host({ pullPolicy: () => { throw new Error('boom') } })
+    admitted.add(e.peerId)
+    expect((await run(e.service, request(model, turn2, { prefixHolder: { peerId: a.peerId, cachedTokens: turn1.length } }))).tokens).toEqual(want.tokens)
   }, 120_000)
 })
 

@@ -4,7 +4,7 @@
  */
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
-import { DEFAULT_PULL_MARGIN, pullCost, shouldPull } from '../../daemon/kv/index.ts'
+import { DEFAULT_PULL_MARGIN, MIN_PULL_WAIT_MS, pullCost, pullWaitMs, shouldPull } from '../../daemon/kv/index.ts'
 import type { PullCostInput } from '../../daemon/kv/index.ts'
 
 /** A 60m-class model (8 layers, 2 KV heads of 64): 8 KiB of f32 KV per token. */
@@ -55,5 +55,17 @@ describe('shouldPull', () => {
         expect(shouldPull({ ...i, prefillTokensPerSecond: i.prefillTokensPerSecond * k })).toBe(false)
       }
     }))
+  })
+})
+
+describe('pullWaitMs', () => {
+  it('gives a pull twice the recomputation it replaces, at least MIN_PULL_WAIT_MS, in whole milliseconds a timer accepts', () => {
+    expect(pullWaitMs(base)).toBe(MIN_PULL_WAIT_MS) // recompute 500 ms
+    // 2000 tokens at 153 tokens/s: 13,071.9 ms to recompute — a fraction AbortSignal.timeout refuses.
+    const slow = { ...base, prefillTokensPerSecond: 153 }
+    expect(pullWaitMs(slow)).toBe(Math.ceil(2 * 2000 / 153 * 1000))
+    expect(() => AbortSignal.timeout(pullWaitMs(slow))).not.toThrow()
+    expect(pullWaitMs({ ...base, prefillTokensPerSecond: 1e-9 })).toBe(2 ** 31 - 1)
+    expect(pullWaitMs({ ...base, prefillTokensPerSecond: 0 })).toBe(MIN_PULL_WAIT_MS)
   })
 })
