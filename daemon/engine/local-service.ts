@@ -18,6 +18,12 @@
  * differs in the last bits: reuse is then bit-for-bit what recomputation gives. `reuseGenerated`
  * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
  * price of that last-bit difference (which int8 activations can turn into other tokens).
+ *
+ * KV mobility: the kept prefixes are also a KvStore (`kvStore`) that daemon/kv serves to peers and
+ * imports into. A request whose `prefixHolder` hint names a peer holding more of its prompt than
+ * this node keeps pulls that prefix first (`pullPrefix`), when the cost model (daemon/kv
+ * shouldPull over this service's measured prefill rate and link throughput) says it pays; any
+ * failure leaves the prompt to be prefilled, and the start event says `prefix: "moved"`.
  */
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
