@@ -283,11 +283,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const executor = withReceiptPart(local, signer!)
         const roles = identity!.certificate.body.roles
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
-        // Only admitted peers reach the handler (the mesh's handle); of those, only workers run
-        // requests and so have a use for another node's KV.
+        // Only admitted peers reach the handler (the mesh's handle); of those, only workers.
         kvServer = await serveKv({
           stores: () => locals.map(s => s.kvStore).filter((s): s is KvStore => s !== undefined),
-          authorize: from => m.certificateOf(from)?.body.roles.includes('worker') === true ? undefined : new Error('only worker certificates pull KV prefixes'),
+          authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
         }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
         publishCapabilities()
       },
