@@ -41,6 +41,18 @@ export interface GenerateRequest {
    * ingress node: it is not part of the forwarded request.
    */
   client?: ClientIdentity
+  /**
+   * Set by routing when another peer holds this prompt's prefix (from its load summary): the node
+   * that runs the request may pull that KV (/shoal/kv/1.0.0) instead of prefilling it, when its
+   * own cache misses and the cost model says the transfer pays.
+   */
+  prefixHolder?: PrefixHolderHint
+}
+
+/** A peer that probably holds a prompt's prefix, and about how many of its tokens. */
+export interface PrefixHolderHint {
+  peerId: string
+  cachedTokens: number
 }
 
 /** Who asked: a client key's name and serial, as the CA issued it. */
@@ -56,6 +68,9 @@ export interface RouteHop {
   /** Inclusive layer range when the hop ran one pipeline stage. */
   layers?: [number, number]
 }
+
+/** 'reused': a prefix this node kept; 'moved': a prefix pulled from another node (/shoal/kv). */
+export type PrefixUse = 'reused' | 'moved'
 
 export interface Usage {
   promptTokens: number
@@ -73,6 +88,8 @@ export type GenerateEvent =
     manifestHash?: string
     /** The route with each hop's layer range (pipeline stages); defaults to `route` without layers. */
     hops?: RouteHop[]
+    /** Where the prompt's prefix KV came from when not all prefilled: kept here, or moved from a peer. */
+    prefix?: PrefixUse
   }
   /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
   | { type: 'delta', text: string, tokenIds: number[] }

@@ -18,15 +18,21 @@
  * differs in the last bits: reuse is then bit-for-bit what recomputation gives. `reuseGenerated`
  * keeps the generated tokens' KV too, so a chat's next turn prefills only its new message, at the
  * price of that last-bit difference (which int8 activations can turn into other tokens).
+ *
+ * KV mobility: the kept prefixes are also a KvStore (`kvStore`) that daemon/kv serves to peers and
+ * imports into. A request whose `prefixHolder` hint names a peer holding more of its prompt than
+ * this node keeps pulls that prefix first (`pullPrefix`), when the cost model (daemon/kv
+ * shouldPull over this service's measured prefill rate and link throughput) says it pays; any
+ * failure leaves the prompt to be prefilled, and the start event says `prefix: "moved"`.
  */
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createPrefixCache, createPrefixMetrics, prefixScope } from '../kv/index.ts'
-import type { PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics } from '../kv/index.ts'
+import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullWaitMs, shouldPull } from '../kv/index.ts'
+import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, PrefixUse, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
@@ -96,7 +102,28 @@ export interface LocalServiceInit {
    * here without the engine depending on it); started after and stopped before the engine.
    */
   sourceWrapper?: TokenSourceWrapper
+  /**
+   * KV mobility: pulls a peer's prefix into this service's store (daemon/kv createKvPuller over
+   * the mesh). Used for a request whose `prefixHolder` hint names a peer holding more of its
+   * prompt than this node keeps, when `pullPolicy` says the transfer pays. Absent: never pulls.
+   */
+  pullPrefix?: PullPrefix
+  /** Decides whether a pull pays (default daemon/kv shouldPull over measured rates). */
+  pullPolicy?: (cost: PullCostInput) => boolean
+  /** What is known of the link to a peer (the mesh's RTT); measured throughput comes from past pulls. */
+  linkOf?: (peerId: string) => { rttMs?: number } | undefined
 }
+
+/**
+ * Link throughput assumed before any pull was measured: 100 Mbit/s, a modest LAN, so an
+ * unmeasured link does not talk the cost model into a transfer that a real 1 Gbit/s link would
+ * only just win.
+ */
+export const DEFAULT_LINK_BYTES_PER_SECOND = 12_500_000
+/** RTT assumed when the mesh has not measured one (a LAN). */
+export const DEFAULT_LINK_RTT_MS = 2
+/** Prefill speed assumed before this service measured its own (a CPU running a ~250M model). */
+export const DEFAULT_PREFILL_TOKENS_PER_SECOND = 2_000
 
 /** What a source wrapper gets for one request: the sequence's target steps and its limits. */
 export interface WrapContext {
@@ -160,6 +187,8 @@ export interface LocalService extends InferenceService {
   prefixSummary (max?: number): PrefixSummary | undefined
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
+  /** This service's kept prefixes as a store KV mobility moves (after start; undefined when reuse is off). */
+  readonly kvStore: KvStore | undefined
 }
 
 export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
@@ -206,7 +235,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let created = 0
   let stopping = false
   let active = 0
-  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number } | undefined
+  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number, info: KvStoreInfo } | undefined
+  /** Measured rates for the pull decision (exponential moving averages; undefined until measured). */
+  const rates: { prefillTokensPerSecond?: number, linkBytesPerSecond?: number } = {}
+  const ewma = (old: number | undefined, v: number): number => old === undefined ? v : 0.7 * old + 0.3 * v
 
   /** A prefix lease for this prompt (counted as hits and misses), or none. */
   function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
@@ -236,6 +268,84 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
     p.metrics.bytes.set({ model: modelId }, stats.bytes)
     await e.evict(drop)
+  }
+
+  /** Keeps KV that came from another node as a prefix of `tokens` (KvStore.importPrefix). */
+  async function importPrefix (tokens: readonly number[], layers: Float32Array[], signal: AbortSignal): Promise<{ kept: boolean, bytes: number }> {
+    const p = prefix
+    const e = engine
+    if (p === undefined || e === undefined) throw new ShuttingDownError('local engine is not running')
+    const key = `p${++p.keys}`
+    const got = await e.importPrefix(key, tokens.length, layers, signal)
+    const before = p.cache.stats().evictions
+    const { kept, drop } = p.cache.insert(p.scope, key, tokens, got.bytes)
+    const stats = p.cache.stats()
+    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
+    p.metrics.bytes.set({ model: modelId }, stats.bytes)
+    await e.evict(drop)
+    return { kept, bytes: got.bytes }
+  }
+
+  const kvStore: KvStore = {
+    info () {
+      if (prefix === undefined) throw new ShuttingDownError('prefix reuse is off or the local engine is not running')
+      return prefix.info
+    },
+    async exportPrefix (tokens, signal) {
+      const p = prefix
+      const e = engine
+      if (p === undefined || e === undefined) return undefined
+      const m = p.cache.lookup(p.scope, tokens)
+      if (m === undefined) return undefined
+      let layers: Float32Array[]
+      try {
+        layers = await e.exportPrefix(m.key, m.length, signal)
+      } catch (err) {
+        signal.throwIfAborted()
+        // Evicted between the lookup and the copy: as if never kept.
+        if ((err as { code?: unknown }).code === 'SHOAL_ERR_ENGINE') return undefined
+        throw err
+      }
+      p.metrics.transferBytes.inc({ model: modelId, direction: 'out' }, layers.reduce((n, t) => n + t.byteLength, 0))
+      return { tokens: m.length, layers }
+    },
+    importPrefix,
+  }
+
+  /**
+   * KV mobility for one request: when routing says a peer holds more of this prompt than this
+   * node keeps and the transfer pays, pull it (validated and imported by `init.pullPrefix`) so the
+   * lease that follows finds it. Any failure leaves the prompt to be prefilled. Returns whether
+   * a prefix was moved here.
+   */
+  async function maybePull (hint: PrefixHolderHint, promptIds: number[], signal: AbortSignal): Promise<boolean> {
+    const p = prefix
+    if (p === undefined || init.pullPrefix === undefined || hint.peerId === init.nodeId) return false
+    // The prompt's last positions always run here (decideReuse); nothing beyond them is worth moving.
+    const usable = promptIds.length - DEFAULT_MIN_PREFILL_TOKENS
+    const have = p.cache.lookup(p.scope, promptIds, usable)?.length ?? 0
+    const gain = Math.min(hint.cachedTokens, usable) - have
+    if (gain < p.cache.blockSize) return false
+    const cost: PullCostInput = {
+      tokens: gain,
+      bytesPerToken: kvBytesPerToken(p.info),
+      linkBytesPerSecond: rates.linkBytesPerSecond ?? DEFAULT_LINK_BYTES_PER_SECOND,
+      rttMs: init.linkOf?.(hint.peerId)?.rttMs ?? DEFAULT_LINK_RTT_MS,
+      prefillTokensPerSecond: rates.prefillTokensPerSecond ?? DEFAULT_PREFILL_TOKENS_PER_SECOND,
+    }
+    if (!(init.pullPolicy ?? shouldPull)(cost)) return false
+    // A pull that takes much longer than recomputing would have is given up (then recomputed).
+    const bound = AbortSignal.timeout(pullWaitMs(cost))
+    const outcome = await init.pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: AbortSignal.any([signal, bound]) }).catch((err: unknown) => {
+      signal.throwIfAborted()
+      return { ok: false as const, reason: (err as Error).message, code: (err as { code?: string }).code ?? 'SHOAL_ERR_INTERNAL' }
+    })
+    signal.throwIfAborted()
+    p.metrics.pulls.inc({ model: modelId, outcome: outcome.ok ? 'ok' : 'fallback' })
+    if (!outcome.ok) return false
+    p.metrics.transferBytes.inc({ model: modelId, direction: 'in' }, outcome.bytes)
+    if (outcome.ms > 0 && outcome.bytes > 0) rates.linkBytesPerSecond = ewma(rates.linkBytesPerSecond, outcome.bytes / outcome.ms * 1000)
+    return outcome.tokens > have
   }
 
   const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
@@ -334,8 +444,12 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     scope.signal.addEventListener('abort', () => { void release() }, { once: true })
     try {
       await acquireSlot(ticket, progress, scope.signal)
-      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
       // Not under speculative decoding: its source prefills the whole prompt itself.
+      // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
+      const moved = request.prefixHolder !== undefined && init.sourceWrapper === undefined
+        ? await maybePull(request.prefixHolder, promptIds, scope.signal).catch((err: unknown) => { if (scope.signal.aborted) throw err; return false })
+        : false
+      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
       lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
       if (lease !== undefined) {
         try {
@@ -365,17 +479,23 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling, reused) : batchedTokenSource(b, seqId, request.sampling, reused))
       if (request.maxTokens === undefined || request.maxTokens > 0) {
         // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
+        const began = performance.now()
         const first = await source.prefill(promptIds, scope.signal)
+        const ms = performance.now() - began
+        // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
+        if (promptIds.length - reused >= 64 && ms > 0) rates.prefillTokensPerSecond = ewma(rates.prefillTokensPerSecond, (promptIds.length - reused) / ms * 1000)
         source = { prefill: async () => first, decode: source.decode }
       }
       // The prefix is in this sequence's own KV now: it may be evicted or superseded.
       lease?.release()
+      const prefixUse: PrefixUse | undefined = reused === 0 ? undefined : moved ? 'moved' : 'reused'
       yield {
         type: 'start',
         promptTokenIds: promptIds,
         route: init.nodeId === undefined ? [] : [init.nodeId],
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
+        ...(prefixUse === undefined ? {} : { prefix: prefixUse }),
       }
       for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
         if (ev.type === 'delta') {
@@ -395,6 +515,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
 
   return {
     get engine () { return engine },
+    get kvStore () { return prefix === undefined ? undefined : kvStore },
     async start () {
       manifest = await loadManifest(init.shardDir)
       const [stage] = manifest.stages
@@ -429,6 +550,14 @@ export function createLocalService (init: LocalServiceInit): LocalService {
             scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: info.layers, dtype: 'float32' }),
             metrics: createPrefixMetrics(init.metrics),
             keys: 0,
+            info: {
+              modelId,
+              manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`,
+              layers: info.layers,
+              dtype: 'float32',
+              numKvHeads: info.numKvHeads,
+              headDim: info.headDim,
+            },
           }
         : undefined
       if (init.batching !== false) {

@@ -9,9 +9,10 @@ import type { TokenPick } from './sampling.ts'
 
 /**
  * 2: steps may carry a TokenPick and then return a token id instead of logits. 3: rollback.
- * 4: kept prefixes: retain, open-from, evict.
+ * 4: kept prefixes: retain, open-from, evict. 5: kept prefixes move between nodes: export-prefix,
+ * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0).
  */
-export const ENGINE_PROTOCOL_VERSION = 4
+export const ENGINE_PROTOCOL_VERSION = 5
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -115,6 +116,14 @@ export type ToWorker =
   | { type: 'open-from', id: number, seqId: string, key: string, length: number }
   /** Frees kept prefixes. */
   | { type: 'evict', id: number, keys: string[] }
+  /** Copies out the first `length` positions of kept prefix `key`; answered by 'exported'. */
+  | { type: 'export-prefix', id: number, key: string, length: number }
+  /**
+   * Keeps KV computed elsewhere as prefix `key` of `length` positions: `layers` holds, per stage
+   * layer in order, its key then its value tensor, each [kvHeads, length, headDim] row-major
+   * float32 (transferred). Answered by 'retained'.
+   */
+  | { type: 'import-prefix', id: number, key: string, length: number, layers: Float32Array[] }
 
 export type FromWorker =
   | { type: 'ready', version: typeof ENGINE_PROTOCOL_VERSION, inputNames: string[], outputNames: string[] }
@@ -124,6 +133,8 @@ export type FromWorker =
   | { type: 'stepped-batch', id: number, results: Array<{ output: StepOutput } | { error: SerializedError }> }
   | { type: 'stats', id: number, stats: EngineStats }
   | { type: 'retained', id: number, length: number, bytes: number }
+  /** A kept prefix's KV, laid out as import-prefix's `layers` (fresh buffers, transferred). */
+  | { type: 'exported', id: number, length: number, layers: Float32Array[] }
   | { type: 'error', id: number, error: SerializedError }
 
 /** Validates a message arriving at the worker; returns an error text when it is malformed. */
@@ -148,6 +159,15 @@ export function parseToWorker (msg: unknown): ToWorker | string {
     case 'open-from':
       if (typeof m.seqId !== 'string' || m.seqId.length === 0 || typeof m.key !== 'string' || m.key.length === 0) return 'open-from: seqId and key must be non-empty strings'
       return Number.isSafeInteger(m.length) && (m.length as number) >= 1 ? m as unknown as ToWorker : 'open-from: length must be a positive integer'
+    case 'export-prefix':
+      if (typeof m.key !== 'string' || m.key.length === 0) return 'export-prefix: key must be a non-empty string'
+      return Number.isSafeInteger(m.length) && (m.length as number) >= 1 ? m as unknown as ToWorker : 'export-prefix: length must be a positive integer'
+    case 'import-prefix':
+      if (typeof m.key !== 'string' || m.key.length === 0) return 'import-prefix: key must be a non-empty string'
+      if (!Number.isSafeInteger(m.length) || (m.length as number) < 1) return 'import-prefix: length must be a positive integer'
+      return Array.isArray(m.layers) && m.layers.length > 0 && m.layers.every(t => t instanceof Float32Array)
+        ? m as unknown as ToWorker
+        : 'import-prefix: layers must be a non-empty array of Float32Arrays'
     case 'evict':
       return Array.isArray(m.keys) && m.keys.every(k => typeof k === 'string') ? m as unknown as ToWorker : 'evict: keys must be an array of strings'
     case 'step': {

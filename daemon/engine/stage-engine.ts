@@ -74,6 +74,13 @@ export interface PrefixKeepingEngine {
   /** Opens `seqId` from the first `length` positions of kept prefix `key`. */
   openFrom (seqId: string, key: string, length: number, signal?: AbortSignal): Promise<string>
   evict (keys: readonly string[]): Promise<void>
+  /**
+   * The first `length` positions of kept prefix `key`: per stage layer its key then its value,
+   * each [kvHeads, length, headDim] float32 (StageRunner.exportPrefix).
+   */
+  exportPrefix (key: string, length: number, signal?: AbortSignal): Promise<Float32Array[]>
+  /** Keeps KV computed elsewhere as prefix `key` (StageRunner.importPrefix); the arrays are transferred. */
+  importPrefix (key: string, length: number, layers: Float32Array[], signal?: AbortSignal): Promise<{ length: number, bytes: number }>
 }
 
 /** A stage engine that also runs several sequences' steps in one call (see stage-runner.ts). */
@@ -276,6 +283,23 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     },
     async evict (keys) {
       if (keys.length > 0) await call({ type: 'evict', id: nextId++, keys: [...keys] })
+    },
+    async exportPrefix (key, length, signal) {
+      signal?.throwIfAborted()
+      // A copy in the worker, answered between steps: nothing to cancel, so an abort only stops the wait.
+      const reply = await withSignal(call({ type: 'export-prefix', id: nextId++, key, length }), signal, async () => {})
+      if (reply.type !== 'exported') throw new EngineError(`unexpected reply ${reply.type} to export-prefix`)
+      return reply.layers
+    },
+    async importPrefix (key, length, layers, signal) {
+      signal?.throwIfAborted()
+      const owned = layers.map(t => ownBuffer(t))
+      const transfer = [...new Set(owned.map(t => t.buffer as ArrayBuffer))]
+      // Not raced against the signal: the worker keeps the prefix either way, and the caller must
+      // learn its key's fate to index or evict it.
+      const reply = await call({ type: 'import-prefix', id: nextId++, key, length, layers: owned }, transfer)
+      if (reply.type !== 'retained') throw new EngineError(`unexpected reply ${reply.type} to import-prefix`)
+      return { length: reply.length, bytes: reply.bytes }
     },
     async stats (signal) {
       const reply = await withSignal(call({ type: 'stats', id: nextId++ }), signal, async () => {})

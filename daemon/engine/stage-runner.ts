@@ -87,13 +87,23 @@ export interface StageRunner {
   openFrom? (seqId: string, key: string, length: number): void
   /** Frees kept prefixes; unknown keys are fine. */
   evict? (keys: readonly string[]): void
+  /**
+   * The first `length` positions of kept prefix `key` as fresh arrays, per stage layer its key then
+   * its value, each [kvHeads, length, headDim] (another node imports them: KV mobility).
+   */
+  exportPrefix? (key: string, length: number): Float32Array[]
+  /**
+   * Keeps KV computed elsewhere (laid out as exportPrefix returns it) as prefix `key`: checked for
+   * count, shape and finite values, then used as is, exactly like a prefix this runner retained.
+   */
+  importPrefix? (key: string, length: number, layers: readonly Float32Array[]): { length: number, bytes: number }
   stats (): EngineStats
 }
 
 export type BatchStepResult = { output: StepOutput } | { error: Error }
 
 /** The dynamic-graph runner: it keeps prefixes (with left-aligned caches). */
-export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>>
+export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict' | 'exportPrefix' | 'importPrefix'>>
 
 interface Live { index: number, seqId: string, seq: Sequence, item: BatchStepItem }
 
@@ -378,7 +388,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     if (sequences.size >= maxSequences) throw new OverloadedError(`engine holds its maximum of ${maxSequences} live sequences`)
   }
 
-  const prefixOps: Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict'>> = {
+  const prefixOps: Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict' | 'exportPrefix' | 'importPrefix'>> = {
     async retain (seqId, key, maxLength) {
       if (!leftAligned) throw new EngineError('only graphs with left-aligned caches (batchPadding "right") keep prefixes')
       if (kept.has(key)) throw new EngineError(`a prefix is already kept as ${key}`)
@@ -414,6 +424,41 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
         kept.delete(k)
         release(block)
       }
+    },
+    exportPrefix (key, length) {
+      const block = kept.get(key)
+      if (block === undefined) throw new EngineError(`no prefix is kept as ${key}`)
+      if (!Number.isSafeInteger(length) || length < 1 || length > block.total) throw new EngineError(`prefix ${key} holds ${block.total} positions, not ${length}`)
+      // Always a copy: the arrays leave the worker (transferred), and a kept block is shared.
+      const out: Float32Array[] = []
+      for (const pair of block.layers) {
+        for (const t of pair) {
+          const data = new Float32Array(kvH * length * hd)
+          copyRowLeft(t.data as Float32Array, 0, block.total, data, 0, length, length, kvH, hd)
+          out.push(data)
+        }
+      }
+      return out
+    },
+    importPrefix (key, length, tensors) {
+      if (!leftAligned) throw new EngineError('only graphs with left-aligned caches (batchPadding "right") keep prefixes')
+      if (kept.has(key)) throw new EngineError(`a prefix is already kept as ${key}`)
+      if (!Number.isSafeInteger(length) || length < 1 || length > stage.maxPositions) throw new EngineError(`an imported prefix of ${length} positions does not fit a context of ${stage.maxPositions}`)
+      if (tensors.length !== 2 * layers.length) throw new EngineError(`an imported prefix has ${tensors.length} tensors; this stage has ${layers.length} layers (key and value each)`)
+      const size = kvH * length * hd
+      tensors.forEach((t, i) => {
+        if (t.length !== size) throw new EngineError(`imported tensor ${i} holds ${t.length} values, not [${kvH}, ${length}, ${hd}]`)
+        // A checksum catches transport damage; a NaN or infinity would still poison every later
+        // attention over this prefix, and no computed KV holds one.
+        for (let j = 0; j < t.length; j++) if (!Number.isFinite(t[j]!)) throw new EngineError(`imported tensor ${i} holds a non-finite value`)
+      })
+      const block: KvBlock = {
+        rows: 1,
+        total: length,
+        layers: layers.map((_, i) => [0, 1].map(kind => ({ type: 'float32', data: tensors[2 * i + kind]!, dims: [1, kvH, length, hd] } satisfies HostTensor)) as [HostTensor, HostTensor]),
+      }
+      kept.set(key, block)
+      return { length, bytes: blockBytes(block) }
     },
   }
 

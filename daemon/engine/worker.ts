@@ -114,6 +114,17 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         runner.openFrom(msg.seqId, msg.key, msg.length)
         post({ type: 'done', id: msg.id })
         return
+      case 'export-prefix': {
+        if (runner.exportPrefix === undefined) throw new EngineError('this stage runner keeps no prefixes')
+        const layers = runner.exportPrefix(msg.key, msg.length)
+        post({ type: 'exported', id: msg.id, length: msg.length, layers }, layers.map(t => t.buffer as ArrayBuffer))
+        return
+      }
+      case 'import-prefix': {
+        if (runner.importPrefix === undefined) throw new EngineError('this stage runner keeps no prefixes')
+        post({ type: 'retained', id: msg.id, ...runner.importPrefix(msg.key, msg.length, msg.layers) })
+        return
+      }
       case 'evict':
         runner.evict?.(msg.keys)
         post({ type: 'done', id: msg.id })

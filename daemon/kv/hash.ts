@@ -49,3 +49,23 @@ export function blockHashes (scope: string, tokens: ArrayLike<number>, blockSize
   }
   return out
 }
+
+/**
+ * The chained hashes that name exactly `tokens` (every one of them): blockHashes' full blocks,
+ * then, when the length is not a multiple of the block size, one more link over the trailing
+ * partial block. Two nodes agree on these only when they agree on the scope and on every token,
+ * which is what a prefix moved between them must prove (/shoal/kv header).
+ */
+export function exactPrefixHashes (scope: string, tokens: ArrayLike<number>, blockSize = DEFAULT_BLOCK_SIZE): Buffer[] {
+  if (!Number.isSafeInteger(blockSize) || blockSize < 1) throw new RangeError(`block size must be a positive integer, not ${blockSize}`)
+  const out: Buffer[] = []
+  let prev = createHash('sha256').update(scope).digest()
+  for (let at = 0; at < tokens.length; at += blockSize) {
+    const n = Math.min(blockSize, tokens.length - at)
+    const buf = Buffer.alloc(n * 4)
+    for (let i = 0; i < n; i++) buf.writeUInt32LE(tokens[at + i]! >>> 0, i * 4)
+    prev = createHash('sha256').update(prev).update(buf).digest()
+    out.push(prev)
+  }
+  return out
+}

@@ -13,6 +13,10 @@ export interface PrefixMetrics {
   evictions: Counter<'model'>
   /** Bytes of KV kept now. */
   bytes: Gauge<'model'>
+  /** KV bytes moved between nodes (/shoal/kv): `in` pulled and imported here, `out` served to a peer. */
+  transferBytes: Counter<'model' | 'direction'>
+  /** Pulls of a peer's prefix: `ok` (imported), `fallback` (refused, failed or invalid: recomputed). */
+  pulls: Counter<'model' | 'outcome'>
 }
 
 export function createPrefixMetrics (registry?: Registry): PrefixMetrics {
@@ -30,6 +34,12 @@ export function createPrefixMetrics (registry?: Registry): PrefixMetrics {
     })),
     bytes: reuse('shoal_kv_prefix_bytes', () => new Gauge({
       name: 'shoal_kv_prefix_bytes', help: 'Bytes of KV kept for prefix reuse', labelNames: ['model'], registers,
+    })),
+    transferBytes: reuse('shoal_kv_transfer_bytes_total', () => new Counter({
+      name: 'shoal_kv_transfer_bytes_total', help: 'KV bytes moved between nodes over /shoal/kv (in: pulled here, out: served)', labelNames: ['model', 'direction'], registers,
+    })),
+    pulls: reuse('shoal_kv_pulls_total', () => new Counter({
+      name: 'shoal_kv_pulls_total', help: 'Pulls of a peer\'s prefix (ok: imported; fallback: refused, failed or invalid, recomputed)', labelNames: ['model', 'outcome'], registers,
     })),
   }
 }

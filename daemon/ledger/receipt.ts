@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto'
 import { canonicalBytes, signDocument, verifyDocument } from '../../certs/signed.ts'
 import type { SignedDocument } from '../../certs/signed.ts'
-import type { ClientIdentity, GenerateRequest, FinishReason, Usage } from '../service.ts'
+import type { ClientIdentity, GenerateRequest, FinishReason, PrefixUse, Usage } from '../service.ts'
 
 export const RECEIPT_FORMAT = 'shoal.receipt/1'
 export const RECEIPT_PART_FORMAT = 'shoal.receipt-part/1'
@@ -62,6 +62,8 @@ export interface ReceiptInput {
   client?: ClientIdentity
   /** What speculative decoding did (the drafter, tokens it proposed and the model accepted); absent without it. */
   speculation?: { drafter: string, drafted: number, accepted: number }
+  /** Where the prompt's prefix KV came from when not all of it was prefilled: kept on the node, or moved from a peer. */
+  prefix?: PrefixUse
 }
 
 /** The signed body of a log entry. */
@@ -132,6 +134,7 @@ export function responseHash (output: CompletionOutput): string {
 export interface ReceiptContext {
   manifestHash?: string | null
   speculation?: { drafter: string, drafted: number, accepted: number }
+  prefix?: PrefixUse
   route: RouteHop[]
   parts?: SignedReceiptPart[]
   usage: Usage
@@ -154,6 +157,7 @@ export function buildReceiptInput (request: RequestLike & { requestId: string, c
   if (request.client !== undefined) input.client = { name: request.client.name, serial: request.client.serial }
   const s = context.speculation
   if (s !== undefined) input.speculation = { drafter: s.drafter, drafted: s.drafted, accepted: s.accepted }
+  if (context.prefix !== undefined) input.prefix = context.prefix
   return input
 }
 
@@ -253,10 +257,11 @@ export function checkReceiptInput (r: unknown): string | undefined {
   if (c !== undefined && (!isRecord(c) || !isText(c.name) || typeof c.serial !== 'string' || !HEX32.test(c.serial) || onlyKeys(c, ['name', 'serial']) !== undefined)) return 'client must be {name, serial: 32 hex digits}'
   const s = r.speculation
   if (s !== undefined && (!isRecord(s) || !isText(s.drafter) || !isCount(s.drafted) || !isCount(s.accepted) || (s.accepted as number) > (s.drafted as number) || onlyKeys(s, ['drafter', 'drafted', 'accepted']) !== undefined)) return 'speculation must be {drafter, drafted, accepted ≤ drafted}'
+  if (r.prefix !== undefined && r.prefix !== 'reused' && r.prefix !== 'moved') return 'prefix must be "reused" or "moved"'
   return undefined
 }
 
-const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client', 'speculation']
+const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client', 'speculation', 'prefix']
 
 /** Checks a whole stored entry: {body: ReceiptBody, signature}. */
 export function checkEntry (e: unknown): string | undefined {

@@ -16,7 +16,8 @@ import { compiledCacheDir, createLocalService, loadBackend } from '../engine/ind
 import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { Ingress } from '../ingress/index.ts'
-import { defaultKvCacheBytes, mergeSummaries } from '../kv/index.ts'
+import { createKvPuller, defaultKvCacheBytes, mergeSummaries, serveKv } from '../kv/index.ts'
+import type { KvStore } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
@@ -110,6 +111,8 @@ async function readTls (files: { certFile: string, keyFile: string }): Promise<{
   return { cert, key }
 }
 
+const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
+
 export function createDaemon (config: Readonly<DaemonConfig>, components: DaemonComponents): Daemon {
   const { logger } = components
   const metrics = new Registry()
@@ -136,6 +139,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let local: InferenceService = createModelDirectory([])
   /** Tells forwards when the mesh loses contact with their peer. */
   let peerLoss: PeerLossWatch | undefined
+  /** /shoal/kv/1.0.0: this node's kept prefixes, served to peers that run a conversation it began. */
+  let kvServer: { stop: () => Promise<void> } | undefined
   const load = (): LoadRecord => aggregateLoad(
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -211,6 +216,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const wholeModels = models.filter(m => m.whole)
         // --kv-cache-mb is the node's budget for kept KV prefixes: whole models share it evenly.
         const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length, 1))
+        // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
+        const m = mesh
+        const puller = m === undefined
+          ? undefined
+          : createKvPuller({}, {
+            openStream: async (peerId, protocol, signal) => await m.openStream(peerId, protocol, signal),
+            store: model => locals.find(s => s.models()[0]?.id === model)?.kvStore,
+          })
         for (const model of wholeModels) {
           const sourceWrapper = speculation(engine)
           const service = createLocalService({
@@ -226,6 +239,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
             budgetMs: budgets.batchBudgetMs,
             kvCacheBytes,
+            ...(puller === undefined || m === undefined
+              ? {}
+              : {
+                  pullPrefix: async args => await puller.pull({ ...args, model: model.manifest.modelId }),
+                  linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
+                }),
           })
           await service.start()
           locals.push(service)
@@ -264,9 +283,18 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const executor = withReceiptPart(local, signer!)
         const roles = identity!.certificate.body.roles
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
+        // Only admitted peers reach the handler (the mesh's handle); of those, only workers.
+        kvServer = await serveKv({
+          stores: () => locals.map(s => s.kvStore).filter((s): s is KvStore => s !== undefined),
+          authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
+        }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
         publishCapabilities()
       },
-      async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
+      async stop () {
+        // The mesh's stop closes the infer streams; handlers see them end.
+        await kvServer?.stop()
+        kvServer = undefined
+      },
     },
     {
       // Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads).

@@ -8,10 +8,12 @@
  *                  (API traffic enters the mesh only through an ingress).
  *   /shoal/stage  (a pipeline stage's activations): this node and the upstream stage must both be
  *                  workers (every stage of a chain executes work).
+ *   /shoal/kv     (a pull of a kept prefix's KV): both workers — only a node that runs requests
+ *                  has a use for another's KV, and only a worker kept any.
  */
 import { ShoalError } from '../errors.ts'
 
-export type RoleProtocol = 'infer' | 'stage'
+export type RoleProtocol = 'infer' | 'stage' | 'kv'
 
 export class RoleRefusedError extends ShoalError {
   override name = 'RoleRefusedError'
@@ -23,6 +25,7 @@ export class RoleRefusedError extends ShoalError {
 const NEEDS: Record<RoleProtocol, { self: string, peer: string, what: string }> = {
   infer: { self: 'worker', peer: 'ingress', what: 'forwarded requests' },
   stage: { self: 'worker', peer: 'worker', what: 'pipeline stage work' },
+  kv: { self: 'worker', peer: 'worker', what: 'kept KV prefixes' },
 }
 
 /** Why `peerId` may not use `protocol` on this node, or undefined when it may. `peerRoles` undefined: not admitted with a certificate. */

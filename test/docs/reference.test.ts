@@ -17,6 +17,7 @@ import { DASHBOARD_FORMAT } from '../../daemon/node/dashboard-view.ts'
 import { LOG_HEAD_FORMAT, WITNESSED_HEADS_FORMAT } from '../../daemon/ledger/head.ts'
 import { HEADS_WIRE_VERSION } from '../../daemon/witness/index.ts'
 import { EXPERTS_WIRE_VERSION } from '../../daemon/experts/wire.ts'
+import { KV_WIRE_VERSION } from '../../daemon/kv/wire.ts'
 import { EXPERT_SHARDS_FORMAT } from '../../shards/expert-shards.ts'
 import { COMPILER_VERSION } from '../../shards/compile.ts'
 import { IR_VERSION } from '../../shards/graph/builder.ts'
@@ -168,6 +169,7 @@ describe('docs/reference.md: formats and protocols', () => {
       ['witnessed heads file', WITNESSED_HEADS_FORMAT],
       ['heads frames', HEADS_WIRE_VERSION],
       ['experts frames', EXPERTS_WIRE_VERSION],
+      ['kv frames', KV_WIRE_VERSION],
       ['expert shards', EXPERT_SHARDS_FORMAT],
     ]
     const rows = section('## Versions').split('\n').filter(l => l.startsWith('| ') && !l.startsWith('| what') && !l.startsWith('|---'))
@@ -182,7 +184,7 @@ describe('docs/reference.md: formats and protocols', () => {
 
   it('knows every exported version or format constant (documented above, or internal on purpose)', () => {
     const documented = ['MANIFEST_FORMAT', 'COMPILER_VERSION', 'FORMAT_VERSION', 'RECEIPT_FORMAT', 'RECEIPT_PART_FORMAT', 'STORE_FORMAT',
-      'CAPABILITY_RECORD_VERSION', 'WIRE_VERSION', 'INFER_WIRE_VERSION', 'STAGE_WIRE_VERSION', 'IR_VERSION', 'DASHBOARD_FORMAT', 'LOG_HEAD_FORMAT', 'WITNESSED_HEADS_FORMAT', 'HEADS_WIRE_VERSION', 'EXPERTS_WIRE_VERSION', 'EXPERT_SHARDS_FORMAT']
+      'CAPABILITY_RECORD_VERSION', 'WIRE_VERSION', 'INFER_WIRE_VERSION', 'STAGE_WIRE_VERSION', 'IR_VERSION', 'DASHBOARD_FORMAT', 'LOG_HEAD_FORMAT', 'WITNESSED_HEADS_FORMAT', 'HEADS_WIRE_VERSION', 'EXPERTS_WIRE_VERSION', 'KV_WIRE_VERSION', 'EXPERT_SHARDS_FORMAT']
     // The worker_threads message protocol is inside one process: both ends always ship together.
     const internal = ['ENGINE_PROTOCOL_VERSION']
     const exported = SOURCES.flatMap(s => [...s.text.matchAll(/^export const ([A-Z_]*(?:VERSION|FORMAT)) = /gm)].map(m => `${m[1]!} (${relative(REPO, join(REPO, s.path))})`))
