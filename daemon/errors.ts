@@ -95,6 +95,7 @@ const HTTP: Record<string, [number, string]> = {
   SHOAL_ERR_LEDGER_CLOSED: [503, 'server_error'],
   SHOAL_ERR_PEER_UNAVAILABLE: [503, 'server_error'],
   SHOAL_ERR_CHAIN_INCOMPLETE: [503, 'server_error'],
+  SHOAL_ERR_EXPERTS_UNPLACEABLE: [503, 'server_error'],
   SHOAL_ERR_ROLE_REFUSED: [503, 'server_error'],
   SHOAL_ERR_PEER_LOST: [502, 'server_error'],
   SHOAL_ERR_DEADLINE: [504, 'server_error'],

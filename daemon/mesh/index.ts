@@ -11,7 +11,7 @@ export { DEFAULT_TIMINGS } from './types.ts'
 export type { MeshLibp2p, MeshServices, Transport } from './node.ts'
 export type {
   Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
-  PeerChange, PeerModel, Capabilities, ServedModel, LoadRecord,
+  PeerChange, PeerModel, Capabilities, ExpertsCapability, ServedModel, LoadRecord,
 } from './types.ts'
 export { WireError, PeerNotAdmittedError, MeshNotRunningError, MeshConfigError } from './errors.ts'
 export type { WireErrorCode } from './errors.ts'

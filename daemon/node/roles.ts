@@ -8,10 +8,11 @@
  *                  (API traffic enters the mesh only through an ingress).
  *   /shoal/stage  (a pipeline stage's activations): this node and the upstream stage must both be
  *                  workers (every stage of a chain executes work).
+ *   /shoal/experts (a MoE stage's rows for an expert holder): both workers, as for a stage.
  */
 import { ShoalError } from '../errors.ts'
 
-export type RoleProtocol = 'infer' | 'stage'
+export type RoleProtocol = 'infer' | 'stage' | 'experts'
 
 export class RoleRefusedError extends ShoalError {
   override name = 'RoleRefusedError'
@@ -23,6 +24,7 @@ export class RoleRefusedError extends ShoalError {
 const NEEDS: Record<RoleProtocol, { self: string, peer: string, what: string }> = {
   infer: { self: 'worker', peer: 'ingress', what: 'forwarded requests' },
   stage: { self: 'worker', peer: 'worker', what: 'pipeline stage work' },
+  experts: { self: 'worker', peer: 'worker', what: 'expert computation' },
 }
 
 /** Why `peerId` may not use `protocol` on this node, or undefined when it may. `peerRoles` undefined: not admitted with a certificate. */
