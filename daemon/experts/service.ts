@@ -5,9 +5,9 @@
  * on the holders the mesh gossips (ExpertServiceComponents.holders).
  *
  * Steps of concurrent requests meet in waves: while a wave runs, new steps queue, and the next
- * wave takes them all (up to maxSequences). Within a wave each sequence runs its own attention
- * at batch 1 over its own KV (so its logits do not depend on the company it keeps), and each MoE
- * layer's rows of all the wave's sequences go to the holders as one step: one frame per holder
+ * wave takes them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
+ * attention at batch 1 over its own KV (so its logits do not depend on the company it keeps), each
+ * MoE layer's rows of all the wave's sequences to the holders as one step: one frame per holder
  * and one expert call per expert for the whole wave.
  *
  * Placement: placeExperts over the holders' gossiped memory, every expert getting a second copy
@@ -19,13 +19,7 @@
  * (SHOAL_ERR_EXPERTS_UNPLACEABLE, 503) — never a hang: every expert step is bounded by
  * stepTimeoutMs.
  */
-import { join } from 'node:path'
-import ort from 'onnxruntime-node'
-import {
-  ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, MOE_BASE, MOE_EXPERTS, MOE_INPUT, MOE_WEIGHTS,
-  NUM_LOGITS_TO_KEEP, pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName,
-  type ShardManifest,
-} from '../../shards/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
 import {
   abortReason, admitPrompt, createRng, endConditions, generateSequence, nextPick, pickToken, requestScope,
   type TokenPick, type TokenSource,
@@ -34,6 +28,7 @@ import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '..
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec, type TextCodec } from '../text/index.ts'
 import { ExpertsUnplaceableError } from './errors.ts'
+import { createExpertForward, type ExpertSequence } from './forward.ts'
 import { placeExperts, type ExpertPlan, type PlacementNode } from './placement.ts'
 import type { ExpertShards } from './shards-dir.ts'
 import { runExpertStep, type ExpertLink } from './step.ts'
@@ -87,10 +82,7 @@ export interface ExpertService extends InferenceService {
   plan (): ExpertPlanView | undefined
 }
 
-interface Sequence {
-  past: Map<string, ort.Tensor>
-  /** Positions in the KV. */
-  length: number
+interface Sequence extends ExpertSequence {
   /** Set when a wave failed with this sequence in it: its KV is then not to be trusted. */
   broken?: unknown
 }
@@ -104,7 +96,6 @@ interface PendingStep {
   reject: (err: unknown) => void
 }
 
-const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
 const MAX_REPLANS = 2
 
 export function createExpertService (init: ExpertServiceInit, components: ExpertServiceComponents): ExpertService {
@@ -116,7 +107,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   const maxSequences = init.maxSequences ?? 8
   const stepTimeoutMs = init.stepTimeoutMs ?? 30_000
   const failedHolderMs = init.failedHolderMs ?? 30_000
-  const sessions = new Map<string, ort.InferenceSession>()
+  const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
   // What loadTextCodec and endConditions read, from the layout.
   const manifest = {
     shape,
@@ -189,64 +180,6 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     }
   }
 
-  async function run (graph: string, feeds: Record<string, ort.Tensor>): Promise<ort.InferenceSession.OnnxValueMapType> {
-    return await sessions.get(graph)!.run(feeds)
-  }
-
-  /** One wave: every step's sequence through embedding, each layer (experts batched), head. */
-  async function runWave (items: PendingStep[]): Promise<number[]> {
-    let xs: ort.Tensor[] = []
-    for (const p of items) xs.push((await run(layout.embed, { [INPUT_IDS]: i64(p.ids, [1, p.ids.length]) }))[HIDDEN_OUT] as ort.Tensor)
-    for (const l of layout.layers) {
-      const outs: ort.InferenceSession.OnnxValueMapType[] = []
-      for (const [i, p] of items.entries()) {
-        const S = p.ids.length
-        const total = p.seq.length + S
-        const out = await run(l.graph, {
-          [HIDDEN_IN]: xs[i]!,
-          [POSITION_IDS]: i64(p.ids.map((_, j) => p.seq.length + j), [1, S]),
-          [ATTENTION_MASK]: i64(new Array<number>(total).fill(1), [1, total]),
-          [pastKeyName(l.layer)]: p.seq.past.get(pastKeyName(l.layer))!,
-          [pastValueName(l.layer)]: p.seq.past.get(pastValueName(l.layer))!,
-        })
-        p.seq.past.set(pastKeyName(l.layer), out[presentKeyName(l.layer)] as ort.Tensor)
-        p.seq.past.set(pastValueName(l.layer), out[presentValueName(l.layer)] as ort.Tensor)
-        outs.push(out)
-      }
-      if (l.experts === undefined) {
-        xs = outs.map(o => o[HIDDEN_OUT] as ort.Tensor)
-        continue
-      }
-      // The wave's rows in order, every sequence's rows together: one expert step for all.
-      const counts = items.map(p => p.ids.length)
-      const rows = counts.reduce((a, b) => a + b, 0)
-      const cat = <T extends Float32Array | BigInt64Array>(name: string, width: number, make: (n: number) => T): T => {
-        const out = make(rows * width)
-        let at = 0
-        for (const o of outs) { const d = (o[name] as ort.Tensor).data as T; out.set(d as never, at); at += d.length }
-        return out
-      }
-      const y = await expertStep(
-        l.layer, rows,
-        cat(MOE_BASE, D, n => new Float32Array(n)), cat(MOE_INPUT, D, n => new Float32Array(n)),
-        cat(MOE_EXPERTS, moe.topK, n => new BigInt64Array(n)), cat(MOE_WEIGHTS, moe.topK, n => new Float32Array(n)),
-      )
-      let at = 0
-      xs = counts.map(S => {
-        const t = new ort.Tensor('float32', y.subarray(at * D, (at + S) * D), [1, S, D])
-        at += S
-        return t
-      })
-    }
-    const tokens: number[] = []
-    for (const [i, p] of items.entries()) {
-      const logits = (await run(layout.head, { [HIDDEN_IN]: xs[i]!, [NUM_LOGITS_TO_KEEP]: i64([1], []) }))[LOGITS] as ort.Tensor
-      p.seq.length += p.ids.length
-      tokens.push(pickToken(logits.data as Float32Array, p.pick))
-    }
-    return tokens
-  }
-
   const queue: PendingStep[] = []
   let draining = false
   async function drain (): Promise<void> {
@@ -260,8 +193,8 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         })
         if (wave.length === 0) continue
         try {
-          const tokens = await runWave(wave)
-          wave.forEach((p, i) => { p.resolve(tokens[i]!) })
+          const logits = await forward.run(wave, expertStep)
+          wave.forEach((p, i) => { p.resolve(pickToken(logits[i]!, p.pick)) })
         } catch (err) {
           for (const p of wave) { p.seq.broken = err; p.reject(err) }
         }
@@ -279,14 +212,6 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     })
   }
 
-  function newSequence (): Sequence {
-    const past = new Map<string, ort.Tensor>()
-    for (const l of layout.layers) {
-      for (const name of [pastKeyName(l.layer), pastValueName(l.layer)]) past.set(name, new ort.Tensor('float32', new Float32Array(0), [1, shape.numKvHeads, 0, shape.headDim]))
-    }
-    return { past, length: 0 }
-  }
-
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     const text = codec
     if (text === undefined) throw new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is not running')
@@ -297,7 +222,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     planNow()
     active++
     const scope = requestScope(signal, request.deadline)
-    const seq = newSequence()
+    const seq: Sequence = forward.newSequence()
     const rng = createRng(request.sampling.seed)
     const source: TokenSource = {
       prefill: async (ids, s) => await step(seq, ids, nextPick(request.sampling, rng), s),
@@ -325,9 +250,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       if (layout.generation === undefined || !(layout.tokenizerFiles ?? []).includes('tokenizer.json')) {
         throw new ShoalError('SHOAL_ERR_SHARD_INVALID', `${shards.dir}: the layout names no tokenizer or generation defaults (compiled before the daemon served expert-parallel shards: compile it again)`)
       }
-      for (const g of [layout.embed, layout.head, ...layout.layers.map(l => l.graph)]) {
-        sessions.set(g, await ort.InferenceSession.create(join(shards.dir, g), { intraOpNumThreads: init.threads ?? 1, interOpNumThreads: 1 }))
-      }
+      await forward.open()
       codec = await loadTextCodec(shards.dir, manifest)
       created = Math.floor(Date.now() / 1000)
     },
@@ -335,8 +258,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       const c = codec
       codec = undefined
       await c?.close()
-      for (const s of sessions.values()) await s.release()
-      sessions.clear()
+      await forward.close()
     },
     models (): ModelCard[] {
       if (codec === undefined) return []
