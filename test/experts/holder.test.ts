@@ -1,5 +1,6 @@
 /**
- * A holder that loads experts on first use (what a daemon's holder does): within its budget it
+ * `shoal shard --experts` writes what a stage node serves (tokenizer, model id, the checkpoint's
+ * hash in the layout, so the layout's hash is the key). A holder that loads experts on first use (what a daemon's holder does): within its budget it
  * keeps what frames name; past it, it releases the least recently used expert, so a stage that
  * re-planned (and now sends it another share) is served instead of refused. Answers equal a
  * holder that had the experts loaded from the start.
@@ -8,7 +9,8 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { createExpertHolder, decodePayload, encodePayloadParts } from '../../daemon/experts/index.ts'
+import { createExpertHolder, decodePayload, encodePayloadParts, openExpertShards } from '../../daemon/experts/index.ts'
+import { shard } from '../../scripts/commands/shard.ts'
 import { compileExpertShards, generateTestModel, type ExpertShardLayout } from '../../shards/index.ts'
 
 const MODEL = 'key'
@@ -55,4 +57,17 @@ it('loads on first use within its budget, then releases the least recently used 
     await lazy.stop()
     await eager.stop()
   }
+}, 60_000)
+
+it('shoal shard --experts writes expert-parallel shards a stage can serve, keyed by their layout', async () => {
+  const out = join(root, 'cli-experts')
+  await shard({ model: join(root, 'ckpt'), out, experts: true })
+  const s = await openExpertShards(out)
+  expect(s.layout.tokenizerFiles).toContain('tokenizer.json')
+  expect(s.layout.sourceHash).toMatch(/^[0-9a-f]{64}$/)
+  expect(s.layout.generation?.eosTokenIds.length).toBeGreaterThan(0)
+  expect(s.experts).toBe(s.layout.shape.moe!.moeLayers.length * 8)
+  // The same checkpoint compiled twice has one key; the stage-oriented flags do not apply.
+  expect((await openExpertShards(dir)).key).toBe(s.key)
+  await expect(shard({ model: join(root, 'ckpt'), out: join(root, 'cli-bad'), experts: true, stages: '2' })).rejects.toThrow(/--experts/)
 }, 60_000)
