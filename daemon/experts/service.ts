@@ -62,6 +62,10 @@ export interface ExpertPlanView {
   nodes: ExpertPlan['nodes']
   /** Holders left out after failing a step (recently). */
   excluded: string[]
+  /** Expert steps run so far and the frame payload bytes they sent and received (all plans). */
+  steps: number
+  bytesOut: number
+  bytesIn: number
 }
 
 export interface ExpertServiceStats {
@@ -283,6 +287,9 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         }),
         nodes: p.plan.nodes,
         excluded: [...new Set([...failed.keys(), ...p.exclude])],
+        steps: stats.expertSteps,
+        bytesOut: stats.bytesOut,
+        bytesIn: stats.bytesIn,
       }
     },
   }
