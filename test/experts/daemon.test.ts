@@ -8,6 +8,7 @@
  * token, alone and as 4 concurrent streams; the plan is in /v1/mesh; a holder killed mid-stream
  * is taken over by the experts' other copies without a token changing; when the survivors cannot
  * hold the model, a stream ends with a typed OpenAI-shaped error and the next request is a 503.
+ * A node with an API and no model routes the model to the stage.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -71,6 +72,7 @@ describe('MoE experts on holder daemons', () => {
   const daemons: Daemon[] = []
   const holders: Array<{ daemon: Daemon, peerId: string }> = []
   let stageUrl = ''
+  let ingressUrl = ''
   let soloUrl = ''
   let want: number[][] = []
 
@@ -85,14 +87,15 @@ describe('MoE experts on holder daemons', () => {
     // Room for three quarters of the experts each: every expert fits twice over the three holders
     // (so each has a second copy), never on one holder alone.
     const memoryMb = 0.75 * shards.experts * shards.expertBytes / (1024 * 1024)
-    const ca = await createThrowawayCa(join(root, 'ca'), ['stage', 'h1', 'h2', 'h3'])
+    const ca = await createThrowawayCa(join(root, 'ca'), ['stage', 'h1', 'h2', 'h3', 'ingress'])
     const base = { device: 'cpu', cacheRoot: join(root, 'cache'), listen: LISTEN, mdns: false }
     const start = async (config: DaemonConfig): Promise<{ daemon: Daemon, apiUrl?: string }> => {
       const daemon = createDaemon(validateConfig(config), { logger })
       daemons.push(daemon)
       return { daemon, ...(await daemon.start()) }
     }
-    const [is, ...ih] = ca.identities
+    const [is, ih1, ih2, ih3, ii] = ca.identities
+    const ih = [ih1!, ih2!, ih3!]
     const stage = await start({ ...base, identityDir: is!.dir, models: [{ dir: experts }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-stage'), bootstrap: [] })
     stageUrl = stage.apiUrl!
     const boot = stage.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
@@ -100,6 +103,8 @@ describe('MoE experts on holder daemons', () => {
       const h = await start({ ...base, identityDir: id.dir, models: [], holdExperts: { dir: experts, memoryMb }, dataDir: join(root, `data-h${i}`), bootstrap: boot })
       holders.push({ daemon: h.daemon, peerId: id.peerId })
     }
+    // A node with an API and no model: it routes the model to the stage like any whole model.
+    ingressUrl = (await start({ ...base, identityDir: ii!.dir, models: [], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-ingress'), bootstrap: boot })).apiUrl!
     const solo = await start({ ...base, listen: [], bootstrap: [], models: [{ dir: join(root, 'whole') }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-solo') })
     soloUrl = solo.apiUrl!
     want = []
@@ -135,6 +140,14 @@ describe('MoE experts on holder daemons', () => {
     expect(await greedy(stageUrl, PROMPTS[0]!)).toEqual(want[0])
     const together = await Promise.all(PROMPTS.map(async p => await streamed(stageUrl, p)))
     expect(together).toEqual(want)
+    // Through another node's API: routed to the stage, same tokens.
+    const until = Date.now() + 30_000
+    while (Date.now() < until) {
+      const ids = ((await (await fetch(`${ingressUrl}/v1/models`)).json()) as { data: Array<{ id: string }> }).data.map(m => m.id)
+      if (ids.includes(MODEL)) break
+      await new Promise(resolve => setTimeout(resolve, 200))
+    }
+    expect(await greedy(ingressUrl, PROMPTS[1]!)).toEqual(want[1])
     // Every holder computed experts, and keeps resident only what it was given.
     for (const h of holders) {
       const held = (await meshView(stageUrl)).experts!.plans[0]!.nodes.find(n => n.peerId === h.peerId)!
