@@ -87,6 +87,8 @@ export function buildProgram (): Command {
     .option('--no-mdns', 'disable LAN discovery')
     .addOption(logFormat())
     .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
+    .option('--hold-experts <dir>', 'be an expert holder: keep experts of this expert-parallel shard directory (shoal shard --experts) resident for stage nodes')
+    .option('--expert-memory-mb <n>', 'MiB an expert holder keeps experts in (default: every expert of --hold-experts)')
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 
   const ca = program.command('ca').description('Operator certificate authority')
@@ -128,6 +130,7 @@ export function buildProgram (): Command {
     .option('--f32-activations', 'with --quant: f32 activations (closer to the unquantized model, slower per step)')
     .addOption(new Option('--ops <table>', "op table: ort-contrib (onnxruntime's fused CPU kernels) or standard (portable opset-17 ONNX)").choices(['ort-contrib', 'standard']).default('ort-contrib'))
     .option('--static <ctx[,chunk]>', 'also write fixed-shape graphs for NPUs: KV budget CTX, prefill chunk CHUNK (default 128)')
+    .option('--experts', 'mixture-of-experts checkpoints: expert-parallel shards (attention and router for a stage node, one graph per expert for holders) instead of stages')
     .option('--force', 'replace --out if it already exists')
     .action(async (opts) => { await (await import('./commands/shard.ts')).shard(opts) })
 

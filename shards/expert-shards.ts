@@ -14,13 +14,14 @@
  * The layer's output is moe_base + Σ weight · expert(moe_input) over each row's experts, which the
  * stage adds after combining the holders' partial sums (daemon/experts).
  */
-import { mkdir, writeFile } from 'node:fs/promises'
-import { join, resolve } from 'node:path'
+import { existsSync } from 'node:fs'
+import { copyFile, mkdir, writeFile } from 'node:fs/promises'
+import { basename, join, resolve } from 'node:path'
 import { normalizeConfig, type ModelSpec } from './architectures.ts'
-import { readConfig } from './checkpoint.ts'
+import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName, type ModelShape, type Quantization,
+  pastKeyName, pastValueName, presentKeyName, presentValueName, type GenerationDefaults, type ModelShape, type Quantization,
 } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { makeAttention, makeEmbedding, makeLayer, makeLmHead, makeNorm, makeSwiGlu, transpose } from './graph/blocks.ts'
@@ -43,6 +44,15 @@ export interface ExpertShardLayout {
   head: string
   /** Every layer in order; a MoE layer lists its experts' graphs (index = expert id). */
   layers: Array<{ layer: number, graph: string, experts?: string[] }>
+  /**
+   * What a node serving the model over the API needs (absent in layouts written before a daemon
+   * served them): the model id, the checkpoint's content hash (so the layout's own hash names the
+   * weights: holders and stages match on it), generation defaults and the copied tokenizer files.
+   */
+  modelId?: string
+  sourceHash?: string
+  generation?: GenerationDefaults
+  tokenizerFiles?: string[]
 }
 
 async function writeGraph (outDir: string, path: string, g: GraphBuilder): Promise<string> {
@@ -62,6 +72,8 @@ export interface ExpertShardOptions {
   blockSize?: 32 | 128
   /** MatMulNBits accuracy_level: 0 f32 activations, 4 int8 (default, as compileShards). */
   accuracyLevel?: 0 | 4
+  /** Served model id (default: the checkpoint's shoal_model_id, else its directory name). */
+  modelId?: string
 }
 
 export async function compileExpertShards (options: ExpertShardOptions): Promise<ExpertShardLayout> {
@@ -154,7 +166,20 @@ export async function compileExpertShards (options: ExpertShardOptions): Promise
   g.output(LOGITS, logits, DT.FLOAT, ['batch_size', 'logits_to_keep', shape.vocabSize])
   const head = await writeGraph(outDir, 'head.onnx', g)
 
-  const layout: ExpertShardLayout = { format: EXPERT_SHARDS_FORMAT, shape, quantization: quant, embed, head, layers }
+  const tokenizerFiles: string[] = []
+  for (const f of TOKENIZER_FILES) {
+    if (!existsSync(join(modelDir, f))) continue
+    await copyFile(join(modelDir, f), join(outDir, f))
+    tokenizerFiles.push(f)
+  }
+  const config = await readConfig(modelDir)
+  const layout: ExpertShardLayout = {
+    format: EXPERT_SHARDS_FORMAT, shape, quantization: quant, embed, head, layers,
+    modelId: options.modelId ?? (typeof config.shoal_model_id === 'string' ? config.shoal_model_id : basename(modelDir)),
+    sourceHash: await checkpointHash(modelDir),
+    generation: await readGenerationDefaults(modelDir, config),
+    tokenizerFiles,
+  }
   await writeFile(join(outDir, 'layout.json'), JSON.stringify(layout, null, 2) + '\n')
   return layout
 }

@@ -33,3 +33,14 @@ export class ExpertsLostError extends ShoalError {
     this.expert = expert
   }
 }
+
+/**
+ * The holders the mesh offers cannot hold every expert of the model (or there are none): a
+ * request fails before its first token (503), or mid-stream with an error event.
+ */
+export class ExpertsUnplaceableError extends ShoalError {
+  override name = 'ExpertsUnplaceableError'
+  constructor (message: string, options?: ErrorOptions) {
+    super('SHOAL_ERR_EXPERTS_UNPLACEABLE', message, options)
+  }
+}

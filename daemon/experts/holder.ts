@@ -6,6 +6,14 @@
  *
  * Each group's expert runs once over all of the group's rows (one session.run per expert per
  * step, however many sequences the rows came from).
+ *
+ * A holder in a daemon does not know its share in advance (the stage decides the plan from the
+ * memory holders gossip, and re-plans when holders come and go): with `maxExperts` it loads an
+ * expert the first time a frame names it and keeps it resident; when that many are resident it
+ * releases the least recently used one that is not running, so what it holds follows the plan
+ * (a stage that re-planned around a dead holder sends it a new share) without ever holding more.
+ * Only when every resident expert is running does it refuse (SHOAL_ERR_EXPERTS_NOT_HELD), and the
+ * stage fails over to another copy.
  */
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
@@ -20,8 +28,10 @@ export interface ExpertHolderInit {
   layout: ExpertShardLayout
   /** The model key frames must carry (the stage's manifest hash). */
   model: string
-  /** The experts to keep resident. */
+  /** The experts to load at start. */
   experts: Array<{ layer: number, expert: number }>
+  /** Also load experts on first use, up to this many resident in all (default: only `experts`). */
+  maxExperts?: number
   threads?: number
 }
 
@@ -30,8 +40,10 @@ export interface ExpertHolder {
   stop: () => Promise<void>
   /** One compute payload in, one partial (or error) payload out. */
   handle: (payload: Uint8Array) => Promise<Uint8Array>
-  /** Compute frames answered so far and rows computed (an expert's row counted once per expert). */
-  stats: () => { steps: number, expertRows: number }
+  /** Compute frames answered so far, rows computed (an expert's row counted once per expert), experts resident. */
+  stats: () => { steps: number, expertRows: number, resident: number }
+  /** The resident experts, by layer (ascending). */
+  resident: () => Array<{ layer: number, experts: number[] }>
 }
 
 const join1 = (parts: Uint8Array[]): Uint8Array => {
@@ -47,16 +59,62 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
   const key = (layer: number, expert: number): string => `${layer}:${expert}`
   let steps = 0
   let expertRows = 0
+  const loading = new Map<string, Promise<ort.InferenceSession>>()
+  /** Use order (a counter per touch) and runs in progress, for the least-recently-used release. */
+  const used = new Map<string, number>()
+  const running = new Map<string, number>()
+  let clock = 0
+
+  async function load (layer: number, expert: number): Promise<ort.InferenceSession> {
+    const graph = init.layout.layers.find(l => l.layer === layer)?.experts?.[expert]
+    if (graph === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `the shards have no expert ${expert} of layer ${layer}`)
+    const s = await ort.InferenceSession.create(join(init.dir, graph), { intraOpNumThreads: init.threads ?? 1, interOpNumThreads: 1 })
+    sessions.set(key(layer, expert), s)
+    return s
+  }
+
+  /** The expert's session, loaded now when the holder loads on demand and has room. */
+  async function session (layer: number, expert: number): Promise<ort.InferenceSession> {
+    const k = key(layer, expert)
+    used.set(k, ++clock)
+    const have = sessions.get(k)
+    if (have !== undefined) return have
+    const pending = loading.get(k)
+    if (pending !== undefined) return await pending
+    if (init.maxExperts === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `expert ${expert} of layer ${layer} is not held here`)
+    if (sessions.size + loading.size >= init.maxExperts) {
+      let victim: string | undefined
+      for (const held of sessions.keys()) {
+        if ((running.get(held) ?? 0) > 0) continue
+        if (victim === undefined || (used.get(held) ?? 0) < (used.get(victim) ?? 0)) victim = held
+      }
+      if (victim === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `expert ${expert} of layer ${layer} is not held here (${init.maxExperts} experts resident, all running, the most this holder keeps)`)
+      const old = sessions.get(victim)!
+      sessions.delete(victim)
+      used.delete(victim)
+      await old.release()
+    }
+    const p = load(layer, expert).finally(() => loading.delete(k))
+    loading.set(k, p)
+    return await p
+  }
 
   async function compute (f: ExpertFrame & { kind: 'compute' }): Promise<Float32Array> {
     // Rows this frame carries are positions 0..rows-1; the partial sums come back in that order.
     const out = new Float32Array(f.rows * f.width)
     for (const g of f.groups) {
-      const s = sessions.get(key(f.layer, g.expert))
-      if (s === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `expert ${g.expert} of layer ${f.layer} is not held here`)
-      const x = new Float32Array(g.rows.length * f.width)
-      g.rows.forEach((r, j) => x.set(f.data.subarray(r * f.width, (r + 1) * f.width), j * f.width))
-      const y = (await s.run({ rows: new ort.Tensor('float32', x, [g.rows.length, f.width]) })).out!.data as Float32Array
+      // Marked running before it is looked up, so no concurrent frame releases it in between.
+      const k = key(f.layer, g.expert)
+      running.set(k, (running.get(k) ?? 0) + 1)
+      let y: Float32Array
+      try {
+        const s = await session(f.layer, g.expert)
+        const x = new Float32Array(g.rows.length * f.width)
+        g.rows.forEach((r, j) => x.set(f.data.subarray(r * f.width, (r + 1) * f.width), j * f.width))
+        y = (await s.run({ rows: new ort.Tensor('float32', x, [g.rows.length, f.width]) })).out!.data as Float32Array
+      } finally {
+        running.set(k, running.get(k)! - 1)
+      }
       expertRows += g.rows.length
       g.rows.forEach((r, j) => {
         const w = g.weights[j]!
@@ -68,13 +126,10 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
 
   return {
     async start () {
-      for (const { layer, expert } of init.experts) {
-        const graph = init.layout.layers.find(l => l.layer === layer)?.experts?.[expert]
-        if (graph === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `the shards have no expert ${expert} of layer ${layer}`)
-        sessions.set(key(layer, expert), await ort.InferenceSession.create(join(init.dir, graph), { intraOpNumThreads: init.threads ?? 1, interOpNumThreads: 1 }))
-      }
+      for (const { layer, expert } of init.experts) await load(layer, expert)
     },
     async stop () {
+      await Promise.allSettled(loading.values())
       for (const s of sessions.values()) await s.release()
       sessions.clear()
     },
@@ -92,6 +147,14 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
         return join1(encodePayloadParts({ kind: 'error', model: init.model, step, error: serializeError(err) }))
       }
     },
-    stats: () => ({ steps, expertRows }),
+    stats: () => ({ steps, expertRows, resident: sessions.size }),
+    resident () {
+      const by = new Map<number, number[]>()
+      for (const k of sessions.keys()) {
+        const [layer, expert] = k.split(':').map(Number) as [number, number]
+        by.set(layer, [...(by.get(layer) ?? []), expert])
+      }
+      return [...by.entries()].sort((a, b) => a[0] - b[0]).map(([layer, experts]) => ({ layer, experts: experts.sort((a, b) => a - b) }))
+    },
   }
 }

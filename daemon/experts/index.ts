@@ -7,7 +7,10 @@
  * shard; the /shoal/experts/1.0.0 wire format; a holder answering compute frames from
  * expert-parallel shards (shards/expert-shards.ts); and the stage side of one layer step
  * (runExpertStep: dispatch, send, combine, fail over to replicas), over libp2p streams
- * (serveExperts, createExpertLinks).
+ * (serveExperts, createExpertLinks). For the daemon: expert-parallel shard directories
+ * (openExpertShards: layout and key) and the stage node's InferenceService (createExpertService:
+ * attention and router here, experts on the holders the mesh gossips, steps of concurrent
+ * requests batched into one expert step per layer).
  */
 export { placeExperts } from './placement.ts'
 export type { PlacementInput, PlacementNode, PlacementDecision, ExpertPlan, LayerPlacement, NodePlacement } from './placement.ts'
@@ -23,3 +26,9 @@ export { createExpertParallelRunner } from './runner.ts'
 export type { ExpertParallelRunner, ExpertParallelRunnerInit, GreedyResult } from './runner.ts'
 export type { ExpertTransportComponents } from './transport.ts'
 export type { ExpertLink, ExpertStepInput, ExpertStepResult } from './step.ts'
+export { ExpertWireError, ExpertsLostError, ExpertsUnplaceableError } from './errors.ts'
+export { openExpertShards, isExpertShardDir, LAYOUT_FILE } from './shards-dir.ts'
+export type { ExpertShards } from './shards-dir.ts'
+export { createExpertService } from './service.ts'
+export type { ExpertService, ExpertServiceInit, ExpertServiceComponents, ExpertServiceStats, ExpertPlanView } from './service.ts'
+export type { ExpertWireErrorCode } from './errors.ts'

@@ -11,7 +11,7 @@ export { DEFAULT_TIMINGS } from './types.ts'
 export type { Transport } from './libp2p-node.ts'
 export type {
   Mesh, MeshInit, MeshComponents, MeshLogger, MeshTimings, MeshSnapshot, PeerSnapshot, PeerView,
-  PeerChange, PeerModel, Capabilities, ServedModel, LoadRecord,
+  PeerChange, PeerModel, Capabilities, ExpertsCapability, ServedModel, LoadRecord,
 } from './types.ts'
 export { LOAD_PROTOCOL, LOAD_MAX_PREFIXES } from './wire/load.ts'
 export { CAPS_TOPIC } from './wire/caps.ts'

@@ -6,7 +6,7 @@ import type { Stream, StreamHandler, StreamHandlerOptions } from '@libp2p/interf
 import type { MeshLibp2p, Transport } from './libp2p-node.ts'
 import type { Registry } from 'prom-client'
 import type { NodeCertificate, NodeIdentity, RevocationList } from '../../certs/index.ts'
-import type { Capabilities, ServedModel } from './wire/caps.ts'
+import type { Capabilities, ExpertsCapability, ServedModel } from './wire/caps.ts'
 import type { LoadRecord } from './wire/load.ts'
 import type { Liveness } from './decisions.ts'
 
@@ -169,4 +169,4 @@ export interface Mesh {
   revocationList: () => RevocationList | undefined
 }
 
-export type { Capabilities, ServedModel, LoadRecord }
+export type { Capabilities, ExpertsCapability, ServedModel, LoadRecord }

@@ -68,6 +68,12 @@ export interface DaemonConfig {
    * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
    */
   kvCacheMb?: number
+  /**
+   * Be an expert holder (--hold-experts DIR): keep experts of this expert-parallel shard directory
+   * (`shoal shard --experts`) resident for stage nodes, loading each the first time a stage sends
+   * it rows, within `memoryMb` MiB (--expert-memory-mb; default: every expert of the directory).
+   */
+  holdExperts?: { dir: string, memoryMb?: number }
 }
 
 export class ConfigError extends ShoalError {
@@ -124,6 +130,11 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
     throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
   }
+  if (input.holdExperts !== undefined) {
+    if (input.identityDir === undefined) throw new ConfigError('--hold-experts', 'an expert holder serves stage nodes over the mesh: run `shoal node --identity DIR`')
+    const mb = input.holdExperts.memoryMb
+    if (mb !== undefined && !(Number.isFinite(mb) && mb > 0)) throw new ConfigError('--expert-memory-mb', `expected a positive number of MiB, got ${String(mb)}`)
+  }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {
     if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
@@ -143,6 +154,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
     ...(input.caFile === undefined ? {} : { caFile: abs(input.caFile) }),
+    ...(input.holdExperts === undefined ? {} : { holdExperts: Object.freeze({ ...input.holdExperts, dir: abs(input.holdExperts.dir) }) }),
     ...(input.tls === undefined ? {} : { tls: Object.freeze({ certFile: abs(input.tls.certFile), keyFile: abs(input.tls.keyFile) }) }),
     budgets: Object.freeze(budgets),
   })

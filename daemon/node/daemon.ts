@@ -32,6 +32,7 @@ import { chooseEngine, deviceList } from './device.ts'
 import type { EngineChoice } from './device.ts'
 import { serveForwarded } from './forwarded.ts'
 import { createDashboardSource } from './dashboard-source.ts'
+import { createExpertsPart, isExpertModel } from './experts.ts'
 import { createLifecycle } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
@@ -151,9 +152,17 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const drafterName = (): string | undefined =>
     config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
 
+  // MoE experts on holder nodes: this node's holder and the models it stages (daemon/node/experts.ts).
+  const experts = createExpertsPart(config, {
+    logger, budgets, mesh: () => mesh, peerLoss: () => peerLoss,
+    roles: () => identity?.certificate.body.roles ?? [], nodeId: () => signer!.peerId,
+  })
+
   const publishCapabilities = (): void => {
+    const held = experts.held()
     mesh?.setCapabilities({
-      models: servedModels(models, drafterName()),
+      models: [...servedModels(models, drafterName()), ...experts.served()],
+      ...(held === undefined ? {} : { experts: held }),
       ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
       maxContextTokens: Math.max(0, ...models.map(m => m.manifest.shape.maxPositions)),
       ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
@@ -200,10 +209,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         await mesh?.stop()
       },
     },
+    experts,
     {
       name: 'engines',
       async start () {
-        for (const spec of config.models) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
+        // Expert-parallel shard directories are the experts part's (started before this one).
+        for (const spec of config.models.filter(s => !isExpertModel(s))) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
+        coordinators.push(...experts.services)
         const devices = deviceList(config.device)
         const openvino = devices.every(d => d === 'cpu') ? false : await openvinoLoads()
         engine = chooseEngine(devices[0]!, openvino)
@@ -337,7 +349,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
                 return found === undefined ? undefined : { ...found.receipt, certificate: found.certificate }
               },
             },
-            ...(mesh === undefined ? {} : { mesh: { snapshot: () => mesh!.snapshot() } }),
+            // The mesh, and which holder holds which experts of the models staged here.
+            ...(mesh === undefined ? {} : { mesh: { snapshot: () => { const x = experts.view(); return x === undefined ? mesh!.snapshot() : { ...mesh!.snapshot(), experts: x } } } }),
             dashboard: createDashboardSource({
               self: () => ({
                 peerId: signer!.peerId,

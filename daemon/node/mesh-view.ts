@@ -151,3 +151,18 @@ export function meshModelCards (peers: PeerView[]): ModelCard[] {
   }
   return [...cards.values()]
 }
+
+/**
+ * Expert holders of one expert-parallel model (by its shards key) among peers, with the memory
+ * they offer: what placeExperts plans over. Only live worker peers (a suspect holder's experts are
+ * placed elsewhere; its copies take over for steps already under way).
+ */
+export function expertHolderNodes (key: string, peers: PeerView[]): Array<{ peerId: string, freeBytes: number }> {
+  const out: Array<{ peerId: string, freeBytes: number }> = []
+  for (const p of peers) {
+    if (p.state !== 'alive' || !p.roles.includes('worker')) continue
+    const held = p.capabilities?.experts?.find(e => e.model === key)
+    if (held !== undefined) out.push({ peerId: p.peerId, freeBytes: held.budgetBytes })
+  }
+  return out
+}

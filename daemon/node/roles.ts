@@ -10,10 +10,11 @@
  *                  workers (every stage of a chain executes work).
  *   /shoal/kv     (a pull of a kept prefix's KV): both workers — only a node that runs requests
  *                  has a use for another's KV, and only a worker kept any.
+ *   /shoal/experts (a MoE stage's rows for an expert holder): both workers, as for a stage.
  */
 import { ShoalError } from '../errors.ts'
 
-export type RoleProtocol = 'infer' | 'stage' | 'kv'
+export type RoleProtocol = 'infer' | 'stage' | 'kv' | 'experts'
 
 export class RoleRefusedError extends ShoalError {
   override name = 'RoleRefusedError'
@@ -26,6 +27,7 @@ const NEEDS: Record<RoleProtocol, { self: string, peer: string, what: string }> 
   infer: { self: 'worker', peer: 'ingress', what: 'forwarded requests' },
   stage: { self: 'worker', peer: 'worker', what: 'pipeline stage work' },
   kv: { self: 'worker', peer: 'worker', what: 'kept KV prefixes' },
+  experts: { self: 'worker', peer: 'worker', what: 'expert computation' },
 }
 
 /** Why `peerId` may not use `protocol` on this node, or undefined when it may. `peerRoles` undefined: not admitted with a certificate. */

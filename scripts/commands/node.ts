@@ -22,6 +22,8 @@ export interface NodeOptions {
   tlsKey?: string
   draft?: string
   kvCacheMb?: string
+  holdExperts?: string
+  expertMemoryMb?: string
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -34,6 +36,9 @@ export async function node (opts: NodeOptions): Promise<void> {
     throw new ExitError((err as Error).message)
   }
   const kvCacheMb = parseKvCacheMb(opts.kvCacheMb)
+  if (opts.expertMemoryMb !== undefined && opts.holdExperts === undefined) throw new ExitError('--expert-memory-mb is the memory of an expert holder: give --hold-experts DIR too')
+  const expertMemoryMb = opts.expertMemoryMb === undefined ? undefined : Number(opts.expertMemoryMb)
+  if (expertMemoryMb !== undefined && (opts.expertMemoryMb!.trim() === '' || !(expertMemoryMb > 0) || !Number.isFinite(expertMemoryMb))) throw new ExitError(`--expert-memory-mb: expected a positive number of MiB, got "${opts.expertMemoryMb}"`)
   const config = await configFrom({
     identityDir: opts.identity,
     models,
@@ -49,6 +54,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
+    ...(opts.holdExperts === undefined ? {} : { holdExperts: { dir: opts.holdExperts, ...(expertMemoryMb === undefined ? {} : { memoryMb: expertMemoryMb }) } }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

@@ -15,6 +15,7 @@ export interface ShardCommandOptions {
   ops?: string
   static?: string
   force?: boolean
+  experts?: boolean
 }
 
 /** An --out that holds anything is refused unless --force: a typo must not eat a directory. */
@@ -40,8 +41,18 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
     if (!Number.isInteger(stages) || stages < 1) throw new ExitError(`--stages must be a positive integer, got ${opts.stages}`)
   }
   const fixed = opts.static === undefined ? undefined : parseStatic(opts.static)
+  if (opts.experts === true && (stages !== undefined || opts.layers !== undefined || fixed !== undefined || opts.ops !== undefined && opts.ops !== 'ort-contrib')) {
+    throw new ExitError('--experts writes expert-parallel shards (standard ops, one piece per layer and expert): --stages, --layers, --static and --ops do not apply')
+  }
   await checkOut(opts.out, opts.force === true)
   try {
+    if (opts.experts === true) {
+      const { compileExpertShards } = await import('../../shards/index.ts')
+      const l = await compileExpertShards({ modelDir: opts.model, outDir: opts.out, quant, ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}) })
+      const moe = l.shape.moe!
+      process.stdout.write(`${l.modelId}: ${l.shape.architecture}, ${l.shape.numLayers} layers, ${moe.moeLayers.length} MoE layers × ${moe.numExperts} experts (top-${moe.topK}), quant ${l.quantization.kind}, expert-parallel → ${opts.out}\n`)
+      return
+    }
     const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
     const m = await compileShards({
       modelDir: opts.model,

@@ -118,6 +118,15 @@ describe('capability gossip message', () => {
     const bad = codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', drafter: 7 }] }, signature: 's' } }))))
     expect(bad).toBe('SHOAL_ERR_MESH_MALFORMED')
   })
+
+  it('carries the experts a holder offers (optional; a bad entry refused)', () => {
+    const holder = { ...body, experts: [{ model: 'a'.repeat(64), modelId: 'moe', budgetBytes: 3145728 }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: holder, signature: 's' })).record.body.experts).toEqual(holder.experts)
+    expect(text(encodeCapsMessage(cert, { body: holder, signature: 's' }))).toContain(`"experts":[{"budgetBytes":3145728,"model":"${'a'.repeat(64)}","modelId":"moe"}]`)
+    for (const experts of [[{ model: 'k', modelId: 'moe', budgetBytes: -1 }], [{ model: 'k', budgetBytes: 1 }], 'k']) {
+      expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, experts }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
+  })
 })
 
 describe('revocations gossip message', () => {

@@ -36,6 +36,17 @@ describe('daemon config', () => {
     expect(() => validateConfig({ ...base, budgets: { batchBudgetMs: -1 } })).toThrowError(/budgets\.batchBudgetMs/)
   })
 
+  it('takes --hold-experts on a mesh node only, with a positive --expert-memory-mb, and resolves its directory', () => {
+    const node = { ...base, models: [], identityDir: '/tmp/id' }
+    const c = validateConfig({ ...node, holdExperts: { dir: 'rel/experts', memoryMb: 0.5 } })
+    expect(c.holdExperts).toEqual({ dir: expect.stringMatching(/^\/.*rel\/experts$/), memoryMb: 0.5 })
+    expect(Object.isFrozen(c.holdExperts)).toBe(true)
+    expect(() => validateConfig({ ...base, holdExperts: { dir: '/e' } })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--hold-experts' }))
+    for (const memoryMb of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      expect(() => validateConfig({ ...node, holdExperts: { dir: '/e', memoryMb } })).toThrowError(expect.objectContaining({ key: '--expert-memory-mb' }))
+    }
+  })
+
   it('takes --kv-cache-mb as a whole number of MiB (0: no prefix reuse) and names it when it is not', () => {
     expect(validateConfig({ ...base, kvCacheMb: 0 }).kvCacheMb).toBe(0)
     expect(validateConfig({ ...base, kvCacheMb: 512 }).kvCacheMb).toBe(512)

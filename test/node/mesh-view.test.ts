@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from '../../daemon/node/mesh-view.ts'
+import { aggregateLoad, expertHolderNodes, meshModelCards, replicaCandidates, servedModels, stageHolders } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
@@ -67,5 +67,14 @@ describe('node load', () => {
     const second = { manifest: manifest(4, 7), manifestHash: 'h', stageIndex: 0, whole: false } as never
     expect(servedModels([whole, first, second], 'prompt-lookup').map(m => m.drafter)).toEqual(['prompt-lookup', 'prompt-lookup', undefined])
     expect(servedModels([whole]).map(m => m.drafter)).toEqual([undefined])
+  })
+
+  it('finds the live worker holders of one expert-parallel model with the memory they offer', () => {
+    const holder = (peerId: string, key: string, budgetBytes: number, state: PeerView['state'] = 'alive', roles = ['worker']): PeerView => ({
+      peerId, name: peerId, roles, state, capabilities: { models: [], experts: [{ model: key, modelId: 'moe', budgetBytes }] },
+    })
+    const view = [holder('a', 'k1', 100), holder('b', 'k2', 200), holder('c', 'k1', 300, 'suspect'), holder('d', 'k1', 400, 'alive', ['ingress']), holder('e', 'k1', 500), peer('whole', [{ id: 'm' }])]
+    expect(expertHolderNodes('k1', view)).toEqual([{ peerId: 'a', freeBytes: 100 }, { peerId: 'e', freeBytes: 500 }])
+    expect(expertHolderNodes('k3', view)).toEqual([])
   })
 })

@@ -19,7 +19,7 @@ import { addrOf, createThrowawayCa, startNode, tempDir, waitFor } from '../mesh/
 import type { TestNode } from '../mesh/helpers.ts'
 
 describe('roleRefusal (pure)', () => {
-  it('infer needs a worker here and an ingress asking; stage needs workers on both ends', () => {
+  it('infer needs a worker here and an ingress asking; stage and experts need workers on both ends', () => {
     expect(roleRefusal('infer', ['worker'], 'p', ['ingress'])).toBeUndefined()
     expect(roleRefusal('infer', ['ingress', 'worker'], 'p', ['ingress', 'worker'])).toBeUndefined()
     expect(roleRefusal('infer', ['ingress'], 'p', ['ingress'])).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED', message: expect.stringMatching(/only worker certificates execute/) })
@@ -28,6 +28,9 @@ describe('roleRefusal (pure)', () => {
     expect(roleRefusal('stage', ['worker'], 'p', ['worker'])).toBeUndefined()
     expect(roleRefusal('stage', ['worker'], 'p', ['ingress'])).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED' })
     expect(roleRefusal('stage', ['ingress'], 'p', ['worker'])).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED' })
+    expect(roleRefusal('experts', ['worker'], 'p', ['worker'])).toBeUndefined()
+    expect(roleRefusal('experts', ['worker'], 'p', ['ingress'])).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED', message: expect.stringMatching(/expert computation/) })
+    expect(roleRefusal('experts', ['ingress'], 'p', ['worker'])).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED' })
     expect(ingressRefusal(['worker'], 'n')).toMatchObject({ code: 'SHOAL_ERR_ROLE_REFUSED', message: expect.stringMatching(/only ingress certificates accept API traffic/) })
     expect(ingressRefusal(['ingress'], 'n')).toBeUndefined()
   })

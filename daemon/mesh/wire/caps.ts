@@ -35,6 +35,21 @@ export interface ServedModel {
   drafter?: string
 }
 
+/**
+ * Experts of a mixture-of-experts model this node holds for stage nodes (daemon/experts): the
+ * expert-parallel shards' key (sha256 of their layout.json, which names the checkpoint's hash),
+ * and the memory it offers (what placement plans with; it loads the experts a stage sends it
+ * rows for, up to that budget).
+ */
+export interface ExpertsCapability {
+  /** Key the /shoal/experts frames carry. */
+  model: string
+  /** The served model's id. */
+  modelId: string
+  /** Bytes the holder keeps experts in (its --expert-memory-mb). */
+  budgetBytes: number
+}
+
 /** What a node declares about itself (`mesh.setCapabilities`). */
 export interface Capabilities {
   models: ServedModel[]
@@ -49,6 +64,8 @@ export interface Capabilities {
   ingress?: string
   /** shoal's software version. */
   software?: string
+  /** Expert holders only. Optional: older readers ignore it. */
+  experts?: ExpertsCapability[]
 }
 
 export interface CapabilityRecordBody extends Capabilities {
@@ -128,6 +145,14 @@ export function parseCapabilityBody (value: unknown): CapabilityRecordBody {
   optStr(body.ingress, 'record.body.ingress', 256)
   optStr(body.software, 'record.body.software', 64)
   if (body.maxContextTokens !== undefined) uint(body.maxContextTokens, 'record.body.maxContextTokens')
+  if (body.experts !== undefined) {
+    arr(body.experts, 'record.body.experts', MAX_MODELS).forEach((e, i) => {
+      const o = asObject(e, `record.body.experts[${i}]`)
+      str(o.model, `record.body.experts[${i}].model`, 128)
+      str(o.modelId, `record.body.experts[${i}].modelId`, 256)
+      nonNeg(o.budgetBytes, `record.body.experts[${i}].budgetBytes`)
+    })
+  }
   if (body.memory !== undefined) {
     const memory = asObject(body.memory, 'record.body.memory')
     nonNeg(memory.totalBytes, 'record.body.memory.totalBytes')

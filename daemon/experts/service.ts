@@ -1,0 +1,296 @@
+/**
+ * The InferenceService of a mixture-of-experts model whose experts live on holder nodes: this
+ * node (the stage) holds the expert-parallel shards' embedding, attention + router halves of
+ * every layer, dense layers and head, and runs each MoE layer's experts through runExpertStep
+ * on the holders the mesh gossips (ExpertServiceComponents.holders).
+ *
+ * Steps of concurrent requests meet in waves: while a wave runs, new steps queue, and the next
+ * wave takes them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
+ * attention at batch 1 over its own KV (so its logits do not depend on the company it keeps), each
+ * MoE layer's rows of all the wave's sequences to the holders as one step: one frame per holder
+ * and one expert call per expert for the whole wave.
+ *
+ * Placement: placeExperts over the holders' gossiped memory, every expert getting a second copy
+ * where that memory allows (hottest first, by the rows this node has routed so far). The plan is
+ * rebuilt when the set of live holders changes. A holder that fails mid-step is excluded and its
+ * copies take over (runExpertStep); when an expert has no live copy left the layer is re-placed
+ * over the surviving holders (who load what they are given on first use) and the step retried,
+ * at most twice; a model the survivors cannot hold fails the request with a typed error
+ * (SHOAL_ERR_EXPERTS_UNPLACEABLE, 503) — never a hang: every expert step is bounded by
+ * stepTimeoutMs.
+ */
+import type { ShardManifest } from '../../shards/index.ts'
+import {
+  abortReason, admitPrompt, createRng, endConditions, generateSequence, nextPick, pickToken, requestScope,
+  type TokenPick, type TokenSource,
+} from '../engine/index.ts'
+import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
+import { loadTextCodec, type TextCodec } from '../text/index.ts'
+import { ExpertsUnplaceableError } from './errors.ts'
+import { createExpertForward, type ExpertSequence } from './forward.ts'
+import { placeExperts, type ExpertPlan, type PlacementNode } from './placement.ts'
+import type { ExpertShards } from './shards-dir.ts'
+import { runExpertStep, type ExpertLink } from './step.ts'
+
+export interface ExpertServiceInit {
+  shards: ExpertShards
+  /** This node's peer id (the request's route). */
+  nodeId: string
+  /** Sequences in flight at once (default 8); more are refused with 429. */
+  maxSequences?: number
+  /** Bound on one MoE layer's expert step, holders included (default 30 s). */
+  stepTimeoutMs?: number
+  /** A holder that failed a step stays out of new plans this long (default 30 s). */
+  failedHolderMs?: number
+  /** onnxruntime intra-op threads per graph (default 1). */
+  threads?: number
+}
+
+export interface ExpertServiceComponents {
+  /** Live holders of this model's experts (shards key) with the memory they offer. */
+  holders: () => PlacementNode[]
+  /** Sends a compute frame to a holder (createExpertLinks, watched for peer loss by the caller). */
+  link: ExpertLink
+}
+
+/** The current plan as /v1/mesh shows it: who holds which experts of which layer. */
+export interface ExpertPlanView {
+  model: string
+  key: string
+  layers: Array<{ layer: number, holders: Record<string, number[]> }>
+  nodes: ExpertPlan['nodes']
+  /** Holders left out after failing a step (recently). */
+  excluded: string[]
+  /** Expert steps run so far and the frame payload bytes they sent and received (all plans). */
+  steps: number
+  bytesOut: number
+  bytesIn: number
+}
+
+export interface ExpertServiceStats {
+  activeRequests: number
+  /** Expert steps run, and the frame payload bytes they sent and received. */
+  expertSteps: number
+  bytesOut: number
+  bytesIn: number
+  /** Plans built (the first, then one per change in the holders). */
+  plans: number
+}
+
+export interface ExpertService extends InferenceService {
+  start (): Promise<void>
+  stop (): Promise<void>
+  stats (): ExpertServiceStats
+  /** The plan now (built from the holders now), or undefined when none can be built. */
+  plan (): ExpertPlanView | undefined
+}
+
+interface Sequence extends ExpertSequence {
+  /** Set when a wave failed with this sequence in it: its KV is then not to be trusted. */
+  broken?: unknown
+}
+
+interface PendingStep {
+  seq: Sequence
+  ids: number[]
+  pick: TokenPick
+  signal: AbortSignal
+  resolve: (token: number) => void
+  reject: (err: unknown) => void
+}
+
+const MAX_REPLANS = 2
+
+export function createExpertService (init: ExpertServiceInit, components: ExpertServiceComponents): ExpertService {
+  const { shards } = init
+  const { layout } = shards
+  const shape = layout.shape
+  const moe = shape.moe!
+  const D = shape.hiddenSize
+  const maxSequences = init.maxSequences ?? 8
+  const stepTimeoutMs = init.stepTimeoutMs ?? 30_000
+  const failedHolderMs = init.failedHolderMs ?? 30_000
+  const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
+  // What loadTextCodec and endConditions read, from the layout.
+  const manifest = {
+    shape,
+    generation: layout.generation!,
+    tokenizerFiles: (layout.tokenizerFiles ?? []).map(path => ({ path, bytes: 0, sha256: '' })),
+  } as unknown as ShardManifest
+  let codec: TextCodec | undefined
+  let created = 0
+  let active = 0
+  let stepId = 0
+  const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0 }
+  /** Rows routed to each expert of each MoE layer so far: the placement's histogram. */
+  const histogram = moe.moeLayers.map(() => new Array<number>(moe.numExperts).fill(0))
+  /** Holders that failed a step, and when. */
+  const failed = new Map<string, number>()
+  let current: { nodesKey: string, plan: ExpertPlan, exclude: Set<string> } | undefined
+
+  function liveHolders (): PlacementNode[] {
+    const now = Date.now()
+    for (const [peer, at] of failed) if (now - at > failedHolderMs) failed.delete(peer)
+    return components.holders().filter(h => !failed.has(h.peerId)).sort((a, b) => (a.peerId < b.peerId ? -1 : 1))
+  }
+
+  /** The plan for the holders live now: the current one while they have not changed. */
+  function planNow (): NonNullable<typeof current> {
+    const nodes = liveHolders()
+    const nodesKey = nodes.map(n => `${n.peerId}:${n.freeBytes}`).join(',')
+    if (current !== undefined && current.nodesKey === nodesKey) return current
+    if (nodes.length === 0) throw new ExpertsUnplaceableError(`no expert holder of ${shards.modelId} (key ${shards.key.slice(0, 12)}…) is live in the mesh`)
+    const d = placeExperts({
+      moeLayers: moe.moeLayers, numExperts: moe.numExperts, expertBytes: shards.expertBytes, nodes,
+      histogram: histogram.some(h => h.some(c => c > 0)) ? histogram : undefined,
+      // Every expert is "hot": it gets a second copy wherever memory allows, hottest first, so a
+      // holder's death is a takeover rather than a re-placement.
+      hotFactor: 0, maxReplicas: 2,
+    })
+    if (d.kind !== 'plan') throw new ExpertsUnplaceableError(`${shards.modelId}: the live expert holders cannot hold the model: ${d.reason}`)
+    stats.plans++
+    current = { nodesKey, plan: d.plan, exclude: new Set() }
+    return current
+  }
+
+  async function expertStep (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array): Promise<Float32Array> {
+    const mi = moe.moeLayers.indexOf(layer)
+    for (let attempt = 0; ; attempt++) {
+      const p = planNow()
+      const placement = p.plan.layers[mi]!
+      const timeout = AbortSignal.timeout(stepTimeoutMs)
+      try {
+        const r = await runExpertStep({
+          model: shards.key, step: stepId, placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
+          exclude: p.exclude, signal: timeout,
+        }, components.link)
+        stats.expertSteps++
+        stats.bytesOut += r.bytesOut
+        stats.bytesIn += r.bytesIn
+        r.routed.forEach((c, e) => { histogram[mi]![e]! += c })
+        return r.out
+      } catch (err) {
+        if (timeout.aborted) throw new ShoalError('SHOAL_ERR_PEER_LOST', `the expert holders of layer ${layer} did not answer within ${stepTimeoutMs} ms`, { cause: err })
+        // An expert without a live copy is re-placed over the survivors and the step runs again.
+        if (errorCodeOf(err) !== 'SHOAL_ERR_PEER_LOST' || attempt >= MAX_REPLANS) throw err
+      } finally {
+        stepId = (stepId + 1) >>> 0
+        // Holders that failed (their copies took over, or nobody could) stay out of the next
+        // plans, so the plan the next step uses, and /v1/mesh shows, is over live holders.
+        const now = Date.now()
+        for (const peer of p.exclude) if (!failed.has(peer)) failed.set(peer, now)
+      }
+    }
+  }
+
+  const queue: PendingStep[] = []
+  let draining = false
+  async function drain (): Promise<void> {
+    draining = true
+    try {
+      while (queue.length > 0) {
+        const wave = queue.splice(0, maxSequences).filter(p => {
+          if (!p.signal.aborted) return true
+          p.reject(abortReason(p.signal))
+          return false
+        })
+        if (wave.length === 0) continue
+        try {
+          const logits = await forward.run(wave, expertStep)
+          wave.forEach((p, i) => { p.resolve(pickToken(logits[i]!, p.pick)) })
+        } catch (err) {
+          for (const p of wave) { p.seq.broken = err; p.reject(err) }
+        }
+      }
+    } finally {
+      draining = false
+    }
+  }
+
+  function step (seq: Sequence, ids: number[], pick: TokenPick, signal: AbortSignal): Promise<number> {
+    if (seq.broken !== undefined) return Promise.reject(seq.broken)
+    return new Promise<number>((resolve, reject) => {
+      queue.push({ seq, ids, pick, signal, resolve, reject })
+      if (!draining) void drain()
+    })
+  }
+
+  async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
+    const text = codec
+    if (text === undefined) throw new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is not running')
+    if (request.model !== shards.modelId) throw new ModelNotFoundError(request.model, [shards.modelId])
+    const promptIds = await admitPrompt(text, request, shape, signal)
+    if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of ${shards.modelId} are busy`)
+    // No holders, or not enough memory among them: a 503 before any work.
+    planNow()
+    active++
+    const scope = requestScope(signal, request.deadline)
+    const seq: Sequence = forward.newSequence()
+    const rng = createRng(request.sampling.seed)
+    const source: TokenSource = {
+      prefill: async (ids, s) => await step(seq, ids, nextPick(request.sampling, rng), s),
+      decode: async (id, _position, s) => await step(seq, [id], nextPick(request.sampling, rng), s),
+    }
+    try {
+      let tokens: TokenSource = source
+      if (request.maxTokens === undefined || request.maxTokens > 0) {
+        // Prefill before `start`, so a failure there is a plain HTTP error.
+        const first = await source.prefill(promptIds, scope.signal)
+        tokens = { prefill: async () => first, decode: source.decode }
+      }
+      yield { type: 'start', promptTokenIds: promptIds, route: [init.nodeId], manifestHash: shards.key, receiptId: request.requestId }
+      yield * generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })
+    } catch (err) {
+      throw scope.signal.aborted ? abortReason(scope.signal) : err
+    } finally {
+      scope.dispose()
+      active--
+    }
+  }
+
+  return {
+    async start () {
+      if (layout.generation === undefined || !(layout.tokenizerFiles ?? []).includes('tokenizer.json')) {
+        throw new ShoalError('SHOAL_ERR_SHARD_INVALID', `${shards.dir}: the layout names no tokenizer or generation defaults (compiled before the daemon served expert-parallel shards: compile it again)`)
+      }
+      await forward.open()
+      codec = await loadTextCodec(shards.dir, manifest)
+      created = Math.floor(Date.now() / 1000)
+    },
+    async stop () {
+      const c = codec
+      codec = undefined
+      await c?.close()
+      await forward.close()
+    },
+    models (): ModelCard[] {
+      if (codec === undefined) return []
+      return [{ id: shards.modelId, created, ownedBy: 'shoal', contextLength: shape.maxPositions, servedBy: [init.nodeId] }]
+    },
+    generate,
+    stats: () => ({ activeRequests: active, ...stats }),
+    plan () {
+      let p: NonNullable<typeof current>
+      try {
+        p = planNow()
+      } catch {
+        return undefined
+      }
+      return {
+        model: shards.modelId,
+        key: shards.key,
+        layers: p.plan.layers.map(l => {
+          const holders: Record<string, number[]> = {}
+          l.holders.forEach((hs, e) => { for (const h of hs) (holders[h] ??= []).push(e) })
+          return { layer: l.layer, holders }
+        }),
+        nodes: p.plan.nodes,
+        excluded: [...new Set([...failed.keys(), ...p.exclude])],
+        steps: stats.expertSteps,
+        bytesOut: stats.bytesOut,
+        bytesIn: stats.bytesIn,
+      }
+    },
+  }
+}

@@ -1,0 +1,194 @@
+/**
+ * MoE experts on holder daemons, through the daemon path end to end (issue 17): the same model
+ * served whole by `shoal serve` (one-graph shards) vs by a stage `shoal node --model EXPERT-SHARDS`
+ * whose experts live on H `shoal node --hold-experts` processes (each holder pinned to its own
+ * core when there are enough; the stage and the whole-model server on core 0; TCP loopback,
+ * CA-issued identities). Clients stream greedy completions over HTTP from this process
+ * (`return_token_ids`), B at once.
+ *
+ * Per configuration and B: aggregate decode tok/s (all streams' tokens after their first / time
+ * from the first first-token to the last token), TTFT p50, frame payload bytes on the wire per
+ * generated token (the stage's `/v1/mesh` experts counters, prefill included), and whether every
+ * stream's token ids equal the whole model's.
+ *
+ *   node reproduction/bench-experts-daemon.ts [--arch qwen3-moe] [--size small] [--holders 1,2,4]
+ *        [--streams 1,4,16] [--tokens 32]
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { mkdtemp, rm } from 'node:fs/promises'
+import { availableParallelism, loadavg, tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { performance } from 'node:perf_hooks'
+import { createInterface } from 'node:readline'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { parseArgs } from 'node:util'
+import { createThrowawayCa } from '../certs/index.ts'
+import { compileExpertShards, compileShards, generateTestModel, type MoeTestArchitecture, type TestModelSize } from '../shards/index.ts'
+import { sseEvents } from './sse.ts'
+
+const { values } = parseArgs({
+  options: {
+    arch: { type: 'string', default: 'qwen3-moe' },
+    size: { type: 'string', default: 'small' },
+    holders: { type: 'string', default: '1,2,4' },
+    streams: { type: 'string', default: '1,4,16' },
+    tokens: { type: 'string', default: '32' },
+  },
+})
+const ARCH = values.arch as MoeTestArchitecture
+const SIZE = values.size as TestModelSize
+const HOLDERS = values.holders.split(',').map(Number)
+const STREAMS = values.streams.split(',').map(Number)
+const TOKENS = Number(values.tokens)
+const MODEL = 'bench-experts'
+const SHOAL_BIN = new URL('../scripts/shoal.mjs', import.meta.url).pathname
+
+const children = new Set<ChildProcess>()
+
+async function spawnShoal (name: string, argv: string[], core: number | undefined, cacheDir: string, ready: (line: string) => boolean): Promise<ChildProcess> {
+  const full = [SHOAL_BIN, ...argv]
+  const [cmd, cmdArgs] = core === undefined ? [process.execPath, full] : ['taskset', ['-c', String(core), process.execPath, ...full]]
+  const child = spawn(cmd, cmdArgs, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cacheDir } })
+  children.add(child)
+  child.once('exit', () => { children.delete(child) })
+  let err = ''
+  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-4000) })
+  const lines = createInterface({ input: child.stdout! })
+  return await new Promise((resolve, reject) => {
+    const timer = setTimeout(() => { reject(new Error(`${name} did not start within 180 s: ${err}`)) }, 180_000)
+    const onExit = (code: number | null): void => { clearTimeout(timer); reject(new Error(`${name} exited (${code}): ${err}`)) }
+    child.once('exit', onExit)
+    lines.on('line', line => { if (ready(line)) { clearTimeout(timer); child.off('exit', onExit); resolve(child) } })
+  })
+}
+
+async function stop (cs: ChildProcess[]): Promise<void> {
+  const exited = cs.map(c => new Promise<void>(resolve => { if (c.exitCode !== null || c.signalCode !== null) resolve(); else c.once('exit', () => { resolve() }) }))
+  for (const c of cs) c.kill('SIGTERM')
+  if (await Promise.race([Promise.all(exited).then(() => true), sleep(5000).then(() => false)])) return
+  for (const c of cs) c.kill('SIGKILL')
+}
+
+const promptOf = (i: number): number[] => Array.from({ length: 12 + (i % 5) }, (_, j) => 40 + ((i * 31 + j * 7) % 400))
+
+interface Stream { ids: number[], t0: number, first: number, last: number }
+
+async function streamCompletion (url: string, prompt: number[]): Promise<Stream> {
+  const t0 = performance.now()
+  const res = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL, prompt, max_tokens: TOKENS, temperature: 0, stream: true, return_token_ids: true }),
+    signal: AbortSignal.timeout(600_000),
+  })
+  if (res.status !== 200) throw new Error(`HTTP ${res.status} from ${url}: ${await res.text()}`)
+  const ids: number[] = []
+  let first = NaN
+  let last = NaN
+  for await (const event of sseEvents(res.body)) {
+    if (!event.startsWith('data: {')) continue
+    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
+    if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
+    const got = data.choices?.[0]?.token_ids ?? []
+    if (got.length === 0) continue
+    const now = performance.now()
+    if (ids.length === 0) first = now
+    last = now
+    ids.push(...got)
+  }
+  return { ids, t0, first, last }
+}
+
+async function run (url: string, B: number): Promise<{ tokS: number, ttftMs: number, tokens: number, ids: number[][] }> {
+  const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, promptOf(i))))
+  const decoded = rs.reduce((a, r) => a + r.ids.length - 1, 0)
+  const span = Math.max(...rs.map(r => r.last)) - Math.min(...rs.map(r => r.first))
+  const ttfts = rs.map(r => r.first - r.t0).sort((a, b) => a - b)
+  return { tokS: decoded / (span / 1000), ttftMs: ttfts[Math.floor(ttfts.length / 2)]!, tokens: rs.reduce((a, r) => a + r.ids.length, 0), ids: rs.map(r => r.ids) }
+}
+
+interface MeshExperts { experts?: { plans: Array<{ nodes: unknown[], bytesOut: number, bytesIn: number }> } }
+async function wire (url: string): Promise<{ nodes: number, bytes: number }> {
+  const plan = ((await (await fetch(`${url}/v1/mesh`)).json()) as MeshExperts).experts?.plans[0]
+  return { nodes: plan?.nodes.length ?? 0, bytes: (plan?.bytesOut ?? 0) + (plan?.bytesIn ?? 0) }
+}
+
+async function main (): Promise<void> {
+  const cores = availableParallelism()
+  const pin = spawnSync('taskset', ['-c', '0', 'true']).status === 0 && cores >= 1 + Math.max(...HOLDERS)
+  const core = (n: number): number | undefined => pin ? n : undefined
+  const load0 = loadavg()
+  const root = await mkdtemp(join(tmpdir(), 'shoal-bench-experts-'))
+  try {
+    const ckpt = join(root, 'ckpt')
+    await generateTestModel({ architecture: ARCH, size: SIZE, outDir: ckpt, seed: 4, modelId: MODEL })
+    const whole = join(root, 'whole')
+    const experts = join(root, 'experts')
+    await compileShards({ modelDir: ckpt, outDir: whole })
+    const layout = await compileExpertShards({ modelDir: ckpt, outDir: experts })
+    const moe = layout.shape.moe!
+    const ca = await createThrowawayCa(join(root, 'pki'), ['stage', ...Array.from({ length: Math.max(...HOLDERS) }, (_, i) => `h${i}`)])
+    const [is, ...ih] = ca.identities
+    const cache = join(root, 'cache')
+    const mesh = ['--device', 'cpu', '--no-mdns', '--listen', '/ip4/127.0.0.1/tcp/0']
+
+    let soloUrl = ''
+    const solo = await spawnShoal('whole serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
+      const m = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
+      if (m !== null) soloUrl = m[1]!
+      return m !== null
+    })
+    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? 'on (stage and whole on core 0, holder i on core 1+i; client unpinned)' : 'off'}; Node ${process.version}; load average at start ${load0.map(x => x.toFixed(2)).join(' ')}`)
+    console.log('')
+    console.log('| experts on | streams | decode tok/s (aggregate) | TTFT p50 ms | wire bytes / token | tokens = whole |')
+    console.log('|---|---:|---:|---:|---:|---|')
+    const want = new Map<number, number[][]>()
+    for (const B of STREAMS) {
+      await run(soloUrl, B) // warm-up
+      const r = await run(soloUrl, B)
+      want.set(B, r.ids)
+      console.log(`| whole model (shoal serve) | ${B} | ${r.tokS.toFixed(1)} | ${r.ttftMs.toFixed(0)} | 0 | — |`)
+    }
+    await stop([solo])
+
+    for (const H of HOLDERS) {
+      let stageUrl = ''
+      const addrs: string[] = []
+      const stage = await spawnShoal('stage', ['node', '--identity', is!.dir, '--model', experts, '--api', '127.0.0.1:0', '--data', join(root, `data-stage-${H}`), ...mesh], core(0), cache, line => {
+        const up = /^shoal: node \S+ up, API at (\S+)\/v1/.exec(line)
+        if (up !== null) stageUrl = up[1]!
+        const l = /^\s+listening on (\S+)/.exec(line)
+        if (l !== null) addrs.push(l[1]!)
+        return l !== null
+      })
+      const holders: ChildProcess[] = []
+      for (let i = 0; i < H; i++) {
+        holders.push(await spawnShoal(`holder ${i}`, ['node', '--identity', ih[i]!.dir, '--hold-experts', experts, '--data', join(root, `data-h${i}-${H}`), ...addrs.flatMap(a => ['--bootstrap', a]), ...mesh], core(1 + i), cache, line => /^\s+listening on /.test(line)))
+      }
+      const until = Date.now() + 60_000
+      while ((await wire(stageUrl)).nodes < H) {
+        if (Date.now() > until) throw new Error(`the stage did not hear ${H} holders within 60 s`)
+        await sleep(250)
+      }
+      try {
+        for (const B of STREAMS) {
+          await run(stageUrl, B) // warm-up: holders load their experts on first use
+          const before = await wire(stageUrl)
+          const r = await run(stageUrl, B)
+          const after = await wire(stageUrl)
+          const same = JSON.stringify(r.ids) === JSON.stringify(want.get(B))
+          console.log(`| ${H} holder process${H > 1 ? 'es' : ''} | ${B} | ${r.tokS.toFixed(1)} | ${r.ttftMs.toFixed(0)} | ${((after.bytes - before.bytes) / r.tokens).toFixed(0)} | ${same ? 'yes' : 'NO'} |`)
+        }
+      } finally {
+        await stop([...holders, stage])
+      }
+    }
+    console.log('')
+    console.log(`load average at end ${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+  } finally {
+    await stop([...children])
+    await rm(root, { recursive: true, force: true })
+  }
+}
+
+await main()

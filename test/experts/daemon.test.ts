@@ -1,0 +1,183 @@
+/**
+ * Resident MoE experts served by real daemons on loopback: a generated Mixtral checkpoint
+ * compiled to expert-parallel shards; a stage node (`shoal node --model EXPERT-SHARDS --api`)
+ * runs attention and the router, three holder nodes (`--hold-experts DIR --expert-memory-mb`,
+ * each with room for three quarters of the experts) hold the experts, placed by the stage from
+ * the memory they gossip. Through the real `openai` client against the stage: greedy tokens equal
+ * the whole model's (`shoal serve` on the one-graph shards of the same checkpoint) token for
+ * token, alone and as 4 concurrent streams; the plan is in /v1/mesh; a holder killed mid-stream
+ * is taken over by the experts' other copies without a token changing; when the survivors cannot
+ * hold the model, a stream ends with a typed OpenAI-shaped error and the next request is a 503.
+ * A node with an API and no model routes the model to the stage.
+ */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import OpenAI from 'openai'
+import { pino } from 'pino'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createThrowawayCa } from '../../certs/index.ts'
+import { openExpertShards } from '../../daemon/experts/index.ts'
+import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
+import { compileExpertShards, compileShards, generateTestModel } from '../../shards/index.ts'
+
+const MODEL = 'moe-e2e'
+const LISTEN = ['/ip4/127.0.0.1/tcp/0']
+const N = 24
+const PROMPTS = [[5, 17, 99, 230, 41, 7], [12, 9, 301], [77, 78, 79, 80, 81, 82, 83, 84, 85], [3]]
+const logger = pino({ level: 'silent' })
+
+interface MeshView { experts?: { plans: Array<{ layers: Array<{ layer: number, holders: Record<string, number[]> }>, nodes: Array<{ peerId: string, experts: number }>, excluded: string[] }> } }
+
+const client = (url: string): OpenAI => new OpenAI({ baseURL: `${url}/v1`, apiKey: 'x', maxRetries: 0, timeout: 60_000 })
+
+async function greedy (url: string, prompt: number[]): Promise<number[]> {
+  const r = await client(url).completions.create({
+    model: MODEL, prompt, max_tokens: N, temperature: 0,
+    // @ts-expect-error vLLM-style extension
+    return_token_ids: true,
+  })
+  return (r.choices[0] as unknown as { token_ids: number[] }).token_ids
+}
+
+/** A streamed greedy completion; `onToken(i)` runs after the i-th chunk with tokens. */
+async function streamed (url: string, prompt: number[], onToken?: (i: number) => void): Promise<number[]> {
+  // return_token_ids: the vLLM-style extension (not in the client's types).
+  const body = { model: MODEL, prompt, max_tokens: N, temperature: 0, stream: true as const, return_token_ids: true }
+  const stream = await client(url).completions.create(body)
+  const ids: number[] = []
+  let i = 0
+  for await (const chunk of stream) {
+    const t = (chunk.choices[0] as unknown as { token_ids?: number[] } | undefined)?.token_ids ?? []
+    if (t.length === 0) continue
+    ids.push(...t)
+    onToken?.(i++)
+  }
+  return ids
+}
+
+async function meshView (url: string): Promise<MeshView> {
+  return await (await fetch(`${url}/v1/mesh`)).json() as MeshView
+}
+
+/** Kills a daemon the hard way: its connections reset, then it stops. */
+function kill (d: Daemon): void {
+  for (const c of d.mesh!.libp2p.getConnections()) c.abort(new Error('killed by test'))
+  void d.stop().catch(() => {})
+}
+
+describe('MoE experts on holder daemons', () => {
+  let root: string
+  const daemons: Daemon[] = []
+  const holders: Array<{ daemon: Daemon, peerId: string }> = []
+  let stageUrl = ''
+  let ingressUrl = ''
+  let soloUrl = ''
+  let want: number[][] = []
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-experts-daemon-'))
+    const ckpt = join(root, 'ckpt')
+    await generateTestModel({ architecture: 'mixtral', outDir: ckpt, seed: 4, modelId: MODEL })
+    await compileShards({ modelDir: ckpt, outDir: join(root, 'whole') })
+    const experts = join(root, 'experts')
+    await compileExpertShards({ modelDir: ckpt, outDir: experts })
+    const shards = await openExpertShards(experts)
+    // Room for three quarters of the experts each: every expert fits twice over the three holders
+    // (so each has a second copy), never on one holder alone.
+    const memoryMb = 0.75 * shards.experts * shards.expertBytes / (1024 * 1024)
+    const ca = await createThrowawayCa(join(root, 'ca'), ['stage', 'h1', 'h2', 'h3', 'ingress'])
+    const base = { device: 'cpu', cacheRoot: join(root, 'cache'), listen: LISTEN, mdns: false }
+    const start = async (config: DaemonConfig): Promise<{ daemon: Daemon, apiUrl?: string }> => {
+      const daemon = createDaemon(validateConfig(config), { logger })
+      daemons.push(daemon)
+      return { daemon, ...(await daemon.start()) }
+    }
+    const [is, ih1, ih2, ih3, ii] = ca.identities
+    const ih = [ih1!, ih2!, ih3!]
+    const stage = await start({ ...base, identityDir: is!.dir, models: [{ dir: experts }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-stage'), bootstrap: [] })
+    stageUrl = stage.apiUrl!
+    const boot = stage.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
+    for (const [i, id] of ih.entries()) {
+      const h = await start({ ...base, identityDir: id.dir, models: [], holdExperts: { dir: experts, memoryMb }, dataDir: join(root, `data-h${i}`), bootstrap: boot })
+      holders.push({ daemon: h.daemon, peerId: id.peerId })
+    }
+    // A node with an API and no model: it routes the model to the stage like any whole model.
+    ingressUrl = (await start({ ...base, identityDir: ii!.dir, models: [], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-ingress'), bootstrap: boot })).apiUrl!
+    const solo = await start({ ...base, listen: [], bootstrap: [], models: [{ dir: join(root, 'whole') }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-solo') })
+    soloUrl = solo.apiUrl!
+    want = []
+    for (const p of PROMPTS) want.push(await greedy(soloUrl, p))
+    // The stage plans once it has heard all three holders' capabilities.
+    const deadline = Date.now() + 30_000
+    while (Date.now() < deadline) {
+      const plan = (await meshView(stageUrl)).experts?.plans[0]
+      if (plan !== undefined && plan.nodes.length === 3) break
+      await new Promise(resolve => setTimeout(resolve, 200))
+    }
+  }, 240_000)
+
+  afterAll(async () => {
+    for (const d of daemons.reverse()) await d.stop().catch(() => {})
+    await rm(root, { recursive: true, force: true })
+  })
+
+  it('places every expert on two of the three holders and shows the plan in /v1/mesh', async () => {
+    const plan = (await meshView(stageUrl)).experts!.plans[0]!
+    expect(plan.nodes.map(n => n.peerId).sort()).toEqual(holders.map(h => h.peerId).sort())
+    for (const l of plan.layers) {
+      const copies = new Array<number>(8).fill(0)
+      for (const experts of Object.values(l.holders)) for (const e of experts) copies[e]!++
+      expect(copies).toEqual(new Array<number>(8).fill(2))
+    }
+    // No holder holds everything: the model is spread.
+    for (const n of plan.nodes) expect(n.experts).toBeLessThan(8 * plan.layers.length)
+  })
+
+  it('gives the whole model\'s greedy tokens, alone and as 4 concurrent streams', async () => {
+    expect(new Set(want[0]).size).toBeGreaterThan(4)
+    expect(await greedy(stageUrl, PROMPTS[0]!)).toEqual(want[0])
+    const together = await Promise.all(PROMPTS.map(async p => await streamed(stageUrl, p)))
+    expect(together).toEqual(want)
+    // Through another node's API: routed to the stage, same tokens.
+    const until = Date.now() + 30_000
+    while (Date.now() < until) {
+      const ids = ((await (await fetch(`${ingressUrl}/v1/models`)).json()) as { data: Array<{ id: string }> }).data.map(m => m.id)
+      if (ids.includes(MODEL)) break
+      await new Promise(resolve => setTimeout(resolve, 200))
+    }
+    expect(await greedy(ingressUrl, PROMPTS[1]!)).toEqual(want[1])
+    // Every holder computed experts, and keeps resident only what it was given.
+    for (const h of holders) {
+      const held = (await meshView(stageUrl)).experts!.plans[0]!.nodes.find(n => n.peerId === h.peerId)!
+      expect(held.experts).toBeGreaterThan(0)
+    }
+  }, 120_000)
+
+  it('a holder killed mid-stream: the experts\' other copies take over and no token changes', async () => {
+    const victim = holders[2]!
+    const got = await streamed(stageUrl, PROMPTS[0]!, (i) => { if (i === 5) kill(victim.daemon) })
+    expect(got).toEqual(want[0])
+    // Then the stage plans over the two survivors (three quarters each: still every expert once).
+    const again = await Promise.all(PROMPTS.slice(0, 2).map(async p => await streamed(stageUrl, p)))
+    expect(again).toEqual(want.slice(0, 2))
+    const plan = (await meshView(stageUrl)).experts!.plans[0]!
+    expect(plan.layers.every(l => !(victim.peerId in l.holders))).toBe(true)
+  }, 120_000)
+
+  it('when the survivors cannot hold the model: the stream ends with a typed error, then requests get a 503', async () => {
+    const started = Date.now()
+    const err = await streamed(stageUrl, PROMPTS[0]!, (i) => { if (i === 3) kill(holders[1]!.daemon) }).then(() => undefined, (e: unknown) => e)
+    expect(err).toBeInstanceOf(OpenAI.APIError)
+    expect(String((err as Error).message)).toMatch(/expert/)
+    expect((err as { code?: unknown }).code).toBe('SHOAL_ERR_EXPERTS_UNPLACEABLE')
+    expect(Date.now() - started).toBeLessThan(30_000)
+    // One holder with room for three quarters of the experts: no plan, a clean 503 before any token.
+    const res = await fetch(`${stageUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: PROMPTS[1], max_tokens: 4 }) })
+    expect(res.status).toBe(503)
+    const body = await res.json() as { error: { code: string, type: string } }
+    expect(body.error.code).toBe('SHOAL_ERR_EXPERTS_UNPLACEABLE')
+    expect(body.error.type).toBe('server_error')
+  }, 120_000)
+})
