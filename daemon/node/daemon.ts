@@ -212,6 +212,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           mdns: config.mdns,
           dataDir: config.dataDir,
           ...(config.revocationsFile === undefined ? {} : { revocationsFile: config.revocationsFile }),
+          ...(config.meshTimings === undefined ? {} : { timings: config.meshTimings }),
         }, { logger, metrics })
         await m.start()
         meshed = { mesh: m, peerLoss: createPeerLossWatch(m), identity }
@@ -342,7 +343,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const tls = config.tls === undefined ? undefined : await readTls(config.tls)
         let apiUrl: string | undefined
         const i = createIngress(
-          { host: api.host, port: api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
+          { ...config.ingress, host: api.host, port: api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
           {
             service,
             metrics,
@@ -448,7 +449,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
     const sourceWrapper = speculation(choice, draft)
     const coordinator = createPipelineService(
-      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }) },
+      {
+        stage,
+        shardDir: model.shardDir,
+        ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
+        ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
+      },
       { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss.watch(peerId) },
     )
     await coordinator.start()
@@ -460,7 +466,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (meshed === undefined) return local
     const { mesh: m, peerLoss: losses } = meshed
     const localIds = new Set(local.models().map(card => card.id))
-    return createRoutedService({ localPeerId: m.peerId }, {
+    return createRoutedService({ localPeerId: m.peerId, ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }) }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
       async * forward (peerId, request, signal) {
