@@ -1,8 +1,8 @@
 /**
  * What the dynamic and the static stage runner do alike with their sequences, whatever their KV
  * looks like: check a step's inputs against the stage, mark a sequence running for one step at a
- * time and end it when a step fails, sort a batch's items into runnable and refused ones, say
- * why a dropped sequence's step ended, and check a rollback.
+ * time and end it when a step fails, sort a batch's items into runnable and refused ones, drop
+ * one and say why its step ended, and check a rollback.
  */
 import { AbortedError, EngineError } from './errors.ts'
 import type { BatchStepItem, StageInfo, StepInput, StepOutput } from './protocol.ts'
@@ -71,6 +71,19 @@ export function takeBatch<S extends RunnerSequence> (sequences: Map<string, S>, 
     else { taken.add(item.seqId); live.push({ index, seqId: item.seqId, seq, item }) }
   })
   return { results, live }
+}
+
+/**
+ * Ends a sequence (freed or cancelled): a step still running stops at its next run boundary and
+ * fails with `droppedError`; `clear` lets go of its KV. Resolves once that step is over.
+ */
+export async function dropSequence<S extends RunnerSequence> (sequences: Map<string, S>, seqId: string, how: 'free' | 'cancel', clear: (seq: S) => void): Promise<void> {
+  const seq = sequences.get(seqId)
+  if (seq === undefined) return
+  seq.dropped = how
+  sequences.delete(seqId)
+  clear(seq)
+  await seq.running
 }
 
 /** Why a step of a sequence dropped under it ended: cancelled, or freed. */

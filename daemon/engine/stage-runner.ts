@@ -37,7 +37,7 @@ import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
-import { checkStepInput, droppedError, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
+import { checkStepInput, dropSequence, droppedError, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 
 /** Default prefill chunk: big enough to keep matmuls efficient, small enough to bound activations. */
@@ -420,12 +420,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       seq.length = length
     },
     async drop (seqId, how) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) return
-      seq.dropped = how
-      sequences.delete(seqId)
-      seq.kv = undefined
-      await seq.running
+      await dropSequence(sequences, seqId, how, seq => { seq.kv = undefined })
     },
     stats () {
       const perSeq: Record<string, number> = {}

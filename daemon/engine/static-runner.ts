@@ -16,7 +16,7 @@ import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken, type TokenPick } from './sampling.ts'
-import { checkStepInput, droppedError, guardStep, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
+import { checkStepInput, dropSequence, droppedError, guardStep, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
 import { DEFAULT_MAX_SEQUENCES, type StageRunner } from './stage-runner.ts'
 
 export interface StaticShapesInit {
@@ -182,12 +182,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       return results
     },
     async drop (seqId, how) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) return
-      seq.dropped = how
-      sequences.delete(seqId)
-      seq.kv = undefined
-      await seq.running
+      await dropSequence(sequences, seqId, how, seq => { seq.kv = undefined })
     },
     stats (): EngineStats {
       const perSeq: Record<string, number> = {}
