@@ -1,6 +1,6 @@
 /**
  * The decode loop for one sequence over any token source — a whole-model stage engine here, a
- * pipeline chain elsewhere: prefill the prompt, then detokenize, apply stop strings and feed each
+ * pipeline chain elsewhere: prefill the prompt (unless the caller did), then detokenize, apply stop strings and feed each
  * token back until EOS, a stop string, max_tokens or the context end. Yields service events
  * (deltas and the end); the caller owns the sequence's lifetime (open/free).
  */
@@ -76,6 +76,11 @@ export function endConditions (request: Pick<GenerateRequest, 'maxTokens' | 'sto
 
 export interface GenerationInput {
   source: TokenSource
+  /**
+   * The first generated token when the caller ran the prefill itself (before `start`, so that a
+   * refusal there is still an HTTP error); otherwise the loop prefills.
+   */
+  first?: number | undefined
   codec: TextCodec
   promptIds: number[]
   /** Undefined: up to the context end. */
@@ -102,7 +107,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     yield { type: 'end', finishReason: 'length', usage: { promptTokens: n, completionTokens: 0 } }
     return
   }
-  let token = await g.source.prefill(g.promptIds, g.signal)
+  let token = g.first ?? await g.source.prefill(g.promptIds, g.signal)
   // The next step is submitted before this token's delta is yielded: the engine computes it while
   // the consumer detokenizes, writes and signs, so a token costs max(step, consumer) instead of
   // their sum. Everything that decides whether there is a next step is known before the yield.

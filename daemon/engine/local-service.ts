@@ -32,17 +32,18 @@ import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvB
 import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, PrefixUse, SpeculationSummary } from '../service.ts'
+import type { GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, PrefixUse, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
-import { EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
+import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
 import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 import type { SlotState } from './admission.ts'
-import { batchedTokenSource, endConditions, engineTokenSource, generateSequence } from './generate.ts'
-import { admitPrompt, requestScope } from './request-scope.ts'
+import { batchedTokenSource, engineTokenSource } from './generate.ts'
 import type { TokenSource } from './generate.ts'
+import { createGenerationService } from './generation-service.ts'
+import type { RequestTicket, RunningModel } from './generation-service.ts'
 import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
@@ -398,18 +399,16 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     else active--
   }
 
-  async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
-    if (stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined) {
-      throw new ShuttingDownError('local engine is not running')
-    }
-    if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const m = manifest
-    const e = engine
-    const b = batcher
-    const promptIds = await admitPrompt(codec, request, m.shape, signal)
+  type Running = RunningModel & { manifest: ShardManifest, engine: BatchingStageEngine, batcher: Batcher | undefined }
+
+  /**
+   * A request's sequence: a slot (waiting for one within the budget), then the sequence opened
+   * from a kept prefix of its prompt or empty, and its token source (a wrapper's, or the engine's
+   * through the micro-batcher).
+   */
+  function admit (request: GenerateRequest, promptIds: number[], { manifest: m, engine: e, batcher: b }: Running): RequestTicket {
     // Tokenizing may have taken a while (in a worker): the service may be stopping by now.
     if (stopping) throw new ShuttingDownError('local engine is stopping')
-    const scope = requestScope(signal, request.deadline)
     const ticket = { held: false }
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
     const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
@@ -418,19 +417,78 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     let lease: PrefixLease | undefined
     /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
     const fed = [...promptIds]
-    // Runs once: at the end of the stream, or as soon as the request is aborted, so the KV and the
-    // admission slot come back even if a consumer abandons the iterator without closing it.
-    let released: Promise<void> | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
-    const release = async (): Promise<void> => {
-      released ??= (async () => {
-        scope.dispose()
+    return {
+      async open (signal) {
+        await acquireSlot(ticket, progress, signal)
+        // Not under speculative decoding: its source prefills the whole prompt itself.
+        // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
+        const moved = request.prefixHolder !== undefined && init.sourceWrapper === undefined
+          ? await maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
+          : false
+        // Looked up once the slot is ours: a request that waited may find what the one before it kept.
+        lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
+        if (lease !== undefined) {
+          try {
+            seqId = await e.openFrom(request.requestId, lease.key, lease.length, signal)
+          } catch (err) {
+            if (signal.aborted) throw err
+            // The kept prefix is gone (it should not be): forget it and prefill everything.
+            prefix?.cache.remove(lease.key)
+            lease.release()
+            lease = undefined
+          }
+        }
+        seqId ??= await e.open(request.requestId, signal)
+        const reused = lease?.length ?? 0
+        const id = seqId
+        if (init.sourceWrapper !== undefined) {
+          wrapped = init.sourceWrapper.wrap({
+            seqId: id,
+            request,
+            manifest: m,
+            step: async (kind, tokenIds, positions, options, signal) => b === undefined
+              ? await e.step(id, { tokenIds }, positions, options, signal)
+              : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal),
+            rollback: async (length, signal) => { await e.rollback(id, length, signal) },
+          })
+        }
+        const w = wrapped
+        const prefixUse: PrefixUse | undefined = reused === 0 ? undefined : moved ? 'moved' : 'reused'
+        const began = performance.now()
+        return {
+          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused)),
+          // The prefix is in this sequence's own KV now: it may be evicted or superseded.
+          prefilled: () => {
+            lease?.release()
+            // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
+            const ms = performance.now() - began
+            const computed = promptIds.length - reused
+            if ((request.maxTokens === undefined || request.maxTokens > 0) && computed >= 64 && ms > 0) {
+              rates.prefillTokensPerSecond = ewma(rates.prefillTokensPerSecond, computed / ms * 1000)
+            }
+          },
+          start: () => ({
+            route: init.nodeId === undefined ? [] : [init.nodeId],
+            receiptId: request.requestId,
+            ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
+            ...(prefixUse === undefined ? {} : { prefix: prefixUse }),
+          }),
+          delta: tokenIds => {
+            fed.push(...tokenIds)
+            progress.left = Math.max(0, progress.left - tokenIds.length)
+          },
+          summary: () => w?.summary?.(),
+        }
+      },
+      async release () {
         await wrapped?.close?.().catch(() => {})
         lease?.release()
         if (seqId !== undefined) {
-          b?.release(seqId)
+          const id = seqId
+          b?.release(id)
           // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
-          await finish(e, seqId, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(seqId!).catch(() => {}) })
+          await finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
         }
         // After the free: the next sequence's open must find the engine's slot empty.
         running.delete(progress)
@@ -438,80 +496,19 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           ticket.held = false
           releaseSlot()
         }
-      })()
-      await released
-    }
-    scope.signal.addEventListener('abort', () => { void release() }, { once: true })
-    try {
-      await acquireSlot(ticket, progress, scope.signal)
-      // Not under speculative decoding: its source prefills the whole prompt itself.
-      // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
-      const moved = request.prefixHolder !== undefined && init.sourceWrapper === undefined
-        ? await maybePull(request.prefixHolder, promptIds, scope.signal).catch((err: unknown) => { if (scope.signal.aborted) throw err; return false })
-        : false
-      // Looked up once the slot is ours: a request that waited may find what the one before it kept.
-      lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
-      if (lease !== undefined) {
-        try {
-          seqId = await e.openFrom(request.requestId, lease.key, lease.length, scope.signal)
-        } catch (err) {
-          if (scope.signal.aborted) throw err
-          // The kept prefix is gone (it should not be): forget it and prefill everything.
-          prefix?.cache.remove(lease.key)
-          lease.release()
-          lease = undefined
-        }
-      }
-      seqId ??= await e.open(request.requestId, scope.signal)
-      const reused = lease?.length ?? 0
-      const id = seqId
-      if (init.sourceWrapper !== undefined) {
-        wrapped = init.sourceWrapper.wrap({
-          seqId: id,
-          request,
-          manifest,
-          step: async (kind, tokenIds, positions, options, signal) => b === undefined
-            ? await e.step(id, { tokenIds }, positions, options, signal)
-            : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal),
-          rollback: async (length, signal) => { await e.rollback(id, length, signal) },
-        })
-      }
-      let source: TokenSource = wrapped ?? (b === undefined ? engineTokenSource(e, seqId, request.sampling, reused) : batchedTokenSource(b, seqId, request.sampling, reused))
-      if (request.maxTokens === undefined || request.maxTokens > 0) {
-        // Prefill before `start`: an overloaded batcher's refusal is then an HTTP error, not a broken stream.
-        const began = performance.now()
-        const first = await source.prefill(promptIds, scope.signal)
-        const ms = performance.now() - began
-        // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
-        if (promptIds.length - reused >= 64 && ms > 0) rates.prefillTokensPerSecond = ewma(rates.prefillTokensPerSecond, (promptIds.length - reused) / ms * 1000)
-        source = { prefill: async () => first, decode: source.decode }
-      }
-      // The prefix is in this sequence's own KV now: it may be evicted or superseded.
-      lease?.release()
-      const prefixUse: PrefixUse | undefined = reused === 0 ? undefined : moved ? 'moved' : 'reused'
-      yield {
-        type: 'start',
-        promptTokenIds: promptIds,
-        route: init.nodeId === undefined ? [] : [init.nodeId],
-        receiptId: request.requestId,
-        ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
-        ...(prefixUse === undefined ? {} : { prefix: prefixUse }),
-      }
-      for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
-        if (ev.type === 'delta') {
-          fed.push(...ev.tokenIds)
-          progress.left = Math.max(0, progress.left - ev.tokenIds.length)
-        }
-        // The receipt records what speculation did (drafter, proposed and accepted tokens).
-        const summary = ev.type === 'end' ? wrapped?.summary?.() : undefined
-        yield ev.type === 'end' && summary !== undefined ? { ...ev, speculation: summary } : ev
-      }
-    } catch (err) {
-      throw scope.signal.aborted ? abortReason(scope.signal) : err
-    } finally {
-      await release()
+      },
     }
   }
+
+  const { generate } = createGenerationService<Running>({
+    current: () => stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined
+      ? undefined
+      : { modelId, codec, manifest, engine, batcher },
+    notRunning: 'local engine is not running',
+    admit,
+    // The KV and the admission slot come back as soon as the request is aborted.
+    releaseOnAbort: true,
+  })
 
   return {
     get engine () { return engine },

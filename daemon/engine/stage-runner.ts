@@ -30,13 +30,15 @@ import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
   pastKeyName, pastValueName, presentKeyName, presentValueName,
 } from '../../shards/contract.ts'
-import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
+import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import { blockBytes, copyRow, copyRowLeft, createScratch, freeBlock, ownRow, rowView, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
+import { checkStepInput, dropSequence, droppedError, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
+import type { BatchStepResult } from './runner-sequences.ts'
 
 /** Default prefill chunk: big enough to keep matmuls efficient, small enough to bound activations. */
 export const DEFAULT_CHUNK_SIZE = 256
@@ -100,7 +102,7 @@ export interface StageRunner {
   stats (): EngineStats
 }
 
-export type BatchStepResult = { output: StepOutput } | { error: Error }
+export type { BatchStepResult } from './runner-sequences.ts'
 
 /** The dynamic-graph runner: it keeps prefixes (with left-aligned caches). */
 export type PrefixKeepingRunner = StageRunner & Required<Pick<StageRunner, 'retain' | 'openFrom' | 'evict' | 'exportPrefix' | 'importPrefix'>>
@@ -176,19 +178,12 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
 
   /** Throws what is wrong with a step for this sequence. */
   function check (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, pick: TokenPick | undefined): void {
+    checkStepInput(stage, input, positions, pick)
     const s = positions.length
-    if (pick !== undefined && !stage.hasHead) throw new EngineError('only the last stage (with the LM head) can pick tokens')
-    const given = input.kind === 'tokens' ? input.ids.length : input.data.length / stage.hiddenSize
-    if (input.kind === 'tokens' && !stage.hasEmbedding) throw new EngineError('this stage takes hidden states, not token ids')
-    if (input.kind === 'hidden' && stage.hasEmbedding) throw new EngineError('this stage takes token ids, not hidden states')
-    if (s === 0 || given !== s) throw new EngineError(`step has ${given} inputs for ${s} positions`)
     if (seq.length + s > stage.maxPositions) {
       throw new ContextLengthError(`sequence ${seqId} would hold ${seq.length + s} positions; the context limit is ${stage.maxPositions}`)
     }
   }
-
-  const droppedError = (seqId: string, seq: Sequence): Error =>
-    seq.dropped === 'cancel' ? new AbortedError() : new EngineError(`sequence ${seqId} was freed during a step`)
 
   async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined): Promise<StepOutput> {
     check(seqId, seq, input, positions, pick)
@@ -469,21 +464,10 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
     async step (seqId, input, positions, logitsToKeep, pick) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
-      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
-      return await guardedStep(sequences, seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
+      return await stepSequence(sequences, seqId, async seq => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
     async stepBatch (items) {
-      const results: BatchStepResult[] = new Array(items.length)
-      const live: Live[] = []
-      const taken = new Set<string>()
-      items.forEach((item, index) => {
-        const seq = sequences.get(item.seqId)
-        if (seq === undefined) results[index] = { error: new EngineError(`unknown sequence ${item.seqId}`) }
-        else if (seq.running !== undefined || taken.has(item.seqId)) results[index] = { error: new EngineError(`sequence ${item.seqId} already has a step running`) }
-        else { taken.add(item.seqId); live.push({ index, seqId: item.seqId, seq, item }) }
-      })
+      const { results, live } = takeBatch(sequences, items)
       const work = runBatch(live, results)
       const running = work.then(() => {}, () => {})
       for (const e of live) e.seq.running = running
@@ -535,31 +519,6 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       return { liveSequences: sequences.size, maxSequences, kvBytes: positions * bytesPerPosition, kvHeldBytes, sequences: perSeq, keptPrefixes: kept.size, keptBytes }
     },
   }
-}
-
-/**
- * One step of `seq`, marked running until it settles (both runners). A failed step leaves the
- * cache in an unknown state: the sequence is over, unless it was replaced meanwhile.
- */
-export async function guardedStep<S extends { running: Promise<void> | undefined }, T> (sequences: Map<string, S>, seqId: string, seq: S, work: () => Promise<T>): Promise<T> {
-  const result = work()
-  seq.running = result.then(() => {}, () => {})
-  try {
-    return await result
-  } catch (err) {
-    if (sequences.get(seqId) === seq) sequences.delete(seqId)
-    throw err
-  } finally {
-    seq.running = undefined
-  }
-}
-
-/** The sequence a rollback to `length` applies to, or the error saying why it cannot (both runners). */
-export function rollbackTarget<S extends { running: Promise<void> | undefined, length: number }> (seq: S | undefined, seqId: string, length: number): S {
-  if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
-  if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} has a step running; it cannot be rolled back now`)
-  if (!Number.isSafeInteger(length) || length < 0 || length > seq.length) throw new EngineError(`sequence ${seqId} holds ${seq.length} positions; cannot roll back to ${length}`)
-  return seq
 }
 
 function concat (parts: Float32Array[], length: number): Float32Array {

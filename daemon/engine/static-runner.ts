@@ -13,10 +13,11 @@ import {
   pastKeyName, pastValueName, presentKeyName, presentValueName,
 } from '../../shards/contract.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { AbortedError, ContextLengthError, EngineError, OverloadedError } from './errors.ts'
+import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken, type TokenPick } from './sampling.ts'
-import { DEFAULT_MAX_SEQUENCES, guardedStep, rollbackTarget, type BatchStepResult, type StageRunner } from './stage-runner.ts'
+import { checkStepInput, dropSequence, droppedError, guardStep, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
+import { DEFAULT_MAX_SEQUENCES, type StageRunner } from './stage-runner.ts'
 
 export interface StaticShapesInit {
   /** KV buffer slots (CTX). */
@@ -60,12 +61,8 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
   const bytesPerPosition = 2 * layers.length * kvH * hd * 4
 
   function check (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, pick: TokenPick | undefined): void {
+    checkStepInput(stage, input, positions, pick)
     const s = positions.length
-    if (pick !== undefined && !stage.hasHead) throw new EngineError('only the last stage (with the LM head) can pick tokens')
-    const given = input.kind === 'tokens' ? input.ids.length : input.data.length / D
-    if (input.kind === 'tokens' && !stage.hasEmbedding) throw new EngineError('this stage takes hidden states, not token ids')
-    if (input.kind === 'hidden' && stage.hasEmbedding) throw new EngineError('this stage takes token ids, not hidden states')
-    if (s === 0 || given !== s) throw new EngineError(`step has ${given} inputs for ${s} positions`)
     if (seq.length + s > limit) {
       throw new ContextLengthError(limit < stage.maxPositions
         ? `sequence ${seqId} would hold ${seq.length + s} positions; the static graphs' KV budget is ${limit} (shoal shard --static)`
@@ -116,9 +113,6 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
     return out
   }
 
-  const droppedError = (seqId: string, seq: Sequence): Error =>
-    seq.dropped === 'cancel' ? new AbortedError() : new EngineError(`sequence ${seqId} was freed during a step`)
-
   async function run (seqId: string, seq: Sequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined): Promise<StepOutput> {
     check(seqId, seq, input, positions, pick)
     const s = positions.length
@@ -167,10 +161,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
     async step (seqId, input, positions, logitsToKeep, pick) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) throw new EngineError(`unknown sequence ${seqId}`)
-      if (seq.running !== undefined) throw new EngineError(`sequence ${seqId} already has a step running`)
-      return await guardedStep(sequences, seqId, seq, async () => await run(seqId, seq, input, positions, logitsToKeep, pick))
+      return await stepSequence(sequences, seqId, async seq => await run(seqId, seq, input, positions, logitsToKeep, pick))
     },
     rollback (seqId, length) {
       const seq = rollbackTarget(sequences.get(seqId), seqId, length)
@@ -178,20 +169,12 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       seq.length = length
     },
     async stepBatch (items: BatchStepItem[]) {
-      const results: BatchStepResult[] = new Array(items.length)
-      const taken = new Set<string>()
-      const live: Array<{ index: number, seq: Sequence, item: BatchStepItem }> = []
-      items.forEach((item, index) => {
-        const seq = sequences.get(item.seqId)
-        if (seq === undefined) results[index] = { error: new EngineError(`unknown sequence ${item.seqId}`) }
-        else if (seq.running !== undefined || taken.has(item.seqId)) results[index] = { error: new EngineError(`sequence ${item.seqId} already has a step running`) }
-        else { taken.add(item.seqId); live.push({ index, seq, item }) }
-      })
+      const { results, live } = takeBatch(sequences, items)
       // Batch-1 graphs: one item at a time, each marked running until its own step is over.
       for (const { index, seq, item } of live) {
         if (seq.dropped !== undefined) { results[index] = { error: droppedError(item.seqId, seq) }; continue }
         try {
-          results[index] = { output: await guardedStep(sequences, item.seqId, seq, async () => await run(item.seqId, seq, item.input, item.positions, item.logitsToKeep, item.pick)) }
+          results[index] = { output: await guardStep(sequences, item.seqId, seq, async () => await run(item.seqId, seq, item.input, item.positions, item.logitsToKeep, item.pick)) }
         } catch (err) {
           results[index] = { error: err instanceof Error ? err : new EngineError(String(err)) }
         }
@@ -199,12 +182,7 @@ export function createStaticStageRunner (init: StaticStageRunnerInit): StageRunn
       return results
     },
     async drop (seqId, how) {
-      const seq = sequences.get(seqId)
-      if (seq === undefined) return
-      seq.dropped = how
-      sequences.delete(seqId)
-      seq.kv = undefined
-      await seq.running
+      await dropSequence(sequences, seqId, how, seq => { seq.kv = undefined })
     },
     stats (): EngineStats {
       const perSeq: Record<string, number> = {}

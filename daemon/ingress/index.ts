@@ -3,7 +3,8 @@
  * receipts, mesh status, health and Prometheus metrics. It validates and shapes HTTP only; an
  * `InferenceService` (daemon/service.ts) does the tokenizing and generating.
  */
-export { createIngress } from './server.ts'
-export type { DashboardSource, Ingress, IngressComponents, IngressInit, MeshView, ReceiptLookup } from './types.ts'
+export { createIngress, DEFAULT_INGRESS_LIMITS } from './server.ts'
+export type { DashboardSource, Ingress, IngressComponents, IngressInit, IngressLimits, MeshView, ReceiptLookup } from './types.ts'
+export { RequestError } from './errors.ts'
 export { OFFLOAD_JSON_ABOVE_BYTES } from './json-body.ts'
 export type { ClientAuth, ClientCheck } from './auth.ts'

@@ -18,15 +18,20 @@ import { registerCompletionsRoute } from './routes/completions.ts'
 import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
 import { registerAuth } from './auth.ts'
-import type { Ingress, IngressComponents, IngressInit } from './types.ts'
+import type { Ingress, IngressComponents, IngressInit, IngressLimits } from './types.ts'
+
+export const DEFAULT_INGRESS_LIMITS: Readonly<IngressLimits> = Object.freeze({
+  bodyLimitBytes: 8 * 1024 * 1024,
+  maxConcurrentRequests: 64,
+  drainTimeoutMs: 30_000,
+  receiveTimeoutMs: 120_000,
+})
 
 const DEFAULTS = {
   host: '127.0.0.1',
   port: 0,
-  bodyLimitBytes: 8 * 1024 * 1024,
-  maxConcurrentRequests: 64,
   requestTimeoutMs: 10 * 60_000,
-  drainTimeoutMs: 30_000,
+  ...DEFAULT_INGRESS_LIMITS,
 }
 
 /** After a drain times out and running requests are aborted, how long they get to unwind. */
@@ -57,7 +62,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
     bodyLimit: cfg.bodyLimitBytes,
     // Time to receive a whole request (not to answer it): fastify's default 0 would let slow
     // senders hold sockets forever.
-    requestTimeout: 120_000,
+    requestTimeout: cfg.receiveTimeoutMs,
     genReqId: () => randomUUID(),
     requestIdHeader: false,
     // fastify's two info lines per request drown the daemon's own; one debug line instead (onRequest).

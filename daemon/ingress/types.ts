@@ -26,19 +26,28 @@ export interface DashboardSource {
   onChange? (listener: () => void): () => void
 }
 
-export interface IngressInit {
+/** The ingress's limits (DEFAULT_INGRESS_LIMITS). */
+export interface IngressLimits {
+  /** Largest request body. Default 8 MiB. */
+  bodyLimitBytes: number
+  /** Completions running at once before 429. Default 64. */
+  maxConcurrentRequests: number
+  /** How long stop() lets running completions finish before aborting them. Default 30 s. */
+  drainTimeoutMs: number
+  /**
+   * Time to receive a whole request (not to answer it), so slow senders cannot hold sockets
+   * forever (fastify's default 0 would let them). Default 120 s.
+   */
+  receiveTimeoutMs: number
+}
+
+export interface IngressInit extends Partial<IngressLimits> {
   /** Default 127.0.0.1. */
   host?: string
   /** Default 0 (any free port). */
   port?: number
-  /** Default 8 MiB. */
-  bodyLimitBytes?: number
-  /** Completions running at once before 429. Default 64. */
-  maxConcurrentRequests?: number
   /** Deadline of one completion. Default 10 minutes. */
   requestTimeoutMs?: number
-  /** How long stop() lets running completions finish before aborting them. Default 30 s. */
-  drainTimeoutMs?: number
   /** A pino logger, or false for none. Default: fastify's pino logger at info level. */
   logger?: Logger | false
   /** HTTPS with the operator's certificate chain and private key (PEM); plain HTTP without it. */

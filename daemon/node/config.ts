@@ -4,6 +4,12 @@
  */
 import { isAbsolute, resolve } from 'node:path'
 import { ShoalError } from '../errors.ts'
+import { DEFAULT_INGRESS_LIMITS } from '../ingress/index.ts'
+import type { IngressLimits } from '../ingress/index.ts'
+import { DEFAULT_TIMINGS } from '../mesh/index.ts'
+import type { MeshTimings } from '../mesh/index.ts'
+import { DEFAULT_CHAIN_POLICY, DEFAULT_POLICY } from '../routing/index.ts'
+import type { ChainPolicy, RoutingPolicy } from '../routing/index.ts'
 
 /** One `--model` of the node (not shards' `ModelSpec`, the normalised checkpoint config). */
 export interface ModelEntry {
@@ -74,6 +80,14 @@ export interface DaemonConfig {
    * it rows, within `memoryMb` MiB (--expert-memory-mb; default: every expert of the directory).
    */
   holdExperts?: { dir: string, memoryMb?: number }
+  /**
+   * The components' own settings, no flags of their own: each field absent keeps the component's
+   * default (daemon/routing DEFAULT_POLICY and DEFAULT_CHAIN_POLICY, daemon/mesh DEFAULT_TIMINGS,
+   * daemon/ingress DEFAULT_INGRESS_LIMITS).
+   */
+  routing?: { replica?: Partial<RoutingPolicy>, chain?: Partial<ChainPolicy> }
+  meshTimings?: Partial<MeshTimings>
+  ingress?: Partial<IngressLimits>
 }
 
 export class ConfigError extends ShoalError {
@@ -139,6 +153,14 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   for (const [key, value] of Object.entries(budgets)) {
     if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
   }
+  const routing = input.routing === undefined
+    ? undefined
+    : {
+        ...(input.routing.replica === undefined ? {} : { replica: checkSection('routing.replica', input.routing.replica, DEFAULT_POLICY) }),
+        ...(input.routing.chain === undefined ? {} : { chain: checkSection('routing.chain', input.routing.chain, DEFAULT_CHAIN_POLICY) }),
+      }
+  const meshTimings = input.meshTimings === undefined ? undefined : checkSection('meshTimings', input.meshTimings, DEFAULT_TIMINGS, true)
+  const ingress = input.ingress === undefined ? undefined : checkSection('ingress', input.ingress, DEFAULT_INGRESS_LIMITS, true)
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
   if (input.draft !== undefined && input.draft.length === 0) throw new ConfigError('--draft', 'expected a draft model directory or "lookup"')
@@ -157,5 +179,23 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     ...(input.holdExperts === undefined ? {} : { holdExperts: Object.freeze({ ...input.holdExperts, dir: abs(input.holdExperts.dir) }) }),
     ...(input.tls === undefined ? {} : { tls: Object.freeze({ certFile: abs(input.tls.certFile), keyFile: abs(input.tls.keyFile) }) }),
     budgets: Object.freeze(budgets),
+    ...(routing === undefined ? {} : { routing: Object.freeze(routing) }),
+    ...(meshTimings === undefined ? {} : { meshTimings }),
+    ...(ingress === undefined ? {} : { ingress }),
   })
+}
+
+/**
+ * A component's settings section: only keys the component knows (a typo is an error, not a
+ * silent default), each a finite number, not negative (`positive`: above 0). Returned frozen.
+ */
+function checkSection<T extends object> (key: string, section: Partial<T>, defaults: Readonly<T>, positive = false): Readonly<Partial<T>> {
+  for (const [name, value] of Object.entries(section)) {
+    if (!Object.hasOwn(defaults, name)) throw new ConfigError(`${key}.${name}`, `unknown setting; known: ${Object.keys(defaults).join(', ')}`)
+    if (value === undefined) continue
+    if (typeof value !== 'number' || !Number.isFinite(value) || value < 0 || (positive && value === 0)) {
+      throw new ConfigError(`${key}.${name}`, `expected a ${positive ? 'positive' : 'non-negative'} number, got ${String(value)}`)
+    }
+  }
+  return Object.freeze({ ...section })
 }

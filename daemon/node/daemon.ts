@@ -1,7 +1,7 @@
 /**
  * The daemon: one explicit components object, started in order and stopped in reverse —
- * start: ledger → mesh → engines → routing → ingress;
- * stop:  ingress (503 while closing) → routing → engines → mesh → ledger flush.
+ * start: ledger → mesh → experts → engines → routing → witness → ingress;
+ * stop:  the reverse (ingress 503 while closing … mesh → ledger flush).
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { readFile } from 'node:fs/promises'
@@ -33,7 +33,8 @@ import type { EngineChoice } from './device.ts'
 import { serveForwarded } from './forwarded.ts'
 import { createDashboardSource } from './dashboard-source.ts'
 import { createExpertsPart, isExpertModel } from './experts.ts'
-import { createLifecycle } from './lifecycle.ts'
+import type { ExpertsPart } from './experts.ts'
+import { createStartup } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
 import type { Part } from './lifecycle.ts'
@@ -112,6 +113,30 @@ async function readTls (files: { certFile: string, keyFile: string }): Promise<{
   return { cert, key }
 }
 
+/** What the ledger part provides: the node's signer (with its identity in a mesh) and its receipt log. */
+interface Signed {
+  identity: NodeIdentity | undefined
+  signer: LedgerSigner
+  ledger: Ledger
+}
+
+/** What the mesh part provides, with the identity the mesh runs under. */
+interface Meshed {
+  mesh: Mesh
+  /** Tells forwards and chains when the mesh loses contact with their peer. */
+  peerLoss: PeerLossWatch
+  identity: NodeIdentity
+}
+
+/** What the engines part provides. */
+interface Served {
+  engine: EngineChoice
+  /** The draft model --draft names, resolved. */
+  draft: ResolvedModel | undefined
+  /** Whole models and the chains this node coordinates, behind one model directory. */
+  local: InferenceService
+}
+
 const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
 
 export function createDaemon (config: Readonly<DaemonConfig>, components: DaemonComponents): Daemon {
@@ -121,15 +146,6 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const budgets: Budgets = { ...DEFAULT_BUDGETS, ...config.budgets }
   const budgetGauge = new Gauge({ name: 'shoal_budget_ms', help: 'Configured latency budgets (batching, network, stream)', labelNames: ['budget'], registers: [metrics] })
   for (const [name, ms] of Object.entries(budgets)) budgetGauge.set({ budget: name }, ms)
-  let identity: NodeIdentity | undefined
-  let signer: LedgerSigner | undefined
-  let ledger: Ledger | undefined
-  let mesh: Mesh | undefined
-  let ingress: Ingress | undefined
-  let witness: Witness | undefined
-  let apiUrl: string | undefined
-  let engine: EngineChoice | undefined
-  let draft: ResolvedModel | undefined
   const models: ResolvedModel[] = []
   /** Whole models, and the chains this node coordinates (it holds their stage 0). */
   const locals: LocalService[] = []
@@ -137,11 +153,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const stages: PipelineStage[] = []
   /** Multi-stage models served whole from this machine, every stage its own engine worker. */
   const localChains: LocalChain[] = []
-  let local: InferenceService = createModelDirectory([])
-  /** Tells forwards when the mesh loses contact with their peer. */
-  let peerLoss: PeerLossWatch | undefined
-  /** /shoal/kv/1.0.0: this node's kept prefixes, served to peers that run a conversation it began. */
-  let kvServer: { stop: () => Promise<void> } | undefined
+  /** What the Daemon object shows while running (tests and `shoal demo` read them). */
+  let mesh: Mesh | undefined
+  let witness: Witness | undefined
+  let ingress: Ingress | undefined
   const load = (): LoadRecord => aggregateLoad(
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -149,31 +164,29 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   )
 
   /** The drafter --draft names, as metrics and receipts call it ('prompt-lookup' or 'draft:<model id>'). */
-  const drafterName = (): string | undefined =>
+  const drafterName = (draft: ResolvedModel | undefined): string | undefined =>
     config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
 
-  // MoE experts on holder nodes: this node's holder and the models it stages (daemon/node/experts.ts).
-  const experts = createExpertsPart(config, {
-    logger, budgets, mesh: () => mesh, peerLoss: () => peerLoss,
-    roles: () => identity?.certificate.body.roles ?? [], nodeId: () => signer!.peerId,
-  })
-
-  const publishCapabilities = (): void => {
+  const publishCapabilities = (m: Mesh, served: Served, experts: ExpertsPart, apiUrl?: string): void => {
     const held = experts.held()
-    mesh?.setCapabilities({
-      models: [...servedModels(models, drafterName()), ...experts.served()],
+    m.setCapabilities({
+      models: [...servedModels(models, drafterName(served.draft)), ...experts.served()],
       ...(held === undefined ? {} : { experts: held }),
-      ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
-      maxContextTokens: Math.max(0, ...models.map(m => m.manifest.shape.maxPositions)),
+      engine: served.engine.backend,
+      device: served.engine.device,
+      maxContextTokens: Math.max(0, ...models.map(model => model.manifest.shape.maxPositions)),
       ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
       software: SOFTWARE,
     })
   }
 
-  const parts: Part[] = [
-    {
+  function ledgerPart (): Part<Signed> {
+    let ledger: Ledger | undefined
+    return {
       name: 'ledger',
       async start () {
+        let identity: NodeIdentity | undefined
+        let signer: LedgerSigner
         if (config.identityDir !== undefined) {
           identity = await loadIdentity(config.identityDir)
           signer = { peerId: identity.peerId, secretKey: identity.secretKey, certificate: identity.certificate }
@@ -181,16 +194,23 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           const key = await loadOrCreateNodeKey(join(config.dataDir, 'node.key'))
           signer = { peerId: key.peerId, secretKey: key.secretKey }
         }
-        ledger = createLedger({ dataDir: config.dataDir, signer }, { logger })
-        await ledger.start()
+        const l = createLedger({ dataDir: config.dataDir, signer }, { logger })
+        ledger = l
+        await l.start()
+        return { identity, signer, ledger: l }
       },
       async stop () { await ledger?.stop() },
-    },
-    {
+    }
+  }
+
+  /** The mesh, for a node with an identity; nothing without one. */
+  function meshPart (identity: NodeIdentity | undefined): Part<Meshed | undefined> {
+    let meshed: Meshed | undefined
+    return {
       name: 'mesh',
       async start () {
-        if (identity === undefined) return
-        mesh = createMesh({
+        if (identity === undefined) return undefined
+        const m = createMesh({
           identity,
           // No --listen means the default (QUIC and TCP on all interfaces, ephemeral ports), not
           // "listen nowhere": a node without addresses can dial out but mDNS peers never find it.
@@ -199,18 +219,22 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           mdns: config.mdns,
           dataDir: config.dataDir,
           ...(config.revocationsFile === undefined ? {} : { revocationsFile: config.revocationsFile }),
+          ...(config.meshTimings === undefined ? {} : { timings: config.meshTimings }),
         }, { logger, metrics })
-        await mesh.start()
-        peerLoss = createPeerLossWatch(mesh)
+        await m.start()
+        meshed = { mesh: m, peerLoss: createPeerLossWatch(m), identity }
+        return meshed
       },
       async stop () {
-        peerLoss?.stop()
-        peerLoss = undefined
-        await mesh?.stop()
+        meshed?.peerLoss.stop()
+        await meshed?.mesh.stop()
+        meshed = undefined
       },
-    },
-    experts,
-    {
+    }
+  }
+
+  function enginesPart (signer: LedgerSigner, meshed: Meshed | undefined, experts: ExpertsPart): Part<Served> {
+    return {
       name: 'engines',
       async start () {
         // Expert-parallel shard directories are the experts part's (started before this one).
@@ -218,18 +242,18 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         coordinators.push(...experts.services)
         const devices = deviceList(config.device)
         const openvino = devices.every(d => d === 'cpu') ? false : await openvinoLoads()
-        engine = chooseEngine(devices[0]!, openvino)
-        if (devices.length > 1 && (models.length !== 1 || models[0]!.localChain !== true)) {
+        const engine = chooseEngine(devices[0] ?? 'auto', openvino)
+        if (devices.length > 1 && (models.length !== 1 || models[0]?.localChain !== true)) {
           throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
         }
         // The draft model for speculative decoding (--draft), resolved (compiled) once.
-        draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
+        const draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
         const wholeModels = models.filter(m => m.whole)
         // --kv-cache-mb is the node's budget for kept KV prefixes: whole models share it evenly.
         const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length, 1))
         // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
-        const m = mesh
+        const m = meshed?.mesh
         const puller = m === undefined
           ? undefined
           : createKvPuller({}, {
@@ -237,11 +261,11 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             store: model => locals.find(s => s.models()[0]?.id === model)?.kvStore,
           })
         for (const model of wholeModels) {
-          const sourceWrapper = speculation(engine)
+          const sourceWrapper = speculation(engine, draft)
           const service = createLocalService({
             ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
             shardDir: model.shardDir,
-            nodeId: signer!.peerId,
+            nodeId: signer.peerId,
             backend: engine.backend,
             device: engine.device,
             cacheDir: compiledCacheDir(config.cacheRoot),
@@ -262,82 +286,98 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           locals.push(service)
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
         }
-        for (const model of models.filter(m => !m.whole && m.localChain !== true)) await startStage(model, engine)
+        for (const model of models.filter(m => !m.whole && m.localChain !== true)) await startStage(model, engine, signer, meshed, draft)
         for (const model of models.filter(m => m.localChain === true)) {
           const engines = devices.map(d => chooseEngine(d, openvino))
           const chain = createLocalChain({
             shardDir: model.shardDir,
             engines,
             cacheDir: compiledCacheDir(config.cacheRoot),
-            signer: signer!,
+            signer,
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
           })
           await chain.start()
           localChains.push(chain)
           coordinators.push(chain.service)
-          logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]!) })) }, 'model loaded as a local chain')
+          logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })) }, 'model loaded as a local chain')
         }
-        local = createModelDirectory([...locals, ...coordinators])
+        return { engine, draft, local: createModelDirectory([...locals, ...coordinators]) }
       },
       async stop () {
         await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))
         await Promise.all(stages.map(async s => { await s.stop() }))
         await Promise.all(localChains.map(async c => { await c.stop() }))
       },
-    },
-    {
+    }
+  }
+
+  /** Serves forwarded requests on the local engines, and says what this node runs. */
+  function routingPart (meshed: Meshed, served: Served, signer: LedgerSigner, experts: ExpertsPart): Part {
+    /** /shoal/kv/1.0.0: this node's kept prefixes, served to peers that run a conversation it began. */
+    let kvServer: { stop: () => Promise<void> } | undefined
+    return {
       name: 'routing',
       async start () {
-        if (mesh === undefined) return
-        const m = mesh
+        const m = meshed.mesh
         // Forwarded requests run on the local engines only, never re-routed: no request loops.
-        const executor = withReceiptPart(local, signer!)
-        const roles = identity!.certificate.body.roles
+        const executor = withReceiptPart(served.local, signer)
+        const roles = meshed.identity.certificate.body.roles
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         // Only admitted peers reach the handler (the mesh's handle); of those, only workers.
         kvServer = await serveKv({
           stores: () => locals.map(s => s.kvStore).filter((s): s is KvStore => s !== undefined),
           authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
         }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
-        publishCapabilities()
+        publishCapabilities(m, served, experts)
       },
       async stop () {
         // The mesh's stop closes the infer streams; handlers see them end.
         await kvServer?.stop()
         kvServer = undefined
       },
-    },
-    {
-      // Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads).
+    }
+  }
+
+  /** Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads). */
+  function witnessPart (meshed: Meshed, signed: Signed): Part<Witness> {
+    let started: Witness | undefined
+    return {
       name: 'witness',
       async start () {
-        if (mesh === undefined) return
-        const l = ledger!
-        witness = createWitness(
-          { signer: signer!, head: () => l.head, dataDir: config.dataDir, ...(config.witnessIntervalMs === undefined ? {} : { intervalMs: config.witnessIntervalMs }) },
-          { mesh, logger },
+        const l = signed.ledger
+        const w = createWitness(
+          { signer: signed.signer, head: () => l.head, dataDir: config.dataDir, ...(config.witnessIntervalMs === undefined ? {} : { intervalMs: config.witnessIntervalMs }) },
+          { mesh: meshed.mesh, logger },
         )
-        await witness.start()
+        started = w
+        await w.start()
+        return w
       },
-      async stop () { await witness?.stop() },
-    },
-    {
+      async stop () { await started?.stop() },
+    }
+  }
+
+  function ingressPart (api: { host: string, port: number }, signed: Signed, meshed: Meshed | undefined, served: Served, experts: ExpertsPart): Part<{ ingress: Ingress, apiUrl: string }> {
+    let started: Ingress | undefined
+    return {
       name: 'ingress',
       async start () {
-        if (config.api === undefined) return
+        const { identity, signer, ledger } = signed
+        const m = meshed?.mesh
         if (identity !== undefined) {
           const refused = ingressRefusal(identity.certificate.body.roles, identity.name)
           if (refused !== undefined) throw refused
         }
-        const service = withReceipts(frontService(), ledger!, {
+        const service = withReceipts(frontService(served.local, meshed), ledger, {
           onRejectedParts: (requestId, count) => { logger.warn({ requestId, count }, 'dropped receipt parts whose signature did not verify') },
-          certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : mesh?.certificateOf(peerId),
+          certificateOf: peerId => peerId === identity?.peerId ? identity.certificate : m?.certificateOf(peerId),
         })
-        const auth = config.requireKeys === true ? await clientAuth() : undefined
+        const auth = config.requireKeys === true ? await clientAuth(identity, m) : undefined
         const tls = config.tls === undefined ? undefined : await readTls(config.tls)
-        ingress = createIngress(
-          { host: config.api.host, port: config.api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
+        let apiUrl: string | undefined
+        const i = createIngress(
+          { ...config.ingress, host: api.host, port: api.port, logger, requestTimeoutMs: budgets.requestTimeoutMs, ...(tls === undefined ? {} : { tls }) },
           {
             service,
             metrics,
@@ -345,22 +385,23 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             // signature covers `body` only, so the extra member does not affect verification).
             receipts: {
               get: async (id: string) => {
-                const found = await ledger!.get(id)
+                const found = await ledger.get(id)
                 return found === undefined ? undefined : { ...found.receipt, certificate: found.certificate }
               },
             },
             // The mesh, and which holder holds which experts of the models staged here.
-            ...(mesh === undefined ? {} : { mesh: { snapshot: () => { const x = experts.view(); return x === undefined ? mesh!.snapshot() : { ...mesh!.snapshot(), experts: x } } } }),
+            ...(m === undefined ? {} : { mesh: { snapshot: () => { const x = experts.view(); return x === undefined ? m.snapshot() : { ...m.snapshot(), experts: x } } } }),
             dashboard: createDashboardSource({
               self: () => ({
-                peerId: signer!.peerId,
+                peerId: signer.peerId,
                 ...(identity === undefined ? {} : { name: identity.name }),
-                ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
+                engine: served.engine.backend,
+                device: served.engine.device,
                 ...(apiUrl === undefined ? {} : { apiUrl }),
                 software: SOFTWARE,
               }),
-              models: () => servedModels(models, drafterName()),
-              mesh: () => mesh,
+              models: () => servedModels(models, drafterName(served.draft)),
+              mesh: () => m,
               locals: () => locals,
               stages: () => [...stages, ...localChains.flatMap(c => c.stages)],
               chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -370,23 +411,28 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             ...(auth === undefined ? {} : { auth }),
           },
         )
-        apiUrl = (await ingress.start()).url
-        publishCapabilities()
+        started = i
+        const url = (await i.start()).url
+        apiUrl = url
+        if (m !== undefined) publishCapabilities(m, served, experts, url)
+        return { ingress: i, apiUrl: url }
       },
-      async stop () { await ingress?.stop() },
-    },
-  ]
+      async stop () { await started?.stop() },
+    }
+  }
 
   /**
    * Client-key checks against the identity's CA and the mesh's newest revocation list; without a
    * mesh (`shoal serve --ca`), against the --ca file and the --revocations file read at start.
    */
-  async function clientAuth (): Promise<ClientAuth> {
+  async function clientAuth (identity: NodeIdentity | undefined, m: Mesh | undefined): Promise<ClientAuth> {
     if (identity !== undefined) {
       const caCertificate = identity.caCertificate
-      return createClientAuth({ caCertificate, revocations: () => mesh?.revocationList() })
+      return createClientAuth({ caCertificate, revocations: () => m?.revocationList() })
     }
-    const caCertificate = await readCaCertificateFile(config.caFile!)
+    // validateConfig requires --ca for --require-keys without an identity.
+    if (config.caFile === undefined) throw new ConfigError('--require-keys', 'needs a CA to check keys against: --ca FILE (ca.cert.json), or run `shoal node --identity DIR`')
+    const caCertificate = await readCaCertificateFile(config.caFile)
     const list: RevocationList | undefined = config.revocationsFile === undefined ? undefined : await readRevocationFile(config.revocationsFile, caCertificate)
     return createClientAuth({ caCertificate, revocations: () => list })
   }
@@ -395,7 +441,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
    * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
    * asks for it: its own draft worker (or prompt lookup) beside the model's engine.
    */
-  function speculation (choice: EngineChoice): Speculation | undefined {
+  function speculation (choice: EngineChoice, draft: ResolvedModel | undefined): Speculation | undefined {
     if (config.draft === undefined) return undefined
     return createSpeculation({
       drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
@@ -406,12 +452,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   }
 
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
-  async function startStage (model: ResolvedModel, choice: EngineChoice): Promise<void> {
-    const m = mesh
-    if (m === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+  async function startStage (model: ResolvedModel, choice: EngineChoice, signer: LedgerSigner, meshed: Meshed | undefined, draft: ResolvedModel | undefined): Promise<void> {
+    if (meshed === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+    const { mesh: m, identity, peerLoss } = meshed
+    const st = model.manifest.stages[model.stageIndex]
+    if (st === undefined) throw new ConfigError('--model', `${model.shardDir} has no stage ${model.stageIndex}`)
+    const roles = identity.certificate.body.roles
     // Every stage of a chain executes work for others: only a worker certificate may hold one.
-    if (!identity!.certificate.body.roles.includes('worker')) throw new ConfigError('--model', `${model.shardDir}@${model.manifest.stages[model.stageIndex]!.layers.join('-')}: serving a pipeline stage needs a worker certificate (this node's roles: ${identity!.certificate.body.roles.join(',')})`)
-    const st = model.manifest.stages[model.stageIndex]!
+    if (!roles.includes('worker')) throw new ConfigError('--model', `${model.shardDir}@${st.layers.join('-')}: serving a pipeline stage needs a worker certificate (this node's roles: ${roles.join(',')})`)
     const stage = await createPipelineStage(
       {
         shardDir: model.shardDir,
@@ -419,12 +467,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         backend: choice.backend,
         device: choice.device,
         cacheDir: compiledCacheDir(config.cacheRoot),
-        signer: signer!,
+        signer,
         // A stage's steps meet in its batcher, with the same queue delay and metrics as whole models
         // (no wait budget: a stage queues; the coordinator admits).
         metrics,
         batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
-        authorize: from => roleRefusal('stage', identity!.certificate.body.roles, from, m.certificateOf(from)?.body.roles),
+        authorize: from => roleRefusal('stage', roles, from, m.certificateOf(from)?.body.roles),
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
@@ -434,22 +482,26 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
-    const sourceWrapper = speculation(choice)
+    const sourceWrapper = speculation(choice, draft)
     const coordinator = createPipelineService(
-      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }) },
-      { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) },
+      {
+        stage,
+        shardDir: model.shardDir,
+        ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
+        ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
+      },
+      { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss.watch(peerId) },
     )
     await coordinator.start()
     coordinators.push(coordinator)
   }
 
   /** What the ingress talks to: the local engines, or the mesh's routed service over them. */
-  function frontService (): InferenceService {
-    if (mesh === undefined) return local
-    const m = mesh
+  function frontService (local: InferenceService, meshed: Meshed | undefined): InferenceService {
+    if (meshed === undefined) return local
+    const { mesh: m, peerLoss: losses } = meshed
     const localIds = new Set(local.models().map(card => card.id))
-    const losses = peerLoss!
-    return createRoutedService({ localPeerId: m.peerId }, {
+    return createRoutedService({ localPeerId: m.peerId, ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }) }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
       async * forward (peerId, request, signal) {
@@ -464,16 +516,33 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     })
   }
 
-  const lifecycle = createLifecycle(parts, (name, err) => { logger.error({ err, part: name }, 'stop failed') })
+  const startup = createStartup((name, err) => { logger.error({ err, part: name }, 'stop failed') })
   return {
     get mesh () { return mesh },
     get witness () { return witness },
     async start () {
-      await lifecycle.start()
-      return apiUrl === undefined ? { peerId: signer!.peerId } : { peerId: signer!.peerId, apiUrl }
+      // start: ledger → mesh → experts → engines → routing → witness → ingress; each part takes what the
+      // ones before it provide.
+      const signed = await startup.start(ledgerPart())
+      const meshed = await startup.start(meshPart(signed.identity))
+      mesh = meshed?.mesh
+      // MoE experts on holder nodes: this node's holder and the models it stages (daemon/node/experts.ts).
+      const experts = createExpertsPart(config, {
+        logger, budgets, mesh: () => meshed?.mesh, peerLoss: () => meshed?.peerLoss,
+        roles: () => signed.identity?.certificate.body.roles ?? [], nodeId: () => signed.signer.peerId,
+      })
+      await startup.start(experts)
+      const served = await startup.start(enginesPart(signed.signer, meshed, experts))
+      if (meshed !== undefined) {
+        await startup.start(routingPart(meshed, served, signed.signer, experts))
+        witness = await startup.start(witnessPart(meshed, signed))
+      }
+      if (config.api === undefined) return { peerId: signed.signer.peerId }
+      const front = await startup.start(ingressPart(config.api, signed, meshed, served, experts))
+      ingress = front.ingress
+      return { peerId: signed.signer.peerId, apiUrl: front.apiUrl }
     },
-    stop: lifecycle.stop,
+    stop: startup.stop,
     inFlight: () => ingress?.inFlight ?? 0,
   }
 }
-

@@ -7,12 +7,12 @@
  * holder when there is one.
  */
 import { ShoalError } from '../errors.ts'
-import { ModelNotFoundError, OverloadedError, ShuttingDownError, abortReason, admitPrompt, endConditions, generateSequence, requestScope } from '../engine/index.ts'
+import { OverloadedError, createGenerationService } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
-import type { TokenSource } from '../engine/index.ts'
+import type { RequestTicket, TokenSource } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
+import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
@@ -107,58 +107,54 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     throw new ChainIncompleteError(d.reason)
   }
 
-  async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
-    const text = codec
-    if (text === undefined) throw new ShuttingDownError('the pipeline service is not running')
-    if (request.model !== modelId) throw new ModelNotFoundError(request.model, [modelId])
-    const promptIds = await admitPrompt(text, request, manifest.shape, signal)
+  /** A request's chain: a coordinator slot (refused when all are busy), then its chain token source. */
+  function admit (request: GenerateRequest): RequestTicket {
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
-    const scope = requestScope(signal, request.deadline)
-    const source = createChainTokenSource({
-      node,
-      requestId: request.requestId,
-      sampling: request.sampling,
-      deadline: request.deadline,
-      formChain: chainFor,
-      ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
-      ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
-      ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
-    })
+    let source: ChainTokenSource | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
-    try {
-      await source.connect(scope.signal)
-      wrapped = init.sourceWrapper?.wrapChain({ request, manifest, chain: source })
-      // Prefill before `start`, as the local engine does: a chain that cannot be completed is then
-      // a plain HTTP error (503), streaming or not, and `start` names the chain that answered.
-      let tokens: TokenSource = wrapped ?? source
-      if (request.maxTokens === undefined || request.maxTokens > 0) {
-        const inner = tokens
-        const first = await inner.prefill(promptIds, scope.signal)
-        tokens = { prefill: async () => first, decode: async (t, p, s) => await inner.decode(t, p, s) }
-      }
-      yield { type: 'start', promptTokenIds: promptIds, route: source.route, hops: source.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }
-      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
-        if (event.type !== 'end') {
-          yield event
-          continue
+    return {
+      async open (signal) {
+        const chain = createChainTokenSource({
+          node,
+          requestId: request.requestId,
+          sampling: request.sampling,
+          deadline: request.deadline,
+          formChain: chainFor,
+          ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
+          ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
+          ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
+        })
+        source = chain
+        await chain.connect(signal)
+        const w = init.sourceWrapper?.wrapChain({ request, manifest, chain })
+        wrapped = w
+        return {
+          source: w ?? chain,
+          // `start` names the chain that answered the prefill.
+          start: () => ({ route: chain.route, hops: chain.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }),
+          summary: () => w?.summary?.(),
+          // Each stage's signed share of the work, collected before the end goes out (bounded wait:
+          // a stage that does not answer is left out; its hop still names it in the receipt).
+          end: async (event, signal) => {
+            const parts = await chain.finish(AbortSignal.any([signal, AbortSignal.timeout(PART_WAIT_MS)]))
+            return parts.length === 0 ? event : { ...event, receiptParts: [...(event.receiptParts ?? []), ...parts] }
+          },
         }
-        // Each stage's signed share of the work, collected before the end goes out (bounded wait:
-        // a stage that does not answer is left out; its hop still names it in the receipt).
-        const parts = await source.finish(AbortSignal.any([scope.signal, AbortSignal.timeout(PART_WAIT_MS)]))
-        const summary = wrapped?.summary?.()
-        const withSpeculation = summary === undefined ? event : { ...event, speculation: summary }
-        yield parts.length === 0 ? withSpeculation : { ...withSpeculation, receiptParts: [...(event.receiptParts ?? []), ...parts] }
-      }
-    } catch (err) {
-      throw scope.signal.aborted ? abortReason(scope.signal) : err
-    } finally {
-      scope.dispose()
-      active--
-      await wrapped?.close?.().catch(() => {})
-      await source.close()
+      },
+      async release () {
+        active--
+        await wrapped?.close?.().catch(() => {})
+        await source?.close()
+      },
     }
   }
+
+  const { generate } = createGenerationService({
+    current: () => codec === undefined ? undefined : { modelId, codec, manifest },
+    notRunning: 'the pipeline service is not running',
+    admit,
+  })
 
   return {
     async start () {

@@ -11,21 +11,21 @@
  * share engine runs. Speculative decoding: an activation that starts before what a stage holds
  * first sets the request's KV back to its start (drafts the chain rejected), and the last stage
  * answers a verify activation with a verdict (accepted drafts, its own next token).
+ *
+ * The two roles are two parts over the same links: serving stages in stage-server.ts, watching
+ * coordinated requests' tokens in token-watches.ts; this file owns the engine steps both share.
  */
-import { createHash } from 'node:crypto'
-import type { Hash } from 'node:crypto'
-import { deserializeError, serializeError } from '../errors.ts'
-import { createReceiptPart } from '../ledger/index.ts'
 import type { Batcher } from '../batcher/index.ts'
-import { createRng, nextPick } from '../engine/index.ts'
-import type { Rng, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
-import type { SerializedError } from '../errors.ts'
-import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
+import type { StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
+import { StageConfigError } from './errors.ts'
 import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
-import type { OpenBody, StageFrame } from './wire.ts'
-import { checkDrafts } from './verify.ts'
-import { MAX_TIMER_MS } from '../abort.ts'
+import { createStageServer } from './stage-server.ts'
+import { createTokenWatches } from './token-watches.ts'
+import type { TokenWatch } from './token-watches.ts'
+import type { StageFrame } from './wire.ts'
+
+export type { TokenWatch } from './token-watches.ts'
 
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
@@ -48,15 +48,6 @@ export interface StageNodeStats {
   /** Requests this node coordinates that wait for tokens. */
   watched: number
   streams: number
-}
-
-/** Token and error frames of one coordinated request, plus losses of the peers it runs on. */
-export interface TokenWatch {
-  /** The next token or verdict frame (`accepted` set for a verdict); rejects with the request's typed error, or signal.reason. */
-  next (signal: AbortSignal): Promise<{ position: number, tokenId: number, accepted?: number }>
-  /** Signed receipt parts received; waits until `count` stages have answered or the signal fires. */
-  parts (count: number, signal: AbortSignal): Promise<Array<Record<string, unknown>>>
-  close (): void
 }
 
 export interface StageNode {
@@ -87,50 +78,10 @@ export interface StageNode {
   stats (): StageNodeStats
 }
 
-interface Served {
-  id: string
-  open: OpenBody
-  upstream: string
-  next: string | undefined
-  rng: Rng | undefined
-  tail: Promise<void>
-  ctl: AbortController
-  timers: Array<ReturnType<typeof setTimeout>>
-  idle: ReturnType<typeof setTimeout> | undefined
-  /** What this stage received and produced for the request, for its signed receipt part. */
-  received: Hash
-  produced: Hash
-  rowsIn: number
-  rowsOut: number
-  startedAt: number
-  /** Positions this stage's KV holds for the request. */
-  held: number
-}
-
-interface Watch {
-  peers: Set<string>
-  queue: Array<{ position: number, tokenId: number, accepted?: number } | Error>
-  parts: Array<Record<string, unknown>>
-  wake: (() => void) | undefined
-}
-
-/** Bytes of a tensor, for hashing without a copy. */
-const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
-
-const SEND_TIMEOUT_MS = 30_000
-
 export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
   const { engine } = init
-  const stage = engine.stage
-  const idleMs = init.idleTimeoutMs ?? 60_000
   const links: Links = createLinks(components, init)
-  const served = new Map<string, Served>()
-  const watches = new Map<string, Watch>()
   const self = components.peerId
-
-  const sendSoon = (peerId: string, frame: StageFrame): void => {
-    links.send(peerId, frame, AbortSignal.timeout(SEND_TIMEOUT_MS)).catch(() => {})
-  }
 
   async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
     const picking = pick === undefined ? {} : { pick }
@@ -151,218 +102,33 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     await engine.free(seqId)
   }
 
+  const server = createStageServer({
+    engine,
+    modelId: init.modelId,
+    manifestHash: init.manifestHash,
+    idleTimeoutMs: init.idleTimeoutMs ?? 60_000,
+    signer: init.signer,
+    authorize: init.authorize,
+    self,
+    links,
+    step,
+    free,
+    rollback,
+  })
+  const watches = createTokenWatches()
+
   function waveCap (): number {
-    let stages = 1
-    for (const s of served.values()) stages = Math.max(stages, s.open.chain.length)
-    for (const w of watches.values()) stages = Math.max(stages, w.peers.size + 1)
-    return Math.max(1, Math.ceil((served.size + watches.size) / stages))
+    const stages = Math.max(server.longestChain(), watches.longestChain())
+    return Math.max(1, Math.ceil((server.size + watches.size) / stages))
   }
 
-  /** Drops a served request: KV freed after its running step stops; cancel goes downstream. */
-  function drop (s: Served, cancelDownstream: boolean): void {
-    if (served.get(s.id) !== s) return
-    served.delete(s.id)
-    s.ctl.abort(new StageLostError('request dropped'))
-    for (const t of s.timers) clearTimeout(t)
-    clearTimeout(s.idle)
-    void s.tail.finally(() => free(s.id).catch(() => {}))
-    if (cancelDownstream && s.next !== undefined) sendSoon(s.next, { kind: 'cancel', requestId: s.id })
-  }
-
-  function fail (s: Served, err: unknown): void {
-    if (served.get(s.id) !== s) return
-    if (s.open.returnTo !== self) sendSoon(s.open.returnTo, { kind: 'error', requestId: s.id, error: errorBody(err) })
-    drop(s, true)
-  }
-
-  function touch (s: Served): void {
-    clearTimeout(s.idle)
-    s.idle = setTimeout(() => fail(s, new StageLostError(`no frame for request ${s.id} in ${idleMs} ms`)), idleMs)
-  }
-
-  function checkOpen (o: OpenBody): void {
-    const hop = o.chain[o.hop]!
-    if (hop.peerId !== self) throw new StageConfigError(`open frame addressed to ${hop.peerId}, not this node`)
-    if (o.modelId !== init.modelId || o.manifestHash !== init.manifestHash) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `this node serves ${init.modelId} (manifest ${init.manifestHash.slice(0, 12)}), not ${o.modelId} (manifest ${o.manifestHash.slice(0, 12)})`)
-    if (hop.layers[0] !== stage.layers[0] || hop.layers[1] !== stage.layers[1]) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `this node holds layers ${stage.layers.join('-')}, not ${hop.layers.join('-')}`)
-    if (stage.hasEmbedding) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', 'the embedding stage takes no activations')
-    if ((o.hop === o.chain.length - 1) !== stage.hasHead) throw new StageWireError('SHOAL_ERR_STAGE_MISMATCH', 'only the stage with the head may end a chain')
-  }
-
-  function onOpen (f: Extract<StageFrame, { kind: 'open' }>, from: string): void {
-    const o = f.open
-    try {
-      if (served.has(f.requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${f.requestId} is already open here`)
-      const refused = init.authorize?.(from)
-      if (refused !== undefined) throw refused
-      checkOpen(o)
-    } catch (err) {
-      sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(err) })
-      return
-    }
-    const last = o.hop === o.chain.length - 1
-    const s: Served = {
-      id: f.requestId,
-      open: o,
-      upstream: from,
-      next: last ? undefined : o.chain[o.hop + 1]!.peerId,
-      rng: undefined,
-      tail: Promise.resolve(),
-      ctl: new AbortController(),
-      timers: [],
-      idle: undefined,
-      received: createHash('sha256'),
-      produced: createHash('sha256'),
-      rowsIn: 0,
-      rowsOut: 0,
-      startedAt: Date.now(),
-      held: 0,
-    }
-    if (last) {
-      s.rng = createRng(o.sampling.seed)
-      for (let i = 0; i < o.rngSkip; i++) s.rng()
-    }
-    served.set(s.id, s)
-    const untilDeadline = o.deadline - Date.now()
-    s.timers.push(setTimeout(() => fail(s, new StageLostError('the request deadline passed at a stage')), Math.max(0, Math.min(untilDeadline, MAX_TIMER_MS))))
-    touch(s)
-    // Open downstream right away: frames on one link keep their order, so it precedes our output.
-    if (s.next !== undefined) sendSoon(s.next, { kind: 'open', requestId: s.id, open: { ...o, hop: o.hop + 1 } })
-    s.tail = engine.open(s.id, s.ctl.signal).then(() => {}, (err: unknown) => fail(s, err))
-  }
-
-  function onActivation (f: Extract<StageFrame, { kind: 'activation' }>, from: string): void {
-    const s = served.get(f.requestId)
-    if (s === undefined) {
-      sendSoon(from, { kind: 'error', requestId: f.requestId, error: serializeError(new StageWireError('SHOAL_ERR_STAGE_UNKNOWN_REQUEST', `no open request ${f.requestId} on this stage`)) })
-      return
-    }
-    if (f.width !== stage.hiddenSize) {
-      fail(s, new StageWireError('SHOAL_ERR_STAGE_MISMATCH', `activation width ${f.width}, this stage's hidden size is ${stage.hiddenSize}`))
-      return
-    }
-    touch(s)
-    s.received.update(bytesOf(f.data))
-    s.rowsIn += f.rows
-    const positions = Array.from({ length: f.rows }, (_, i) => f.start + i)
-    s.tail = s.tail.then(async () => {
-      if (served.get(s.id) !== s) return
-      if (f.start > s.held) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `activation starts at ${f.start}; this stage holds ${s.held} positions`)
-      // Drafts the chain rejected: the KV goes back to where this activation starts.
-      if (f.start < s.held) await rollback(s.id, f.start, s.ctl.signal)
-      s.held = f.start
-      const verify = f.drafts
-      // The last stage picks the token in its engine worker (the draw from this sequence's seeded
-      // generator made here first), so only the id comes back from the worker; a verify needs the
-      // logits of every row instead.
-      const pick = s.next === undefined && f.final && verify === undefined ? nextPick(s.open.sampling, s.rng!) : undefined
-      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: s.next === undefined ? f.rows : 1 })
-      s.held = f.start + f.rows
-      if (s.next !== undefined) {
-        if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
-        s.produced.update(bytesOf(out.data))
-        s.rowsOut += out.count
-        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }) }, s.ctl.signal)
-      } else if (verify !== undefined) {
-        if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
-        // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
-        const { accepted, tokenId } = checkDrafts(out.data, out.vocab, verify, s.open.sampling, s.rng!)
-        const position = f.start + accepted + 1
-        s.produced.update(new Uint8Array(Uint32Array.of(position, tokenId).buffer))
-        s.rowsOut += accepted + 1
-        await links.send(s.open.returnTo, { kind: 'verdict', requestId: s.id, position, accepted, tokenId }, s.ctl.signal)
-      } else if (f.final) {
-        if (out.kind !== 'token') throw new StageConfigError('the last stage must return a token')
-        const tokenId = out.id
-        s.produced.update(new Uint8Array(Uint32Array.of(f.start + f.rows, tokenId).buffer))
-        s.rowsOut++
-        await links.send(s.open.returnTo, { kind: 'token', requestId: s.id, position: f.start + f.rows, tokenId }, s.ctl.signal)
-      }
-    }).catch((err: unknown) => { if (!s.ctl.signal.aborted) fail(s, err) })
-  }
-
-  function onFrame (f: StageFrame, from: string): void {
-    const w = watches.get(f.requestId)
-    if (w !== undefined && (f.kind === 'token' || f.kind === 'verdict' || f.kind === 'error' || f.kind === 'part')) {
-      if (f.kind === 'part') {
-        if (w.parts.length < w.peers.size) w.parts.push(f.part)
-      } else {
-        w.queue.push(f.kind === 'token' ? { position: f.position, tokenId: f.tokenId } : f.kind === 'verdict' ? { position: f.position, tokenId: f.tokenId, accepted: f.accepted } : remoteError(f.error))
-      }
-      const wake = w.wake
-      w.wake = undefined
-      wake?.()
-      return
-    }
-    switch (f.kind) {
-      case 'open': onOpen(f, from); return
-      case 'activation': onActivation(f, from); return
-      case 'cancel': {
-        const s = served.get(f.requestId)
-        if (s !== undefined) drop(s, true)
-        return
-      }
-      case 'finish': {
-        const s = served.get(f.requestId)
-        if (s !== undefined) void finish(s)
-        return
-      }
-      case 'part': return // for a request no longer watched
-      case 'error': {
-        // From downstream: pass it to the coordinator and drop our part.
-        const s = served.get(f.requestId)
-        if (s !== undefined) fail(s, remoteError(f.error))
-        return
-      }
-      case 'token':
-      case 'verdict': return // for a request no longer watched
-    }
-  }
-
-  /** The request completed: sign this stage's part for the coordinator, then pass finish on and drop. */
-  async function finish (s: Served): Promise<void> {
-    // Steps still running for the request finish first, so the hashes cover everything.
-    await s.tail.catch(() => {})
-    if (served.get(s.id) !== s) return
-    // Always answer, with {} when this stage signs nothing, so the coordinator need not wait it out.
-    let part: Record<string, unknown> = {}
-    const signer = init.signer
-    if (signer !== undefined) {
-      try {
-        part = createReceiptPart({
-          requestId: s.open.receiptId ?? s.id,
-          peerId: signer.peerId,
-          model: s.open.modelId,
-          layers: [stage.layers[0], stage.layers[1]],
-          inputHash: s.received.digest('hex'),
-          outputHash: s.produced.digest('hex'),
-          tokens: { input: s.rowsIn, output: s.rowsOut },
-          timing: { startedAt: s.startedAt, durationMs: Date.now() - s.startedAt },
-        }, signer.secretKey) as unknown as Record<string, unknown>
-      } catch {
-        // A part that cannot be made is left out; the coordinator's receipt still names this stage.
-      }
-    }
-    sendSoon(s.open.returnTo, { kind: 'part', requestId: s.id, part })
-    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id })
-    drop(s, false)
-  }
-
-  function onLinkDown (peerId: string): void {
-    for (const s of [...served.values()]) {
-      if (s.upstream === peerId || s.next === peerId || s.open.returnTo === peerId) fail(s, new StageLostError(`lost the link to stage peer ${peerId}`, peerId))
-    }
-    for (const w of watches.values()) {
-      if (!w.peers.has(peerId)) continue
-      w.queue.push(new StageLostError(`lost the link to stage peer ${peerId}`, peerId))
-      const wake = w.wake
-      w.wake = undefined
-      wake?.()
-    }
-  }
-
-  links.onFrame(onFrame)
-  links.onLinkDown(onLinkDown)
+  links.onFrame((f: StageFrame, from: string) => {
+    if (!watches.deliver(f)) server.handle(f, from)
+  })
+  links.onLinkDown((peerId: string) => {
+    server.linkDown(peerId)
+    watches.linkDown(peerId)
+  })
 
   return {
     peerId: self,
@@ -371,7 +137,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     manifestHash: init.manifestHash,
     start: async () => { await links.start() },
     async stop () {
-      for (const s of [...served.values()]) drop(s, false)
+      server.dropAll()
       await links.stop()
     },
     send: async (peerId, frame, signal) => { await links.send(peerId, frame, signal) },
@@ -379,51 +145,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     free,
     rollback,
     waveCap,
-    watch (requestId, peers) {
-      if (watches.has(requestId)) throw new StageWireError('SHOAL_ERR_STAGE_MALFORMED', `request ${requestId} is already watched`)
-      const w: Watch = { peers: new Set(peers), queue: [], parts: [], wake: undefined }
-      watches.set(requestId, w)
-      return {
-        async next (signal) {
-          for (;;) {
-            const item = w.queue.shift()
-            if (item instanceof Error) throw item
-            if (item !== undefined) return item
-            signal.throwIfAborted()
-            await new Promise<void>((resolve, reject) => {
-              const onAbort = (): void => { w.wake = undefined; reject(signal.reason) }
-              signal.addEventListener('abort', onAbort, { once: true })
-              w.wake = () => { signal.removeEventListener('abort', onAbort); resolve() }
-            })
-          }
-        },
-        async parts (count, signal) {
-          while (w.parts.length < count && !signal.aborted) {
-            await new Promise<void>((resolve) => {
-              const onAbort = (): void => { w.wake = undefined; resolve() }
-              signal.addEventListener('abort', onAbort, { once: true })
-              w.wake = () => { signal.removeEventListener('abort', onAbort); resolve() }
-            })
-          }
-          return w.parts.filter(p => Object.keys(p).length > 0)
-        },
-        close () {
-          if (watches.get(requestId) === w) watches.delete(requestId)
-        },
-      }
-    },
-    stats: () => ({ served: served.size, watched: watches.size, streams: links.streams() }),
+    watch: (requestId, peers): TokenWatch => watches.watch(requestId, peers),
+    stats: () => ({ served: server.size, watched: watches.size, streams: links.streams() }),
   }
-}
-
-/** An error for an error frame: the code, plus the lost peer's id when there is one. */
-function errorBody (err: unknown): SerializedError & { peerId?: string } {
-  const peerId = err instanceof StageLostError ? err.peerId : undefined
-  return peerId === undefined ? serializeError(err) : { ...serializeError(err), peerId }
-}
-
-/** An error frame from a peer, as an Error with the peer's name and code. */
-function remoteError (e: SerializedError & { peerId?: string }): Error {
-  if (e.code === 'SHOAL_ERR_PEER_LOST') return new StageLostError(e.message, e.peerId)
-  return deserializeError(e)
 }

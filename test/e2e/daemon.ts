@@ -10,6 +10,7 @@ import { join } from 'node:path'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import type { DaemonConfig } from '../../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 
 export const MODEL_ID = 'tiny-e2e'
@@ -44,8 +45,11 @@ export interface RunningDaemon {
   stop (): Promise<void>
 }
 
-/** Starts the daemon serving `model` (a shard directory or an HF checkpoint) with state under `root`. */
-export async function startDaemon (model: string, root: string): Promise<RunningDaemon> {
+/**
+ * Starts the daemon serving `model` (a shard directory or an HF checkpoint) with state under
+ * `root`; `extra`: more of the daemon's config (its components' sections, say).
+ */
+export async function startDaemon (model: string, root: string, extra: Partial<DaemonConfig> = {}): Promise<RunningDaemon> {
   const dataDir = join(root, 'data')
   const cacheRoot = join(root, 'cache')
   const daemon = createDaemon(validateConfig({
@@ -57,6 +61,7 @@ export async function startDaemon (model: string, root: string): Promise<Running
     listen: [],
     bootstrap: [],
     mdns: false,
+    ...extra,
   }), { logger: pino({ level: 'silent' }) })
   const { peerId, apiUrl } = await daemon.start()
   if (apiUrl === undefined) throw new Error('daemon started without an API')
