@@ -19,6 +19,7 @@ import { createChainTokenSource } from './chain-source.ts'
 import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
+import type { ActivationEncoding } from './activations.ts'
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -44,6 +45,8 @@ export interface PipelineServiceInit {
    * plugs in here without the pipeline depending on it); started and stopped with the service.
    */
   sourceWrapper?: ChainSourceWrapper
+  /** The activation encoding of the chains this coordinator opens (default 'f32', exact; see ChainTokenSourceInit). */
+  activations?: ActivationEncoding
 }
 
 /** What a chain source wrapper gets for one request. */
@@ -124,6 +127,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
       ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
       ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
+      ...(init.activations === undefined ? {} : { activations: init.activations }),
     })
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     try {

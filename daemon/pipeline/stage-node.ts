@@ -25,6 +25,7 @@ import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
 import type { OpenBody, StageFrame } from './wire.ts'
 import { checkDrafts } from './verify.ts'
+import { roundTripActivation } from './activations.ts'
 import { MAX_TIMER_MS } from '../abort.ts'
 
 export interface StageNodeInit extends LinkOptions {
@@ -260,9 +261,11 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       s.held = f.start + f.rows
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
-        s.produced.update(bytesOf(out.data))
+        // The chain's encoding (its open frame's); the part hashes what the next stage receives.
+        const encoding = s.open.activations
+        s.produced.update(bytesOf(encoding === undefined ? out.data : roundTripActivation(encoding, out.data, out.count, out.hidden)))
         s.rowsOut += out.count
-        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }) }, s.ctl.signal)
+        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }), ...(encoding === undefined ? {} : { encoding }) }, s.ctl.signal)
       } else if (verify !== undefined) {
         if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
         // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
