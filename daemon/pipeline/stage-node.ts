@@ -49,6 +49,9 @@ export interface StageNodeStats {
   /** Requests this node coordinates that wait for tokens. */
   watched: number
   streams: number
+  /** Stage-wire frame bytes this node sent and received (activations, tokens, control). */
+  bytesSent: number
+  bytesReceived: number
 }
 
 /** Token and error frames of one coordinated request, plus losses of the peers it runs on. */
@@ -415,7 +418,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
         },
       }
     },
-    stats: () => ({ served: served.size, watched: watches.size, streams: links.streams() }),
+    stats: () => { const b = links.bytes(); return { served: served.size, watched: watches.size, streams: links.streams(), bytesSent: b.sent, bytesReceived: b.received } },
   }
 }
 
