@@ -67,6 +67,12 @@ export interface DaemonConfig {
    * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
    */
   kvCacheMb?: number
+  /**
+   * How the pipeline chains this node coordinates send activations between stages
+   * (--activations): 'f32' (default) is exact; 'f16' and 'int8' (per-row scale) are lossy and
+   * halve or quarter the bytes on every hop (daemon/pipeline/activations.ts).
+   */
+  activations?: 'f32' | 'f16' | 'int8'
 }
 
 export class ConfigError extends ShoalError {
@@ -122,6 +128,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   }
   if (input.kvCacheMb !== undefined && (!Number.isSafeInteger(input.kvCacheMb) || input.kvCacheMb < 0)) {
     throw new ConfigError('--kv-cache-mb', `expected a whole number of MiB (0: no prefix reuse), got ${String(input.kvCacheMb)}`)
+  }
+  if (input.activations !== undefined && !['f32', 'f16', 'int8'].includes(input.activations)) {
+    throw new ConfigError('--activations', `expected f32, f16 or int8, got ${String(input.activations)}`)
   }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {

@@ -395,7 +395,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
     const sourceWrapper = speculation(choice)
     const coordinator = createPipelineService(
-      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }) },
+      { stage, shardDir: model.shardDir, ...(sourceWrapper === undefined ? {} : { sourceWrapper }), ...(config.activations === undefined ? {} : { activations: config.activations }) },
       { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss!.watch(peerId) },
     )
     await coordinator.start()

@@ -22,6 +22,7 @@ export interface NodeOptions {
   tlsKey?: string
   draft?: string
   kvCacheMb?: string
+  activations?: 'f32' | 'f16' | 'int8'
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -49,6 +50,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
+    ...(opts.activations === undefined || opts.activations === 'f32' ? {} : { activations: opts.activations }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

@@ -45,6 +45,12 @@ describe('daemon config', () => {
     }
   })
 
+  it('takes --activations f32, f16 or int8 (absent: f32) and names it otherwise', () => {
+    expect(validateConfig(base).activations).toBeUndefined()
+    expect(validateConfig({ ...base, activations: 'int8' }).activations).toBe('int8')
+    expect(() => validateConfig({ ...base, activations: 'bf16' as 'f16' })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--activations' }))
+  })
+
   it('names the bad key', () => {
     expect(() => validateConfig({ ...base, device: 'tpu' })).toThrowError(/--device/)
     expect(() => validateConfig({ ...base, models: [] })).toThrowError(/--model/)
