@@ -5,7 +5,7 @@
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { readFile } from 'node:fs/promises'
-import { freemem } from 'node:os'
+import { freemem, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { createSecureContext } from 'node:tls'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
@@ -35,7 +35,7 @@ import { createLifecycle } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
 import type { Part } from './lifecycle.ts'
-import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
+import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders, stageStepTimes, stepTimesChanged } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ModelProgress, ResolvedModel } from './models.ts'
@@ -68,6 +68,8 @@ export interface Daemon {
 
 /** What capability records say this node runs; the version is package.json's, like `shoal --version`. */
 const SOFTWARE = `shoal/${pkg.version}`
+/** How often measured stage step times are compared with the published ones. */
+const STEP_TIME_CHECK_MS = 10_000
 
 async function openvinoLoads (): Promise<boolean> {
   try {
@@ -131,6 +133,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const locals: LocalService[] = []
   const coordinators: PipelineService[] = []
   const stages: PipelineStage[] = []
+  let stepTimer: ReturnType<typeof setInterval> | undefined
   /** Multi-stage models served whole from this machine, every stage its own engine worker. */
   const localChains: LocalChain[] = []
   let local: InferenceService = createModelDirectory([])
@@ -146,10 +149,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const drafterName = (): string | undefined =>
     config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
 
+  /** Stage step times in the last published record; re-published when they move (stepTimesChanged). */
+  let publishedStepTimes = new Map<string, number>()
   const publishCapabilities = (): void => {
+    publishedStepTimes = stageStepTimes(stages)
     mesh?.setCapabilities({
-      models: servedModels(models, drafterName()),
+      models: servedModels(models, drafterName(), publishedStepTimes),
       ...(engine === undefined ? {} : { engine: engine.backend, device: engine.device }),
+      memory: { totalBytes: totalmem(), freeBytes: freemem() },
       maxContextTokens: Math.max(0, ...models.map(m => m.manifest.shape.maxPositions)),
       ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
       software: SOFTWARE,
@@ -265,8 +272,11 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const roles = identity!.certificate.body.roles
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         publishCapabilities()
+        // Measured stage speeds reach the chains other coordinators form (daemon/routing/chain.ts).
+        stepTimer = setInterval(() => { if (stepTimesChanged(publishedStepTimes, stageStepTimes(stages))) publishCapabilities() }, STEP_TIME_CHECK_MS)
+        stepTimer.unref()
       },
-      async stop () { /* the mesh's stop closes its streams; handlers see them end */ },
+      async stop () { clearInterval(stepTimer) /* the mesh's stop closes its streams; handlers see them end */ },
     },
     {
       // Signs this node's receipt-log head for its peers and keeps theirs (witnessed heads).

@@ -89,6 +89,12 @@ export interface StageNode {
   waveCap (): number
   watch (requestId: string, peers: readonly string[]): TokenWatch
   stats (): StageNodeStats
+  /**
+   * Measured decode step time of this stage, ms: a moving average of single-position steps (the
+   * coordinator's own and those served for chains, queueing in the batcher included); undefined
+   * before the first. Gossiped in the capabilities so chains prefer fast holders.
+   */
+  stepMs (): number | undefined
 }
 
 interface Served {
@@ -122,6 +128,8 @@ interface Watch {
 const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
 
 const SEND_TIMEOUT_MS = 30_000
+/** Weight of the newest decode step in the measured step time (about the last ten steps count). */
+const STEP_EWMA = 0.2
 
 export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
   const { engine } = init
@@ -136,7 +144,20 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     links.send(peerId, frame, AbortSignal.timeout(SEND_TIMEOUT_MS)).catch(() => {})
   }
 
+  /** Moving average of decode step times (weight of the newest: STEP_EWMA). */
+  let stepMs: number | undefined
+
   async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
+    const started = performance.now()
+    const out = await runStep(seqId, input, positions, pick, signal, verify)
+    if (positions.length === 1) {
+      const ms = performance.now() - started
+      stepMs = stepMs === undefined ? ms : stepMs + STEP_EWMA * (ms - stepMs)
+    }
+    return out
+  }
+
+  async function runStep (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
     const picking = pick === undefined ? {} : { pick }
     const batcher = init.batcher
     const logitsToKeep = verify?.logitsToKeep ?? 1
@@ -419,6 +440,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
       }
     },
     stats: () => { const b = links.bytes(); return { served: served.size, watched: watches.size, streams: links.streams(), bytesSent: b.sent, bytesReceived: b.received } },
+    stepMs: () => stepMs,
   }
 }
 

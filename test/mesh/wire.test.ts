@@ -118,6 +118,15 @@ describe('capability gossip message', () => {
     const bad = codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', drafter: 7 }] }, signature: 's' } }))))
     expect(bad).toBe('SHOAL_ERR_MESH_MALFORMED')
   })
+
+  it('carries a stage\'s measured step time (optional; negative or non-numeric refused)', () => {
+    const withStep = { ...body, models: [{ id: 'm', layers: [0, 11] as [number, number], stepMs: 12.5 }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withStep, signature: 's' })).record.body.models[0]!.stepMs).toBe(12.5)
+    expect(text(encodeCapsMessage(cert, { body: withStep, signature: 's' }))).toContain('"models":[{"id":"m","layers":[0,11],"stepMs":12.5}]')
+    for (const stepMs of [-1, '3']) {
+      expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', stepMs }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
+  })
 })
 
 describe('revocations gossip message', () => {

@@ -79,6 +79,8 @@ describe('a 3-stage chain with compressed activations', () => {
     const r = await run('f32')
     expect(r.tokens).toEqual(want)
     results.set('f32', r)
+    // Every stage measured its decode step time (what it gossips for chain formation).
+    for (const h of hosts) expect(h.stage.node.stepMs()).toBeGreaterThan(0)
   }, 120_000)
 
   it.each(['f16', 'int8'] as const)('%s gives whole sequences; agreement with f32 is measured; every hop sends it', async (enc) => {

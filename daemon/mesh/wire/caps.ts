@@ -33,6 +33,12 @@ export interface ServedModel {
    * `prompt-lookup`); absent without one. Optional: older readers ignore it.
    */
   drafter?: string
+  /**
+   * Measured decode step time of this node's stage (ms per single-position step, a moving
+   * average; absent until measured). Chain formation prefers faster holders by it. Optional:
+   * older readers ignore it.
+   */
+  stepMs?: number
 }
 
 /** What a node declares about itself (`mesh.setCapabilities`). */
@@ -108,6 +114,7 @@ function model (value: unknown, where: string): ServedModel {
   if (obj.maxContextTokens !== undefined) out.maxContextTokens = uint(obj.maxContextTokens, `${where}.maxContextTokens`)
   const drafter = optStr(obj.drafter, `${where}.drafter`, 128)
   if (drafter !== undefined) out.drafter = drafter
+  if (obj.stepMs !== undefined) out.stepMs = nonNeg(obj.stepMs, `${where}.stepMs`)
   return out
 }
 
