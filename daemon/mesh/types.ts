@@ -86,6 +86,8 @@ export interface PeerModel {
   drafter?: string
   /** Measured decode step time of the stage, ms (see ServedModel). */
   stepMs?: number
+  /** Lossy activation encodings the stage decodes (see ServedModel). */
+  activations?: string[]
 }
 
 /** One entry of GET /v1/mesh `peers`. */

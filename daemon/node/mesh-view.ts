@@ -8,6 +8,7 @@ import type { Candidate, LayerRange, StageHolder } from '../routing/index.ts'
 import type { LocalServiceLoad } from '../engine/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
+import { ACCEPTED_ENCODINGS } from '../pipeline/index.ts'
 
 /** Key of one loaded stage in a step-time map: manifest hash and layer range. */
 export const stageKey = (manifestHash: string, layers: readonly [number, number]): string => `${manifestHash}@${layers[0]}-${layers[1]}`
@@ -54,6 +55,8 @@ export function servedModels (models: ResolvedModel[], drafter?: string, stepTim
       // Whole models, local chains and stage 0 (which coordinates its chains) draft.
       ...(drafter !== undefined && (m.whole || m.localChain === true || stage.layers[0] === 0) ? { drafter } : {}),
       ...(stepMs === undefined ? {} : { stepMs }),
+      // Stages receive activations; they decode every lossy encoding this build has.
+      ...(m.whole || m.localChain === true || stage.layers[0] === 0 ? {} : { activations: [...ACCEPTED_ENCODINGS] }),
     }
   })
 }
@@ -151,6 +154,7 @@ export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
         ...(p.load === undefined || p.loadAt === undefined ? {} : { load: toSnapshot(p.load, p.loadAt) }),
         ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
         ...(m.stepMs === undefined ? {} : { stepMs: m.stepMs }),
+        ...(m.activations === undefined ? {} : { activations: [...m.activations] }),
       })
     }
   }

@@ -133,6 +133,20 @@ export function decodeActivation (encoding: ActivationEncoding, bytes: Uint8Arra
   }
 }
 
+/**
+ * The encoding a chain is opened with: the coordinator's choice when every later stage says it
+ * accepts it (`accepts(peerId)`: the lossy encodings its capabilities declare), else f32 — a
+ * stage of an older build, or one whose capabilities have not arrived, never receives a dtype it
+ * cannot decode. Pure.
+ */
+export function chainEncoding (requested: ActivationEncoding, stagePeers: readonly string[], accepts: (peerId: string) => readonly string[] | undefined): ActivationEncoding {
+  if (requested === 'f32') return 'f32'
+  return stagePeers.every(p => accepts(p)?.includes(requested) === true) ? requested : 'f32'
+}
+
+/** The lossy encodings this build's stages decode (declared in their capabilities). */
+export const ACCEPTED_ENCODINGS: readonly ActivationEncoding[] = ['f16', 'int8']
+
 /** What the receiving stage will see for `data` sent in `encoding` (the sender hashes this for its receipt part). */
 export function roundTripActivation (encoding: ActivationEncoding, data: Float32Array, rows: number, width: number): Float32Array {
   if (encoding === 'f32') return data

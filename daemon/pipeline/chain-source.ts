@@ -52,6 +52,11 @@ export interface ChainTokenSourceInit {
    * every stage of the chain sends its activations the same way.
    */
   activations?: ActivationEncoding
+  /**
+   * Which encoding a formed chain is opened with (chainEncoding: `activations` when every stage
+   * accepts it, else f32); without it, `activations` as given. Asked again for a replay's chain.
+   */
+  encodingFor?: (chain: ChainHop[]) => ActivationEncoding
 }
 
 export interface ChainTokenSource extends TokenSource {
@@ -82,7 +87,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   const maxReplays = init.maxReplays ?? 2
   const width = node.engine.stage.hiddenSize
   const chunk = Math.max(1, Math.min(init.prefillChunk ?? 256, Math.floor((MAX_FRAME_BYTES - 1024) / (width * 4))))
-  const encoding = init.activations === undefined || init.activations === 'f32' ? undefined : init.activations
+  /** The current chain's lossy encoding (undefined: f32). */
+  let encoding: 'f16' | 'int8' | undefined
   const history: number[] = []
   const excluded: string[] = []
   let sampled = 0
@@ -99,6 +105,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   async function begin (signal: AbortSignal): Promise<void> {
     chain = init.formChain(excluded)
     if (chain.length < 2 || chain[0]!.peerId !== node.peerId) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain must start at the coordinator and have a second stage')
+    const chosen = init.encodingFor?.(chain) ?? init.activations ?? 'f32'
+    encoding = chosen === 'f32' ? undefined : chosen
     wireId = attempt === 0 ? init.requestId : `${init.requestId}~r${attempt}`
     watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
     losses = init.peerLost === undefined ? [] : chain.slice(1).map(h => ({ peerId: h.peerId, ...init.peerLost!(h.peerId) }))

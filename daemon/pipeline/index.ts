@@ -11,7 +11,7 @@ export {
   encodeFrame, encodeFrameParts, encodePayloadParts, decodePayload, peekRequestId,
 } from './wire.ts'
 export type { StageFrame, StageFrameKind, OpenBody, ChainHop } from './wire.ts'
-export { ACTIVATION_ENCODINGS, decodeActivation, encodeActivation, encodedBytes, roundTripActivation, toF16Bits } from './activations.ts'
+export { ACCEPTED_ENCODINGS, ACTIVATION_ENCODINGS, chainEncoding, decodeActivation, encodeActivation, encodedBytes, roundTripActivation, toF16Bits } from './activations.ts'
 export type { ActivationEncoding } from './activations.ts'
 export { StageWireError, StageLostError, StageConfigError } from './errors.ts'
 export type { StageWireErrorCode } from './errors.ts'

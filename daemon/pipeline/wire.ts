@@ -17,7 +17,8 @@
  *                 3 = int8: rows × f32 scale, then rows × width int8 (value = q · scale of its row;
  *                     lossy; only on a chain opened with "int8")
  *               Dtypes 2 and 3 were added within version 2: an f32 frame's bytes are unchanged,
- *               and a chain uses the others only when its open frame asks for them. A stage holding more positions than
+ *               and a chain uses the others only when its open frame asks for them, which a
+ *               coordinator does only when every stage's capabilities list the encoding. A stage holding more positions than
  *               `start` first sets the request's KV back to `start` (rejected speculative drafts).
  *               Verify (speculative decoding, version 2): the rows are a token and its k = rows − 1
  *               drafts; the last stage checks the drafts (greedy by id, or sampled: verify.ts).

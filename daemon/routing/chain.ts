@@ -28,6 +28,8 @@ export interface StageHolder {
    * times its layer count, so a new holder is neither shunned nor preferred.
    */
   stepMs?: number
+  /** Lossy activation encodings the holder decodes (its capabilities; absent: f32 only). */
+  activations?: readonly string[]
 }
 
 export interface ChainPolicy {

@@ -7,9 +7,10 @@
  * the encoding's ratio, and each stage's signed receipt part hashes what the next one received.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createChainTokenSource } from '../../daemon/pipeline/index.ts'
+import { createChainTokenSource, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { ActivationEncoding } from '../../daemon/pipeline/index.ts'
 import type { StageEngine } from '../../daemon/engine/index.ts'
+import type { GenerateEvent } from '../../daemon/service.ts'
 import { buildModels, chainFrom, eventually, holderOf, referenceTokens, runSource, startStage, startWholeEngine, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 import { makeSigner } from '../ledger/fixtures/keys.ts'
@@ -105,6 +106,34 @@ describe('a 3-stage chain with compressed activations', () => {
       const byLayers = (first: number): Record<string, any> => parts.find(p => p.body?.layers?.[0] === first)!
       const L = models.manifest.shape.numLayers
       expect(byLayers(L / 2).body.outputHash).toBe(byLayers(L - 1).body.inputHash)
+    }
+  }, 120_000)
+})
+
+describe('negotiation per chain', () => {
+  it('a coordinator asking for f16 opens the chain f16 only when every stage declares it accepts f16, else f32', async () => {
+    const [coord, ...rest] = hosts
+    let declare = false
+    const holders = (): ReturnType<typeof holderOf>[] => rest.map(h => ({ ...holderOf(h), ...(declare ? { activations: ['f16', 'int8'] } : {}) }))
+    const service = createPipelineService({ stage: coord!.stage, shardDir: models.three, activations: 'f16' }, { holders })
+    await service.start()
+    const generate = async (id: string): Promise<{ tokens: number[], sent: number }> => {
+      const before = coord!.stage.node.stats().bytesSent
+      const tokens: number[] = []
+      const events = service.generate({ requestId: id, model: 'chain-test', prompt: { kind: 'tokens', ids: prompts[0]! }, maxTokens: N, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000 }, AbortSignal.timeout(60_000))
+      for await (const e of events as AsyncIterable<GenerateEvent>) if (e.type === 'delta') tokens.push(...e.tokenIds)
+      return { tokens, sent: coord!.stage.node.stats().bytesSent - before }
+    }
+    try {
+      // Holders that declare nothing (an older build, or capabilities not yet seen): f32, exact.
+      const plain = await generate('neg-undeclared')
+      expect(plain.tokens).toEqual(want[0]!.slice(0, plain.tokens.length))
+      declare = true
+      const lossy = await generate('neg-declared')
+      expect(lossy.tokens).toHaveLength(plain.tokens.length)
+      expect(lossy.sent / plain.sent).toBeLessThan(0.65)
+    } finally {
+      await service.stop()
     }
   }, 120_000)
 })

@@ -5,7 +5,7 @@
  * unknown encodings in an open frame). f32 frames are untouched (wire.test.ts pins them).
  */
 import { describe, expect, it } from 'vitest'
-import { decodePayload, encodeFrame, encodePayloadParts, roundTripActivation, toF16Bits } from '../../daemon/pipeline/index.ts'
+import { chainEncoding, decodePayload, encodeFrame, encodePayloadParts, roundTripActivation, toF16Bits } from '../../daemon/pipeline/index.ts'
 import type { OpenBody, StageFrame } from '../../daemon/pipeline/index.ts'
 import { Prng } from '../../shards/testmodel/prng.ts'
 
@@ -100,5 +100,15 @@ describe('compressed activations: round-trip error', () => {
     bad.set([0, 0, 0xc0, 0x7f], ok.length - 6) // the scale becomes NaN
     expect(() => decodePayload(bad)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     expect(() => decodePayload(ok.subarray(0, ok.length - 1))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_TRUNCATED' }))
+  })
+})
+
+describe('the encoding a chain is opened with', () => {
+  const accepts = (table: Record<string, string[]>) => (peerId: string): string[] | undefined => table[peerId]
+  it('is the requested one only when every later stage declares it, else f32', () => {
+    expect(chainEncoding('f16', ['b', 'c'], accepts({ b: ['f16', 'int8'], c: ['f16'] }))).toBe('f16')
+    expect(chainEncoding('int8', ['b', 'c'], accepts({ b: ['f16', 'int8'], c: ['f16'] }))).toBe('f32')
+    expect(chainEncoding('f16', ['b', 'c'], accepts({ b: ['f16'] }))).toBe('f32') // c declared nothing
+    expect(chainEncoding('f32', ['b'], accepts({ b: ['f16'] }))).toBe('f32')
   })
 })

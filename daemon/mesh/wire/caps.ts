@@ -39,6 +39,11 @@ export interface ServedModel {
    * older readers ignore it.
    */
   stepMs?: number
+  /**
+   * Lossy activation encodings this stage decodes on /shoal/stage (`f16`, `int8`); absent: f32
+   * only. A coordinator opens a chain lossy only when every stage lists the encoding.
+   */
+  activations?: string[]
 }
 
 /** What a node declares about itself (`mesh.setCapabilities`). */
@@ -115,6 +120,7 @@ function model (value: unknown, where: string): ServedModel {
   const drafter = optStr(obj.drafter, `${where}.drafter`, 128)
   if (drafter !== undefined) out.drafter = drafter
   if (obj.stepMs !== undefined) out.stepMs = nonNeg(obj.stepMs, `${where}.stepMs`)
+  if (obj.activations !== undefined) out.activations = arr(obj.activations, `${where}.activations`, 8).map((a, i) => str(a, `${where}.activations[${i}]`, 16))
   return out
 }
 
