@@ -82,6 +82,12 @@ export function encodeActivation (encoding: ActivationEncoding, data: Float32Arr
       out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
       return
     case 'f16': {
+      // The wire is little-endian and so is the host (wire.ts checks): a Uint16Array view when aligned.
+      if (out.byteOffset % 2 === 0) {
+        const h = new Uint16Array(out.buffer, out.byteOffset, data.length)
+        for (let i = 0; i < data.length; i++) h[i] = toF16Bits(data[i]!)
+        return
+      }
       const dv = new DataView(out.buffer, out.byteOffset, out.byteLength)
       for (let i = 0; i < data.length; i++) dv.setUint16(2 * i, toF16Bits(data[i]!), true)
       return
@@ -116,6 +122,11 @@ export function decodeActivation (encoding: ActivationEncoding, bytes: Uint8Arra
       return out
     case 'f16': {
       const t = halves()
+      if (bytes.byteOffset % 2 === 0) {
+        const h = new Uint16Array(bytes.buffer, bytes.byteOffset, n)
+        for (let i = 0; i < n; i++) out[i] = t[h[i]!]!
+        return out
+      }
       const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
       for (let i = 0; i < n; i++) out[i] = t[dv.getUint16(2 * i, true)]!
       return out

@@ -68,6 +68,16 @@ describe('compressed activations: round-trip error', () => {
     }
   })
 
+  it('f16 decodes the same at any byte offset (aligned view or DataView)', () => {
+    const f: StageFrame = { kind: 'activation', requestId: 'ab', start: 0, final: true, rows: 2, width: 3, data: Float32Array.of(1, -2, 0.5, 3.25, -0.125, 7), encoding: 'f16' }
+    const payload = payloadOf(f)
+    for (const shift of [0, 1, 2, 3]) {
+      const at = new Uint8Array(new ArrayBuffer(payload.length + 8), shift, payload.length)
+      at.set(payload)
+      expect([...(decodePayload(at) as Activation).data]).toEqual([1, -2, 0.5, 3.25, -0.125, 7])
+    }
+  })
+
   it('f16 saturates at ±65504 instead of overflowing to ±∞, and rounds ties to even', () => {
     expect([...roundTripActivation('f16', Float32Array.of(1e6, -70000, 65519, 65520), 1, 4)]).toEqual([65504, -65504, 65504, 65504])
     expect(toF16Bits(1 + 2 ** -11)).toBe(0x3c00) // tie: to the even mantissa
