@@ -89,6 +89,7 @@ export function buildProgram (): Command {
     .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
     .option('--hold-experts <dir>', 'be an expert holder: keep experts of this expert-parallel shard directory (shoal shard --experts) resident for stage nodes')
     .option('--expert-memory-mb <n>', 'MiB an expert holder keeps experts in (default: every expert of --hold-experts)')
+    .addOption(new Option('--activations <encoding>', 'how the pipeline chains coordinated here send activations between stages: f32 (exact), f16 or int8 (lossy, for slow links)').choices(['f32', 'f16', 'int8']).default('f32'))
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 
   const ca = program.command('ca').description('Operator certificate authority')

@@ -5,7 +5,7 @@
  */
 import type { ModelShape, MoeShape } from './contract.ts'
 import { CheckpointError, UnsupportedArchitectureError } from './errors.ts'
-import { ropeInvFreq, type RopeSpec } from './rope.ts'
+import { rotaryOf, type RopeSpec, type Rotary } from './rope.ts'
 import type { F32Tensor, WeightStore } from './safetensors.ts'
 
 /** What differs between the supported families, as data the graph blocks read. */
@@ -17,11 +17,11 @@ export interface ArchExtras {
   rope: RopeSpec
 }
 
-/** The normalised model: shape, extras, and the inverse frequencies baked into every stage. */
+/** The normalised model: shape, extras, and the rotary tables baked into every stage. */
 export interface ModelSpec {
   shape: ModelShape
   extras: ArchExtras
-  invFreq: Float64Array
+  rotary: Rotary
   mapping: ArchMapping
 }
 
@@ -108,7 +108,14 @@ function ropeOf (c: HfConfig): RopeSpec {
   if (typeof c.partial_rotary_factor === 'number' && c.partial_rotary_factor !== 1) {
     throw new CheckpointError(`config.json: partial_rotary_factor ${c.partial_rotary_factor} is not supported`)
   }
-  return { theta, type, params: params ?? {} }
+  const original = c.original_max_position_embeddings
+  return {
+    theta,
+    type,
+    params: params ?? {},
+    maxPositionEmbeddings: num(c, 'max_position_embeddings', 4096),
+    ...(typeof original === 'number' ? { originalMaxPositionEmbeddings: original } : {}),
+  }
 }
 
 function checkNoExtraBias (c: HfConfig, what: string): void {
@@ -284,5 +291,5 @@ export function normalizeConfig (config: HfConfig): ModelSpec {
   if (shape.hiddenSize <= 0 || shape.numLayers <= 0 || shape.numHeads % shape.numKvHeads !== 0) {
     throw new CheckpointError(`config.json: inconsistent shape (heads ${shape.numHeads}, kv heads ${shape.numKvHeads})`)
   }
-  return { shape, extras, invFreq: ropeInvFreq(shape.headDim, extras.rope), mapping }
+  return { shape, extras, rotary: rotaryOf(shape.headDim, extras.rope), mapping }
 }

@@ -10,6 +10,7 @@ export { compileShards, COMPILER_VERSION, type CompileOptions } from './compile.
 export { loadManifest, validateManifest, verifyShardFiles, manifestHash } from './manifest.ts'
 export { normalizeConfig, supportedArchitectures, type ModelSpec, type ArchExtras } from './architectures.ts'
 export { planStages, parseLayerRanges } from './split.ts'
+export { invFreqAt, rotaryOf, SUPPORTED_ROPE_TYPES, type Rotary, type RopeSpec } from './rope.ts'
 export {
   compileExpertShards, EXPERT_SHARDS_FORMAT, MOE_BASE, MOE_INPUT, MOE_EXPERTS, MOE_WEIGHTS, type ExpertShardLayout, type ExpertShardOptions,
 } from './expert-shards.ts'

@@ -39,6 +39,8 @@ function models (record: CapabilityRecordBody | undefined): PeerModel[] {
     if (m.totalLayers !== undefined) out.totalLayers = m.totalLayers
     if (m.maxContextTokens !== undefined) out.maxContextTokens = m.maxContextTokens
     if (m.drafter !== undefined) out.drafter = m.drafter
+    if (m.stepMs !== undefined) out.stepMs = m.stepMs
+    if (m.activations !== undefined) out.activations = [...m.activations]
     return out
   })
 }

@@ -84,6 +84,10 @@ export interface PeerModel {
   maxContextTokens?: number
   /** Speculative decoding's drafter for requests entering at this node (see ServedModel). */
   drafter?: string
+  /** Measured decode step time of the stage, ms (see ServedModel). */
+  stepMs?: number
+  /** Lossy activation encodings the stage decodes (see ServedModel). */
+  activations?: string[]
 }
 
 /** One entry of GET /v1/mesh `peers`. */

@@ -88,6 +88,12 @@ export interface DaemonConfig {
   routing?: { replica?: Partial<RoutingPolicy>, chain?: Partial<ChainPolicy> }
   meshTimings?: Partial<MeshTimings>
   ingress?: Partial<IngressLimits>
+  /**
+   * How the pipeline chains this node coordinates send activations between stages
+   * (--activations): 'f32' (default) is exact; 'f16' and 'int8' (per-row scale) are lossy and
+   * halve or quarter the bytes on every hop (daemon/pipeline/activations.ts).
+   */
+  activations?: 'f32' | 'f16' | 'int8'
 }
 
 export class ConfigError extends ShoalError {
@@ -148,6 +154,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     if (input.identityDir === undefined) throw new ConfigError('--hold-experts', 'an expert holder serves stage nodes over the mesh: run `shoal node --identity DIR`')
     const mb = input.holdExperts.memoryMb
     if (mb !== undefined && !(Number.isFinite(mb) && mb > 0)) throw new ConfigError('--expert-memory-mb', `expected a positive number of MiB, got ${String(mb)}`)
+  }
+  if (input.activations !== undefined && !['f32', 'f16', 'int8'].includes(input.activations)) {
+    throw new ConfigError('--activations', `expected f32, f16 or int8, got ${String(input.activations)}`)
   }
   const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
   for (const [key, value] of Object.entries(budgets)) {

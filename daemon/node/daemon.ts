@@ -5,7 +5,7 @@
  * Without an identity it is a single machine (`shoal serve`): no mesh, no routing.
  */
 import { readFile } from 'node:fs/promises'
-import { freemem } from 'node:os'
+import { freemem, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { createSecureContext } from 'node:tls'
 import { Gauge, Registry, collectDefaultMetrics } from 'prom-client'
@@ -38,7 +38,7 @@ import { createStartup } from './lifecycle.ts'
 import { createPeerLossWatch } from './peer-loss.ts'
 import type { PeerLossWatch } from './peer-loss.ts'
 import type { Part } from './lifecycle.ts'
-import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders } from './mesh-view.ts'
+import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageHolders, stageStepTimes, stepTimesChanged } from './mesh-view.ts'
 import { createModelDirectory } from './model-directory.ts'
 import { resolveModel } from './models.ts'
 import type { ModelProgress, ResolvedModel } from './models.ts'
@@ -71,6 +71,8 @@ export interface Daemon {
 
 /** What capability records say this node runs; the version is package.json's, like `shoal --version`. */
 const SOFTWARE = `shoal/${pkg.version}`
+/** How often measured stage step times are compared with the published ones. */
+const STEP_TIME_CHECK_MS = 10_000
 
 async function openvinoLoads (): Promise<boolean> {
   try {
@@ -167,15 +169,22 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   const drafterName = (draft: ResolvedModel | undefined): string | undefined =>
     config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
 
+  /** Stage step times in the last published record; re-published when they move (stepTimesChanged). */
+  let publishedStepTimes = new Map<string, number>()
+  /** The API address, once the ingress listens: every later record keeps saying it. */
+  let publishedApiUrl: string | undefined
   const publishCapabilities = (m: Mesh, served: Served, experts: ExpertsPart, apiUrl?: string): void => {
+    publishedApiUrl = apiUrl ?? publishedApiUrl
     const held = experts.held()
+    publishedStepTimes = stageStepTimes(stages)
     m.setCapabilities({
-      models: [...servedModels(models, drafterName(served.draft)), ...experts.served()],
+      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes), ...experts.served()],
+      memory: { totalBytes: totalmem(), freeBytes: freemem() },
       ...(held === undefined ? {} : { experts: held }),
       engine: served.engine.backend,
       device: served.engine.device,
       maxContextTokens: Math.max(0, ...models.map(model => model.manifest.shape.maxPositions)),
-      ...(apiUrl === undefined ? {} : { ingress: apiUrl }),
+      ...(publishedApiUrl === undefined ? {} : { ingress: publishedApiUrl }),
       software: SOFTWARE,
     })
   }
@@ -316,6 +325,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   function routingPart (meshed: Meshed, served: Served, signer: LedgerSigner, experts: ExpertsPart): Part {
     /** /shoal/kv/1.0.0: this node's kept prefixes, served to peers that run a conversation it began. */
     let kvServer: { stop: () => Promise<void> } | undefined
+    let stepTimer: ReturnType<typeof setInterval> | undefined
     return {
       name: 'routing',
       async start () {
@@ -330,8 +340,12 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
         }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
         publishCapabilities(m, served, experts)
+        // Measured stage speeds reach the chains other coordinators form (daemon/routing/chain.ts).
+        stepTimer = setInterval(() => { if (stepTimesChanged(publishedStepTimes, stageStepTimes(stages))) publishCapabilities(m, served, experts) }, STEP_TIME_CHECK_MS)
+        stepTimer.unref()
       },
       async stop () {
+        clearInterval(stepTimer)
         // The mesh's stop closes the infer streams; handlers see them end.
         await kvServer?.stop()
         kvServer = undefined
@@ -489,6 +503,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         shardDir: model.shardDir,
         ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
         ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
+        ...(config.activations === undefined ? {} : { activations: config.activations }),
       },
       { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss.watch(peerId) },
     )

@@ -8,11 +8,42 @@ import type { Candidate, LayerRange, StageHolder } from '../routing/index.ts'
 import type { LocalServiceLoad } from '../engine/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
+import { ACCEPTED_ENCODINGS } from '../pipeline/index.ts'
 
-/** `drafter`: speculative decoding's drafter name, declared for the models requests enter here by. */
-export function servedModels (models: ResolvedModel[], drafter?: string): Capabilities['models'] {
+/** Key of one loaded stage in a step-time map: manifest hash and layer range. */
+export const stageKey = (manifestHash: string, layers: readonly [number, number]): string => `${manifestHash}@${layers[0]}-${layers[1]}`
+
+/** The measured decode step time of each loaded pipeline stage that has one, by stageKey (rounded to 0.1 ms). */
+export function stageStepTimes (stages: ReadonlyArray<{ served: () => { manifestHash: string, layers: [number, number] }, node: { stepMs: () => number | undefined } }>): Map<string, number> {
+  const out = new Map<string, number>()
+  for (const s of stages) {
+    const ms = s.node.stepMs()
+    if (ms !== undefined && Number.isFinite(ms)) out.set(stageKey(s.served().manifestHash, s.served().layers), Math.round(ms * 10) / 10)
+  }
+  return out
+}
+
+/**
+ * Whether measured step times moved enough to gossip a new capability record: a stage measured
+ * for the first time, or one off by more than `tolerance` (relative) from what was published.
+ * Records are signed and flooded, so small drifts stay local.
+ */
+export function stepTimesChanged (published: ReadonlyMap<string, number>, current: ReadonlyMap<string, number>, tolerance = 0.25): boolean {
+  for (const [key, ms] of current) {
+    const was = published.get(key)
+    if (was === undefined || Math.abs(ms - was) > tolerance * Math.max(was, 0.1)) return true
+  }
+  return false
+}
+
+/**
+ * `drafter`: speculative decoding's drafter name, declared for the models requests enter here by.
+ * `stepTimes`: measured decode step times of the loaded stages (stageStepTimes), gossiped per stage.
+ */
+export function servedModels (models: ResolvedModel[], drafter?: string, stepTimes?: ReadonlyMap<string, number>): Capabilities['models'] {
   return models.map(m => {
     const stage = m.manifest.stages[m.stageIndex]!
+    const stepMs = m.whole || m.localChain === true ? undefined : stepTimes?.get(stageKey(m.manifestHash, [stage.layers[0], stage.layers[1]]))
     return {
       id: m.manifest.modelId,
       manifestHash: m.manifestHash,
@@ -23,6 +54,9 @@ export function servedModels (models: ResolvedModel[], drafter?: string): Capabi
       maxContextTokens: m.manifest.shape.maxPositions,
       // Whole models, local chains and stage 0 (which coordinates its chains) draft.
       ...(drafter !== undefined && (m.whole || m.localChain === true || stage.layers[0] === 0) ? { drafter } : {}),
+      ...(stepMs === undefined ? {} : { stepMs }),
+      // Stages receive activations; they decode every lossy encoding this build has.
+      ...(m.whole || m.localChain === true || stage.layers[0] === 0 ? {} : { activations: [...ACCEPTED_ENCODINGS] }),
     }
   })
 }
@@ -119,6 +153,8 @@ export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
         alive: p.state === 'alive',
         ...(p.load === undefined || p.loadAt === undefined ? {} : { load: toSnapshot(p.load, p.loadAt) }),
         ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
+        ...(m.stepMs === undefined ? {} : { stepMs: m.stepMs }),
+        ...(m.activations === undefined ? {} : { activations: [...m.activations] }),
       })
     }
   }

@@ -23,6 +23,7 @@ import { ChainIncompleteError, PEER_LOST_IDLE_MS } from '../routing/index.ts'
 import type { StageNode, TokenWatch } from './stage-node.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
 import type { ChainHop } from './wire.ts'
+import type { ActivationEncoding } from './activations.ts'
 
 export interface ChainTokenSourceInit {
   /** The coordinator's node; its engine holds stage 0. */
@@ -45,6 +46,17 @@ export interface ChainTokenSourceInit {
   maxReplays?: number
   /** Positions per prefill activation frame (default 256, capped by the frame size). */
   prefillChunk?: number
+  /**
+   * The chain's activation encoding (activations.ts): 'f32' (default) is exact; 'f16' and 'int8'
+   * send 2 and ~1 bytes a value on every hop, for slow links. It travels in the open frame, so
+   * every stage of the chain sends its activations the same way.
+   */
+  activations?: ActivationEncoding
+  /**
+   * Which encoding a formed chain is opened with (chainEncoding: `activations` when every stage
+   * accepts it, else f32); without it, `activations` as given. Asked again for a replay's chain.
+   */
+  encodingFor?: (chain: ChainHop[]) => ActivationEncoding
 }
 
 export interface ChainTokenSource extends TokenSource {
@@ -75,6 +87,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   const maxReplays = init.maxReplays ?? 2
   const width = node.engine.stage.hiddenSize
   const chunk = Math.max(1, Math.min(init.prefillChunk ?? 256, Math.floor((MAX_FRAME_BYTES - 1024) / (width * 4))))
+  /** The current chain's lossy encoding (undefined: f32). */
+  let encoding: 'f16' | 'int8' | undefined
   const history: number[] = []
   const excluded: string[] = []
   let sampled = 0
@@ -91,6 +105,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   async function begin (signal: AbortSignal): Promise<void> {
     chain = init.formChain(excluded)
     if (chain.length < 2 || chain[0]!.peerId !== node.peerId) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain must start at the coordinator and have a second stage')
+    const chosen = init.encodingFor?.(chain) ?? init.activations ?? 'f32'
+    encoding = chosen === 'f32' ? undefined : chosen
     wireId = attempt === 0 ? init.requestId : `${init.requestId}~r${attempt}`
     watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
     losses = init.peerLost === undefined ? [] : chain.slice(1).map(h => ({ peerId: h.peerId, ...init.peerLost!(h.peerId) }))
@@ -111,6 +127,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
         deadline: init.deadline,
         // Stages sign their parts with the receipt id; only a replay's frames use another id.
         ...(wireId === init.requestId ? {} : { receiptId: init.requestId }),
+        ...(encoding === undefined ? {} : { activations: encoding }),
       },
     }, signal)
   }
@@ -157,7 +174,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
       if (out.kind !== 'hidden') throw new ShoalError('SHOAL_ERR_INTERNAL', 'stage 0 of a chain must return hidden states')
       held = start + a + part.length
       const final = a + chunk >= ids.length
-      await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data, ...(drafts === undefined ? {} : { drafts }) }, signal)
+      await node.send(chain[1]!.peerId, { kind: 'activation', requestId: wireId, start: start + a, final, rows: out.count, width: out.hidden, data: out.data, ...(drafts === undefined ? {} : { drafts }), ...(encoding === undefined ? {} : { encoding }) }, signal)
     }
     const got = await nextToken(w, signal)
     const accepted = got.accepted ?? 0

@@ -8,6 +8,8 @@
  */
 export { STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, encodeFrame, encodePayloadParts, decodePayload } from './wire.ts'
 export type { StageFrame, OpenBody, ChainHop } from './wire.ts'
+export { ACCEPTED_ENCODINGS, ACTIVATION_ENCODINGS, chainEncoding, decodeActivation, encodeActivation, encodedBytes, roundTripActivation, toF16Bits } from './activations.ts'
+export type { ActivationEncoding } from './activations.ts'
 export type { LinkComponents } from './links.ts'
 export { createStageNode } from './stage-node.ts'
 export type { StageNode, StageNodeInit, StageNodeStats, TokenWatch } from './stage-node.ts'

@@ -31,6 +31,8 @@ export interface LinkOptions {
   maxFrameBytes?: number
   /** Simulated one-way latency added to every received frame (tests, benchmarks). */
   delayMs?: number
+  /** Simulated cap on this node's incoming bandwidth, Mbit/s (tests, benchmarks; delay.ts). */
+  bandwidthMbps?: number
   /** Longest wait to open a stream. */
   openTimeoutMs?: number
 }
@@ -46,6 +48,8 @@ export interface Links {
   onLinkDown (handler: (peerId: string) => void): void
   /** Open streams (for leak checks). */
   streams (): number
+  /** Frame bytes sent and received (length prefixes included) since start. */
+  bytes (): { sent: number, received: number }
 }
 
 const MAX_VARINT_BYTES = 5
@@ -59,7 +63,9 @@ interface Link {
 
 export function createLinks (components: LinkComponents, options: LinkOptions = {}): Links {
   const maxFrameBytes = options.maxFrameBytes ?? MAX_FRAME_BYTES
-  const delay = createDelayLine(options.delayMs ?? 0)
+  const delay = createDelayLine({ ms: options.delayMs ?? 0, ...(options.bandwidthMbps === undefined ? {} : { mbps: options.bandwidthMbps }) })
+  let bytesSent = 0
+  let bytesReceived = 0
   const links = new Map<string, Link[]>()
   const opening = new Map<string, Promise<Link>>()
   const frameHandlers: FrameHandler[] = []
@@ -76,7 +82,9 @@ export function createLinks (components: LinkComponents, options: LinkOptions = 
     const parts = encodeFrameParts(frame, maxFrameBytes)
     while (link.drain !== undefined) await link.drain
     signal.throwIfAborted()
-    if (!link.stream.send(new Uint8ArrayList(...parts))) {
+    const list = new Uint8ArrayList(...parts)
+    bytesSent += list.byteLength
+    if (!link.stream.send(list)) {
       const d = link.stream.onDrain({ signal: AbortSignal.any([signal, AbortSignal.timeout(30_000)]) })
       link.drain = d.then(() => {}, () => {}).finally(() => { link.drain = undefined })
       await d
@@ -130,7 +138,8 @@ export function createLinks (components: LinkComponents, options: LinkOptions = 
           refuse(link, peekRequestId(payload) ?? '', err)
           continue
         }
-        delay.push(() => dispatch(frame, peerId))
+        bytesReceived += i + 1 + len
+        delay.push(() => dispatch(frame, peerId), i + 1 + len)
       }
     }
     const onClose = (): void => {
@@ -194,5 +203,6 @@ export function createLinks (components: LinkComponents, options: LinkOptions = 
     onFrame (handler) { frameHandlers.push(handler) },
     onLinkDown (handler) { downHandlers.push(handler) },
     streams () { return [...links.values()].reduce((n, l) => n + l.length, 0) },
+    bytes () { return { sent: bytesSent, received: bytesReceived } },
   }
 }

@@ -19,6 +19,8 @@ import { createChainTokenSource } from './chain-source.ts'
 import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
+import { chainEncoding } from './activations.ts'
+import type { ActivationEncoding } from './activations.ts'
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -44,6 +46,8 @@ export interface PipelineServiceInit {
    * plugs in here without the pipeline depending on it); started and stopped with the service.
    */
   sourceWrapper?: ChainSourceWrapper
+  /** The activation encoding of the chains this coordinator opens (default 'f32', exact; see ChainTokenSourceInit). */
+  activations?: ActivationEncoding
 }
 
 /** What a chain source wrapper gets for one request. */
@@ -88,6 +92,12 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   let created = 0
   let active = 0
 
+  /** A lossy encoding only where every later stage of the chain declares it accepts it. */
+  function encodingFor (chain: ChainHop[], requested: ActivationEncoding): ActivationEncoding {
+    const holders = components.holders()
+    return chainEncoding(requested, chain.slice(1).map(h => h.peerId), peerId => holders.find(h => h.peerId === peerId)?.activations)
+  }
+
   /** The cheapest chain whose stage 0 is this node. */
   function chainFor (exclude: readonly string[]): ChainHop[] {
     const self = stage.served()
@@ -124,6 +134,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
           ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
           ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
+          ...(init.activations === undefined || init.activations === 'f32'
+            ? {}
+            : { activations: init.activations, encodingFor: (chain: ChainHop[]) => encodingFor(chain, init.activations!) }),
         })
         source = chain
         await chain.connect(signal)

@@ -48,6 +48,9 @@ export interface StageNodeStats {
   /** Requests this node coordinates that wait for tokens. */
   watched: number
   streams: number
+  /** Stage-wire frame bytes this node sent and received (activations, tokens, control). */
+  bytesSent: number
+  bytesReceived: number
 }
 
 export interface StageNode {
@@ -76,14 +79,36 @@ export interface StageNode {
   waveCap (): number
   watch (requestId: string, peers: readonly string[]): TokenWatch
   stats (): StageNodeStats
+  /**
+   * Measured decode step time of this stage, ms: a moving average of single-position steps (the
+   * coordinator's own and those served for chains, queueing in the batcher included); undefined
+   * before the first. Gossiped in the capabilities so chains prefer fast holders.
+   */
+  stepMs (): number | undefined
 }
+
+/** Weight of the newest decode step in the measured step time (about the last ten steps count). */
+const STEP_EWMA = 0.2
 
 export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
   const { engine } = init
   const links: Links = createLinks(components, init)
   const self = components.peerId
 
+  /** Moving average of decode step times (weight of the newest: STEP_EWMA). */
+  let stepMs: number | undefined
+
   async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
+    const started = performance.now()
+    const out = await runStep(seqId, input, positions, pick, signal, verify)
+    if (positions.length === 1) {
+      const ms = performance.now() - started
+      stepMs = stepMs === undefined ? ms : stepMs + STEP_EWMA * (ms - stepMs)
+    }
+    return out
+  }
+
+  async function runStep (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
     const picking = pick === undefined ? {} : { pick }
     const batcher = init.batcher
     const logitsToKeep = verify?.logitsToKeep ?? 1
@@ -146,6 +171,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     rollback,
     waveCap,
     watch: (requestId, peers): TokenWatch => watches.watch(requestId, peers),
-    stats: () => ({ served: server.size, watched: watches.size, streams: links.streams() }),
+    stats: () => { const b = links.bytes(); return { served: server.size, watched: watches.size, streams: links.streams(), bytesSent: b.sent, bytesReceived: b.received } },
+    stepMs: () => stepMs,
   }
 }

@@ -6,6 +6,7 @@
  * state is dropped on cancel, on error, at its deadline, after an idle timeout, and when the link
  * to a neighbour it depends on goes down; on finish it signs this stage's receipt part first.
  */
+import { roundTripActivation } from './activations.ts'
 import { createHash } from 'node:crypto'
 import type { Hash } from 'node:crypto'
 import { serializeError } from '../errors.ts'
@@ -186,9 +187,11 @@ export function createStageServer (init: StageServerInit): StageServer {
       s.held = f.start + f.rows
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
-        s.produced.update(bytesOf(out.data))
+        // The chain's encoding (its open frame's); the part hashes what the next stage receives.
+        const encoding = s.open.activations
+        s.produced.update(bytesOf(encoding === undefined ? out.data : roundTripActivation(encoding, out.data, out.count, out.hidden)))
         s.rowsOut += out.count
-        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }) }, s.ctl.signal)
+        await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }), ...(encoding === undefined ? {} : { encoding }) }, s.ctl.signal)
       } else if (verify !== undefined) {
         if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
         // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).

@@ -6,11 +6,19 @@
  *   u8 version (2) | u8 kind | u8 n | n bytes request id (UTF-8; n = 0 only in link-level errors) | body
  * Bodies:
  *   open        JSON (fixed key order): model, manifest hash, the chain, this hop, who gets the
- *               tokens, sampling params, RNG draws to skip (replay), deadline
+ *               tokens, sampling params, RNG draws to skip (replay), deadline[, receipt id]
+ *               [, activations: "f16" | "int8" — the chain's activation encoding; absent = f32]
  *   activation  u8 flags (bit 0: final — the last stage samples after this one; bit 1: verify) | u8
- *               dtype (1 = f32) | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position
- *               | u32 rows | u32 width | with verify: u32 k | k × u32 draft token ids | rows × width
- *               raw f32 (positions start .. start + rows - 1). A stage holding more positions than
+ *               dtype | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position
+ *               | u32 rows | u32 width | with verify: u32 k | k × u32 draft token ids | the tensor
+ *               (positions start .. start + rows - 1), by dtype (activations.ts):
+ *                 1 = f32: rows × width raw f32
+ *                 2 = f16: rows × width binary16 (lossy; only on a chain opened with "f16")
+ *                 3 = int8: rows × f32 scale, then rows × width int8 (value = q · scale of its row;
+ *                     lossy; only on a chain opened with "int8")
+ *               Dtypes 2 and 3 were added within version 2: an f32 frame's bytes are unchanged,
+ *               and a chain uses the others only when its open frame asks for them, which a
+ *               coordinator does only when every stage's capabilities list the encoding. A stage holding more positions than
  *               `start` first sets the request's KV back to `start` (rejected speculative drafts).
  *               Verify (speculative decoding, version 2): the rows are a token and its k = rows − 1
  *               drafts; the last stage checks the drafts (greedy by id, or sampled: verify.ts).
@@ -29,6 +37,7 @@ import type { Uint8ArrayList } from 'uint8arraylist'
 import type { SerializedError } from '../errors.ts'
 import { joinParts, lengthPrefixed } from '../wire-bytes.ts'
 import { StageWireError } from './errors.ts'
+import { ACTIVATION_DTYPES, decodeActivation, encodeActivation, encodedBytes, ENCODING_BY_DTYPE } from './activations.ts'
 
 /** 2.0.0: activation frames may carry drafts to verify (speculative decoding), answered by verdict frames. */
 export const STAGE_PROTOCOL = '/shoal/stage/2.0.0'
@@ -39,7 +48,6 @@ export const MAX_VERIFY_DRAFTS = 255
 export const MAX_FRAME_BYTES = 16 * 1024 * 1024
 export const MAX_REQUEST_ID_BYTES = 255
 const MAX_ERROR_MESSAGE_CHARS = 2048
-const DTYPE_F32 = 1
 
 const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7, verdict: 8 } as const
 export type StageFrameKind = keyof typeof KIND_CODES
@@ -67,12 +75,17 @@ export interface OpenBody {
   deadline: number
   /** The receipt id stages sign their parts with, when it differs from the frames' request id (a replay). */
   receiptId?: string
+  /** The chain's lossy activation encoding (every hop sends its activations so); absent: exact f32. */
+  activations?: 'f16' | 'int8'
 }
 
 export type StageFrame =
   | { kind: 'open', requestId: string, open: OpenBody }
-  /** `drafts`: a verify (rows = drafts.length + 1, final). */
-  | { kind: 'activation', requestId: string, start: number, final: boolean, rows: number, width: number, data: Float32Array, drafts?: number[] }
+  /**
+   * `drafts`: a verify (rows = drafts.length + 1, final). `encoding`: how the tensor travels (and
+   * travelled, on a decoded frame); absent: f32. `data` is always the f32 values.
+   */
+  | { kind: 'activation', requestId: string, start: number, final: boolean, rows: number, width: number, data: Float32Array, drafts?: number[], encoding?: 'f16' | 'int8' }
   | { kind: 'token', requestId: string, position: number, tokenId: number }
   | { kind: 'verdict', requestId: string, position: number, accepted: number, tokenId: number }
   /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
@@ -106,6 +119,7 @@ function encodeOpen (o: OpenBody): Uint8Array {
     rngSkip: o.rngSkip,
     deadline: o.deadline,
     ...(o.receiptId === undefined ? {} : { receiptId: o.receiptId }),
+    ...(o.activations === undefined ? {} : { activations: o.activations }),
   }))
 }
 
@@ -128,8 +142,10 @@ function decodeOpen (v: unknown): OpenBody {
   if (!isU32(v.rngSkip)) throw malformed('open body: rngSkip must be a u32')
   const sampling = s.seed === undefined ? { temperature: s.temperature, topP: s.topP } : { temperature: s.temperature, topP: s.topP, seed: s.seed as number }
   if (v.receiptId !== undefined && !isStr(v.receiptId)) throw malformed('open body: bad receiptId')
+  if (v.activations !== undefined && v.activations !== 'f16' && v.activations !== 'int8') throw malformed('open body: activations must be "f16" or "int8" (absent: f32)')
   const open: OpenBody = { modelId: v.modelId, manifestHash: v.manifestHash, chain, hop: v.hop as number, returnTo: v.returnTo, sampling, rngSkip: v.rngSkip, deadline: v.deadline }
   if (v.receiptId !== undefined) open.receiptId = v.receiptId
+  if (v.activations !== undefined) open.activations = v.activations
   return open
 }
 
@@ -171,7 +187,8 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
       const extra = drafts === undefined ? 0 : 4 + 4 * drafts.length
       const { out, at } = header('activation', f.requestId, 3 + pad + 12 + extra)
       out[at] = (f.final ? 1 : 0) | (drafts === undefined ? 0 : 2)
-      out[at + 1] = DTYPE_F32
+      const encoding = f.encoding ?? 'f32'
+      out[at + 1] = ACTIVATION_DTYPES[encoding]
       out[at + 2] = 2
       const dv = new DataView(out.buffer, out.byteOffset + at + 3 + pad, 12 + extra)
       dv.setUint32(0, f.start, true)
@@ -181,7 +198,10 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
         dv.setUint32(12, drafts.length, true)
         drafts.forEach((t, i) => dv.setUint32(16 + 4 * i, t, true))
       }
-      return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
+      if (encoding === 'f32') return [out, new Uint8Array(f.data.buffer, f.data.byteOffset, f.data.byteLength)]
+      const tensor = new Uint8Array(encodedBytes(encoding, f.rows, f.width))
+      encodeActivation(encoding, f.data, f.rows, f.width, tensor)
+      return [out, tensor]
     }
     case 'token': {
       if (!isU32(f.position) || !isU32(f.tokenId)) throw malformed('token: position and token id must be u32')
@@ -291,7 +311,8 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       const pad = (4 - ((at + 3) % 4)) % 4
       let dataAt = 3 + pad + 12
       if (body.length < dataAt) throw truncated('activation header is short')
-      if (body[1] !== DTYPE_F32) throw malformed(`activation dtype ${body[1]} is not supported (1 = f32)`)
+      const encoding = ENCODING_BY_DTYPE.get(body[1] as number)
+      if (encoding === undefined) throw malformed(`activation dtype ${body[1]} is not supported (1 = f32, 2 = f16, 3 = int8)`)
       if (body[2] !== 2) throw malformed(`activation rank ${body[2]} is not 2`)
       const flags = body[0] as number
       if (flags > 3) throw malformed('activation has unknown flags')
@@ -311,12 +332,17 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
         drafts = Array.from({ length: k }, (_, i) => ids.getUint32(4 * i, true))
         dataAt += 4 + 4 * k
       }
-      const bytes = rows * width * 4
+      const bytes = encodedBytes(encoding, rows, width)
       const have = body.length - dataAt
       if (have !== bytes) throw have < bytes ? truncated(`activation holds ${have} of ${bytes} tensor bytes`) : malformed(`activation has ${have - bytes} bytes past its tensor`)
       const offset = body.byteOffset + dataAt
       // Zero-copy when the bytes sit 4-byte aligned in their buffer; otherwise one copy.
       let data: Float32Array
+      if (encoding !== 'f32') {
+        data = decodeActivation(encoding, body.subarray(dataAt), rows, width)
+        const base = { kind, requestId, start, rows, width, data, encoding }
+        return drafts === undefined ? { ...base, final: (flags & 1) === 1 } : { ...base, final: true, drafts }
+      }
       if (offset % 4 === 0) {
         data = new Float32Array(body.buffer, offset, rows * width)
       } else {

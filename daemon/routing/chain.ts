@@ -21,6 +21,15 @@ export interface StageHolder {
   alive: boolean
   load?: LoadSnapshot
   rttMs?: number
+  /**
+   * The holder's measured decode step time for its layers (ms, gossiped in its capabilities):
+   * what one token costs there, whatever the device. A holder that has not measured yet is
+   * charged the median per-layer time of those that have (among the same manifest's holders)
+   * times its layer count, so a new holder is neither shunned nor preferred.
+   */
+  stepMs?: number
+  /** Lossy activation encodings the holder decodes (its capabilities; absent: f32 only). */
+  activations?: readonly string[]
 }
 
 export interface ChainPolicy {
@@ -70,11 +79,23 @@ export type ChainDecision =
    */
   | { kind: 'incomplete', manifestHash: string | undefined, missing: LayerRange[], stuckAt: number | undefined, reason: string }
 
-function stageCost (h: StageHolder, ctx: ChainContext, p: ChainPolicy): number {
+const measured = (h: StageHolder): boolean => h.stepMs !== undefined && Number.isFinite(h.stepMs) && h.stepMs >= 0
+
+/** `msPerLayer`: what a holder that has not measured its step time is charged per layer (see StageHolder.stepMs). */
+function stageCost (h: StageHolder, ctx: ChainContext, p: ChainPolicy, msPerLayer = 0): number {
   const rtt = Math.max(h.rttMs ?? 0, 0)
+  const step = measured(h) ? h.stepMs! : msPerLayer * (h.layers[1] - h.layers[0] + 1)
   const load = h.load
-  if (load === undefined || ctx.now - load.observedAt > p.staleAfterMs) return p.hopCostMs + rtt + p.unknownLoadCostMs
-  return p.hopCostMs + rtt + (load.expectedQueueWaitMs ?? 0) + (load.queueDepth + load.inFlight) * p.perSequenceCostMs
+  if (load === undefined || ctx.now - load.observedAt > p.staleAfterMs) return p.hopCostMs + rtt + step + p.unknownLoadCostMs
+  return p.hopCostMs + rtt + step + (load.expectedQueueWaitMs ?? 0) + (load.queueDepth + load.inFlight) * p.perSequenceCostMs
+}
+
+/** Median measured step time per layer among holders (0 when none has measured). */
+function typicalStepPerLayer (holders: readonly StageHolder[]): number {
+  const known = holders.filter(measured).map(h => h.stepMs! / (h.layers[1] - h.layers[0] + 1)).sort((a, b) => a - b)
+  if (known.length === 0) return 0
+  const mid = Math.floor(known.length / 2)
+  return known.length % 2 === 1 ? known[mid]! : (known[mid - 1]! + known[mid]!) / 2
 }
 
 function isOverloaded (h: StageHolder, ctx: ChainContext, p: ChainPolicy): boolean {
@@ -110,13 +131,14 @@ function shortestChain (holders: readonly StageHolder[], ctx: ChainContext, p: C
   best[0] = { cost: 0, stages: [] }
   const byStart = new Map<number, StageHolder[]>()
   for (const h of holders) byStart.set(h.layers[0], [...(byStart.get(h.layers[0]) ?? []), h])
+  const typical = typicalStepPerLayer(holders)
   // Edges only go forward, so boundaries in increasing order are a topological order.
   for (let a = 0; a < L; a++) {
     const from = best[a]
     if (from === undefined) continue
     for (const h of byStart.get(a) ?? []) {
       const to = h.layers[1] + 1
-      const cost = stageCost(h, ctx, p)
+      const cost = stageCost(h, ctx, p, typical)
       const total = from.cost + cost
       const cur = best[to]
       // Ties: fewer stages, then the smaller peer id, so the result does not depend on input order.

@@ -24,6 +24,7 @@ export interface NodeOptions {
   kvCacheMb?: string
   holdExperts?: string
   expertMemoryMb?: string
+  activations?: 'f32' | 'f16' | 'int8'
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -55,6 +56,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
     ...(opts.holdExperts === undefined ? {} : { holdExperts: { dir: opts.holdExperts, ...(expertMemoryMb === undefined ? {} : { memoryMb: expertMemoryMb }) } }),
+    ...(opts.activations === undefined || opts.activations === 'f32' ? {} : { activations: opts.activations }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

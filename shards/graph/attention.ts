@@ -7,6 +7,7 @@
  * present KV [B, kvH, T, hd], with the same masking rule (contract.ts), so the I/O is identical.
  */
 import { CheckpointError } from '../errors.ts'
+import { invFreqAt } from '../rope.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import type { AttentionIo, AttentionOut, BuildContext, StageTables } from './types.ts'
 import { DT, MS_DOMAIN } from './builder.ts'
@@ -16,19 +17,41 @@ export const F32_LOWEST = -3.4028234663852886e38
 
 // ---------------------------------------------------------------- standard
 
+/**
+ * cos/sin [B, 1, S, hd] from position_ids × inv_freq. LongRoPE picks the long inverse frequencies
+ * per position (≥ their `from`) with a Where; YaRN/LongRoPE scale cos and sin by attention_scaling
+ * (shards/rope.ts). Without either, the graph is the plain one, node for node.
+ */
+export function rotaryCosSin (ctx: BuildContext, positionIds: string): { cos: string, sin: string } {
+  const { g } = ctx
+  const { rotary } = ctx.spec
+  const n = '/model/rotary_emb'
+  const inv = g.f32Weight('model.rotary_emb.inv_freq', [rotary.invFreq.length], Float32Array.from(rotary.invFreq))
+  const pos = g.op('Cast', `${n}/Cast`, [positionIds], { to: DT.FLOAT })
+  const pos3 = g.op('Unsqueeze', `${n}/Unsqueeze`, [pos, g.i64([2])])
+  let freqs = g.op('Mul', `${n}/Mul`, [pos3, inv])
+  if (rotary.long !== undefined) {
+    const longInv = g.f32Weight('model.rotary_emb.long_inv_freq', [rotary.long.invFreq.length], Float32Array.from(rotary.long.invFreq))
+    const longFreqs = g.op('Mul', `${n}/long/Mul`, [pos3, longInv])
+    const isLong = g.op('GreaterOrEqual', `${n}/long/GreaterOrEqual`, [pos3, g.f32(rotary.long.from)])
+    freqs = g.op('Where', `${n}/long/Where`, [isLong, longFreqs, freqs])
+  }
+  const emb = g.op('Concat', `${n}/Concat`, [freqs, freqs], { axis: -1 })
+  const table = (op: 'Cos' | 'Sin', name: string): string => {
+    let x = g.op(op, `${n}/${op}`, [emb])
+    if (rotary.scale !== 1) x = g.op('Mul', `${n}/${name}/scale/Mul`, [x, g.f32(rotary.scale)])
+    return g.op('Unsqueeze', `${n}/${name}/Unsqueeze`, [x, g.i64([1])])
+  }
+  const cos = table('Cos', 'cos')
+  return { cos, sin: table('Sin', 'sin') }
+}
+
 /** cos/sin [B, 1, S, hd] and allowed[b, 0, 0, i, j] = j <= P + i && attention_mask[b, j] (P = T − S). */
 export function standardTables (ctx: BuildContext, positionIds: string, attentionMask: string, sequenceSource: string): StageTables {
   const { g } = ctx
-  let n = '/model/rotary_emb'
-  const inv = g.f32Weight('model.rotary_emb.inv_freq', [ctx.spec.invFreq.length], Float32Array.from(ctx.spec.invFreq))
-  const pos = g.op('Cast', `${n}/Cast`, [positionIds], { to: DT.FLOAT })
-  const pos3 = g.op('Unsqueeze', `${n}/Unsqueeze`, [pos, g.i64([2])])
-  const freqs = g.op('Mul', `${n}/Mul`, [pos3, inv])
-  const emb = g.op('Concat', `${n}/Concat`, [freqs, freqs], { axis: -1 })
-  const cos = g.op('Unsqueeze', `${n}/cos/Unsqueeze`, [g.op('Cos', `${n}/Cos`, [emb]), g.i64([1])])
-  const sin = g.op('Unsqueeze', `${n}/sin/Unsqueeze`, [g.op('Sin', `${n}/Sin`, [emb]), g.i64([1])])
+  const { cos, sin } = rotaryCosSin(ctx, positionIds)
 
-  n = '/model/attn_mask'
+  const n = '/model/attn_mask'
   const s = g.op('Shape', `${n}/S/Shape`, [sequenceSource], { start: 1, end: 2 })
   const t = g.op('Shape', `${n}/T/Shape`, [attentionMask], { start: 1, end: 2 })
   const p = g.op('Sub', `${n}/P/Sub`, [t, s])
@@ -104,7 +127,8 @@ export function groupedAttention (ctx: BuildContext, n: string, wn: string, io: 
 
 /**
  * cos/sin caches [maxPositions, hd/2] = cos/sin(p · inv_freq) in float64, rounded once to f32
- * (rope scaling is already in inv_freq); GQA lengths and the padding bias from attention_mask.
+ * (rope scaling is already in inv_freq, LongRoPE's factor set chosen per position, cos/sin
+ * scaled by attention_scaling); GQA lengths and the padding bias from attention_mask.
  */
 export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask: string, _sequenceSource: string): StageTables {
   const { g } = ctx
@@ -113,11 +137,13 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
   const half = hd / 2
   const cos = new Float32Array(maxPositions * half)
   const sin = new Float32Array(maxPositions * half)
+  const { scale } = ctx.spec.rotary
   for (let p = 0; p < maxPositions; p++) {
+    const inv = invFreqAt(ctx.spec.rotary, p)
     for (let i = 0; i < half; i++) {
-      const a = p * ctx.spec.invFreq[i]!
-      cos[p * half + i] = Math.cos(a)
-      sin[p * half + i] = Math.sin(a)
+      const a = p * inv[i]!
+      cos[p * half + i] = Math.cos(a) * scale
+      sin[p * half + i] = Math.sin(a) * scale
     }
   }
   const cosCache = g.f32Weight('model.rotary_emb.cos_cache', [maxPositions, half], cos)

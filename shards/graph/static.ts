@@ -12,7 +12,7 @@ import {
   pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
-import { groupedAttention } from './attention.ts'
+import { groupedAttention, rotaryCosSin } from './attention.ts'
 import { DT, GraphBuilder } from './builder.ts'
 import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
 import { OP_TABLES } from './ops.ts'
@@ -28,15 +28,9 @@ function staticTables (contextLength: number, steps: number, cachePosition: stri
   return (ctx: BuildContext, positionIds: string, attentionMask: string): StageTables => {
     const { g } = ctx
     const { numKvHeads: kvH, headDim: hd } = ctx.spec.shape
-    let n = '/model/rotary_emb'
-    const inv = g.f32Weight('model.rotary_emb.inv_freq', [ctx.spec.invFreq.length], Float32Array.from(ctx.spec.invFreq))
-    const pos = g.op('Cast', `${n}/Cast`, [positionIds], { to: DT.FLOAT })
-    const freqs = g.op('Mul', `${n}/Mul`, [g.op('Unsqueeze', `${n}/Unsqueeze`, [pos, g.i64([2])]), inv])
-    const emb = g.op('Concat', `${n}/Concat`, [freqs, freqs], { axis: -1 })
-    const cos = g.op('Unsqueeze', `${n}/cos/Unsqueeze`, [g.op('Cos', `${n}/Cos`, [emb]), g.i64([1])])
-    const sin = g.op('Unsqueeze', `${n}/sin/Unsqueeze`, [g.op('Sin', `${n}/Sin`, [emb]), g.i64([1])])
+    const { cos, sin } = rotaryCosSin(ctx, positionIds)
 
-    n = '/model/attn_mask'
+    let n = '/model/attn_mask'
     const slotsCol = g.op('Reshape', `${n}/query/Reshape`, [cachePosition, g.i64([steps, 1])])
     const keys = g.i64(Array.from({ length: contextLength }, (_, j) => j), [1, contextLength])
     const causal = g.op('LessOrEqual', `${n}/causal/LessOrEqual`, [keys, slotsCol])

@@ -26,6 +26,14 @@ export interface GenerateOptions {
   weightShards?: number
   /** HF rope_scaling block, e.g. { rope_type: 'llama3', factor: 8, ... } or { rope_type: 'linear', factor: 2 }. */
   ropeScaling?: Record<string, unknown>
+  /**
+   * A long-context rope block as the papers' families write it: 'longrope' (Phi-3.5: short and
+   * long factor lists, original_max_position_embeddings at the config's top level) or 'yarn'
+   * (Qwen2.5 long-context / DeepSeek: factor, original_max_position_embeddings, beta_fast/slow
+   * in the block), extending originalMaxPositions to the size's max_position_embeddings. Wins
+   * over ropeScaling.
+   */
+  longContext?: { rope: 'longrope' | 'yarn', originalMaxPositions: number }
   /** Written into config.json as shoal_description and carried into the manifest. */
   description?: string
   /** Written into config.json as shoal_model_id: the id the compiled manifest serves under. */
@@ -241,6 +249,29 @@ export const TEST_ARCHITECTURES: TestArchitecture[] = ['llama', 'qwen2', 'qwen3'
 /** The mixture-of-experts architectures. */
 export const MOE_TEST_ARCHITECTURES: MoeTestArchitecture[] = ['mixtral', 'qwen2-moe', 'qwen3-moe']
 
+/**
+ * The rope block (and Phi-3's top-level original_max_position_embeddings) for a long-context
+ * test model. LongRoPE's factors are shaped like Phi-3.5's: short ones near 1, long ones growing
+ * from 1 towards the low frequencies (here up to the extension factor).
+ */
+function longContextConfig (o: { rope: 'longrope' | 'yarn', originalMaxPositions: number }, hd: number, maxPositions: number): Record<string, unknown> {
+  const factor = maxPositions / o.originalMaxPositions
+  if (!(factor > 1)) throw new Error(`longContext: originalMaxPositions ${o.originalMaxPositions} must be below max_position_embeddings ${maxPositions}`)
+  const half = hd / 2
+  if (o.rope === 'yarn') {
+    return { rope_scaling: { rope_type: 'yarn', factor, original_max_position_embeddings: o.originalMaxPositions, beta_fast: 32, beta_slow: 1 } }
+  }
+  const t = (i: number): number => half === 1 ? 1 : i / (half - 1)
+  return {
+    original_max_position_embeddings: o.originalMaxPositions,
+    rope_scaling: {
+      type: 'longrope',
+      short_factor: Array.from({ length: half }, (_, i) => 1 + 0.25 * t(i) ** 2),
+      long_factor: Array.from({ length: half }, (_, i) => factor ** (t(i) ** 2)),
+    },
+  }
+}
+
 /** Target std of logits: peaked enough that greedy ties are rare, flat enough that text does not loop at once. */
 const LOGIT_STD = 3
 /** o_proj and down_proj are scaled up so the residual updates outweigh the (tied) embedding: otherwise greedy text echoes its last token. */
@@ -282,6 +313,7 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     torch_dtype: { F32: 'float32', F16: 'float16', BF16: 'bfloat16' }[options.dtype ?? 'F32'],
     transformers_version: '4.46.0',
     ...prof.extraConfig(size),
+    ...(options.longContext !== undefined ? longContextConfig(options.longContext, hd, size.maxPositions) : {}),
     ...(options.modelId !== undefined ? { shoal_model_id: options.modelId } : {}),
     shoal_description: options.description ?? `random weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}); not a trained model`,
     ...options.configOverrides,

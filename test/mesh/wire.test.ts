@@ -127,6 +127,18 @@ describe('capability gossip message', () => {
       expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, experts }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
     }
   })
+
+  it('carries a stage\'s measured step time and the activation encodings it accepts (optional; malformed refused)', () => {
+    const withStep = { ...body, models: [{ id: 'm', layers: [0, 11] as [number, number], stepMs: 12.5 }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withStep, signature: 's' })).record.body.models[0]!.stepMs).toBe(12.5)
+    expect(text(encodeCapsMessage(cert, { body: withStep, signature: 's' }))).toContain('"models":[{"id":"m","layers":[0,11],"stepMs":12.5}]')
+    const withEncodings = { ...body, models: [{ id: 'm', layers: [12, 23] as [number, number], activations: ['f16', 'int8'] }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withEncodings, signature: 's' })).record.body.models[0]!.activations).toEqual(['f16', 'int8'])
+    expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', activations: 'f16' }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    for (const stepMs of [-1, '3']) {
+      expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', stepMs }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
+  })
 })
 
 describe('revocations gossip message', () => {

@@ -75,6 +75,12 @@ describe('daemon config', () => {
     expect(() => validateConfig({ ...base, ingress: { maxConcurrentRequest: 8 } as never })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: 'ingress.maxConcurrentRequest' }))
   })
 
+  it('takes --activations f32, f16 or int8 (absent: f32) and names it otherwise', () => {
+    expect(validateConfig(base).activations).toBeUndefined()
+    expect(validateConfig({ ...base, activations: 'int8' }).activations).toBe('int8')
+    expect(() => validateConfig({ ...base, activations: 'bf16' as 'f16' })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--activations' }))
+  })
+
   it('names the bad key', () => {
     expect(() => validateConfig({ ...base, device: 'tpu' })).toThrowError(/--device/)
     expect(() => validateConfig({ ...base, models: [] })).toThrowError(/--model/)

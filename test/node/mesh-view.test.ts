@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { aggregateLoad, expertHolderNodes, meshModelCards, replicaCandidates, servedModels, stageHolders } from '../../daemon/node/mesh-view.ts'
+import { aggregateLoad, expertHolderNodes, meshModelCards, replicaCandidates, servedModels, stageHolders, stageStepTimes, stepTimesChanged } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
@@ -76,5 +76,30 @@ describe('node load', () => {
     const view = [holder('a', 'k1', 100), holder('b', 'k2', 200), holder('c', 'k1', 300, 'suspect'), holder('d', 'k1', 400, 'alive', ['ingress']), holder('e', 'k1', 500), peer('whole', [{ id: 'm' }])]
     expect(expertHolderNodes('k1', view)).toEqual([{ peerId: 'a', freeBytes: 100 }, { peerId: 'e', freeBytes: 500 }])
     expect(expertHolderNodes('k3', view)).toEqual([])
+  })
+})
+
+describe('measured stage speed in the capabilities', () => {
+  const manifest = (first: number, last: number) => ({ modelId: 'm', shape: { numLayers: 8, maxPositions: 64 }, stages: [{ layers: [first, last] }] }) as never
+  const stage = (hash: string, layers: [number, number], ms: number | undefined) => ({ served: () => ({ manifestHash: hash, layers }), node: { stepMs: () => ms } })
+
+  it('gossips each loaded stage\'s step time (rounded to 0.1 ms), none for whole models or unmeasured stages, and chains see it', () => {
+    const times = stageStepTimes([stage('h', [0, 3], 12.345), stage('h', [4, 7], undefined)])
+    expect([...times]).toEqual([['h@0-3', 12.3]])
+    const first = { manifest: manifest(0, 3), manifestHash: 'h', stageIndex: 0, whole: false } as never
+    const second = { manifest: manifest(4, 7), manifestHash: 'h', stageIndex: 0, whole: false } as never
+    const whole = { manifest: manifest(0, 7), manifestHash: 'h', stageIndex: 0, whole: true } as never
+    expect(servedModels([first, second, whole], undefined, times).map(m => m.stepMs)).toEqual([12.3, undefined, undefined])
+    const s0 = peer('s0', [{ id: 'c', layers: [0, 3], totalLayers: 8, manifestHash: 'h', stepMs: 12.3 }])
+    expect(stageHolders('c', [s0])[0]!.stepMs).toBe(12.3)
+  })
+
+  it('re-publishes when a stage is first measured or moves by more than a quarter, not for drift', () => {
+    const was = new Map([['h@0-3', 10]])
+    expect(stepTimesChanged(was, new Map([['h@0-3', 12]]))).toBe(false)
+    expect(stepTimesChanged(was, new Map([['h@0-3', 13]]))).toBe(true)
+    expect(stepTimesChanged(was, new Map([['h@0-3', 7]]))).toBe(true)
+    expect(stepTimesChanged(was, new Map([['h@0-3', 10], ['h@4-7', 9]]))).toBe(true)
+    expect(stepTimesChanged(was, new Map())).toBe(false)
   })
 })

@@ -36,6 +36,30 @@ describe('formChain', () => {
     expect(peers(formChain([holder('far', [0, 11], { rttMs: 200 }), holder('b', [0, 11], { rttMs: 3 }), holder('z', [12, 23])], ctx()))).toEqual(['b', 'z'])
   })
 
+  it('prefers the replica with the faster measured step time, whatever its device', () => {
+    const z = holder('z', [12, 23], { stepMs: 10 })
+    // An NPU and a CPU holding the same layers: only the measured time decides.
+    expect(peers(formChain([holder('npu', [0, 11], { stepMs: 30 }), holder('cpu', [0, 11], { stepMs: 12 }), z], ctx()))).toEqual(['cpu', 'z'])
+    // Measured speed outweighs a little RTT, not a queue: a busy fast stage still loses to an idle slow one.
+    expect(peers(formChain([holder('fast', [0, 11], { stepMs: 5, rttMs: 10 }), holder('slow', [0, 11], { stepMs: 40 }), z], ctx()))).toEqual(['fast', 'z'])
+    expect(peers(formChain([holder('fast', [0, 11], { stepMs: 5, load: load({ inFlight: 4, queueDepth: 4 }) }), holder('slow', [0, 11], { stepMs: 40 }), z], ctx()))).toEqual(['slow', 'z'])
+    // One holder of the whole model at 30 ms a token beats two stages at 20 ms each.
+    expect(peers(formChain([holder('whole', [0, 23], { stepMs: 30 }), holder('a', [0, 11], { stepMs: 20 }), holder('b', [12, 23], { stepMs: 20 })], ctx()))).toEqual(['whole'])
+  })
+
+  it('charges a holder that has not measured yet the median per-layer time of those that have', () => {
+    const d = formChain([holder('new', [0, 11]), holder('m1', [12, 23], { stepMs: 12 })], ctx())
+    // 12 ms over 12 layers → 1 ms a layer; the new 12-layer stage is charged 12 ms.
+    expect(d.kind === 'chain' && d.stages.map(s => s.costMs)).toEqual([5 + 1 + 12, 5 + 1 + 12])
+    // Neither shunned nor preferred: between a measured-slow and a measured-fast holder.
+    const three = [holder('fast', [0, 11], { stepMs: 4 }), holder('slow', [0, 11], { stepMs: 40 }), holder('z', [12, 23], { stepMs: 12 })]
+    expect(peers(formChain([...three, holder('new', [0, 11])], ctx()))).toEqual(['fast', 'z'])
+    expect(peers(formChain([three[1]!, three[2]!, holder('new', [0, 11])], ctx()))).toEqual(['new', 'z'])
+    // Nobody measured: no step cost at all (the cost is as before step times existed).
+    const none = formChain([holder('a', [0, 11]), holder('b', [12, 23])], ctx())
+    expect(none.kind === 'chain' && none.costMs).toBe(2 * (5 + 1))
+  })
+
   it('prefers fewer hops when the cost is otherwise equal, and more hops when they are cheaper', () => {
     const split = [holder('a', [0, 11]), holder('b', [12, 23])]
     expect(peers(formChain([...split, holder('whole', [0, 23])], ctx()))).toEqual(['whole'])

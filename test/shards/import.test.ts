@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { Tokenizer } from '@huggingface/tokenizers'
 import { Template } from '@huggingface/jinja'
-import { compileShards, generateTestModel, normalizeConfig, type GenerateOptions } from '../../shards/index.ts'
+import { compileShards, generateTestModel, invFreqAt, normalizeConfig, type GenerateOptions } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
 import { greedyDecode, openPipeline, prefill } from './pipeline.ts'
 
@@ -60,12 +60,49 @@ describe('import variants match the float64 reference for 64 greedy tokens', () 
 describe('config normalisation', () => {
   it('llama3 scaling leaves high frequencies and divides low ones by the factor', () => {
     const base = { architectures: ['LlamaForCausalLM'], hidden_size: 64, num_hidden_layers: 1, num_attention_heads: 4, intermediate_size: 8, vocab_size: 8 }
-    const plain = normalizeConfig(base).invFreq
-    const scaled = normalizeConfig({ ...base, rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64 } }).invFreq
+    const plain = normalizeConfig(base).rotary.invFreq
+    const scaled = normalizeConfig({ ...base, rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64 } }).rotary.invFreq
     expect(scaled[0]).toBe(plain[0])
     expect(scaled[7]).toBeCloseTo(plain[7]! / 8, 12)
-    const linear = normalizeConfig({ ...base, rope_scaling: { type: 'linear', factor: 2 } }).invFreq
+    const linear = normalizeConfig({ ...base, rope_scaling: { type: 'linear', factor: 2 } }).rotary.invFreq
     linear.forEach((f, i) => expect(f).toBeCloseTo(plain[i]! / 2, 15))
+  })
+
+  it('yarn (Qwen2.5 long-context): the ramp between beta_fast and beta_slow, mscale on cos/sin', () => {
+    // Qwen2.5-7B-Instruct's documented block: head_dim 128, θ 1e6, factor 4 over 32768.
+    const base = { architectures: ['Qwen2ForCausalLM'], hidden_size: 3584, num_hidden_layers: 1, num_attention_heads: 28, num_key_value_heads: 4, intermediate_size: 8, vocab_size: 8, rope_theta: 1e6, max_position_embeddings: 32768 }
+    const plain = normalizeConfig(base).rotary
+    const { rotary } = normalizeConfig({ ...base, rope_scaling: { type: 'yarn', factor: 4, original_max_position_embeddings: 32768 } })
+    expect(plain.scale).toBe(1)
+    expect(rotary.scale).toBeCloseTo(0.1 * Math.log(4) + 1, 15)
+    expect(rotary.long).toBeUndefined()
+    // Correction range: floor(128·ln(32768 / (32·2π)) / (2 ln 1e6)) = 23, ceil(… / (1·2π) …) = 40.
+    for (let i = 0; i <= 23; i++) expect(rotary.invFreq[i]).toBe(plain.invFreq[i])
+    for (let i = 40; i < 64; i++) expect(rotary.invFreq[i]).toBeCloseTo(plain.invFreq[i]! / 4, 18)
+    const mid = (31 - 23) / (40 - 23)
+    expect(rotary.invFreq[31]).toBeCloseTo(plain.invFreq[31]! / 4 * mid + plain.invFreq[31]! * (1 - mid), 18)
+    // DeepSeek's mscale / mscale_all_dim ratio, and an explicit attention_factor.
+    const ds = (extra: Record<string, unknown>): number => normalizeConfig({ ...base, rope_scaling: { rope_type: 'yarn', factor: 40, original_max_position_embeddings: 4096, ...extra } }).rotary.scale
+    expect(ds({ mscale: 1, mscale_all_dim: 1 })).toBe(1)
+    expect(ds({ mscale: 1, mscale_all_dim: 0.5 })).toBeCloseTo((0.1 * Math.log(40) + 1) / (0.05 * Math.log(40) + 1), 15)
+    expect(ds({ attention_factor: 0.5 })).toBe(0.5)
+  })
+
+  it('longrope (Phi-3.5-mini): short factors below original_max_position_embeddings, long from it, sqrt(1 + ln s / ln orig)', () => {
+    const half = 48
+    const short = Array.from({ length: half }, (_, i) => 1 + i / 100)
+    const long = Array.from({ length: half }, (_, i) => 1 + i)
+    const cfg = { architectures: ['Phi3ForCausalLM'], hidden_size: 3072, num_hidden_layers: 1, num_attention_heads: 32, intermediate_size: 8, vocab_size: 8, max_position_embeddings: 131072, original_max_position_embeddings: 4096 }
+    const plain = normalizeConfig(cfg).rotary
+    const { rotary } = normalizeConfig({ ...cfg, rope_scaling: { type: 'longrope', short_factor: short, long_factor: long } })
+    expect(rotary.scale).toBeCloseTo(Math.sqrt(17 / 12), 15) // s = 131072 / 4096 = 32
+    expect(rotary.long?.from).toBe(4096)
+    rotary.invFreq.forEach((f, i) => expect(f).toBeCloseTo(plain.invFreq[i]! / short[i]!, 14))
+    rotary.long!.invFreq.forEach((f, i) => expect(f).toBeCloseTo(plain.invFreq[i]! / long[i]!, 14))
+    expect(invFreqAt(rotary, 4095)).toBe(rotary.invFreq)
+    expect(invFreqAt(rotary, 4096)).toBe(rotary.long!.invFreq)
+    expect(() => normalizeConfig({ ...cfg, rope_scaling: { type: 'longrope', short_factor: short.slice(1), long_factor: long } }))
+      .toThrow(expect.objectContaining({ code: 'SHOAL_ERR_CHECKPOINT', message: expect.stringContaining('short_factor') }))
   })
 
   it('unknown architectures and rope types are typed errors naming what is supported', () => {
@@ -74,8 +111,8 @@ describe('config normalisation', () => {
     expect(err.code).toBe('SHOAL_ERR_UNSUPPORTED_ARCHITECTURE')
     expect(err.name).toBe('UnsupportedArchitectureError')
     for (const a of ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen2ForCausalLM', 'Qwen3ForCausalLM', 'Phi3ForCausalLM']) expect(err.message).toContain(a)
-    expect(() => normalizeConfig({ architectures: ['LlamaForCausalLM'], hidden_size: 64, num_hidden_layers: 1, num_attention_heads: 4, intermediate_size: 8, vocab_size: 8, rope_scaling: { rope_type: 'yarn', factor: 4 } }))
-      .toThrow(expect.objectContaining({ code: 'SHOAL_ERR_CHECKPOINT', message: expect.stringContaining('llama3') }))
+    expect(() => normalizeConfig({ architectures: ['LlamaForCausalLM'], hidden_size: 64, num_hidden_layers: 1, num_attention_heads: 4, intermediate_size: 8, vocab_size: 8, rope_scaling: { rope_type: 'dynamic', factor: 4 } }))
+      .toThrow(expect.objectContaining({ code: 'SHOAL_ERR_CHECKPOINT', message: expect.stringContaining('longrope') }))
   })
 
   it('compiling an unknown architecture fails with the typed error', async () => {

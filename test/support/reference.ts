@@ -83,10 +83,15 @@ function rmsNorm (x: Vec, w: Vec, eps: number): Vec {
   return x.map((v, i) => v * inv * w[i]!)
 }
 
-/** HF rope: default, linear, llama3. */
-function invFreqOf (cfg: Record<string, any>, hd: number): number[] {
+/**
+ * HF rope (modeling_rope_utils): default, linear, llama3, yarn, longrope. Returns the inverse
+ * frequencies per position (LongRoPE: the long factors from original_max_position_embeddings on,
+ * per position — the rule shards/rope.ts documents) and HF's attention_scaling on cos/sin.
+ */
+function ropeOf (cfg: Record<string, any>, hd: number): { at: (pos: number) => number[], scale: number } {
   const theta = cfg.rope_theta ?? 10000
-  let inv = Array.from({ length: hd / 2 }, (_, i) => 1 / theta ** ((2 * i) / hd))
+  const dimPow = (i: number): number => theta ** ((2 * i) / hd)
+  let inv = Array.from({ length: hd / 2 }, (_, i) => 1 / dimPow(i))
   const rs = cfg.rope_scaling
   const type = rs?.rope_type ?? rs?.type
   if (type === 'linear') inv = inv.map(f => f / rs.factor)
@@ -99,8 +104,41 @@ function invFreqOf (cfg: Record<string, any>, hd: number): number[] {
       const sm = (old / wl - lo) / (hi - lo)
       return (1 - sm) * f / factor + sm * f
     })
+  } else if (type === 'yarn') {
+    const orig: number = rs.original_max_position_embeddings ?? cfg.max_position_embeddings
+    const factor: number = rs.factor ?? cfg.max_position_embeddings / orig
+    const ms = (s: number, m = 1): number => s <= 1 ? 1 : 0.1 * m * Math.log(s) + 1
+    const scale: number = rs.attention_factor ?? (rs.mscale && rs.mscale_all_dim ? ms(factor, rs.mscale) / ms(factor, rs.mscale_all_dim) : ms(factor))
+    const dimFor = (rot: number): number => hd * Math.log(orig / (rot * 2 * Math.PI)) / (2 * Math.log(theta))
+    let lo = dimFor(rs.beta_fast || 32)
+    let hi = dimFor(rs.beta_slow || 1)
+    if (rs.truncate !== false) { lo = Math.floor(lo); hi = Math.ceil(hi) }
+    lo = Math.max(lo, 0); hi = Math.min(hi, hd - 1)
+    if (lo === hi) hi += 0.001
+    const yarnInv = inv.map((f, i) => {
+      const extra = 1 - Math.min(1, Math.max(0, (i - lo) / (hi - lo)))
+      return (1 / (factor * dimPow(i))) * (1 - extra) + f * extra
+    })
+    return { at: () => yarnInv, scale }
+  } else if (type === 'longrope') {
+    let orig: number
+    let factor: number
+    if (cfg.original_max_position_embeddings !== undefined) {
+      orig = cfg.original_max_position_embeddings
+      factor = cfg.max_position_embeddings / orig
+    } else if (rs.original_max_position_embeddings !== undefined) {
+      orig = rs.original_max_position_embeddings
+      factor = rs.factor ?? cfg.max_position_embeddings / orig
+    } else {
+      orig = cfg.max_position_embeddings
+      factor = rs.factor ?? 1
+    }
+    const scale: number = rs.attention_factor ?? (factor <= 1 ? 1 : Math.sqrt(1 + Math.log(factor) / Math.log(orig)))
+    const short = (rs.short_factor as number[]).map((e, i) => 1 / (e * dimPow(i)))
+    const long = (rs.long_factor as number[]).map((e, i) => 1 / (e * dimPow(i)))
+    return { at: (pos) => pos >= orig ? long : short, scale }
   } else if (type !== undefined && type !== 'default') throw new Error(`reference: rope ${type}`)
-  return inv
+  return { at: () => inv, scale: 1 }
 }
 
 export interface RefCache {
@@ -115,7 +153,7 @@ export class ReferenceModel {
   private readonly embed: Vec
   private readonly head: Vec
   private readonly norm: Vec
-  private readonly invFreq: number[]
+  private readonly rotary: { at: (pos: number) => number[], scale: number }
   private readonly eps: number
 
   constructor (dir: string) {
@@ -129,7 +167,7 @@ export class ReferenceModel {
     this.embed = get('model.embed_tokens.weight')
     this.head = cfg.tie_word_embeddings === true ? this.embed : get('lm_head.weight')
     this.norm = get('model.norm.weight')
-    this.invFreq = invFreqOf(cfg, this.hd)
+    this.rotary = ropeOf(cfg, this.hd)
     const qn = this.H * this.hd
     const kn = this.kvH * this.hd
     this.layers = []
@@ -198,10 +236,12 @@ export class ReferenceModel {
   private rope (x: Vec, pos: number): Vec {
     const h = this.hd / 2
     const out = new Float64Array(this.hd)
+    const inv = this.rotary.at(pos)
+    const sc = this.rotary.scale
     for (let i = 0; i < h; i++) {
-      const a = pos * this.invFreq[i]!
-      const c = Math.cos(a)
-      const s = Math.sin(a)
+      const a = pos * inv[i]!
+      const c = Math.cos(a) * sc
+      const s = Math.sin(a) * sc
       out[i] = x[i]! * c - x[i + h]! * s
       out[i + h] = x[i + h]! * c + x[i]! * s
     }

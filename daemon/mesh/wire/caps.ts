@@ -33,6 +33,17 @@ export interface ServedModel {
    * `prompt-lookup`); absent without one. Optional: older readers ignore it.
    */
   drafter?: string
+  /**
+   * Measured decode step time of this node's stage (ms per single-position step, a moving
+   * average; absent until measured). Chain formation prefers faster holders by it. Optional:
+   * older readers ignore it.
+   */
+  stepMs?: number
+  /**
+   * Lossy activation encodings this stage decodes on /shoal/stage (`f16`, `int8`); absent: f32
+   * only. A coordinator opens a chain lossy only when every stage lists the encoding.
+   */
+  activations?: string[]
 }
 
 /**
@@ -125,6 +136,8 @@ function model (value: unknown, where: string): ServedModel {
   if (obj.maxContextTokens !== undefined) out.maxContextTokens = uint(obj.maxContextTokens, `${where}.maxContextTokens`)
   const drafter = optStr(obj.drafter, `${where}.drafter`, 128)
   if (drafter !== undefined) out.drafter = drafter
+  if (obj.stepMs !== undefined) out.stepMs = nonNeg(obj.stepMs, `${where}.stepMs`)
+  if (obj.activations !== undefined) out.activations = arr(obj.activations, `${where}.activations`, 8).map((a, i) => str(a, `${where}.activations[${i}]`, 16))
   return out
 }
 
