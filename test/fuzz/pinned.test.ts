@@ -1,0 +1,76 @@
+/**
+ * Counterexamples the fuzz suite (test/fuzz/*.fuzz.test.ts) found, pinned as plain test cases:
+ * each failed before its fix (reproduction/results/fuzz.md lists them).
+ */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { randomBytes, randomUUID } from 'node:crypto'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { peerIdFromPrivateKey } from '@libp2p/peer-id'
+import { privateKeyFromRaw } from '@libp2p/crypto/keys'
+import { publicKeyOf } from '../../certs/index.ts'
+import { createLedger, createReceiptPart, publicKeyFromPeerId, verifyReceiptPart, type Ledger } from '../../daemon/ledger/index.ts'
+import { withReceipts } from '../../daemon/node/index.ts'
+import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
+import type { GenerateEvent, InferenceService } from '../../daemon/service.ts'
+import { createSimulatedService } from '../support/simulated-service.ts'
+
+function makeKey (): { seed: Uint8Array, peerId: string } {
+  const seed = new Uint8Array(randomBytes(32))
+  return { seed, peerId: peerIdFromPrivateKey(privateKeyFromRaw(new Uint8Array([...seed, ...publicKeyOf(seed)]))).toString() }
+}
+
+describe('a signed receipt part with a field beside {body, signature} (signed.fuzz: "receipt part: one field changed")', () => {
+  const peer = makeKey()
+  const part = createReceiptPart({
+    requestId: 'r-1', peerId: peer.peerId, model: 'm', layers: [0, 3], inputHash: 'ab'.repeat(32), outputHash: 'cd'.repeat(32),
+    tokens: { input: 5, output: 2 }, timing: { startedAt: 1_780_315_200_000, durationMs: 12.5 },
+  }, peer.seed)
+
+  it('does not verify: the extra field is not signed', () => {
+    const key = publicKeyFromPeerId(peer.peerId)!
+    expect(verifyReceiptPart(part, key)).toBe(true)
+    // The counterexample fast-check shrank to.
+    expect(verifyReceiptPart({ ...part, '': {} }, key)).toBe(false)
+    expect(verifyReceiptPart(JSON.parse(`{"__proto__":{},${JSON.stringify(part).slice(1)}`), key)).toBe(false)
+  })
+
+  describe('from a peer that adds one to its part', () => {
+    let dir: string
+    let ledger: Ledger
+    beforeAll(async () => {
+      dir = await mkdtemp(join(tmpdir(), 'shoal-pinned-'))
+      const self = makeKey()
+      ledger = createLedger({ dataDir: dir, signer: { peerId: self.peerId, secretKey: self.seed } })
+      await ledger.start()
+    })
+    afterAll(async () => {
+      await ledger.stop()
+      await rm(dir, { recursive: true, force: true })
+    })
+
+    it('the completion is still receipted, without that part (before: the append failed after generating)', async () => {
+      const honest = withReceiptPart(createSimulatedService({ models: ['sim'], script: { reply: 'xyz' } }), { peerId: peer.peerId, secretKey: peer.seed })
+      const padded: InferenceService = {
+        models: () => honest.models(),
+        async * generate (request, signal) {
+          for await (const e of honest.generate(request, signal)) {
+            yield e.type === 'end' ? { ...e, receiptParts: (e.receiptParts ?? []).map(p => ({ ...(p as object), note: 'x'.repeat(1000) })) } : e
+          }
+        },
+      }
+      let rejected = 0
+      const requestId = randomUUID()
+      const events: GenerateEvent[] = []
+      for await (const e of withReceipts(padded, ledger, { onRejectedParts: (_id, n) => { rejected += n } }).generate({
+        requestId, model: 'sim', prompt: { kind: 'text', text: 'hi' }, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000,
+      }, new AbortController().signal)) events.push(e)
+      expect(events.at(-1)?.type).toBe('end')
+      expect(rejected).toBe(1)
+      const stored = await ledger.get(requestId)
+      expect(stored?.receipt.body.parts).toEqual([])
+      expect((await ledger.verify()).ok).toBe(true)
+    })
+  })
+})
