@@ -14,6 +14,7 @@ import { createLedger, createReceiptPart, publicKeyFromPeerId, verifyReceiptPart
 import { withReceipts } from '../../daemon/node/index.ts'
 import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
 import type { GenerateEvent, InferenceService } from '../../daemon/service.ts'
+import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 
 function makeKey (): { seed: Uint8Array, peerId: string } {
@@ -72,5 +73,17 @@ describe('a signed receipt part with a field beside {body, signature} (signed.fu
       expect(stored?.receipt.body.parts).toEqual([])
       expect((await ledger.verify()).ok).toBe(true)
     })
+  })
+})
+
+describe('a worker message whose type is not a string (json-wire.fuzz: "engine protocol: messages to the worker")', () => {
+  it('is refused with an error text, not a TypeError out of the worker\'s message handler', () => {
+    // The counterexample fast-check shrank to, and its neighbours.
+    expect(parseToWorker({ type: BigInt64Array.from([1n, 2n]), id: 0 })).toBe('unknown message type of type object')
+    expect(parseToWorker({ type: 5n, id: 0 })).toBe('unknown message type of type bigint')
+    const cyclic: Record<string, unknown> = {}
+    cyclic.self = cyclic
+    expect(parseToWorker({ type: cyclic, id: 0 })).toMatch(/^unknown message type/)
+    expect(parseToWorker({ type: 'nope', id: 0 })).toBe('unknown message type "nope"')
   })
 })
