@@ -15,6 +15,7 @@ import { withReceipts } from '../../daemon/node/index.ts'
 import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
 import type { GenerateEvent, InferenceService } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { createIngress } from '../../daemon/ingress/index.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 
 function makeKey (): { seed: Uint8Array, peerId: string } {
@@ -85,5 +86,30 @@ describe('a worker message whose type is not a string (json-wire.fuzz: "engine p
     cyclic.self = cyclic
     expect(parseToWorker({ type: cyclic, id: 0 })).toMatch(/^unknown message type/)
     expect(parseToWorker({ type: 'nope', id: 0 })).toBe('unknown message type "nope"')
+  })
+})
+
+describe('keys required: a percent-encoded path to a /v1 route (http.fuzz: "keys required: paths to the routes")', () => {
+  it('still needs a key (before: /%761/completions ran a completion, /%761/mesh showed the mesh, without one)', async () => {
+    const reached: string[] = []
+    const ingress = createIngress({ logger: false }, {
+      service: createSimulatedService({ models: [{ id: 'sim' }] }),
+      auth: { check: () => ({ ok: false, detail: 'not a key' }) },
+      mesh: { snapshot: () => { reached.push('mesh'); return { peers: [] } } },
+      receipts: { get: async () => { reached.push('receipts'); return undefined } },
+    })
+    await ingress.app.ready()
+    try {
+      for (const [method, url] of [['GET', '/%761/models'], ['GET', '/v%31/models'], ['GET', '/%761/mesh'], ['GET', '/%76%31/receipts/x'], ['POST', '/%761/completions'], ['POST', '/v1/%63hat/completions'], ['GET', '/%761/nothing-here']] as const) {
+        const res = await ingress.app.inject({ method, url, ...(method === 'POST' ? { payload: { model: 'sim', prompt: 'hi', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } } : {}) })
+        expect(res.statusCode, url).toBe(401)
+        expect(res.json().error.code).toBe('SHOAL_ERR_INVALID_API_KEY')
+      }
+      expect(reached).toEqual([])
+      // Open routes stay open, however they are spelled.
+      expect((await ingress.app.inject({ method: 'GET', url: '/%68ealthz' })).statusCode).toBe(200)
+    } finally {
+      await ingress.stop()
+    }
   })
 })
