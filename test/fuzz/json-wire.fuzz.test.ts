@@ -23,6 +23,7 @@ import type { LoadFrame } from '../../daemon/mesh/wire/load.ts'
 import { decodeRevocationsMessage, REVOCATIONS_MAX_MESSAGE } from '../../daemon/mesh/wire/revocations.ts'
 import { WIRE_ERROR_CODES } from '../../daemon/mesh/errors.ts'
 import { parseApiAddress, parseModelSpec } from '../../daemon/node/config.ts'
+import { validateManifest } from '../../shards/manifest.ts'
 import { decodeHeadFrame, encodeHeadFrame } from '../../daemon/witness/index.ts'
 import { makeSigner } from '../ledger/fixtures/keys.ts'
 import { anyBytes, anyJson, expectTyped, near, reportRuns, runs } from './fuzz.ts'
@@ -145,6 +146,42 @@ describe('what a node reads back from its own disk', () => {
         await rm(file)
       }), runs('key, CA certificate and JSON files: arbitrary bytes', 60))
     })
+  })
+})
+
+describe('shard manifests (a model directory\'s manifest.json)', () => {
+  const hex = (c: string): string => c.repeat(64)
+  const manifest = {
+    format: 'shoal-shards/1', modelId: 'm', sourceHash: hex('e'),
+    shape: { architecture: 'llama', hiddenSize: 64, numLayers: 4, numHeads: 4, numKvHeads: 2, headDim: 16, intermediateSize: 128, vocabSize: 512, maxPositions: 2048, rmsNormEps: 1e-6, tieWordEmbeddings: false },
+    quantization: { kind: 'int4', blockSize: 32, activations: 'int8' }, opSet: 'ort-contrib',
+    generation: { bosTokenId: 507, eosTokenIds: [508], addBosToken: true, tokenizerAddsBos: true },
+    tokenizerFiles: [{ path: 'tokenizer.json', sha256: hex('a'), bytes: 14663 }],
+    stages: [
+      { index: 0, layers: [0, 1], hasEmbedding: true, hasHead: false, dir: 'stage-0', graph: 'stage-0/model.onnx', files: [{ path: 'stage-0/model.onnx', sha256: hex('b'), bytes: 1 }] },
+      { index: 1, layers: [2, 3], hasEmbedding: false, hasHead: true, dir: 'stage-1', graph: 'stage-1/model.onnx', files: [{ path: 'stage-1/model.onnx', sha256: hex('c'), bytes: 1 }] },
+    ],
+  }
+  const MANIFEST = { name: 'ManifestError', code: 'SHOAL_ERR_MANIFEST' }
+
+  it('any JSON value, and a valid manifest with any one value replaced, is a manifest or a ManifestError', () => {
+    expect(validateManifest(JSON.parse(JSON.stringify(manifest)))).toBeDefined()
+    fc.assert(fc.property(anyJson, (v) => { expectTyped(() => validateManifest(v), MANIFEST, v) }), runs('manifest: arbitrary JSON', 200))
+    // Every path in the manifest, set to any JSON value (null, a wrong type, …).
+    const paths: Array<Array<string | number>> = []
+    const walk = (v: unknown, p: Array<string | number>): void => {
+      paths.push(p)
+      if (Array.isArray(v)) v.forEach((x, i) => walk(x, [...p, i]))
+      else if (typeof v === 'object' && v !== null) for (const [k, x] of Object.entries(v)) walk(x, [...p, k])
+    }
+    walk(manifest, [])
+    fc.assert(fc.property(fc.constantFrom(...paths.filter(p => p.length > 0)), anyJson, (p, value) => {
+      const doc = JSON.parse(JSON.stringify(manifest)) as Record<string | number, any>
+      let parent = doc
+      for (const k of p.slice(0, -1)) parent = parent[k]
+      parent[p[p.length - 1]!] = value
+      expectTyped(() => validateManifest(doc), MANIFEST, doc)
+    }), runs('manifest: one value replaced', 400))
   })
 })
 

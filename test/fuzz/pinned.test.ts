@@ -16,6 +16,7 @@ import { withReceiptPart } from '../../daemon/node/receipt-part.ts'
 import type { GenerateEvent, InferenceService } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { createIngress } from '../../daemon/ingress/index.ts'
+import { validateManifest } from '../../shards/manifest.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 
 function makeKey (): { seed: Uint8Array, peerId: string } {
@@ -110,6 +111,28 @@ describe('keys required: a percent-encoded path to a /v1 route (http.fuzz: "keys
       expect((await ingress.app.inject({ method: 'GET', url: '/%68ealthz' })).statusCode).toBe(200)
     } finally {
       await ingress.stop()
+    }
+  })
+})
+
+describe('a shard manifest with null where an object belongs (json-wire.fuzz: "manifest: one value replaced")', () => {
+  it('is a ManifestError, not a TypeError', () => {
+    const hex = (c: string): string => c.repeat(64)
+    const manifest = {
+      format: 'shoal-shards/1', modelId: 'm', sourceHash: hex('e'),
+      shape: { hiddenSize: 64, numLayers: 2, numHeads: 4, numKvHeads: 2, headDim: 16, intermediateSize: 128, vocabSize: 512, maxPositions: 2048 },
+      quantization: { kind: 'none' }, generation: { eosTokenIds: [1] }, tokenizerFiles: [],
+      stages: [{ index: 0, layers: [0, 1], hasEmbedding: true, hasHead: true, dir: 's', graph: 's/m.onnx', files: [{ path: 's/m.onnx', sha256: hex('b'), bytes: 1 }] }],
+    }
+    expect(validateManifest(structuredClone(manifest)).modelId).toBe('m')
+    // The counterexample fast-check shrank to (stages[0] = null), and the other objects read without a check.
+    for (const patch of [
+      (m: any) => { m.stages[0] = null }, (m: any) => { m.quantization = null }, (m: any) => { m.shape = null },
+      (m: any) => { m.generation = null }, (m: any) => { m.shape.moe = null }, (m: any) => { m.static = null },
+    ]) {
+      const m = structuredClone(manifest)
+      patch(m)
+      expect(() => validateManifest(m)).toThrow(expect.objectContaining({ name: 'ManifestError', code: 'SHOAL_ERR_MANIFEST' }))
     }
   })
 })
