@@ -142,18 +142,18 @@ for (const p of protocols) {
         // What decodes from hostile bytes is a frame this node could have sent itself.
         if (f !== undefined) p.encode(f)
       }
-      fc.assert(fc.property(anyBytes, typed), runs(`${p.name}: arbitrary bytes`, 300))
+      fc.assert(fc.property(anyBytes, typed), runs(`${p.name}: arbitrary bytes`, 200))
       // A valid header in front of arbitrary bytes reaches the body decoders, not just the header checks.
       fc.assert(fc.property(p.arb, fc.uint8Array({ maxLength: 64 }), fc.nat(), (f, junk, cut) => {
         const bytes = p.encode(f)
         const head = bytes.subarray(0, Math.min(bytes.length, 4 + (cut % 64)))
         typed(Uint8Array.from([...head, ...junk]))
-      }), runs(`${p.name}: valid header, arbitrary body`, 300))
+      }), runs(`${p.name}: valid header, arbitrary body`, 200))
     })
 
     it('every truncation and any one-byte change of a valid frame decodes or throws the typed error', () => {
       const typed = (b: Uint8Array): void => { expectTyped(() => p.decode(b), p.typed, b) }
-      const valid = sample(p.arb, Math.max(4, Math.round(runs(`${p.name}: frames swept`, 12).numRuns!)), 13)
+      const valid = sample(p.arb, Math.max(4, Math.round(runs(`${p.name}: frames swept`, 5).numRuns!)), 13)
       let inputs = 0
       for (const f of valid) {
         const bytes = p.encode(f)
@@ -170,7 +170,7 @@ for (const p of protocols) {
         }
       }
       swept(`${p.name}: every truncation and byte of ${valid.length} frames`, inputs)
-      fc.assert(fc.property(p.arb.chain(f => near(p.encode(f))), typed), runs(`${p.name}: near a valid frame`, 300))
+      fc.assert(fc.property(p.arb.chain(f => near(p.encode(f))), typed), runs(`${p.name}: near a valid frame`, 200))
     })
   })
 }
