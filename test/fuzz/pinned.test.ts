@@ -2,7 +2,7 @@
  * Counterexamples the fuzz suite (test/fuzz/*.fuzz.test.ts) found, pinned as plain test cases:
  * each failed before its fix (reproduction/results/fuzz.md lists them).
  */
-import { mkdtemp, rm } from 'node:fs/promises'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes, randomUUID } from 'node:crypto'
@@ -17,6 +17,7 @@ import type { GenerateEvent, InferenceService } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { createIngress } from '../../daemon/ingress/index.ts'
 import { validateManifest } from '../../shards/manifest.ts'
+import { openWeights } from '../../shards/safetensors.ts'
 import { createSimulatedService } from '../support/simulated-service.ts'
 
 function makeKey (): { seed: Uint8Array, peerId: string } {
@@ -134,5 +135,30 @@ describe('a shard manifest with null where an object belongs (json-wire.fuzz: "m
       patch(m)
       expect(() => validateManifest(m)).toThrow(expect.objectContaining({ name: 'ManifestError', code: 'SHOAL_ERR_MANIFEST' }))
     }
+  })
+})
+
+describe('a safetensors header whose offsets claim more than the file holds (json-wire.fuzz: "checkpoint: safetensors header and data")', () => {
+  let dir: string
+  beforeAll(async () => { dir = await mkdtemp(join(tmpdir(), 'shoal-pinned-ckpt-')) })
+  afterAll(async () => { await rm(dir, { recursive: true, force: true }) })
+
+  it('is a CheckpointError when the checkpoint is opened, before anything that size is allocated', async () => {
+    // The counterexamples fast-check shrank to: a 22 GiB range in a file of 8 + 41 bytes (before:
+    // Buffer.alloc's RangeError at get — a smaller claim was allocated), and an entry without a shape.
+    for (const header of ['{"":{"data_offsets":[0,23622320128]}}', '{"":{"dtype":"F32","data_offsets":[0,0]}}', '{"w":{"dtype":"F32","shape":[1000000],"data_offsets":[0,4000000]}}', '[]']) {
+      const d = await mkdtemp(join(dir, 'c'))
+      const h = Buffer.from(header)
+      const bytes = Buffer.alloc(8 + h.length)
+      bytes.writeBigUInt64LE(BigInt(h.length), 0)
+      h.copy(bytes, 8)
+      await writeFile(join(d, 'model.safetensors'), bytes)
+      await expect(openWeights(d), header).rejects.toMatchObject({ name: 'CheckpointError', code: 'SHOAL_ERR_CHECKPOINT' })
+    }
+    const index = await mkdtemp(join(dir, 'i'))
+    await writeFile(join(index, 'model.safetensors.index.json'), '{"weight_map":{"a":7}}')
+    await expect(openWeights(index)).rejects.toMatchObject({ name: 'CheckpointError' })
+    await writeFile(join(index, 'model.safetensors.index.json'), '{nope')
+    await expect(openWeights(index)).rejects.toMatchObject({ name: 'CheckpointError' })
   })
 })
