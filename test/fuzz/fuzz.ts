@@ -72,6 +72,17 @@ export function expectTyped<T> (fn: () => T, typed: TypedError, input?: unknown)
   }
 }
 
+/** `expectTyped` for a promise. */
+export async function expectTypedAsync<T> (fn: () => Promise<T>, typed: TypedError, input?: unknown): Promise<T | undefined> {
+  let value: T
+  try {
+    value = await fn()
+  } catch (err) {
+    return expectTyped(() => { throw err }, typed, input)
+  }
+  return value
+}
+
 function describe (input: unknown): string {
   if (input === undefined) return '(input not given)'
   if (input instanceof Uint8Array) return `bytes ${Buffer.from(input.subarray(0, 96)).toString('hex')}${input.length > 96 ? '…' : ''} (${input.length})`

@@ -5,7 +5,7 @@
  * entries, witnessed-heads file, key and document files) and from the command line (--api,
  * --model), and the engine worker's message check. Each returns a value or its typed refusal.
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import fc from 'fast-check'
@@ -24,9 +24,10 @@ import { decodeRevocationsMessage, REVOCATIONS_MAX_MESSAGE } from '../../daemon/
 import { WIRE_ERROR_CODES } from '../../daemon/mesh/errors.ts'
 import { parseApiAddress, parseModelSpec } from '../../daemon/node/config.ts'
 import { validateManifest } from '../../shards/manifest.ts'
+import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
 import { decodeHeadFrame, encodeHeadFrame } from '../../daemon/witness/index.ts'
 import { makeSigner } from '../ledger/fixtures/keys.ts'
-import { anyBytes, anyJson, expectTyped, near, reportRuns, runs } from './fuzz.ts'
+import { anyBytes, anyJson, expectTyped, expectTypedAsync, near, reportRuns, runs } from './fuzz.ts'
 
 reportRuns(import.meta.filename)
 
@@ -182,6 +183,58 @@ describe('shard manifests (a model directory\'s manifest.json)', () => {
       parent[p[p.length - 1]!] = value
       expectTyped(() => validateManifest(doc), MANIFEST, doc)
     }), runs('manifest: one value replaced', 400))
+  })
+})
+
+describe('checkpoint files (what `shoal compile` reads)', () => {
+  let dir: string
+  beforeAll(async () => { dir = await mkdtemp(join(tmpdir(), 'shoal-fuzz-ckpt-')) })
+  afterAll(async () => { await rm(dir, { recursive: true, force: true }) })
+  const CHECKPOINT = { name: 'CheckpointError', code: 'SHOAL_ERR_CHECKPOINT' }
+  let n = 0
+
+  /** A safetensors file: u64 header length, the header, then `data` bytes. */
+  const file = (header: string, data: number): Uint8Array => {
+    const h = utf8.encode(header)
+    const out = new Uint8Array(8 + h.length + data)
+    new DataView(out.buffer).setBigUint64(0, BigInt(h.length), true)
+    out.set(h, 8)
+    return out
+  }
+  const entry = fc.record({
+    dtype: fc.oneof(fc.constantFrom('F32', 'F16', 'BF16', 'I8', 'F8_E4M3'), anyJson),
+    shape: fc.oneof(fc.array(fc.nat({ max: 6 }), { maxLength: 3 }), fc.array(fc.nat({ max: 2 ** 40 }), { maxLength: 2 }), anyJson),
+    data_offsets: fc.oneof(fc.tuple(fc.nat({ max: 64 }), fc.nat({ max: 64 })), fc.tuple(fc.nat({ max: 64 }), fc.maxSafeNat()), anyJson),
+  }, { requiredKeys: [] })
+  const header = fc.oneof(fc.dictionary(fc.string({ maxLength: 6 }), fc.oneof(entry, anyJson), { maxKeys: 4 }).map(h => JSON.stringify(h)), fc.json({ maxDepth: 2 }), fc.string({ maxLength: 40 }))
+
+  it('any header and data: tensors of the size their shape says, or a CheckpointError — never an allocation of what an offset claims', async () => {
+    await fc.assert(fc.asyncProperty(header, fc.nat({ max: 64 }), async (h, data) => {
+      const d = join(dir, `c${n++}`)
+      await mkdir(d)
+      await writeFile(join(d, 'model.safetensors'), file(h, data))
+      try {
+        const store = await expectTypedAsync(() => openWeights(d), CHECKPOINT, h)
+        for (const name of store?.names() ?? []) {
+          const t = await expectTypedAsync(() => store!.get(name), CHECKPOINT, h)
+          if (t !== undefined) expect(t.data.length).toBe(t.shape.reduce((a, b) => a * b, 1))
+        }
+      } finally {
+        await rm(d, { recursive: true })
+      }
+    }), runs('checkpoint: safetensors header and data', 150))
+  })
+
+  it('tensors written round-trip', async () => {
+    await fc.assert(fc.asyncProperty(fc.array(fc.tuple(fc.nat({ max: 4 }), fc.nat({ max: 4 })), { minLength: 1, maxLength: 3 }), async (shapes) => {
+      const d = join(dir, `w${n++}`)
+      await mkdir(d)
+      const tensors = shapes.map(([r, c], i) => ({ name: `t${i}`, shape: [r, c], data: Float32Array.from({ length: r * c }, (_, j) => j - i) }))
+      await writeSafetensors(join(d, 'model.safetensors'), tensors)
+      const store = await openWeights(d)
+      for (const t of tensors) expect(await store.get(t.name)).toEqual({ shape: t.shape, data: t.data })
+      await rm(d, { recursive: true })
+    }), runs('checkpoint: round trip', 30))
   })
 })
 
