@@ -133,7 +133,7 @@ for (const p of protocols) {
         const pooled = Buffer.alloc(bytes.length + 3)
         pooled.set(bytes, 1)
         expect(p.decode(pooled.subarray(1, 1 + bytes.length))).toEqual(f)
-      }), runs(`${p.name}: round trip`, 150))
+      }), runs(`${p.name}: round trip`, 100))
     })
 
     it('arbitrary bytes decode or throw the typed error', () => {
@@ -153,7 +153,7 @@ for (const p of protocols) {
 
     it('every truncation and any one-byte change of a valid frame decodes or throws the typed error', () => {
       const typed = (b: Uint8Array): void => { expectTyped(() => p.decode(b), p.typed, b) }
-      const valid = sample(p.arb, Math.max(4, Math.round(runs(`${p.name}: frames swept`, 5).numRuns!)), 13)
+      const valid = sample(p.arb, Math.max(3, Math.round(runs(`${p.name}: frames swept`, 3).numRuns!)), 13)
       let inputs = 0
       for (const f of valid) {
         const bytes = p.encode(f)
@@ -170,7 +170,7 @@ for (const p of protocols) {
         }
       }
       swept(`${p.name}: every truncation and byte of ${valid.length} frames`, inputs)
-      fc.assert(fc.property(p.arb.chain(f => near(p.encode(f))), typed), runs(`${p.name}: near a valid frame`, 200))
+      fc.assert(fc.property(p.arb.chain(f => near(p.encode(f))), typed), runs(`${p.name}: near a valid frame`, 150))
     })
   })
 }

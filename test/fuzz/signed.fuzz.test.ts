@@ -177,11 +177,11 @@ describe('capability gossip', () => {
     if (result === TopicValidatorResult.Accept) expect(isDeepStrictEqual(decodeCapsMessage(data), taken), `accepted a changed message ${new TextDecoder().decode(data).slice(0, 300)}`).toBe(true)
   }
   it('any one-byte change of the message is refused', () => {
-    fc.assert(fc.property(near(bytes), (b) => { refused(message, b) }), runs('caps: bytes near a signed message', 200))
+    fc.assert(fc.property(near(bytes), (b) => { refused(message, b) }), runs('caps: bytes near a signed message', 120))
   })
   it('any field set, removed or added — record, body, signature or certificate — is refused', () => {
     const doc = JSON.parse(JSON.stringify(message)) as unknown
-    fc.assert(fc.property(changed(doc), (m) => { refused(doc, json(m)) }), runs('caps: one field changed', 300))
+    fc.assert(fc.property(changed(doc), (m) => { refused(doc, json(m)) }), runs('caps: one field changed', 150))
   })
 })
 
@@ -205,9 +205,9 @@ describe('revocation lists', () => {
   it('the signed list is adopted; any changed byte or field is refused with CertificateError', () => {
     check(doc)
     expect(validator().revocations(encodeRevocationsMessage(doc))).toBe(TopicValidatorResult.Accept)
-    fc.assert(fc.property(byteChanged(doc), check), runs('revocations: bytes near a signed list', 200))
-    fc.assert(fc.property(changed(doc), check), runs('revocations: one field changed', 300))
-    fc.assert(fc.property(anyJson, check), runs('revocations: arbitrary JSON', 200))
+    fc.assert(fc.property(byteChanged(doc), check), runs('revocations: bytes near a signed list', 120))
+    fc.assert(fc.property(changed(doc), check), runs('revocations: one field changed', 150))
+    fc.assert(fc.property(anyJson, check), runs('revocations: arbitrary JSON', 120))
     // Another CA's list, however well formed, is someone else's.
     expect(() => parseRevocationList(ca.certificate, JSON.parse(JSON.stringify(makeRevocations(otherCa, 9, []))))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_CERT_WRONG_CA' }))
   })
@@ -221,8 +221,8 @@ describe('certificates', () => {
   }
   it('a node certificate with any changed byte or field is never admitted', () => {
     admitted(doc)
-    fc.assert(fc.property(byteChanged(doc), admitted), runs('node certificate: bytes near', 200))
-    fc.assert(fc.property(changed(doc), admitted), runs('node certificate: one field changed', 300))
+    fc.assert(fc.property(byteChanged(doc), admitted), runs('node certificate: bytes near', 120))
+    fc.assert(fc.property(changed(doc), admitted), runs('node certificate: one field changed', 150))
   })
   it('a CA certificate with any changed byte or field throws CertificateError', () => {
     const caDoc = JSON.parse(JSON.stringify(ca.certificate)) as unknown
@@ -230,8 +230,8 @@ describe('certificates', () => {
       const parsed = expectTyped(() => parseCaCertificate(candidate), { name: 'CertificateError', code: 'SHOAL_ERR_CERT_' }, candidate)
       if (parsed !== undefined) expect(isDeepStrictEqual(JSON.parse(JSON.stringify(parsed)), caDoc)).toBe(true)
     }
-    fc.assert(fc.property(byteChanged(caDoc), check), runs('CA certificate: bytes near', 200))
-    fc.assert(fc.property(changed(caDoc), check), runs('CA certificate: one field changed', 300))
+    fc.assert(fc.property(byteChanged(caDoc), check), runs('CA certificate: bytes near', 120))
+    fc.assert(fc.property(changed(caDoc), check), runs('CA certificate: one field changed', 150))
   })
 })
 
@@ -249,9 +249,9 @@ describe('client keys', () => {
       if (r.ok) expect(t).toBe(token)
       expect(verifyClientKey({ caCertificate: ca.certificate, token: t, now: NOW }).ok).toBe(t === token)
     }
-    fc.assert(fc.property(changed(body), (b) => { refused(`shoal-key.${b64(b)}.${key.signature}`) }), runs('client key: one body field changed', 300))
-    fc.assert(fc.property(mutation(utf8.encode(token)), (b) => { refused(Buffer.from(b).toString('latin1')) }), runs('client key: one byte changed', 300))
-    fc.assert(fc.property(fc.string({ unit: 'binary', maxLength: 3000 }), (s) => { refused(s) }), runs('client key: arbitrary strings', 200))
+    fc.assert(fc.property(changed(body), (b) => { refused(`shoal-key.${b64(b)}.${key.signature}`) }), runs('client key: one body field changed', 150))
+    fc.assert(fc.property(mutation(utf8.encode(token)), (b) => { refused(Buffer.from(b).toString('latin1')) }), runs('client key: one byte changed', 150))
+    fc.assert(fc.property(fc.string({ unit: 'binary', maxLength: 3000 }), (s) => { refused(s) }), runs('client key: arbitrary strings', 120))
     expect(auth.check(token).ok).toBe(true)
   })
 })
@@ -268,9 +268,9 @@ describe('witnessed log heads', () => {
   it('a head frame with any changed byte, or a head with any changed field, fails decoding or verification', () => {
     accepted(frame)
     expect(verifyLogHead(decodeHeadFrame(frame), key)).toBe(true)
-    fc.assert(fc.property(near(frame), accepted), runs('log head: bytes near a frame', 300))
+    fc.assert(fc.property(near(frame), accepted), runs('log head: bytes near a frame', 120))
     const doc = JSON.parse(JSON.stringify(head)) as unknown
-    fc.assert(fc.property(changed(doc), (d) => { accepted(Uint8Array.from([1, ...json(d)])) }), runs('log head: one field changed', 300))
+    fc.assert(fc.property(changed(doc), (d) => { accepted(Uint8Array.from([1, ...json(d)])) }), runs('log head: one field changed', 150))
   })
 })
 
@@ -288,8 +288,8 @@ describe('receipt parts from peers', () => {
   }
   it('a part with any changed byte or field does not verify, and nothing throws', () => {
     expect(verifyReceiptPart(doc, key)).toBe(true)
-    fc.assert(fc.property(byteChanged(doc), check), runs('receipt part: bytes near', 200))
-    fc.assert(fc.property(changed(doc), check), runs('receipt part: one field changed', 300))
-    fc.assert(fc.property(anyJson, check), runs('receipt part: arbitrary JSON', 200))
+    fc.assert(fc.property(byteChanged(doc), check), runs('receipt part: bytes near', 120))
+    fc.assert(fc.property(changed(doc), check), runs('receipt part: one field changed', 150))
+    fc.assert(fc.property(anyJson, check), runs('receipt part: arbitrary JSON', 120))
   })
 })
