@@ -29,6 +29,8 @@ function fail (what: string): never {
 }
 
 const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v)
+/** A JSON object (null is not one: `typeof null` is 'object', and reading a field of it throws a TypeError, not a ManifestError). */
+const isObj = (v: unknown): v is Record<string, any> => typeof v === 'object' && v !== null && !Array.isArray(v)
 
 function checkFiles (files: unknown, where: string): void {
   if (!Array.isArray(files)) fail(`${where}: files must be an array`)
@@ -43,30 +45,32 @@ function checkFiles (files: unknown, where: string): void {
 /** Structural checks: format, shape, stages contiguous from layer 0 to the last layer. */
 export function validateManifest (m: unknown): ShardManifest {
   const o = m as Partial<ShardManifest>
-  if (o === null || typeof o !== 'object') fail('not an object')
+  if (!isObj(o)) fail('not an object')
   if (o.format !== MANIFEST_FORMAT) fail(`format ${JSON.stringify(o.format)}, expected ${MANIFEST_FORMAT}`)
   if (typeof o.modelId !== 'string' || o.modelId === '') fail('modelId missing')
   if (typeof o.sourceHash !== 'string') fail('sourceHash missing')
   const s = o.shape
-  if (s === undefined || typeof s !== 'object') fail('shape missing')
+  if (!isObj(s)) fail('shape missing')
   for (const k of ['hiddenSize', 'numLayers', 'numHeads', 'numKvHeads', 'headDim', 'intermediateSize', 'vocabSize', 'maxPositions'] as const) {
     if (!isInt(s[k]) || s[k] <= 0) fail(`shape.${k} must be a positive integer`)
   }
   if (s.moe !== undefined) {
     const e = s.moe
+    if (!isObj(e)) fail('shape.moe must be an object')
     if (!isInt(e.numExperts) || e.numExperts <= 0 || !isInt(e.topK) || e.topK <= 0 || e.topK > e.numExperts) fail('shape.moe: topK must be 1..numExperts')
     if (!isInt(e.expertIntermediateSize) || e.expertIntermediateSize <= 0 || !isInt(e.sharedExpertIntermediateSize) || e.sharedExpertIntermediateSize < 0) fail('shape.moe: bad expert widths')
     if (!Array.isArray(e.moeLayers) || e.moeLayers.some((l, i) => !isInt(l) || l < 0 || l >= s.numLayers || (i > 0 && l <= e.moeLayers[i - 1]!))) fail('shape.moe.moeLayers must be ascending layer indices')
   }
   const q = o.quantization
-  if (q === undefined || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
+  if (!isObj(q) || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
   if (q.kind !== 'none' && q.activations !== undefined && q.activations !== 'int8' && q.activations !== 'f32') fail('quantization.activations must be int8 or f32')
-  if (o.generation === undefined || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
+  if (!isObj(o.generation) || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
   checkFiles(o.tokenizerFiles, 'tokenizerFiles')
   if (!Array.isArray(o.stages) || o.stages.length === 0) fail('no stages')
   let next = 0
   o.stages.forEach((st, i) => {
+    if (!isObj(st)) fail(`stage ${i}: not an object`)
     if (st.index !== i) fail(`stage ${i}: index ${st.index}`)
     if (!Array.isArray(st.layers) || !isInt(st.layers[0]) || !isInt(st.layers[1]) || st.layers[0] !== next || st.layers[1] < st.layers[0]) {
       fail(`stage ${i}: layers ${JSON.stringify(st.layers)} do not continue from layer ${next}`)
@@ -85,6 +89,7 @@ export function validateManifest (m: unknown): ShardManifest {
     }
   })
   if (o.static !== undefined) {
+    if (!isObj(o.static)) fail('static must be an object')
     const { contextLength: ctx, chunk } = o.static
     if (!isInt(ctx) || ctx < 2 || ctx > s.maxPositions) fail(`static.contextLength must be an integer in 2..${s.maxPositions}`)
     if (!isInt(chunk) || chunk < 1 || chunk > ctx) fail('static.chunk must be an integer in 1..static.contextLength')

@@ -27,6 +27,24 @@ export interface F32Tensor {
 /** Upper bound on the JSON header, so a corrupt file cannot make us allocate gigabytes. */
 const MAX_HEADER_BYTES = 100 * 1024 * 1024
 
+const DTYPE_BYTES: Record<string, number> = { F64: 8, F32: 4, F16: 2, BF16: 2, I64: 8, I32: 4, I16: 2, I8: 1, U8: 1, BOOL: 1 }
+const isCount = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v) && v >= 0
+
+/** One header entry, well formed: a dtype, a shape, and a byte range inside the data that holds exactly that shape. */
+function checkEntry (file: string, name: string, e: unknown, dataBytes: number): { dtype: string, shape: number[], offsets: [number, number] } {
+  const bad = (what: string): CheckpointError => new CheckpointError(`${file}: tensor "${name.slice(0, 200)}": ${what}`)
+  if (typeof e !== 'object' || e === null || Array.isArray(e)) throw bad('not an object')
+  const { dtype, shape, data_offsets: offsets } = e as Record<string, unknown>
+  if (typeof dtype !== 'string') throw bad('dtype is not a string')
+  if (!Array.isArray(shape) || !shape.every(isCount)) throw bad('shape is not a list of sizes')
+  if (!Array.isArray(offsets) || offsets.length !== 2 || !isCount(offsets[0]) || !isCount(offsets[1]) || offsets[1] < offsets[0]) throw bad('data_offsets is not [begin, end]')
+  if (offsets[1] > dataBytes) throw bad(`data_offsets end ${offsets[1]} is past the file's ${dataBytes} data bytes`)
+  const size = DTYPE_BYTES[dtype]
+  const elements = shape.reduce((n: number, d: number) => n * d, 1)
+  if (size !== undefined && elements * size !== offsets[1] - offsets[0]) throw bad(`${offsets[1] - offsets[0]} bytes for shape [${shape.join(', ')}] of ${dtype}`)
+  return { dtype, shape: shape as number[], offsets: [offsets[0], offsets[1]] }
+}
+
 async function readHeader (file: string): Promise<Map<string, TensorEntry>> {
   const fh = await open(file, 'r')
   try {
@@ -36,11 +54,16 @@ async function readHeader (file: string): Promise<Map<string, TensorEntry>> {
     if (len <= 0 || len > MAX_HEADER_BYTES) throw new CheckpointError(`${file}: bad safetensors header length ${len}`)
     const headerBuf = Buffer.alloc(len)
     await fh.read(headerBuf, 0, len, 8)
-    const header = JSON.parse(headerBuf.toString('utf8')) as Record<string, { dtype: string, shape: number[], data_offsets: [number, number] }>
+    const header = JSON.parse(headerBuf.toString('utf8')) as unknown
+    if (typeof header !== 'object' || header === null || Array.isArray(header)) throw new CheckpointError(`${file}: the safetensors header is not a JSON object`)
+    // Every range is checked against the file before anything is read: a corrupt or hostile header
+    // must not make `get` allocate what its offsets claim.
+    const dataBytes = (await fh.stat()).size - 8 - len
     const out = new Map<string, TensorEntry>()
-    for (const [name, e] of Object.entries(header)) {
+    for (const [name, e] of Object.entries(header as Record<string, unknown>)) {
       if (name === '__metadata__') continue
-      out.set(name, { dtype: e.dtype, shape: e.shape, file, begin: 8 + len + e.data_offsets[0], end: 8 + len + e.data_offsets[1] })
+      const entry = checkEntry(file, name, e, dataBytes)
+      out.set(name, { ...entry, file, begin: 8 + len + entry.offsets[0], end: 8 + len + entry.offsets[1] })
     }
     return out
   } catch (err) {
@@ -55,9 +78,17 @@ async function readHeader (file: string): Promise<Map<string, TensorEntry>> {
 export async function checkpointWeightFiles (dir: string): Promise<string[]> {
   const index = join(dir, 'model.safetensors.index.json')
   if (existsSync(index)) {
-    const parsed = JSON.parse(await readFile(index, 'utf8')) as { weight_map?: Record<string, string> }
-    if (parsed.weight_map === undefined) throw new CheckpointError(`${index}: no weight_map`)
-    return [...new Set(Object.values(parsed.weight_map))].sort().map(f => join(dir, f))
+    let parsed: unknown
+    try {
+      parsed = JSON.parse(await readFile(index, 'utf8'))
+    } catch (err) {
+      throw new CheckpointError(`${index}: not readable JSON`, { cause: err })
+    }
+    const map = (parsed as { weight_map?: unknown } | null)?.weight_map
+    if (typeof map !== 'object' || map === null || Array.isArray(map)) throw new CheckpointError(`${index}: no weight_map`)
+    const files = Object.values(map)
+    if (!files.every((f): f is string => typeof f === 'string' && f !== '')) throw new CheckpointError(`${index}: weight_map names something other than a file`)
+    return [...new Set(files)].sort().map(f => join(dir, f))
   }
   const single = join(dir, 'model.safetensors')
   if (existsSync(single)) return [single]

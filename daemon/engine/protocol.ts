@@ -184,7 +184,9 @@ export function parseToWorker (msg: unknown): ToWorker | string {
       return m as unknown as ToWorker
     }
     default:
-      return `unknown message type ${JSON.stringify(m.type)}`
+      // Named without JSON.stringify, which throws on a BigInt (a typed array's elements) or a cycle:
+      // a throw here would escape the worker's message handler and take the engine down.
+      return `unknown message type ${typeof m.type === 'string' ? JSON.stringify(m.type.slice(0, 64)) : `of type ${typeof m.type}`}`
   }
 }
 

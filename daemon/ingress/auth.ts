@@ -38,11 +38,28 @@ export function bearerToken (header: string | string[] | undefined): string | un
   return m === null ? undefined : m[1]
 }
 
+const underV1 = (path: string): boolean => path === '/v1' || path.startsWith('/v1/')
+
+/**
+ * Whether a request needs a key: judged by the route the router matched, not by the raw URL — the
+ * router decodes percent-encoding, so `/%761/models` reaches `/v1/models` while its raw URL does not
+ * start with `/v1/` (it passed without a key). A request that matched no route is judged by its
+ * decoded path, so an unknown /v1 path stays a 401 rather than a 404 that tells a keyless client
+ * what exists.
+ */
+export function needsKey (request: FastifyRequest): boolean {
+  const route = request.routeOptions.url
+  if (route !== undefined) return underV1(route)
+  const raw = request.url.split('?')[0] ?? ''
+  let path = raw
+  try { path = decodeURIComponent(raw) } catch { /* not valid percent-encoding: judged as sent */ }
+  return underV1(raw) || underV1(path)
+}
+
 /** Adds the key check for /v1/*; call after the hooks that count and refuse while stopping. */
 export function registerAuth (app: FastifyInstance, auth: ClientAuth): void {
   app.addHook('onRequest', async (request, reply) => {
-    const path = request.url.split('?')[0] ?? ''
-    if (!path.startsWith('/v1/') && path !== '/v1') return
+    if (!needsKey(request)) return
     const token = bearerToken(request.headers.authorization)
     reply.header('www-authenticate', 'Bearer realm="shoal"')
     if (token === undefined) {

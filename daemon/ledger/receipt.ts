@@ -181,9 +181,13 @@ export function createReceiptPart (input: ReceiptPartInput, secretKey: Uint8Arra
   return signDocument(body, secretKey)
 }
 
-/** True when the part is well formed and signed by `publicKey` (raw 32 bytes). */
+/**
+ * True when the part is well formed and signed by `publicKey` (raw 32 bytes). Exactly `{body,
+ * signature}`: a field beside them is not signed, and the ledger refuses to store it — a part that
+ * verified here with one would make the whole receipt's append fail after the completion ran.
+ */
 export function verifyReceiptPart (part: unknown, publicKey: Uint8Array): boolean {
-  if (!isRecord(part) || checkPartBody(part.body) !== undefined) return false
+  if (!isRecord(part) || onlyKeys(part, ['body', 'signature']) !== undefined || checkPartBody(part.body) !== undefined) return false
   return verifyDocument(part as unknown as SignedReceiptPart, publicKey)
 }
 
