@@ -22,7 +22,7 @@ import { decodeLoadFrame, encodeLoadFrame, LOAD_MAX_FRAME } from '../../daemon/m
 import type { LoadFrame } from '../../daemon/mesh/wire/load.ts'
 import { decodeRevocationsMessage, REVOCATIONS_MAX_MESSAGE } from '../../daemon/mesh/wire/revocations.ts'
 import { WIRE_ERROR_CODES } from '../../daemon/mesh/errors.ts'
-import { parseApiAddress, parseModelSpec } from '../../daemon/node/config.ts'
+import { parseApiAddress, parseModelEntry } from '../../daemon/node/config.ts'
 import { validateManifest } from '../../shards/manifest.ts'
 import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
 import { decodeHeadFrame, encodeHeadFrame } from '../../daemon/witness/index.ts'
@@ -245,7 +245,7 @@ describe('command line and worker messages', () => {
     fc.assert(fc.property(arg, (s) => {
       const api = expectTyped(() => parseApiAddress(s), CONFIG, s)
       if (api !== undefined) expect(Number.isInteger(api.port) && api.port >= 0 && api.port <= 65535 && typeof api.host === 'string').toBe(true)
-      const model = expectTyped(() => parseModelSpec(s), CONFIG, s)
+      const model = expectTyped(() => parseModelEntry(s), CONFIG, s)
       if (model?.layers !== undefined) expect(model.layers[0] <= model.layers[1]).toBe(true)
     }), runs('config: --api and --model values', 300))
   })
