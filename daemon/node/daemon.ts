@@ -19,7 +19,7 @@ import type { Ingress } from '../ingress/index.ts'
 import { defaultKvCacheBytes, mergeSummaries } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
-import { createMesh, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
+import { createMesh, DEFAULT_TIMINGS, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
@@ -408,7 +408,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const m = mesh
     const localIds = new Set(local.models().map(card => card.id))
     const losses = peerLoss!
-    return createRoutedService({ localPeerId: m.peerId }, {
+    // Until peers' capability records have had a republish interval to arrive, an unknown model
+    // may be one this node has not heard of yet: 503 (retry), not 404.
+    return createRoutedService({ localPeerId: m.peerId, joinWindowMs: DEFAULT_TIMINGS.capsRepublishMs }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
       async * forward (peerId, request, signal) {
