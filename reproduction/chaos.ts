@@ -3,8 +3,8 @@
  * network namespace on a bridge (or all on loopback without root), serving a tiny generated model
  * as 3 replicas and as a 2-stage chain (stage 1 on two nodes) behind 2 ingresses, under bounded
  * load through the `openai` client, while it kills (SIGKILL) and restarts replicas, stages and an
- * ingress on their data directories, hangs a replica (SIGSTOP/SIGCONT) and partitions one (link
- * down, then up). Every request must end as a whole, correct (token for token the reference),
+ * ingress on their data directories, hangs a replica (SIGSTOP/SIGCONT), partitions a replica and a
+ * stage (link down, then up) and slows a replica's and stage 0's link to 32 kbit/s (tc tbf). Every request must end as a whole, correct (token for token the reference),
  * receipted completion or a clean OpenAI-shaped error within the hang bound; every acknowledged
  * receipt must be in its ingress's log, which must verify. Writes a markdown report.
  *
@@ -21,7 +21,7 @@ import { parseArgs } from 'node:util'
 import { generateTestModel } from '../shards/index.ts'
 import {
   checkLive, checkLogs, createCluster, createHosts, FAILURES, hang, killAndRestart, onCleanup, partition,
-  referenceTokens, runLoad, shoal, tally, waitWhole,
+  referenceTokens, runLoad, shoal, slowLink, tally, waitWhole,
 } from './chaos/index.ts'
 import type { ChaosNode, FaultContext, FaultRecord, NodeSpec, Outcome } from './chaos/index.ts'
 
@@ -155,6 +155,10 @@ async function main (): Promise<number> {
     await steady(HOLD_MS / 2)
     faults.push(await partition(ctx, cluster.byName(pick(['st1-a', 'st1-b'])), 'a stage-1 holder', HOLD_MS + 2_000))
     await steady(HOLD_MS / 2)
+    faults.push(await slowLink(ctx, pick(replicas()), 'a replica', 32, HOLD_MS))
+    await steady(HOLD_MS / 2)
+    faults.push(await slowLink(ctx, cluster.byName('st0'), 'stage 0', 32, HOLD_MS))
+    await steady(HOLD_MS / 2)
   }
   faults.push(await killAndRestart(ctx, cluster.byName('ing-b'), 'an ingress', HOLD_MS / 2))
   await steady(HOLD_MS)
@@ -247,7 +251,7 @@ function render (d: ReportData): string {
     '|---|---:|---|---:|',
     ...d.logs.map(l => `| ${l.node} | ${l.entries} | ${l.verify.replace(/\|/g, '\\|')} | ${l.missing.length} |`),
     '',
-    `Acknowledged receipts lost: **${d.lost}**.`,
+    `Acknowledged receipts lost: **${d.lost}**. The ingresses' logs hold ${d.logs.filter(l => l.node.startsWith('ing-')).reduce((n, l) => n + l.entries, 0)} entries: the ${d.acknowledged} acknowledged completions and the ${2 * PROMPTS.length} reference requests — none for a request that was not answered with a 200. The model nodes keep no receipts of their own for forwarded work (their signed parts are inside the ingress's receipt).`,
     '',
     '## Command',
     '',
@@ -255,7 +259,7 @@ function render (d: ReportData): string {
     `node reproduction/chaos.ts --hosts ${d.hostsMode} --concurrency ${CONCURRENCY} --hold-ms ${HOLD_MS} --bound-ms ${BOUND_MS} --max-tokens ${MAX_TOKENS} --seed ${String(args.seed)}${args.out === undefined ? '' : ` --out ${args.out}`}`,
     '```',
     '',
-    'Not covered here: injected delay and packet loss (this kernel\'s `tc` has no netem), partitions on loopback hosts; the fast loopback part runs in `npm test` as `test/e2e/chaos.test.ts`.',
+    'Not covered here: injected packet loss and fixed delay (this kernel\'s `tc` has no netem; the slow links are tbf bandwidth caps, whose queue delays packets up to 2 s), partitions and slow links on loopback hosts; the fast loopback part runs in `npm test` as `test/e2e/chaos.test.ts`.',
     '',
   ]
   return lines.join('\n')

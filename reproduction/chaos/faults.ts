@@ -139,3 +139,20 @@ export async function partition (ctx: FaultContext, node: ChaosNode, role: strin
   }
   return record(name, node, held, await waitWhole(ctx.cluster, ctx.models, ctx.recoverWithinMs))
 }
+
+/**
+ * The host's link capped at `kbit` both ways (tbf: a slow link whose queue adds up to 2 s of
+ * delay) for `heldMs`, then restored. The node may stay alive (slow answers) or be dropped as
+ * silent; either way its requests must end cleanly and the mesh be whole afterwards.
+ */
+export async function slowLink (ctx: FaultContext, node: ChaosNode, role: string, kbit: number, heldMs: number): Promise<FaultRecord> {
+  const name = `slow link ${role} (${kbit} kbit/s both ways), restore`
+  ctx.setPhase(name)
+  ctx.hosts.throttle(node.spec.host, kbit)
+  try {
+    await sleep(heldMs)
+  } finally {
+    ctx.hosts.unthrottle(node.spec.host)
+  }
+  return { name, target: node.spec.name, heldMs, ...(await waitWhole(ctx.cluster, ctx.models, ctx.recoverWithinMs).then(r => r === undefined ? { note: 'not whole again in time' } : { recoveryMs: r })) }
+}

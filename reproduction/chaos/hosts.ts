@@ -5,8 +5,9 @@
  *
  * A partition cuts a host's veth on the bridge side (`ip link set … down`): QUIC (UDP) and TCP
  * both stop at once, nothing is closed, exactly a pulled cable; `heal` brings it back. This
- * kernel has `tc` without netem, so there is no injected delay or loss here; loopback hosts
- * cannot be partitioned at all (no per-process network), and say so.
+ * kernel has `tc` without netem, so there is no injected delay or loss here; what it has is tbf,
+ * a bandwidth cap whose queue adds delay (`throttle`). Loopback hosts cannot be partitioned or
+ * throttled at all (no per-process network), and say so.
  */
 import { execFileSync } from 'node:child_process'
 import { createSocket } from 'node:dgram'
@@ -33,6 +34,9 @@ export interface Hosts {
   /** Cuts the host off the bridge (no packets in or out) until `heal`. */
   partition (host: Host): void
   heal (host: Host): void
+  /** Caps the host's link both ways at `kbit` (tc tbf: a slow, queueing link) until `unthrottle`. */
+  throttle (host: Host, kbit: number): void
+  unthrottle (host: Host): void
   /** Removes namespaces, links and the bridge (also runs on exit and on Ctrl-C). */
   cleanup (): void
 }
@@ -119,6 +123,16 @@ export function createNetnsHosts (names: string[]): Hosts {
     canPartition: true,
     partition: host => { ip('link', 'set', linkOf(host), 'down') },
     heal: host => { ip('link', 'set', linkOf(host), 'up') },
+    throttle: (host, kbit) => {
+      const ns = `${NS_PREFIX}${created.indexOf(host)}`
+      const tbf = ['root', 'tbf', 'rate', `${kbit}kbit`, 'burst', '4kb', 'latency', '2s']
+      execFileSync('tc', ['qdisc', 'replace', 'dev', linkOf(host), ...tbf])
+      execFileSync('ip', ['netns', 'exec', ns, 'tc', 'qdisc', 'replace', 'dev', 'eth0', ...tbf])
+    },
+    unthrottle: host => {
+      quietly(() => execFileSync('tc', ['qdisc', 'del', 'dev', linkOf(host), 'root'], { stdio: 'ignore' }))
+      quietly(() => execFileSync('ip', ['netns', 'exec', `${NS_PREFIX}${created.indexOf(host)}`, 'tc', 'qdisc', 'del', 'dev', 'eth0', 'root'], { stdio: 'ignore' }))
+    },
     cleanup: unregister,
   }
 }
@@ -147,7 +161,7 @@ export async function createLoopbackHosts (names: string[]): Promise<Hosts> {
     hosts.push({ name, address: '127.0.0.1', quicPort: await freeUdpPort(), tcpPort: await freeTcpPort(), apiPort: await freeTcpPort(), wrap: argv => argv })
   }
   const refuse = (): never => { throw new Error('loopback hosts cannot be partitioned (no per-process network without namespaces)') }
-  return { mode: 'loopback', hosts, canPartition: false, partition: refuse, heal: refuse, cleanup: () => {} }
+  return { mode: 'loopback', hosts, canPartition: false, partition: refuse, heal: refuse, throttle: refuse, unthrottle: refuse, cleanup: () => {} }
 }
 
 /** Namespaces when allowed (`auto`), else loopback. */
