@@ -164,6 +164,8 @@ async function main (): Promise<number> {
   await steady(HOLD_MS)
   stopLoad.abort()
   const { outcomes, acknowledged } = await load
+  // Every request's outcome, with error messages, for a closer look (kept with --keep).
+  await writeFile(join(root, 'outcomes.jsonl'), outcomes.map(o => JSON.stringify(o)).join('\n') + '\n')
   const loadDuring = loadavg()
 
   log(`load stopped: ${outcomes.length} requests, ${acknowledged.length} acknowledged; checking receipts`)
@@ -179,6 +181,7 @@ async function main (): Promise<number> {
   const passed = failures.length === 0 && lost.size === 0 && logs.every(l => l.verified) && faults.every(f => f.recoveryMs !== undefined) && chainAgrees
   const report = render({
     hostsMode: hosts.mode, startedAt, loadBefore, loadDuring, loadAfter, rows, outcomes, faults, acknowledged: acknowledged.length,
+    lostByPhase: (phase: string) => acknowledged.filter(a => a.phase === phase && lost.has(a.receiptId)).length,
     live, logs, lost: lost.size, passed, formedMs: Date.now() - t0, chainAgrees,
   })
   process.stdout.write(report)
@@ -197,6 +200,7 @@ interface ReportData {
   outcomes: Outcome[]
   faults: FaultRecord[]
   acknowledged: number
+  lostByPhase: (phase: string) => number
   live: Awaited<ReturnType<typeof checkLive>>
   logs: Awaited<ReturnType<typeof checkLogs>>
   lost: number
@@ -234,11 +238,11 @@ function render (d: ReportData): string {
     '',
     '## Faults and what the requests sent during each got',
     '',
-    '| phase (faults in order) | fault | requests | 200 correct | clean errors | ingress down (connection refused) | failures | slowest |',
-    '|---|---|---:|---:|---|---:|---:|---:|',
-    ...d.rows.map(r => `| ${r.phase} | ${recovery(r.phase)} | ${r.sent} | ${r.ok} | ${errs(r)} | ${r.ingressDown} | ${r.failures}${Object.keys(r.failed).length > 0 ? ` (${Object.entries(r.failed).map(([k, f]) => `${f.count}× ${k}: ${f.example}`).join('; ')})` : ''} | ${(r.maxMs / 1000).toFixed(1)} s |`),
+    '| phase (faults in order) | fault | requests | 200 correct (receipts acknowledged) | acknowledged receipts lost | clean errors | ingress down (connection refused) | failures | slowest |',
+    '|---|---|---:|---:|---:|---|---:|---:|---:|',
+    ...d.rows.map(r => `| ${r.phase} | ${recovery(r.phase)} | ${r.sent} | ${r.ok} | ${d.lostByPhase(r.phase)} | ${errs(r)} | ${r.ingressDown} | ${r.failures}${Object.keys(r.failed).length > 0 ? ` (${Object.entries(r.failed).map(([k, f]) => `${f.count}× ${k}: ${f.example}`).join('; ')})` : ''} | ${(r.maxMs / 1000).toFixed(1)} s |`),
     '',
-    'Each fault is held until the other ingresses list the node as not alive (and at least the hold time), then healed; "whole again" = every ingress sees every node alive with load and lists both models. A phase counts the requests sent from its fault until the next fault.',
+    'Each fault is held until the other ingresses list the node as not alive (and at least the hold time), then healed; "whole again" = every ingress sees every node alive with load, lists both models and serves a one-token completion of each. A phase counts the requests sent from its fault until the next fault.',
     '',
     ...d.faults.map(f => `- ${f.name}: ${f.target}, held ${(f.heldMs / 1000).toFixed(1)} s, the other ingresses listed it as not alive ${f.detectedMs === undefined ? 'NOT within the hold' : `${(f.detectedMs / 1000).toFixed(1)} s in`}, whole again ${f.recoveryMs === undefined ? `NEVER (${f.note ?? ''})` : `${(f.recoveryMs / 1000).toFixed(1)} s`} after healing`),
     '',
@@ -251,7 +255,7 @@ function render (d: ReportData): string {
     '|---|---:|---|---:|',
     ...d.logs.map(l => `| ${l.node} | ${l.entries} | ${l.verify.replace(/\|/g, '\\|')} | ${l.missing.length} |`),
     '',
-    `Acknowledged receipts lost: **${d.lost}**. The ingresses' logs hold ${d.logs.filter(l => l.node.startsWith('ing-')).reduce((n, l) => n + l.entries, 0)} entries: the ${d.acknowledged} acknowledged completions and the ${2 * PROMPTS.length} reference requests — none for a request that was not answered with a 200. The model nodes keep no receipts of their own for forwarded work (their signed parts are inside the ingress's receipt).`,
+    `Acknowledged receipts lost: **${d.lost}**. The ingresses' logs hold ${d.logs.filter(l => l.node.startsWith('ing-')).reduce((n, l) => n + l.entries, 0)} entries: the ${d.acknowledged} acknowledged completions, the ${2 * PROMPTS.length} reference requests and the one-token recovery probes. The model nodes keep no receipts of their own for forwarded work (their signed parts are inside the ingress's receipt).`,
     '',
     '## Command',
     '',

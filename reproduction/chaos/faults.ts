@@ -3,7 +3,7 @@
  * again (or a record that it did not come back): a node SIGKILLed and restarted on its data
  * directory, a node hung with SIGSTOP and resumed with SIGCONT, a node cut off the network and
  * reconnected. Recovery is "every ingress that is up sees every node that is up, admitted and
- * alive with load, and lists every model" — what a client needs to be served again.
+ * alive with load, lists every model and serves one token of each" — what a client needs.
  */
 import type { ChaosNode, Cluster } from './cluster.ts'
 import type { Hosts } from './hosts.ts'
@@ -56,8 +56,26 @@ export async function whole (cluster: Cluster, models: string[]): Promise<boolea
     }
     const listed = await getJson<{ data: Array<{ id: string }> }>(`${ingress.url}/v1/models`)
     if (listed === undefined || !models.every(m => listed.data.some(d => d.id === m))) return false
+    // Listed is not served: a restarted stage 0 can be listed by the ingresses while it cannot
+    // reach any stage 1. One token per model through each ingress must come back.
+    for (const model of models) if (!await probe(ingress.url!, model)) return false
   }
   return true
+}
+
+async function probe (url: string, model: string): Promise<boolean> {
+  try {
+    const res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model, prompt: [1, 2, 3], max_tokens: 1, temperature: 0 }),
+      signal: AbortSignal.timeout(10_000),
+    })
+    await res.arrayBuffer()
+    return res.status === 200
+  } catch {
+    return false
+  }
 }
 
 /** True when every up ingress other than `node` lists it as not alive (suspect, or gone). */
