@@ -14,7 +14,8 @@
  * Cleans up namespaces, links and processes on exit and on Ctrl-C; leftovers of a run that was
  * itself SIGKILLed are removed by the next run.
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
+import { rmSync } from 'node:fs'
+import { mkdtemp, writeFile } from 'node:fs/promises'
 import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
@@ -73,7 +74,8 @@ async function main (): Promise<number> {
   const loadBefore = loadavg()
   const startedAt = new Date()
   const root = await mkdtemp(join(tmpdir(), 'shoal-chaos-'))
-  if (!args.keep) onCleanup(() => { void rm(root, { recursive: true, force: true }) })
+  // Synchronous: cleanup steps also run from the exit handler, where a promise never settles.
+  if (!args.keep) onCleanup(() => { rmSync(root, { recursive: true, force: true }) })
   log(`working in ${root}`)
 
   // The model: one generated checkpoint (seed 4) under two ids, whole and as a 2-stage chain,
@@ -229,7 +231,7 @@ function render (d: ReportData): string {
     '',
     '## Setup',
     '',
-    `- Hosts: ${d.hostsMode === 'netns' ? '8 Linux network namespaces, each joined to a bridge by a veth pair (10.213.0.0/24); each node listens on its namespace\'s address, QUIC and TCP' : '8 nodes on 127.0.0.1, each with its own ports (no namespaces: not root)'}.`,
+    `- Hosts: ${d.hostsMode === 'netns' ? '8 Linux network namespaces, each joined to a bridge by a veth pair (10.213.0.0/24); each node listens on its namespace\'s address, QUIC and TCP' : '8 nodes on 127.0.0.1, each with its own ports (no network namespaces: `--hosts loopback`, or not root)'}.`,
     `- Nodes: real \`shoal node\` processes (\`node scripts/shoal.mjs node …\`), certificates from \`shoal ca init\` / \`shoal ca issue\` (ingress role for the 2 API nodes, worker for the 6 model nodes), \`--no-mdns\`, everyone bootstrapping to both ingresses.`,
     `- Model: the generated tiny Llama (seed 4, random weights), compiled by \`shoal shard\`, served whole as \`chaos-tiny\` by rep-1..3 and as the 2-stage chain \`chaos-chain\` (st0: stage 0 and coordinator; st1-a and st1-b: stage 1).`,
     `- Load: ${CONCURRENCY} concurrent clients (the \`openai\` npm client, no retries), each sending one request at a time to a random ingress that is up: \`chaos-tiny\` 2/3, \`chaos-chain\` 1/3, streamed or whole at random, greedy, ${MAX_TOKENS} tokens, one of ${PROMPTS.length} token-id prompts; a failed request is re-sent after 50–250 ms. Hang bound: ${BOUND_MS / 1000} s per request.`,
