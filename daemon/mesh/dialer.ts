@@ -21,8 +21,9 @@ interface Target {
   attempt: number
   nextAt: number
   dialling: boolean
-  /** Bootstrap targets are kept forever; learned ones until `forget`. */
+  /** Bootstrap targets are kept forever; learned ones until `forget`, or until `until` after `release`. */
   bootstrap: boolean
+  until?: number
 }
 
 export class Dialer {
@@ -74,6 +75,7 @@ export class Dialer {
     const existing = this.targets.get(peerId)
     if (existing !== undefined) {
       existing.addrs = parsed
+      delete existing.until
       return
     }
     const delay = firstDialDelay(this.libp2p?.peerId.toString() ?? '', peerId, 2 * this.timings.redialBaseMs)
@@ -83,12 +85,31 @@ export class Dialer {
 
   /** The peer is admitted: its next redial, if ever needed, starts from the base delay. */
   admitted (peerId: string): void {
-    for (const t of this.targets.values()) if (t.peerId === peerId) t.attempt = 0
+    for (const t of this.targets.values()) {
+      if (t.peerId !== peerId) continue
+      t.attempt = 0
+      delete t.until
+    }
   }
 
   forget (peerId: string): void {
     const t = this.targets.get(peerId)
     if (t !== undefined && !t.bootstrap) this.targets.delete(peerId)
+  }
+
+  /**
+   * The peer was given up (silent too long): keep dialling it, from now and with backoff, for
+   * `keepMs`, then forget it. A node restarted from the same identity comes back at the same
+   * addresses; it may bootstrap only to others, and until its new records reach us through them
+   * (if ever: the relays' gossip state may still point at its dead instance) we would never meet
+   * it again. The chaos suite found a restarted pipeline stage cut off from its next stages so.
+   */
+  release (peerId: string, keepMs: number): void {
+    const t = this.targets.get(peerId)
+    if (t === undefined || t.bootstrap) return
+    t.until = Date.now() + keepMs
+    t.attempt = 0
+    t.nextAt = Date.now()
   }
 
   private readonly onDiscovery = (evt: CustomEvent<PeerInfo>): void => {
@@ -103,7 +124,11 @@ export class Dialer {
 
   private tick (): void {
     const now = Date.now()
-    for (const target of this.targets.values()) {
+    for (const [key, target] of this.targets) {
+      if (target.until !== undefined && now > target.until && !target.dialling) {
+        this.targets.delete(key)
+        continue
+      }
       if (target.dialling || now < target.nextAt) continue
       if (this.connected(target.peerId)) continue
       this.dial(target)

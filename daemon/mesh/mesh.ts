@@ -82,7 +82,9 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
 
   // Keep redialling admitted peers whose connection drops, from the addresses in their record.
   peers.onChange(change => {
-    if (change.kind === 'gone' || change.kind === 'refused') dialer.forget(change.peerId)
+    if (change.kind === 'refused') dialer.forget(change.peerId)
+    // A peer given up may be restarting at its old addresses: redial it for a record's lifetime.
+    if (change.kind === 'gone') dialer.release(change.peerId, timings.capsTtlMs)
     if (change.kind === 'admitted') dialer.admitted(change.peerId)
     if (change.kind === 'capabilities' || change.kind === 'admitted') {
       const record = peers.get(change.peerId)?.record

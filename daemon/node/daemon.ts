@@ -20,7 +20,7 @@ import { createKvPuller, defaultKvCacheBytes, mergeSummaries, serveKv } from '..
 import type { KvStore } from '../kv/index.ts'
 import { createLedger } from '../ledger/index.ts'
 import type { Ledger, LedgerSigner } from '../ledger/index.ts'
-import { createMesh, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
+import { createMesh, DEFAULT_TIMINGS, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
@@ -516,7 +516,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (meshed === undefined) return local
     const { mesh: m, peerLoss: losses } = meshed
     const localIds = new Set(local.models().map(card => card.id))
-    return createRoutedService({ localPeerId: m.peerId, ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }) }, {
+    // Until peers' capability records have had a republish interval to arrive, an unknown model
+    // may be one this node has not heard of yet: 503 (retry), not 404.
+    const joinWindowMs = config.meshTimings?.capsRepublishMs ?? DEFAULT_TIMINGS.capsRepublishMs
+    return createRoutedService({ localPeerId: m.peerId, joinWindowMs, ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }) }, {
       local,
       candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
       async * forward (peerId, request, signal) {

@@ -8,6 +8,7 @@ import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from
 import { createAffinityTable } from './affinity.ts'
 import { chooseReplica } from './decision.ts'
 import type { Candidate, RoutingPolicy } from './decision.ts'
+import { joiningReason } from './joining.ts'
 import { isRetryable, ModelNotFoundError, NoEligibleNodeError, OverloadedError } from './errors.ts'
 import { withRouteHop } from './server.ts'
 
@@ -21,6 +22,11 @@ export interface RoutedServiceInit {
   random?: () => number
   now?: () => number
   affinityEntries?: number
+  /**
+   * For this long after creation, a model no node is known to serve is answered 503 (not known
+   * here yet), not 404: a node that just joined has not heard every peer's capabilities (0: off).
+   */
+  joinWindowMs?: number
 }
 
 export interface RoutedServiceComponents {
@@ -46,6 +52,7 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
   const now = init.now ?? Date.now
   const retry = init.retry ?? true
   const affinity = createAffinityTable({ maxEntries: init.affinityEntries })
+  const createdAt = now()
   let roundRobin = 0
   /** Dispatch times of our own unfinished requests per peer: load the peer has not reported yet. */
   const dispatched = new Map<string, number[]>()
@@ -95,7 +102,12 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
     for (let attempt = 0; ; attempt++) {
       const all = components.candidates(request.model)
       // On the retry the failed replica may already be gone from the mesh: report what failed, not 404.
-      if (all.length === 0) throw firstError ?? new ModelNotFoundError(request.model)
+      if (all.length === 0) {
+        if (firstError !== undefined) throw firstError
+        const joining = joiningReason(now() - createdAt, init.joinWindowMs ?? 0)
+        if (joining !== undefined) throw new NoEligibleNodeError(`no node serving model "${request.model}" is known yet: ${joining}`)
+        throw new ModelNotFoundError(request.model)
+      }
       const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad)
       const decision = chooseReplica(candidates, {
         now: now(),

@@ -177,10 +177,18 @@ describe('a node with an API and no model serves requests through the mesh', () 
     expect(r.route).toBe(replicas[0]!.peerId)
   })
 
-  it('an unknown model is a 404 in OpenAI\'s shape', async () => {
-    const res = await fetch(`${ingress.url!}/v1/completions`, {
+  it('an unknown model is a 404 in OpenAI\'s shape (a 503 while the node has just joined)', async () => {
+    const ask = async (): Promise<Response> => await fetch(`${ingress.url!}/v1/completions`, {
       method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'nobody-serves-this', prompt: 'hi', max_tokens: 2 }),
     })
+    // For a caps republish interval after it joined, the node may not have heard of every model.
+    let res = await ask()
+    await waitFor('the ingress\'s join window to pass', async () => {
+      if (res.status !== 503) return true
+      expect(((await res.json()) as { error: { code: string } }).error.code).toBe('SHOAL_ERR_NO_ELIGIBLE_NODE')
+      res = await ask()
+      return false
+    }, 30_000)
     expect(res.status).toBe(404)
     const body = await res.json() as { error: { message: string, type: string, code: string } }
     expect(body.error).toMatchObject({ type: 'invalid_request_error', code: 'SHOAL_ERR_MODEL_NOT_FOUND' })
