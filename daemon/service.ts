@@ -41,6 +41,26 @@ export interface GenerateRequest {
    * ingress node: it is not part of the forwarded request.
    */
   client?: ClientIdentity
+  /**
+   * Set by routing when it sends the request to a node that lacks the prompt's cached prefix
+   * while another peer holds it (that holder being overloaded, suspect or slower): where the KV
+   * could be pulled from instead of recomputed. A hint only; nothing acts on it yet.
+   */
+  prefixHolder?: PrefixHolderHint
+}
+
+/** Prompt tokens whose KV a node took from its prefix cache instead of prefilling them. */
+export interface PrefixReuse {
+  /** The node that reused them. */
+  peerId: string
+  reusedTokens: number
+}
+
+/** A peer that probably holds a prompt's prefix in its KV cache (from its load reply's summary). */
+export interface PrefixHolderHint {
+  peerId: string
+  /** Prompt tokens it holds, by its summary (a lower bound up to the summary's sampling). */
+  cachedTokens: number
 }
 
 /** Who asked: a client key's name and serial, as the CA issued it. */
@@ -73,6 +93,8 @@ export type GenerateEvent =
     manifestHash?: string
     /** The route with each hop's layer range (pipeline stages); defaults to `route` without layers. */
     hops?: RouteHop[]
+    /** What the executing node's KV prefix cache did for this prompt (absent: nothing reused). */
+    prefix?: PrefixReuse
   }
   /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
   | { type: 'delta', text: string, tokenIds: number[] }

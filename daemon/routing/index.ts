@@ -5,7 +5,7 @@
  * routed InferenceService the ingress uses (local or forwarded, one invisible retry before start).
  */
 export { chooseReplica, rankReplicas, estimateCompletionMs, estimateStartMs, DEFAULT_POLICY } from './decision.ts'
-export type { Candidate, LoadSnapshot, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
+export type { Candidate, LoadSnapshot, PrefixHoldings, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
 export { formChain, uncovered, DEFAULT_CHAIN_POLICY } from './chain.ts'
 export type { StageHolder, LayerRange, ChainContext, ChainPolicy, ChainDecision, ChainStage } from './chain.ts'
 export {
@@ -19,8 +19,8 @@ export { handleInferStream, withRouteHop, DEFAULT_REQUEST_TIMEOUT_MS } from './s
 export type { InferHandlerOptions } from './server.ts'
 export { createRoutedService } from './routed-service.ts'
 export type { RoutedService, RoutedServiceInit, RoutedServiceComponents } from './routed-service.ts'
-export { preferPrefixHolder, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
-export type { PrefixCandidate, PrefixPreference, PrefixRoutePolicy } from './prefix-route.ts'
+export { preferPrefixHolder, planPrefixRoute, prefixHolderHint, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
+export type { PrefixCandidate, PrefixPreference, PrefixRoute, PrefixRouteContext, PrefixRoutePolicy } from './prefix-route.ts'
 export { createAffinityTable } from './affinity.ts'
 export type { AffinityTable } from './affinity.ts'
 export {
