@@ -158,6 +158,11 @@ export interface LocalService extends InferenceService {
    * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
    */
   prefixSummary (max?: number): PrefixSummary | undefined
+  /**
+   * The prompt's token ids as this model's tokenizer and chat template give them (no admission
+   * checks): what routing hashes against peers' prefix summaries.
+   */
+  promptTokens (request: GenerateRequest, signal?: AbortSignal): Promise<number[]>
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
 }
@@ -376,6 +381,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         route: init.nodeId === undefined ? [] : [init.nodeId],
         receiptId: request.requestId,
         ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
+        // The route header and the receipt say how much of the prompt came from the cache.
+        ...(reused === 0 ? {} : { prefix: { peerId: init.nodeId ?? 'local', reusedTokens: reused } }),
       }
       for await (const ev of generateSequence({ source, codec, promptIds, ...endConditions(request, m), signal: scope.signal })) {
         if (ev.type === 'delta') {
@@ -480,6 +487,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const next = Math.min(active + 1, maxSequences)
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
+    },
+    async promptTokens (request, signal) {
+      if (codec === undefined) throw new ShuttingDownError('local engine is not running')
+      return await codec.encodePromptAsync(request.prompt, signal)
     },
     prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
       if (prefix === undefined) return undefined

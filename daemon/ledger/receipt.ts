@@ -62,6 +62,8 @@ export interface ReceiptInput {
   client?: ClientIdentity
   /** What speculative decoding did (the drafter, tokens it proposed and the model accepted); absent without it. */
   speculation?: { drafter: string, drafted: number, accepted: number }
+  /** Prompt tokens the executing node took from its KV prefix cache instead of prefilling them; absent when none. */
+  prefix?: { peerId: string, reusedTokens: number }
 }
 
 /** The signed body of a log entry. */
@@ -132,6 +134,7 @@ export function responseHash (output: CompletionOutput): string {
 export interface ReceiptContext {
   manifestHash?: string | null
   speculation?: { drafter: string, drafted: number, accepted: number }
+  prefix?: { peerId: string, reusedTokens: number }
   route: RouteHop[]
   parts?: SignedReceiptPart[]
   usage: Usage
@@ -154,6 +157,8 @@ export function buildReceiptInput (request: RequestLike & { requestId: string, c
   if (request.client !== undefined) input.client = { name: request.client.name, serial: request.client.serial }
   const s = context.speculation
   if (s !== undefined) input.speculation = { drafter: s.drafter, drafted: s.drafted, accepted: s.accepted }
+  const p = context.prefix
+  if (p !== undefined && p.reusedTokens > 0) input.prefix = { peerId: p.peerId, reusedTokens: p.reusedTokens }
   return input
 }
 
@@ -253,10 +258,12 @@ export function checkReceiptInput (r: unknown): string | undefined {
   if (c !== undefined && (!isRecord(c) || !isText(c.name) || typeof c.serial !== 'string' || !HEX32.test(c.serial) || onlyKeys(c, ['name', 'serial']) !== undefined)) return 'client must be {name, serial: 32 hex digits}'
   const s = r.speculation
   if (s !== undefined && (!isRecord(s) || !isText(s.drafter) || !isCount(s.drafted) || !isCount(s.accepted) || (s.accepted as number) > (s.drafted as number) || onlyKeys(s, ['drafter', 'drafted', 'accepted']) !== undefined)) return 'speculation must be {drafter, drafted, accepted ≤ drafted}'
+  const px = r.prefix
+  if (px !== undefined && (!isRecord(px) || !isText(px.peerId) || !isCount(px.reusedTokens) || (px.reusedTokens as number) === 0 || onlyKeys(px, ['peerId', 'reusedTokens']) !== undefined)) return 'prefix must be {peerId, reusedTokens > 0}'
   return undefined
 }
 
-const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client', 'speculation']
+const BODY_FIELDS = ['format', 'index', 'signer', 'timestamp', 'prevHash', 'id', 'requestHash', 'responseHash', 'model', 'route', 'parts', 'usage', 'timing', 'finishReason', 'client', 'speculation', 'prefix']
 
 /** Checks a whole stored entry: {body: ReceiptBody, signature}. */
 export function checkEntry (e: unknown): string | undefined {

@@ -67,6 +67,11 @@ export interface DaemonConfig {
    * absent: derived from the memory free at boot (daemon/kv defaultKvCacheBytes).
    */
   kvCacheMb?: number
+  /**
+   * Route a prompt to the peer holding its prefix when that saves more prefill than it waits
+   * (default true); false: routing ignores what nodes keep (for comparison, e.g. benchmarks).
+   */
+  prefixRouting?: boolean
 }
 
 export class ConfigError extends ShoalError {

@@ -408,9 +408,15 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const m = mesh
     const localIds = new Set(local.models().map(card => card.id))
     const losses = peerLoss!
-    return createRoutedService({ localPeerId: m.peerId }, {
+    /** The whole-model engine serving `model` here (its tokenizer and its own prefix cache). */
+    const engineFor = (model: string): LocalService | undefined => locals.find(s => s.models()[0]?.id === model)
+    return createRoutedService({ localPeerId: m.peerId, metrics, ...(config.prefixRouting === undefined ? {} : { prefixRouting: config.prefixRouting }) }, {
       local,
-      candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
+      candidates: (model) => {
+        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES)
+        return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
+      },
+      promptTokens: async (request, signal) => await engineFor(request.model)?.promptTokens(request, signal),
       async * forward (peerId, request, signal) {
         const lost = losses.watch(peerId)
         try {

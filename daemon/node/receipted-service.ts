@@ -28,12 +28,14 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
       let firstTokenAt: number | undefined
       let hops: RouteHop[] = []
       let manifestHash: string | undefined
+      let prefix: { peerId: string, reusedTokens: number } | undefined
       let text = ''
       const tokenIds: number[] = []
       for await (const event of service.generate(request, signal)) {
         if (event.type === 'start') {
           hops = event.hops ?? event.route.map(peerId => ({ peerId }))
           manifestHash = event.manifestHash
+          prefix = event.prefix
         } else if (event.type === 'delta') {
           firstTokenAt ??= Date.now()
           text += event.text
@@ -44,6 +46,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
             manifestHash: manifestHash ?? null,
             ...(event.speculation === undefined ? {} : { speculation: event.speculation }),
+            ...(prefix === undefined ? {} : { prefix }),
             route: hops,
             parts: parts.accepted,
             usage: event.usage,
