@@ -121,6 +121,8 @@ export interface PrefixSummary {
   blockSize: number
   /** Compact block hashes (daemon/kv summary); at most the `max` asked for. */
   hashes: string[]
+  /** Marginal prefill rate from the step-time model, tokens per second (0: not measured yet). */
+  prefillTokensPerSecond: number
 }
 
 /** Block hashes in a summary when the caller names no bound (64 × 16 hex digits ≈ 1 KiB of JSON). */
@@ -494,7 +496,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
       if (prefix === undefined) return undefined
-      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max) }
+      // What one more prompt token costs in a prefill run (its slope, not the fixed cost of a run).
+      const probe = 512
+      const perTokenMs = ((batcher?.estimateStepMs(1, 1 + probe) ?? 0) - (batcher?.estimateStepMs(1, 1) ?? 0)) / probe
+      const prefillTokensPerSecond = perTokenMs > 0 ? 1000 / perTokenMs : 0
+      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max), prefillTokensPerSecond }
     },
     async stats () {
       return {

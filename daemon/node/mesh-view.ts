@@ -92,7 +92,8 @@ export function replicaCandidates (model: string, self: { peerId: string, serves
   if (self.serves) {
     out.push({
       peerId: self.peerId, local: true, admitted: true, alive: true, wholeModel: true, load: toSnapshot(self.load, now),
-      ...(self.prefixes === undefined || self.prefixes.hashes.length === 0 ? {} : { prefixes: self.prefixes }),
+      // Even with no hashes: its measured prefill rate stands in for peers that do not say theirs.
+      ...(self.prefixes === undefined ? {} : { prefixes: self.prefixes }),
     })
   }
   for (const p of peers) {

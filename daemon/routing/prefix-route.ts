@@ -120,6 +120,11 @@ export function planPrefixRoute (candidates: readonly Candidate[], promptIds: Ar
     if (!c.alive || !c.wholeModel || load === undefined || ctx.now - load.observedAt > policy.staleAfterMs) continue
     competing.push({ peerId: c.peerId, startMs: estimateStartMs(load, c.rttMs, tokens, policy), cachedTokens: held, prefillTokensPerSecond: p?.prefillTokensPerSecond ?? 0 })
   }
+  // A node that does not say its prefill rate is assumed to prefill at the median of those that
+  // do (replicas of one model on like machines), not at a fixed guess that may be far off them.
+  const rates = competing.map(c => c.prefillTokensPerSecond).filter(r => r > 0).sort((a, b) => a - b)
+  const neutral = rates.length > 0 ? rates[Math.floor((rates.length - 1) / 2)]! : 0
+  for (const c of competing) if (c.prefillTokensPerSecond <= 0) c.prefillTokensPerSecond = neutral
   const preference = cached.size === 0 ? undefined : preferPrefixHolder(competing, promptIds.length, ctx.prefixPolicy)
   return preference === undefined ? { cached } : { cached, preference }
 }

@@ -115,4 +115,13 @@ describe('planPrefixRoute: reading candidates\' summaries for one prompt', () =>
     expect(r.cached).toEqual(new Map([['a', 64], ['b', 64]]))
     expect(prefixHolderHint(r, 'c')).toEqual({ peerId: 'a', cachedTokens: 64 })
   })
+
+  it('a holder that does not say its prefill rate is assumed to prefill like those that do', () => {
+    const held = holding(prompt.slice(0, 160))
+    // 160 tokens at the default 500 tok/s: 320 ms saved, worth preferring.
+    expect(planPrefixRoute([node('a'), node('b', { prefixes: held })], prompt, { now }).preference).toMatchObject({ peerId: 'b' })
+    // The other replica measured 20k tok/s (its own summary says so, with no hashes): 8 ms, noise.
+    const fast = { scope, blockSize: 16, hashes: [], prefillTokensPerSecond: 20_000 }
+    expect(planPrefixRoute([node('a', { prefixes: fast }), node('b', { prefixes: held })], prompt, { now }).preference).toBeUndefined()
+  })
 })
