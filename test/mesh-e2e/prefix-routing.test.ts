@@ -127,8 +127,10 @@ describe('prefix-aware routing across three replicas', () => {
   })
 
   it('a chat conversation (tokenized by the entry node\'s own tokenizer) follows its prefix too, and each reply equals a cold run', async () => {
+    // A long system prompt: routing weighs the prefill a holder saves at the measured prefill rate,
+    // and the tiny model prefills fast, so a short history would (rightly) not be worth a hop.
     const messages: Array<{ role: string, content: string }> = [
-      { role: 'system', content: 'You are a careful assistant. Answer every question about the weather, the sea and the tides in one short paragraph, and say which harbour you mean. '.repeat(3) },
+      { role: 'system', content: 'You are a careful assistant. Answer every question about the weather, the sea and the tides in one short paragraph, and say which harbour you mean. '.repeat(12) },
       { role: 'user', content: 'What is the tide doing at the north harbour this evening?' },
     ]
     let holder: string | undefined
