@@ -70,16 +70,16 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
 /**
  * How to read a peer's prefix summary for `served`: the scope its local service hashes under (a
  * whole model: manifest hash, layers 0..n-1, float32 KV, as daemon/engine's local service keys
- * them) and the default block size. Chain entries keep no prefixes yet, nor do peers that list
- * none or do not say their manifest.
+ * them) and the default block size. Chain entries keep no prefixes yet; a peer that does not say
+ * its manifest cannot be read.
  */
 function peerPrefixes (served: Served, load: LoadRecord | undefined): PrefixHoldings | undefined {
-  if (load?.prefixes === undefined || load.prefixes.length === 0 || !isWhole(served)) return undefined
-  if (served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
+  if (!isWhole(served) || served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
   return {
     scope: prefixScope({ manifestHash: served.manifestHash, layers: [0, served.totalLayers - 1], dtype: 'float32' }),
     blockSize: DEFAULT_BLOCK_SIZE,
-    hashes: load.prefixes,
+    // None listed (nothing kept yet, or no cache): routing may still learn what our requests leave there.
+    hashes: load?.prefixes ?? [],
   }
 }
 

@@ -19,8 +19,8 @@ export { handleInferStream, withRouteHop, DEFAULT_REQUEST_TIMEOUT_MS } from './s
 export type { InferHandlerOptions } from './server.ts'
 export { createRoutedService } from './routed-service.ts'
 export type { RoutedService, RoutedServiceInit, RoutedServiceComponents } from './routed-service.ts'
-export { preferPrefixHolder, planPrefixRoute, prefixHolderHint, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
-export type { PrefixCandidate, PrefixPreference, PrefixRoute, PrefixRouteContext, PrefixRoutePolicy } from './prefix-route.ts'
+export { preferPrefixHolder, planPrefixRoute, prefixHolderHint, keptPromptHash, withLearnedPrefixes, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
+export type { LearnedPrefix, PrefixCandidate, PrefixPreference, PrefixRoute, PrefixRouteContext, PrefixRoutePolicy } from './prefix-route.ts'
 export { createAffinityTable } from './affinity.ts'
 export type { AffinityTable } from './affinity.ts'
 export {

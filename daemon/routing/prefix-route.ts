@@ -6,9 +6,9 @@
  * saved time as the affinity slack, so a holder is kept exactly while what it saves outweighs how
  * much later it would finish.
  */
-import { blockHashes, cachedTokensFor, DEFAULT_MIN_PREFILL_TOKENS } from '../kv/index.ts'
+import { blockHashes, cachedTokensFor, compactHash, DEFAULT_MIN_PREFILL_TOKENS } from '../kv/index.ts'
 import { DEFAULT_POLICY, estimateStartMs } from './decision.ts'
-import type { Candidate, RoutingPolicy } from './decision.ts'
+import type { Candidate, PrefixHoldings, RoutingPolicy } from './decision.ts'
 import type { PrefixHolderHint } from '../service.ts'
 
 export interface PrefixCandidate {
@@ -142,4 +142,33 @@ export function prefixHolderHint (route: PrefixRoute, chosenPeerId: string): Pre
     if (best === undefined || cachedTokens > best.cachedTokens || (cachedTokens === best.cachedTokens && peerId < best.peerId)) best = { peerId, cachedTokens }
   }
   return best
+}
+
+/**
+ * The summary hash a node will list once it keeps `promptIds` (its prompt KV, kept when the request
+ * ends): the prompt's deepest whole block in the node's scope; undefined when it is shorter than a block.
+ */
+export function keptPromptHash (holdings: PrefixHoldings, promptIds: ArrayLike<number>): string | undefined {
+  if (holdings.blockSize < 1 || promptIds.length < holdings.blockSize) return undefined
+  const hashes = blockHashes(holdings.scope, promptIds, holdings.blockSize)
+  return compactHash(hashes[hashes.length - 1]!)
+}
+
+/** A prefix a request of ours left on a peer, as of epoch ms `at` (when the request ended). */
+export interface LearnedPrefix {
+  hash: string
+  at: number
+}
+
+/**
+ * The candidate with what we know it keeps beyond its last load report: our own requests that
+ * ended there after that report (plus `graceMs`, for the keeping itself and the next poll). The
+ * rest are stale: the report that should list them came (if it does not, the node did not keep it).
+ */
+export function withLearnedPrefixes (c: Candidate, learned: readonly LearnedPrefix[], graceMs: number): { candidate: Candidate, current: LearnedPrefix[] } {
+  const reportAt = c.load?.observedAt ?? -Infinity
+  const current = learned.filter(l => l.at + graceMs >= reportAt)
+  if (current.length === 0 || c.prefixes === undefined) return { candidate: c, current }
+  const hashes = [...new Set([...current.map(l => l.hash), ...c.prefixes.hashes])]
+  return { candidate: { ...c, prefixes: { ...c.prefixes, hashes } }, current }
 }

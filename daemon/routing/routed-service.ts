@@ -8,7 +8,9 @@
  * token ids (the local tokenizer's, or the request's own ids) are hashed in each holder's scope and
  * planPrefixRoute decides whether a holder's saved prefill outweighs its wait; its answer goes to
  * chooseReplica as the affinity (with the saved time as slack). When the chosen node lacks a
- * prefix another peer holds, the forwarded request carries that peer as `prefixHolder`.
+ * prefix another peer holds, the forwarded request carries that peer as `prefixHolder`. A prompt
+ * our own request left on a peer counts as held there at once (from the ids its `start` returned),
+ * until the peer's next load report, so a follow-up sent the moment a turn ends finds it too.
  */
 import type { Registry } from 'prom-client'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
@@ -16,8 +18,8 @@ import { createAffinityTable } from './affinity.ts'
 import { chooseReplica } from './decision.ts'
 import type { Candidate, RoutingPolicy } from './decision.ts'
 import { createRoutingMetrics } from './metrics.ts'
-import { planPrefixRoute, prefixHolderHint } from './prefix-route.ts'
-import type { PrefixRoute, PrefixRoutePolicy } from './prefix-route.ts'
+import { keptPromptHash, planPrefixRoute, prefixHolderHint, withLearnedPrefixes } from './prefix-route.ts'
+import type { LearnedPrefix, PrefixRoute, PrefixRoutePolicy } from './prefix-route.ts'
 import { isRetryable, ModelNotFoundError, NoEligibleNodeError, OverloadedError } from './errors.ts'
 import { withRouteHop } from './server.ts'
 
@@ -61,6 +63,10 @@ export interface RoutedService extends InferenceService {
 }
 
 const MAX_FINISHED_PER_PEER = 256
+/** Prompts of ours remembered per peer until its load reports catch up. */
+const MAX_LEARNED_PER_PEER = 64
+/** How long after a request ends its prompt may still be missing from the peer's reports (keeping it, then the next poll). */
+const LEARNED_GRACE_MS = 1_500
 
 export function createRoutedService (init: RoutedServiceInit, components: RoutedServiceComponents): RoutedService {
   const random = init.random ?? Math.random
@@ -68,6 +74,25 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
   const retry = init.retry ?? true
   const affinity = createAffinityTable({ maxEntries: init.affinityEntries })
   const prefixRouting = init.prefixRouting ?? true
+  /** Prompts our requests left on peers, newer than the peers' last reports (withLearnedPrefixes). */
+  const learned = new Map<string, LearnedPrefix[]>()
+  const withLearned = (c: Candidate): Candidate => {
+    const list = learned.get(c.peerId)
+    if (list === undefined) return c
+    const { candidate, current } = withLearnedPrefixes(c, list, LEARNED_GRACE_MS)
+    if (current.length === 0) learned.delete(c.peerId)
+    else if (current.length !== list.length) learned.set(c.peerId, current)
+    return candidate
+  }
+  const learn = (c: Candidate | undefined, promptIds: number[]): void => {
+    if (c === undefined || c.local || c.prefixes === undefined) return
+    const hash = keptPromptHash(c.prefixes, promptIds)
+    if (hash === undefined) return
+    const list = (learned.get(c.peerId) ?? []).filter(l => l.hash !== hash)
+    list.push({ hash, at: now() })
+    if (list.length > MAX_LEARNED_PER_PEER) list.splice(0, list.length - MAX_LEARNED_PER_PEER)
+    learned.set(c.peerId, list)
+  }
   const metrics = createRoutingMetrics(init.metrics)
   let roundRobin = 0
   /** Dispatch times of our own unfinished requests per peer: load the peer has not reported yet. */
@@ -134,7 +159,7 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
       const all = components.candidates(request.model)
       // On the retry the failed replica may already be gone from the mesh: report what failed, not 404.
       if (all.length === 0) throw firstError ?? new ModelNotFoundError(request.model)
-      const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad)
+      const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad).map(c => prefixRouting ? withLearned(c) : c)
       let prefix: PrefixRoute | undefined
       if (prefixRouting && candidates.some(c => (c.prefixes?.hashes.length ?? 0) > 0)) {
         if (promptIds === null) promptIds = await promptIdsOf(request, signal)
@@ -171,14 +196,18 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
       const local = decision.local ? components.local : undefined
       const untrack = track(peerId, now())
       let started = false
+      let startedIds: number[] | undefined
       try {
         const source = local !== undefined ? local.generate(sent, signal) : components.forward(peerId, sent, signal)
         for await (const ev of source) {
           if (ev.type === 'start') {
             started = true
+            startedIds = ev.promptTokenIds
             affinity.record(request, peerId)
             yield local !== undefined && init.localPeerId !== undefined ? withRouteHop(ev, init.localPeerId) : ev
           } else {
+            // Before the end goes out: a follow-up may be sent the moment the client sees it.
+            if (ev.type === 'end' && prefixRouting && startedIds !== undefined) learn(candidates.find(c => c.peerId === peerId), startedIds)
             yield ev
           }
         }

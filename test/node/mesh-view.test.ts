@@ -34,7 +34,7 @@ describe('mesh view mapping', () => {
     const withPrefixes = (p: PeerView): PeerView => ({ ...p, load: { ...load, prefixes: hashes } })
     const c = replicaCandidates('m', { peerId: 'me', serves: true, load, prefixes: { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] } }, [
       withPrefixes(peer('whole', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }])),
-      // No manifest hash (the scope cannot be known), a stage (keeps none yet), nothing listed.
+      // No manifest hash (the scope cannot be known), a stage (keeps none yet), nothing listed (yet).
       withPrefixes(peer('anonymous', [{ id: 'm', totalLayers: 8 }])),
       withPrefixes(peer('stage0', [{ id: 'm', layers: [0, 3], totalLayers: 8, manifestHash: 'h1' }])),
       peer('empty', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }]),
@@ -42,7 +42,8 @@ describe('mesh view mapping', () => {
     expect(c.map(x => [x.peerId, x.prefixes])).toEqual([
       ['me', { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] }],
       ['whole', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes }],
-      ['anonymous', undefined], ['stage0', undefined], ['empty', undefined],
+      ['anonymous', undefined], ['stage0', undefined],
+      ['empty', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes: [] }],
     ])
   })
 

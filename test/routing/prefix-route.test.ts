@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from 'vitest'
 import { blockHashes, compactHash, createPrefixCache } from '../../daemon/kv/index.ts'
-import { chooseReplica, planPrefixRoute, preferPrefixHolder, prefixHolderHint } from '../../daemon/routing/index.ts'
+import { chooseReplica, keptPromptHash, planPrefixRoute, preferPrefixHolder, prefixHolderHint, withLearnedPrefixes } from '../../daemon/routing/index.ts'
 import type { Candidate, PrefixCandidate, PrefixHoldings } from '../../daemon/routing/index.ts'
 
 const cand = (peerId: string, startMs: number, cachedTokens: number, prefillTokensPerSecond = 1000): PrefixCandidate => ({ peerId, startMs, cachedTokens, prefillTokensPerSecond })
@@ -123,5 +123,23 @@ describe('planPrefixRoute: reading candidates\' summaries for one prompt', () =>
     // The other replica measured 20k tok/s (its own summary says so, with no hashes): 8 ms, noise.
     const fast = { scope, blockSize: 16, hashes: [], prefillTokensPerSecond: 20_000 }
     expect(planPrefixRoute([node('a', { prefixes: fast }), node('b', { prefixes: held })], prompt, { now }).preference).toBeUndefined()
+  })
+
+  it('what our own requests left on a node counts until a report that should list it comes', () => {
+    const held = holding([])
+    const hash = keptPromptHash(held, prompt)!
+    // The prompt's deepest whole block (12 × 16 of 200 tokens), as the node's summary will list it.
+    expect(hash).toBe(holding(prompt).hashes[0])
+    expect(keptPromptHash(held, prompt.slice(0, 15))).toBeUndefined()
+    const c = node('b', { prefixes: held })
+    const learned = [{ hash, at: now - 100 }]
+    const merged = withLearnedPrefixes(c, learned, 1_000)
+    expect(merged.candidate.prefixes!.hashes).toEqual([hash])
+    expect(planPrefixRoute([node('a'), merged.candidate], prompt, { now }).cached.get('b')).toBe(192)
+    // A report taken well after that request ended (past the grace) no longer lists it: forgotten.
+    const later = node('b', { prefixes: held, load: { observedAt: now + 5_000, queueDepth: 0, inFlight: 0, slots: 4, tokensPerSecond: 100 } })
+    expect(withLearnedPrefixes(later, learned, 1_000)).toEqual({ candidate: later, current: [] })
+    // Without a scope to hash in, nothing is merged.
+    expect(withLearnedPrefixes(node('b'), learned, 1_000).candidate.prefixes).toBeUndefined()
   })
 })

@@ -303,4 +303,38 @@ describe('createRoutedService: prefix-aware routing', () => {
     await collect(createRoutedService({ localPeerId: 'me', now: () => NOW }, failing).generate(request(), new AbortController().signal))
     expect(failing.forwarded).toEqual([])
   })
+
+  it('a prompt its own request just left on a peer counts as held there until the peer\'s reports catch up', async () => {
+    const clock = NOW
+    // Deterministic draws that alternate between the two peers (without what it learns, follow-ups would too).
+    let r = 0
+    const random = (): number => { r = (r + 0.37) % 1; return r }
+    const empty = { scope, blockSize: 16, hashes: [] as string[] }
+    /** A peer whose start event reports the prompt ids it ran (as a real executor does). */
+    const executor = (): InferenceService & { seen: GenerateRequest[] } => {
+      const inner = recording()
+      return {
+        seen: inner.seen,
+        models: () => inner.models(),
+        async * generate (req, signal) {
+          for await (const ev of inner.generate(req, signal)) yield ev.type === 'start' && req.prompt.kind === 'tokens' ? { ...ev, promptTokenIds: req.prompt.ids } : ev
+        },
+      }
+    }
+    const peers = { g: executor(), h: executor() }
+    // Neither peer's last report lists anything; both reports are older than what we will learn.
+    const list = [cand('g', { prefixes: empty }), cand('h', { prefixes: empty })]
+    const m = mesh(peers, list)
+    const routed = createRoutedService({ now: () => clock, random }, m)
+    for (let conversation = 0; conversation < 3; conversation++) {
+      const first = Array.from({ length: 200 }, (_, i) => 7 + (i * 31 + conversation * 17) % 400)
+      await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: first } }), new AbortController().signal))
+      const holder = m.forwarded.at(-1)!
+      // The follow-up, sent at once: it goes where the first turn ran, whichever that was.
+      for (let turn = 0; turn < 3; turn++) {
+        await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: [...first, ...Array.from({ length: 40 * (turn + 1) }, (_, i) => 9 + i)] } }), new AbortController().signal))
+        expect(m.forwarded.at(-1)).toBe(holder)
+      }
+    }
+  })
 })
