@@ -1,10 +1,15 @@
 /**
  * Issue 16, prefix-aware routing with real parts: three mesh daemons in this process (createDaemon
- * with an identity, as `shoal node` runs it) on loopback, each serving the tiny generated Llama on
- * onnxruntime with its prefix cache, and a `shoal serve`-style daemon with no prefix cache as the
+ * with an identity, as `shoal node` runs it) on loopback, each serving the `small` generated Llama
+ * on onnxruntime with its prefix cache, and a `shoal serve`-style daemon with no prefix cache as the
  * cold reference. A multi-turn conversation sent to a different node every turn lands each
  * follow-up on the node that holds the previous turn's prompt KV, which prefills only what is new
  * (counted from its /metrics and its headers), and every turn's tokens equal the cold run's.
+ *
+ * Routing weighs the prefill a holder saves (at the measured prefill rate) against the hop, and
+ * rightly stays local when that is a few milliseconds: the histories here are long enough, on a
+ * model slow enough (`small`, not `tiny`), that the holder wins by far more than a loaded
+ * machine's loopback RTT.
  */
 import { join } from 'node:path'
 import { pino } from 'pino'
@@ -13,14 +18,16 @@ import { createThrowawayCa } from '../../certs/index.ts'
 import { blockHashes, compactHash, DEFAULT_BLOCK_SIZE, prefixScope } from '../../daemon/kv/index.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import type { Daemon } from '../../daemon/node/index.ts'
-import { MODEL_ID, makeTinyCheckpoint } from '../e2e/daemon.ts'
-import type { TinyCheckpoint } from '../e2e/daemon.ts'
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { sees, startInProcess, waitFor } from './harness.ts'
 import type { MeshNode } from './harness.ts'
 
 type Node = MeshNode & { daemon: Daemon }
 
-let ck: TinyCheckpoint
+const MODEL_ID = 'small-prefix'
+let ck: { root: string, shardDir: string, cleanup: () => Promise<void> }
 let cold: { url: string, stop: () => Promise<void> }
 let nodes: Node[] = []
 /** The scope every node's cache hashes under (one manifest). */
@@ -59,7 +66,10 @@ function tokens (n: number, seed: number): number[] {
 }
 
 beforeAll(async () => {
-  ck = await makeTinyCheckpoint({ compile: true })
+  const root = await mkdtemp(join(tmpdir(), 'shoal-prefix-routing-'))
+  await generateTestModel({ architecture: 'llama', size: 'small', outDir: join(root, 'ckpt'), modelId: MODEL_ID })
+  await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'none' })
+  ck = { root, shardDir: join(root, 'shard'), cleanup: async () => { await rm(root, { recursive: true, force: true }) } }
   const daemon = createDaemon(validateConfig({
     models: [{ dir: ck.shardDir }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
     dataDir: join(ck.root, 'cold-data'), cacheRoot: join(ck.root, 'cache'), listen: [], bootstrap: [], mdns: false,
@@ -91,7 +101,7 @@ afterAll(async () => {
 
 describe('prefix-aware routing across three replicas', () => {
   it('each turn of a token conversation, sent to another node, runs where the last turn\'s prompt KV is, prefills only its new tokens, and equals a cold run', async () => {
-    let prompt = tokens(160, 1)
+    let prompt = tokens(900, 1)
     let holder: string | undefined
     let previous: number[] = []
     for (let turn = 0; turn < 4; turn++) {
@@ -124,13 +134,16 @@ describe('prefix-aware routing across three replicas', () => {
       previous = prompt
       prompt = [...prompt, ...ids, ...tokens(20, 100 + turn)]
     }
+    // The entry nodes of turns 1 and 2 count their decisions on /metrics: sent to the holder.
+    for (const n of nodes.slice(1)) {
+      expect(await (await fetch(`${n.url!}/metrics`)).text()).toMatch(/^shoal_routing_prefix_requests_total\{outcome="holder"\} [1-9]/m)
+    }
   })
 
   it('a chat conversation (tokenized by the entry node\'s own tokenizer) follows its prefix too, and each reply equals a cold run', async () => {
-    // A long system prompt: routing weighs the prefill a holder saves at the measured prefill rate,
-    // and the tiny model prefills fast, so a short history would (rightly) not be worth a hop.
+    // A long system prompt (see above: a short history is rightly not worth a hop).
     const messages: Array<{ role: string, content: string }> = [
-      { role: 'system', content: 'You are a careful assistant. Answer every question about the weather, the sea and the tides in one short paragraph, and say which harbour you mean. '.repeat(12) },
+      { role: 'system', content: 'You are a careful assistant. Answer every question about the weather, the sea and the tides in one short paragraph, and say which harbour you mean. '.repeat(24) },
       { role: 'user', content: 'What is the tide doing at the north harbour this evening?' },
     ]
     let holder: string | undefined
