@@ -42,16 +42,27 @@ export interface GenerateRequest {
    */
   client?: ClientIdentity
   /**
-   * Set by routing when another peer holds this prompt's prefix (from its load summary): the node
-   * that runs the request may pull that KV (/shoal/kv/1.0.0) instead of prefilling it, when its
-   * own cache misses and the cost model says the transfer pays.
+   * Set by routing when it sends the request to a node that lacks the prompt's cached prefix
+   * while another peer holds it (that holder being overloaded, suspect or slower): the node that
+   * runs the request may pull that KV (/shoal/kv/1.0.0) instead of prefilling it, when its own
+   * cache misses and the cost model says the transfer pays.
    */
   prefixHolder?: PrefixHolderHint
 }
 
-/** A peer that probably holds a prompt's prefix, and about how many of its tokens. */
+/** Prompt tokens whose KV a node took from its prefix cache instead of prefilling them. */
+export interface PrefixReuse {
+  /** The node that reused them. */
+  peerId: string
+  reusedTokens: number
+  /** Set when that KV was first pulled from another node's cache (/shoal/kv/1.0.0): that node. */
+  movedFrom?: string
+}
+
+/** A peer that probably holds a prompt's prefix in its KV cache (from its load reply's summary). */
 export interface PrefixHolderHint {
   peerId: string
+  /** Prompt tokens it holds, by its summary (a lower bound up to the summary's sampling). */
   cachedTokens: number
 }
 
@@ -69,9 +80,6 @@ export interface RouteHop {
   layers?: [number, number]
 }
 
-/** 'reused': a prefix this node kept; 'moved': a prefix pulled from another node (/shoal/kv). */
-export type PrefixUse = 'reused' | 'moved'
-
 export interface Usage {
   promptTokens: number
   completionTokens: number
@@ -88,8 +96,8 @@ export type GenerateEvent =
     manifestHash?: string
     /** The route with each hop's layer range (pipeline stages); defaults to `route` without layers. */
     hops?: RouteHop[]
-    /** Where the prompt's prefix KV came from when not all prefilled: kept here, or moved from a peer. */
-    prefix?: PrefixUse
+    /** What the executing node's KV prefix cache did for this prompt (absent: nothing reused). */
+    prefix?: PrefixReuse
   }
   /** Text that is safe to show (never half a UTF-8 character) and the token ids behind it. */
   | { type: 'delta', text: string, tokenIds: number[] }

@@ -128,7 +128,7 @@ async function turn (svc: LocalService, ids: number[], maxTokens: number, hint?:
   let prefix: string | undefined
   const out: number[] = []
   for await (const ev of svc.generate(req, new AbortController().signal)) {
-    if (ev.type === 'start') prefix = ev.prefix
+    if (ev.type === 'start') prefix = ev.prefix === undefined ? undefined : ev.prefix.movedFrom === undefined ? 'reused' : 'moved'
     if (ev.type === 'delta') { if (ttft === 0) ttft = performance.now() - t0; out.push(...ev.tokenIds) }
   }
   return { ttftMs: ttft, tokens: out, prefix }

@@ -278,9 +278,9 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         decodeTokensPerSecond: decodeRate.perSecond(now),
       }
     },
-    estimateStepMs (sequences: number): number {
+    estimateStepMs (sequences: number, tokens: number = sequences): number {
       // The prior is a guess for another model: say "unknown" (0) until this engine has run.
-      return observedRuns === 0 ? 0 : estimator.estimate(sequences, sequences)
+      return observedRuns === 0 ? 0 : estimator.estimate(sequences, tokens)
     },
   }
 }

@@ -171,6 +171,9 @@ export interface Batcher {
   /** The sequence will submit no more steps (ended or freed): its company is not waited for. */
   release (seqId: string): void
   load (): BatcherLoad
-  /** Estimated time of one decode run over `sequences` sequences (the step-time model; never decays); 0 before any run. */
-  estimateStepMs (sequences: number): number
+  /**
+   * Estimated time of one run over `sequences` sequences and `tokens` positions (default: one per
+   * sequence, a decode run; the step-time model, which never decays); 0 before any run.
+   */
+  estimateStepMs (sequences: number, tokens?: number): number
 }

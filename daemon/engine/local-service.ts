@@ -32,7 +32,7 @@ import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvB
 import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import type { GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, PrefixUse, SpeculationSummary } from '../service.ts'
+import type { GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
@@ -149,6 +149,8 @@ export interface PrefixSummary {
   blockSize: number
   /** Compact block hashes (daemon/kv summary); at most the `max` asked for. */
   hashes: string[]
+  /** Marginal prefill rate from the step-time model, tokens per second (0: not measured yet). */
+  prefillTokensPerSecond: number
 }
 
 /** Block hashes in a summary when the caller names no bound (64 × 16 hex digits ≈ 1 KiB of JSON). */
@@ -186,6 +188,11 @@ export interface LocalService extends InferenceService {
    * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
    */
   prefixSummary (max?: number): PrefixSummary | undefined
+  /**
+   * The prompt's token ids as this model's tokenizer and chat template give them (no admission
+   * checks): what routing hashes against peers' prefix summaries.
+   */
+  promptTokens (request: GenerateRequest, signal?: AbortSignal): Promise<number[]>
   /** The stage engine (after start), e.g. for tests and metrics. */
   readonly engine: BatchingStageEngine | undefined
   /** This service's kept prefixes as a store KV mobility moves (after start; undefined when reuse is off). */
@@ -454,7 +461,6 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           })
         }
         const w = wrapped
-        const prefixUse: PrefixUse | undefined = reused === 0 ? undefined : moved ? 'moved' : 'reused'
         const began = performance.now()
         return {
           source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused)),
@@ -472,7 +478,9 @@ export function createLocalService (init: LocalServiceInit): LocalService {
             route: init.nodeId === undefined ? [] : [init.nodeId],
             receiptId: request.requestId,
             ...(init.manifestHash === undefined ? {} : { manifestHash: init.manifestHash }),
-            ...(prefixUse === undefined ? {} : { prefix: prefixUse }),
+            // The route header and the receipt say how much of the prompt came from the cache (and
+            // from which peer's, when it was pulled first).
+            ...(reused === 0 ? {} : { prefix: { peerId: init.nodeId ?? 'local', reusedTokens: reused, ...(moved && request.prefixHolder !== undefined ? { movedFrom: request.prefixHolder.peerId } : {}) } }),
           }),
           delta: tokenIds => {
             fed.push(...tokenIds)
@@ -607,9 +615,17 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
+    async promptTokens (request, signal) {
+      if (codec === undefined) throw new ShuttingDownError('local engine is not running')
+      return await codec.encodePromptAsync(request.prompt, signal)
+    },
     prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
       if (prefix === undefined) return undefined
-      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max) }
+      // What one more prompt token costs in a prefill run (its slope, not the fixed cost of a run).
+      const probe = 512
+      const perTokenMs = ((batcher?.estimateStepMs(1, 1 + probe) ?? 0) - (batcher?.estimateStepMs(1, 1) ?? 0)) / probe
+      const prefillTokensPerSecond = perTokenMs > 0 ? 1000 / perTokenMs : 0
+      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max), prefillTokensPerSecond }
     },
     async stats () {
       return {

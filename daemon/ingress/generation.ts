@@ -26,7 +26,7 @@ export interface GenerationContext {
 
 export interface Generation {
   start: StartEvent
-  /** x-shoal-route, x-shoal-receipt and x-request-id. */
+  /** x-shoal-route, x-shoal-receipt, x-request-id and, when a kept prefix was reused, x-shoal-prefix-reused. */
   headers: Record<string, string>
   signal: AbortSignal
   /** The events after `start`, ending with `end`; throws the abort reason once aborted. */
@@ -119,6 +119,9 @@ export async function beginGeneration (ctx: GenerationContext, requestId: string
       'x-shoal-route': start.route.join(','),
       'x-shoal-receipt': start.receiptId,
       'x-request-id': requestId,
+      // Prompt tokens the executing node took from its KV prefix cache (not prefilled).
+      ...(start.prefix === undefined ? {} : { 'x-shoal-prefix-reused': String(start.prefix.reusedTokens) }),
+      ...(start.prefix?.movedFrom === undefined ? {} : { 'x-shoal-prefix-moved-from': start.prefix.movedFrom }),
     },
     signal,
     events,

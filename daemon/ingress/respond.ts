@@ -29,7 +29,11 @@ function usageOf (u: Usage): Record<string, number> {
 }
 
 function shoalOf (gen: Generation): Record<string, unknown> {
-  return { receipt_id: gen.start.receiptId, route: gen.start.route }
+  return {
+    receipt_id: gen.start.receiptId,
+    route: gen.start.route,
+    ...(gen.start.prefix === undefined ? {} : { prefix_reused_tokens: gen.start.prefix.reusedTokens }),
+  }
 }
 
 export async function respond (reply: FastifyReply, gen: Generation, requestId: string, parsed: ParsedRequest, shape: ResponseShape): Promise<void> {

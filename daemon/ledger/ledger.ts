@@ -247,7 +247,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     }
     if (input.client !== undefined) body.client = { name: input.client.name, serial: input.client.serial }
     if (input.speculation !== undefined) body.speculation = { drafter: input.speculation.drafter, drafted: input.speculation.drafted, accepted: input.speculation.accepted }
-    if (input.prefix !== undefined) body.prefix = input.prefix
+    if (input.prefix !== undefined) body.prefix = { peerId: input.prefix.peerId, reusedTokens: input.prefix.reusedTokens, ...(input.prefix.movedFrom === undefined ? {} : { movedFrom: input.prefix.movedFrom }) }
     return body
   }
 

@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto'
 import { canonicalBytes, signDocument, verifyDocument } from '../../certs/signed.ts'
 import type { SignedDocument } from '../../certs/signed.ts'
-import type { ClientIdentity, GenerateRequest, FinishReason, PrefixUse, Usage } from '../service.ts'
+import type { ClientIdentity, GenerateRequest, FinishReason, PrefixReuse, Usage } from '../service.ts'
 
 export const RECEIPT_FORMAT = 'shoal.receipt/1'
 export const RECEIPT_PART_FORMAT = 'shoal.receipt-part/1'
@@ -62,8 +62,11 @@ export interface ReceiptInput {
   client?: ClientIdentity
   /** What speculative decoding did (the drafter, tokens it proposed and the model accepted); absent without it. */
   speculation?: { drafter: string, drafted: number, accepted: number }
-  /** Where the prompt's prefix KV came from when not all of it was prefilled: kept on the node, or moved from a peer. */
-  prefix?: PrefixUse
+  /**
+   * Prompt tokens the executing node took from its KV prefix cache instead of prefilling them
+   * (`movedFrom`: the peer whose cache they were pulled from first); absent when none.
+   */
+  prefix?: PrefixReuse
 }
 
 /** The signed body of a log entry. */
@@ -134,7 +137,7 @@ export function responseHash (output: CompletionOutput): string {
 export interface ReceiptContext {
   manifestHash?: string | null
   speculation?: { drafter: string, drafted: number, accepted: number }
-  prefix?: PrefixUse
+  prefix?: PrefixReuse
   route: RouteHop[]
   parts?: SignedReceiptPart[]
   usage: Usage
@@ -157,7 +160,8 @@ export function buildReceiptInput (request: RequestLike & { requestId: string, c
   if (request.client !== undefined) input.client = { name: request.client.name, serial: request.client.serial }
   const s = context.speculation
   if (s !== undefined) input.speculation = { drafter: s.drafter, drafted: s.drafted, accepted: s.accepted }
-  if (context.prefix !== undefined) input.prefix = context.prefix
+  const p = context.prefix
+  if (p !== undefined && p.reusedTokens > 0) input.prefix = { peerId: p.peerId, reusedTokens: p.reusedTokens, ...(p.movedFrom === undefined ? {} : { movedFrom: p.movedFrom }) }
   return input
 }
 
@@ -261,7 +265,8 @@ export function checkReceiptInput (r: unknown): string | undefined {
   if (c !== undefined && (!isRecord(c) || !isText(c.name) || typeof c.serial !== 'string' || !HEX32.test(c.serial) || onlyKeys(c, ['name', 'serial']) !== undefined)) return 'client must be {name, serial: 32 hex digits}'
   const s = r.speculation
   if (s !== undefined && (!isRecord(s) || !isText(s.drafter) || !isCount(s.drafted) || !isCount(s.accepted) || (s.accepted as number) > (s.drafted as number) || onlyKeys(s, ['drafter', 'drafted', 'accepted']) !== undefined)) return 'speculation must be {drafter, drafted, accepted ≤ drafted}'
-  if (r.prefix !== undefined && r.prefix !== 'reused' && r.prefix !== 'moved') return 'prefix must be "reused" or "moved"'
+  const px = r.prefix
+  if (px !== undefined && (!isRecord(px) || !isText(px.peerId) || !isCount(px.reusedTokens) || (px.reusedTokens as number) === 0 || (px.movedFrom !== undefined && !isText(px.movedFrom)) || onlyKeys(px, ['peerId', 'reusedTokens', 'movedFrom']) !== undefined)) return 'prefix must be {peerId, reusedTokens > 0, movedFrom?}'
   return undefined
 }
 

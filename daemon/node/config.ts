@@ -94,6 +94,11 @@ export interface DaemonConfig {
    * halve or quarter the bytes on every hop (daemon/pipeline/activations.ts).
    */
   activations?: 'f32' | 'f16' | 'int8'
+  /**
+   * Route a prompt to the peer holding its prefix when that saves more prefill than it waits
+   * (default true); false: routing ignores what nodes keep (for comparison, e.g. benchmarks).
+   */
+  prefixRouting?: boolean
 }
 
 export class ConfigError extends ShoalError {

@@ -519,9 +519,21 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     // Until peers' capability records have had a republish interval to arrive, an unknown model
     // may be one this node has not heard of yet: 503 (retry), not 404.
     const joinWindowMs = config.meshTimings?.capsRepublishMs ?? DEFAULT_TIMINGS.capsRepublishMs
-    return createRoutedService({ localPeerId: m.peerId, joinWindowMs, ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }) }, {
+    /** The whole-model engine serving `model` here (its tokenizer and its own prefix cache). */
+    const engineFor = (model: string): LocalService | undefined => locals.find(s => s.models()[0]?.id === model)
+    return createRoutedService({
+      localPeerId: m.peerId,
+      joinWindowMs,
+      metrics,
+      ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }),
+      ...(config.prefixRouting === undefined ? {} : { prefixRouting: config.prefixRouting }),
+    }, {
       local,
-      candidates: (model) => replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load() }, m.peers(), Date.now()),
+      candidates: (model) => {
+        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES)
+        return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
+      },
+      promptTokens: async (request, signal) => await engineFor(request.model)?.promptTokens(request, signal),
       async * forward (peerId, request, signal) {
         const lost = losses.watch(peerId)
         try {

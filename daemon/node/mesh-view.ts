@@ -4,7 +4,8 @@
  */
 import type { Capabilities, LoadRecord, PeerView } from '../mesh/index.ts'
 import { uncovered } from '../routing/index.ts'
-import type { Candidate, LayerRange, StageHolder } from '../routing/index.ts'
+import type { Candidate, LayerRange, PrefixHoldings, StageHolder } from '../routing/index.ts'
+import { DEFAULT_BLOCK_SIZE, prefixScope } from '../kv/index.ts'
 import type { LocalServiceLoad } from '../engine/index.ts'
 import type { ModelCard } from '../service.ts'
 import type { ResolvedModel } from './models.ts'
@@ -100,17 +101,41 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
   }
 }
 
-/** Every node that can take a request for `model` (whole or chain entry), this one included. */
-export function replicaCandidates (model: string, self: { peerId: string, serves: boolean, load: LoadRecord }, peers: PeerView[], now: number): Candidate[] {
+/**
+ * How to read a peer's prefix summary for `served`: the scope its local service hashes under (a
+ * whole model: manifest hash, layers 0..n-1, float32 KV, as daemon/engine's local service keys
+ * them) and the default block size. Chain entries keep no prefixes yet; a peer that does not say
+ * its manifest cannot be read.
+ */
+function peerPrefixes (served: Served, load: LoadRecord | undefined): PrefixHoldings | undefined {
+  if (!isWhole(served) || served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
+  return {
+    scope: prefixScope({ manifestHash: served.manifestHash, layers: [0, served.totalLayers - 1], dtype: 'float32' }),
+    blockSize: DEFAULT_BLOCK_SIZE,
+    // None listed (nothing kept yet, or no cache): routing may still learn what our requests leave there.
+    hashes: load?.prefixes ?? [],
+  }
+}
+
+/**
+ * Every node that can take a request for `model` (whole or chain entry), this one included.
+ * `self.prefixes`: what this node's own engine for the model keeps (its exact scope and block size).
+ */
+export function replicaCandidates (model: string, self: { peerId: string, serves: boolean, load: LoadRecord, prefixes?: PrefixHoldings }, peers: PeerView[], now: number): Candidate[] {
   const out: Candidate[] = []
   if (self.serves) {
-    out.push({ peerId: self.peerId, local: true, admitted: true, alive: true, wholeModel: true, load: toSnapshot(self.load, now) })
+    out.push({
+      peerId: self.peerId, local: true, admitted: true, alive: true, wholeModel: true, load: toSnapshot(self.load, now),
+      // Even with no hashes: its measured prefill rate stands in for peers that do not say theirs.
+      ...(self.prefixes === undefined ? {} : { prefixes: self.prefixes }),
+    })
   }
   for (const p of peers) {
     // Only worker certificates execute work for others (their own handlers refuse otherwise).
     if (!p.roles.includes('worker')) continue
     const served = p.capabilities?.models.find(m => m.id === model)
     if (served === undefined) continue
+    const prefixes = peerPrefixes(served, p.load)
     out.push({
       peerId: p.peerId,
       local: false,
@@ -119,6 +144,7 @@ export function replicaCandidates (model: string, self: { peerId: string, serves
       wholeModel: isEntryPoint(served),
       ...(p.load === undefined || p.loadAt === undefined ? {} : { load: toSnapshot(p.load, p.loadAt) }),
       ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
+      ...(prefixes === undefined ? {} : { prefixes }),
     })
   }
   return out

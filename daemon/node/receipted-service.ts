@@ -7,7 +7,7 @@
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
 import { acceptedParts, checkHashable } from './receipt-part.ts'
-import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PrefixUse, RouteHop } from '../service.ts'
+import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PrefixReuse, RouteHop } from '../service.ts'
 
 export interface ReceiptOptions {
   /** Called when parts whose signatures do not verify were left out of a receipt. */
@@ -28,7 +28,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
       let firstTokenAt: number | undefined
       let hops: RouteHop[] = []
       let manifestHash: string | undefined
-      let prefix: PrefixUse | undefined
+      let prefix: PrefixReuse | undefined
       let text = ''
       const tokenIds: number[] = []
       for await (const event of service.generate(request, signal)) {

@@ -45,6 +45,22 @@ export interface Candidate {
   wholeModel: boolean
   load?: LoadSnapshot
   rttMs?: number
+  /**
+   * What the node keeps in its KV prefix cache for this model, as its last load reply said
+   * (prefix-route.ts): compact block hashes and how to hash a prompt the same way.
+   */
+  prefixes?: PrefixHoldings
+}
+
+/** A node's prefix summary with what a router needs to read it (daemon/kv blockHashes, cachedTokensFor). */
+export interface PrefixHoldings {
+  /** The hash chain's seed: the node's model scope (daemon/kv prefixScope). */
+  scope: string
+  blockSize: number
+  /** Compact block hashes (daemon/kv PrefixCache.summary). */
+  hashes: readonly string[]
+  /** The node's prefill rate, tokens per second, when it says (0 or absent: unknown). */
+  prefillTokensPerSecond?: number
 }
 
 export interface RoutingPolicy {

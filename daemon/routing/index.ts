@@ -4,8 +4,8 @@
  * /shoal/infer/1.0.0 wire format; the forwarding client and server over libp2p streams; and the
  * routed InferenceService the ingress uses (local or forwarded, one invisible retry before start).
  */
-export { chooseReplica, rankReplicas, estimateCompletionMs, DEFAULT_POLICY } from './decision.ts'
-export type { Candidate, LoadSnapshot, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
+export { chooseReplica, rankReplicas, estimateCompletionMs, estimateStartMs, DEFAULT_POLICY } from './decision.ts'
+export type { Candidate, LoadSnapshot, PrefixHoldings, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
 export { DEFAULT_CHAIN_POLICY, formChain, uncovered } from './chain.ts'
 export type { StageHolder, LayerRange, ChainContext, ChainPolicy, ChainDecision, ChainStage } from './chain.ts'
 export { INFER_PROTOCOL, MAX_FRAME_BYTES, encodeFrame, decodePayload, decodeFrames } from './wire.ts'
@@ -17,7 +17,7 @@ export type { InferHandlerOptions } from './server.ts'
 export { createRoutedService } from './routed-service.ts'
 export { joiningReason } from './joining.ts'
 export type { RoutedService, RoutedServiceInit, RoutedServiceComponents } from './routed-service.ts'
-export { preferPrefixHolder } from './prefix-route.ts'
-export type { PrefixCandidate, PrefixPreference, PrefixRoutePolicy } from './prefix-route.ts'
+export { preferPrefixHolder, planPrefixRoute, prefixHolderHint, keptPromptHash, withLearnedPrefixes, DEFAULT_PREFIX_ROUTE_POLICY } from './prefix-route.ts'
+export type { LearnedPrefix, PrefixCandidate, PrefixPreference, PrefixRoute, PrefixRouteContext, PrefixRoutePolicy } from './prefix-route.ts'
 export { ChainIncompleteError, ForwardError, PeerUnavailableError, RemoteError } from './errors.ts'
 export type { ForwardPhase } from './errors.ts'

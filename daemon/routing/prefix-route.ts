@@ -6,8 +6,10 @@
  * saved time as the affinity slack, so a holder is kept exactly while what it saves outweighs how
  * much later it would finish.
  */
-import { DEFAULT_MIN_PREFILL_TOKENS } from '../kv/index.ts'
-import type { RoutingPolicy } from './decision.ts'
+import { blockHashes, cachedTokensFor, compactHash, DEFAULT_MIN_PREFILL_TOKENS } from '../kv/index.ts'
+import { DEFAULT_POLICY, estimateStartMs } from './decision.ts'
+import type { Candidate, PrefixHoldings, RoutingPolicy } from './decision.ts'
+import type { PrefixHolderHint } from '../service.ts'
 
 export interface PrefixCandidate {
   peerId: string
@@ -69,4 +71,104 @@ export function preferPrefixHolder (candidates: readonly PrefixCandidate[], prom
   const savedMs = cold - best.cost
   if (savedMs < Math.max(p.minSavedMs, p.minSavedRatio * cold)) return undefined
   return { peerId: best.c.peerId, cachedTokens: best.cached, savedMs, policy: { affinitySlackMs: savedMs, affinitySlackRatio: 0 } }
+}
+
+export interface PrefixRouteContext {
+  /** Epoch ms (load older than policy.staleAfterMs does not estimate a start). */
+  now: number
+  /** The request's max_tokens (the start estimate's queue term). */
+  expectedTokens?: number
+  /** Peers not to use (a failed first attempt). */
+  exclude?: readonly string[]
+  policy?: Partial<RoutingPolicy>
+  prefixPolicy?: Partial<PrefixRoutePolicy>
+}
+
+export interface PrefixRoute {
+  /** Prompt tokens each candidate holds by its summary (admitted, not excluded; 0s left out). */
+  cached: ReadonlyMap<string, number>
+  /** The holder chooseReplica should prefer (its affinity and slack), when one saves enough. */
+  preference?: PrefixPreference
+}
+
+/**
+ * Reads every candidate's prefix summary for a prompt and decides which holder, if any, routing
+ * should prefer. The prompt is hashed once per scope (candidates of one manifest share it). Only
+ * eligible candidates with fresh load compete (their start estimate is the one chooseReplica
+ * uses); every admitted one counts as a holder for the hint (a suspect or overloaded holder may
+ * still hand its prefix over).
+ */
+export function planPrefixRoute (candidates: readonly Candidate[], promptIds: ArrayLike<number>, ctx: PrefixRouteContext): PrefixRoute {
+  const policy: RoutingPolicy = { ...DEFAULT_POLICY, ...ctx.policy }
+  const exclude = new Set(ctx.exclude ?? [])
+  const hashesByScope = new Map<string, string[]>()
+  const cached = new Map<string, number>()
+  const competing: PrefixCandidate[] = []
+  const tokens = ctx.expectedTokens ?? policy.defaultExpectedTokens
+  for (const c of candidates) {
+    if (!c.admitted || exclude.has(c.peerId)) continue
+    const p = c.prefixes
+    let held = 0
+    if (p !== undefined && p.hashes.length > 0 && p.blockSize > 0) {
+      const key = `${p.blockSize}/${p.scope}`
+      let hashes = hashesByScope.get(key)
+      if (hashes === undefined) { hashes = blockHashes(p.scope, promptIds, p.blockSize); hashesByScope.set(key, hashes) }
+      held = Math.min(cachedTokensFor(hashes, new Set(p.hashes), p.blockSize), promptIds.length)
+      if (held > 0) cached.set(c.peerId, held)
+    }
+    const load = c.load
+    if (!c.alive || !c.wholeModel || load === undefined || ctx.now - load.observedAt > policy.staleAfterMs) continue
+    competing.push({ peerId: c.peerId, startMs: estimateStartMs(load, c.rttMs, tokens, policy), cachedTokens: held, prefillTokensPerSecond: p?.prefillTokensPerSecond ?? 0 })
+  }
+  // A node that does not say its prefill rate is assumed to prefill at the median of those that
+  // do (replicas of one model on like machines), not at a fixed guess that may be far off them.
+  const rates = competing.map(c => c.prefillTokensPerSecond).filter(r => r > 0).sort((a, b) => a - b)
+  const neutral = rates.length > 0 ? rates[Math.floor((rates.length - 1) / 2)]! : 0
+  for (const c of competing) if (c.prefillTokensPerSecond <= 0) c.prefillTokensPerSecond = neutral
+  const preference = cached.size === 0 ? undefined : preferPrefixHolder(competing, promptIds.length, ctx.prefixPolicy)
+  return preference === undefined ? { cached } : { cached, preference }
+}
+
+/**
+ * The hint for the node routing chose: the peer holding the most of the prompt when that is more
+ * than the chosen node holds itself (the holder was overloaded, suspect or too slow to wait for),
+ * so the chosen node can pull the prefix instead of recomputing it. Ties go to the lower peer id.
+ */
+export function prefixHolderHint (route: PrefixRoute, chosenPeerId: string): PrefixHolderHint | undefined {
+  const own = route.cached.get(chosenPeerId) ?? 0
+  let best: PrefixHolderHint | undefined
+  for (const [peerId, cachedTokens] of route.cached) {
+    if (peerId === chosenPeerId || cachedTokens <= own) continue
+    if (best === undefined || cachedTokens > best.cachedTokens || (cachedTokens === best.cachedTokens && peerId < best.peerId)) best = { peerId, cachedTokens }
+  }
+  return best
+}
+
+/**
+ * The summary hash a node will list once it keeps `promptIds` (its prompt KV, kept when the request
+ * ends): the prompt's deepest whole block in the node's scope; undefined when it is shorter than a block.
+ */
+export function keptPromptHash (holdings: PrefixHoldings, promptIds: ArrayLike<number>): string | undefined {
+  if (holdings.blockSize < 1 || promptIds.length < holdings.blockSize) return undefined
+  const hashes = blockHashes(holdings.scope, promptIds, holdings.blockSize)
+  return compactHash(hashes[hashes.length - 1]!)
+}
+
+/** A prefix a request of ours left on a peer, as of epoch ms `at` (when the request ended). */
+export interface LearnedPrefix {
+  hash: string
+  at: number
+}
+
+/**
+ * The candidate with what we know it keeps beyond its last load report: our own requests that
+ * ended there after that report (plus `graceMs`, for the keeping itself and the next poll). The
+ * rest are stale: the report that should list them came (if it does not, the node did not keep it).
+ */
+export function withLearnedPrefixes (c: Candidate, learned: readonly LearnedPrefix[], graceMs: number): { candidate: Candidate, current: LearnedPrefix[] } {
+  const reportAt = c.load?.observedAt ?? -Infinity
+  const current = learned.filter(l => l.at + graceMs >= reportAt)
+  if (current.length === 0 || c.prefixes === undefined) return { candidate: c, current }
+  const hashes = [...new Set([...current.map(l => l.hash), ...c.prefixes.hashes])]
+  return { candidate: { ...c, prefixes: { ...c.prefixes, hashes } }, current }
 }

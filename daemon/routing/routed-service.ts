@@ -3,12 +3,24 @@
  * on the local engine or forwards it to a peer, and retries once, invisibly, on another replica
  * when the first fails before `start` in a retryable way. After `start` a failure ends the stream
  * with the error (the ingress turns it into an error event).
+ *
+ * Prefix-aware routing: when some candidate's load reply lists cached prefix blocks, the prompt's
+ * token ids (the local tokenizer's, or the request's own ids) are hashed in each holder's scope and
+ * planPrefixRoute decides whether a holder's saved prefill outweighs its wait; its answer goes to
+ * chooseReplica as the affinity (with the saved time as slack). When the chosen node lacks a
+ * prefix another peer holds, the forwarded request carries that peer as `prefixHolder`. A prompt
+ * our own request left on a peer counts as held there at once (from the ids its `start` returned),
+ * until the peer's next load report, so a follow-up sent the moment a turn ends finds it too.
  */
+import type { Registry } from 'prom-client'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { createAffinityTable } from './affinity.ts'
 import { chooseReplica } from './decision.ts'
 import type { Candidate, RoutingPolicy } from './decision.ts'
 import { joiningReason } from './joining.ts'
+import { createRoutingMetrics } from './metrics.ts'
+import { keptPromptHash, planPrefixRoute, prefixHolderHint, withLearnedPrefixes } from './prefix-route.ts'
+import type { LearnedPrefix, PrefixRoute, PrefixRoutePolicy } from './prefix-route.ts'
 import { isRetryable, ModelNotFoundError, NoEligibleNodeError, OverloadedError } from './errors.ts'
 import { withRouteHop } from './server.ts'
 
@@ -27,6 +39,11 @@ export interface RoutedServiceInit {
    * here yet), not 404: a node that just joined has not heard every peer's capabilities (0: off).
    */
   joinWindowMs?: number
+  /** Weigh candidates' cached prefixes (default true); false routes as if no node kept any. */
+  prefixRouting?: boolean
+  prefixPolicy?: Partial<PrefixRoutePolicy>
+  /** Where the prefix-routing counter goes (this node's /metrics). */
+  metrics?: Registry
 }
 
 export interface RoutedServiceComponents {
@@ -38,6 +55,12 @@ export interface RoutedServiceComponents {
   forward(peerId: string, request: GenerateRequest, signal: AbortSignal): AsyncIterable<GenerateEvent>
   /** Models peers can serve (whole, replicated or as complete chains). */
   meshModels?(): ModelCard[]
+  /**
+   * The prompt's token ids as the model's tokenizer gives them (the local engine's), for hashing
+   * against candidates' prefix summaries; undefined when this node cannot tokenize for the model.
+   * Not called for prompts given as token ids.
+   */
+  promptTokens?(request: GenerateRequest, signal: AbortSignal): Promise<number[] | undefined>
 }
 
 export interface RoutedService extends InferenceService {
@@ -46,6 +69,10 @@ export interface RoutedService extends InferenceService {
 }
 
 const MAX_FINISHED_PER_PEER = 256
+/** Prompts of ours remembered per peer until its load reports catch up. */
+const MAX_LEARNED_PER_PEER = 64
+/** How long after a request ends its prompt may still be missing from the peer's reports (keeping it, then the next poll). */
+const LEARNED_GRACE_MS = 1_500
 
 export function createRoutedService (init: RoutedServiceInit, components: RoutedServiceComponents): RoutedService {
   const random = init.random ?? Math.random
@@ -53,6 +80,27 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
   const retry = init.retry ?? true
   const affinity = createAffinityTable({ maxEntries: init.affinityEntries })
   const createdAt = now()
+  const prefixRouting = init.prefixRouting ?? true
+  /** Prompts our requests left on peers, newer than the peers' last reports (withLearnedPrefixes). */
+  const learned = new Map<string, LearnedPrefix[]>()
+  const withLearned = (c: Candidate): Candidate => {
+    const list = learned.get(c.peerId)
+    if (list === undefined) return c
+    const { candidate, current } = withLearnedPrefixes(c, list, LEARNED_GRACE_MS)
+    if (current.length === 0) learned.delete(c.peerId)
+    else if (current.length !== list.length) learned.set(c.peerId, current)
+    return candidate
+  }
+  const learn = (c: Candidate | undefined, promptIds: number[]): void => {
+    if (c === undefined || c.local || c.prefixes === undefined) return
+    const hash = keptPromptHash(c.prefixes, promptIds)
+    if (hash === undefined) return
+    const list = (learned.get(c.peerId) ?? []).filter(l => l.hash !== hash)
+    list.push({ hash, at: now() })
+    if (list.length > MAX_LEARNED_PER_PEER) list.splice(0, list.length - MAX_LEARNED_PER_PEER)
+    learned.set(c.peerId, list)
+  }
+  const metrics = createRoutingMetrics(init.metrics)
   let roundRobin = 0
   /** Dispatch times of our own unfinished requests per peer: load the peer has not reported yet. */
   const dispatched = new Map<string, number[]>()
@@ -95,10 +143,25 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
     return { ...c, load: { ...c.load, inFlight: Math.max(0, c.load.inFlight + unseen - gone) } }
   }
 
+  /**
+   * The prompt's token ids for prefix routing: the request's own, else the local tokenizer's. A
+   * failure here is not the request's: the node that runs it tokenizes again and reports it.
+   */
+  const promptIdsOf = async (request: GenerateRequest, signal: AbortSignal): Promise<number[] | undefined> => {
+    if (request.prompt.kind === 'tokens') return request.prompt.ids
+    try {
+      return await components.promptTokens?.(request, signal)
+    } catch {
+      return undefined
+    }
+  }
+
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent, void, undefined> {
     const tried: string[] = []
     const preferred = affinity.lookup(request)
     let firstError: unknown
+    /** Tokenized at most once, and only when some candidate keeps prefixes (null: not yet). */
+    let promptIds: number[] | undefined | null = null
     for (let attempt = 0; ; attempt++) {
       const all = components.candidates(request.model)
       // On the retry the failed replica may already be gone from the mesh: report what failed, not 404.
@@ -108,16 +171,27 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
         if (joining !== undefined) throw new NoEligibleNodeError(`no node serving model "${request.model}" is known yet: ${joining}`)
         throw new ModelNotFoundError(request.model)
       }
-      const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad)
+      const candidates = all.filter(c => !c.local || components.local !== undefined).map(withOwnLoad).map(c => prefixRouting ? withLearned(c) : c)
+      let prefix: PrefixRoute | undefined
+      if (prefixRouting && candidates.some(c => (c.prefixes?.hashes.length ?? 0) > 0)) {
+        if (promptIds === null) promptIds = await promptIdsOf(request, signal)
+        if (promptIds !== undefined) {
+          prefix = planPrefixRoute(candidates, promptIds, {
+            now: now(), expectedTokens: request.maxTokens, exclude: tried, policy: init.policy, prefixPolicy: init.prefixPolicy,
+          })
+        }
+      }
+      const holder = prefix?.preference
       const decision = chooseReplica(candidates, {
         now: now(),
         random,
         roundRobin: roundRobin++,
         expectedTokens: request.maxTokens,
         deadline: request.deadline,
-        affinity: preferred,
+        // A holder worth its wait outranks the conversation memory (it knows where the KV is now).
+        affinity: holder?.peerId ?? preferred,
         exclude: tried,
-        policy: init.policy,
+        policy: holder === undefined ? init.policy : { ...init.policy, ...holder.policy },
       })
       if (decision.kind !== 'node') {
         // On the retry, the first failure says more than "nobody else".
@@ -126,17 +200,26 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
       }
       const peerId = decision.peerId
       tried.push(peerId)
+      const hint = prefix === undefined ? undefined : prefixHolderHint(prefix, peerId)
+      if (prefix !== undefined) {
+        metrics.prefixRoutes.inc({ outcome: (prefix.cached.get(peerId) ?? 0) > 0 ? 'holder' : hint !== undefined ? 'elsewhere' : 'none' })
+      }
+      const sent = hint === undefined ? request : { ...request, prefixHolder: hint }
       const local = decision.local ? components.local : undefined
       const untrack = track(peerId, now())
       let started = false
+      let startedIds: number[] | undefined
       try {
-        const source = local !== undefined ? local.generate(request, signal) : components.forward(peerId, request, signal)
+        const source = local !== undefined ? local.generate(sent, signal) : components.forward(peerId, sent, signal)
         for await (const ev of source) {
           if (ev.type === 'start') {
             started = true
+            startedIds = ev.promptTokenIds
             affinity.record(request, peerId)
             yield local !== undefined && init.localPeerId !== undefined ? withRouteHop(ev, init.localPeerId) : ev
           } else {
+            // Before the end goes out: a follow-up may be sent the moment the client sees it.
+            if (ev.type === 'end' && prefixRouting && startedIds !== undefined) learn(candidates.find(c => c.peerId === peerId), startedIds)
             yield ev
           }
         }

@@ -7,6 +7,9 @@
  * Bodies: request, start, end, error — JSON with a fixed key order; delta — varint count, that many
  * varint token ids, then the text as UTF-8 (the hot path, one per token); cancel — empty.
  * Conversation: client → request, then maybe cancel; server → start, delta*, end | error.
+ * Optional JSON fields are written only when present (old frames keep their bytes) and decoders
+ * ignore fields they do not know, so adding one does not change the version: the request's
+ * `prefixHolder` and the start's `prefix` came that way.
  */
 import * as lp from 'it-length-prefixed'
 import type { Uint8ArrayList } from 'uint8arraylist'
@@ -75,14 +78,24 @@ function encodeRequest (r: GenerateRequest): unknown {
   const sampling = r.sampling.seed === undefined
     ? { temperature: r.sampling.temperature, topP: r.sampling.topP }
     : { temperature: r.sampling.temperature, topP: r.sampling.topP, seed: r.sampling.seed }
-  return r.maxTokens === undefined
-    ? { model: r.model, prompt, sampling, stop: r.stop, deadline: r.deadline }
-    : { model: r.model, prompt, maxTokens: r.maxTokens, sampling, stop: r.stop, deadline: r.deadline }
+  return {
+    model: r.model,
+    prompt,
+    ...(r.maxTokens === undefined ? {} : { maxTokens: r.maxTokens }),
+    sampling,
+    stop: r.stop,
+    deadline: r.deadline,
+    ...(r.prefixHolder === undefined ? {} : { prefixHolder: { peerId: r.prefixHolder.peerId, cachedTokens: r.prefixHolder.cachedTokens } }),
+  }
 }
+
+/** A peer id is short; this bounds what a frame may make us keep. */
+const MAX_PEER_ID_CHARS = 128
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)
 const isStr = (v: unknown): v is string => typeof v === 'string'
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0
 const isTokenIds = (v: unknown): v is number[] => Array.isArray(v) && v.every(x => Number.isInteger(x) && x >= 0 && x < 2 ** 32)
 
 function decodePrompt (v: unknown): PromptInput {
@@ -110,6 +123,11 @@ function decodeRequest (requestId: string, v: unknown): GenerateRequest {
   const sampling = s.seed === undefined ? { temperature: s.temperature, topP: s.topP } : { temperature: s.temperature, topP: s.topP, seed: s.seed as number }
   const req: GenerateRequest = { requestId, model: v.model, prompt: decodePrompt(v.prompt), sampling, stop: v.stop, deadline: v.deadline }
   if (v.maxTokens !== undefined) req.maxTokens = v.maxTokens as number
+  if (v.prefixHolder !== undefined) {
+    const h = v.prefixHolder
+    if (!isObj(h) || !isStr(h.peerId) || h.peerId.length === 0 || h.peerId.length > MAX_PEER_ID_CHARS || !isCount(h.cachedTokens)) throw malformed('request.prefixHolder must be {peerId, cachedTokens}')
+    req.prefixHolder = { peerId: h.peerId, cachedTokens: h.cachedTokens }
+  }
   return req
 }
 
@@ -119,6 +137,12 @@ function decodeStart (v: unknown): StartEvent {
   if (v.manifestHash !== undefined) {
     if (!isStr(v.manifestHash)) throw malformed('start.manifestHash must be a string')
     ev.manifestHash = v.manifestHash
+  }
+  if (v.prefix !== undefined) {
+    const p = v.prefix
+    if (!isObj(p) || !isStr(p.peerId) || p.peerId.length > MAX_PEER_ID_CHARS || !isCount(p.reusedTokens)) throw malformed('start.prefix must be {peerId, reusedTokens, movedFrom?}')
+    if (p.movedFrom !== undefined && (!isStr(p.movedFrom) || p.movedFrom.length === 0 || p.movedFrom.length > MAX_PEER_ID_CHARS)) throw malformed('start.prefix.movedFrom must be a peer id')
+    ev.prefix = { peerId: p.peerId, reusedTokens: p.reusedTokens, ...(p.movedFrom === undefined ? {} : { movedFrom: p.movedFrom }) }
   }
   if (v.hops !== undefined) {
     if (!Array.isArray(v.hops) || v.hops.length > MAX_HOPS) throw malformed('start.hops must be a short array')
@@ -195,6 +219,7 @@ function bodyOf (f: InferFrame): Uint8Array {
       // Optional fields are written only when present, so frames without them keep their bytes.
       ...(f.event.manifestHash === undefined ? {} : { manifestHash: f.event.manifestHash }),
       ...(f.event.hops === undefined ? {} : { hops: f.event.hops }),
+      ...(f.event.prefix === undefined ? {} : { prefix: { peerId: f.event.prefix.peerId, reusedTokens: f.event.prefix.reusedTokens, ...(f.event.prefix.movedFrom === undefined ? {} : { movedFrom: f.event.prefix.movedFrom }) } }),
     }))
     case 'delta': return encodeDelta(f.event)
     case 'end': return utf8.encode(JSON.stringify({

@@ -10,6 +10,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import {
   buildReceiptInput, createLedger, createReceiptPart, GENESIS_HASH, requestHash, responseHash, verifyReceiptPart,
 } from '../../daemon/ledger/index.ts'
+import { checkEntry } from '../../daemon/ledger/receipt.ts'
 import type { Ledger, SignedReceipt } from '../../daemon/ledger/index.ts'
 import type { GenerateRequest } from '../../daemon/service.ts'
 import { hex64, makeSigner, sampleInput } from './fixtures/keys.ts'
@@ -132,6 +133,20 @@ describe('ledger', () => {
     const next = await ledger.append(sampleInput('req-after-restart'))
     expect(next.body).toMatchObject({ index: 5, prevHash: prev })
     expect((await ledger.verify()).ok).toBe(true)
+  })
+
+  it('records KV prefix reuse when the executing node reused some of the prompt, and only then', async () => {
+    const node = makeSigner()
+    ledger = createLedger({ dataDir: dir, signer: node })
+    await ledger.start()
+    const base = { route: [{ peerId: node.peerId }], usage: { promptTokens: 9, completionTokens: 3 }, timing: { startedAt: 1_700_000_000_000, firstTokenMs: 8, totalMs: 30 } }
+    expect(buildReceiptInput(request, output, { ...base, prefix: { peerId: node.peerId, reusedTokens: 0 } }).prefix).toBeUndefined()
+    const r = await ledger.append(buildReceiptInput(request, output, { ...base, prefix: { peerId: node.peerId, reusedTokens: 7 } }))
+    expect(r.body.prefix).toEqual({ peerId: node.peerId, reusedTokens: 7 })
+    expect(independentVerify(r, node.publicKey)).toBe(true)
+    expect((await ledger.verify()).ok).toBe(true)
+    expect(checkEntry({ ...r, body: { ...r.body, prefix: { peerId: node.peerId, reusedTokens: 0 } } })).toMatch(/prefix/)
+    expect(checkEntry({ ...r, body: { ...r.body, prefix: { peerId: node.peerId, reusedTokens: 2, extra: 1 } } })).toMatch(/prefix/)
   })
 
   it('without a stored certificate the key comes from the ed25519 peer id', async () => {

@@ -33,7 +33,7 @@ export function clientFor (url: string, timeoutMs = 60_000): OpenAI {
 }
 
 /** Starts a mesh daemon in this process. */
-export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[], budgets?: DaemonConfig['budgets'] }): Promise<MeshNode & { daemon: Daemon }> {
+export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[], budgets?: DaemonConfig['budgets'], config?: Partial<DaemonConfig> }): Promise<MeshNode & { daemon: Daemon }> {
   const daemon = createDaemon(validateConfig({
     identityDir: opts.identityDir,
     models: opts.model === undefined ? [] : [{ dir: opts.model }],
@@ -45,6 +45,7 @@ export async function startInProcess (opts: { name: string, identityDir: string,
     bootstrap: opts.bootstrap,
     mdns: false,
     ...(opts.budgets === undefined ? {} : { budgets: opts.budgets }),
+    ...opts.config,
   }), { logger: pino({ level: 'silent' }) })
   const { peerId, apiUrl } = await daemon.start()
   let stopped: Promise<void> | undefined

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import { aggregateLoad, expertHolderNodes, meshModelCards, replicaCandidates, servedModels, stageHolders, stageStepTimes, stepTimesChanged } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
+import { DEFAULT_BLOCK_SIZE, prefixScope } from '../../daemon/kv/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
 const peer = (peerId: string, models: PeerView['capabilities'] extends infer C ? C extends { models: infer M } ? M : never : never, state: PeerView['state'] = 'alive'): PeerView => ({
@@ -26,6 +27,24 @@ describe('mesh view mapping', () => {
     expect(c[1]!.load).toEqual({ observedAt: 1000, queueDepth: 1, inFlight: 2, slots: 4, tokensPerSecond: 50, expectedQueueWaitMs: 30 })
     expect(c[0]!.load!.observedAt).toBe(5000)
     expect(replicaCandidates('m', { peerId: 'me', serves: false, load }, [], 0)).toEqual([])
+  })
+
+  it('reads a whole-model peer\'s prefix summary in the scope its local service keys it by; this node gives its own', () => {
+    const hashes = ['0123456789abcdef']
+    const withPrefixes = (p: PeerView): PeerView => ({ ...p, load: { ...load, prefixes: hashes } })
+    const c = replicaCandidates('m', { peerId: 'me', serves: true, load, prefixes: { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] } }, [
+      withPrefixes(peer('whole', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }])),
+      // No manifest hash (the scope cannot be known), a stage (keeps none yet), nothing listed (yet).
+      withPrefixes(peer('anonymous', [{ id: 'm', totalLayers: 8 }])),
+      withPrefixes(peer('stage0', [{ id: 'm', layers: [0, 3], totalLayers: 8, manifestHash: 'h1' }])),
+      peer('empty', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }]),
+    ], 5000)
+    expect(c.map(x => [x.peerId, x.prefixes])).toEqual([
+      ['me', { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] }],
+      ['whole', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes }],
+      ['anonymous', undefined], ['stage0', undefined],
+      ['empty', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes: [] }],
+    ])
   })
 
   it('builds one model card per model servable whole or as a complete chain, from alive peers only', () => {

@@ -3,8 +3,9 @@
  * while the prefill it saves outweighs its extra wait; composed with chooseReplica via affinity.
  */
 import { describe, expect, it } from 'vitest'
-import { chooseReplica, preferPrefixHolder } from '../../daemon/routing/index.ts'
-import type { Candidate, PrefixCandidate } from '../../daemon/routing/index.ts'
+import { blockHashes, compactHash, createPrefixCache } from '../../daemon/kv/index.ts'
+import { chooseReplica, keptPromptHash, planPrefixRoute, preferPrefixHolder, prefixHolderHint, withLearnedPrefixes } from '../../daemon/routing/index.ts'
+import type { Candidate, PrefixCandidate, PrefixHoldings } from '../../daemon/routing/index.ts'
 
 const cand = (peerId: string, startMs: number, cachedTokens: number, prefillTokensPerSecond = 1000): PrefixCandidate => ({ peerId, startMs, cachedTokens, prefillTokensPerSecond })
 
@@ -45,5 +46,100 @@ describe('preferPrefixHolder', () => {
     expect(chooseReplica([node('a', 0), node('b', 1)], ctx)).toMatchObject({ peerId: 'b', reason: 'affinity' })
     // Much busier (7 in flight: 4 s of decode vs 0.5 s): not worth it.
     expect(chooseReplica([node('a', 0), node('b', 7)], ctx)).toMatchObject({ peerId: 'a' })
+  })
+})
+
+describe('planPrefixRoute: reading candidates\' summaries for one prompt', () => {
+  const now = 1_000_000
+  const scope = 'kv1/manifest-a/0-1/float32'
+  const prompt = Array.from({ length: 200 }, (_, i) => 3 + (i * 7) % 90)
+  /** A real cache's summary after keeping `kept` (so the hashing and sampling are the real ones). */
+  const holding = (kept: number[], s = scope): PrefixHoldings => {
+    const cache = createPrefixCache({ budgetBytes: 1 << 20 })
+    cache.insert(s, 'k', kept, 100)
+    return { scope: s, blockSize: cache.blockSize, hashes: cache.summary(s, 64) }
+  }
+  const node = (peerId: string, over: Partial<Candidate> = {}): Candidate => ({
+    peerId, local: false, admitted: true, alive: true, wholeModel: true, rttMs: 1,
+    load: { observedAt: now, queueDepth: 0, inFlight: 0, slots: 4, tokensPerSecond: 100 },
+    ...over,
+  })
+
+  it('counts what each node holds in its own scope and prefers the holder', () => {
+    const r = planPrefixRoute([node('a'), node('b', { prefixes: holding(prompt.slice(0, 160)) })], prompt, { now, expectedTokens: 16 })
+    // A 160-token entry lists its deepest block (10 blocks of 16): all 160 tokens.
+    expect(r.cached).toEqual(new Map([['b', 160]]))
+    expect(r.preference).toMatchObject({ peerId: 'b', cachedTokens: 160 })
+    // The same tokens kept under another model's scope say nothing about this one.
+    const other = planPrefixRoute([node('a'), node('b', { prefixes: { ...holding(prompt.slice(0, 160), 'kv1/manifest-b/0-1/float32'), scope } })], prompt, { now })
+    expect(other.cached.size).toBe(0)
+    expect(other.preference).toBeUndefined()
+  })
+
+  it('a different conversation matches only the blocks it shares', () => {
+    const mine = [...prompt.slice(0, 40), ...prompt.slice(40).map(t => t + 1)]
+    const r = planPrefixRoute([node('a'), node('b', { prefixes: holding(prompt) })], mine, { now })
+    // 40 shared tokens = 2 whole blocks; the summary lists blocks 1, 2, 4, 8 and the deepest (12).
+    expect(r.cached.get('b')).toBe(32)
+  })
+
+  it('holders that cannot compete (suspect, stale, excluded) give no preference but still a hint', () => {
+    const held = holding(prompt.slice(0, 160))
+    const suspect = planPrefixRoute([node('a'), node('b', { alive: false, prefixes: held })], prompt, { now })
+    expect(suspect.preference).toBeUndefined()
+    expect(prefixHolderHint(suspect, 'a')).toEqual({ peerId: 'b', cachedTokens: 160 })
+    const stale = planPrefixRoute([node('a'), node('b', { prefixes: held, load: { observedAt: now - 60_000, queueDepth: 0, inFlight: 0, slots: 4, tokensPerSecond: 100 } })], prompt, { now })
+    expect(stale.preference).toBeUndefined()
+    expect(prefixHolderHint(stale, 'a')).toEqual({ peerId: 'b', cachedTokens: 160 })
+    const excluded = planPrefixRoute([node('a'), node('b', { prefixes: held })], prompt, { now, exclude: ['b'] })
+    expect(excluded.cached.size).toBe(0)
+    expect(prefixHolderHint(excluded, 'a')).toBeUndefined()
+  })
+
+  it('an overloaded holder loses to a cold replica, and the chosen one carries the holder as its hint', () => {
+    const held = holding(prompt.slice(0, 160))
+    // b's queue: 20 requests ahead of ours at 100 tok/s for 50 tokens each = 10 s before it starts.
+    const busy = node('b', { prefixes: held, load: { observedAt: now, queueDepth: 20, inFlight: 4, slots: 4, tokensPerSecond: 100 } })
+    const r = planPrefixRoute([node('a'), busy], prompt, { now, expectedTokens: 50 })
+    expect(r.preference).toBeUndefined()
+    const choice = chooseReplica([node('a'), busy], { now, random: () => 0, roundRobin: 0, expectedTokens: 50 })
+    expect(choice).toMatchObject({ kind: 'node', peerId: 'a' })
+    expect(prefixHolderHint(r, 'a')).toEqual({ peerId: 'b', cachedTokens: 160 })
+    // No hint to the holder itself, nor to a node that holds as much.
+    expect(prefixHolderHint(r, 'b')).toBeUndefined()
+  })
+
+  it('hashes the prompt once per scope, and a holder listing none of it is not counted', () => {
+    const held = holding(prompt.slice(0, 64))
+    const r = planPrefixRoute([node('a', { prefixes: held }), node('b', { prefixes: held }), node('c', { prefixes: { ...held, hashes: [compactHash(blockHashes(scope, [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9])[0]!)] } })], prompt, { now })
+    expect(r.cached).toEqual(new Map([['a', 64], ['b', 64]]))
+    expect(prefixHolderHint(r, 'c')).toEqual({ peerId: 'a', cachedTokens: 64 })
+  })
+
+  it('a holder that does not say its prefill rate is assumed to prefill like those that do', () => {
+    const held = holding(prompt.slice(0, 160))
+    // 160 tokens at the default 500 tok/s: 320 ms saved, worth preferring.
+    expect(planPrefixRoute([node('a'), node('b', { prefixes: held })], prompt, { now }).preference).toMatchObject({ peerId: 'b' })
+    // The other replica measured 20k tok/s (its own summary says so, with no hashes): 8 ms, noise.
+    const fast = { scope, blockSize: 16, hashes: [], prefillTokensPerSecond: 20_000 }
+    expect(planPrefixRoute([node('a', { prefixes: fast }), node('b', { prefixes: held })], prompt, { now }).preference).toBeUndefined()
+  })
+
+  it('what our own requests left on a node counts until a report that should list it comes', () => {
+    const held = holding([])
+    const hash = keptPromptHash(held, prompt)!
+    // The prompt's deepest whole block (12 × 16 of 200 tokens), as the node's summary will list it.
+    expect(hash).toBe(holding(prompt).hashes[0])
+    expect(keptPromptHash(held, prompt.slice(0, 15))).toBeUndefined()
+    const c = node('b', { prefixes: held })
+    const learned = [{ hash, at: now - 100 }]
+    const merged = withLearnedPrefixes(c, learned, 1_000)
+    expect(merged.candidate.prefixes!.hashes).toEqual([hash])
+    expect(planPrefixRoute([node('a'), merged.candidate], prompt, { now }).cached.get('b')).toBe(192)
+    // A report taken well after that request ended (past the grace) no longer lists it: forgotten.
+    const later = node('b', { prefixes: held, load: { observedAt: now + 5_000, queueDepth: 0, inFlight: 0, slots: 4, tokensPerSecond: 100 } })
+    expect(withLearnedPrefixes(later, learned, 1_000)).toEqual({ candidate: later, current: [] })
+    // Without a scope to hash in, nothing is merged.
+    expect(withLearnedPrefixes(node('b'), learned, 1_000).candidate.prefixes).toBeUndefined()
   })
 })

@@ -3,7 +3,9 @@
  * own-load bookkeeping) with SimulatedPeers standing in for peers. The same service over real
  * libp2p streams is in forward.test.ts.
  */
+import { Registry } from 'prom-client'
 import { describe, expect, it } from 'vitest'
+import { createPrefixCache } from '../../daemon/kv/index.ts'
 import { ShoalError } from '../../daemon/errors.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService } from '../../daemon/service.ts'
 import { createRoutedService, PeerUnavailableError, RemoteError } from '../../daemon/routing/index.ts'
@@ -232,5 +234,107 @@ describe('createRoutedService', () => {
       ],
     }))
     expect(routed.models().map(m => [m.id, m.servedBy])).toEqual([['m-local', ['me', 'p2']], ['m-remote', ['p3']]])
+  })
+})
+
+describe('createRoutedService: prefix-aware routing', () => {
+  const scope = 'kv1/m/0-1/float32'
+  const prompt = Array.from({ length: 300 }, (_, i) => 5 + (i * 13) % 97)
+  const holdings = (kept: number[]): NonNullable<Candidate['prefixes']> => {
+    const cache = createPrefixCache({ budgetBytes: 1 << 20 })
+    cache.insert(scope, 'k', kept, 100)
+    return { scope, blockSize: cache.blockSize, hashes: cache.summary(scope, 64) }
+  }
+  /** A peer that records the requests it receives. */
+  const recording = (): InferenceService & { seen: GenerateRequest[] } => {
+    const inner = new SimulatedPeer()
+    const seen: GenerateRequest[] = []
+    return { seen, models: () => inner.models(), generate: (req, signal) => { seen.push(req); return inner.generate(req, signal) } }
+  }
+
+  it('sends the prompt to the peer holding its prefix over an idle local engine, and counts it', async () => {
+    const local = recording()
+    const holder = recording()
+    const metrics = new Registry()
+    const m = mesh({ h: holder }, [cand('me', { local: true }), cand('h', { prefixes: holdings(prompt.slice(0, 256)) })], { local })
+    const routed = createRoutedService({ localPeerId: 'me', now: () => NOW, metrics }, m)
+    const events = await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: prompt } }), new AbortController().signal))
+    expect(events[0]).toMatchObject({ type: 'start' })
+    expect(m.forwarded).toEqual(['h'])
+    expect(holder.seen[0]!.prefixHolder).toBeUndefined()
+    expect(await metrics.getSingleMetricAsString('shoal_routing_prefix_requests_total')).toMatch(/outcome="holder"} 1/)
+  })
+
+  it('without prefix routing the idle local engine wins, as before', async () => {
+    const local = recording()
+    const m = mesh({ h: recording() }, [cand('me', { local: true }), cand('h', { prefixes: holdings(prompt.slice(0, 256)) })], { local })
+    const routed = createRoutedService({ localPeerId: 'me', now: () => NOW, prefixRouting: false }, m)
+    await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: prompt } }), new AbortController().signal))
+    expect(m.forwarded).toEqual([])
+    expect(local.seen).toHaveLength(1)
+  })
+
+  it('when the holder is overloaded the request runs elsewhere carrying the holder as its prefixHolder hint', async () => {
+    const local = recording()
+    const metrics = new Registry()
+    const busy = cand('h', { prefixes: holdings(prompt.slice(0, 256)), load: load({ accepting: false, queueDepth: 10, inFlight: 4 }) })
+    const m = mesh({ h: recording() }, [cand('me', { local: true }), busy], { local })
+    const routed = createRoutedService({ localPeerId: 'me', now: () => NOW, metrics }, m)
+    await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: prompt } }), new AbortController().signal))
+    expect(m.forwarded).toEqual([])
+    expect(local.seen[0]!.prefixHolder).toEqual({ peerId: 'h', cachedTokens: 256 })
+    expect(await metrics.getSingleMetricAsString('shoal_routing_prefix_requests_total')).toMatch(/outcome="elsewhere"} 1/)
+  })
+
+  it('tokenizes a chat prompt once through promptTokens, and only when some node keeps prefixes', async () => {
+    const calls: string[] = []
+    const promptTokens = async (req: GenerateRequest): Promise<number[]> => { calls.push(req.requestId); return prompt }
+    const holder = recording()
+    const m = mesh({ h: holder }, [cand('me', { local: true }), cand('h', { prefixes: holdings(prompt.slice(0, 256)) })], { local: recording(), promptTokens })
+    const routed = createRoutedService({ localPeerId: 'me', now: () => NOW }, m)
+    await collect(routed.generate(request(), new AbortController().signal))
+    expect(calls).toHaveLength(1)
+    expect(m.forwarded).toEqual(['h'])
+    const none = mesh({ h: recording() }, [cand('me', { local: true }), cand('h')], { local: recording(), promptTokens })
+    await collect(createRoutedService({ localPeerId: 'me', now: () => NOW }, none).generate(request(), new AbortController().signal))
+    expect(calls).toHaveLength(1)
+    // A tokenizer failure is not the request's: it routes without prefixes.
+    const failing = mesh({ h: recording() }, [cand('me', { local: true }), cand('h', { prefixes: holdings(prompt.slice(0, 256)) })], { local: recording(), promptTokens: async () => { throw new Error('no tokenizer') } })
+    await collect(createRoutedService({ localPeerId: 'me', now: () => NOW }, failing).generate(request(), new AbortController().signal))
+    expect(failing.forwarded).toEqual([])
+  })
+
+  it('a prompt its own request just left on a peer counts as held there until the peer\'s reports catch up', async () => {
+    const clock = NOW
+    // Deterministic draws that alternate between the two peers (without what it learns, follow-ups would too).
+    let r = 0
+    const random = (): number => { r = (r + 0.37) % 1; return r }
+    const empty = { scope, blockSize: 16, hashes: [] as string[] }
+    /** A peer whose start event reports the prompt ids it ran (as a real executor does). */
+    const executor = (): InferenceService & { seen: GenerateRequest[] } => {
+      const inner = recording()
+      return {
+        seen: inner.seen,
+        models: () => inner.models(),
+        async * generate (req, signal) {
+          for await (const ev of inner.generate(req, signal)) yield ev.type === 'start' && req.prompt.kind === 'tokens' ? { ...ev, promptTokenIds: req.prompt.ids } : ev
+        },
+      }
+    }
+    const peers = { g: executor(), h: executor() }
+    // Neither peer's last report lists anything; both reports are older than what we will learn.
+    const list = [cand('g', { prefixes: empty }), cand('h', { prefixes: empty })]
+    const m = mesh(peers, list)
+    const routed = createRoutedService({ now: () => clock, random }, m)
+    for (let conversation = 0; conversation < 3; conversation++) {
+      const first = Array.from({ length: 200 }, (_, i) => 7 + (i * 31 + conversation * 17) % 400)
+      await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: first } }), new AbortController().signal))
+      const holder = m.forwarded.at(-1)!
+      // The follow-up, sent at once: it goes where the first turn ran, whichever that was.
+      for (let turn = 0; turn < 3; turn++) {
+        await collect(routed.generate(request({ prompt: { kind: 'tokens', ids: [...first, ...Array.from({ length: 40 * (turn + 1) }, (_, i) => 9 + i)] } }), new AbortController().signal))
+        expect(m.forwarded.at(-1)).toBe(holder)
+      }
+    }
   })
 })

@@ -42,6 +42,12 @@ describe('infer wire format', () => {
       [{ kind: 'error', requestId: 'r1', error: { name: 'RequestTooLongError', code: 'SHOAL_ERR_BAD_REQUEST', message: 'too long', param: 'max_tokens' } },
         '6c' + '01' + '05' + '027231' + utf8hex('{"name":"RequestTooLongError","code":"SHOAL_ERR_BAD_REQUEST","message":"too long","param":"max_tokens"}')],
       [{ kind: 'cancel', requestId: 'r1' }, '05' + '01' + '06' + '027231'],
+      // Prefix routing's optional fields go last, only when present: where the prompt's KV is
+      // held (a hint to the chosen node), and what the executing node reused.
+      [{ kind: 'request', requestId: 'r1', request: { ...request, prefixHolder: { peerId: '12D3KooB', cachedTokens: 32 } } },
+        'd501' + '01' + '01' + '027231' + utf8hex('{"model":"m","prompt":{"kind":"tokens","ids":[1,300]},"maxTokens":4,"sampling":{"temperature":0,"topP":1,"seed":7},"stop":["x"],"deadline":1700000000000,"prefixHolder":{"peerId":"12D3KooB","cachedTokens":32}}')],
+      [{ kind: 'start', requestId: 'r1', event: { type: 'start', promptTokenIds: [1, 300], route: ['12D3KooA'], receiptId: 'r1', prefix: { peerId: '12D3KooA', reusedTokens: 16 } } },
+        '76' + '01' + '02' + '027231' + utf8hex('{"promptTokenIds":[1,300],"route":["12D3KooA"],"receiptId":"r1","prefix":{"peerId":"12D3KooA","reusedTokens":16}}')],
     ]
     for (const [frame, expected] of golden) {
       it(`${frame.kind}`, () => {
@@ -132,6 +138,13 @@ describe('infer wire format', () => {
       expect(codeOf(() => decodeFrames(frame(1, '{"model":"m","prompt":{"kind":"tokens","ids":[-1]},"sampling":{"temperature":0,"topP":1},"stop":[],"deadline":1}')))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodeFrames(frame(4, '{"finishReason":"maybe","usage":{"promptTokens":1,"completionTokens":1}}')))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodeFrames(frame(6, 'x')))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      // prefix hints that are not {peerId, count}
+      const payload = (kind: number, body: string): Uint8Array => new Uint8Array([1, kind, 2, 0x72, 0x31, ...Buffer.from(body, 'utf8')])
+      const req = (holder: string): string => `{"model":"m","prompt":{"kind":"tokens","ids":[1]},"sampling":{"temperature":0,"topP":1},"stop":[],"deadline":1,"prefixHolder":${holder}}`
+      expect(codeOf(() => decodePayload(payload(1, req('{"peerId":"p","cachedTokens":-1}'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      expect(codeOf(() => decodePayload(payload(1, req('{"peerId":"","cachedTokens":3}'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      expect(codeOf(() => decodePayload(payload(1, req('"p"'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      expect(codeOf(() => decodePayload(payload(2, '{"promptTokenIds":[1],"route":[],"receiptId":"r1","prefix":{"peerId":"p","reusedTokens":1.5}}')))).toBe('SHOAL_ERR_INFER_MALFORMED')
       // delta whose text is not UTF-8, and one whose count runs past the frame
       expect(codeOf(() => decodePayload(bytes('0103027231' + '00' + 'ff')))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodePayload(bytes('0103027231' + '03' + '01')))).toBe('SHOAL_ERR_INFER_MALFORMED')
