@@ -1,8 +1,14 @@
 /**
- * Client keys at the ingress: with an `auth` component every /v1/* request must carry
- * `Authorization: Bearer KEY`, else 401 in OpenAI's error shape (before any body is read). The
- * key's identity rides on the request for the receipt. The ingress only shapes HTTP: whether a
- * key is valid is the `ClientAuth` component's decision (the daemon's, over certs/).
+ * Client keys at the ingress: with an `auth` component every /v1/* request and every dashboard
+ * data route (/dashboard/*: the state, the event stream, receipt checks: they show the mesh, its
+ * load and this node's receipts) must carry `Authorization: Bearer KEY`, else 401 in OpenAI's
+ * error shape (before any body is read). The key's identity rides on the request for the receipt.
+ * The ingress only shapes HTTP: whether a key is valid is the `ClientAuth` component's decision
+ * (the daemon's, over certs/).
+ *
+ * Open without a key: /healthz and /metrics (health checks and Prometheus scrapers carry no client
+ * key, and neither route shows requests or receipts), and the dashboard page `GET /` itself — static
+ * HTML with no data in it, which asks the operator for a key and sends it on its own fetches.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify'
 import { ShoalError } from '../errors.ts'
@@ -38,25 +44,26 @@ export function bearerToken (header: string | string[] | undefined): string | un
   return m === null ? undefined : m[1]
 }
 
-const underV1 = (path: string): boolean => path === '/v1' || path.startsWith('/v1/')
+const under = (prefix: string, path: string): boolean => path === prefix || path.startsWith(`${prefix}/`)
+const guarded = (path: string): boolean => under('/v1', path) || under('/dashboard', path)
 
 /**
  * Whether a request needs a key: judged by the route the router matched, not by the raw URL — the
  * router decodes percent-encoding, so `/%761/models` reaches `/v1/models` while its raw URL does not
  * start with `/v1/` (it passed without a key). A request that matched no route is judged by its
- * decoded path, so an unknown /v1 path stays a 401 rather than a 404 that tells a keyless client
- * what exists.
+ * decoded path, so an unknown /v1 or /dashboard path stays a 401 rather than a 404 that tells a
+ * keyless client what exists.
  */
 export function needsKey (request: FastifyRequest): boolean {
   const route = request.routeOptions.url
-  if (route !== undefined) return underV1(route)
+  if (route !== undefined) return guarded(route)
   const raw = request.url.split('?')[0] ?? ''
   let path = raw
   try { path = decodeURIComponent(raw) } catch { /* not valid percent-encoding: judged as sent */ }
-  return underV1(raw) || underV1(path)
+  return guarded(raw) || guarded(path)
 }
 
-/** Adds the key check for /v1/*; call after the hooks that count and refuse while stopping. */
+/** Adds the key check for /v1/* and /dashboard/*; call after the hooks that count and refuse while stopping. */
 export function registerAuth (app: FastifyInstance, auth: ClientAuth): void {
   app.addHook('onRequest', async (request, reply) => {
     if (!needsKey(request)) return

@@ -62,7 +62,10 @@ export interface IngressComponents {
   dashboard?: DashboardSource
   /** Where the ingress registers its metrics and what /metrics serves. Default: a new Registry. */
   metrics?: Registry
-  /** Client keys: when given, every /v1/* request needs a valid bearer key (else 401). */
+  /**
+   * Client keys: when given, every /v1/* request and the dashboard's data routes (/dashboard/*)
+   * need a valid bearer key (else 401); /, /healthz and /metrics stay open.
+   */
   auth?: ClientAuth
 }
 

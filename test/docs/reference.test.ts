@@ -29,6 +29,10 @@ import { WIRE_VERSION } from '../../daemon/mesh/wire/frame.ts'
 import { INFER_WIRE_VERSION } from '../../daemon/routing/wire.ts'
 import { STAGE_WIRE_VERSION } from '../../daemon/pipeline/wire.ts'
 import { startHarness } from '../ingress/harness.ts'
+import { DEFAULT_BUDGETS } from '../../daemon/node/config.ts'
+import { DEFAULT_CHAIN_POLICY, DEFAULT_POLICY } from '../../daemon/routing/index.ts'
+import { DEFAULT_TIMINGS } from '../../daemon/mesh/index.ts'
+import { DEFAULT_INGRESS_LIMITS } from '../../daemon/ingress/index.ts'
 
 const REPO = join(import.meta.dirname, '..', '..')
 const doc = await readFile(join(REPO, 'docs', 'reference.md'), 'utf8')
@@ -189,6 +193,24 @@ describe('docs/reference.md: formats and protocols', () => {
     const internal = ['ENGINE_PROTOCOL_VERSION']
     const exported = SOURCES.flatMap(s => [...s.text.matchAll(/^export const ([A-Z_]*(?:VERSION|FORMAT)) = /gm)].map(m => `${m[1]!} (${relative(REPO, join(REPO, s.path))})`))
     for (const e of exported) expect([...documented, ...internal], e).toContain(e.split(' ')[0])
+  })
+})
+
+describe('docs/reference.md: settings without flags', () => {
+  it('documents every key of each DaemonConfig section with its default', () => {
+    const text = section('## Embedding: the daemon\'s settings without flags')
+    const tables: Array<[string, Readonly<Record<string, number>>]> = [
+      ['budgets', DEFAULT_BUDGETS], ['routing.replica', DEFAULT_POLICY], ['routing.chain', DEFAULT_CHAIN_POLICY],
+      ['meshTimings', DEFAULT_TIMINGS], ['ingress', DEFAULT_INGRESS_LIMITS],
+    ]
+    for (const [name, defaults] of tables) {
+      // The table after the section's bold name, up to the next blank line after it.
+      const start = text.indexOf(`**\`${name}\`**`)
+      expect(start, name).toBeGreaterThanOrEqual(0)
+      const rows = text.slice(start).split('\n\n')[1]!.split('\n')
+        .flatMap(l => { const m = /^\| `([a-zA-Z]+)` \| `([0-9.]+)` \|/.exec(l); return m === null ? [] : [[m[1]!, Number(m[2])] as const] })
+      expect(Object.fromEntries(rows), name).toEqual({ ...defaults })
+    }
   })
 })
 

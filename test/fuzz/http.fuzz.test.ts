@@ -3,8 +3,8 @@
  * path spelling (percent-encoding, case, slashes, queries), any body (arbitrary JSON values,
  * arbitrary text, any content type, streaming or not) and, with keys required, any Authorization
  * header. The answer is always a status in {200, 400, 401, 404, 413, 415, 422, 429} with OpenAI's
- * error shape for the errors — never a 500 — and with keys required nothing under /v1 is reached
- * without a valid key, however the path is spelled.
+ * error shape for the errors — never a 500 — and with keys required nothing under /v1 or
+ * /dashboard is reached without a valid key, however the path is spelled.
  * (Structured chat/completion bodies with arbitrary field values: test/ingress/malformed-http.test.ts.)
  */
 import fc from 'fast-check'
@@ -22,7 +22,9 @@ reportRuns(import.meta.filename)
 const ALLOWED = new Set([200, 400, 401, 404, 413, 415, 422, 429])
 const METHODS = ['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'] as const
 const ROUTES = ['/v1/models', '/v1/receipts/known', '/v1/receipts/other', '/v1/mesh', '/v1/chat/completions', '/v1/completions', '/healthz', '/metrics', '/', '/dashboard/state', '/dashboard/receipts/known/verify']
-const OPEN = new Set(['/healthz', '/metrics', '/', '/dashboard/state', '/dashboard/receipts/known/verify'])
+// Open with keys required: health checks and scrapers carry no key; the page is static HTML (its
+// data routes under /dashboard need the key).
+const OPEN = new Set(['/healthz', '/metrics', '/'])
 
 /** What the components were asked, so a test can tell which route a request reached. */
 const reached: string[] = []
@@ -40,7 +42,7 @@ function make (keys: boolean): Ingress {
     receipts: { get: async (id) => { reached.push('receipts'); return id === 'known' ? { body: { id }, signature: 's' } : undefined } },
     mesh: { snapshot: () => { reached.push('mesh'); return { peers: [] } } },
     // No onChange: /dashboard/events (SSE, open until the client leaves) is left out of the paths below.
-    dashboard: { state: async () => ({ peers: [] }), verify: async (id) => id === 'known' ? { ok: true } : undefined },
+    dashboard: { state: async () => { reached.push('dashboard'); return { peers: [] } }, verify: async (id) => { reached.push('dashboard'); return id === 'known' ? { ok: true } : undefined } },
     ...(keys ? { auth: createClientAuth({ caCertificate: ca.certificate, revocations: () => undefined }) } : {}),
   })
 }
@@ -126,7 +128,7 @@ describe('HTTP ingress, keys required', () => {
   beforeAll(async () => { ingress = make(true); await ingress.app.ready() })
   afterAll(async () => { await ingress.stop() })
 
-  it('without a valid key nothing under /v1 is reached, however the path is spelled', async () => {
+  it('without a valid key nothing under /v1 or /dashboard is reached, however the path is spelled', async () => {
     const badKey = fc.oneof(
       fc.constant(undefined),
       fc.string({ maxLength: 80 }),
@@ -139,7 +141,7 @@ describe('HTTP ingress, keys required', () => {
       reached.length = 0
       const res = await send(ingress, method, url, payload, { 'content-type': 'application/json', ...(auth === undefined ? {} : { authorization: auth }) })
       expectAllowed(res, method, `${method} ${url} with ${auth?.slice(0, 40)}`)
-      // Only the open routes (health, metrics, the dashboard) may answer 200 or touch a component.
+      // Only the open routes (health, metrics, the dashboard page) may answer 200 or touch a component.
       // (Dot segments resolved as the client resolves them before sending: /./metrics is /metrics.)
       const open = OPEN.has(safeDecode(URL.parse(`http://x${url}`)?.pathname ?? url))
       if (!open) {

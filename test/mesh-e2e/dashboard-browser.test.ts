@@ -6,44 +6,21 @@
  * page — without a reload — shows it stop being alive; when the node behind the page stops, the
  * page's event stream ends cleanly and the page says it is reconnecting.
  *
- * Skips, saying why, when no Chromium or no playwright-core can be found: CHROMIUM_PATH or
- * /usr/bin/chromium, and playwright-core from node_modules or NODE_PATH.
+ * Skips, saying why, when no Chromium or no playwright-core can be found (test/support/browser.ts).
+ * The same page on a node that requires client keys: test/ingress/dashboard-browser.test.ts.
  * SHOAL_DASHBOARD_SCREENSHOT=path writes a screenshot of the 3-node page there.
  */
-import { existsSync } from 'node:fs'
-import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createThrowawayCa } from '../../certs/index.ts'
 import { MODEL_ID, makeTinyCheckpoint } from '../e2e/daemon.ts'
 import type { TinyCheckpoint } from '../e2e/daemon.ts'
+import { browserMissing, launchBrowser, pageWait as waitInPage } from '../support/browser.ts'
+import type { PwBrowser, PwPage } from '../support/browser.ts'
 import { clientFor, sees, startInProcess, waitFor } from './harness.ts'
 import type { MeshNode } from './harness.ts'
 
-interface PwPage {
-  goto (url: string): Promise<unknown>
-  evaluate<T> (fn: string): Promise<T>
-  click (selector: string): Promise<void>
-  screenshot (options: { path: string, fullPage?: boolean }): Promise<unknown>
-  setViewportSize (size: { width: number, height: number }): Promise<void>
-}
-interface PwBrowser { newPage (): Promise<PwPage>, close (): Promise<void> }
-interface Playwright { chromium: { launch (options: { executablePath: string, headless: boolean, args?: string[] }): Promise<PwBrowser> } }
-
-const CHROMIUM = [process.env.CHROMIUM_PATH, '/usr/bin/chromium', '/usr/bin/chromium-browser'].find(p => p !== undefined && p !== '' && existsSync(p))
-
-function loadPlaywright (): Playwright | string {
-  try {
-    // createRequire resolves through node_modules and NODE_PATH (a driver kept outside the repo).
-    return createRequire(import.meta.url)('playwright-core') as Playwright
-  } catch {
-    return 'playwright-core is not installed (npm i -D playwright-core, or point NODE_PATH at a directory holding it)'
-  }
-}
-const playwright = loadPlaywright()
-const why = CHROMIUM === undefined
-  ? 'no Chromium found (apt-get install chromium, or set CHROMIUM_PATH)'
-  : typeof playwright === 'string' ? playwright : undefined
+const why = browserMissing
 if (why !== undefined) console.warn(`dashboard browser test skipped: ${why}`)
 
 let ck: TinyCheckpoint
@@ -51,18 +28,7 @@ let nodes: MeshNode[] = []
 let browser: PwBrowser | undefined
 let page: PwPage
 
-/**
- * Waits for an expression to be true in the page (a deadline, not a timing assertion). Polled from
- * here: the page's CSP forbids eval, which playwright's in-page polling would need.
- */
-async function pageWait (what: string, expression: string, timeout = 30_000): Promise<void> {
-  try {
-    await waitFor(what, async () => await page.evaluate<boolean>(expression), timeout)
-  } catch (err) {
-    const text = await page.evaluate<string>('document.body.innerText').catch(() => '?')
-    throw new Error(`page never showed ${what}: ${(err as Error).message}\n--- page text ---\n${text}`)
-  }
-}
+const pageWait = async (what: string, expression: string, timeout?: number): Promise<void> => await waitInPage(page, what, expression, timeout)
 
 describe.skipIf(why !== undefined)('the dashboard in headless Chromium', () => {
   beforeAll(async () => {
@@ -79,7 +45,7 @@ describe.skipIf(why !== undefined)('the dashboard in headless Chromium', () => {
     // Requests to list (and a receipt to verify).
     const client = clientFor(first.url!)
     for (let i = 0; i < 3; i++) await client.completions.create({ model: MODEL_ID, prompt: `Hello ${i}`, max_tokens: 8, temperature: 0 })
-    browser = await (playwright as Playwright).chromium.launch({ executablePath: CHROMIUM!, headless: true, args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'] })
+    browser = await launchBrowser()
     page = await browser.newPage()
     await page.setViewportSize({ width: 1280, height: 820 })
   }, 180_000)

@@ -5,9 +5,11 @@
  * receipt's signatures and hash links on the server, for the page's verify buttons.
  *
  * The event stream is bounded: at most `maxClients` at once (429 beyond), each connection lives at
- * most `maxStreamMs` (the browser's EventSource reconnects), a client that does not read is skipped
+ * most `maxStreamMs` (the page reconnects after `retry`), a client that does not read is skipped
  * (every event is the whole state, so a skipped one loses nothing), and the ingress's close ends
  * every stream with a `bye` event before the server closes.
+ *
+ * With client keys required, every route here but the page needs the key (auth.ts `needsKey`).
  */
 import { once } from 'node:events'
 import { readFileSync } from 'node:fs'
@@ -32,7 +34,7 @@ export interface DashboardOptions {
 const DEFAULTS: Required<DashboardOptions> = { maxClients: 32, maxStreamMs: 10 * 60_000, intervalMs: 1_000, minIntervalMs: 250 }
 /** Bytes a client may leave unread before its updates are skipped. */
 const MAX_UNREAD_BYTES = 256 * 1024
-/** What the browser waits before reconnecting a dropped stream. */
+/** What the page waits before reconnecting a dropped stream (the `retry:` field). */
 const RETRY_MS = 2_000
 
 let page: string | undefined
