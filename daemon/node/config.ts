@@ -163,10 +163,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   if (input.activations !== undefined && !['f32', 'f16', 'int8'].includes(input.activations)) {
     throw new ConfigError('--activations', `expected f32, f16 or int8, got ${String(input.activations)}`)
   }
-  const budgets = { ...DEFAULT_BUDGETS, ...input.budgets }
-  for (const [key, value] of Object.entries(budgets)) {
-    if (!Number.isFinite(value) || value <= 0) throw new ConfigError(`budgets.${key}`, `expected a positive number of milliseconds, got ${String(value)}`)
-  }
+  const budgets = { ...DEFAULT_BUDGETS, ...checkSection('budgets', input.budgets ?? {}, DEFAULT_BUDGETS, true) }
   const routing = input.routing === undefined
     ? undefined
     : {

@@ -34,6 +34,7 @@ describe('daemon config', () => {
     expect(validateConfig(base).budgets).toEqual(DEFAULT_BUDGETS)
     expect(validateConfig({ ...base, budgets: { networkIdleMs: 5000 } }).budgets).toEqual({ ...DEFAULT_BUDGETS, networkIdleMs: 5000 })
     expect(() => validateConfig({ ...base, budgets: { batchBudgetMs: -1 } })).toThrowError(/budgets\.batchBudgetMs/)
+    expect(() => validateConfig({ ...base, budgets: { batchBudgetMS: 5 } as never })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: 'budgets.batchBudgetMS' }))
   })
 
   it('takes --hold-experts on a mesh node only, with a positive --expert-memory-mb, and resolves its directory', () => {
