@@ -99,6 +99,12 @@ export class OverloadedError extends ShoalError {
   }
 }
 
+/** 503: the part asked to do work is stopping or not running (an engine, a batcher). */
+export class ShuttingDownError extends ShoalError {
+  override name = 'ShuttingDownError'
+  constructor (message = 'engine is stopping') { super('SHOAL_ERR_SHUTTING_DOWN', message) }
+}
+
 /** 499: the caller went away (a request, or one step of it, was cancelled). */
 export class AbortedError extends ShoalError {
   override name = 'AbortedError'

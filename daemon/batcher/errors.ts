@@ -3,6 +3,7 @@
  * throw sites read clearly.
  */
 import { AbortedError, ShoalError } from '../errors.ts'
+export { ShuttingDownError } from '../errors.ts'
 import { codedAbortReason } from '../abort.ts'
 
 
@@ -18,10 +19,6 @@ export class BatchFailedError extends ShoalError {
   constructor (message: string, options?: ErrorOptions) { super('SHOAL_ERR_ENGINE', message, options) }
 }
 
-export class BatcherStoppedError extends ShoalError {
-  override name = 'BatcherStoppedError'
-  constructor (message = 'batcher is not running') { super('SHOAL_ERR_SHUTTING_DOWN', message) }
-}
 
 
 /** The error an aborted wait fails with: the signal's own coded reason, else SHOAL_ERR_ABORTED. */

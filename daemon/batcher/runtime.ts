@@ -5,7 +5,7 @@
  */
 import { DEFAULTS, resolveLimits } from './defaults.ts'
 import { OverloadedError } from '../errors.ts'
-import { BadStepError, BatchFailedError, BatcherStoppedError, abortReason, asCoded } from './errors.ts'
+import { BadStepError, BatchFailedError, ShuttingDownError, abortReason, asCoded } from './errors.ts'
 import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
 import { createBatcherMetrics, recordConfig } from './metrics.ts'
 import { planBatch } from './policy.ts'
@@ -179,7 +179,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         recent.set(e.seqId, end)
         settle(e, { result })
       } else if (!started) {
-        settle(e, { error: new BatcherStoppedError() })
+        settle(e, { error: new ShuttingDownError('batcher is not running') })
       } else {
         e.state = 'queued'
         e.readyAt = end
@@ -202,7 +202,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       started = false
       clearTimeout(timer)
       timer = undefined
-      const stopped = new BatcherStoppedError('batcher stopped')
+      const stopped = new ShuttingDownError('batcher stopped')
       for (const e of [...queue]) { dequeue(e); settle(e, { error: stopped }) }
       controller.abort(stopped)
       await runDone
@@ -210,7 +210,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     },
 
     async submit (step, signal) {
-      if (!started) throw new BatcherStoppedError()
+      if (!started) throw new ShuttingDownError('batcher is not running')
       checkStep(step)
       if (signal?.aborted === true) throw abortReason(signal)
       if (busy.has(step.seqId)) throw new BadStepError(`sequence ${step.seqId} already has a step queued or running`)

@@ -3,7 +3,7 @@
  * {name, code, message}); the classes exist so throw sites read clearly.
  */
 import { ShoalError } from '../errors.ts'
-export { AbortedError, ModelNotFoundError, OverloadedError } from '../errors.ts'
+export { AbortedError, ModelNotFoundError, OverloadedError, ShuttingDownError } from '../errors.ts'
 
 export class ContextLengthError extends ShoalError {
   override name = 'ContextLengthError'
@@ -38,7 +38,3 @@ export class BackendUnavailableError extends ShoalError {
   constructor (message: string, options?: ErrorOptions) { super('SHOAL_ERR_BACKEND_UNAVAILABLE', message, options) }
 }
 
-export class ShuttingDownError extends ShoalError {
-  override name = 'ShuttingDownError'
-  constructor (message = 'engine is stopping') { super('SHOAL_ERR_SHUTTING_DOWN', message) }
-}

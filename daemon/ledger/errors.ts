@@ -35,13 +35,6 @@ export class SignerMismatchError extends ShoalError {
   }
 }
 
-/** The append waited in the queue past its signal. */
-export class LedgerAbortedError extends ShoalError {
-  override name = 'LedgerAbortedError'
-  constructor () {
-    super('SHOAL_ERR_ABORTED', 'receipt append aborted before it was written')
-  }
-}
 
 /** The stored log cannot be continued (unreadable last entry, unknown format). */
 export class LedgerCorruptError extends ShoalError {

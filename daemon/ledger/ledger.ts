@@ -5,7 +5,8 @@
  * once its entry is on disk.
  */
 import { canonicalBytes, publicKeyOf, signDocument } from '../../certs/signed.ts'
-import { InvalidReceiptError, LedgerAbortedError, LedgerBusyError, LedgerClosedError, LedgerCorruptError, SignerMismatchError } from './errors.ts'
+import { InvalidReceiptError, LedgerBusyError, LedgerClosedError, LedgerCorruptError, SignerMismatchError } from './errors.ts'
+import { AbortedError } from '../errors.ts'
 import { certificateKey, publicKeyFromPeerId, resolveKey, sameBytes } from './keys.ts'
 import { checkReceiptInput, entryHash, GENESIS_HASH, RECEIPT_FORMAT, verifyReceiptPart } from './receipt.ts'
 import type { ReceiptBody, ReceiptInput, SignedReceipt } from './receipt.ts'
@@ -181,7 +182,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
     if (forged !== undefined) return Promise.reject(new InvalidReceiptError(forged))
     if (queue.length >= maxPending) return Promise.reject(new LedgerBusyError(queue.length))
     const signal = options.signal
-    if (signal?.aborted === true) return Promise.reject(new LedgerAbortedError())
+    if (signal?.aborted === true) return Promise.reject(new AbortedError('receipt append aborted before it was written'))
     return new Promise<SignedReceipt>((resolve, reject) => {
       // Copy now, so a caller mutating its object later cannot change what gets signed.
       const item: Pending = { input: structuredClone(input), certificates: [...certs].map(([peerId, cert]) => [peerId, canonicalText(cert)]), resolve, reject }
@@ -191,7 +192,7 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
           const at = queue.indexOf(item)
           if (at >= 0) {
             queue.splice(at, 1)
-            reject(new LedgerAbortedError())
+            reject(new AbortedError('receipt append aborted before it was written'))
           }
         }
         signal.addEventListener('abort', item.onAbort, { once: true })
