@@ -1,0 +1,223 @@
+/**
+ * KV prefix reuse on pipeline chains (real stage nodes on loopback, the tiny fp32 model split in 2
+ * and 3 stages): greedy tokens with reuse identical to a cold run of the unsplit model over whole
+ * sequences; a repeated prompt and a follow-up turn prefill only what is new (counted); with
+ * reuseGenerated a follow-up turn prefills only its new message; a stage that evicted the prefix
+ * within its own budget answers so and the request is prefilled whole, with the same tokens; and
+ * every stage ends holding no live sequence, only kept prefixes.
+ */
+import { Registry } from 'prom-client'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createLocalService } from '../../daemon/engine/index.ts'
+import type { LocalService } from '../../daemon/engine/index.ts'
+import { createPipelineService } from '../../daemon/pipeline/index.ts'
+import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { buildModels, eventually, holderOf, startStage, stopHost } from './fixture.ts'
+import type { Models, StageHost } from './fixture.ts'
+
+const MIB = 1024 * 1024
+
+let models: Models
+let cold: LocalService
+let counter = 0
+
+beforeAll(async () => {
+  models = await buildModels()
+  // The reference: the unsplit model with prefix reuse off (every prompt prefilled whole).
+  cold = createLocalService({ shardDir: models.whole, threads: 1, kvCacheBytes: 0 })
+  await cold.start()
+}, 120_000)
+afterAll(async () => {
+  await cold?.stop()
+  await models?.cleanup()
+})
+
+function request (ids: number[], maxTokens = 24): GenerateRequest {
+  return {
+    requestId: `pc-${++counter}`,
+    model: 'chain-test',
+    prompt: { kind: 'tokens', ids },
+    maxTokens,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+  }
+}
+
+interface Run { tokens: number[], start: Extract<GenerateEvent, { type: 'start' }>, end: Extract<GenerateEvent, { type: 'end' }> }
+
+async function run (svc: { generate: LocalService['generate'] }, req: GenerateRequest): Promise<Run> {
+  const tokens: number[] = []
+  let start: Run['start'] | undefined
+  let end: Run['end'] | undefined
+  for await (const ev of svc.generate(req, new AbortController().signal)) {
+    if (ev.type === 'start') start = ev
+    if (ev.type === 'delta') tokens.push(...ev.tokenIds)
+    if (ev.type === 'end') end = ev
+  }
+  return { tokens, start: start!, end: end! }
+}
+
+/** Deterministic pseudo-random token ids in [3, 512). */
+function tokens (n: number, seed: number): number[] {
+  let x = seed * 2654435761 >>> 0
+  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % 509 })
+}
+
+function rangesOf (stages: number): Array<[number, number]> {
+  const L = models.manifest.shape.numLayers
+  return stages === 2 ? [[0, L / 2 - 1], [L / 2, L - 1]] : [[0, L / 2 - 1], [L / 2, L - 2], [L - 1, L - 1]]
+}
+
+/** KV bytes per position of a stage holding `layers` of the tiny model (key and value, f32). */
+function bytesPerToken (layers: [number, number]): number {
+  const s = models.manifest.shape
+  return 2 * (layers[1] - layers[0] + 1) * s.numKvHeads * (s.hiddenSize / s.numHeads) * 4
+}
+
+async function startChain (stages: number, budgets: (layers: [number, number], i: number) => number): Promise<StageHost[]> {
+  const dir = stages === 2 ? models.two : models.three
+  const hosts: StageHost[] = []
+  for (const [i, r] of rangesOf(stages).entries()) hosts.push(await startStage(dir, r, { kvCacheBytes: budgets(r, i) }))
+  return hosts
+}
+
+async function startService (hosts: StageHost[], stages: number, over: Partial<PipelineServiceInit> = {}): Promise<PipelineService> {
+  const svc = createPipelineService({ stage: hosts[0]!.stage, shardDir: stages === 2 ? models.two : models.three, prefixBlockSize: 8, ...over }, { holders: () => hosts.slice(1).map(h => holderOf(h)) })
+  await svc.start()
+  return svc
+}
+
+/** Prompt positions a request prefilled, and those it took from a kept prefix. */
+async function counted<T> (svc: PipelineService, f: () => Promise<T>): Promise<{ value: T, miss: number, hit: number }> {
+  const before = svc.stats().prefix!
+  const value = await f()
+  const after = svc.stats().prefix!
+  return { value, miss: after.missTokens - before.missTokens, hit: after.hitTokens - before.hitTokens }
+}
+
+/** Every stage holds no live sequence (kept prefixes stay), and serves or watches nothing. */
+async function settled (hosts: StageHost[]): Promise<void> {
+  for (const h of hosts) {
+    expect(await eventually(() => h.stage.node.engine.stats(), s => s.liveSequences === 0)).toMatchObject({ liveSequences: 0 })
+    expect(await eventually(() => h.stage.node.stats(), s => s.served === 0 && s.watched === 0)).toMatchObject({ served: 0, watched: 0 })
+  }
+}
+
+describe.each([
+  { name: '2-stage', stages: 2 },
+  { name: '3-stage', stages: 3 },
+])('prefix reuse on a $name chain', ({ stages }) => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+  const registry = new Registry()
+
+  beforeAll(async () => {
+    hosts = await startChain(stages, () => 64 * MIB)
+    service = await startService(hosts, stages, { metrics: registry })
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('gives a cold run\'s greedy tokens; a repeated prompt and a follow-up turn prefill only what is new', async () => {
+    const a = tokens(40, stages)
+    const first = await counted(service, () => run(service, request(a)))
+    expect(first.value.start.prefix).toBeUndefined()
+    expect(first.miss).toBe(a.length)
+    const want = await run(cold, request(a))
+    expect(first.value.tokens).toEqual(want.tokens)
+    expect(new Set(want.tokens).size).toBeGreaterThan(4)
+    await settled(hosts)
+    // Every stage kept the prompt's KV.
+    for (const h of hosts) expect((await h.stage.node.engine.stats()).keptPrefixes).toBe(1)
+
+    // The same prompt again: all but the last two positions come from the chain's kept prefix.
+    const again = await counted(service, () => run(service, request(a)))
+    expect(again.value.start.prefix).toBe('reused')
+    expect(again.value.start.route).toEqual(hosts.map(h => h.peerId))
+    expect(again.hit).toBe(a.length - 2)
+    expect(again.miss).toBe(2)
+    expect(again.value.tokens).toEqual(want.tokens)
+
+    // Turn 2 of a chat: the history, the reply and a new message; only the reply and message run.
+    const b = [...a, ...first.value.tokens, ...tokens(7, 100 + stages)]
+    const turn2 = await counted(service, () => run(service, request(b)))
+    expect(turn2.value.start.prefix).toBe('reused')
+    expect(turn2.hit).toBe(a.length)
+    expect(turn2.miss).toBe(b.length - a.length)
+    expect(turn2.value.tokens).toEqual((await run(cold, request(b))).tokens)
+    // Turn 2's prompt superseded turn 1's in the index; the start of both is kept once on stage 0.
+    expect(service.stats().prefix!.entries).toBe(1)
+    await settled(hosts)
+
+    const text = await registry.metrics()
+    const s = service.stats().prefix!
+    expect(text).toContain(`shoal_kv_prefix_hit_tokens_total{model="chain-test"} ${s.hitTokens}`)
+    expect(text).toContain(`shoal_kv_prefix_miss_tokens_total{model="chain-test"} ${s.missTokens}`)
+  }, 120_000)
+
+  it('with reuseGenerated, each follow-up turn prefills only its new message (and the unfed last reply token)', async () => {
+    const generative = await startService(hosts, stages, { reuseGenerated: true })
+    try {
+      let history = tokens(21, 40 + stages)
+      let newTokens = 0
+      for (let turn = 0; turn < 3; turn++) {
+        const r = await counted(generative, () => run(generative, request(history, 10)))
+        expect(r.miss).toBe(turn === 0 ? history.length : newTokens)
+        expect(r.value.start.prefix).toBe(turn === 0 ? undefined : 'reused')
+        const user = tokens(6 + turn, 50 + turn)
+        newTokens = user.length + (r.value.end.finishReason === 'length' ? 1 : 0)
+        history = [...history, ...r.value.tokens, ...user]
+      }
+      await settled(hosts)
+    } finally {
+      await generative.stop()
+    }
+  }, 120_000)
+})
+
+describe('a stage that evicted the prefix (3 stages, the middle one with room for one prompt)', () => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+
+  beforeAll(async () => {
+    // The middle stage keeps one 40-position prompt, not two; the others keep plenty.
+    hosts = await startChain(3, (layers, i) => i === 1 ? bytesPerToken(layers) * 60 : 64 * MIB)
+    service = await startService(hosts, 3)
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('answers so, and the request is prefilled whole with the cold run\'s tokens; the next one reuses again', async () => {
+    const p = tokens(40, 7)
+    const q = tokens(40, 8)
+    const want = (await run(cold, request(p))).tokens
+    expect((await run(service, request(p))).tokens).toEqual(want)
+    expect((await run(service, request(q))).tokens).toEqual((await run(cold, request(q))).tokens)
+    await settled(hosts)
+    // The middle stage evicted p's KV to keep q's; stage 0 and the last stage hold both.
+    const middle = hosts[1]!.stage.node.stats().prefixes!
+    expect(middle).toMatchObject({ entries: 1, evictions: 1 })
+    expect(hosts[0]!.stage.node.stats().prefixes!.entries).toBe(2)
+
+    // p again: the coordinator opens from its key, the middle stage no longer has it.
+    const fallback = await counted(service, () => run(service, request(p)))
+    expect(fallback.value.tokens).toEqual(want)
+    expect(fallback.value.start.prefix).toBeUndefined()
+    expect(fallback.miss).toBe(p.length)
+    expect(fallback.hit).toBe(0)
+    await settled(hosts)
+
+    // That run kept p again on every stage: the next one reuses it.
+    const reused = await counted(service, () => run(service, request(p)))
+    expect(reused.value.start.prefix).toBe('reused')
+    expect(reused.hit).toBe(p.length - 2)
+    expect(reused.value.tokens).toEqual(want)
+    await settled(hosts)
+  }, 120_000)
+})
