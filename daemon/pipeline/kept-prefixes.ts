@@ -56,9 +56,11 @@ export function createKeptPrefixes (budgetBytes: number): KeptPrefixes {
       if (entries.has(p.key)) forget(p.key)
       if (p.bytes > budgetBytes || p.length <= 0) return { kept: false, drop: [p.key] }
       const drop: string[] = []
+      let free = budgetBytes - bytes
       for (const e of entries.values()) {
-        if (bytes + p.bytes <= budgetBytes) break
+        if (free >= p.bytes) break
         drop.push(e.key)
+        free += e.bytes
         evictions++
       }
       for (const k of drop) forget(k)
