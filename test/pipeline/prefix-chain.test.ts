@@ -159,6 +159,38 @@ describe.each([
     expect(text).toContain(`shoal_kv_prefix_miss_tokens_total{model="chain-test"} ${s.missTokens}`)
   }, 120_000)
 
+  it('concurrent requests sharing a kept prefix (their steps batched at every stage) each give the cold run\'s tokens', async () => {
+    const a = tokens(40, stages)
+    const prompts = [0, 1, 2].map(i => [...a, ...tokens(5 + i, 200 + i)])
+    const want = await Promise.all(prompts.map(async p => (await run(cold, request(p))).tokens))
+    const got = await Promise.all(prompts.map(async p => await run(service, request(p))))
+    for (const [i, r] of got.entries()) {
+      expect(r.start.prefix).toBe('reused')
+      expect(r.tokens).toEqual(want[i])
+    }
+    await settled(hosts)
+  }, 120_000)
+
+  it('stays off under a source wrapper (speculative decoding prefills the whole prompt itself)', async () => {
+    const wrapped = await startService(hosts, stages, { sourceWrapper: { wrapChain: ({ chain }) => ({ prefill: chain.prefill, decode: chain.decode }) } })
+    try {
+      const kept = async (): Promise<number[]> => await Promise.all(hosts.map(async h => (await h.stage.node.engine.stats()).keptPrefixes ?? 0))
+      const before = await kept()
+      const p = tokens(40, 300 + stages)
+      const want = (await run(cold, request(p))).tokens
+      for (let i = 0; i < 2; i++) {
+        const r = await run(wrapped, request(p))
+        expect(r.start.prefix).toBeUndefined()
+        expect(r.tokens).toEqual(want)
+      }
+      expect(wrapped.stats().prefix).toBeUndefined()
+      await settled(hosts)
+      expect(await kept()).toEqual(before)
+    } finally {
+      await wrapped.stop()
+    }
+  }, 120_000)
+
   it('with reuseGenerated, each follow-up turn prefills only its new message (and the unfed last reply token)', async () => {
     const generative = await startService(hosts, stages, { reuseGenerated: true })
     try {
