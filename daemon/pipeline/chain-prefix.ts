@@ -15,3 +15,16 @@ export function chainScope (manifestHash: string, chain: readonly ChainHop[], en
   const hops = chain.map(h => `${h.peerId}@${h.layers[0]}-${h.layers[1]}`).join(',')
   return `${prefixScope({ manifestHash, layers: [first, last], dtype: 'float32' })}/chain/${hops}/${encoding}`
 }
+
+/** The most finishes on one chain that skip keeping after refusals (see keepSkips). */
+export const MAX_KEEP_SKIPS = 63
+
+/**
+ * How many of a chain's next finishes keep nothing after `refusals` refused prefixes in a row
+ * (2^refusals − 1, at most MAX_KEEP_SKIPS): a stage that keeps nothing (no budget, an older
+ * build) or evicts everything under pressure then costs a wasted open ever more rarely, while a
+ * chain whose stages keep again is found again (a reuse resets the count).
+ */
+export function keepSkips (refusals: number): number {
+  return Math.min(MAX_KEEP_SKIPS, 2 ** Math.min(Math.max(0, refusals), 16) - 1)
+}

@@ -30,11 +30,14 @@ import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
 import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
-import { chainScope } from './chain-prefix.ts'
+import { chainScope, keepSkips } from './chain-prefix.ts'
 import type { PipelineStage } from './stage.ts'
 import type { ChainHop } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
+
+/** Chains whose refusal counts a coordinator remembers (keepSkips), most recent first. */
+const MAX_BACKOFF_CHAINS = 256
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -98,7 +101,7 @@ export interface PipelineServiceStats {
    * The coordinator's index of prefixes its chains keep (absent when reuse is off). hitTokens and
    * missTokens count prompt positions each request took from a kept prefix and prefilled.
    */
-  prefix?: PrefixCacheStats
+  prefix?: PrefixCacheStats & { refused: number }
 }
 
 export interface PipelineService extends InferenceService {
@@ -121,15 +124,28 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   let created = 0
   let active = 0
   /** The index of what this coordinator's chains keep (set at start when stage 0 keeps prefixes). */
-  let prefix: { cache: PrefixCache, metrics: PrefixMetrics, keyBase: string, keys: number, hitTokens: number, missTokens: number } | undefined
+  let prefix: {
+    cache: PrefixCache
+    metrics: PrefixMetrics
+    keyBase: string
+    keys: number
+    hitTokens: number
+    missTokens: number
+    /** Prefixes a stage refused (it no longer held them): the request was prefilled whole. */
+    refused: number
+    /** Per chain scope: refusals in a row, and finishes left that keep nothing (keepSkips). */
+    backoff: Map<string, { refusals: number, skip: number }>
+  } | undefined
 
-  /** A request's prefix hooks for its chain source (chain-source.ts ChainPrefix). */
-  function prefixHooks (promptIds: number[], fed: number[]): ChainPrefix | undefined {
+  /** A request's prefix hooks for its chain source (chain-source.ts ChainPrefix), and the scope it last opened from. */
+  function prefixHooks (promptIds: number[], fed: number[]): { hooks: ChainPrefix, scope: () => string | undefined } | undefined {
     const p = prefix
     if (p === undefined) return undefined
-    return {
+    let opened: string | undefined
+    const hooks: ChainPrefix = {
       acquire (chain, encoding) {
         const scope = chainScope(stage.manifestHash, chain, encoding)
+        opened = scope
         // An entry whose stage-0 KV this node evicted (within its own budget) is forgotten here.
         for (let tries = 0; tries < 4; tries++) {
           const lease = p.cache.acquire(scope, promptIds)
@@ -145,11 +161,23 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       lost (key) {
         p.cache.remove(key)
         void node.evictPrefixes([key]).catch(() => {})
+        p.refused++
+        if (opened === undefined) return
+        const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
+        b.refusals++
+        b.skip = keepSkips(b.refusals)
+        p.backoff.delete(opened)
+        p.backoff.set(opened, b)
+        // Bounded: the oldest chains' counts go first.
+        if (p.backoff.size > MAX_BACKOFF_CHAINS) p.backoff.delete(p.backoff.keys().next().value!)
       },
       keep (chain, encoding) {
         const tokens = init.reuseGenerated === true ? fed : promptIds
         if (tokens.length < p.cache.blockSize) return undefined
         const scope = chainScope(stage.manifestHash, chain, encoding)
+        // A stage of this chain refused its prefixes lately: keep nothing for a while (keepSkips).
+        const b = p.backoff.get(scope)
+        if (b !== undefined && b.skip > 0) { b.skip--; return undefined }
         // Adds nothing: a kept entry already holds all of it.
         if (p.cache.lookup(scope, tokens)?.length === tokens.length) return undefined
         const key = `${p.keyBase}${++p.keys}`
@@ -169,6 +197,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         }
       },
     }
+    return { hooks, scope: () => opened }
   }
 
   /** A lossy encoding only where every later stage of the chain declares it accepts it. */
@@ -203,7 +232,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     /** Tokens fed to the chain so far: the prompt, then each generated id. */
     const fed = [...promptIds]
     // Not under speculative decoding: its source prefills the whole prompt itself.
-    const hooks = init.sourceWrapper === undefined ? prefixHooks(promptIds, fed) : undefined
+    const reuse = init.sourceWrapper === undefined ? prefixHooks(promptIds, fed) : undefined
+    const hooks = reuse?.hooks
     let source: ChainTokenSource | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     return {
@@ -232,6 +262,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             const p = prefix
             if (p === undefined || hooks === undefined) return
             const hit = chain.reused
+            // The chain kept and opened its prefix: its stages keep again.
+            const scope = reuse?.scope()
+            if (hit > 0 && scope !== undefined) p.backoff.delete(scope)
             p.hitTokens += hit
             p.missTokens += promptIds.length - hit
             p.metrics.hitTokens.inc({ model: modelId }, hit)
@@ -284,6 +317,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             keys: 0,
             hitTokens: 0,
             missTokens: 0,
+            refused: 0,
+            backoff: new Map(),
           }
         : undefined
       created = Math.floor(Date.now() / 1000)
@@ -303,7 +338,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     generate,
     stats: () => {
       const p = prefix
-      return { activeRequests: active, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens } }) }
+      return { activeRequests: active, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens, refused: p.refused } }) }
     },
   }
 }

@@ -4,7 +4,7 @@
  * keeps one chain's prefixes from answering for another's.
  */
 import { describe, expect, it } from 'vitest'
-import { chainScope, createKeptPrefixes } from '../../daemon/pipeline/index.ts'
+import { chainScope, createKeptPrefixes, keepSkips, MAX_KEEP_SKIPS } from '../../daemon/pipeline/index.ts'
 import type { ChainHop } from '../../daemon/pipeline/index.ts'
 
 describe('kept prefixes of a stage node', () => {
@@ -44,5 +44,13 @@ describe('chain scope', () => {
     expect(chainScope('h', [{ peerId: 'A', layers: [0, 2] }, { peerId: 'B', layers: [3, 3] }], 'f32')).not.toBe(base)
     expect(chainScope('h2', chain, 'f32')).not.toBe(base)
     expect(chainScope('h', chain, 'f16')).not.toBe(base)
+  })
+})
+
+describe('keep back-off after refused prefixes', () => {
+  it('skips 2^refusals - 1 finishes, bounded', () => {
+    expect([0, 1, 2, 3, 4].map(keepSkips)).toEqual([0, 1, 3, 7, 15])
+    expect(keepSkips(50)).toBe(MAX_KEEP_SKIPS)
+    expect(keepSkips(-1)).toBe(0)
   })
 })

@@ -243,13 +243,48 @@ describe('a stage that evicted the prefix (3 stages, the middle one with room fo
     expect(fallback.value.start.prefix).toBeUndefined()
     expect(fallback.miss).toBe(p.length)
     expect(fallback.hit).toBe(0)
+    expect(service.stats().prefix!.refused).toBe(1)
     await settled(hosts)
 
-    // That run kept p again on every stage: the next one reuses it.
+    // After a refusal the chain keeps nothing for one finish (keepSkips); then p is kept again on
+    // every stage and the next request reuses it.
+    const whole = await counted(service, () => run(service, request(p)))
+    expect(whole.value.start.prefix).toBeUndefined()
+    expect(whole.value.tokens).toEqual(want)
+    await settled(hosts)
     const reused = await counted(service, () => run(service, request(p)))
     expect(reused.value.start.prefix).toBe('reused')
     expect(reused.hit).toBe(p.length - 2)
     expect(reused.value.tokens).toEqual(want)
     await settled(hosts)
+  }, 120_000)
+})
+
+describe('a chain with a stage that keeps nothing (no KV budget)', () => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+
+  beforeAll(async () => {
+    hosts = await startChain(2, (_, i) => i === 1 ? 0 : 64 * MIB)
+    service = await startService(hosts, 2)
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('gives the cold run\'s tokens every time, and tries that chain\'s prefixes ever more rarely', async () => {
+    const p = tokens(40, 9)
+    const want = (await run(cold, request(p, 12))).tokens
+    for (let i = 0; i < 10; i++) {
+      const r = await run(service, request(p, 12))
+      expect(r.tokens).toEqual(want)
+      expect(r.start.prefix).toBeUndefined()
+    }
+    // Refused at the 2nd, 4th and 8th request: after each, 1, 3, then 7 finishes keep nothing.
+    expect(service.stats().prefix!.refused).toBe(3)
+    expect(hosts[1]!.stage.node.stats().prefixes).toBeUndefined()
+    await settled(hosts)
+    expect((await hosts[1]!.stage.node.engine.stats()).keptPrefixes ?? 0).toBe(0)
   }, 120_000)
 })
