@@ -159,6 +159,18 @@ describe.each([
     expect(text).toContain(`shoal_kv_prefix_miss_tokens_total{model="chain-test"} ${s.missTokens}`)
   }, 120_000)
 
+  it('samples a seeded request with reuse exactly as without (the last stage\'s draws do not depend on what was prefilled)', async () => {
+    const p = tokens(33, 500 + stages)
+    const seeded = (): GenerateRequest => ({ ...request(p), sampling: { temperature: 0.9, topP: 0.95, seed: 77 } })
+    const want = (await run(cold, seeded())).tokens
+    const first = await run(service, seeded())
+    const again = await run(service, seeded())
+    expect(first.start.prefix).toBeUndefined()
+    expect(again.start.prefix).toBe('reused')
+    expect(first.tokens).toEqual(want)
+    expect(again.tokens).toEqual(want)
+  }, 120_000)
+
   it('concurrent requests sharing a kept prefix (their steps batched at every stage) each give the cold run\'s tokens', async () => {
     const a = tokens(40, stages)
     const prompts = [0, 1, 2].map(i => [...a, ...tokens(5 + i, 200 + i)])
