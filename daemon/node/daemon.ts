@@ -260,8 +260,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
         const wholeModels = models.filter(m => m.whole)
         const stageModels = models.filter(m => !m.whole && m.localChain !== true)
-        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models and served stages share it evenly.
-        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length, 1))
+        const chainModels = models.filter(m => m.localChain === true)
+        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
+        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
         // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
         const m = meshed?.mesh
         const puller = m === undefined
@@ -297,7 +298,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
         }
         for (const model of stageModels) await startStage(model, engine, signer, meshed, draft, kvCacheBytes)
-        for (const model of models.filter(m => m.localChain === true)) {
+        for (const model of chainModels) {
           const engines = devices.map(d => chooseEngine(d, openvino))
           const chain = createLocalChain({
             shardDir: model.shardDir,
@@ -306,6 +307,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             signer,
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+            kvCacheBytes,
           })
           await chain.start()
           localChains.push(chain)

@@ -10,7 +10,7 @@ import { Registry } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService } from '../../daemon/engine/index.ts'
 import type { LocalService } from '../../daemon/engine/index.ts'
-import { createPipelineService } from '../../daemon/pipeline/index.ts'
+import { createLocalChain, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { buildModels, eventually, holderOf, startStage, stopHost } from './fixture.ts'
@@ -298,5 +298,26 @@ describe('a chain with a stage that keeps nothing (no KV budget)', () => {
     expect(hosts[1]!.stage.node.stats().prefixes).toBeUndefined()
     await settled(hosts)
     expect((await hosts[1]!.stage.node.engine.stats()).keptPrefixes ?? 0).toBe(0)
+  }, 120_000)
+})
+
+describe('a local chain (every stage in this process)', () => {
+  it('shares its KV budget among its stages and reuses a kept prefix with the cold run\'s tokens', async () => {
+    const chain = createLocalChain({ shardDir: models.three, engines: [{ backend: 'onnxruntime', device: 'CPU' }], threads: 1, kvCacheBytes: 64 * MIB })
+    await chain.start()
+    try {
+      const L = models.manifest.shape.numLayers
+      expect(chain.stages.map(s => s.node.stats().prefixes!.budgetBytes)).toEqual(rangesOf(3).map(r => Math.floor(64 * MIB * (r[1] - r[0] + 1) / L)))
+      const p = tokens(30, 600)
+      const want = (await run(cold, request(p))).tokens
+      const first = await run(chain.service, request(p))
+      const again = await run(chain.service, request(p))
+      expect(first.tokens).toEqual(want)
+      expect(again.tokens).toEqual(want)
+      expect(again.start.prefix).toBe('reused')
+      expect(chain.service.stats().prefix).toMatchObject({ hitTokens: p.length - 2, missTokens: p.length + 2 })
+    } finally {
+      await chain.stop()
+    }
   }, 120_000)
 })
