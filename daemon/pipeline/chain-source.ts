@@ -82,6 +82,8 @@ export interface ChainPrefix {
    * a callback told what stage 0 kept; undefined: keep nothing.
    */
   keep (chain: readonly ChainHop[], encoding: ActivationEncoding): { key: string, length: number, kept (r: { length: number, bytes: number }): void } | undefined
+  /** At finish: keys the coordinator's index dropped that this chain's other stages may still keep (taken: sent once). */
+  evictions? (chain: readonly ChainHop[], encoding: ActivationEncoding): string[]
 }
 
 /** Errors that mean a stage did not open the request from its prefix (the request is reopened without it). */
@@ -209,7 +211,13 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     releaseLosses()
     const w = watch!
     const keep = init.prefix?.keep(chain, encoding ?? 'f32')
-    node.send(chain[1]!.peerId, { kind: 'finish', requestId: wireId, ...(keep === undefined ? {} : { keep: { keep: keep.key, length: keep.length } }) }, AbortSignal.timeout(5_000)).catch(() => {})
+    const evict = init.prefix?.evictions?.(chain, encoding ?? 'f32') ?? []
+    node.send(chain[1]!.peerId, {
+      kind: 'finish',
+      requestId: wireId,
+      ...(keep === undefined ? {} : { keep: { keep: keep.key, length: keep.length } }),
+      ...(evict.length === 0 ? {} : { evict }),
+    }, AbortSignal.timeout(5_000)).catch(() => {})
     const parts = await w.parts(chain.length - 1, signal)
     w.close()
     if (keep === undefined) await node.free(wireId).catch(() => {})

@@ -35,6 +35,8 @@ export interface KeptPrefixes {
   has (key: string): boolean
   /** Forgets keys (the caller evicts them from the engine). */
   remove (keys: readonly string[]): void
+  /** Forgets those of `keys` that `owner` kept; returns them (the caller evicts them from the engine). */
+  removeOwned (keys: readonly string[], owner: string): string[]
   stats (): KeptPrefixesStats
 }
 
@@ -77,6 +79,11 @@ export function createKeptPrefixes (budgetBytes: number): KeptPrefixes {
     },
     has: key => entries.has(key),
     remove (keys) { for (const k of keys) forget(k) },
+    removeOwned (keys, owner) {
+      const mine = keys.filter(k => entries.get(k)?.owner === owner)
+      for (const k of mine) forget(k)
+      return mine
+    },
     stats: () => ({ entries: entries.size, bytes, budgetBytes, evictions }),
   }
 }

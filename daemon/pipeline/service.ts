@@ -32,12 +32,15 @@ import { createChainTokenSource } from './chain-source.ts'
 import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
 import { chainScope, keepSkips } from './chain-prefix.ts'
 import type { PipelineStage } from './stage.ts'
+import { MAX_FINISH_EVICT } from './wire.ts'
 import type { ChainHop } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
 
-/** Chains whose refusal counts a coordinator remembers (keepSkips), most recent first. */
+/** Chains whose refusal counts and unwanted keys a coordinator remembers, most recent first. */
 const MAX_BACKOFF_CHAINS = 256
+/** Unwanted keys remembered per chain (the stages' own LRU drops any beyond). */
+const MAX_UNWANTED_KEYS = 1024
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -135,7 +138,29 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     refused: number
     /** Per chain scope: refusals in a row, and finishes left that keep nothing (keepSkips). */
     backoff: Map<string, { refusals: number, skip: number }>
+    /** The chain scope of every key the index lists. */
+    scopeOf: Map<string, string>
+    /** Per chain scope: keys the index dropped that the chain's other stages may still keep (sent with its next finish). */
+    unwanted: Map<string, string[]>
   } | undefined
+
+  /**
+   * The index no longer lists `key` (kept in `scope`): stage 0 drops it now, the chain's other
+   * stages with its next finish (bounded: past the bound, their own LRU drops it).
+   */
+  function unlist (p: NonNullable<typeof prefix>, key: string, scope: string | undefined): void {
+    p.cache.remove(key)
+    p.scopeOf.delete(key)
+    p.metrics.bytes.set({ model: modelId }, p.cache.stats().bytes)
+    void node.evictPrefixes([key]).catch(() => {})
+    if (scope === undefined) return
+    const list = p.unwanted.get(scope) ?? []
+    list.push(key)
+    if (list.length > MAX_UNWANTED_KEYS) list.shift()
+    p.unwanted.delete(scope)
+    p.unwanted.set(scope, list)
+    if (p.unwanted.size > MAX_BACKOFF_CHAINS) p.unwanted.delete(p.unwanted.keys().next().value!)
+  }
 
   /** A request's prefix hooks for its chain source (chain-source.ts ChainPrefix), and the scope it last opened from. */
   function prefixHooks (promptIds: number[], fed: number[]): { hooks: ChainPrefix, scope: () => string | undefined } | undefined {
@@ -153,14 +178,13 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           // Nothing is evicted while the open runs: stage 0 takes its block by reference.
           lease.release()
           if (node.holdsPrefix(lease.key)) return { key: lease.key, length: lease.length }
-          p.cache.remove(lease.key)
+          unlist(p, lease.key, scope)
         }
         return undefined
       },
       // A stage of the chain dropped it: the rest of the chain's copies are of no use.
       lost (key) {
-        p.cache.remove(key)
-        void node.evictPrefixes([key]).catch(() => {})
+        unlist(p, key, p.scopeOf.get(key))
         p.refused++
         if (opened === undefined) return
         const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
@@ -185,16 +209,27 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           key,
           length: tokens.length,
           kept (r) {
-            if (r.length === 0 || prefix !== p) return
+            if (prefix !== p) return
+            // Stage 0 kept nothing: the others' copies are of no use.
+            if (r.length === 0) { unlist(p, key, scope); return }
             const before = p.cache.stats().evictions
             const { drop } = p.cache.insert(scope, key, tokens.slice(0, r.length), r.bytes)
             const after = p.cache.stats()
             p.metrics.evictions.inc({ model: modelId }, after.evictions - before)
             p.metrics.bytes.set({ model: modelId }, after.bytes)
-            // Stage 0 follows the index; the other stages evict within their own budgets.
-            void node.evictPrefixes(drop).catch(() => {})
+            p.scopeOf.set(key, scope)
+            // Superseded and evicted entries (and this one when the index did not take it) go on every stage.
+            for (const d of drop) unlist(p, d, d === key ? scope : p.scopeOf.get(d))
           },
         }
+      },
+      evictions (chain, encoding) {
+        const scope = chainScope(stage.manifestHash, chain, encoding)
+        const list = p.unwanted.get(scope)
+        if (list === undefined) return []
+        const out = list.splice(0, MAX_FINISH_EVICT)
+        if (list.length === 0) p.unwanted.delete(scope)
+        return out
       },
     }
     return { hooks, scope: () => opened }
@@ -319,6 +354,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             missTokens: 0,
             refused: 0,
             backoff: new Map(),
+            scopeOf: new Map(),
+            unwanted: new Map(),
           }
         : undefined
       created = Math.floor(Date.now() / 1000)

@@ -110,8 +110,8 @@ export interface StageNode {
   openFrom (seqId: string, key: string, owner: string, length: number, signal: AbortSignal): Promise<void>
   /** Whether prefix `key` is kept here now. */
   holdsPrefix (key: string): boolean
-  /** Drops kept prefixes (e.g. ones the coordinator's index no longer lists). */
-  evictPrefixes (keys: readonly string[]): Promise<void>
+  /** Drops kept prefixes (e.g. ones the coordinator's index no longer lists); with `owner`, only that coordinator's. */
+  evictPrefixes (keys: readonly string[], owner?: string): Promise<void>
 }
 
 /** Weight of the newest decode step in the measured step time (about the last ten steps count). */
@@ -185,10 +185,11 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     }
   }
 
-  async function evictPrefixes (keys: readonly string[]): Promise<void> {
+  async function evictPrefixes (keys: readonly string[], owner?: string): Promise<void> {
     if (kept === undefined || keys.length === 0) return
-    kept.remove(keys)
-    await engine.evict!(keys)
+    const gone = owner === undefined ? keys : kept.removeOwned(keys, owner)
+    if (owner === undefined) kept.remove(keys)
+    await engine.evict!(gone)
   }
 
   const server = createStageServer({
@@ -205,6 +206,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     rollback,
     keep,
     openFrom,
+    evict: evictPrefixes,
   })
   const watches = createTokenWatches()
 

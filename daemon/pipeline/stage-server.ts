@@ -40,6 +40,8 @@ export interface StageServerInit {
   rollback: (seqId: string, length: number, signal: AbortSignal) => Promise<void>
   /** Ends a sequence keeping its KV as a prefix (stage-node.ts keep); absent: finish frees. */
   keep?: (seqId: string, key: string, owner: string, length: number) => Promise<unknown>
+  /** Drops a coordinator's kept prefixes (stage-node.ts evictPrefixes with an owner). */
+  evict?: (keys: readonly string[], owner: string) => Promise<void>
   /** Opens a sequence from a kept prefix (stage-node.ts openFrom); absent: every fromKey is gone. */
   openFrom?: (seqId: string, key: string, owner: string, length: number, signal: AbortSignal) => Promise<void>
 }
@@ -238,7 +240,7 @@ export function createStageServer (init: StageServerInit): StageServer {
       }
       case 'finish': {
         const s = served.get(f.requestId)
-        if (s !== undefined) void finish(s, f.keep)
+        if (s !== undefined) void finish(s, f.keep, f.evict)
         return
       }
       case 'part': return // for a request no longer watched
@@ -254,7 +256,7 @@ export function createStageServer (init: StageServerInit): StageServer {
   }
 
   /** The request completed: sign this stage's part for the coordinator, then pass finish on and drop. */
-  async function finish (s: Served, keep: FinishKeep | undefined): Promise<void> {
+  async function finish (s: Served, keep: FinishKeep | undefined, evict: string[] | undefined): Promise<void> {
     // Steps still running for the request finish first, so the hashes cover everything.
     await s.tail.catch(() => {})
     if (served.get(s.id) !== s) return
@@ -278,7 +280,9 @@ export function createStageServer (init: StageServerInit): StageServer {
       }
     }
     sendSoon(s.open.returnTo, { kind: 'part', requestId: s.id, part })
-    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id, ...(keep === undefined ? {} : { keep }) })
+    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id, ...(keep === undefined ? {} : { keep }), ...(evict === undefined ? {} : { evict }) })
+    // Prefixes the coordinator's index dropped: only its own keys go.
+    if (evict !== undefined) void init.evict?.(evict, s.open.returnTo).catch(() => {})
     drop(s, false, keep)
   }
 

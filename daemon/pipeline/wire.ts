@@ -31,11 +31,13 @@
  *               how many drafts stand, and its own token after them (at `position`)
  *   error       JSON {name, code, message[, peerId]}
  *   cancel      empty (drop the request's state here and downstream)
- *   finish      empty, or JSON {keep, length}: the request completed — each stage sends its signed
- *               receipt part to the coordinator, then drops the request's state (with keep: ends
- *               the sequence keeping its first `length` positions' KV under the key `keep`, within
- *               the stage's budget) and passes finish downstream. The body was added within
- *               version 2: a finish without one is byte-for-byte the old frame.
+ *   finish      empty, or JSON {[keep, length][, evict]}: the request completed — each stage sends
+ *               its signed receipt part to the coordinator, then drops the request's state (with
+ *               keep: ends the sequence keeping its first `length` positions' KV under the key
+ *               `keep`, within the stage's budget; with evict: also drops the coordinator's kept
+ *               prefixes of those keys, 1-64, which its index no longer lists) and passes finish
+ *               downstream. The body was added within version 2: a finish without one is
+ *               byte-for-byte the old frame.
  *   part        JSON: one stage's signed receipt part (daemon/ledger/README.md), or {} from a stage
  *               that signs none
  * Tensor bytes start 4-byte aligned within the payload, so a decoder can view them in place.
@@ -49,6 +51,8 @@ import { ACTIVATION_DTYPES, decodeActivation, encodeActivation, encodedBytes, EN
 /** 2.0.0: activation frames may carry drafts to verify (speculative decoding), answered by verdict frames. */
 export const STAGE_PROTOCOL = '/shoal/stage/2.0.0'
 export const STAGE_WIRE_VERSION = 2
+/** Kept-prefix keys one finish frame may ask a stage to evict. */
+export const MAX_FINISH_EVICT = 64
 /** Drafts one verify frame may carry. */
 export const MAX_VERIFY_DRAFTS = 255
 /** One prefill chunk of a large model's activations fits (256 × 8192 × 4 = 8 MiB). */
@@ -109,7 +113,8 @@ export type StageFrame =
   /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
   | { kind: 'error', requestId: string, error: SerializedError & { peerId?: string } }
   | { kind: 'cancel', requestId: string }
-  | { kind: 'finish', requestId: string, keep?: FinishKeep }
+  /** `keep`: keep the request's KV as a prefix; `evict`: the coordinator's kept prefixes to drop (1-MAX_FINISH_EVICT keys). */
+  | { kind: 'finish', requestId: string, keep?: FinishKeep, evict?: string[] }
   | { kind: 'part', requestId: string, part: Record<string, unknown> }
 
 if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the stage wire format assumes a little-endian host')
@@ -145,6 +150,7 @@ function encodeOpen (o: OpenBody): Uint8Array {
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)
 const isStr = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= 256
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+const validEvict = (v: unknown): v is string[] => Array.isArray(v) && v.length >= 1 && v.length <= MAX_FINISH_EVICT && v.every(isStr)
 
 function decodeOpen (v: unknown): OpenBody {
   if (!isObj(v) || !isStr(v.modelId) || !isStr(v.manifestHash) || !isStr(v.returnTo) || !isNum(v.deadline)) throw malformed('open body: bad model, manifest hash, returnTo or deadline')
@@ -245,9 +251,13 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
     }
     case 'cancel': return [header(f.kind, f.requestId, 0).out]
     case 'finish': {
-      if (f.keep === undefined) return [header(f.kind, f.requestId, 0).out]
-      if (!isStr(f.keep.keep) || !isU32(f.keep.length) || f.keep.length === 0) throw malformed('finish: keep needs a key and a length > 0')
-      const body = utf8.encode(JSON.stringify({ keep: f.keep.keep, length: f.keep.length }))
+      if (f.keep === undefined && f.evict === undefined) return [header(f.kind, f.requestId, 0).out]
+      if (f.keep !== undefined && (!isStr(f.keep.keep) || !isU32(f.keep.length) || f.keep.length === 0)) throw malformed('finish: keep needs a key and a length > 0')
+      if (f.evict !== undefined && !validEvict(f.evict)) throw malformed(`finish: evict lists 1-${MAX_FINISH_EVICT} keys`)
+      const body = utf8.encode(JSON.stringify({
+        ...(f.keep === undefined ? {} : { keep: f.keep.keep, length: f.keep.length }),
+        ...(f.evict === undefined ? {} : { evict: f.evict }),
+      }))
       const { out, at } = header('finish', f.requestId, body.length)
       out.set(body, at)
       return [out]
@@ -324,8 +334,13 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
     case 'finish': {
       if (body.length === 0) return { kind, requestId }
       const v = parseJson(body, kind)
-      if (!isObj(v) || !isStr(v.keep) || !isU32(v.length) || v.length === 0) throw malformed('finish body must be {keep, length > 0}')
-      return { kind, requestId, keep: { keep: v.keep, length: v.length } }
+      if (!isObj(v) || (v.keep === undefined && v.evict === undefined) || (v.keep === undefined) !== (v.length === undefined)) throw malformed('finish body must be {[keep, length][, evict]}')
+      if (v.keep !== undefined && (!isStr(v.keep) || !isU32(v.length) || v.length === 0)) throw malformed('finish body: keep needs a key and a length > 0')
+      if (v.evict !== undefined && !validEvict(v.evict)) throw malformed(`finish body: evict lists 1-${MAX_FINISH_EVICT} keys`)
+      const f: Extract<StageFrame, { kind: 'finish' }> = { kind, requestId }
+      if (v.keep !== undefined) f.keep = { keep: v.keep as string, length: v.length as number }
+      if (v.evict !== undefined) f.evict = v.evict as string[]
+      return f
     }
     case 'part': {
       const v = parseJson(body, kind)

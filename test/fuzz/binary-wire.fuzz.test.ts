@@ -86,7 +86,8 @@ const stageFrame: fc.Arbitrary<StageFrame> = id(255).chain((requestId): fc.Arbit
   fc.tuple(u32, u32, u32).map(([position, accepted, tokenId]) => ({ kind: 'verdict' as const, requestId, position, accepted, tokenId })),
   fc.record({ name: str, code: str, message: fc.string({ unit: 'binary', maxLength: 40 }), peerId: id(256) }, { requiredKeys: ['name', 'code', 'message'] }).map(error => ({ kind: 'error' as const, requestId, error })),
   fc.constantFrom('cancel' as const, 'finish' as const).map(kind => ({ kind, requestId })),
-  fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })).map(([keep, length]) => ({ kind: 'finish' as const, requestId, keep: { keep, length } })),
+  fc.record({ keep: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })), evict: fc.array(id(256), { minLength: 1, maxLength: 4 }) }, { requiredKeys: [] })
+    .map(({ keep, evict }) => ({ kind: 'finish' as const, requestId, ...(keep === undefined ? {} : { keep: { keep: keep[0], length: keep[1] } }), ...(evict === undefined ? {} : { evict }) })),
   fc.dictionary(fc.string({ maxLength: 6 }), jsonish).map(part => ({ kind: 'part' as const, requestId, part })),
 ))
 

@@ -32,6 +32,12 @@ describe('kept prefixes of a stage node', () => {
     expect(k.take('a', 'coord-1', 0)).toBe(false)
     expect(k.take('missing', 'coord-1', 1)).toBe(false)
     expect(k.take('a', 'coord-1', 10)).toBe(true)
+    // A coordinator evicts only its own keys.
+    k.add({ key: 'b', owner: 'coord-2', length: 4, bytes: 16 })
+    expect(k.removeOwned(['a', 'b', 'missing'], 'coord-2')).toEqual(['b'])
+    expect(k.has('a')).toBe(true)
+    expect(k.removeOwned(['a'], 'coord-1')).toEqual(['a'])
+    expect(k.stats()).toMatchObject({ entries: 0, bytes: 0 })
   })
 })
 

@@ -152,6 +152,12 @@ describe.each([
     // Turn 2's prompt superseded turn 1's in the index; the start of both is kept once on stage 0.
     expect(service.stats().prefix!.entries).toBe(1)
     await settled(hosts)
+    expect((await hosts[0]!.stage.node.engine.stats()).keptPrefixes).toBe(1)
+    // The other stages drop turn 1's copy with the chain's next finish.
+    for (const h of hosts.slice(1)) expect((await h.stage.node.engine.stats()).keptPrefixes).toBe(2)
+    expect((await run(service, request(b))).tokens).toEqual(turn2.value.tokens)
+    for (const h of hosts) expect(await eventually(() => h.stage.node.engine.stats(), s => s.keptPrefixes === 1)).toMatchObject({ keptPrefixes: 1 })
+    await settled(hosts)
 
     const text = await registry.metrics()
     const s = service.stats().prefix!

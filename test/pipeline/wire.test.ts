@@ -79,6 +79,12 @@ describe('stage wire golden bytes', () => {
     const keep: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k1', length: 40 } }
     expect(hex(payloadOf(keep))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k1","length":40}')))
     expect(decodePayload(payloadOf(keep))).toEqual(keep)
+    const both: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k2', length: 9 }, evict: ['k1', 'k0'] }
+    expect(hex(payloadOf(both))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k2","length":9,"evict":["k1","k0"]}')))
+    expect(decodePayload(payloadOf(both))).toEqual(both)
+    const evictOnly: StageFrame = { kind: 'finish', requestId: 'r1', evict: ['k1'] }
+    expect(hex(payloadOf(evictOnly))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"evict":["k1"]}')))
+    expect(decodePayload(payloadOf(evictOnly))).toEqual(evictOnly)
   })
 })
 
@@ -159,10 +165,12 @@ describe('stage wire decoding', () => {
       const body = Buffer.from(JSON.stringify({ ...open, sampling: { temperature: 0, topP: 1 }, ...bad }))
       expect(() => decodePayload(Uint8Array.of(2, 1, 1, 0x78, ...body)), JSON.stringify(bad)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     }
-    for (const bad of ['{}', '{"keep":"k"}', '{"keep":"k","length":0}', '{"keep":1,"length":3}', '[1]']) {
+    const many = JSON.stringify({ evict: Array.from({ length: 65 }, (_, i) => `k${i}`) })
+    for (const bad of ['{}', '{"keep":"k"}', '{"length":3}', '{"keep":"k","length":0}', '{"keep":1,"length":3}', '[1]', '{"evict":[]}', '{"evict":[1]}', '{"evict":"k"}', '{"evict":[""]}', many]) {
       expect(() => decodePayload(Uint8Array.of(2, 6, 1, 0x78, ...Buffer.from(bad))), bad).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     }
     expect(() => encodeFrame({ kind: 'finish', requestId: 'r', keep: { keep: 'k', length: 0 } })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    expect(() => encodeFrame({ kind: 'finish', requestId: 'r', evict: [] })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
   })
 
   it('refuses to encode an oversized frame', () => {
