@@ -18,7 +18,7 @@ export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStat
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {
-  BatchingStageEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput,
+  BatchingStageEngine, PrefixKeepingEngine, StageBatchItem, StageBatchResult, StageEngine, StageEngineInit, StageStepInput,
   StepOptions,
 } from './stage-engine.ts'
 export { createStageRunner, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'

@@ -259,8 +259,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         const draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
         const wholeModels = models.filter(m => m.whole)
-        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models share it evenly.
-        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length, 1))
+        const stageModels = models.filter(m => !m.whole && m.localChain !== true)
+        const chainModels = models.filter(m => m.localChain === true)
+        // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
+        const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
         // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
         const m = meshed?.mesh
         const puller = m === undefined
@@ -295,8 +297,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           locals.push(service)
           logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
         }
-        for (const model of models.filter(m => !m.whole && m.localChain !== true)) await startStage(model, engine, signer, meshed, draft)
-        for (const model of models.filter(m => m.localChain === true)) {
+        for (const model of stageModels) await startStage(model, engine, signer, meshed, draft, kvCacheBytes)
+        for (const model of chainModels) {
           const engines = devices.map(d => chooseEngine(d, openvino))
           const chain = createLocalChain({
             shardDir: model.shardDir,
@@ -305,6 +307,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             signer,
             metrics,
             batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+            kvCacheBytes,
           })
           await chain.start()
           localChains.push(chain)
@@ -466,7 +469,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   }
 
   /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
-  async function startStage (model: ResolvedModel, choice: EngineChoice, signer: LedgerSigner, meshed: Meshed | undefined, draft: ResolvedModel | undefined): Promise<void> {
+  async function startStage (model: ResolvedModel, choice: EngineChoice, signer: LedgerSigner, meshed: Meshed | undefined, draft: ResolvedModel | undefined, kvCacheBytes: number): Promise<void> {
     if (meshed === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
     const { mesh: m, identity, peerLoss } = meshed
     const st = model.manifest.stages[model.stageIndex]
@@ -487,6 +490,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         metrics,
         batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
         authorize: from => roleRefusal('stage', roles, from, m.certificateOf(from)?.body.roles),
+        // Finished chain requests' KV kept for prefix reuse (its share of --kv-cache-mb).
+        kvCacheBytes,
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
@@ -504,6 +509,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
         ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
         ...(config.activations === undefined ? {} : { activations: config.activations }),
+        metrics,
       },
       { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss.watch(peerId) },
     )

@@ -14,8 +14,14 @@
  * answers with how many drafts stand and its own next token. Each stage sets its KV back to where
  * the next activation starts, so rejected drafts cost no extra message; a stage lost mid-verify is
  * replayed like any step (the replay decodes plainly, so no draft goes unchecked).
+ *
+ * Prefix reuse (`prefix`, service.ts): a formed chain that kept a prefix of the prompt opens every
+ * stage from its key (stage 0 here, the others through the open frame's fromKey) and prefills
+ * only the rest; at finish every stage keeps the request's KV under a new key. A stage that no
+ * longer holds the key answers SHOAL_ERR_STAGE_PREFIX_GONE: the request is reopened without the
+ * prefix and prefilled whole (a fresh wire id, so nothing of the first open mixes in).
  */
-import { ShoalError } from '../errors.ts'
+import { errorCodeOf, ShoalError } from '../errors.ts'
 import type { TokenSource } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
 import { StageLostError } from './errors.ts'
@@ -57,6 +63,35 @@ export interface ChainTokenSourceInit {
    * accepts it, else f32); without it, `activations` as given. Asked again for a replay's chain.
    */
   encodingFor?: (chain: ChainHop[]) => ActivationEncoding
+  /** Prefix reuse on this request's chains (absent: every open prefills everything, nothing is kept). */
+  prefix?: ChainPrefix
+}
+
+/** What a chain source asks of the coordinator's prefix index (service.ts). */
+export interface ChainPrefix {
+  /**
+   * A kept prefix of the request's prompt that this formed chain (its peers and layers, and its
+   * activation encoding) holds: the key and the positions to reuse (at least two prompt positions
+   * are left to prefill). Undefined: prefill everything.
+   */
+  acquire (chain: readonly ChainHop[], encoding: ActivationEncoding): { key: string, length: number } | undefined
+  /** A stage of the chain (or stage 0) no longer holds `key`: forget it. */
+  lost (key: string): void
+  /**
+   * At finish: the key and positions every stage of `chain` should keep of the request's KV, and
+   * a callback told what stage 0 kept; undefined: keep nothing.
+   */
+  keep (chain: readonly ChainHop[], encoding: ActivationEncoding): { key: string, length: number, kept (r: { length: number, bytes: number }): void } | undefined
+  /** At finish: keys the coordinator's index dropped that this chain's other stages may still keep (taken: sent once). */
+  evictions? (chain: readonly ChainHop[], encoding: ActivationEncoding): string[]
+}
+
+/** Errors that mean a stage did not open the request from its prefix (the request is reopened without it). */
+function prefixRefused (err: unknown): boolean {
+  const code = errorCodeOf(err)
+  // A stage that refused the prefix drops the request, so the stage before it may report the
+  // request unknown before the refusal itself arrives.
+  return code === 'SHOAL_ERR_STAGE_PREFIX_GONE' || code === 'SHOAL_ERR_STAGE_UNKNOWN_REQUEST'
 }
 
 export interface ChainTokenSource extends TokenSource {
@@ -65,6 +100,8 @@ export interface ChainTokenSource extends TokenSource {
   /** The chain in order, with each stage's layer range (for the receipt). */
   readonly hops: ChainHop[]
   readonly replays: number
+  /** Prompt positions the current chain was opened with from a kept prefix (0: prefilled whole). */
+  readonly reused: number
   /** Forms the chain and opens the request on it (prefill does this when not done yet). */
   connect (signal: AbortSignal): Promise<void>
   /**
@@ -101,18 +138,37 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   let live = false
   /** Positions stage 0's KV holds (more than the history after a verify whose drafts were rejected). */
   let held = 0
+  /** Opens so far (each gets its own wire id). */
+  let opens = 0
+  /** The kept prefix the current chain was opened from. */
+  let from: { key: string, length: number } | undefined
+  /** A stage refused a prefix: the rest of this request prefills whole. */
+  let prefixOff = false
 
   async function begin (signal: AbortSignal): Promise<void> {
     chain = init.formChain(excluded)
     if (chain.length < 2 || chain[0]!.peerId !== node.peerId) throw new ShoalError('SHOAL_ERR_INTERNAL', 'a chain must start at the coordinator and have a second stage')
     const chosen = init.encodingFor?.(chain) ?? init.activations ?? 'f32'
     encoding = chosen === 'f32' ? undefined : chosen
-    wireId = attempt === 0 ? init.requestId : `${init.requestId}~r${attempt}`
+    wireId = opens === 0 ? init.requestId : `${init.requestId}~r${opens}`
+    opens++
     watch = node.watch(wireId, chain.slice(1).map(h => h.peerId))
     losses = init.peerLost === undefined ? [] : chain.slice(1).map(h => ({ peerId: h.peerId, ...init.peerLost!(h.peerId) }))
     live = true
     held = 0
-    await node.engine.open(wireId, signal)
+    from = prefixOff ? undefined : init.prefix?.acquire(chain, chosen)
+    if (from !== undefined) {
+      try {
+        await node.openFrom(wireId, from.key, node.peerId, from.length, signal)
+        held = from.length
+      } catch (err) {
+        if (signal.aborted) throw err
+        // Stage 0 lost it: the chain opens plainly.
+        init.prefix?.lost(from.key)
+        from = undefined
+      }
+    }
+    if (from === undefined) await node.engine.open(wireId, signal)
     await node.send(chain[1]!.peerId, {
       kind: 'open',
       requestId: wireId,
@@ -128,6 +184,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
         // Stages sign their parts with the receipt id; only a replay's frames use another id.
         ...(wireId === init.requestId ? {} : { receiptId: init.requestId }),
         ...(encoding === undefined ? {} : { activations: encoding }),
+        ...(from === undefined ? {} : { fromKey: from.key, fromLength: from.length }),
       },
     }, signal)
   }
@@ -153,10 +210,18 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     live = false
     releaseLosses()
     const w = watch!
-    node.send(chain[1]!.peerId, { kind: 'finish', requestId: wireId }, AbortSignal.timeout(5_000)).catch(() => {})
+    const keep = init.prefix?.keep(chain, encoding ?? 'f32')
+    const evict = init.prefix?.evictions?.(chain, encoding ?? 'f32') ?? []
+    node.send(chain[1]!.peerId, {
+      kind: 'finish',
+      requestId: wireId,
+      ...(keep === undefined ? {} : { keep: { keep: keep.key, length: keep.length } }),
+      ...(evict.length === 0 ? {} : { evict }),
+    }, AbortSignal.timeout(5_000)).catch(() => {})
     const parts = await w.parts(chain.length - 1, signal)
     w.close()
-    await node.free(wireId).catch(() => {})
+    if (keep === undefined) await node.free(wireId).catch(() => {})
+    else keep.kept(await node.keep(wireId, keep.key, node.peerId, keep.length).catch(() => ({ length: 0, bytes: 0 })))
     return parts
   }
 
@@ -246,16 +311,24 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   async function step (ids: number[], start: number, signal: AbortSignal, drafts?: number[]): Promise<{ accepted: number, next: number }> {
     if (!live) await open(signal)
     try {
-      return await run(ids, start, signal, drafts)
+      // The prompt's first positions came from a kept prefix: only the rest runs.
+      const skip = Math.max(0, Math.min(ids.length, (from?.length ?? 0) - start))
+      return await run(ids.slice(skip), start + skip, signal, drafts)
     } catch (err) {
       let last = err
-      while (last instanceof StageLostError && !signal.aborted && attempt < maxReplays) {
-        if (last.peerId !== undefined) excluded.push(last.peerId)
+      while (!signal.aborted) {
+        const refused = from !== undefined && prefixRefused(last)
+        if (!refused && !(last instanceof StageLostError && attempt < maxReplays)) break
+        if (refused) {
+          init.prefix?.lost(from!.key)
+          prefixOff = true
+        } else if (last instanceof StageLostError && last.peerId !== undefined) excluded.push(last.peerId)
         await end()
-        attempt++
+        if (!refused) attempt++
         try {
           await begin(signal)
-          return await run(history, 0, signal)
+          const skip = from?.length ?? 0
+          return await run(history.slice(skip), skip, signal)
         } catch (again) {
           last = again
         }
@@ -268,6 +341,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     get route () { return chain.map(h => h.peerId) },
     get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
+    get reused () { return from?.length ?? 0 },
     async connect (signal) { if (!live) await open(signal) },
     async prefill (promptIds, signal) {
       if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')

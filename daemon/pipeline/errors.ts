@@ -36,3 +36,15 @@ export class StageConfigError extends ShoalError {
     super('SHOAL_ERR_STAGE_CONFIG', message)
   }
 }
+
+/**
+ * An open frame asked this stage to start from a kept prefix it no longer holds (evicted within
+ * its budget, the node restarted, or another coordinator's key). The coordinator reopens the
+ * request without the prefix: never reaches a client.
+ */
+export class StagePrefixGoneError extends ShoalError {
+  override name = 'StagePrefixGoneError'
+  constructor (message: string) {
+    super('SHOAL_ERR_STAGE_PREFIX_GONE', message)
+  }
+}

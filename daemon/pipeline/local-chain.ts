@@ -37,6 +37,11 @@ export interface LocalChainInit {
   cacheDir?: string
   /** Dynamic or static graphs for every stage; 'auto' (default): static on stages whose device needs them (NPU). */
   graphs?: GraphMode
+  /**
+   * Bytes of KV the chain keeps from finished requests for prefix reuse, shared by its stages in
+   * proportion to their layers (each position's KV is); 0 or absent: none.
+   */
+  kvCacheBytes?: number
 }
 
 export interface LocalChain {
@@ -126,6 +131,7 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
             ...(init.threads === undefined ? {} : { threads: init.threads }),
             ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
             ...(init.graphs === undefined ? {} : { graphs: init.graphs }),
+            ...(init.kvCacheBytes === undefined ? {} : { kvCacheBytes: Math.floor(init.kvCacheBytes * (st.layers[1] - st.layers[0] + 1) / manifest.shape.numLayers) }),
           }, componentsOf(hosts[i]!))
           await stage.start()
           stages.push(stage)
@@ -137,7 +143,7 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
         })
         // The chain holds what its smallest stage holds (a stage on static graphs: its KV budget).
         const maxContextTokens = Math.min(...stages.map(s => s.served().maxContextTokens))
-        const coordinator = createPipelineService({ stage: stages[0]!, shardDir: init.shardDir, maxContextTokens }, { holders: () => holders })
+        const coordinator = createPipelineService({ stage: stages[0]!, shardDir: init.shardDir, maxContextTokens, ...(init.metrics === undefined ? {} : { metrics: init.metrics }) }, { holders: () => holders })
         await coordinator.start()
         service = coordinator
       } catch (err) {

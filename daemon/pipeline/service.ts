@@ -5,8 +5,21 @@
  * then deltas and `end` from the decode loop over a chain token source. An incomplete chain is an
  * error before `start` naming the missing layers; a lost stage mid-request is replayed on another
  * holder when there is one.
+ *
+ * Prefix reuse (when stage 0's node keeps prefixes, and not under speculative decoding): a
+ * finished request's KV stays on every stage of its chain under a key this coordinator indexes
+ * (daemon/kv's prefix cache, scoped to the chain: chain-prefix.ts); a later prompt sharing a
+ * kept prefix, on the same chain, opens every stage from it and prefills only the rest (at least
+ * two positions, as for whole models). Only prompt positions are kept by default, which is
+ * bit-for-bit what recomputation gives; `reuseGenerated` keeps the reply too (see local-service.ts
+ * for its last-bit caveat). A stage that evicted the key answers so and the request is prefilled
+ * whole instead. The start event says `prefix: "reused"`; /metrics counts hit and miss tokens.
  */
+import { randomUUID } from 'node:crypto'
+import type { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
+import { createPrefixCache, createPrefixMetrics } from '../kv/index.ts'
+import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
 import { OverloadedError, createGenerationService } from '../engine/index.ts'
 import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainPolicy, StageHolder } from '../routing/index.ts'
@@ -16,11 +29,18 @@ import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary }
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
-import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
+import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
+import { chainScope, keepSkips } from './chain-prefix.ts'
 import type { PipelineStage } from './stage.ts'
+import { MAX_FINISH_EVICT } from './wire.ts'
 import type { ChainHop } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
+
+/** Chains whose refusal counts and unwanted keys a coordinator remembers, most recent first. */
+const MAX_BACKOFF_CHAINS = 256
+/** Unwanted keys remembered per chain (the stages' own LRU drops any beyond). */
+const MAX_UNWANTED_KEYS = 1024
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -48,6 +68,12 @@ export interface PipelineServiceInit {
   sourceWrapper?: ChainSourceWrapper
   /** The activation encoding of the chains this coordinator opens (default 'f32', exact; see ChainTokenSourceInit). */
   activations?: ActivationEncoding
+  /** Where the prefix metrics go (one /metrics page). */
+  metrics?: Registry
+  /** Tokens per hashed prefix block (daemon/kv DEFAULT_BLOCK_SIZE otherwise); also the least reused. */
+  prefixBlockSize?: number
+  /** Keep the KV of generated tokens too, so a chat's next turn prefills only its new message (see local-service.ts). */
+  reuseGenerated?: boolean
 }
 
 /** What a chain source wrapper gets for one request. */
@@ -72,10 +98,19 @@ export interface PipelineServiceComponents {
   peerLost?: ChainTokenSourceInit['peerLost']
 }
 
+export interface PipelineServiceStats {
+  activeRequests: number
+  /**
+   * The coordinator's index of prefixes its chains keep (absent when reuse is off). hitTokens and
+   * missTokens count prompt positions each request took from a kept prefix and prefilled.
+   */
+  prefix?: PrefixCacheStats & { refused: number }
+}
+
 export interface PipelineService extends InferenceService {
   start (): Promise<void>
   stop (): Promise<void>
-  stats (): { activeRequests: number }
+  stats (): PipelineServiceStats
 }
 
 export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
@@ -91,6 +126,114 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   let codec: TextCodec | undefined
   let created = 0
   let active = 0
+  /** The index of what this coordinator's chains keep (set at start when stage 0 keeps prefixes). */
+  let prefix: {
+    cache: PrefixCache
+    metrics: PrefixMetrics
+    keyBase: string
+    keys: number
+    hitTokens: number
+    missTokens: number
+    /** Prefixes a stage refused (it no longer held them): the request was prefilled whole. */
+    refused: number
+    /** Per chain scope: refusals in a row, and finishes left that keep nothing (keepSkips). */
+    backoff: Map<string, { refusals: number, skip: number }>
+    /** The chain scope of every key the index lists. */
+    scopeOf: Map<string, string>
+    /** Per chain scope: keys the index dropped that the chain's other stages may still keep (sent with its next finish). */
+    unwanted: Map<string, string[]>
+  } | undefined
+
+  /**
+   * The index no longer lists `key` (kept in `scope`): stage 0 drops it now, the chain's other
+   * stages with its next finish (bounded: past the bound, their own LRU drops it).
+   */
+  function unlist (p: NonNullable<typeof prefix>, key: string, scope: string | undefined): void {
+    p.cache.remove(key)
+    p.scopeOf.delete(key)
+    p.metrics.bytes.set({ model: modelId }, p.cache.stats().bytes)
+    void node.evictPrefixes([key]).catch(() => {})
+    if (scope === undefined) return
+    const list = p.unwanted.get(scope) ?? []
+    list.push(key)
+    if (list.length > MAX_UNWANTED_KEYS) list.shift()
+    p.unwanted.delete(scope)
+    p.unwanted.set(scope, list)
+    if (p.unwanted.size > MAX_BACKOFF_CHAINS) p.unwanted.delete(p.unwanted.keys().next().value!)
+  }
+
+  /** A request's prefix hooks for its chain source (chain-source.ts ChainPrefix), and the scope it last opened from. */
+  function prefixHooks (promptIds: number[], fed: number[]): { hooks: ChainPrefix, scope: () => string | undefined } | undefined {
+    const p = prefix
+    if (p === undefined) return undefined
+    let opened: string | undefined
+    const hooks: ChainPrefix = {
+      acquire (chain, encoding) {
+        const scope = chainScope(stage.manifestHash, chain, encoding)
+        opened = scope
+        // An entry whose stage-0 KV this node evicted (within its own budget) is forgotten here.
+        for (let tries = 0; tries < 4; tries++) {
+          const lease = p.cache.acquire(scope, promptIds)
+          if (lease === undefined) return undefined
+          // Nothing is evicted while the open runs: stage 0 takes its block by reference.
+          lease.release()
+          if (node.holdsPrefix(lease.key)) return { key: lease.key, length: lease.length }
+          unlist(p, lease.key, scope)
+        }
+        return undefined
+      },
+      // A stage of the chain dropped it: the rest of the chain's copies are of no use.
+      lost (key) {
+        unlist(p, key, p.scopeOf.get(key))
+        p.refused++
+        if (opened === undefined) return
+        const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
+        b.refusals++
+        b.skip = keepSkips(b.refusals)
+        p.backoff.delete(opened)
+        p.backoff.set(opened, b)
+        // Bounded: the oldest chains' counts go first.
+        if (p.backoff.size > MAX_BACKOFF_CHAINS) p.backoff.delete(p.backoff.keys().next().value!)
+      },
+      keep (chain, encoding) {
+        const tokens = init.reuseGenerated === true ? fed : promptIds
+        if (tokens.length < p.cache.blockSize) return undefined
+        const scope = chainScope(stage.manifestHash, chain, encoding)
+        // A stage of this chain refused its prefixes lately: keep nothing for a while (keepSkips).
+        const b = p.backoff.get(scope)
+        if (b !== undefined && b.skip > 0) { b.skip--; return undefined }
+        // Adds nothing: a kept entry already holds all of it.
+        if (p.cache.lookup(scope, tokens)?.length === tokens.length) return undefined
+        const key = `${p.keyBase}${++p.keys}`
+        return {
+          key,
+          length: tokens.length,
+          kept (r) {
+            if (prefix !== p) return
+            // Stage 0 kept nothing: the others' copies are of no use.
+            if (r.length === 0) { unlist(p, key, scope); return }
+            const before = p.cache.stats().evictions
+            const { drop } = p.cache.insert(scope, key, tokens.slice(0, r.length), r.bytes)
+            const after = p.cache.stats()
+            p.metrics.evictions.inc({ model: modelId }, after.evictions - before)
+            p.metrics.bytes.set({ model: modelId }, after.bytes)
+            p.scopeOf.set(key, scope)
+            // Superseded and evicted entries (and this one when the index did not take it) go on every stage.
+            for (const d of drop) unlist(p, d, d === key ? scope : p.scopeOf.get(d))
+          },
+        }
+      },
+      evictions (chain, encoding) {
+        const scope = chainScope(stage.manifestHash, chain, encoding)
+        const list = p.unwanted.get(scope)
+        if (list === undefined) return []
+        const out = list.splice(0, MAX_FINISH_EVICT)
+        if (list.length === 0) p.unwanted.delete(scope)
+        return out
+      },
+    }
+    return { hooks, scope: () => opened }
+  }
 
   /** A lossy encoding only where every later stage of the chain declares it accepts it. */
   function encodingFor (chain: ChainHop[], requested: ActivationEncoding): ActivationEncoding {
@@ -118,9 +261,14 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   }
 
   /** A request's chain: a coordinator slot (refused when all are busy), then its chain token source. */
-  function admit (request: GenerateRequest): RequestTicket {
+  function admit (request: GenerateRequest, promptIds: number[]): RequestTicket {
     if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
     active++
+    /** Tokens fed to the chain so far: the prompt, then each generated id. */
+    const fed = [...promptIds]
+    // Not under speculative decoding: its source prefills the whole prompt itself.
+    const reuse = init.sourceWrapper === undefined ? prefixHooks(promptIds, fed) : undefined
+    const hooks = reuse?.hooks
     let source: ChainTokenSource | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     return {
@@ -137,6 +285,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           ...(init.activations === undefined || init.activations === 'f32'
             ? {}
             : { activations: init.activations, encodingFor: (chain: ChainHop[]) => encodingFor(chain, init.activations!) }),
+          ...(hooks === undefined ? {} : { prefix: hooks }),
         })
         source = chain
         await chain.connect(signal)
@@ -144,8 +293,27 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         wrapped = w
         return {
           source: w ?? chain,
+          prefilled: () => {
+            const p = prefix
+            if (p === undefined || hooks === undefined) return
+            const hit = chain.reused
+            // The chain kept and opened its prefix: its stages keep again.
+            const scope = reuse?.scope()
+            if (hit > 0 && scope !== undefined) p.backoff.delete(scope)
+            p.hitTokens += hit
+            p.missTokens += promptIds.length - hit
+            p.metrics.hitTokens.inc({ model: modelId }, hit)
+            p.metrics.missTokens.inc({ model: modelId }, promptIds.length - hit)
+          },
           // `start` names the chain that answered the prefill.
-          start: () => ({ route: chain.route, hops: chain.hops, manifestHash: stage.manifestHash, receiptId: request.requestId }),
+          start: () => ({
+            route: chain.route,
+            hops: chain.hops,
+            manifestHash: stage.manifestHash,
+            receiptId: request.requestId,
+            ...(chain.reused > 0 ? { prefix: 'reused' as const } : {}),
+          }),
+          delta: tokenIds => { fed.push(...tokenIds) },
           summary: () => w?.summary?.(),
           // Each stage's signed share of the work, collected before the end goes out (bounded wait:
           // a stage that does not answer is left out; its hop still names it in the receipt).
@@ -174,11 +342,28 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
       codec = await loadTextCodec(init.shardDir, manifest)
       await init.sourceWrapper?.start?.({ modelId, manifest })
+      const budget = node.stats().prefixes?.budgetBytes ?? 0
+      prefix = node.keepsPrefixes && budget > 0 && init.sourceWrapper === undefined
+        ? {
+            cache: createPrefixCache({ budgetBytes: budget, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
+            metrics: createPrefixMetrics(init.metrics),
+            // Keys are this coordinator's own on every stage: a restarted coordinator never meets its old keys.
+            keyBase: `c${randomUUID().slice(0, 8)}-`,
+            keys: 0,
+            hitTokens: 0,
+            missTokens: 0,
+            refused: 0,
+            backoff: new Map(),
+            scopeOf: new Map(),
+            unwanted: new Map(),
+          }
+        : undefined
       created = Math.floor(Date.now() / 1000)
     },
     async stop () {
       const c = codec
       codec = undefined
+      prefix = undefined
       await c?.close()
       await init.sourceWrapper?.stop?.()
     },
@@ -188,6 +373,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       return [{ id: modelId, created, ownedBy: 'shoal', contextLength: manifest.shape.maxPositions, ...(description === undefined ? {} : { description }), servedBy: [node.peerId] }]
     },
     generate,
-    stats: () => ({ activeRequests: active }),
+    stats: () => {
+      const p = prefix
+      return { activeRequests: active, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens, refused: p.refused } }) }
+    },
   }
 }

@@ -12,12 +12,19 @@
  * first sets the request's KV back to its start (drafts the chain rejected), and the last stage
  * answers a verify activation with a verdict (accepted drafts, its own next token).
  *
+ * Prefix reuse: with a KV budget (`kvCacheBytes`) and an engine that keeps prefixes, a finish
+ * that asks to keep a request's KV ends its sequence keeping it under the coordinator's key
+ * (kept-prefixes.ts bounds them, least recently used first), and a later open from that key starts
+ * there. The coordinator's own stage 0 keeps and opens through the same book.
+ *
  * The two roles are two parts over the same links: serving stages in stage-server.ts, watching
  * coordinated requests' tokens in token-watches.ts; this file owns the engine steps both share.
  */
 import type { Batcher } from '../batcher/index.ts'
-import type { StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
-import { StageConfigError } from './errors.ts'
+import type { PrefixKeepingEngine, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
+import { StageConfigError, StagePrefixGoneError } from './errors.ts'
+import { createKeptPrefixes } from './kept-prefixes.ts'
+import type { KeptPrefixesStats } from './kept-prefixes.ts'
 import { createLinks } from './links.ts'
 import type { LinkComponents, LinkOptions, Links } from './links.ts'
 import { createStageServer } from './stage-server.ts'
@@ -29,7 +36,7 @@ export type { TokenWatch } from './token-watches.ts'
 
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
-  engine: StageEngine & { rollback?: (seqId: string, length: number, signal?: AbortSignal) => Promise<void> }
+  engine: StageEngine & { rollback?: (seqId: string, length: number, signal?: AbortSignal) => Promise<void> } & Partial<Pick<PrefixKeepingEngine, 'retain' | 'openFrom' | 'evict'>>
   /** Over `engine`, started by the caller: when given, every step goes through it (shared runs). */
   batcher?: Batcher
   modelId: string
@@ -40,6 +47,11 @@ export interface StageNodeInit extends LinkOptions {
   signer?: { peerId: string, secretKey: Uint8Array }
   /** Why the upstream peer of an open frame may not have this stage work for it (certificate roles); answered as an error frame. */
   authorize?: (from: string) => Error | undefined
+  /**
+   * Bytes of KV this node keeps from finished chain requests for prefix reuse (the node's
+   * --kv-cache-mb); 0 or absent: none kept. Only engines with left-aligned caches keep any.
+   */
+  kvCacheBytes?: number
 }
 
 export interface StageNodeStats {
@@ -51,6 +63,8 @@ export interface StageNodeStats {
   /** Stage-wire frame bytes this node sent and received (activations, tokens, control). */
   bytesSent: number
   bytesReceived: number
+  /** Kept prefixes (absent when this node keeps none). */
+  prefixes?: KeptPrefixesStats
 }
 
 export interface StageNode {
@@ -85,6 +99,19 @@ export interface StageNode {
    * before the first. Gossiped in the capabilities so chains prefer fast holders.
    */
   stepMs (): number | undefined
+  /** Whether this node keeps prefixes (a KV budget and an engine that can). */
+  readonly keepsPrefixes: boolean
+  /**
+   * Ends a sequence keeping its first `length` positions as prefix `key` for coordinator `owner`
+   * (evicting others to stay within the budget); frees it when nothing is kept. Returns what was kept.
+   */
+  keep (seqId: string, key: string, owner: string, length: number): Promise<{ length: number, bytes: number }>
+  /** Opens `seqId` from `length` positions of prefix `key`; SHOAL_ERR_STAGE_PREFIX_GONE when not held (for `owner`). */
+  openFrom (seqId: string, key: string, owner: string, length: number, signal: AbortSignal): Promise<void>
+  /** Whether prefix `key` is kept here now. */
+  holdsPrefix (key: string): boolean
+  /** Drops kept prefixes (e.g. ones the coordinator's index no longer lists); with `owner`, only that coordinator's. */
+  evictPrefixes (keys: readonly string[], owner?: string): Promise<void>
 }
 
 /** Weight of the newest decode step in the measured step time (about the last ten steps count). */
@@ -127,6 +154,44 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     await engine.free(seqId)
   }
 
+  const keepsPrefixes = (init.kvCacheBytes ?? 0) > 0 && engine.retain !== undefined && engine.openFrom !== undefined && engine.evict !== undefined && engine.stage.batchPadding === 'right'
+  const kept = keepsPrefixes ? createKeptPrefixes(init.kvCacheBytes!) : undefined
+
+  async function keep (seqId: string, key: string, owner: string, length: number): Promise<{ length: number, bytes: number }> {
+    if (kept === undefined) { await free(seqId); return { length: 0, bytes: 0 } }
+    init.batcher?.release(seqId)
+    let got: { length: number, bytes: number }
+    try {
+      got = await engine.retain!(seqId, key, length)
+    } catch (err) {
+      await engine.free(seqId).catch(() => {})
+      throw err
+    }
+    if (got.length === 0) return got
+    const { kept: ok, drop } = kept.add({ key, owner, length: got.length, bytes: got.bytes })
+    await engine.evict!(drop)
+    return ok ? got : { length: 0, bytes: 0 }
+  }
+
+  async function openFrom (seqId: string, key: string, owner: string, length: number, signal: AbortSignal): Promise<void> {
+    if (kept === undefined || !kept.take(key, owner, length)) throw new StagePrefixGoneError(`this stage keeps no prefix ${key} of ${length} positions`)
+    try {
+      await engine.openFrom!(seqId, key, length, signal)
+    } catch (err) {
+      if (signal.aborted) throw err
+      // The engine lost it (it should not have): forget it too.
+      kept.remove([key])
+      throw new StagePrefixGoneError(`the engine keeps no prefix ${key}: ${(err as Error).message}`)
+    }
+  }
+
+  async function evictPrefixes (keys: readonly string[], owner?: string): Promise<void> {
+    if (kept === undefined || keys.length === 0) return
+    const gone = owner === undefined ? keys : kept.removeOwned(keys, owner)
+    if (owner === undefined) kept.remove(keys)
+    await engine.evict!(gone)
+  }
+
   const server = createStageServer({
     engine,
     modelId: init.modelId,
@@ -139,6 +204,9 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     step,
     free,
     rollback,
+    keep,
+    openFrom,
+    evict: evictPrefixes,
   })
   const watches = createTokenWatches()
 
@@ -171,7 +239,15 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     rollback,
     waveCap,
     watch: (requestId, peers): TokenWatch => watches.watch(requestId, peers),
-    stats: () => { const b = links.bytes(); return { served: server.size, watched: watches.size, streams: links.streams(), bytesSent: b.sent, bytesReceived: b.received } },
+    stats: () => {
+      const b = links.bytes()
+      return { served: server.size, watched: watches.size, streams: links.streams(), bytesSent: b.sent, bytesReceived: b.received, ...(kept === undefined ? {} : { prefixes: kept.stats() }) }
+    },
     stepMs: () => stepMs,
+    keepsPrefixes,
+    keep,
+    openFrom,
+    holdsPrefix: key => kept?.has(key) ?? false,
+    evictPrefixes,
   }
 }

@@ -5,6 +5,9 @@
  * samples and sends only the token id (or a verify's verdict) to the coordinator. A request's
  * state is dropped on cancel, on error, at its deadline, after an idle timeout, and when the link
  * to a neighbour it depends on goes down; on finish it signs this stage's receipt part first.
+ * Prefix reuse: a finish with `keep` keeps the request's KV under the coordinator's key instead of
+ * freeing it, and an open with `fromKey` starts from such a prefix (or fails with
+ * SHOAL_ERR_STAGE_PREFIX_GONE, which the coordinator answers by reopening without it).
  */
 import { roundTripActivation } from './activations.ts'
 import { createHash } from 'node:crypto'
@@ -13,10 +16,10 @@ import { serializeError } from '../errors.ts'
 import { createReceiptPart } from '../ledger/index.ts'
 import { createRng, nextPick } from '../engine/index.ts'
 import type { Rng, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
-import { StageConfigError, StageLostError, StageWireError } from './errors.ts'
+import { StageConfigError, StageLostError, StagePrefixGoneError, StageWireError } from './errors.ts'
 import { errorBody, remoteError } from './frame-errors.ts'
 import type { Links } from './links.ts'
-import type { OpenBody, StageFrame } from './wire.ts'
+import type { FinishKeep, OpenBody, StageFrame } from './wire.ts'
 import { checkDrafts } from './verify.ts'
 import { MAX_TIMER_MS } from '../abort.ts'
 
@@ -35,6 +38,12 @@ export interface StageServerInit {
   step: (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }) => Promise<StepOutput>
   free: (seqId: string) => Promise<void>
   rollback: (seqId: string, length: number, signal: AbortSignal) => Promise<void>
+  /** Ends a sequence keeping its KV as a prefix (stage-node.ts keep); absent: finish frees. */
+  keep?: (seqId: string, key: string, owner: string, length: number) => Promise<unknown>
+  /** Drops a coordinator's kept prefixes (stage-node.ts evictPrefixes with an owner). */
+  evict?: (keys: readonly string[], owner: string) => Promise<void>
+  /** Opens a sequence from a kept prefix (stage-node.ts openFrom); absent: every fromKey is gone. */
+  openFrom?: (seqId: string, key: string, owner: string, length: number, signal: AbortSignal) => Promise<void>
 }
 
 export interface StageServer {
@@ -77,6 +86,10 @@ const SEND_TIMEOUT_MS = 30_000
 
 export function createStageServer (init: StageServerInit): StageServer {
   const { engine, links, self, step, free, rollback } = init
+  /** Ends a dropped request's sequence: kept as a prefix when its finish asked, else freed. */
+  const release = (s: Served, keep: FinishKeep | undefined): Promise<unknown> => keep === undefined || init.keep === undefined
+    ? free(s.id)
+    : init.keep(s.id, keep.keep, s.open.returnTo, keep.length).catch(async () => { await free(s.id) })
   const stage = engine.stage
   const idleMs = init.idleTimeoutMs
   const served = new Map<string, Served>()
@@ -86,13 +99,13 @@ export function createStageServer (init: StageServerInit): StageServer {
   }
 
   /** Drops a served request: KV freed after its running step stops; cancel goes downstream. */
-  function drop (s: Served, cancelDownstream: boolean): void {
+  function drop (s: Served, cancelDownstream: boolean, keep?: FinishKeep): void {
     if (served.get(s.id) !== s) return
     served.delete(s.id)
     s.ctl.abort(new StageLostError('request dropped'))
     for (const t of s.timers) clearTimeout(t)
     clearTimeout(s.idle)
-    void s.tail.finally(() => free(s.id).catch(() => {}))
+    void s.tail.finally(() => release(s, keep).catch(() => {}))
     if (cancelDownstream && s.next !== undefined) sendSoon(s.next, { kind: 'cancel', requestId: s.id })
   }
 
@@ -155,7 +168,13 @@ export function createStageServer (init: StageServerInit): StageServer {
     touch(s)
     // Open downstream right away: frames on one link keep their order, so it precedes our output.
     if (s.next !== undefined) sendSoon(s.next, { kind: 'open', requestId: s.id, open: { ...o, hop: o.hop + 1 } })
-    s.tail = engine.open(s.id, s.ctl.signal).then(() => {}, (err: unknown) => fail(s, err))
+    const prefix = o.fromKey === undefined ? undefined : { key: o.fromKey, length: o.fromLength! }
+    s.tail = (prefix === undefined
+      ? engine.open(s.id, s.ctl.signal).then(() => {})
+      : init.openFrom === undefined
+        ? Promise.reject(new StagePrefixGoneError('this stage keeps no prefixes'))
+        : init.openFrom(s.id, prefix.key, o.returnTo, prefix.length, s.ctl.signal).then(() => { s.held = prefix.length })
+    ).catch((err: unknown) => fail(s, err))
   }
 
   function onActivation (f: Extract<StageFrame, { kind: 'activation' }>, from: string): void {
@@ -221,7 +240,7 @@ export function createStageServer (init: StageServerInit): StageServer {
       }
       case 'finish': {
         const s = served.get(f.requestId)
-        if (s !== undefined) void finish(s)
+        if (s !== undefined) void finish(s, f.keep, f.evict)
         return
       }
       case 'part': return // for a request no longer watched
@@ -237,7 +256,7 @@ export function createStageServer (init: StageServerInit): StageServer {
   }
 
   /** The request completed: sign this stage's part for the coordinator, then pass finish on and drop. */
-  async function finish (s: Served): Promise<void> {
+  async function finish (s: Served, keep: FinishKeep | undefined, evict: string[] | undefined): Promise<void> {
     // Steps still running for the request finish first, so the hashes cover everything.
     await s.tail.catch(() => {})
     if (served.get(s.id) !== s) return
@@ -261,8 +280,10 @@ export function createStageServer (init: StageServerInit): StageServer {
       }
     }
     sendSoon(s.open.returnTo, { kind: 'part', requestId: s.id, part })
-    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id })
-    drop(s, false)
+    if (s.next !== undefined) sendSoon(s.next, { kind: 'finish', requestId: s.id, ...(keep === undefined ? {} : { keep }), ...(evict === undefined ? {} : { evict }) })
+    // Prefixes the coordinator's index dropped: only its own keys go.
+    if (evict !== undefined) void init.evict?.(evict, s.open.returnTo).catch(() => {})
+    drop(s, false, keep)
   }
 
   return {

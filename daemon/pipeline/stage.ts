@@ -54,6 +54,8 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   metrics?: Registry
   /** Why an upstream peer may not have this stage work for it (certificate roles), or undefined. */
   authorize?: (from: string) => Error | undefined
+  /** Bytes of KV kept from finished chain requests for prefix reuse (stage-node.ts); 0 or absent: none. */
+  kvCacheBytes?: number
 }
 
 export interface PipelineStage {

@@ -8,6 +8,10 @@
  *   open        JSON (fixed key order): model, manifest hash, the chain, this hop, who gets the
  *               tokens, sampling params, RNG draws to skip (replay), deadline[, receipt id]
  *               [, activations: "f16" | "int8" — the chain's activation encoding; absent = f32]
+ *               [, fromKey, fromLength — open the request from the first fromLength positions
+ *               of the prefix this stage kept under fromKey (a finish with keep); a stage that no
+ *               longer holds it answers SHOAL_ERR_STAGE_PREFIX_GONE and the coordinator reopens
+ *               the request without them]
  *   activation  u8 flags (bit 0: final — the last stage samples after this one; bit 1: verify) | u8
  *               dtype | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position
  *               | u32 rows | u32 width | with verify: u32 k | k × u32 draft token ids | the tensor
@@ -27,8 +31,13 @@
  *               how many drafts stand, and its own token after them (at `position`)
  *   error       JSON {name, code, message[, peerId]}
  *   cancel      empty (drop the request's state here and downstream)
- *   finish      empty (the request completed: each stage sends its signed receipt part to the
- *               coordinator, then drops the request's state and passes finish downstream)
+ *   finish      empty, or JSON {[keep, length][, evict]}: the request completed — each stage sends
+ *               its signed receipt part to the coordinator, then drops the request's state (with
+ *               keep: ends the sequence keeping its first `length` positions' KV under the key
+ *               `keep`, within the stage's budget; with evict: also drops the coordinator's kept
+ *               prefixes of those keys, 1-64, which its index no longer lists) and passes finish
+ *               downstream. The body was added within version 2: a finish without one is
+ *               byte-for-byte the old frame.
  *   part        JSON: one stage's signed receipt part (daemon/ledger/README.md), or {} from a stage
  *               that signs none
  * Tensor bytes start 4-byte aligned within the payload, so a decoder can view them in place.
@@ -42,6 +51,8 @@ import { ACTIVATION_DTYPES, decodeActivation, encodeActivation, encodedBytes, EN
 /** 2.0.0: activation frames may carry drafts to verify (speculative decoding), answered by verdict frames. */
 export const STAGE_PROTOCOL = '/shoal/stage/2.0.0'
 export const STAGE_WIRE_VERSION = 2
+/** Kept-prefix keys one finish frame may ask a stage to evict. */
+export const MAX_FINISH_EVICT = 64
 /** Drafts one verify frame may carry. */
 export const MAX_VERIFY_DRAFTS = 255
 /** One prefill chunk of a large model's activations fits (256 × 8192 × 4 = 8 MiB). */
@@ -77,6 +88,17 @@ export interface OpenBody {
   receiptId?: string
   /** The chain's lossy activation encoding (every hop sends its activations so); absent: exact f32. */
   activations?: 'f16' | 'int8'
+  /** Open from the first `fromLength` positions of the prefix kept under `fromKey` (both or neither). */
+  fromKey?: string
+  fromLength?: number
+}
+
+/** What a finish asks each stage to keep of the request's KV (prefix reuse on chains). */
+export interface FinishKeep {
+  /** The key the coordinator will open later requests from (unique to the coordinator). */
+  keep: string
+  /** Positions to keep (a stage keeps what it holds, at most these). */
+  length: number
 }
 
 export type StageFrame =
@@ -91,7 +113,8 @@ export type StageFrame =
   /** `peerId`: the stage peer an error is about (a lost link names it, so a replay avoids it). */
   | { kind: 'error', requestId: string, error: SerializedError & { peerId?: string } }
   | { kind: 'cancel', requestId: string }
-  | { kind: 'finish', requestId: string }
+  /** `keep`: keep the request's KV as a prefix; `evict`: the coordinator's kept prefixes to drop (1-MAX_FINISH_EVICT keys). */
+  | { kind: 'finish', requestId: string, keep?: FinishKeep, evict?: string[] }
   | { kind: 'part', requestId: string, part: Record<string, unknown> }
 
 if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the stage wire format assumes a little-endian host')
@@ -120,12 +143,14 @@ function encodeOpen (o: OpenBody): Uint8Array {
     deadline: o.deadline,
     ...(o.receiptId === undefined ? {} : { receiptId: o.receiptId }),
     ...(o.activations === undefined ? {} : { activations: o.activations }),
+    ...(o.fromKey === undefined ? {} : { fromKey: o.fromKey, fromLength: o.fromLength }),
   }))
 }
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v)
 const isStr = (v: unknown): v is string => typeof v === 'string' && v.length > 0 && v.length <= 256
 const isNum = (v: unknown): v is number => typeof v === 'number' && Number.isFinite(v)
+const validEvict = (v: unknown): v is string[] => Array.isArray(v) && v.length >= 1 && v.length <= MAX_FINISH_EVICT && v.every(isStr)
 
 function decodeOpen (v: unknown): OpenBody {
   if (!isObj(v) || !isStr(v.modelId) || !isStr(v.manifestHash) || !isStr(v.returnTo) || !isNum(v.deadline)) throw malformed('open body: bad model, manifest hash, returnTo or deadline')
@@ -143,9 +168,13 @@ function decodeOpen (v: unknown): OpenBody {
   const sampling = s.seed === undefined ? { temperature: s.temperature, topP: s.topP } : { temperature: s.temperature, topP: s.topP, seed: s.seed as number }
   if (v.receiptId !== undefined && !isStr(v.receiptId)) throw malformed('open body: bad receiptId')
   if (v.activations !== undefined && v.activations !== 'f16' && v.activations !== 'int8') throw malformed('open body: activations must be "f16" or "int8" (absent: f32)')
+  if ((v.fromKey === undefined) !== (v.fromLength === undefined) || (v.fromKey !== undefined && (!isStr(v.fromKey) || !isU32(v.fromLength) || v.fromLength === 0))) {
+    throw malformed('open body: fromKey (a key) and fromLength (> 0) come together')
+  }
   const open: OpenBody = { modelId: v.modelId, manifestHash: v.manifestHash, chain, hop: v.hop as number, returnTo: v.returnTo, sampling, rngSkip: v.rngSkip, deadline: v.deadline }
   if (v.receiptId !== undefined) open.receiptId = v.receiptId
   if (v.activations !== undefined) open.activations = v.activations
+  if (v.fromKey !== undefined) { open.fromKey = v.fromKey as string; open.fromLength = v.fromLength as number }
   return open
 }
 
@@ -220,8 +249,19 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
       dv.setUint32(8, f.tokenId, true)
       return [out]
     }
-    case 'cancel':
-    case 'finish': return [header(f.kind, f.requestId, 0).out]
+    case 'cancel': return [header(f.kind, f.requestId, 0).out]
+    case 'finish': {
+      if (f.keep === undefined && f.evict === undefined) return [header(f.kind, f.requestId, 0).out]
+      if (f.keep !== undefined && (!isStr(f.keep.keep) || !isU32(f.keep.length) || f.keep.length === 0)) throw malformed('finish: keep needs a key and a length > 0')
+      if (f.evict !== undefined && !validEvict(f.evict)) throw malformed(`finish: evict lists 1-${MAX_FINISH_EVICT} keys`)
+      const body = utf8.encode(JSON.stringify({
+        ...(f.keep === undefined ? {} : { keep: f.keep.keep, length: f.keep.length }),
+        ...(f.evict === undefined ? {} : { evict: f.evict }),
+      }))
+      const { out, at } = header('finish', f.requestId, body.length)
+      out.set(body, at)
+      return [out]
+    }
     case 'part': {
       const body = utf8.encode(JSON.stringify(f.part))
       const { out, at } = header('part', f.requestId, body.length)
@@ -289,9 +329,19 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       return { kind, requestId, error: v.peerId === undefined ? error : { ...error, peerId: v.peerId } }
     }
     case 'cancel':
-    case 'finish':
       if (body.length !== 0) throw malformed(`${kind} frame has a body`)
       return { kind, requestId }
+    case 'finish': {
+      if (body.length === 0) return { kind, requestId }
+      const v = parseJson(body, kind)
+      if (!isObj(v) || (v.keep === undefined && v.evict === undefined) || (v.keep === undefined) !== (v.length === undefined)) throw malformed('finish body must be {[keep, length][, evict]}')
+      if (v.keep !== undefined && (!isStr(v.keep) || !isU32(v.length) || v.length === 0)) throw malformed('finish body: keep needs a key and a length > 0')
+      if (v.evict !== undefined && !validEvict(v.evict)) throw malformed(`finish body: evict lists 1-${MAX_FINISH_EVICT} keys`)
+      const f: Extract<StageFrame, { kind: 'finish' }> = { kind, requestId }
+      if (v.keep !== undefined) f.keep = { keep: v.keep as string, length: v.length as number }
+      if (v.evict !== undefined) f.evict = v.evict as string[]
+      return f
+    }
     case 'part': {
       const v = parseJson(body, kind)
       if (!isObj(v)) throw malformed('part body must be a JSON object')

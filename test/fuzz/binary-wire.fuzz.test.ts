@@ -74,8 +74,10 @@ const stageFrame: fc.Arbitrary<StageFrame> = id(255).chain((requestId): fc.Arbit
     chain: fc.array(fc.record({ peerId: id(256), layers: fc.tuple(u32, u32).map(([a, b]) => [Math.min(a, b), Math.max(a, b)] as [number, number]) }), { minLength: 2, maxLength: 5 }),
     sampling: fc.record({ temperature: fc.double({ min: 0, noNaN: true, noDefaultInfinity: true }).map(x => x === 0 ? 0 : x), topP: num, seed: fc.maxSafeInteger() }, { requiredKeys: ['temperature', 'topP'] }),
     rngSkip: u32, deadline: num, receiptId: id(256), hopSeed: fc.nat(),
+    // Prefix reuse: fromKey and fromLength come together.
+    from: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })),
   }, { requiredKeys: ['modelId', 'manifestHash', 'returnTo', 'chain', 'sampling', 'rngSkip', 'deadline', 'hopSeed'] })
-    .map(({ hopSeed, ...o }) => ({ kind: 'open' as const, requestId, open: { ...o, hop: 1 + (hopSeed % (o.chain.length - 1)) } })),
+    .map(({ hopSeed, from, ...o }) => ({ kind: 'open' as const, requestId, open: { ...o, hop: 1 + (hopSeed % (o.chain.length - 1)), ...(from === undefined ? {} : { fromKey: from[0], fromLength: from[1] }) } })),
   fc.tuple(u32, fc.boolean(), shape).chain(([start, final, [rows, width]]) => f32s(rows * width).map(data => ({ kind: 'activation' as const, requestId, start, final, rows, width, data }))),
   fc.tuple(u32, fc.integer({ min: 1, max: 5 }), fc.integer({ min: 1, max: 4 })).chain(([start, rows, width]) =>
     fc.tuple(f32s(rows * width), fc.array(u32, { minLength: rows - 1, maxLength: rows - 1 }))
@@ -84,6 +86,8 @@ const stageFrame: fc.Arbitrary<StageFrame> = id(255).chain((requestId): fc.Arbit
   fc.tuple(u32, u32, u32).map(([position, accepted, tokenId]) => ({ kind: 'verdict' as const, requestId, position, accepted, tokenId })),
   fc.record({ name: str, code: str, message: fc.string({ unit: 'binary', maxLength: 40 }), peerId: id(256) }, { requiredKeys: ['name', 'code', 'message'] }).map(error => ({ kind: 'error' as const, requestId, error })),
   fc.constantFrom('cancel' as const, 'finish' as const).map(kind => ({ kind, requestId })),
+  fc.record({ keep: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })), evict: fc.array(id(256), { minLength: 1, maxLength: 4 }) }, { requiredKeys: [] })
+    .map(({ keep, evict }) => ({ kind: 'finish' as const, requestId, ...(keep === undefined ? {} : { keep: { keep: keep[0], length: keep[1] } }), ...(evict === undefined ? {} : { evict }) })),
   fc.dictionary(fc.string({ maxLength: 6 }), jsonish).map(part => ({ kind: 'part' as const, requestId, part })),
 ))
 

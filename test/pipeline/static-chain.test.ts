@@ -24,10 +24,12 @@ describe('local chain on static graphs', () => {
     await generateTestModel({ architecture: 'llama', outDir: ckpt, size: 'tiny', seed: 4 })
     const whole = await compileShards({ modelDir: ckpt, outDir: join(root, 'whole'), modelId: 'static-chain' })
     await compileShards({ modelDir: ckpt, outDir: join(root, 'two'), modelId: 'static-chain', stages: 2, static: { contextLength: CTX, chunk: 4 } })
-    const chain = createLocalChain({ shardDir: join(root, 'two'), engines: [{ backend: 'onnxruntime', device: 'CPU' }], graphs: 'static', threads: 1 })
+    const chain = createLocalChain({ shardDir: join(root, 'two'), engines: [{ backend: 'onnxruntime', device: 'CPU' }], graphs: 'static', threads: 1, kvCacheBytes: 1 << 20 })
     await chain.start()
     try {
       expect(chain.service.models()[0]!.contextLength).toBe(CTX)
+      // Static graphs keep no prefixes (their caches are not left-aligned): reuse stays off.
+      expect(chain.service.stats().prefix).toBeUndefined()
       const events: GenerateEvent[] = []
       for await (const ev of chain.service.generate({
         requestId: 'c1', model: 'static-chain', prompt: { kind: 'text', text: 'The quick brown fox jumps over the lazy dog' }, maxTokens: undefined,

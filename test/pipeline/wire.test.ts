@@ -71,6 +71,21 @@ describe('stage wire golden bytes', () => {
     const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5}'
     expect(hex(payloadOf({ kind: 'open', requestId: 'x', open }))).toBe('02' + '01' + '01' + '78' + hex(Buffer.from(body)))
   })
+  it('pins the prefix-reuse fields (version 2, optional: frames without them are unchanged): open fromKey + fromLength, finish with keep', () => {
+    const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5,"fromKey":"k1","fromLength":38}'
+    const withFrom: StageFrame = { kind: 'open', requestId: 'x', open: { ...open, fromKey: 'k1', fromLength: 38 } }
+    expect(hex(payloadOf(withFrom))).toBe('02' + '01' + '01' + '78' + hex(Buffer.from(body)))
+    expect(decodePayload(payloadOf(withFrom))).toEqual(withFrom)
+    const keep: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k1', length: 40 } }
+    expect(hex(payloadOf(keep))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k1","length":40}')))
+    expect(decodePayload(payloadOf(keep))).toEqual(keep)
+    const both: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k2', length: 9 }, evict: ['k1', 'k0'] }
+    expect(hex(payloadOf(both))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k2","length":9,"evict":["k1","k0"]}')))
+    expect(decodePayload(payloadOf(both))).toEqual(both)
+    const evictOnly: StageFrame = { kind: 'finish', requestId: 'r1', evict: ['k1'] }
+    expect(hex(payloadOf(evictOnly))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"evict":["k1"]}')))
+    expect(decodePayload(payloadOf(evictOnly))).toEqual(evictOnly)
+  })
 })
 
 describe('stage wire decoding', () => {
@@ -143,6 +158,19 @@ describe('stage wire decoding', () => {
     expect(() => decodePayload(noId)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     const badOpen = payloadOf({ kind: 'open', requestId: 'x', open: { ...open, hop: 0 } })
     expect(() => decodePayload(badOpen)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+  })
+
+  it('refuses prefix-reuse fields that do not come together or are out of range', () => {
+    for (const bad of [{ fromKey: 'k' }, { fromLength: 3 }, { fromKey: 'k', fromLength: 0 }, { fromKey: '', fromLength: 3 }, { fromKey: 'k', fromLength: -1 }]) {
+      const body = Buffer.from(JSON.stringify({ ...open, sampling: { temperature: 0, topP: 1 }, ...bad }))
+      expect(() => decodePayload(Uint8Array.of(2, 1, 1, 0x78, ...body)), JSON.stringify(bad)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    }
+    const many = JSON.stringify({ evict: Array.from({ length: 65 }, (_, i) => `k${i}`) })
+    for (const bad of ['{}', '{"keep":"k"}', '{"length":3}', '{"keep":"k","length":0}', '{"keep":1,"length":3}', '[1]', '{"evict":[]}', '{"evict":[1]}', '{"evict":"k"}', '{"evict":[""]}', many]) {
+      expect(() => decodePayload(Uint8Array.of(2, 6, 1, 0x78, ...Buffer.from(bad))), bad).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    }
+    expect(() => encodeFrame({ kind: 'finish', requestId: 'r', keep: { keep: 'k', length: 0 } })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    expect(() => encodeFrame({ kind: 'finish', requestId: 'r', evict: [] })).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
   })
 
   it('refuses to encode an oversized frame', () => {

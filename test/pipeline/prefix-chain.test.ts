@@ -1,0 +1,329 @@
+/**
+ * KV prefix reuse on pipeline chains (real stage nodes on loopback, the tiny fp32 model split in 2
+ * and 3 stages): greedy tokens with reuse identical to a cold run of the unsplit model over whole
+ * sequences; a repeated prompt and a follow-up turn prefill only what is new (counted); with
+ * reuseGenerated a follow-up turn prefills only its new message; a stage that evicted the prefix
+ * within its own budget answers so and the request is prefilled whole, with the same tokens; and
+ * every stage ends holding no live sequence, only kept prefixes.
+ */
+import { Registry } from 'prom-client'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createLocalService } from '../../daemon/engine/index.ts'
+import type { LocalService } from '../../daemon/engine/index.ts'
+import { createLocalChain, createPipelineService } from '../../daemon/pipeline/index.ts'
+import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { buildModels, eventually, holderOf, startStage, stopHost } from './fixture.ts'
+import type { Models, StageHost } from './fixture.ts'
+
+const MIB = 1024 * 1024
+
+let models: Models
+let cold: LocalService
+let counter = 0
+
+beforeAll(async () => {
+  models = await buildModels()
+  // The reference: the unsplit model with prefix reuse off (every prompt prefilled whole).
+  cold = createLocalService({ shardDir: models.whole, threads: 1, kvCacheBytes: 0 })
+  await cold.start()
+}, 120_000)
+afterAll(async () => {
+  await cold?.stop()
+  await models?.cleanup()
+})
+
+function request (ids: number[], maxTokens = 24): GenerateRequest {
+  return {
+    requestId: `pc-${++counter}`,
+    model: 'chain-test',
+    prompt: { kind: 'tokens', ids },
+    maxTokens,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+  }
+}
+
+interface Run { tokens: number[], start: Extract<GenerateEvent, { type: 'start' }>, end: Extract<GenerateEvent, { type: 'end' }> }
+
+async function run (svc: { generate: LocalService['generate'] }, req: GenerateRequest): Promise<Run> {
+  const tokens: number[] = []
+  let start: Run['start'] | undefined
+  let end: Run['end'] | undefined
+  for await (const ev of svc.generate(req, new AbortController().signal)) {
+    if (ev.type === 'start') start = ev
+    if (ev.type === 'delta') tokens.push(...ev.tokenIds)
+    if (ev.type === 'end') end = ev
+  }
+  return { tokens, start: start!, end: end! }
+}
+
+/** Deterministic pseudo-random token ids in [3, 512). */
+function tokens (n: number, seed: number): number[] {
+  let x = seed * 2654435761 >>> 0
+  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % 509 })
+}
+
+function rangesOf (stages: number): Array<[number, number]> {
+  const L = models.manifest.shape.numLayers
+  return stages === 2 ? [[0, L / 2 - 1], [L / 2, L - 1]] : [[0, L / 2 - 1], [L / 2, L - 2], [L - 1, L - 1]]
+}
+
+/** KV bytes per position of a stage holding `layers` of the tiny model (key and value, f32). */
+function bytesPerToken (layers: [number, number]): number {
+  const s = models.manifest.shape
+  return 2 * (layers[1] - layers[0] + 1) * s.numKvHeads * (s.hiddenSize / s.numHeads) * 4
+}
+
+async function startChain (stages: number, budgets: (layers: [number, number], i: number) => number): Promise<StageHost[]> {
+  const dir = stages === 2 ? models.two : models.three
+  const hosts: StageHost[] = []
+  for (const [i, r] of rangesOf(stages).entries()) hosts.push(await startStage(dir, r, { kvCacheBytes: budgets(r, i) }))
+  return hosts
+}
+
+async function startService (hosts: StageHost[], stages: number, over: Partial<PipelineServiceInit> = {}): Promise<PipelineService> {
+  const svc = createPipelineService({ stage: hosts[0]!.stage, shardDir: stages === 2 ? models.two : models.three, prefixBlockSize: 8, ...over }, { holders: () => hosts.slice(1).map(h => holderOf(h)) })
+  await svc.start()
+  return svc
+}
+
+/** Prompt positions a request prefilled, and those it took from a kept prefix. */
+async function counted<T> (svc: PipelineService, f: () => Promise<T>): Promise<{ value: T, miss: number, hit: number }> {
+  const before = svc.stats().prefix!
+  const value = await f()
+  const after = svc.stats().prefix!
+  return { value, miss: after.missTokens - before.missTokens, hit: after.hitTokens - before.hitTokens }
+}
+
+/** Every stage holds no live sequence (kept prefixes stay), and serves or watches nothing. */
+async function settled (hosts: StageHost[]): Promise<void> {
+  for (const h of hosts) {
+    expect(await eventually(() => h.stage.node.engine.stats(), s => s.liveSequences === 0)).toMatchObject({ liveSequences: 0 })
+    expect(await eventually(() => h.stage.node.stats(), s => s.served === 0 && s.watched === 0)).toMatchObject({ served: 0, watched: 0 })
+  }
+}
+
+describe.each([
+  { name: '2-stage', stages: 2 },
+  { name: '3-stage', stages: 3 },
+])('prefix reuse on a $name chain', ({ stages }) => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+  const registry = new Registry()
+
+  beforeAll(async () => {
+    hosts = await startChain(stages, () => 64 * MIB)
+    service = await startService(hosts, stages, { metrics: registry })
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('gives a cold run\'s greedy tokens; a repeated prompt and a follow-up turn prefill only what is new', async () => {
+    const a = tokens(40, stages)
+    const first = await counted(service, () => run(service, request(a)))
+    expect(first.value.start.prefix).toBeUndefined()
+    expect(first.miss).toBe(a.length)
+    const want = await run(cold, request(a))
+    expect(first.value.tokens).toEqual(want.tokens)
+    expect(new Set(want.tokens).size).toBeGreaterThan(4)
+    await settled(hosts)
+    // Every stage kept the prompt's KV.
+    for (const h of hosts) expect((await h.stage.node.engine.stats()).keptPrefixes).toBe(1)
+
+    // The same prompt again: all but the last two positions come from the chain's kept prefix.
+    const again = await counted(service, () => run(service, request(a)))
+    expect(again.value.start.prefix).toBe('reused')
+    expect(again.value.start.route).toEqual(hosts.map(h => h.peerId))
+    expect(again.hit).toBe(a.length - 2)
+    expect(again.miss).toBe(2)
+    expect(again.value.tokens).toEqual(want.tokens)
+
+    // Turn 2 of a chat: the history, the reply and a new message; only the reply and message run.
+    const b = [...a, ...first.value.tokens, ...tokens(7, 100 + stages)]
+    const turn2 = await counted(service, () => run(service, request(b)))
+    expect(turn2.value.start.prefix).toBe('reused')
+    expect(turn2.hit).toBe(a.length)
+    expect(turn2.miss).toBe(b.length - a.length)
+    expect(turn2.value.tokens).toEqual((await run(cold, request(b))).tokens)
+    // Turn 2's prompt superseded turn 1's in the index; the start of both is kept once on stage 0.
+    expect(service.stats().prefix!.entries).toBe(1)
+    await settled(hosts)
+    expect((await hosts[0]!.stage.node.engine.stats()).keptPrefixes).toBe(1)
+    // The other stages drop turn 1's copy with the chain's next finish.
+    for (const h of hosts.slice(1)) expect((await h.stage.node.engine.stats()).keptPrefixes).toBe(2)
+    expect((await run(service, request(b))).tokens).toEqual(turn2.value.tokens)
+    for (const h of hosts) expect(await eventually(() => h.stage.node.engine.stats(), s => s.keptPrefixes === 1)).toMatchObject({ keptPrefixes: 1 })
+    await settled(hosts)
+
+    const text = await registry.metrics()
+    const s = service.stats().prefix!
+    expect(text).toContain(`shoal_kv_prefix_hit_tokens_total{model="chain-test"} ${s.hitTokens}`)
+    expect(text).toContain(`shoal_kv_prefix_miss_tokens_total{model="chain-test"} ${s.missTokens}`)
+  }, 120_000)
+
+  it('samples a seeded request with reuse exactly as without (the last stage\'s draws do not depend on what was prefilled)', async () => {
+    const p = tokens(33, 500 + stages)
+    const seeded = (): GenerateRequest => ({ ...request(p), sampling: { temperature: 0.9, topP: 0.95, seed: 77 } })
+    const want = (await run(cold, seeded())).tokens
+    const first = await run(service, seeded())
+    const again = await run(service, seeded())
+    expect(first.start.prefix).toBeUndefined()
+    expect(again.start.prefix).toBe('reused')
+    expect(first.tokens).toEqual(want)
+    expect(again.tokens).toEqual(want)
+  }, 120_000)
+
+  it('concurrent requests sharing a kept prefix (their steps batched at every stage) each give the cold run\'s tokens', async () => {
+    const a = tokens(40, stages)
+    const prompts = [0, 1, 2].map(i => [...a, ...tokens(5 + i, 200 + i)])
+    const want = await Promise.all(prompts.map(async p => (await run(cold, request(p))).tokens))
+    const got = await Promise.all(prompts.map(async p => await run(service, request(p))))
+    for (const [i, r] of got.entries()) {
+      expect(r.start.prefix).toBe('reused')
+      expect(r.tokens).toEqual(want[i])
+    }
+    await settled(hosts)
+  }, 120_000)
+
+  it('stays off under a source wrapper (speculative decoding prefills the whole prompt itself)', async () => {
+    const wrapped = await startService(hosts, stages, { sourceWrapper: { wrapChain: ({ chain }) => ({ prefill: chain.prefill, decode: chain.decode }) } })
+    try {
+      const kept = async (): Promise<number[]> => await Promise.all(hosts.map(async h => (await h.stage.node.engine.stats()).keptPrefixes ?? 0))
+      const before = await kept()
+      const p = tokens(40, 300 + stages)
+      const want = (await run(cold, request(p))).tokens
+      for (let i = 0; i < 2; i++) {
+        const r = await run(wrapped, request(p))
+        expect(r.start.prefix).toBeUndefined()
+        expect(r.tokens).toEqual(want)
+      }
+      expect(wrapped.stats().prefix).toBeUndefined()
+      await settled(hosts)
+      expect(await kept()).toEqual(before)
+    } finally {
+      await wrapped.stop()
+    }
+  }, 120_000)
+
+  it('with reuseGenerated, each follow-up turn prefills only its new message (and the unfed last reply token)', async () => {
+    const generative = await startService(hosts, stages, { reuseGenerated: true })
+    try {
+      let history = tokens(21, 40 + stages)
+      let newTokens = 0
+      for (let turn = 0; turn < 3; turn++) {
+        const r = await counted(generative, () => run(generative, request(history, 10)))
+        expect(r.miss).toBe(turn === 0 ? history.length : newTokens)
+        expect(r.value.start.prefix).toBe(turn === 0 ? undefined : 'reused')
+        const user = tokens(6 + turn, 50 + turn)
+        newTokens = user.length + (r.value.end.finishReason === 'length' ? 1 : 0)
+        history = [...history, ...r.value.tokens, ...user]
+      }
+      await settled(hosts)
+    } finally {
+      await generative.stop()
+    }
+  }, 120_000)
+})
+
+describe('a stage that evicted the prefix (3 stages, the middle one with room for one prompt)', () => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+
+  beforeAll(async () => {
+    // The middle stage keeps one 40-position prompt, not two; the others keep plenty.
+    hosts = await startChain(3, (layers, i) => i === 1 ? bytesPerToken(layers) * 60 : 64 * MIB)
+    service = await startService(hosts, 3)
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('answers so, and the request is prefilled whole with the cold run\'s tokens; the next one reuses again', async () => {
+    const p = tokens(40, 7)
+    const q = tokens(40, 8)
+    const want = (await run(cold, request(p))).tokens
+    expect((await run(service, request(p))).tokens).toEqual(want)
+    expect((await run(service, request(q))).tokens).toEqual((await run(cold, request(q))).tokens)
+    await settled(hosts)
+    // The middle stage evicted p's KV to keep q's; stage 0 and the last stage hold both.
+    const middle = hosts[1]!.stage.node.stats().prefixes!
+    expect(middle).toMatchObject({ entries: 1, evictions: 1 })
+    expect(hosts[0]!.stage.node.stats().prefixes!.entries).toBe(2)
+
+    // p again: the coordinator opens from its key, the middle stage no longer has it.
+    const fallback = await counted(service, () => run(service, request(p)))
+    expect(fallback.value.tokens).toEqual(want)
+    expect(fallback.value.start.prefix).toBeUndefined()
+    expect(fallback.miss).toBe(p.length)
+    expect(fallback.hit).toBe(0)
+    expect(service.stats().prefix!.refused).toBe(1)
+    await settled(hosts)
+
+    // After a refusal the chain keeps nothing for one finish (keepSkips); then p is kept again on
+    // every stage and the next request reuses it.
+    const whole = await counted(service, () => run(service, request(p)))
+    expect(whole.value.start.prefix).toBeUndefined()
+    expect(whole.value.tokens).toEqual(want)
+    await settled(hosts)
+    const reused = await counted(service, () => run(service, request(p)))
+    expect(reused.value.start.prefix).toBe('reused')
+    expect(reused.hit).toBe(p.length - 2)
+    expect(reused.value.tokens).toEqual(want)
+    await settled(hosts)
+  }, 120_000)
+})
+
+describe('a chain with a stage that keeps nothing (no KV budget)', () => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+
+  beforeAll(async () => {
+    hosts = await startChain(2, (_, i) => i === 1 ? 0 : 64 * MIB)
+    service = await startService(hosts, 2)
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('gives the cold run\'s tokens every time, and tries that chain\'s prefixes ever more rarely', async () => {
+    const p = tokens(40, 9)
+    const want = (await run(cold, request(p, 12))).tokens
+    for (let i = 0; i < 10; i++) {
+      const r = await run(service, request(p, 12))
+      expect(r.tokens).toEqual(want)
+      expect(r.start.prefix).toBeUndefined()
+    }
+    // Refused at the 2nd, 4th and 8th request: after each, 1, 3, then 7 finishes keep nothing.
+    expect(service.stats().prefix!.refused).toBe(3)
+    expect(hosts[1]!.stage.node.stats().prefixes).toBeUndefined()
+    await settled(hosts)
+    expect((await hosts[1]!.stage.node.engine.stats()).keptPrefixes ?? 0).toBe(0)
+  }, 120_000)
+})
+
+describe('a local chain (every stage in this process)', () => {
+  it('shares its KV budget among its stages and reuses a kept prefix with the cold run\'s tokens', async () => {
+    const chain = createLocalChain({ shardDir: models.three, engines: [{ backend: 'onnxruntime', device: 'CPU' }], threads: 1, kvCacheBytes: 64 * MIB })
+    await chain.start()
+    try {
+      const L = models.manifest.shape.numLayers
+      expect(chain.stages.map(s => s.node.stats().prefixes!.budgetBytes)).toEqual(rangesOf(3).map(r => Math.floor(64 * MIB * (r[1] - r[0] + 1) / L)))
+      const p = tokens(30, 600)
+      const want = (await run(cold, request(p))).tokens
+      const first = await run(chain.service, request(p))
+      const again = await run(chain.service, request(p))
+      expect(first.tokens).toEqual(want)
+      expect(again.tokens).toEqual(want)
+      expect(again.start.prefix).toBe('reused')
+      expect(chain.service.stats().prefix).toMatchObject({ hitTokens: p.length - 2, missTokens: p.length + 2 })
+    } finally {
+      await chain.stop()
+    }
+  }, 120_000)
+})
