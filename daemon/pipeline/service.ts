@@ -311,7 +311,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             hops: chain.hops,
             manifestHash: stage.manifestHash,
             receiptId: request.requestId,
-            ...(chain.reused > 0 ? { prefix: 'reused' as const } : {}),
+            ...(chain.reused > 0 ? { prefix: { peerId: node.peerId, reusedTokens: chain.reused } } : {}),
           }),
           delta: tokenIds => { fed.push(...tokenIds) },
           summary: () => w?.summary?.(),
