@@ -526,6 +526,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       joinWindowMs,
       metrics,
       ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }),
+      ...(config.routing?.prefix === undefined ? {} : { prefixPolicy: config.routing.prefix }),
       ...(config.prefixRouting === undefined ? {} : { prefixRouting: config.prefixRouting }),
     }, {
       local,
