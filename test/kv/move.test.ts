@@ -140,7 +140,7 @@ describe('KV mobility between two nodes', () => {
     // A kept turn 1's prompt (45 positions): all of it came over the wire, only the rest ran.
     expect(after.hitTokens - before.hitTokens).toBe(turn1.length)
     expect(after.missTokens - before.missTokens).toBe(turn2.length - turn1.length)
-    expect(got.start.prefix).toBe('moved')
+    expect(got.start.prefix).toEqual({ peerId: b.peerId, reusedTokens: turn1.length, movedFrom: a.peerId })
     const bytes = 45 * 2 * 4 * 2 * 16 * 4 // positions × (k, v) × layers × kv heads × head dim × f32
     expect(await metric(b, 'shoal_kv_pulls_total', 'outcome="ok"')).toBe(1)
     expect(await metric(b, 'shoal_kv_transfer_bytes_total', 'direction="in"')).toBe(bytes)
@@ -150,7 +150,8 @@ describe('KV mobility between two nodes', () => {
     const turn3 = [...turn2, ...got.tokens, ...tokens(5, 3, vocab)]
     const third = await run(b.service, request(model, turn3, { prefixHolder: { peerId: a.peerId, cachedTokens: turn1.length } }))
     expect(third.tokens).toEqual((await run(cold, request(model, turn3))).tokens)
-    expect(third.start.prefix).toBe('reused')
+    // Its own kept turn 2 prompt (not moved: no movedFrom).
+    expect(third.start.prefix).toEqual({ peerId: b.peerId, reusedTokens: turn2.length })
     expect(await metric(b, 'shoal_kv_pulls_total', 'outcome="ok"')).toBe(1)
   }, 120_000)
 
