@@ -119,6 +119,12 @@ describe('KV mobility through real daemons', () => {
   })
 
   it('a follow-up routed to the replica without the prefix pulls it from the holder and equals a cold run', async () => {
+    // B has served before, so it has measured its own prefill speed (prompts of 64+ new tokens):
+    // the pull decision then weighs that against its link to A, which no pull has measured yet.
+    // (Judged at the old pessimistic 100 Mbit/s default, B never pulled once its prefill beat
+    // ~3,300 tokens/s, as it does on the 2-core test machine: a defect this test found. The first
+    // pull from a peer is now a probe at 1 Gbit/s: test/kv/link-rates.test.ts.)
+    for (const seed of [91, 92]) await post(b.url!, 'completions', { model: MODEL_ID, prompt: tokens(900, seed), max_tokens: 2, temperature: 0 })
     // Turn 1 on A: A keeps the prompt's KV.
     const first = tokens(900, 7)
     const req1 = { model: MODEL_ID, prompt: first, max_tokens: 12, temperature: 0, return_token_ids: true }
