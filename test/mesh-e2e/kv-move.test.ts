@@ -168,3 +168,61 @@ describe('KV mobility through real daemons', () => {
     expect(await metric(b.url!, 'shoal_routing_prefix_requests_total', '{outcome="elsewhere"}')).toBeGreaterThanOrEqual(1)
   })
 })
+
+describe('KV mobility behind a router: the hint crosses /shoal/infer', () => {
+  /** A router with no model (C), and two fresh replicas: the holder and the one that pulls. */
+  let c: Node
+  let holder: Node
+  let puller: Node
+
+  beforeAll(async () => {
+    const ca = await createThrowawayCa(join(root, 'pki-2'), ['node-c', 'node-d', 'node-e'])
+    const [ic, id, ie] = ca.identities
+    // C draws `() => 0` and counts every estimate as equal: among idle replicas it picks the
+    // lowest peer id, so the test knows where a request goes without timing anything.
+    c = await startInProcess({
+      name: 'node-c', identityDir: ic!.dir, root, api: true, bootstrap: [], random: () => 0,
+      config: { routing: { replica: { estimateNoiseRatio: 1e9 }, prefix: { minSavedMs: 1e12 } } },
+    }) as Node
+    const d = await startInProcess({ name: 'node-d', identityDir: id!.dir, root, model: join(root, 'shard-a'), api: true, bootstrap: c.addrs }) as Node
+    const e = await startInProcess({ name: 'node-e', identityDir: ie!.dir, root, model: join(root, 'shard-b'), api: true, bootstrap: c.addrs }) as Node
+    ;[puller, holder] = d.peerId < e.peerId ? [d, e] : [e, d]
+    await waitFor('C to see both replicas with the model', async () => await sees(c.url!, [d.peerId, e.peerId], MODEL_ID), 30_000)
+    for (const [n, o] of [[d, e], [e, d]] as const) {
+      await waitFor(`${n.name} to see ${o.name}`, async () => await sees(n.url!, [o.peerId], MODEL_ID), 30_000)
+    }
+  }, 300_000)
+
+  afterAll(async () => {
+    for (const n of [c, holder, puller]) await n?.stop().catch(() => {})
+  })
+
+  it('the router sends the follow-up to the other replica with the holder named; it pulls, and the router\'s headers and receipt say so', async () => {
+    // The replica that will pull has measured its own prefill speed, as in the test above.
+    for (const seed of [81, 82]) await post(puller.url!, 'completions', { model: MODEL_ID, prompt: tokens(900, seed), max_tokens: 2, temperature: 0 })
+    // Turn 1 straight to the holder (it serves it itself).
+    const first = tokens(900, 17)
+    const req1 = { model: MODEL_ID, prompt: first, max_tokens: 12, temperature: 0, return_token_ids: true }
+    const r1 = await post(holder.url!, 'completions', req1)
+    expect(r1.route).toBe(holder.peerId)
+    const deepest = compactHash(blockHashes(scope, first, DEFAULT_BLOCK_SIZE).at(-1)!)
+    await waitFor('C to hear the holder\'s new prefix', () => (c.daemon.mesh!.peers().find(p => p.peerId === holder.peerId)?.load?.prefixes ?? []).includes(deepest), 20_000)
+
+    const second = [...first, ...(r1.body.choices[0].token_ids as number[]), ...tokens(24, 18)]
+    const before = { miss: await miss(puller), ok: await pulls(puller, 'ok'), in: await moved(puller, 'in') }
+    const req2 = { model: MODEL_ID, prompt: second, max_tokens: 12, temperature: 0, return_token_ids: true }
+    const r2 = await post(c.url!, 'completions', req2)
+    const ref2 = await post(cold.url, 'completions', req2)
+    expect(r2.body.choices[0].token_ids).toEqual(ref2.body.choices[0].token_ids)
+    // The route: C, then the replica that pulled (C runs nothing itself).
+    expect(r2.route.split(',').at(-1)).toBe(puller.peerId)
+    expect(r2.movedFrom).toBe(holder.peerId)
+    expect(r2.reused).toBe(first.length)
+    expect(await pulls(puller, 'ok') - before.ok).toBe(1)
+    expect(await moved(puller, 'in') - before.in).toBeGreaterThan(0)
+    expect(await miss(puller) - before.miss).toBe(second.length - first.length)
+    const receipt = await (await fetch(`${c.url!}/v1/receipts/${r2.receipt}`)).json() as { body: { prefix?: unknown } }
+    expect(receipt.body.prefix).toEqual({ peerId: puller.peerId, reusedTokens: first.length, movedFrom: holder.peerId })
+    expect(await metric(c.url!, 'shoal_routing_prefix_requests_total', '{outcome="elsewhere"}')).toBe(1)
+  })
+})
