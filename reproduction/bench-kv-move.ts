@@ -13,7 +13,14 @@
  * checked against the recomputed one's. The cost model's verdict (shouldPull, with the rates
  * measured here) is printed beside each row.
  *
- *   node reproduction/bench-kv-move.ts [--size 60m] [--quant int4] [--history 2000] [--new 20] [--rounds 2] [--delays 0,20,100] [--bandwidth B] [--threads 1]
+ * Then the routed path through real daemons (`--routed-rounds`, 0 skips it): two mesh daemons
+ * (createDaemon with identities, libp2p on loopback) serve the model; turn 1 enters at A, turn 2
+ * at B, whose `routing.prefix` never prefers the holder, so B runs it and — on the hint routing
+ * gives it and its own pull decision (no policy override here) — pulls the history from A. Beside
+ * it, the same follow-up entering at A (a local hit) and at a daemon without a prefix cache
+ * (recomputed), all three streamed over HTTP (TTFT to the first token event).
+ *
+ *   node reproduction/bench-kv-move.ts [--size 60m] [--quant int4] [--history 2000] [--new 20] [--rounds 2] [--delays 0,20,100] [--bandwidth B] [--threads 1] [--routed-rounds 1]
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { cpus, loadavg, tmpdir } from 'node:os'
@@ -24,13 +31,18 @@ import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p, Stream } from '@libp2p/interface'
 import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
+import { pino } from 'pino'
+import { createThrowawayCa } from '../certs/index.ts'
 import { createLocalService } from '../daemon/engine/index.ts'
 import type { LocalService } from '../daemon/engine/index.ts'
-import { createKvPuller, kvBytesPerToken, pullCost, serveKv, shouldPull } from '../daemon/kv/index.ts'
+import { blockHashes, compactHash, createKvPuller, DEFAULT_BLOCK_SIZE, kvBytesPerToken, prefixScope, pullCost, serveKv, shouldPull } from '../daemon/kv/index.ts'
 import type { PullOutcome } from '../daemon/kv/index.ts'
+import { createDaemon, validateConfig } from '../daemon/node/index.ts'
+import type { Daemon, DaemonConfig } from '../daemon/node/index.ts'
 import type { GenerateRequest, PrefixHolderHint } from '../daemon/service.ts'
-import { compileShards, generateTestModel } from '../shards/index.ts'
+import { compileShards, generateTestModel, manifestHash } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
+import { sseEvents } from './sse.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -42,8 +54,10 @@ const { values: args } = parseArgs({
     delays: { type: 'string', default: '0,20,100' },
     bandwidth: { type: 'string' },
     threads: { type: 'string', default: '1' },
+    'routed-rounds': { type: 'string', default: '1' },
   },
 })
+const ROUTED_ROUNDS = Number(args['routed-rounds'])
 const HISTORY = Number(args.history)
 const NEW = Number(args.new)
 const ROUNDS = Number(args.rounds)
@@ -136,6 +150,95 @@ async function turn (svc: LocalService, ids: number[], maxTokens: number, hint?:
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)]!
 
+interface Routed { ttftMs: number, tokens: number[], route: string, reused: number, movedFrom: string | null }
+
+/** One streamed completion over HTTP: TTFT to the first event with token ids, the headers' prefix. */
+async function streamed (url: string, prompt: number[], maxTokens: number): Promise<Routed> {
+  const t0 = performance.now()
+  const res = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'bench', prompt, max_tokens: maxTokens, temperature: 0, stream: true, return_token_ids: true }),
+    signal: AbortSignal.timeout(600_000),
+  })
+  if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`)
+  let ttftMs = 0
+  const out: number[] = []
+  for await (const ev of sseEvents(res.body)) {
+    const data = ev.replace(/^data: /, '')
+    if (data === '[DONE]') break
+    const got = (JSON.parse(data) as { choices: Array<{ token_ids?: number[] }> }).choices[0]?.token_ids ?? []
+    if (got.length > 0 && ttftMs === 0) ttftMs = performance.now() - t0
+    out.push(...got)
+  }
+  return { ttftMs, tokens: out, route: res.headers.get('x-shoal-route') ?? '', reused: Number(res.headers.get('x-shoal-prefix-reused') ?? 0), movedFrom: res.headers.get('x-shoal-prefix-moved-from') }
+}
+
+async function metricOf (url: string, line: string): Promise<number> {
+  const found = (await (await fetch(`${url}/metrics`)).text()).split('\n').find(l => l.startsWith(line))
+  return found === undefined ? 0 : Number(found.split(' ').pop())
+}
+
+/**
+ * The routed path through real daemons: A keeps turn 1, B gets turn 2 (its routing.prefix never
+ * prefers the holder), pulls from A on routing's hint and its own cost model.
+ */
+async function routedRounds (dir: string, shardDir: string, vocab: number, stops: Array<() => Promise<void>>): Promise<void> {
+  const ca = await createThrowawayCa(join(dir, 'pki'), ['a', 'b'])
+  const start = async (name: string, over: Partial<DaemonConfig>): Promise<{ daemon: Daemon, peerId: string, url: string }> => {
+    const daemon = createDaemon(validateConfig({
+      models: [{ dir: shardDir }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
+      dataDir: join(dir, `data-${name}`), cacheRoot: join(dir, 'cache'), listen: [], bootstrap: [], mdns: false, kvCacheMb: 2048,
+      ...over,
+    }), { logger: pino({ level: 'silent' }) })
+    const { peerId, apiUrl } = await daemon.start()
+    stops.push(async () => { await daemon.stop() })
+    return { daemon, peerId, url: apiUrl! }
+  }
+  const cold = await start('cold', { kvCacheMb: 0 })
+  const a = await start('a', { identityDir: ca.identities[0]!.dir, listen: ['/ip4/127.0.0.1/tcp/0'] })
+  const b = await start('b', {
+    identityDir: ca.identities[1]!.dir, listen: ['/ip4/127.0.0.1/tcp/0'],
+    bootstrap: a.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString()),
+    routing: { prefix: { minSavedMs: 1e12 } },
+  })
+  const deadline = Date.now() + 60_000
+  const view = (from: typeof a, of: typeof a) => from.daemon.mesh!.peers().find(p => p.peerId === of.peerId)
+  while (![[a, b], [b, a]].every(([x, y]) => view(x!, y!)?.state === 'alive' && view(x!, y!)?.load !== undefined && view(x!, y!)?.capabilities?.models.some(m => m.id === 'bench') === true)) {
+    if (Date.now() > deadline) throw new Error('the mesh did not form within 60 s')
+    await new Promise(resolve => setTimeout(resolve, 200))
+  }
+  const scope = prefixScope({ manifestHash: await manifestHash(shardDir), layers: [0, view(b, a)!.capabilities!.models.find(m => m.id === 'bench')!.totalLayers! - 1], dtype: 'float32' })
+  // Warm every engine (JIT, sessions) untimed; B and the cold node measure their prefill speed.
+  for (const n of [a, b, cold]) await streamed(n.url, tokens(Math.min(HISTORY, 512), 5, vocab), 2)
+  const line = (url: string, name: string, labels: string): Promise<number> => metricOf(url, `${name}{${labels}}`)
+  console.log(`\n### Routed through daemons (loopback TCP mesh, no simulated delay): turn 1 enters at A, the follow-up at B; load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+  console.log('\n| round | local hit at A TTFT (ms) | routed to B, pulled TTFT (ms) | recomputed TTFT (ms) | x-shoal-prefix-reused / moved-from | B pulls ok / fallback | moved (MB) | tokens identical |')
+  console.log('|---|---|---|---|---|---|---|---|')
+  for (let r = 0; r < ROUTED_ROUNDS; r++) {
+    const history = tokens(HISTORY, 500 + r, vocab)
+    const first = await streamed(a.url, history, 8)
+    const deepest = compactHash(blockHashes(scope, history, DEFAULT_BLOCK_SIZE).at(-1)!)
+    const heard = Date.now() + 20_000
+    while (!(view(b, a)?.load?.prefixes ?? []).includes(deepest)) {
+      if (Date.now() > heard) throw new Error('B did not hear A\'s prefix within 20 s')
+      await new Promise(resolve => setTimeout(resolve, 100))
+    }
+    const follow = [...history, ...first.tokens, ...tokens(NEW, 800 + r, vocab)]
+    const before = { ok: await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="ok"'), fb: await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="fallback"'), in: await line(b.url, 'shoal_kv_transfer_bytes_total', 'model="bench",direction="in"') }
+    // Routed first, while A keeps exactly the history (its own hit would supersede it).
+    const p = await streamed(b.url, follow, 8)
+    const h = await streamed(a.url, follow, 8)
+    const c = await streamed(cold.url, follow, 8)
+    const ok = await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="ok"') - before.ok
+    const fb = await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="fallback"') - before.fb
+    const bytes = await line(b.url, 'shoal_kv_transfer_bytes_total', 'model="bench",direction="in"') - before.in
+    const same = JSON.stringify(p.tokens) === JSON.stringify(c.tokens) && JSON.stringify(h.tokens) === JSON.stringify(c.tokens)
+    const moved = p.movedFrom === a.peerId ? 'A' : String(p.movedFrom)
+    console.log(`| ${r + 1} | ${h.ttftMs.toFixed(0)} | ${p.ttftMs.toFixed(0)} (route ${p.route === b.peerId ? 'B' : p.route}) | ${c.ttftMs.toFixed(0)} | ${p.reused} / ${moved} | ${ok} / ${fb} | ${(bytes / 1e6).toFixed(1)} | ${same ? 'yes' : 'NO'} |`)
+  }
+}
+
 const dir = await mkdtemp(join(tmpdir(), 'shoal-bench-kv-move-'))
 const stops: Array<() => Promise<void>> = []
 try {
@@ -218,6 +321,9 @@ try {
     const link = moved / 1e6 / ((median(pullMs) - 2 * d) / 1000)
     console.log(`| ${d} | ${median(hit).toFixed(0)} | ${median(pulled).toFixed(0)} | ${median(recomputed).toFixed(0)} | ${(moved / 1e6).toFixed(1)} | ${median(pullMs).toFixed(0)} | ${link.toFixed(0)} | ${verdict} | ${same}/${ROUNDS} |`)
   }
+  // The in-process services are done: free their CPU for the daemons.
+  for (const stop of stops.splice(0).reverse()) await stop().catch(() => {})
+  if (ROUTED_ROUNDS > 0) await routedRounds(dir, join(dir, 'shard'), vocab, stops)
 } finally {
   for (const stop of stops.reverse()) await stop().catch(() => {})
   await rm(dir, { recursive: true, force: true })

@@ -22,13 +22,14 @@
  * KV mobility: the kept prefixes are also a KvStore (`kvStore`) that daemon/kv serves to peers and
  * imports into. A request whose `prefixHolder` hint names a peer holding more of its prompt than
  * this node keeps pulls that prefix first (`pullPrefix`), when the cost model (daemon/kv
- * shouldPull over this service's measured prefill rate and link throughput) says it pays; any
- * failure leaves the prompt to be prefilled, and the start event says `prefix: "moved"`.
+ * shouldPull over this service's measured prefill rate and each peer's measured link throughput,
+ * daemon/kv createLinkRates) says it pays; any failure leaves the prompt to be prefilled, and the
+ * start event's `prefix` says `movedFrom`.
  */
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullWaitMs, shouldPull } from '../kv/index.ts'
+import { createLinkRates, createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullWaitMs, shouldPull } from '../kv/index.ts'
 import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
@@ -111,16 +112,13 @@ export interface LocalServiceInit {
   pullPrefix?: PullPrefix
   /** Decides whether a pull pays (default daemon/kv shouldPull over measured rates). */
   pullPolicy?: (cost: PullCostInput) => boolean
-  /** What is known of the link to a peer (the mesh's RTT); measured throughput comes from past pulls. */
+  /**
+   * What is known of the link to a peer (the mesh's RTT); throughput comes from past pulls from
+   * that peer (daemon/kv createLinkRates: the first pull from a peer is a bounded probe).
+   */
   linkOf?: (peerId: string) => { rttMs?: number } | undefined
 }
 
-/**
- * Link throughput assumed before any pull was measured: 100 Mbit/s, a modest LAN, so an
- * unmeasured link does not talk the cost model into a transfer that a real 1 Gbit/s link would
- * only just win.
- */
-export const DEFAULT_LINK_BYTES_PER_SECOND = 12_500_000
 /** RTT assumed when the mesh has not measured one (a LAN). */
 export const DEFAULT_LINK_RTT_MS = 2
 /** Prefill speed assumed before this service measured its own (a CPU running a ~250M model). */
@@ -244,8 +242,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let stopping = false
   let active = 0
   let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number, info: KvStoreInfo } | undefined
-  /** Measured rates for the pull decision (exponential moving averages; undefined until measured). */
-  const rates: { prefillTokensPerSecond?: number, linkBytesPerSecond?: number } = {}
+  /** This service's measured prefill rate for the pull decision (an exponential moving average; undefined until measured). */
+  const rates: { prefillTokensPerSecond?: number } = {}
+  /** Each peer's measured pull throughput (the probe rate until a pull from it was measured). */
+  const links = createLinkRates()
   const ewma = (old: number | undefined, v: number): number => old === undefined ? v : 0.7 * old + 0.3 * v
 
   /** A prefix lease for this prompt (counted as hits and misses), or none. */
@@ -337,22 +337,25 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     const cost: PullCostInput = {
       tokens: gain,
       bytesPerToken: kvBytesPerToken(p.info),
-      linkBytesPerSecond: rates.linkBytesPerSecond ?? DEFAULT_LINK_BYTES_PER_SECOND,
+      linkBytesPerSecond: links.estimate(hint.peerId).bytesPerSecond,
       rttMs: init.linkOf?.(hint.peerId)?.rttMs ?? DEFAULT_LINK_RTT_MS,
       prefillTokensPerSecond: rates.prefillTokensPerSecond ?? DEFAULT_PREFILL_TOKENS_PER_SECOND,
     }
     if (!(init.pullPolicy ?? shouldPull)(cost)) return false
     // A pull that takes much longer than recomputing would have is given up (then recomputed).
     const bound = AbortSignal.timeout(pullWaitMs(cost))
+    const began = performance.now()
     const outcome = await init.pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: AbortSignal.any([signal, bound]) }).catch((err: unknown) => {
       signal.throwIfAborted()
       return { ok: false as const, reason: (err as Error).message, code: (err as { code?: string }).code ?? 'SHOAL_ERR_INTERNAL' }
     })
     signal.throwIfAborted()
     p.metrics.pulls.inc({ model: modelId, outcome: outcome.ok ? 'ok' : 'fallback' })
+    // Out of time: the link moved less than the whole gain in that long (a refusal says nothing of it).
+    if (!outcome.ok && bound.aborted) links.recordTimeout(hint.peerId, cost.tokens * cost.bytesPerToken, performance.now() - began)
     if (!outcome.ok) return false
     p.metrics.transferBytes.inc({ model: modelId, direction: 'in' }, outcome.bytes)
-    if (outcome.ms > 0 && outcome.bytes > 0) rates.linkBytesPerSecond = ewma(rates.linkBytesPerSecond, outcome.bytes / outcome.ms * 1000)
+    links.record(hint.peerId, outcome.bytes, outcome.ms)
     return outcome.tokens > have
   }
 

@@ -13,6 +13,8 @@ export { blockHashes, compactHash, exactPrefixHashes, prefixScope, DEFAULT_BLOCK
 export type { PrefixScopeInit } from './hash.ts'
 export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, MIN_PULL_WAIT_MS, pullCost, pullWaitMs, shouldPull } from './decide.ts'
 export type { PullCostInput, ReuseInput } from './decide.ts'
+export { createLinkRates, MAX_LINK_PEERS, PROBE_LINK_BYTES_PER_SECOND } from './link-rates.ts'
+export type { LinkEstimate, LinkRates } from './link-rates.ts'
 export { kvBytesPerToken } from './store.ts'
 export type { ExportedPrefix, KvStore, KvStoreInfo, PullOutcome, PullPrefix } from './store.ts'
 export { createPrefixCache } from './cache.ts'

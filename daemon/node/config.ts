@@ -8,8 +8,8 @@ import { DEFAULT_INGRESS_LIMITS } from '../ingress/index.ts'
 import type { IngressLimits } from '../ingress/index.ts'
 import { DEFAULT_TIMINGS } from '../mesh/index.ts'
 import type { MeshTimings } from '../mesh/index.ts'
-import { DEFAULT_CHAIN_POLICY, DEFAULT_POLICY } from '../routing/index.ts'
-import type { ChainPolicy, RoutingPolicy } from '../routing/index.ts'
+import { DEFAULT_CHAIN_POLICY, DEFAULT_POLICY, DEFAULT_PREFIX_ROUTE_POLICY } from '../routing/index.ts'
+import type { ChainPolicy, PrefixRoutePolicy, RoutingPolicy } from '../routing/index.ts'
 
 /** One `--model` of the node (not shards' `ModelSpec`, the normalised checkpoint config). */
 export interface ModelEntry {
@@ -82,10 +82,12 @@ export interface DaemonConfig {
   holdExperts?: { dir: string, memoryMb?: number }
   /**
    * The components' own settings, no flags of their own: each field absent keeps the component's
-   * default (daemon/routing DEFAULT_POLICY and DEFAULT_CHAIN_POLICY, daemon/mesh DEFAULT_TIMINGS,
-   * daemon/ingress DEFAULT_INGRESS_LIMITS).
+   * default (daemon/routing DEFAULT_POLICY, DEFAULT_CHAIN_POLICY and DEFAULT_PREFIX_ROUTE_POLICY,
+   * daemon/mesh DEFAULT_TIMINGS, daemon/ingress DEFAULT_INGRESS_LIMITS). `routing.prefix` says how
+   * much prefill a prefix holder must save to be preferred (a huge `minSavedMs` never prefers one:
+   * the chosen node is then told the holder and may pull the prefix from it instead).
    */
-  routing?: { replica?: Partial<RoutingPolicy>, chain?: Partial<ChainPolicy> }
+  routing?: { replica?: Partial<RoutingPolicy>, chain?: Partial<ChainPolicy>, prefix?: Partial<PrefixRoutePolicy> }
   meshTimings?: Partial<MeshTimings>
   ingress?: Partial<IngressLimits>
   /**
@@ -169,6 +171,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     : {
         ...(input.routing.replica === undefined ? {} : { replica: checkSection('routing.replica', input.routing.replica, DEFAULT_POLICY) }),
         ...(input.routing.chain === undefined ? {} : { chain: checkSection('routing.chain', input.routing.chain, DEFAULT_CHAIN_POLICY) }),
+        ...(input.routing.prefix === undefined ? {} : { prefix: checkSection('routing.prefix', input.routing.prefix, DEFAULT_PREFIX_ROUTE_POLICY) }),
       }
   const meshTimings = input.meshTimings === undefined ? undefined : checkSection('meshTimings', input.meshTimings, DEFAULT_TIMINGS, true)
   const ingress = input.ingress === undefined ? undefined : checkSection('ingress', input.ingress, DEFAULT_INGRESS_LIMITS, true)

@@ -56,6 +56,11 @@ import type { Speculation } from '../speculative/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
+  /**
+   * The replica choice's random draws (daemon/routing chooseReplica; default Math.random).
+   * Injected by tests that need a replay: `() => 0` with equal estimates picks the lowest peer id.
+   */
+  random?: () => number
 }
 
 export interface Daemon {
@@ -531,7 +536,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       localPeerId: m.peerId,
       joinWindowMs,
       metrics,
+      ...(components.random === undefined ? {} : { random: components.random }),
       ...(config.routing?.replica === undefined ? {} : { policy: config.routing.replica }),
+      ...(config.routing?.prefix === undefined ? {} : { prefixPolicy: config.routing.prefix }),
       ...(config.prefixRouting === undefined ? {} : { prefixRouting: config.prefixRouting }),
     }, {
       local,

@@ -87,6 +87,11 @@ export interface PrefixRouteContext {
 export interface PrefixRoute {
   /** Prompt tokens each candidate holds by its summary (admitted, not excluded; 0s left out). */
   cached: ReadonlyMap<string, number>
+  /**
+   * Each admitted candidate's KV scope, as its summary says (manifest hash, layers, dtype): a
+   * holder is only worth naming to a node of the same scope, whose pull it would not refuse.
+   */
+  scopes: ReadonlyMap<string, string>
   /** The holder chooseReplica should prefer (its affinity and slack), when one saves enough. */
   preference?: PrefixPreference
 }
@@ -103,11 +108,13 @@ export function planPrefixRoute (candidates: readonly Candidate[], promptIds: Ar
   const exclude = new Set(ctx.exclude ?? [])
   const hashesByScope = new Map<string, string[]>()
   const cached = new Map<string, number>()
+  const scopes = new Map<string, string>()
   const competing: PrefixCandidate[] = []
   const tokens = ctx.expectedTokens ?? policy.defaultExpectedTokens
   for (const c of candidates) {
     if (!c.admitted || exclude.has(c.peerId)) continue
     const p = c.prefixes
+    if (p !== undefined) scopes.set(c.peerId, p.scope)
     let held = 0
     if (p !== undefined && p.hashes.length > 0 && p.blockSize > 0) {
       const key = `${p.blockSize}/${p.scope}`
@@ -126,19 +133,24 @@ export function planPrefixRoute (candidates: readonly Candidate[], promptIds: Ar
   const neutral = rates.length > 0 ? rates[Math.floor((rates.length - 1) / 2)]! : 0
   for (const c of competing) if (c.prefillTokensPerSecond <= 0) c.prefillTokensPerSecond = neutral
   const preference = cached.size === 0 ? undefined : preferPrefixHolder(competing, promptIds.length, ctx.prefixPolicy)
-  return preference === undefined ? { cached } : { cached, preference }
+  return preference === undefined ? { cached, scopes } : { cached, scopes, preference }
 }
 
 /**
  * The hint for the node routing chose: the peer holding the most of the prompt when that is more
  * than the chosen node holds itself (the holder was overloaded, suspect or too slow to wait for),
  * so the chosen node can pull the prefix instead of recomputing it. Ties go to the lower peer id.
+ * Only holders of the chosen node's scope count (when it says its scope): a replica of the same
+ * model id compiled otherwise (another quantization, another manifest) keeps KV the chosen node
+ * cannot use, and would only refuse the pull a round trip later.
  */
 export function prefixHolderHint (route: PrefixRoute, chosenPeerId: string): PrefixHolderHint | undefined {
   const own = route.cached.get(chosenPeerId) ?? 0
+  const scope = route.scopes.get(chosenPeerId)
   let best: PrefixHolderHint | undefined
   for (const [peerId, cachedTokens] of route.cached) {
     if (peerId === chosenPeerId || cachedTokens <= own) continue
+    if (scope !== undefined && route.scopes.get(peerId) !== scope) continue
     if (best === undefined || cachedTokens > best.cachedTokens || (cachedTokens === best.cachedTokens && peerId < best.peerId)) best = { peerId, cachedTokens }
   }
   return best

@@ -33,7 +33,7 @@ export function clientFor (url: string, timeoutMs = 60_000): OpenAI {
 }
 
 /** Starts a mesh daemon in this process. */
-export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[], budgets?: DaemonConfig['budgets'], config?: Partial<DaemonConfig> }): Promise<MeshNode & { daemon: Daemon }> {
+export async function startInProcess (opts: { name: string, identityDir: string, root: string, model?: string, api: boolean, bootstrap: string[], budgets?: DaemonConfig['budgets'], config?: Partial<DaemonConfig>, random?: () => number }): Promise<MeshNode & { daemon: Daemon }> {
   const daemon = createDaemon(validateConfig({
     identityDir: opts.identityDir,
     models: opts.model === undefined ? [] : [{ dir: opts.model }],
@@ -46,7 +46,7 @@ export async function startInProcess (opts: { name: string, identityDir: string,
     mdns: false,
     ...(opts.budgets === undefined ? {} : { budgets: opts.budgets }),
     ...opts.config,
-  }), { logger: pino({ level: 'silent' }) })
+  }), { logger: pino({ level: 'silent' }), ...(opts.random === undefined ? {} : { random: opts.random }) })
   const { peerId, apiUrl } = await daemon.start()
   let stopped: Promise<void> | undefined
   return {

@@ -61,17 +61,19 @@ describe('daemon config', () => {
     expect(validateConfig(base).routing).toBeUndefined()
     const c = validateConfig({
       ...base,
-      routing: { replica: { staleAfterMs: 1_000, affinitySlackRatio: 0 }, chain: { hopCostMs: 0 } },
+      routing: { replica: { staleAfterMs: 1_000, affinitySlackRatio: 0 }, chain: { hopCostMs: 0 }, prefix: { minSavedMs: 1e9 } },
       meshTimings: { admissionDeadlineMs: 2_000 },
       ingress: { receiveTimeoutMs: 30_000, maxConcurrentRequests: 8 },
     })
-    expect(c.routing).toEqual({ replica: { staleAfterMs: 1_000, affinitySlackRatio: 0 }, chain: { hopCostMs: 0 } })
+    expect(c.routing).toEqual({ replica: { staleAfterMs: 1_000, affinitySlackRatio: 0 }, chain: { hopCostMs: 0 }, prefix: { minSavedMs: 1e9 } })
     expect(c.meshTimings).toEqual({ admissionDeadlineMs: 2_000 })
     expect(c.ingress).toEqual({ receiveTimeoutMs: 30_000, maxConcurrentRequests: 8 })
     expect(Object.isFrozen(c.ingress)).toBe(true)
     expect(() => validateConfig({ ...base, meshTimings: { admissionDeadlineMs: 0 } })).toThrowError(/meshTimings\.admissionDeadlineMs/)
     expect(() => validateConfig({ ...base, ingress: { receiveTimeoutMs: Number.NaN } })).toThrowError(/ingress\.receiveTimeoutMs/)
     expect(() => validateConfig({ ...base, routing: { replica: { staleAfterMs: -1 } } })).toThrowError(/routing\.replica\.staleAfterMs/)
+    expect(() => validateConfig({ ...base, routing: { prefix: { minSavedRatio: -0.1 } } })).toThrowError(/routing\.prefix\.minSavedRatio/)
+    expect(() => validateConfig({ ...base, routing: { prefix: { minSavedMS: 5 } as never } })).toThrowError(expect.objectContaining({ key: 'routing.prefix.minSavedMS' }))
     // A typo is an error, not a silent default.
     expect(() => validateConfig({ ...base, ingress: { maxConcurrentRequest: 8 } as never })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: 'ingress.maxConcurrentRequest' }))
   })

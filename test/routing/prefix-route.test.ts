@@ -109,6 +109,18 @@ describe('planPrefixRoute: reading candidates\' summaries for one prompt', () =>
     expect(prefixHolderHint(r, 'b')).toBeUndefined()
   })
 
+  it('names a holder only to a node of its own scope: another manifest\'s KV would be refused', () => {
+    const held = holding(prompt.slice(0, 160))
+    const otherScope = 'kv1/manifest-int4/0-1/float32'
+    const r = planPrefixRoute([node('a', { prefixes: { scope: otherScope, blockSize: 16, hashes: [] } }), node('b', { prefixes: held }), node('c', { prefixes: { ...held, hashes: [] } })], prompt, { now, prefixPolicy: { minSavedMs: Infinity } })
+    expect(r.cached).toEqual(new Map([['b', 160]]))
+    // a serves the same model id from another manifest: no hint; c shares b's scope: b is its hint.
+    expect(prefixHolderHint(r, 'a')).toBeUndefined()
+    expect(prefixHolderHint(r, 'c')).toEqual({ peerId: 'b', cachedTokens: 160 })
+    // A node that says no scope (no prefix cache, an older node) still gets the hint.
+    expect(prefixHolderHint(planPrefixRoute([node('d'), node('b', { prefixes: held })], prompt, { now }), 'd')).toEqual({ peerId: 'b', cachedTokens: 160 })
+  })
+
   it('hashes the prompt once per scope, and a holder listing none of it is not counted', () => {
     const held = holding(prompt.slice(0, 64))
     const r = planPrefixRoute([node('a', { prefixes: held }), node('b', { prefixes: held }), node('c', { prefixes: { ...held, hashes: [compactHash(blockHashes(scope, [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9])[0]!)] } })], prompt, { now })
