@@ -21,8 +21,8 @@ import { ShoalError } from '../errors.ts'
 import { createPrefixCache, createPrefixMetrics } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
 import { OverloadedError, createGenerationService } from '../engine/index.ts'
-import { ChainIncompleteError, formChain } from '../routing/index.ts'
-import type { ChainPolicy, StageHolder } from '../routing/index.ts'
+import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
+import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { RequestTicket, TokenSource } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
@@ -142,6 +142,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     scopeOf: Map<string, string>
     /** Per chain scope: keys the index dropped that the chain's other stages may still keep (sent with its next finish). */
     unwanted: Map<string, string[]>
+    /** Per chain scope: the chain's hops, so a prompt whose prefix a chain keeps can ask for that chain again. */
+    chains: Map<string, ChainHop[]>
+    /** Measured prefill rate of this coordinator's chains, tokens per second (undefined: not yet). */
+    prefillTokensPerSecond: number | undefined
   } | undefined
 
   /**
@@ -218,6 +222,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             p.metrics.evictions.inc({ model: modelId }, after.evictions - before)
             p.metrics.bytes.set({ model: modelId }, after.bytes)
             p.scopeOf.set(key, scope)
+            p.chains.delete(scope)
+            p.chains.set(scope, chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] })))
+            if (p.chains.size > MAX_BACKOFF_CHAINS) p.chains.delete(p.chains.keys().next().value!)
             // Superseded and evicted entries (and this one when the index did not take it) go on every stage.
             for (const d of drop) unlist(p, d, d === key ? scope : p.scopeOf.get(d))
           },
@@ -241,8 +248,25 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     return chainEncoding(requested, chain.slice(1).map(h => h.peerId), peerId => holders.find(h => h.peerId === peerId)?.activations)
   }
 
-  /** The cheapest chain whose stage 0 is this node. */
-  function chainFor (exclude: readonly string[]): ChainHop[] {
+  /**
+   * The chain whose stages keep the longest prefix of `promptIds`, with the prefill that prefix
+   * saves as the slack it may cost over the cheapest chain (formChain's `prefer`).
+   */
+  function preferredChain (promptIds: readonly number[]): ChainContext['prefer'] {
+    const p = prefix
+    if (p === undefined) return undefined
+    let best: { hops: ChainHop[], length: number } | undefined
+    for (const [scope, hops] of p.chains) {
+      const m = p.cache.lookup(scope, promptIds)
+      if (m !== undefined && m.length > (best?.length ?? 0)) best = { hops, length: m.length }
+    }
+    if (best === undefined) return undefined
+    const rate = p.prefillTokensPerSecond ?? DEFAULT_PREFIX_ROUTE_POLICY.defaultPrefillTokensPerSecond
+    return { stages: best.hops, slackMs: best.length / rate * 1000 }
+  }
+
+  /** The cheapest chain whose stage 0 is this node (or the one keeping the prompt's prefix, while it is worth it). */
+  function chainFor (exclude: readonly string[], prefer?: ChainContext['prefer']): ChainHop[] {
     const self = stage.served()
     const holders: StageHolder[] = components.holders()
       .filter(h => h.peerId !== node.peerId && h.layers[0] !== 0)
@@ -254,6 +278,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       manifestHash: stage.manifestHash,
       exclude,
       ...(init.chainPolicy === undefined ? {} : { policy: init.chainPolicy }),
+      ...(prefer === undefined ? {} : { prefer }),
     })
     if (d.kind === 'chain') return d.stages.map(s => ({ peerId: s.peerId, layers: [s.layers[0], s.layers[1]] }))
     if (d.kind === 'overloaded') throw new OverloadedError(d.reason)
@@ -278,7 +303,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           requestId: request.requestId,
           sampling: request.sampling,
           deadline: request.deadline,
-          formChain: chainFor,
+          // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
+          formChain: exclude => chainFor(exclude, hooks === undefined ? undefined : preferredChain(promptIds)),
           ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
           ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
           ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
@@ -289,6 +315,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         })
         source = chain
         await chain.connect(signal)
+        const began = performance.now()
         const w = init.sourceWrapper?.wrapChain({ request, manifest, chain })
         wrapped = w
         return {
@@ -304,6 +331,13 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             p.missTokens += promptIds.length - hit
             p.metrics.hitTokens.inc({ model: modelId }, hit)
             p.metrics.missTokens.inc({ model: modelId }, promptIds.length - hit)
+            // The chain's prefill speed, what a kept prefix is worth (long prefills only: short ones are mostly overhead).
+            const ms = performance.now() - began
+            const computed = promptIds.length - hit
+            if ((request.maxTokens === undefined || request.maxTokens > 0) && computed >= 64 && ms > 0) {
+              const r = computed / ms * 1000
+              p.prefillTokensPerSecond = p.prefillTokensPerSecond === undefined ? r : 0.7 * p.prefillTokensPerSecond + 0.3 * r
+            }
           },
           // `start` names the chain that answered the prefill.
           start: () => ({
@@ -356,6 +390,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             backoff: new Map(),
             scopeOf: new Map(),
             unwanted: new Map(),
+            chains: new Map(),
+            prefillTokensPerSecond: undefined,
           }
         : undefined
       created = Math.floor(Date.now() / 1000)

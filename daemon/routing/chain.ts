@@ -60,6 +60,13 @@ export interface ChainContext {
   manifestHash?: string
   exclude?: readonly string[]
   policy?: Partial<ChainPolicy>
+  /**
+   * A chain worth keeping when it is still whole: the one whose stages hold this prompt's prefix
+   * in their KV caches. It is chosen while its cost is within `slackMs` (the prefill it saves) of
+   * the cheapest chain's, so it is kept exactly while what it saves outweighs how much slower it
+   * is now (as preferPrefixHolder does for replicas).
+   */
+  prefer?: { stages: ReadonlyArray<{ peerId: string, layers: LayerRange }>, slackMs: number }
 }
 
 export interface ChainStage {
@@ -156,6 +163,26 @@ function shortestChain (holders: readonly StageHolder[], ctx: ChainContext, p: C
   return { stuckAt: reached }
 }
 
+/**
+ * The preferred chain priced as it stands, when every stage of it is still a usable holder of the
+ * same manifest and its ranges still cover every layer in order; undefined otherwise.
+ */
+function preferredPath (holders: readonly StageHolder[], stages: ReadonlyArray<{ peerId: string, layers: LayerRange }>, ctx: ChainContext, p: ChainPolicy): Path | undefined {
+  const typical = typicalStepPerLayer(holders)
+  let next = 0
+  let cost = 0
+  const out: ChainStage[] = []
+  for (const want of stages) {
+    const h = holders.find(x => x.peerId === want.peerId && x.layers[0] === want.layers[0] && x.layers[1] === want.layers[1])
+    if (h === undefined || h.layers[0] !== next || isOverloaded(h, ctx, p)) return undefined
+    const c = stageCost(h, ctx, p, typical)
+    cost += c
+    out.push({ peerId: h.peerId, layers: h.layers, costMs: c })
+    next = h.layers[1] + 1
+  }
+  return next === ctx.numLayers && out.length > 0 ? { cost, stages: out } : undefined
+}
+
 /** Forms the cheapest complete chain for `ctx.modelId`, or says why there is none. */
 export function formChain (holders: readonly StageHolder[], ctx: ChainContext): ChainDecision {
   const p: ChainPolicy = { ...DEFAULT_CHAIN_POLICY, ...ctx.policy }
@@ -192,7 +219,13 @@ export function formChain (holders: readonly StageHolder[], ctx: ChainContext): 
       overloadedHash ??= hash
     }
   }
-  if (chosen !== undefined) return { kind: 'chain', manifestHash: chosen.hash, stages: chosen.path.stages, costMs: chosen.path.cost }
+  if (chosen !== undefined) {
+    const kept = ctx.prefer === undefined ? undefined : preferredPath((groups.get(chosen.hash) as StageHolder[]).filter(h => !isOverloaded(h, ctx, p)), ctx.prefer.stages, ctx, p)
+    if (kept !== undefined && kept.cost <= chosen.path.cost + Math.max(0, ctx.prefer!.slackMs)) {
+      return { kind: 'chain', manifestHash: chosen.hash, stages: kept.stages, costMs: kept.cost }
+    }
+    return { kind: 'chain', manifestHash: chosen.hash, stages: chosen.path.stages, costMs: chosen.path.cost }
+  }
   if (overloadedHash !== undefined) {
     return { kind: 'overloaded', manifestHash: overloadedHash, reason: `every complete chain of ${ctx.modelId} needs an overloaded stage` }
   }

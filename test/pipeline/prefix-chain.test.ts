@@ -327,3 +327,56 @@ describe('a local chain (every stage in this process)', () => {
     }
   }, 120_000)
 })
+
+describe('the chain that keeps a prompt\'s prefix is asked for again while it is worth it', () => {
+  let hosts: StageHost[] = []
+  let service: PipelineService
+  /** Extra RTT charged to each stage-1 holder, by peer id (what the test turns to make one dearer). */
+  const extra = new Map<string, number>()
+
+  beforeAll(async () => {
+    const [first, second] = rangesOf(2)
+    // Stage 0 and two holders of stage 1.
+    hosts = [
+      await startStage(models.two, first!, { kvCacheBytes: 64 * MIB }),
+      await startStage(models.two, second!, { kvCacheBytes: 64 * MIB }),
+      await startStage(models.two, second!, { kvCacheBytes: 64 * MIB }),
+    ]
+    service = createPipelineService({ stage: hosts[0]!.stage, shardDir: models.two, prefixBlockSize: 8 }, {
+      holders: () => hosts.slice(1).map(h => holderOf(h, 1 + (extra.get(h.peerId) ?? 0))),
+    })
+    await service.start()
+  }, 60_000)
+  afterAll(async () => {
+    await service?.stop()
+    for (const h of hosts) await stopHost(h)
+  })
+
+  it('keeps a slightly dearer chain that holds the prefix, and leaves it when it costs more than the prefill saves', async () => {
+    const [b, c] = [hosts[1]!, hosts[2]!]
+    const routeOf = (r: Run): string[] => r.start.route
+    // Turn 1: c is dearer, so b runs it (and keeps its KV).
+    extra.set(c.peerId, 5)
+    const a = tokens(200, 11)
+    const t1 = await run(service, request(a, 8))
+    expect(routeOf(t1)).toEqual([hosts[0]!.peerId, b.peerId])
+    await settled(hosts)
+    // Turn 2: b is now a little dearer than c (2 ms a token), far less than ~200 tokens of prefill: b again, reused.
+    extra.set(c.peerId, 0)
+    extra.set(b.peerId, 2)
+    const a2 = [...a, ...t1.tokens, ...tokens(20, 12)]
+    const t2 = await counted(service, () => run(service, request(a2, 8)))
+    expect(routeOf(t2.value)).toEqual([hosts[0]!.peerId, b.peerId])
+    expect(t2.hit).toBeGreaterThan(a.length - 2)
+    expect(t2.value.tokens).toEqual((await run(cold, request(a2, 8))).tokens)
+    await settled(hosts)
+    // Turn 3: b is far dearer than any prefill: c runs it, cold, with the same tokens as ever.
+    extra.set(b.peerId, 1e9)
+    const a3 = [...a2, ...t2.value.tokens, ...tokens(20, 13)]
+    const t3 = await counted(service, () => run(service, request(a3, 8)))
+    expect(routeOf(t3.value)).toEqual([hosts[0]!.peerId, c.peerId])
+    expect(t3.hit).toBe(0)
+    expect(t3.value.tokens).toEqual((await run(cold, request(a3, 8))).tokens)
+    await settled(hosts)
+  }, 120_000)
+})

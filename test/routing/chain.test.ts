@@ -47,6 +47,25 @@ describe('formChain', () => {
     expect(peers(formChain([holder('whole', [0, 23], { stepMs: 30 }), holder('a', [0, 11], { stepMs: 20 }), holder('b', [12, 23], { stepMs: 20 })], ctx()))).toEqual(['whole'])
   })
 
+  it('keeps the chain that holds the prompt\'s prefix while it costs less extra than the prefill it saves', () => {
+    const a = holder('a', [0, 11])
+    const kept = { stages: [{ peerId: 'a', layers: [0, 11] as LayerRange }, { peerId: 'slow', layers: [12, 23] as LayerRange }] }
+    const all = [a, holder('fast', [12, 23], { stepMs: 10 }), holder('slow', [12, 23], { stepMs: 40 })]
+    expect(peers(formChain(all, ctx()))).toEqual(['a', 'fast'])
+    // 30 ms slower per token: kept when the prefix saves more than that, not when it saves less.
+    expect(peers(formChain(all, ctx({ prefer: { ...kept, slackMs: 31 } })))).toEqual(['a', 'slow'])
+    expect(peers(formChain(all, ctx({ prefer: { ...kept, slackMs: 29 } })))).toEqual(['a', 'fast'])
+    // A preferred chain that is no longer whole is not kept: a stage excluded (it failed), dead,
+    // overloaded, or holding other layers now.
+    const big = { ...kept, slackMs: 1e9 }
+    expect(peers(formChain(all, ctx({ prefer: big, exclude: ['slow'] })))).toEqual(['a', 'fast'])
+    expect(peers(formChain([a, all[1]!, holder('slow', [12, 23], { alive: false })], ctx({ prefer: big })))).toEqual(['a', 'fast'])
+    expect(peers(formChain([a, all[1]!, holder('slow', [12, 23], { load: load({ accepting: false }) })], ctx({ prefer: big })))).toEqual(['a', 'fast'])
+    expect(peers(formChain([a, all[1]!, holder('slow', [10, 23])], ctx({ prefer: big })))).toEqual(['a', 'fast'])
+    // Ranges that no longer meet, or stop short of the last layer, are not a chain.
+    expect(peers(formChain(all, ctx({ prefer: { stages: [{ peerId: 'a', layers: [0, 11] }], slackMs: 1e9 } })))).toEqual(['a', 'fast'])
+  })
+
   it('charges a holder that has not measured yet the median per-layer time of those that have', () => {
     const d = formChain([holder('new', [0, 11]), holder('m1', [12, 23], { stepMs: 12 })], ctx())
     // 12 ms over 12 layers → 1 ms a layer; the new 12-layer stage is charged 12 ms.
