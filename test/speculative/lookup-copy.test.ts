@@ -76,7 +76,8 @@ describe('prompt lookup on a model that repeats its prompt', () => {
       expect(c.drafter).toBe('prompt-lookup')
       // The changed token costs one rejected round; the rest of the text is found in the prompt.
       expect(c.accepted / c.drafted, name).toBeGreaterThan(0.8)
-      expect((TOKENS - 1) / (c.rounds + c.plainSteps), `${name} tokens per target step`).toBeGreaterThan(2.5)
+      // Tokens per target step: K = 4 is fixed; adaptive K follows measured step times, so its bound is looser.
+      expect((TOKENS - 1) / (c.rounds + c.plainSteps), `${name} tokens per target step`).toBeGreaterThan(name === 'lookup4' ? 2.5 : 1.5)
     }
   })
 })
