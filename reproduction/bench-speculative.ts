@@ -6,8 +6,15 @@
  * scaled by ε, so acceptance is tunable (random weights otherwise disagree on nearly every token).
  * Every configuration's tokens are checked equal to plain decoding's.
  *
+ * --task copy measures prompt lookup where it should pay: a successor model of the same shape
+ * (greedy next token = a fixed cycle's next token; shards/testmodel) given a "rewrite this text
+ * with one change" prompt (copyTaskPrompt: unrelated tokens, a stretch of the cycle with one token
+ * changed, a separator, the stretch's first token), so the continuation is text the prompt holds.
+ * Only plain and lookup run there (--k is ignored: no draft model matches it).
+ *
  * Run: node reproduction/bench-speculative.ts [--size 250m] [--vocab 0] [--layers 24] [--draft-layers 1]
- *        [--epsilon 0.02] [--quant int4] [--tokens 128] [--reps 3] [--k 1,2,4,6,8,adaptive] [--lookup yes|no]
+ *        [--epsilon 0.02] [--quant int4] [--tokens 128] [--reps 3] [--k 1,2,4,6,8,adaptive|none] [--lookup yes|no]
+ *        [--task random|copy] [--reject 1,4|none]
  * Models are generated and compiled once into .cache/bench/ and reused.
  */
 import { existsSync } from 'node:fs'
@@ -18,8 +25,8 @@ import { parseArgs } from 'node:util'
 import { createLocalService } from '../daemon/engine/index.ts'
 import type { LocalService } from '../daemon/engine/index.ts'
 import { createSpeculation } from '../daemon/speculative/index.ts'
-import type { SpeculationCounts } from '../daemon/speculative/index.ts'
-import { compileShards, generateDraftPair } from '../shards/index.ts'
+import type { Drafter, SpeculationCounts } from '../daemon/speculative/index.ts'
+import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 
 const { values: args } = parseArgs({
@@ -34,15 +41,32 @@ const { values: args } = parseArgs({
     reps: { type: 'string', default: '3' },
     k: { type: 'string', default: '1,2,4,6,8,adaptive' },
     lookup: { type: 'string', default: 'yes' },
+    task: { type: 'string', default: 'random' },
+    reject: { type: 'string', default: 'none' },
   },
 })
 const TOKENS = Number(args.tokens)
 const REPS = Number(args.reps)
 const draftLayers = Number(args['draft-layers'])
 const quant = args.quant as 'none' | 'int4' | 'int8'
-const name = `spec-${args.size}-v${args.vocab}-${draftLayers}+${Number(args.layers) - draftLayers}-e${args.epsilon}-${quant}`
+const copyTask = args.task === 'copy'
+const name = copyTask ? `copy-${args.size}-v${args.vocab}-${args.layers}-e${args.epsilon}-${quant}` : `spec-${args.size}-v${args.vocab}-${draftLayers}+${Number(args.layers) - draftLayers}-e${args.epsilon}-${quant}`
 const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', name)
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived'
+
+/** The copy task's prompt: 24 unrelated tokens, 300 tokens of text (one changed, a third in), a separator. */
+const COPY = copyTaskPrompt({ cycle: successorCycle('llama'), length: 300, change: 100, prefix: 24 })
+
+async function prepareCopy (): Promise<string> {
+  const target = join(dir, 'target')
+  if (existsSync(join(target, 'manifest.json'))) return target
+  await generateTestModel({
+    architecture: 'llama', outDir: join(dir, 'ckpt'), size: args.size as TestModelSize, vocab: Number(args.vocab),
+    layers: Number(args.layers), successor: { epsilon: Number(args.epsilon) },
+  })
+  await compileShards({ modelDir: join(dir, 'ckpt'), outDir: target, quant })
+  return target
+}
 
 async function prepare (): Promise<{ target: string, draft: string }> {
   const target = join(dir, 'target')
@@ -57,30 +81,47 @@ async function prepare (): Promise<{ target: string, draft: string }> {
   return { target, draft }
 }
 
-interface Measured { tokS: number, tokens: number[] }
+/**
+ * cpuMsPerToken: the whole process's CPU time (every thread: the engine worker and onnxruntime's)
+ * per decoded token. On a loaded machine wall time swings by tens of percent between reps, but
+ * the CPU work a configuration does per token moves far less: it is what shows a few percent of cost.
+ */
+interface Measured { tokS: number, cpuMsPerToken: number, tokens: number[] }
 
 async function measure (svc: LocalService, text: string): Promise<Measured> {
   const tokens: number[] = []
   let first = 0
+  let cpu0 = process.cpuUsage()
   for await (const e of svc.generate({
-    requestId: `b${performance.now()}`, model: svc.models()[0]!.id, prompt: { kind: 'text', text }, maxTokens: TOKENS,
+    requestId: `b${performance.now()}`, model: svc.models()[0]!.id,
+    prompt: copyTask ? { kind: 'tokens', ids: COPY.ids } : { kind: 'text', text }, maxTokens: TOKENS,
     sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000,
   }, new AbortController().signal)) {
-    if (e.type === 'delta') { if (tokens.length === 0) first = performance.now(); tokens.push(...e.tokenIds) }
+    if (e.type === 'delta') { if (tokens.length === 0) { first = performance.now(); cpu0 = process.cpuUsage() } tokens.push(...e.tokenIds) }
   }
-  return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), tokens }
+  const cpu = process.cpuUsage(cpu0)
+  return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), cpuMsPerToken: (cpu.user + cpu.system) / 1000 / (tokens.length - 1), tokens }
+}
+
+/** Proposes k copies of a token the target (almost) never picks: a special one, damped in the test models' heads. */
+function rejectedDrafter (): Drafter {
+  return {
+    name: 'always-rejected',
+    async open () { return { async propose ({ k }) { return { tokens: new Array<number>(k).fill(2) } }, async close () {} } },
+  }
 }
 
 const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor((s.length - 1) / 2)]! }
 
 async function main (): Promise<void> {
-  const { target, draft } = await prepare()
+  if (copyTask && TOKENS > 299) throw new Error('--task copy: at most 299 tokens (the prompt text is 300)')
+  const { target, draft } = copyTask ? { target: await prepareCopy(), draft: '' } : await prepare()
   process.stdout.write(`# ${name}: ${cpus().length} cores (${cpus()[0]?.model}), load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
   const configs: Array<{ label: string, svc: LocalService, counts: SpeculationCounts[] }> = []
   const plain = createLocalService({ shardDir: target })
   await plain.start()
   configs.push({ label: 'plain', svc: plain, counts: [] })
-  const ks = args.k.split(',').map(k => k === 'adaptive' ? 'adaptive' as const : Number(k))
+  const ks = copyTask || args.k === 'none' ? [] : args.k.split(',').map(k => k === 'adaptive' ? 'adaptive' as const : Number(k))
   for (const k of ks) {
     const counts: SpeculationCounts[] = []
     const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: { draftDir: draft }, k, onRequestEnd: (_id, c) => counts.push(c) }) })
@@ -95,7 +136,17 @@ async function main (): Promise<void> {
       configs.push({ label: `lookup K=${k}`, svc, counts })
     }
   }
+  // What a round whose drafts all fail costs over a plain step (verify K + 1 positions, roll K
+  // back): every step here is such a round, so the cost shows above the machine's noise, and a
+  // drafter's cost where nothing repeats is about (its rounds / steps) × this row's slowdown.
+  for (const k of args.reject === 'none' ? [] : args.reject.split(',').map(Number)) {
+    const counts: SpeculationCounts[] = []
+    const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: rejectedDrafter(), k, onRequestEnd: (_id, c) => counts.push(c) }) })
+    await svc.start()
+    configs.push({ label: `always rejected K=${k}`, svc, counts })
+  }
   const results = new Map<string, number[]>()
+  const cpuMs = new Map<string, number[]>()
   let reference: number[] | undefined
   let same = true
   await measure(plain, PROMPT) // warm-up
@@ -105,10 +156,12 @@ async function main (): Promise<void> {
       reference ??= m.tokens
       if (m.tokens.join() !== reference.join()) { same = false; process.stdout.write(`  ${c.label}: tokens differ from plain!\n`) }
       results.set(c.label, [...(results.get(c.label) ?? []), m.tokS])
+      cpuMs.set(c.label, [...(cpuMs.get(c.label) ?? []), m.cpuMsPerToken])
     }
   }
   const base = median(results.get('plain')!)
-  process.stdout.write(`\n| config | decode tok/s (median of ${REPS}) | speed-up | acceptance | tokens/round | K (mean) |\n|---|---|---|---|---|---|\n`)
+  const cpuBase = median(cpuMs.get('plain')!)
+  process.stdout.write(`\n| config | decode tok/s (median of ${REPS}) | speed-up | acceptance | tokens/round | K (mean) | verify rounds / request | CPU ms / token (median) | CPU × plain |\n|---|---|---|---|---|---|---|---|---|\n`)
   for (const c of configs) {
     const t = median(results.get(c.label)!)
     const d = c.counts.reduce((a, x) => a + x.drafted, 0)
@@ -116,9 +169,11 @@ async function main (): Promise<void> {
     const rounds = c.counts.reduce((a, x) => a + x.rounds, 0)
     const steps = rounds + c.counts.reduce((a, x) => a + x.plainSteps, 0)
     const tokens = c.counts.length * (TOKENS - 1)
-    process.stdout.write(`| ${c.label} | ${t.toFixed(1)} | ${(t / base).toFixed(2)}× | ${c.label === 'plain' ? '—' : d === 0 ? 'n/a' : `${(100 * acc / d).toFixed(1)} %`} | ${c.label === 'plain' ? '1' : steps === 0 ? '—' : (tokens / steps).toFixed(2)} | ${c.label === 'plain' ? '0' : rounds === 0 ? '0' : (d / rounds).toFixed(1)} |\n`)
+    process.stdout.write(`| ${c.label} | ${t.toFixed(1)} | ${(t / base).toFixed(2)}× | ${c.label === 'plain' ? '—' : d === 0 ? 'n/a' : `${(100 * acc / d).toFixed(1)} %`} | ${c.label === 'plain' ? '1' : steps === 0 ? '—' : (tokens / steps).toFixed(2)} | ${c.label === 'plain' ? '0' : rounds === 0 ? '0' : (d / rounds).toFixed(1)} | ${c.label === 'plain' ? '—' : (rounds / c.counts.length).toFixed(1)} | ${median(cpuMs.get(c.label)!).toFixed(1)} | ${(median(cpuMs.get(c.label)!) / cpuBase).toFixed(2)}× |\n`)
   }
   process.stdout.write(`\ntokens identical to plain decoding in every rep: ${same}\n`)
+  if (copyTask) process.stdout.write(`plain tokens follow the cycle (the copied text): ${reference!.join() === COPY.continuation(TOKENS).join()}\n`)
+  process.stdout.write(`load at the end: ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
   for (const c of configs) await c.svc.stop()
 }
 

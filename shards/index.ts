@@ -14,7 +14,7 @@ export { invFreqAt, rotaryOf, SUPPORTED_ROPE_TYPES, type Rotary, type RopeSpec }
 export {
   compileExpertShards, EXPERT_SHARDS_FORMAT, MOE_BASE, MOE_INPUT, MOE_EXPERTS, MOE_WEIGHTS, type ExpertShardLayout, type ExpertShardOptions,
 } from './expert-shards.ts'
-export { generateDraftPair, generateTestModel, TEST_ARCHITECTURES, MOE_TEST_ARCHITECTURES, type DraftPairOptions, type GenerateOptions, type TestArchitecture, type MoeTestArchitecture, type TestModelSize } from './testmodel/generate.ts'
+export { copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle, type CopyTaskOptions, TEST_ARCHITECTURES, MOE_TEST_ARCHITECTURES, type DraftPairOptions, type GenerateOptions, type TestArchitecture, type MoeTestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 export { createProgress } from './progress.ts'
 export type { ProgressOptions } from './progress.ts'
 export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions, type CompileCacheProgress } from './cache.ts'

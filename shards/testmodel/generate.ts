@@ -3,6 +3,15 @@
  * tokenizer_config.json with a chat template, generation_config.json) for every supported
  * architecture. Deterministic from a seed. The weights are random: the text they produce is
  * noise, but every code path (import, compile, split, decode) runs on them exactly as on a real model.
+ *
+ * One variant is not noise: `successor` makes a model whose greedy next token is a fixed cyclic
+ * permutation π of the current token (see successorCycle), so its continuation of any token t is
+ * t, π(t), π(π(t)), … — text a prompt can contain, which is what prompt lookup needs to be measured
+ * (random weights never repeat their prompt). Construction: every layer's o_proj and down_proj
+ * scaled by ε (the residual stream stays ≈ the current token's embedding E[t]; the layers still
+ * run, attend and cost what they always do), and an untied lm_head whose row π(t) is E[t], so the
+ * logit of π(t) is ≈ |E[t]|²/rms ≈ 3·√hidden while every other row is a nearly orthogonal random
+ * vector (logit std ≈ 3). Special tokens and padding rows of lm_head are zero: never the argmax.
  */
 import { mkdir, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
@@ -52,6 +61,12 @@ export interface GenerateOptions {
    * first `fromLayer` layers (see generateDraftPair).
    */
   residualScale?: { fromLayer: number, scale: number }
+  /**
+   * A successor model (see the module comment): greedy decoding follows the cycle
+   * successorCycle(architecture, seed). `epsilon` scales every layer's output projections (default
+   * 0.01; 0 makes the layers exact no-ops). Implies an untied head; wins over residualScale.
+   */
+  successor?: { epsilon?: number }
 }
 
 interface SizeSpec { hidden: number, layers: number, heads: number, kvHeads: number, ffn: number, vocab: number, maxPositions: number }
@@ -285,7 +300,8 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     ...(options.vocab === undefined ? {} : { vocab: options.vocab }),
   }
   const seed = options.seed ?? 1
-  const tied = options.tieWordEmbeddings ?? prof.tiedByDefault
+  const successor = options.successor
+  const tied = successor !== undefined ? false : options.tieWordEmbeddings ?? prof.tiedByDefault
   const hd = size.hidden / size.heads
   const tok = buildTokenizerJson(TOKENIZER_SIZE, prof.specials, prof.addBosToken ? prof.bos : undefined)
   const vocab = Math.max(size.vocab, tok.size)
@@ -315,18 +331,21 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
     ...prof.extraConfig(size),
     ...(options.longContext !== undefined ? longContextConfig(options.longContext, hd, size.maxPositions) : {}),
     ...(options.modelId !== undefined ? { shoal_model_id: options.modelId } : {}),
-    shoal_description: options.description ?? `random weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}); not a trained model`,
+    shoal_description: options.description ?? (successor !== undefined
+      ? `successor weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}; greedy text follows a fixed token cycle); not a trained model`
+      : `random weights (shoal test model: ${options.architecture} ${options.size ?? 'tiny'}, seed ${seed}); not a trained model`),
     ...options.configOverrides,
   }
 
   const damping = (name: string): number => {
-    const r = options.residualScale
+    const r = successor !== undefined ? { fromLayer: 0, scale: successor.epsilon ?? 0.01 } : options.residualScale
     const layer = /^model\.layers\.(\d+)\./.exec(name)?.[1]
     return r !== undefined && layer !== undefined && Number(layer) >= r.fromLayer ? r.scale : 1
   }
   // Per-tensor streams: a tensor's values depend only on (seed, name), not on what else is written.
   const special = new Set(tok.specialIds.values())
   const headScale = LOGIT_STD / Math.sqrt(size.hidden)
+  const cycle = successor !== undefined ? cycleOf(tok.size, tok.specialIds, seed) : undefined
   const gen = (name: string, shape: number[], kind: 'linear' | 'norm' | 'bias' | 'embed'): TensorToWrite => ({
     name,
     shape,
@@ -334,7 +353,16 @@ export async function generateTestModel (options: GenerateOptions): Promise<void
       const rng = new Prng(hash32(name) ^ Math.imul(seed, 0x9e3779b1))
       const n = shape.reduce((a, b) => a * b, 1)
       const out = new Float32Array(n)
-      if (kind === 'norm') for (let i = 0; i < n; i++) out[i] = 1 + 0.1 * rng.normal()
+      if (cycle !== undefined && name === 'lm_head.weight') {
+        // Row π(t) = E[t] along the cycle; every other row (specials, padding) stays zero.
+        const embed = (gen('model.embed_tokens.weight', shape, 'embed').data as () => Float32Array)()
+        const d = shape[1]!
+        for (let i = 0; i < cycle.length; i++) {
+          const t = cycle[i]!
+          const next = cycle[(i + 1) % cycle.length]!
+          out.set(embed.subarray(t * d, (t + 1) * d), next * d)
+        }
+      } else if (kind === 'norm') for (let i = 0; i < n; i++) out[i] = 1 + 0.1 * rng.normal()
       else if (kind === 'bias') for (let i = 0; i < n; i++) out[i] = 0.1 * rng.normal()
       else if (kind === 'linear') { const s = (/(o_proj|down_proj|\.w2\.)/.test(name) ? RESIDUAL_GAIN * damping(name) : 1) / Math.sqrt(shape[1]!); for (let i = 0; i < n; i++) out[i] = s * rng.normal() }
       else {
@@ -457,6 +485,64 @@ export async function generateDraftPair (options: DraftPairOptions): Promise<{ d
     description: `random weights (shoal target model: draft + ${extra} layers at ε = ${options.epsilon ?? 0.05}); not a trained model`,
   })
   return { draftDir, targetDir }
+}
+
+/**
+ * The cycle a successor model (GenerateOptions.successor) follows: every non-special token of the
+ * tokenizer once, in a seeded random order; π(cycle[i]) = cycle[(i + 1) mod length]. One cycle
+ * (not any permutation, whose cycles may be short) so that an orbit runs ~500 tokens before it repeats.
+ */
+export function successorCycle (architecture: TestArchitecture, seed = 1): number[] {
+  const prof = PROFILES[architecture]
+  const tok = buildTokenizerJson(TOKENIZER_SIZE, prof.specials, prof.addBosToken ? prof.bos : undefined)
+  return cycleOf(tok.size, tok.specialIds, seed)
+}
+
+export interface CopyTaskOptions {
+  /** successorCycle(...) of the model. */
+  cycle: readonly number[]
+  /** Tokens of the text the prompt carries (and the model's continuation repeats); default 200. */
+  length?: number
+  /** Index in that text replaced by another token (the prompt's text then differs from the continuation at one place); omit for none. */
+  change?: number
+  /** Tokens of unrelated text before it (default 24). */
+  prefix?: number
+  /** Where in the cycle the text starts (default 0). */
+  start?: number
+}
+
+/**
+ * A prompt for a successor model shaped like "rewrite this text with one change": unrelated
+ * tokens, then a stretch of the cycle (the text, one token of it changed), a separator, and the
+ * text's first token again. The model's greedy continuation is the rest of the stretch (the
+ * original, unchanged) and beyond, so prompt lookup finds nearly all of it earlier in the prompt —
+ * but only by matching the text so far, not by position. Every token is a non-special one; the
+ * prefix, separator and changed token are taken from the cycle outside the stretch (read
+ * backwards, so they do not continue it).
+ */
+export function copyTaskPrompt (o: CopyTaskOptions): { ids: number[], continuation: (count: number) => number[] } {
+  const n = o.cycle.length
+  const length = o.length ?? 200
+  const prefix = o.prefix ?? 24
+  const start = o.start ?? 0
+  if (length + prefix + 4 > n) throw new Error(`copyTaskPrompt: ${length} + ${prefix} + 4 tokens do not fit a cycle of ${n}`)
+  const at = (i: number): number => o.cycle[((start + i) % n + n) % n]!
+  const text = Array.from({ length }, (_, i) => at(i))
+  const outside = Array.from({ length: prefix + 3 }, (_, i) => at(-1 - i))
+  if (o.change !== undefined) text[o.change] = outside[prefix + 2]!
+  const ids = [...outside.slice(0, prefix), ...text, outside[prefix]!, outside[prefix + 1]!, at(0)]
+  return { ids, continuation: count => Array.from({ length: count }, (_, i) => at(1 + i)) }
+}
+
+function cycleOf (size: number, specialIds: Map<string, number>, seed: number): number[] {
+  const special = new Set(specialIds.values())
+  const ids = Array.from({ length: size }, (_, i) => i).filter(i => !special.has(i))
+  const rng = new Prng(hash32('successor-cycle') ^ Math.imul(seed, 0x9e3779b1))
+  for (let i = ids.length - 1; i > 0; i--) {
+    const j = rng.u32() % (i + 1)
+    const x = ids[i]!; ids[i] = ids[j]!; ids[j] = x
+  }
+  return ids
 }
 
 async function writeJson (file: string, value: unknown): Promise<void> {
