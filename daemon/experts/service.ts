@@ -18,6 +18,14 @@
  * at most twice; a model the survivors cannot hold fails the request with a typed error
  * (SHOAL_ERR_EXPERTS_UNPLACEABLE, 503) — never a hang: every expert step is bounded by
  * stepTimeoutMs.
+ *
+ * Receipts: every wave's rows go out with the request each belongs to (request spans), so each
+ * holder keeps per-request hashes and counts; when a request ends the stage sends `finish` to
+ * every holder that answered rows of it and waits at most PART_WAIT_MS (as the pipeline does)
+ * for their signed parts, which ride the `end` event's receiptParts into the ingress's receipt.
+ * A request that fails or is cancelled finishes with `sign: false` (the holders just forget it).
+ * Holders that answered only in a step attempt that was then re-placed are not asked (their
+ * record expires on the holder).
  */
 import type { ShardManifest } from '../../shards/index.ts'
 import {
@@ -32,6 +40,10 @@ import { createExpertForward, type ExpertSequence } from './forward.ts'
 import { placeExperts, type ExpertPlan, type PlacementNode } from './placement.ts'
 import type { ExpertShards } from './shards-dir.ts'
 import { runExpertStep, type ExpertLink } from './step.ts'
+import { decodePayload, encodePayloadParts, type RequestSpan } from './wire.ts'
+
+/** How long the end of a request waits for the holders' receipt parts (as the pipeline's coordinator). */
+const PART_WAIT_MS = 2_000
 
 export interface ExpertServiceInit {
   shards: ExpertShards
@@ -94,6 +106,7 @@ interface Sequence extends ExpertSequence {
 interface PendingStep {
   seq: Sequence
   ids: number[]
+  requestId: string
   pick: TokenPick
   signal: AbortSignal
   resolve: (token: number) => void
@@ -128,6 +141,15 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   /** Holders that failed a step, and when. */
   const failed = new Map<string, number>()
   let current: { nodesKey: string, plan: ExpertPlan, exclude: Set<string> } | undefined
+  /** Per request in flight: the holders that answered rows of it (asked for parts at its end). */
+  const holdersOf = new Map<string, Set<string>>()
+
+  /** A fresh step id: compute and finish frames share one stream per holder, matched by it. */
+  function nextStep (): number {
+    const id = stepId
+    stepId = (stepId + 1) >>> 0
+    return id
+  }
 
   function liveHolders (): PlacementNode[] {
     const now = Date.now()
@@ -154,7 +176,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     return current
   }
 
-  async function expertStep (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array): Promise<Float32Array> {
+  async function expertStep (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array, requests?: RequestSpan[]): Promise<Float32Array> {
     const mi = moe.moeLayers.indexOf(layer)
     for (let attempt = 0; ; attempt++) {
       const p = planNow()
@@ -162,20 +184,20 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       const timeout = AbortSignal.timeout(stepTimeoutMs)
       try {
         const r = await runExpertStep({
-          model: shards.key, step: stepId, placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
-          exclude: p.exclude, signal: timeout,
+          model: shards.key, step: nextStep(), placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
+          exclude: p.exclude, signal: timeout, ...(requests === undefined ? {} : { requests }),
         }, components.link)
         stats.expertSteps++
         stats.bytesOut += r.bytesOut
         stats.bytesIn += r.bytesIn
         r.routed.forEach((c, e) => { histogram[mi]![e]! += c })
+        for (const s of r.served) for (const id of s.requests) holdersOf.get(id)?.add(s.peerId)
         return r.out
       } catch (err) {
         if (timeout.aborted) throw new ShoalError('SHOAL_ERR_PEER_LOST', `the expert holders of layer ${layer} did not answer within ${stepTimeoutMs} ms`, { cause: err })
         // An expert without a live copy is re-placed over the survivors and the step runs again.
         if (errorCodeOf(err) !== 'SHOAL_ERR_PEER_LOST' || attempt >= MAX_REPLANS) throw err
       } finally {
-        stepId = (stepId + 1) >>> 0
         // Holders that failed (their copies took over, or nobody could) stay out of the next
         // plans, so the plan the next step uses, and /v1/mesh shows, is over live holders.
         const now = Date.now()
@@ -208,12 +230,29 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     }
   }
 
-  function step (seq: Sequence, ids: number[], pick: TokenPick, signal: AbortSignal): Promise<number> {
+  function step (seq: Sequence, requestId: string, ids: number[], pick: TokenPick, signal: AbortSignal): Promise<number> {
     if (seq.broken !== undefined) return Promise.reject(seq.broken)
     return new Promise<number>((resolve, reject) => {
-      queue.push({ seq, ids, pick, signal, resolve, reject })
+      queue.push({ seq, requestId, ids, pick, signal, resolve, reject })
       if (!draining) void drain()
     })
+  }
+
+  /**
+   * Sends `finish` for the request to every holder that answered rows of it; with `sign`, returns
+   * the parts that came back within PART_WAIT_MS (or before `signal`), in holder order.
+   */
+  async function finishHolders (requestId: string, sign: boolean, signal?: AbortSignal): Promise<unknown[]> {
+    const peers = [...(holdersOf.get(requestId) ?? [])].sort()
+    holdersOf.delete(requestId)
+    const bound = AbortSignal.timeout(PART_WAIT_MS)
+    const wait = signal === undefined ? bound : AbortSignal.any([signal, bound])
+    const answers = await Promise.allSettled(peers.map(async (peerId) => {
+      const parts = encodePayloadParts({ kind: 'finish', model: shards.key, step: nextStep(), requestId, sign })
+      const f = decodePayload(await components.link(peerId, parts, wait))
+      return f.kind === 'part' ? f.part : undefined
+    }))
+    return answers.flatMap(a => (a.status === 'fulfilled' && a.value !== undefined ? [a.value] : []))
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
@@ -229,9 +268,11 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     const seq: Sequence = forward.newSequence()
     const rng = createRng(request.sampling.seed)
     const source: TokenSource = {
-      prefill: async (ids, s) => await step(seq, ids, nextPick(request.sampling, rng), s),
-      decode: async (id, _position, s) => await step(seq, [id], nextPick(request.sampling, rng), s),
+      prefill: async (ids, s) => await step(seq, request.requestId, ids, nextPick(request.sampling, rng), s),
+      decode: async (id, _position, s) => await step(seq, request.requestId, [id], nextPick(request.sampling, rng), s),
     }
+    holdersOf.set(request.requestId, new Set())
+    let finished = false
     try {
       let tokens: TokenSource = source
       if (request.maxTokens === undefined || request.maxTokens > 0) {
@@ -240,12 +281,24 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         tokens = { prefill: async () => first, decode: source.decode }
       }
       yield { type: 'start', promptTokenIds: promptIds, route: [init.nodeId], manifestHash: shards.key, receiptId: request.requestId }
-      yield * generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })
+      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+        if (event.type !== 'end') {
+          yield event
+          continue
+        }
+        // The holders' signed shares, for the ingress's receipt (bounded: a holder that does not
+        // answer in time is left out, the completion is not held up).
+        finished = true
+        const parts = await finishHolders(request.requestId, true, signal)
+        yield parts.length === 0 ? event : { ...event, receiptParts: [...(event.receiptParts ?? []), ...parts] }
+      }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
       scope.dispose()
       active--
+      // Failed or cancelled: the holders forget what they kept for it (nobody waits for that).
+      if (!finished) void finishHolders(request.requestId, false).catch(() => {})
     }
   }
 

@@ -560,6 +560,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       const experts = createExpertsPart(config, {
         logger, budgets, mesh: () => meshed?.mesh, peerLoss: () => meshed?.peerLoss,
         roles: () => signed.identity?.certificate.body.roles ?? [], nodeId: () => signed.signer.peerId,
+        signer: () => signed.signer,
       })
       await startup.start(experts)
       const served = await startup.start(enginesPart(signed.signer, meshed, experts))
