@@ -421,6 +421,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
               nodeLoad: load,
               ledger: () => ledger,
+              experts: () => experts.view(),
             }),
             ...(auth === undefined ? {} : { auth }),
           },

@@ -26,6 +26,7 @@ import { publicKeyFromPeerId, receiptsLocation, verifyReceiptPart, type SignedRe
 import { acceptedParts } from '../../daemon/node/receipt-part.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import { receiptsVerify } from '../../scripts/commands/receipts.ts'
+import { renderStatus } from '../../scripts/commands/status.ts'
 import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
 import { compileExpertShards, compileShards, generateTestModel } from '../../shards/index.ts'
 
@@ -140,6 +141,19 @@ describe('MoE experts on holder daemons', () => {
     }
     // No holder holds everything: the model is spread.
     for (const n of plan.nodes) expect(n.experts).toBeLessThan(8 * plan.layers.length)
+    // `shoal status` shows it compactly: a row per holder with its expert count per MoE layer.
+    const lines = renderStatus(await meshView(stageUrl) as Parameters<typeof renderStatus>[0]).split('\n')
+    const at = lines.findIndex(l => l.startsWith(`experts of ${MODEL}`))
+    expect(lines[at]).toMatch(/: 3 holders, \d+ MoE layers/)
+    for (const h of holders) expect(lines.some(l => l.includes(h.peerId) && /\s\d+$/.test(l))).toBe(true)
+    expect(lines[at + 5]).toMatch(/^\s+\(min copies\)(\s+2)+$/)
+    // The dashboard's state: the same plan, holders × expert counts per layer.
+    const dash = await (await fetch(`${stageUrl}/dashboard/state`)).json() as { experts: { plans: Array<{ model: string, layers: number[], holders: Array<{ peerId: string, counts: number[] }>, minCopies: number[] }> } }
+    const dp = dash.experts.plans[0]!
+    expect(dp.model).toBe(MODEL)
+    expect(dp.holders.map(h => h.peerId).sort()).toEqual(holders.map(h => h.peerId).sort())
+    for (const h of dp.holders) expect(h.counts).toEqual(plan.layers.map(l => l.holders[h.peerId]?.length ?? 0))
+    expect(dp.minCopies).toEqual(plan.layers.map(() => 2))
   })
 
   it('gives the whole model\'s greedy tokens, alone and as 4 concurrent streams', async () => {
