@@ -80,6 +80,7 @@ describe('MoE experts on holder daemons', () => {
   const daemons: Daemon[] = []
   const holders: Array<{ daemon: Daemon, peerId: string }> = []
   let stageUrl = ''
+  let stagePeerId = ''
   let ingressUrl = ''
   let soloUrl = ''
   let want: number[][] = []
@@ -106,6 +107,7 @@ describe('MoE experts on holder daemons', () => {
     const ih = [ih1!, ih2!, ih3!]
     const stage = await start({ ...base, identityDir: is!.dir, models: [{ dir: experts }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-stage'), bootstrap: [] })
     stageUrl = stage.apiUrl!
+    stagePeerId = is!.peerId
     const boot = stage.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
     for (const [i, id] of ih.entries()) {
       const h = await start({ ...base, identityDir: id.dir, models: [], holdExperts: { dir: experts, memoryMb }, dataDir: join(root, `data-h${i}`), bootstrap: boot })
@@ -209,6 +211,15 @@ describe('MoE experts on holder daemons', () => {
       const forged = { ...parts[0]!, body: { ...parts[0]!.body, tokens: { input: 1, output: 1 } } }
       expect(acceptedParts([forged, parts[0]!], d.receipt)).toMatchObject({ rejected: 1, accepted: [parts[0]] })
     }
+    // Through another node's API (routed to the stage): the ingress's receipt carries the stage's
+    // part and the holders' parts the stage handed up with its end.
+    const routed = await fetch(`${ingressUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: PROMPTS[1], max_tokens: 4, temperature: 0 }) })
+    expect(routed.status).toBe(200)
+    const viaIngress = await (await fetch(`${ingressUrl}/v1/receipts/${routed.headers.get('x-shoal-receipt')!}`)).json() as { body: SignedReceipt['body'] }
+    const signers = viaIngress.body.parts.map(p => p.body.peerId)
+    expect(signers).toContain(stagePeerId)
+    expect(signers.filter(p => holderIds.includes(p)).length).toBeGreaterThan(0)
+    expect(viaIngress.body.parts.filter(p => p.body.experts !== undefined).every(p => holderIds.includes(p.body.peerId))).toBe(true)
     // `shoal receipts verify --ca` on the stage's (running) log: every signer, holders included, chains to the CA.
     const lines: string[] = []
     const report = await receiptsVerify({ data: join(root, 'data-stage'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, line => { lines.push(line) })
