@@ -23,23 +23,27 @@
  * holder keeps per-request hashes and counts; when a request ends the stage sends `finish` to
  * every holder that answered rows of it and waits at most PART_WAIT_MS (as the pipeline does)
  * for their signed parts, which ride the `end` event's receiptParts into the ingress's receipt.
+ * The stage hashes what it exchanged with each holder the same way, and leaves out a part whose
+ * hashes or row counts differ (stats().partsRefused): a receipt names only work the stage saw.
  * A request that fails or is cancelled finishes with `sign: false` (the holders just forget it).
- * Holders that answered only in a step attempt that was then re-placed are not asked (their
- * record expires on the holder).
+ * Holders that answered rows in any attempt of a step (one re-dispatched or re-placed after
+ * another holder failed) are asked too: they did that work.
  */
+import { createHash, type Hash } from 'node:crypto'
 import type { ShardManifest } from '../../shards/index.ts'
 import {
   abortReason, admitPrompt, createRng, endConditions, generateSequence, nextPick, pickToken, requestScope,
   type TokenPick, type TokenSource,
 } from '../engine/index.ts'
 import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
+import type { ReceiptPartBody } from '../ledger/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec, type TextCodec } from '../text/index.ts'
 import { ExpertsUnplaceableError } from './errors.ts'
 import { createExpertForward, type ExpertSequence } from './forward.ts'
 import { placeExperts, type ExpertPlan, type PlacementNode } from './placement.ts'
 import type { ExpertShards } from './shards-dir.ts'
-import { runExpertStep, type ExpertLink } from './step.ts'
+import { runExpertStep, type ExpertLink, type ExpertStepInput } from './step.ts'
 import { decodePayload, encodePayloadParts, type RequestSpan } from './wire.ts'
 
 /** How long the end of a request waits for the holders' receipt parts (as the pipeline's coordinator). */
@@ -88,6 +92,8 @@ export interface ExpertServiceStats {
   bytesIn: number
   /** Plans built (the first, then one per change in the holders). */
   plans: number
+  /** Holder receipt parts left out because they claim other work than this stage exchanged with the holder. */
+  partsRefused: number
 }
 
 export interface ExpertService extends InferenceService {
@@ -101,6 +107,27 @@ export interface ExpertService extends InferenceService {
 interface Sequence extends ExpertSequence {
   /** Set when a wave failed with this sequence in it: its KV is then not to be trusted. */
   broken?: unknown
+}
+
+/** What the stage sent one holder for one request and got back (hashed as the holder's part hashes them). */
+interface HolderShare {
+  input: Hash
+  output: Hash
+  rows: number
+}
+
+const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
+
+/**
+ * A holder's part states the work this stage saw: its own peer id, this request, and hashes and
+ * row counts equal to what was exchanged. Its signature is checked where every part's is (the
+ * ingress: acceptedParts; the ledger).
+ */
+function matchesShare (part: Record<string, unknown>, requestId: string, peerId: string, share: HolderShare): boolean {
+  const body = part.body as Partial<ReceiptPartBody> | undefined
+  if (body === undefined || body === null || typeof body !== 'object') return false
+  return body.peerId === peerId && body.requestId === requestId && body.tokens?.input === share.rows && body.tokens.output === share.rows &&
+    body.inputHash === share.input.digest('hex') && body.outputHash === share.output.digest('hex')
 }
 
 interface PendingStep {
@@ -135,14 +162,36 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   let created = 0
   let active = 0
   let stepId = 0
-  const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0 }
+  const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0, partsRefused: 0 }
   /** Rows routed to each expert of each MoE layer so far: the placement's histogram. */
   const histogram = moe.moeLayers.map(() => new Array<number>(moe.numExperts).fill(0))
   /** Holders that failed a step, and when. */
   const failed = new Map<string, number>()
   let current: { nodesKey: string, plan: ExpertPlan, exclude: Set<string> } | undefined
-  /** Per request in flight: the holders that answered rows of it (asked for parts at its end). */
-  const holdersOf = new Map<string, Set<string>>()
+  /**
+   * Per request in flight, per holder that answered rows of it: what this stage sent it and got
+   * back for the request, hashed exactly as the holder hashes its part (raw f32 rows in frame
+   * order), so a part that claims other work is left out of the receipt.
+   */
+  const holdersOf = new Map<string, Map<string, HolderShare>>()
+
+  /** A holder answered a frame (in any attempt): it is asked for its part at the end of the frame's requests. */
+  const onServed: NonNullable<ExpertStepInput['onServed']> = (peerId, f) => {
+    let first = 0
+    for (const span of f.spans) {
+      const shares = holdersOf.get(span.id)
+      if (shares !== undefined) {
+        let share = shares.get(peerId)
+        if (share === undefined) shares.set(peerId, share = { input: createHash('sha256'), output: createHash('sha256'), rows: 0 })
+        const from = first * f.width
+        const to = (first + span.rows) * f.width
+        share.input.update(bytesOf(f.input.subarray(from, to)))
+        share.output.update(bytesOf(f.output.subarray(from, to)))
+        share.rows += span.rows
+      }
+      first += span.rows
+    }
+  }
 
   /** A fresh step id: compute and finish frames share one stream per holder, matched by it. */
   function nextStep (): number {
@@ -185,13 +234,12 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       try {
         const r = await runExpertStep({
           model: shards.key, step: nextStep(), placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
-          exclude: p.exclude, signal: timeout, ...(requests === undefined ? {} : { requests }),
+          exclude: p.exclude, signal: timeout, ...(requests === undefined ? {} : { requests, onServed }),
         }, components.link)
         stats.expertSteps++
         stats.bytesOut += r.bytesOut
         stats.bytesIn += r.bytesIn
         r.routed.forEach((c, e) => { histogram[mi]![e]! += c })
-        for (const s of r.served) for (const id of s.requests) holdersOf.get(id)?.add(s.peerId)
         return r.out
       } catch (err) {
         if (timeout.aborted) throw new ShoalError('SHOAL_ERR_PEER_LOST', `the expert holders of layer ${layer} did not answer within ${stepTimeoutMs} ms`, { cause: err })
@@ -243,14 +291,17 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
    * the parts that came back within PART_WAIT_MS (or before `signal`), in holder order.
    */
   async function finishHolders (requestId: string, sign: boolean, signal?: AbortSignal): Promise<unknown[]> {
-    const peers = [...(holdersOf.get(requestId) ?? [])].sort()
+    const shares = [...(holdersOf.get(requestId) ?? new Map<string, HolderShare>())].sort(([a], [b]) => (a < b ? -1 : 1))
     holdersOf.delete(requestId)
     const bound = AbortSignal.timeout(PART_WAIT_MS)
     const wait = signal === undefined ? bound : AbortSignal.any([signal, bound])
-    const answers = await Promise.allSettled(peers.map(async (peerId) => {
+    const answers = await Promise.allSettled(shares.map(async ([peerId, share]) => {
       const parts = encodePayloadParts({ kind: 'finish', model: shards.key, step: nextStep(), requestId, sign })
       const f = decodePayload(await components.link(peerId, parts, wait))
-      return f.kind === 'part' ? f.part : undefined
+      if (f.kind !== 'part' || f.part === undefined) return undefined
+      if (matchesShare(f.part, requestId, peerId, share)) return f.part
+      stats.partsRefused++
+      return undefined
     }))
     return answers.flatMap(a => (a.status === 'fulfilled' && a.value !== undefined ? [a.value] : []))
   }
@@ -271,7 +322,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       prefill: async (ids, s) => await step(seq, request.requestId, ids, nextPick(request.sampling, rng), s),
       decode: async (id, _position, s) => await step(seq, request.requestId, [id], nextPick(request.sampling, rng), s),
     }
-    holdersOf.set(request.requestId, new Set())
+    holdersOf.set(request.requestId, new Map())
     let finished = false
     try {
       let tokens: TokenSource = source

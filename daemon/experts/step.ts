@@ -39,6 +39,13 @@ export interface ExpertStepInput {
    * the rows are attributed to no request.
    */
   requests?: RequestSpan[]
+  /**
+   * Called for every frame a holder answered (when `requests` is given), with the frame's spans,
+   * the rows it carried and the partial sums that came back — also in rounds that are then
+   * dispatched again, and in a step that ends up failing: the holder did that work and keeps it
+   * on its record of those requests (what the stage checks the holder's receipt part against).
+   */
+  onServed?: (peerId: string, frame: { spans: RequestSpan[], width: number, input: Float32Array, output: Float32Array }) => void
 }
 
 export interface ExpertStepResult {
@@ -48,8 +55,6 @@ export interface ExpertStepResult {
   bytesIn: number
   /** Rows routed to each expert of the layer this step: what the stage adds to its routing histogram (placeExperts' input). */
   routed: number[]
-  /** Holders that answered a frame (in any round: a failed-over round's answers were work too), and the requests of its rows. */
-  served: Array<{ peerId: string, requests: string[] }>
 }
 
 /** The spans of a frame's rows (global indices, ascending), given the request of every row. */
@@ -87,7 +92,6 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
     s.requests.forEach((sp, i) => { owner.fill(i, r, r + sp.rows); r += sp.rows })
     if (r !== s.rows) throw new TypeError(`runExpertStep: request spans cover ${r} rows of ${s.rows}`)
   }
-  const served: ExpertStepResult['served'] = []
   for (;;) {
     s.signal.throwIfAborted()
     const d = dispatchRows(s.placement, routes, { exclude: s.exclude, salt: s.step })
@@ -109,7 +113,7 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
       const f = decodePayload(answer)
       if (f.kind === 'error') throw deserializeError(f.error)
       if (f.kind !== 'partial' || f.step !== s.step || f.rows !== w.rows.length || f.width !== s.width) throw new Error(`holder ${w.peerId}: unexpected answer`)
-      if (spans !== undefined) served.push({ peerId: w.peerId, requests: [...new Set(spans.map(sp => sp.id))] })
+      if (spans !== undefined) s.onServed?.(w.peerId, { spans, width: s.width, input: data, output: f.data })
       return f.data
     }))
     // A frame the codec refuses would be refused by every replica alike: that is a bug, not a
@@ -124,6 +128,6 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
     const partials = answers.map(a => (a as PromiseFulfilledResult<Float32Array>).value)
     const out = combinePartials(s.rows, s.width, d.work, partials)
     for (let i = 0; i < out.length; i++) out[i] = s.base[i]! + out[i]!
-    return { out, bytesOut, bytesIn, routed, served }
+    return { out, bytesOut, bytesIn, routed }
   }
 }
