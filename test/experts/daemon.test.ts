@@ -220,6 +220,8 @@ describe('MoE experts on holder daemons', () => {
     expect(signers).toContain(stagePeerId)
     expect(signers.filter(p => holderIds.includes(p)).length).toBeGreaterThan(0)
     expect(viaIngress.body.parts.filter(p => p.body.experts !== undefined).every(p => holderIds.includes(p.body.peerId))).toBe(true)
+    const ingressReport = await receiptsVerify({ data: join(root, 'data-ingress'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, () => {})
+    expect(ingressReport.ok).toBe(true)
     // `shoal receipts verify --ca` on the stage's (running) log: every signer, holders included, chains to the CA.
     const lines: string[] = []
     const report = await receiptsVerify({ data: join(root, 'data-stage'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, line => { lines.push(line) })
