@@ -1,6 +1,6 @@
 /**
  * One expert holder as its own process, for reproduction/bench-experts.ts: a libp2p node on
- * loopback TCP serving /shoal/experts/1.0.0 from expert-parallel shards. Prints one JSON line
+ * loopback TCP serving /shoal/experts/2.0.0 from expert-parallel shards. Prints one JSON line
  * {"peerId", "addrs"} when ready; stops on SIGTERM or when stdin closes.
  *
  *   node reproduction/expert-holder-process.ts --dir DIR --model KEY --experts 1:0,1:5,2:3 [--threads 1]

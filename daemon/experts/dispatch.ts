@@ -2,7 +2,7 @@
  * One step of a MoE layer whose experts live on holder nodes: which rows go to which holder
  * (dispatchRows), how big one expert is (expertBytes), and how the holders' answers combine
  * (combinePartials). Pure functions; the stage node gathers the router's choices, carries out the
- * dispatch over /shoal/experts/1.0.0 (wire.ts) and combines.
+ * dispatch over /shoal/experts/2.0.0 (wire.ts) and combines.
  */
 import type { ModelShape, Quantization } from '../../shards/index.ts'
 import type { LayerPlacement } from './placement.ts'

@@ -13,6 +13,7 @@ import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, MOE_BASE, MOE_EXPERTS, MOE_INPUT, MOE_WEIGHTS,
   NUM_LOGITS_TO_KEEP, pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, type ExpertShardLayout,
 } from '../../shards/index.ts'
+import type { RequestSpan } from './wire.ts'
 
 /** One sequence's KV (every layer's past keys and values) and its length in positions. */
 export interface ExpertSequence {
@@ -20,8 +21,12 @@ export interface ExpertSequence {
   length: number
 }
 
-/** One MoE layer's step for a wave's rows: [rows × D] base and input, [rows × topK] experts and weights → the layer's output rows. */
-export type ExpertsOfLayer = (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array) => Promise<Float32Array>
+/**
+ * One MoE layer's step for a wave's rows: [rows × D] base and input, [rows × topK] experts and
+ * weights → the layer's output rows. `requests`: the request of each item's rows, in order, when
+ * every item names one (receipt parts of the holders).
+ */
+export type ExpertsOfLayer = (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array, requests?: RequestSpan[]) => Promise<Float32Array>
 
 export interface ExpertForward {
   open: () => Promise<void>
@@ -31,7 +36,7 @@ export interface ExpertForward {
    * Runs each item's new tokens (appended to its sequence's KV) and returns each item's last
    * position's logits. A failure leaves the items' sequences partly advanced: discard them.
    */
-  run: (items: Array<{ seq: ExpertSequence, ids: number[] }>, experts: ExpertsOfLayer) => Promise<Float32Array[]>
+  run: (items: Array<{ seq: ExpertSequence, ids: number[], requestId?: string }>, experts: ExpertsOfLayer) => Promise<Float32Array[]>
 }
 
 const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
@@ -97,10 +102,12 @@ export function createExpertForward (init: { dir: string, layout: ExpertShardLay
           }
           return out
         }
+        const requests = items.every(p => p.requestId !== undefined) ? items.map(p => ({ id: p.requestId!, rows: p.ids.length })) : undefined
         const y = await experts(
           l.layer, rows,
           cat(MOE_BASE, D, n => new Float32Array(n)), cat(MOE_INPUT, D, n => new Float32Array(n)),
           cat(MOE_EXPERTS, topK, n => new BigInt64Array(n)), cat(MOE_WEIGHTS, topK, n => new Float32Array(n)),
+          requests,
         )
         let at = 0
         xs = counts.map(S => {

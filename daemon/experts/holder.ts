@@ -14,13 +14,38 @@
  * (a stage that re-planned around a dead holder sends it a new share) without ever holding more.
  * Only when every resident expert is running does it refuse (SHOAL_ERR_EXPERTS_NOT_HELD), and the
  * stage fails over to another copy.
+ *
+ * Receipts: compute frames name the request of each row (spans), so the holder keeps, per request,
+ * a running SHA-256 of the rows it received and one of the partial sums it returned (raw
+ * little-endian f32, in arrival order), their counts, the experts it ran per layer and when it
+ * began. When the request ends the stage sends `finish`; the holder answers with its signed
+ * receipt part (createReceiptPart, with `experts`) and forgets the request. Requests a stage
+ * never finishes (it died) are forgotten after RECORD_TTL_MS, and at most MAX_RECORDS are kept.
  */
+import { createHash, type Hash } from 'node:crypto'
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
 import type { ExpertShardLayout } from '../../shards/index.ts'
 import { serializeError } from '../errors.ts'
+import { createReceiptPart, type SignedReceiptPart } from '../ledger/index.ts'
 import { ExpertWireError } from './errors.ts'
 import { decodePayload, encodePayloadParts, type ExpertFrame } from './wire.ts'
+
+/** A request the stage never finished is forgotten after this long without rows. */
+const RECORD_TTL_MS = 10 * 60_000
+const MAX_RECORDS = 4096
+
+/** What a holder did for one request, until the stage finishes it. */
+interface RequestRecord {
+  received: Hash
+  produced: Hash
+  rowsIn: number
+  rowsOut: number
+  /** Experts run, per layer. */
+  experts: Map<number, Set<number>>
+  startedAt: number
+  touchedAt: number
+}
 
 export interface ExpertHolderInit {
   /** Expert-parallel shard directory and its layout.json. */
@@ -33,6 +58,10 @@ export interface ExpertHolderInit {
   /** Also load experts on first use, up to this many resident in all (default: only `experts`). */
   maxExperts?: number
   threads?: number
+  /** Signs a receipt part per request when the stage finishes it (none without). */
+  signer?: { peerId: string, secretKey: Uint8Array }
+  /** The model id parts name (default: the layout's). */
+  modelId?: string
 }
 
 export interface ExpertHolder {
@@ -44,6 +73,8 @@ export interface ExpertHolder {
   stats: () => { steps: number, expertRows: number, resident: number }
   /** The resident experts, by layer (ascending). */
   resident: () => Array<{ layer: number, experts: number[] }>
+  /** Requests with rows seen and not yet finished. */
+  openRequests: () => number
 }
 
 const join1 = (parts: Uint8Array[]): Uint8Array => {
@@ -99,6 +130,68 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
     return await p
   }
 
+  const records = new Map<string, RequestRecord>()
+
+  function recordOf (id: string, now: number): RequestRecord {
+    let r = records.get(id)
+    if (r !== undefined) return r
+    for (const [k, old] of records) if (now - old.touchedAt > RECORD_TTL_MS) records.delete(k)
+    // Oldest first (insertion order): a stage that never finishes cannot grow this without bound.
+    while (records.size >= MAX_RECORDS) records.delete(records.keys().next().value!)
+    r = { received: createHash('sha256'), produced: createHash('sha256'), rowsIn: 0, rowsOut: 0, experts: new Map(), startedAt: now, touchedAt: now }
+    records.set(id, r)
+    return r
+  }
+
+  /** Adds a computed frame to the records of the requests its rows belong to. */
+  function attribute (f: ExpertFrame & { kind: 'compute' }, out: Float32Array): void {
+    if (f.spans === undefined) return
+    const now = Date.now()
+    let first = 0
+    for (const span of f.spans) {
+      const r = recordOf(span.id, now)
+      r.touchedAt = now
+      const from = first * f.width * 4
+      const to = (first + span.rows) * f.width * 4
+      r.received.update(new Uint8Array(f.data.buffer, f.data.byteOffset + from, to - from))
+      r.produced.update(new Uint8Array(out.buffer, out.byteOffset + from, to - from))
+      r.rowsIn += span.rows
+      r.rowsOut += span.rows
+      const last = first + span.rows
+      for (const g of f.groups) {
+        if (!g.rows.some(row => row >= first && row < last)) continue
+        let set = r.experts.get(f.layer)
+        if (set === undefined) r.experts.set(f.layer, set = new Set())
+        set.add(g.expert)
+      }
+      first = last
+    }
+  }
+
+  /** The request's signed part, or undefined (no signer, no rows seen, or it cannot be made). */
+  function finish (requestId: string, sign: boolean): SignedReceiptPart | undefined {
+    const r = records.get(requestId)
+    records.delete(requestId)
+    if (!sign || r === undefined || init.signer === undefined || r.experts.size === 0) return undefined
+    const layers = [...r.experts.keys()].sort((a, b) => a - b)
+    try {
+      return createReceiptPart({
+        requestId,
+        peerId: init.signer.peerId,
+        model: init.modelId ?? init.layout.modelId ?? init.model,
+        layers: [layers[0]!, layers[layers.length - 1]!],
+        inputHash: r.received.digest('hex'),
+        outputHash: r.produced.digest('hex'),
+        tokens: { input: r.rowsIn, output: r.rowsOut },
+        timing: { startedAt: r.startedAt, durationMs: Date.now() - r.startedAt },
+        experts: layers.map(layer => ({ layer, experts: [...r.experts.get(layer)!].sort((a, b) => a - b) })),
+      }, init.signer.secretKey)
+    } catch {
+      // A part that cannot be made (a request id the ledger refuses) is left out; the receipt still names the stage.
+      return undefined
+    }
+  }
+
   async function compute (f: ExpertFrame & { kind: 'compute' }): Promise<Float32Array> {
     // Rows this frame carries are positions 0..rows-1; the partial sums come back in that order.
     const out = new Float32Array(f.rows * f.width)
@@ -138,9 +231,14 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
       try {
         const f = decodePayload(payload)
         step = f.step
-        if (f.kind !== 'compute') throw new ExpertWireError('SHOAL_ERR_EXPERTS_MALFORMED', `a holder takes compute frames, not ${f.kind}`)
+        if (f.kind !== 'compute' && f.kind !== 'finish') throw new ExpertWireError('SHOAL_ERR_EXPERTS_MALFORMED', `a holder takes compute and finish frames, not ${f.kind}`)
         if (f.model !== init.model) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `this holder serves model ${init.model}, not ${f.model}`)
+        if (f.kind === 'finish') {
+          const part = finish(f.requestId, f.sign)
+          return join1(encodePayloadParts({ kind: 'part', model: f.model, step, ...(part === undefined ? {} : { part: part as unknown as Record<string, unknown> }) }))
+        }
         const data = await compute(f)
+        attribute(f, data)
         steps++
         return join1(encodePayloadParts({ kind: 'partial', model: f.model, step, rows: f.rows, width: f.width, data }))
       } catch (err) {
@@ -148,6 +246,7 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
       }
     },
     stats: () => ({ steps, expertRows, resident: sessions.size }),
+    openRequests: () => records.size,
     resident () {
       const by = new Map<number, number[]>()
       for (const k of sessions.keys()) {

@@ -4,7 +4,7 @@
  * partial sums. Here: the placement decision (which holder keeps which experts, from gossiped
  * memory and a routing histogram), the per-step dispatch decision (which rows go to which holder,
  * replicas taking over from excluded holders) and the combine, all pure; the expert size of a
- * shard; the /shoal/experts/1.0.0 wire format; a holder answering compute frames from
+ * shard; the /shoal/experts/2.0.0 wire format; a holder answering compute frames from
  * expert-parallel shards (shards/expert-shards.ts); and the stage side of one layer step
  * (runExpertStep: dispatch, send, combine, fail over to replicas), over libp2p streams
  * (serveExperts, createExpertLinks). For the daemon: expert-parallel shard directories

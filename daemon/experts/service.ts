@@ -18,20 +18,36 @@
  * at most twice; a model the survivors cannot hold fails the request with a typed error
  * (SHOAL_ERR_EXPERTS_UNPLACEABLE, 503) — never a hang: every expert step is bounded by
  * stepTimeoutMs.
+ *
+ * Receipts: every wave's rows go out with the request each belongs to (request spans), so each
+ * holder keeps per-request hashes and counts; when a request ends the stage sends `finish` to
+ * every holder that answered rows of it and waits at most PART_WAIT_MS (as the pipeline does)
+ * for their signed parts, which ride the `end` event's receiptParts into the ingress's receipt.
+ * The stage hashes what it exchanged with each holder the same way, and leaves out a part whose
+ * hashes or row counts differ (stats().partsRefused): a receipt names only work the stage saw.
+ * A request that fails or is cancelled finishes with `sign: false` (the holders just forget it).
+ * Holders that answered rows in any attempt of a step (one re-dispatched or re-placed after
+ * another holder failed) are asked too: they did that work.
  */
+import { createHash, type Hash } from 'node:crypto'
 import type { ShardManifest } from '../../shards/index.ts'
 import {
   abortReason, admitPrompt, createRng, endConditions, generateSequence, nextPick, pickToken, requestScope,
   type TokenPick, type TokenSource,
 } from '../engine/index.ts'
 import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
+import type { ReceiptPartBody } from '../ledger/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { loadTextCodec, type TextCodec } from '../text/index.ts'
 import { ExpertsUnplaceableError } from './errors.ts'
 import { createExpertForward, type ExpertSequence } from './forward.ts'
 import { placeExperts, type ExpertPlan, type PlacementNode } from './placement.ts'
 import type { ExpertShards } from './shards-dir.ts'
-import { runExpertStep, type ExpertLink } from './step.ts'
+import { runExpertStep, type ExpertLink, type ExpertStepInput } from './step.ts'
+import { decodePayload, encodePayloadParts, type RequestSpan } from './wire.ts'
+
+/** How long the end of a request waits for the holders' receipt parts (as the pipeline's coordinator). */
+const PART_WAIT_MS = 2_000
 
 export interface ExpertServiceInit {
   shards: ExpertShards
@@ -76,6 +92,8 @@ export interface ExpertServiceStats {
   bytesIn: number
   /** Plans built (the first, then one per change in the holders). */
   plans: number
+  /** Holder receipt parts left out because they claim other work than this stage exchanged with the holder. */
+  partsRefused: number
 }
 
 export interface ExpertService extends InferenceService {
@@ -91,9 +109,31 @@ interface Sequence extends ExpertSequence {
   broken?: unknown
 }
 
+/** What the stage sent one holder for one request and got back (hashed as the holder's part hashes them). */
+interface HolderShare {
+  input: Hash
+  output: Hash
+  rows: number
+}
+
+const bytesOf = (a: Float32Array): Uint8Array => new Uint8Array(a.buffer, a.byteOffset, a.byteLength)
+
+/**
+ * A holder's part states the work this stage saw: its own peer id, this request, and hashes and
+ * row counts equal to what was exchanged. Its signature is checked where every part's is (the
+ * ingress: acceptedParts; the ledger).
+ */
+function matchesShare (part: Record<string, unknown>, requestId: string, peerId: string, share: HolderShare): boolean {
+  const body = part.body as Partial<ReceiptPartBody> | undefined
+  if (body === undefined || body === null || typeof body !== 'object') return false
+  return body.peerId === peerId && body.requestId === requestId && body.tokens?.input === share.rows && body.tokens.output === share.rows &&
+    body.inputHash === share.input.digest('hex') && body.outputHash === share.output.digest('hex')
+}
+
 interface PendingStep {
   seq: Sequence
   ids: number[]
+  requestId: string
   pick: TokenPick
   signal: AbortSignal
   resolve: (token: number) => void
@@ -122,12 +162,43 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   let created = 0
   let active = 0
   let stepId = 0
-  const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0 }
+  const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0, partsRefused: 0 }
   /** Rows routed to each expert of each MoE layer so far: the placement's histogram. */
   const histogram = moe.moeLayers.map(() => new Array<number>(moe.numExperts).fill(0))
   /** Holders that failed a step, and when. */
   const failed = new Map<string, number>()
   let current: { nodesKey: string, plan: ExpertPlan, exclude: Set<string> } | undefined
+  /**
+   * Per request in flight, per holder that answered rows of it: what this stage sent it and got
+   * back for the request, hashed exactly as the holder hashes its part (raw f32 rows in frame
+   * order), so a part that claims other work is left out of the receipt.
+   */
+  const holdersOf = new Map<string, Map<string, HolderShare>>()
+
+  /** A holder answered a frame (in any attempt): it is asked for its part at the end of the frame's requests. */
+  const onServed: NonNullable<ExpertStepInput['onServed']> = (peerId, f) => {
+    let first = 0
+    for (const span of f.spans) {
+      const shares = holdersOf.get(span.id)
+      if (shares !== undefined) {
+        let share = shares.get(peerId)
+        if (share === undefined) shares.set(peerId, share = { input: createHash('sha256'), output: createHash('sha256'), rows: 0 })
+        const from = first * f.width
+        const to = (first + span.rows) * f.width
+        share.input.update(bytesOf(f.input.subarray(from, to)))
+        share.output.update(bytesOf(f.output.subarray(from, to)))
+        share.rows += span.rows
+      }
+      first += span.rows
+    }
+  }
+
+  /** A fresh step id: compute and finish frames share one stream per holder, matched by it. */
+  function nextStep (): number {
+    const id = stepId
+    stepId = (stepId + 1) >>> 0
+    return id
+  }
 
   function liveHolders (): PlacementNode[] {
     const now = Date.now()
@@ -154,7 +225,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     return current
   }
 
-  async function expertStep (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array): Promise<Float32Array> {
+  async function expertStep (layer: number, rows: number, base: Float32Array, input: Float32Array, experts: BigInt64Array, weights: Float32Array, requests?: RequestSpan[]): Promise<Float32Array> {
     const mi = moe.moeLayers.indexOf(layer)
     for (let attempt = 0; ; attempt++) {
       const p = planNow()
@@ -162,8 +233,8 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       const timeout = AbortSignal.timeout(stepTimeoutMs)
       try {
         const r = await runExpertStep({
-          model: shards.key, step: stepId, placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
-          exclude: p.exclude, signal: timeout,
+          model: shards.key, step: nextStep(), placement, rows, width: D, base, input, experts, weights, topK: moe.topK,
+          exclude: p.exclude, signal: timeout, ...(requests === undefined ? {} : { requests, onServed }),
         }, components.link)
         stats.expertSteps++
         stats.bytesOut += r.bytesOut
@@ -175,7 +246,6 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         // An expert without a live copy is re-placed over the survivors and the step runs again.
         if (errorCodeOf(err) !== 'SHOAL_ERR_PEER_LOST' || attempt >= MAX_REPLANS) throw err
       } finally {
-        stepId = (stepId + 1) >>> 0
         // Holders that failed (their copies took over, or nobody could) stay out of the next
         // plans, so the plan the next step uses, and /v1/mesh shows, is over live holders.
         const now = Date.now()
@@ -208,12 +278,32 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     }
   }
 
-  function step (seq: Sequence, ids: number[], pick: TokenPick, signal: AbortSignal): Promise<number> {
+  function step (seq: Sequence, requestId: string, ids: number[], pick: TokenPick, signal: AbortSignal): Promise<number> {
     if (seq.broken !== undefined) return Promise.reject(seq.broken)
     return new Promise<number>((resolve, reject) => {
-      queue.push({ seq, ids, pick, signal, resolve, reject })
+      queue.push({ seq, requestId, ids, pick, signal, resolve, reject })
       if (!draining) void drain()
     })
+  }
+
+  /**
+   * Sends `finish` for the request to every holder that answered rows of it; with `sign`, returns
+   * the parts that came back within PART_WAIT_MS (or before `signal`), in holder order.
+   */
+  async function finishHolders (requestId: string, sign: boolean, signal?: AbortSignal): Promise<unknown[]> {
+    const shares = [...(holdersOf.get(requestId) ?? new Map<string, HolderShare>())].sort(([a], [b]) => (a < b ? -1 : 1))
+    holdersOf.delete(requestId)
+    const bound = AbortSignal.timeout(PART_WAIT_MS)
+    const wait = signal === undefined ? bound : AbortSignal.any([signal, bound])
+    const answers = await Promise.allSettled(shares.map(async ([peerId, share]) => {
+      const parts = encodePayloadParts({ kind: 'finish', model: shards.key, step: nextStep(), requestId, sign })
+      const f = decodePayload(await components.link(peerId, parts, wait))
+      if (f.kind !== 'part' || f.part === undefined) return undefined
+      if (matchesShare(f.part, requestId, peerId, share)) return f.part
+      stats.partsRefused++
+      return undefined
+    }))
+    return answers.flatMap(a => (a.status === 'fulfilled' && a.value !== undefined ? [a.value] : []))
   }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
@@ -229,9 +319,11 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     const seq: Sequence = forward.newSequence()
     const rng = createRng(request.sampling.seed)
     const source: TokenSource = {
-      prefill: async (ids, s) => await step(seq, ids, nextPick(request.sampling, rng), s),
-      decode: async (id, _position, s) => await step(seq, [id], nextPick(request.sampling, rng), s),
+      prefill: async (ids, s) => await step(seq, request.requestId, ids, nextPick(request.sampling, rng), s),
+      decode: async (id, _position, s) => await step(seq, request.requestId, [id], nextPick(request.sampling, rng), s),
     }
+    holdersOf.set(request.requestId, new Map())
+    let finished = false
     try {
       let tokens: TokenSource = source
       if (request.maxTokens === undefined || request.maxTokens > 0) {
@@ -240,12 +332,24 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         tokens = { prefill: async () => first, decode: source.decode }
       }
       yield { type: 'start', promptTokenIds: promptIds, route: [init.nodeId], manifestHash: shards.key, receiptId: request.requestId }
-      yield * generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })
+      for await (const event of generateSequence({ source: tokens, codec: text, promptIds, ...endConditions(request, manifest), signal: scope.signal })) {
+        if (event.type !== 'end') {
+          yield event
+          continue
+        }
+        // The holders' signed shares, for the ingress's receipt (bounded: a holder that does not
+        // answer in time is left out, the completion is not held up).
+        finished = true
+        const parts = await finishHolders(request.requestId, true, signal)
+        yield parts.length === 0 ? event : { ...event, receiptParts: [...(event.receiptParts ?? []), ...parts] }
+      }
     } catch (err) {
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
       scope.dispose()
       active--
+      // Failed or cancelled: the holders forget what they kept for it (nobody waits for that).
+      if (!finished) void finishHolders(request.requestId, false).catch(() => {})
     }
   }
 

@@ -11,7 +11,7 @@ import { deserializeError, errorCodeOf } from '../errors.ts'
 import { combinePartials, dispatchRows, type RowRoute } from './dispatch.ts'
 import { ExpertsLostError } from './errors.ts'
 import type { LayerPlacement } from './placement.ts'
-import { decodePayload, encodePayloadParts } from './wire.ts'
+import { decodePayload, encodePayloadParts, type RequestSpan } from './wire.ts'
 
 /** Sends one payload to a holder and resolves with its answer's payload. */
 export type ExpertLink = (peerId: string, payload: Uint8Array[], signal: AbortSignal) => Promise<Uint8Array>
@@ -33,6 +33,19 @@ export interface ExpertStepInput {
   /** Holders already known dead; the step adds any that fail. */
   exclude: Set<string>
   signal: AbortSignal
+  /**
+   * Which request each row belongs to: consecutive spans covering the rows in order. Each frame
+   * carries the spans of its own rows, so holders can sign a receipt part per request. Absent:
+   * the rows are attributed to no request.
+   */
+  requests?: RequestSpan[]
+  /**
+   * Called for every frame a holder answered (when `requests` is given), with the frame's spans,
+   * the rows it carried and the partial sums that came back — also in rounds that are then
+   * dispatched again, and in a step that ends up failing: the holder did that work and keeps it
+   * on its record of those requests (what the stage checks the holder's receipt part against).
+   */
+  onServed?: (peerId: string, frame: { spans: RequestSpan[], width: number, input: Float32Array, output: Float32Array }) => void
 }
 
 export interface ExpertStepResult {
@@ -42,6 +55,18 @@ export interface ExpertStepResult {
   bytesIn: number
   /** Rows routed to each expert of the layer this step: what the stage adds to its routing histogram (placeExperts' input). */
   routed: number[]
+}
+
+/** The spans of a frame's rows (global indices, ascending), given the request of every row. */
+function spansOf (rows: number[], owner: Int32Array, ids: string[]): RequestSpan[] {
+  const out: RequestSpan[] = []
+  for (const r of rows) {
+    const id = ids[owner[r]!]!
+    const last = out[out.length - 1]
+    if (last !== undefined && last.id === id) last.rows++
+    else out.push({ id, rows: 1 })
+  }
+  return out
 }
 
 const failsOver = (err: unknown): boolean => {
@@ -58,6 +83,15 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
   for (const r of routes) for (const e of r.experts) if (e >= 0 && e < routed.length) routed[e]!++
   let bytesOut = 0
   let bytesIn = 0
+  // Row → index of its request span; rows are grouped by request in the step, so each frame's
+  // rows (ascending) fall into consecutive spans too.
+  const ids = (s.requests ?? []).map(sp => sp.id)
+  const owner = new Int32Array(s.rows)
+  if (s.requests !== undefined) {
+    let r = 0
+    s.requests.forEach((sp, i) => { owner.fill(i, r, r + sp.rows); r += sp.rows })
+    if (r !== s.rows) throw new TypeError(`runExpertStep: request spans cover ${r} rows of ${s.rows}`)
+  }
   for (;;) {
     s.signal.throwIfAborted()
     const d = dispatchRows(s.placement, routes, { exclude: s.exclude, salt: s.step })
@@ -67,9 +101,11 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
       const local = new Map(w.rows.map((r, j) => [r, j]))
       const data = new Float32Array(w.rows.length * s.width)
       w.rows.forEach((r, j) => data.set(s.input.subarray(r * s.width, (r + 1) * s.width), j * s.width))
+      const spans = s.requests === undefined ? undefined : spansOf(w.rows, owner, ids)
       const parts = encodePayloadParts({
         kind: 'compute', model: s.model, step: s.step, layer: s.placement.layer, rows: w.rows.length, width: s.width,
-        groups: w.groups.map(g => ({ expert: g.expert, rows: g.rows.map(r => local.get(r)!), weights: g.weights })), data,
+        groups: w.groups.map(g => ({ expert: g.expert, rows: g.rows.map(r => local.get(r)!), weights: g.weights })),
+        ...(spans === undefined ? {} : { spans }), data,
       })
       bytesOut += parts.reduce((n, p) => n + p.length, 0)
       const answer = await link(w.peerId, parts, s.signal)
@@ -77,6 +113,7 @@ export async function runExpertStep (s: ExpertStepInput, link: ExpertLink): Prom
       const f = decodePayload(answer)
       if (f.kind === 'error') throw deserializeError(f.error)
       if (f.kind !== 'partial' || f.step !== s.step || f.rows !== w.rows.length || f.width !== s.width) throw new Error(`holder ${w.peerId}: unexpected answer`)
+      if (spans !== undefined) s.onServed?.(w.peerId, { spans, width: s.width, input: data, output: f.data })
       return f.data
     }))
     // A frame the codec refuses would be refused by every replica alike: that is a bug, not a

@@ -1,5 +1,5 @@
 /**
- * /shoal/experts/1.0.0 over libp2p streams. Holder side (serveExperts): every incoming stream's
+ * /shoal/experts/2.0.0 over libp2p streams. Holder side (serveExperts): every incoming stream's
  * frames are answered in arrival order by the holder. Stage side (createExpertLinks): one
  * long-lived stream per holder, opened on first use; answers are matched to their compute frames
  * by step id, so several steps may be in flight on one stream. A stream that closes or resets
@@ -58,7 +58,7 @@ async function send (stream: Stream, payload: Uint8Array, signal: AbortSignal): 
   if (!stream.send(lengthPrefixed(payload))) await stream.onDrain({ signal: AbortSignal.any([signal, AbortSignal.timeout(30_000)]) })
 }
 
-/** Serves `holder` on /shoal/experts/1.0.0 until stop(). */
+/** Serves `holder` on /shoal/experts/2.0.0 until stop(). */
 export async function serveExperts (holder: ExpertHolder, components: ExpertTransportComponents, maxFrameBytes: number = MAX_FRAME_BYTES): Promise<{ stop: () => Promise<void> }> {
   const streams = new Set<Stream>()
   await components.handle(EXPERTS_PROTOCOL, (stream) => {

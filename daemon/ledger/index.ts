@@ -12,7 +12,7 @@ export {
 } from './receipt.ts'
 export type {
   ReceiptBody, ReceiptInput, SignedReceipt, ReceiptPartBody, ReceiptPartInput, SignedReceiptPart,
-  RouteHop, LayerRange, RequestLike, CompletionOutput, ReceiptContext,
+  RouteHop, LayerRange, RequestLike, CompletionOutput, ReceiptContext, ExpertsServed,
 } from './receipt.ts'
 export { verifyLog, VERIFY_REASONS } from './verify.ts'
 export type { VerifyOptions, VerifyReport, VerifyReason } from './verify.ts'

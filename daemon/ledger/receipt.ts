@@ -38,7 +38,22 @@ export interface ReceiptPartBody {
   tokens: { input: number, output: number }
   /** Epoch milliseconds when the node began, and how long its share took. */
   timing: { startedAt: number, durationMs: number }
+  /**
+   * An expert holder's share of a mixture-of-experts model: the experts it ran for the request,
+   * per MoE layer (layers ascending, experts ascending and distinct). Absent for every other node.
+   */
+  experts?: ExpertsServed[]
 }
+
+/** The experts of one MoE layer a holder ran for a request. */
+export interface ExpertsServed {
+  layer: number
+  experts: number[]
+}
+
+/** Bounds on a part's `experts` (a 64-layer model with 256 experts per layer fits). */
+export const MAX_PART_EXPERT_LAYERS = 1024
+export const MAX_PART_EXPERTS_PER_LAYER = 4096
 
 export type SignedReceiptPart = SignedDocument<ReceiptPartBody>
 
@@ -180,6 +195,8 @@ export function createReceiptPart (input: ReceiptPartInput, secretKey: Uint8Arra
     tokens: { input: input.tokens.input, output: input.tokens.output },
     timing: { startedAt: input.timing.startedAt, durationMs: input.timing.durationMs },
   }
+  // Copied field by field (like the rest), so a caller's extra keys never reach the signature.
+  if (input.experts !== undefined) body.experts = input.experts.map(e => ({ layer: e.layer, experts: [...e.experts] }))
   const problem = checkPartBody(body)
   if (problem !== undefined) throw new TypeError(`receipt part: ${problem}`)
   return signDocument(body, secretKey)
@@ -223,7 +240,7 @@ function onlyKeys (o: Record<string, unknown>, allowed: string[]): string | unde
 export function checkPartBody (b: unknown): string | undefined {
   if (!isRecord(b)) return 'body is not an object'
   if (b.format !== RECEIPT_PART_FORMAT) return `format is not ${RECEIPT_PART_FORMAT}`
-  const extra = onlyKeys(b, ['format', 'requestId', 'peerId', 'model', 'layers', 'inputHash', 'outputHash', 'tokens', 'timing'])
+  const extra = onlyKeys(b, ['format', 'requestId', 'peerId', 'model', 'layers', 'inputHash', 'outputHash', 'tokens', 'timing', 'experts'])
   if (extra !== undefined) return extra
   if (!isText(b.requestId)) return 'requestId'
   if (!isText(b.peerId)) return 'peerId'
@@ -233,7 +250,26 @@ export function checkPartBody (b: unknown): string | undefined {
   if (typeof b.outputHash !== 'string' || !HEX64.test(b.outputHash)) return 'outputHash'
   if (!isRecord(b.tokens) || !isCount(b.tokens.input) || !isCount(b.tokens.output)) return 'tokens'
   if (!isRecord(b.timing) || !isTime(b.timing.startedAt) || !isTime(b.timing.durationMs)) return 'timing'
+  if (b.experts !== undefined && !isExpertsServed(b.experts)) return 'experts'
   return undefined
+}
+
+/** [{layer, experts}]: non-empty, layers strictly ascending, each layer's experts non-empty, strictly ascending. */
+function isExpertsServed (v: unknown): boolean {
+  if (!Array.isArray(v) || v.length === 0 || v.length > MAX_PART_EXPERT_LAYERS) return false
+  let lastLayer = -1
+  for (const e of v) {
+    if (!isRecord(e) || onlyKeys(e, ['layer', 'experts']) !== undefined || !isCount(e.layer) || e.layer <= lastLayer) return false
+    lastLayer = e.layer
+    const xs = e.experts
+    if (!Array.isArray(xs) || xs.length === 0 || xs.length > MAX_PART_EXPERTS_PER_LAYER) return false
+    let last = -1
+    for (const x of xs) {
+      if (!isCount(x) || x <= last) return false
+      last = x
+    }
+  }
+  return true
 }
 
 /** Checks the fields a caller supplies (ReceiptInput). */

@@ -429,6 +429,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
               nodeLoad: load,
               ledger: () => ledger,
+              experts: () => experts.view(),
             }),
             ...(auth === undefined ? {} : { auth }),
           },
@@ -573,6 +574,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       const experts = createExpertsPart(config, {
         logger, budgets, mesh: () => meshed?.mesh, peerLoss: () => meshed?.peerLoss,
         roles: () => signed.identity?.certificate.body.roles ?? [], nodeId: () => signed.signer.peerId,
+        signer: () => signed.signer,
       })
       await startup.start(experts)
       const served = await startup.start(enginesPart(signed.signer, meshed, experts))

@@ -9,6 +9,7 @@ import type { LoadRecord, Mesh, PeerModel } from '../mesh/index.ts'
 import type { PipelineStage } from '../pipeline/index.ts'
 import { dashboardState } from './dashboard-view.ts'
 import type { DashboardInput } from './dashboard-view.ts'
+import type { ExpertsView } from './experts.ts'
 
 /** Receipts the page lists. */
 const RECENT = 20
@@ -22,6 +23,8 @@ export interface DashboardParts {
   chainRequests: () => number
   nodeLoad: () => LoadRecord
   ledger: () => Ledger | undefined
+  /** Expert plans of the MoE models staged here and the experts held here (absent: none). */
+  experts?: () => ExpertsView | undefined
 }
 
 export function createDashboardSource (parts: DashboardParts): DashboardSource {
@@ -49,6 +52,7 @@ export function createDashboardSource (parts: DashboardParts): DashboardSource {
         receipts: ledger === undefined ? [] : await ledger.tail(RECENT),
         receiptCount: ledger?.size ?? 0,
         aliases: aliasesOf(parts.self(), parts.stages()),
+        ...expertsOf(parts.experts?.()),
       })
     },
     async verify (id) {
@@ -61,6 +65,11 @@ export function createDashboardSource (parts: DashboardParts): DashboardSource {
       return mesh.onChange(change => { if (change.kind !== 'load') listener() })
     },
   }
+}
+
+function expertsOf (view: ExpertsView | undefined): Pick<DashboardInput, 'experts'> {
+  if (view === undefined) return {}
+  return { experts: { plans: view.plans, ...(view.holding === undefined ? {} : { holding: view.holding }) } }
 }
 
 /** A local chain's stages run under their own throwaway peer ids: name them after this node. */

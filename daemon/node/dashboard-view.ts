@@ -2,7 +2,8 @@
  * What the dashboard (GET /) shows, as one plain JSON document: this node, the mesh as it sees it
  * (admission, liveness, RTT, load), every model and how it is served (whole, replicas, chains of
  * stages with their holders and missing layers), this node's engine and stage queues, and the
- * recent receipts with their routes. A pure function over what the daemon gathers, so the page's
+ * recent receipts with their routes, and for mixture-of-experts models staged here which holder
+ * holds how many experts of each MoE layer (and what this node holds, as a holder). A pure function over what the daemon gathers, so the page's
  * content is unit-tested without sockets; the ingress only serves and streams it.
  */
 import type { LocalServiceLoad } from '../engine/index.ts'
@@ -80,6 +81,42 @@ export interface DashboardRequest {
   finishReason: string
 }
 
+/** An expert plan as the daemon's experts part reports it (/v1/mesh `experts.plans`). */
+export interface ExpertPlanInput {
+  model: string
+  key: string
+  layers: Array<{ layer: number, holders: Record<string, number[]> }>
+  nodes: Array<{ peerId: string }>
+  excluded: string[]
+  steps: number
+  bytesOut: number
+  bytesIn: number
+}
+
+/** What this node holds as an expert holder (/v1/mesh `experts.holding`). */
+export interface ExpertHoldingInput {
+  model: string
+  key: string
+  budgetBytes: number
+  resident: Array<{ layer: number, experts: number[] }>
+  steps: number
+}
+
+/** A staged MoE model's plan, compactly: holders × expert counts per MoE layer. */
+export interface DashboardExpertPlan {
+  model: string
+  key: string
+  /** The MoE layers, ascending (the columns). */
+  layers: number[]
+  /** One row per holder: how many experts of each layer it holds (ids are in /v1/mesh). */
+  holders: Array<DashboardHolder & { counts: number[], total: number, excluded: boolean }>
+  /** The fewest copies any expert of each layer has: 1 means a holder's death re-places it. */
+  minCopies: number[]
+  steps: number
+  bytesOut: number
+  bytesIn: number
+}
+
 export interface DashboardState {
   format: typeof DASHBOARD_FORMAT
   at: number
@@ -91,6 +128,8 @@ export interface DashboardState {
   load: { engines: DashboardEngineLoad[], chainRequests: number, node?: DashboardNode['load'] }
   requests: DashboardRequest[]
   receiptCount: number
+  /** Expert plans of the MoE models staged here, and what this node holds as an expert holder. */
+  experts: { plans: DashboardExpertPlan[], holding?: { model: string, key: string, budgetBytes: number, counts: Array<{ layer: number, experts: number }>, total: number, steps: number } }
 }
 
 export interface DashboardInput {
@@ -107,6 +146,7 @@ export interface DashboardInput {
   receiptCount: number
   /** Names for peer ids that are this node's own (the stages of a local chain run under throwaway ids). */
   aliases?: Record<string, string>
+  experts?: { plans: ExpertPlanInput[], holding?: ExpertHoldingInput }
 }
 
 const label = (m: PeerModel): string => m.layers === undefined || isWhole(m) ? m.id : `${m.id}@${m.layers[0]}-${m.layers[1]}`
@@ -213,6 +253,30 @@ function request (r: SignedReceipt, names: Map<string, string>): DashboardReques
   }
 }
 
+/** Holders × expert counts per layer, named and with their liveness as the mesh sees them. */
+export function expertPlanView (plan: ExpertPlanInput, holderOf: (peerId: string) => DashboardHolder): DashboardExpertPlan {
+  const layers = [...plan.layers].sort((a, b) => a.layer - b.layer)
+  const excluded = new Set(plan.excluded)
+  const peers = [...new Set([...plan.nodes.map(n => n.peerId), ...layers.flatMap(l => Object.keys(l.holders))])]
+  return {
+    model: plan.model,
+    key: plan.key,
+    layers: layers.map(l => l.layer),
+    holders: peers.map(peerId => {
+      const counts = layers.map(l => l.holders[peerId]?.length ?? 0)
+      return { ...holderOf(peerId), counts, total: counts.reduce((a, b) => a + b, 0), excluded: excluded.has(peerId) }
+    }),
+    minCopies: layers.map(l => {
+      const copies = new Map<number, number>()
+      for (const es of Object.values(l.holders)) for (const e of es) copies.set(e, (copies.get(e) ?? 0) + 1)
+      return copies.size === 0 ? 0 : Math.min(...copies.values())
+    }),
+    steps: plan.steps,
+    bytesOut: plan.bytesOut,
+    bytesIn: plan.bytesIn,
+  }
+}
+
 export function dashboardState (input: DashboardInput): DashboardState {
   const mesh = input.mesh
   const selfName = input.self.name ?? mesh?.self.name
@@ -262,6 +326,25 @@ export function dashboardState (input: DashboardInput): DashboardState {
       served: s.served,
     })),
   ]
+  const byPeer = new Map<string, DashboardHolder>([[self.peerId, holderOf(self)], ...peers.map(p => [p.peerId, holderOf(p)] as [string, DashboardHolder])])
+  // A holder the mesh no longer lists (gone since the plan was made) shows as suspect.
+  const expertHolder = (peerId: string): DashboardHolder => byPeer.get(peerId) ?? { peerId, ...(names.has(peerId) ? { name: names.get(peerId)! } : {}), self: false, state: 'suspect' }
+  const holding = input.experts?.holding
+  const experts: DashboardState['experts'] = {
+    plans: (input.experts?.plans ?? []).map(p => expertPlanView(p, expertHolder)),
+    ...(holding === undefined
+      ? {}
+      : {
+          holding: {
+            model: holding.model,
+            key: holding.key,
+            budgetBytes: holding.budgetBytes,
+            counts: [...holding.resident].sort((a, b) => a.layer - b.layer).map(l => ({ layer: l.layer, experts: l.experts.length })),
+            total: holding.resident.reduce((n, l) => n + l.experts.length, 0),
+            steps: holding.steps,
+          },
+        }),
+  }
   return {
     format: DASHBOARD_FORMAT,
     at: input.now,
@@ -273,5 +356,6 @@ export function dashboardState (input: DashboardInput): DashboardState {
     // Newest first: what an operator looks for.
     requests: input.receipts.map(r => request(r, names)).reverse(),
     receiptCount: input.receiptCount,
+    experts,
   }
 }

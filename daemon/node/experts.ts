@@ -2,8 +2,8 @@
  * The daemon's mixture-of-experts parts (daemon/experts), in one place so the daemon only starts
  * and stops them:
  *  - holder (`--hold-experts DIR`): keeps experts of an expert-parallel shard directory resident
- *    (loaded on first use, within --expert-memory-mb), answers /shoal/experts/1.0.0 from worker
- *    peers, and gossips what it offers (capabilities `experts`: the shards key and its budget);
+ *    (loaded on first use, within --expert-memory-mb), answers /shoal/experts/2.0.0 from worker
+ *    peers, signs a receipt part per request when its stage finishes it, and gossips what it offers (capabilities `experts`: the shards key and its budget);
  *  - stage (`--model DIR` of an expert-parallel shard directory): serves the model over the API,
  *    running attention and the router here and the experts on the holders the mesh gossips, the
  *    plan shown in /v1/mesh.
@@ -36,6 +36,8 @@ export interface ExpertsPartDeps {
   /** This node's certificate roles. */
   roles: () => readonly string[]
   nodeId: () => string
+  /** This node's key: a holder signs a receipt part per request with it. */
+  signer?: () => { peerId: string, secretKey: Uint8Array }
   budgets: Budgets
 }
 
@@ -101,7 +103,11 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
     const budgetBytes = hold.memoryMb === undefined ? shards.experts * shards.expertBytes : Math.floor(hold.memoryMb * MIB)
     const maxExperts = Math.floor(budgetBytes / shards.expertBytes)
     if (maxExperts < 1) throw new ConfigError('--expert-memory-mb', `one expert of ${shards.modelId} needs ${(shards.expertBytes / MIB).toFixed(3)} MiB`)
-    const holder = createExpertHolder({ dir: shards.dir, layout: shards.layout, model: shards.key, experts: [], maxExperts })
+    const signer = deps.signer?.()
+    const holder = createExpertHolder({
+      dir: shards.dir, layout: shards.layout, model: shards.key, modelId: shards.modelId, experts: [], maxExperts,
+      ...(signer === undefined ? {} : { signer: { peerId: signer.peerId, secretKey: signer.secretKey } }),
+    })
     await holder.start()
     stops.push(async () => { await holder.stop() })
     const server = await serveExperts(holder, {

@@ -8,17 +8,25 @@
  * token, alone and as 4 concurrent streams; the plan is in /v1/mesh; a holder killed mid-stream
  * is taken over by the experts' other copies without a token changing; when the survivors cannot
  * hold the model, a stream ends with a typed OpenAI-shaped error and the next request is a 503.
- * A node with an API and no model routes the model to the stage.
+ * A node with an API and no model routes the model to the stage. Every holder that ran experts for
+ * a request signs a receipt part (the rows of that request it received and returned, the experts
+ * it ran per layer), and the stage's receipt carries them: `shoal receipts verify --ca` accepts
+ * the log, a tampered holder part is refused.
  */
-import { mkdtemp, rm } from 'node:fs/promises'
+import { cp, mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { Level } from 'level'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createThrowawayCa } from '../../certs/index.ts'
 import { openExpertShards } from '../../daemon/experts/index.ts'
+import { publicKeyFromPeerId, receiptsLocation, verifyReceiptPart, type SignedReceipt } from '../../daemon/ledger/index.ts'
+import { acceptedParts } from '../../daemon/node/receipt-part.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import { receiptsVerify } from '../../scripts/commands/receipts.ts'
+import { renderStatus } from '../../scripts/commands/status.ts'
 import type { Daemon, DaemonConfig } from '../../daemon/node/index.ts'
 import { compileExpertShards, compileShards, generateTestModel } from '../../shards/index.ts'
 
@@ -72,6 +80,7 @@ describe('MoE experts on holder daemons', () => {
   const daemons: Daemon[] = []
   const holders: Array<{ daemon: Daemon, peerId: string }> = []
   let stageUrl = ''
+  let stagePeerId = ''
   let ingressUrl = ''
   let soloUrl = ''
   let want: number[][] = []
@@ -98,6 +107,7 @@ describe('MoE experts on holder daemons', () => {
     const ih = [ih1!, ih2!, ih3!]
     const stage = await start({ ...base, identityDir: is!.dir, models: [{ dir: experts }], api: { host: '127.0.0.1', port: 0 }, dataDir: join(root, 'data-stage'), bootstrap: [] })
     stageUrl = stage.apiUrl!
+    stagePeerId = is!.peerId
     const boot = stage.daemon.mesh!.libp2p.getMultiaddrs().map(x => x.toString())
     for (const [i, id] of ih.entries()) {
       const h = await start({ ...base, identityDir: id.dir, models: [], holdExperts: { dir: experts, memoryMb }, dataDir: join(root, `data-h${i}`), bootstrap: boot })
@@ -133,6 +143,19 @@ describe('MoE experts on holder daemons', () => {
     }
     // No holder holds everything: the model is spread.
     for (const n of plan.nodes) expect(n.experts).toBeLessThan(8 * plan.layers.length)
+    // `shoal status` shows it compactly: a row per holder with its expert count per MoE layer.
+    const lines = renderStatus(await meshView(stageUrl) as Parameters<typeof renderStatus>[0]).split('\n')
+    const at = lines.findIndex(l => l.startsWith(`experts of ${MODEL}`))
+    expect(lines[at]).toMatch(/: 3 holders, \d+ MoE layers/)
+    for (const h of holders) expect(lines.some(l => l.includes(h.peerId) && /\s\d+$/.test(l))).toBe(true)
+    expect(lines[at + 5]).toMatch(/^\s+\(min copies\)(\s+2)+$/)
+    // The dashboard's state: the same plan, holders × expert counts per layer.
+    const dash = await (await fetch(`${stageUrl}/dashboard/state`)).json() as { experts: { plans: Array<{ model: string, layers: number[], holders: Array<{ peerId: string, counts: number[] }>, minCopies: number[] }> } }
+    const dp = dash.experts.plans[0]!
+    expect(dp.model).toBe(MODEL)
+    expect(dp.holders.map(h => h.peerId).sort()).toEqual(holders.map(h => h.peerId).sort())
+    for (const h of dp.holders) expect(h.counts).toEqual(plan.layers.map(l => l.holders[h.peerId]?.length ?? 0))
+    expect(dp.minCopies).toEqual(plan.layers.map(() => 2))
   })
 
   it('gives the whole model\'s greedy tokens, alone and as 4 concurrent streams', async () => {
@@ -153,6 +176,78 @@ describe('MoE experts on holder daemons', () => {
       const held = (await meshView(stageUrl)).experts!.plans[0]!.nodes.find(n => n.peerId === h.peerId)!
       expect(held.experts).toBeGreaterThan(0)
     }
+  }, 120_000)
+
+  it('every holder that ran experts for a request signs a part; the receipt carries them and the log verifies', async () => {
+    // Two requests at once: their rows share expert steps, each holder's part counts only its own request's rows.
+    const ask = async (prompt: number[]): Promise<{ ids: number[], receipt: string, usage: { prompt_tokens: number, completion_tokens: number } }> => {
+      const res = await fetch(`${stageUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt, max_tokens: N, temperature: 0, return_token_ids: true }) })
+      const body = await res.json() as { choices: Array<{ token_ids: number[] }>, usage: { prompt_tokens: number, completion_tokens: number } }
+      return { ids: body.choices[0]!.token_ids, receipt: res.headers.get('x-shoal-receipt')!, usage: body.usage }
+    }
+    const done = await Promise.all([ask(PROMPTS[2]!), ask(PROMPTS[3]!)])
+    expect(done.map(d => d.ids)).toEqual([want[2], want[3]])
+    const holderIds = holders.map(h => h.peerId)
+    const moeLayers = (await openExpertShards(join(root, 'experts'))).layout.shape.moe!.moeLayers
+    for (const d of done) {
+      const { body } = await (await fetch(`${stageUrl}/v1/receipts/${d.receipt}`)).json() as { body: SignedReceipt['body'] }
+      const parts = body.parts.filter(p => holderIds.includes(p.body.peerId))
+      expect(parts.length).toBeGreaterThan(0)
+      let rowsIn = 0
+      for (const p of parts) {
+        expect(verifyReceiptPart(p, publicKeyFromPeerId(p.body.peerId)!)).toBe(true)
+        expect(p.body).toMatchObject({ requestId: d.receipt, model: MODEL })
+        expect(p.body.experts!.map(e => e.layer).every(l => moeLayers.includes(l))).toBe(true)
+        expect(p.body.tokens.output).toBe(p.body.tokens.input)
+        rowsIn += p.body.tokens.input
+      }
+      // This request's rows (prompt, then every generated token but the last fed back) went to
+      // its top-2 experts at every MoE layer: at least once and at most twice per row and layer
+      // over all holders — never another request's rows.
+      const rows = d.usage.prompt_tokens + d.usage.completion_tokens - 1
+      expect(rowsIn).toBeGreaterThanOrEqual(rows * moeLayers.length)
+      expect(rowsIn).toBeLessThanOrEqual(rows * moeLayers.length * 2)
+      // A holder part with its share changed is refused (the ingress leaves it out of a receipt).
+      const forged = { ...parts[0]!, body: { ...parts[0]!.body, tokens: { input: 1, output: 1 } } }
+      expect(acceptedParts([forged, parts[0]!], d.receipt)).toMatchObject({ rejected: 1, accepted: [parts[0]] })
+    }
+    // Through another node's API (routed to the stage): the ingress's receipt carries the stage's
+    // part and the holders' parts the stage handed up with its end.
+    const routed = await fetch(`${ingressUrl}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL, prompt: PROMPTS[1], max_tokens: 4, temperature: 0 }) })
+    expect(routed.status).toBe(200)
+    const viaIngress = await (await fetch(`${ingressUrl}/v1/receipts/${routed.headers.get('x-shoal-receipt')!}`)).json() as { body: SignedReceipt['body'] }
+    const signers = viaIngress.body.parts.map(p => p.body.peerId)
+    expect(signers).toContain(stagePeerId)
+    expect(signers.filter(p => holderIds.includes(p)).length).toBeGreaterThan(0)
+    expect(viaIngress.body.parts.filter(p => p.body.experts !== undefined).every(p => holderIds.includes(p.body.peerId))).toBe(true)
+    const ingressReport = await receiptsVerify({ data: join(root, 'data-ingress'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, () => {})
+    expect(ingressReport.ok).toBe(true)
+    // `shoal receipts verify --ca` on the stage's (running) log: every signer, holders included, chains to the CA.
+    const lines: string[] = []
+    const report = await receiptsVerify({ data: join(root, 'data-stage'), ca: join(root, 'ca', 'ca', 'ca.cert.json') }, line => { lines.push(line) })
+    expect(report.ok).toBe(true)
+    expect(holderIds.filter(h => report.partSigners.includes(h)).length).toBeGreaterThan(0)
+    expect(lines.at(-1)).toMatch(/^ca: every signer and \d+ part signers .* chains to CA/)
+    // The same log with one holder part's share rewritten no longer verifies, at that entry.
+    const copy = join(root, 'data-stage-tampered')
+    await cp(join(root, 'data-stage'), copy, { recursive: true })
+    const db = new Level<string, string>(receiptsLocation(copy), { valueEncoding: 'utf8' })
+    await db.open()
+    let tampered = -1
+    for await (const [key, value] of db.iterator({ gte: 'e/', lt: 'e0' })) {
+      const entry = JSON.parse(value) as SignedReceipt
+      const part = entry.body.parts.find(p => p.body.experts !== undefined)
+      if (part === undefined) continue
+      part.body.experts![0]!.experts = [...part.body.experts![0]!.experts, 7].filter((e, i, a) => a.indexOf(e) === i).sort((a, b) => a - b)
+      part.body.tokens = { input: part.body.tokens.input + 1, output: part.body.tokens.output + 1 }
+      await db.put(key, JSON.stringify(entry))
+      tampered = entry.body.index
+      break
+    }
+    await db.close()
+    expect(tampered).toBeGreaterThanOrEqual(0)
+    // (The stage's signature covers its parts: the first check to fail is the entry's own.)
+    await expect(receiptsVerify({ data: copy }, () => {})).rejects.toThrow(new RegExp(`^receipts: entry ${tampered} \\(id [^)]+\\): bad-(signature|part)`))
   }, 120_000)
 
   it('a holder killed mid-stream: the experts\' other copies take over and no token changes', async () => {

@@ -5,12 +5,15 @@
  * re-planned (and now sends it another share) is served instead of refused. Answers equal a
  * holder that had the experts loaded from the start.
  */
+import { createHash } from 'node:crypto'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { createExpertHolder, decodePayload, encodePayloadParts, openExpertShards } from '../../daemon/experts/index.ts'
+import { verifyReceiptPart, type SignedReceiptPart } from '../../daemon/ledger/index.ts'
 import { shard } from '../../scripts/commands/shard.ts'
+import { makeSigner } from '../ledger/fixtures/keys.ts'
 import { compileExpertShards, generateTestModel, type ExpertShardLayout } from '../../shards/index.ts'
 
 const MODEL = 'key'
@@ -70,4 +73,64 @@ it('shoal shard --experts writes expert-parallel shards a stage can serve, keyed
   // The same checkpoint compiled twice has one key; the stage-oriented flags do not apply.
   expect((await openExpertShards(dir)).key).toBe(s.key)
   await expect(shard({ model: join(root, 'ckpt'), out: join(root, 'cli-bad'), experts: true, stages: '2' })).rejects.toThrow(/--experts/)
+}, 60_000)
+
+it('signs a receipt part per request from the rows it was sent (request spans), when the stage finishes it', async () => {
+  const D = layout.shape.hiddenSize
+  const [l0, l1] = layout.shape.moe!.moeLayers as [number, number]
+  const key = makeSigner()
+  const holder = createExpertHolder({ dir, layout, model: MODEL, modelId: 'moe', experts: [], maxExperts: 8, signer: key })
+  await holder.start()
+  const bytes = (parts: Uint8Array[]): Uint8Array => Uint8Array.from(parts.flatMap(p => [...p]))
+  const f32 = (a: Float32Array): Buffer => Buffer.from(a.buffer, a.byteOffset, a.byteLength)
+  try {
+    // Step 0: rows 0-1 of request A, row 2 of B; expert 3 takes rows 0 and 2, expert 1 row 1.
+    const data0 = Float32Array.from({ length: 3 * D }, (_, i) => Math.sin(i))
+    const a0 = decodePayload(await holder.handle(bytes(encodePayloadParts({
+      kind: 'compute', model: MODEL, step: 0, layer: l0, rows: 3, width: D,
+      groups: [{ expert: 1, rows: [1], weights: [1] }, { expert: 3, rows: [0, 2], weights: [0.5, 0.75] }],
+      spans: [{ id: 'req-A', rows: 2 }, { id: 'req-B', rows: 1 }], data: data0,
+    }))))
+    // Step 1, the next layer: one row of A, expert 6.
+    const data1 = Float32Array.from({ length: D }, (_, i) => Math.cos(i))
+    const a1 = decodePayload(await holder.handle(bytes(encodePayloadParts({
+      kind: 'compute', model: MODEL, step: 1, layer: l1, rows: 1, width: D,
+      groups: [{ expert: 6, rows: [0], weights: [1] }], spans: [{ id: 'req-A', rows: 1 }], data: data1,
+    }))))
+    if (a0.kind !== 'partial' || a1.kind !== 'partial') throw new Error('no partials')
+    expect(holder.openRequests()).toBe(2)
+
+    const finish = async (requestId: string, sign: boolean, step: number): Promise<SignedReceiptPart | undefined> => {
+      const f = decodePayload(await holder.handle(bytes(encodePayloadParts({ kind: 'finish', model: MODEL, step, requestId, sign }))))
+      if (f.kind !== 'part' || f.step !== step) throw new Error(`answer ${f.kind}`)
+      return f.part as SignedReceiptPart | undefined
+    }
+    const part = (await finish('req-A', true, 2))!
+    expect(verifyReceiptPart(part, key.publicKey)).toBe(true)
+    const sha = (...chunks: Buffer[]): string => { const h = createHash('sha256'); for (const c of chunks) h.update(c); return h.digest('hex') }
+    expect(part.body).toMatchObject({
+      requestId: 'req-A', peerId: key.peerId, model: 'moe', layers: [l0, l1],
+      // A's rows as received and A's partial sums as returned, raw f32, in arrival order.
+      inputHash: sha(f32(data0.subarray(0, 2 * D)), f32(data1)),
+      outputHash: sha(f32(a0.data.subarray(0, 2 * D)), f32(a1.data)),
+      tokens: { input: 3, output: 3 },
+      experts: [{ layer: l0, experts: [1, 3] }, { layer: l1, experts: [6] }],
+    })
+    // Finished is forgotten: a second finish signs nothing.
+    expect(await finish('req-A', true, 3)).toBeUndefined()
+    // B's part covers only B's row and the one expert that ran it.
+    const b = (await finish('req-B', true, 4))!
+    expect(b.body).toMatchObject({ layers: [l0, l0], tokens: { input: 1, output: 1 }, experts: [{ layer: l0, experts: [3] }], inputHash: sha(f32(data0.subarray(2 * D))) })
+    expect(holder.openRequests()).toBe(0)
+    // A tampered part (a different share of the work) does not verify under the holder's key.
+    expect(verifyReceiptPart({ ...part, body: { ...part.body, tokens: { input: 30, output: 30 } } }, key.publicKey)).toBe(false)
+    // sign: false (a failed request): forgotten, nothing signed; rows without spans are attributed to nobody.
+    await holder.handle(bytes(encodePayloadParts({ kind: 'compute', model: MODEL, step: 5, layer: l0, rows: 1, width: D, groups: [{ expert: 1, rows: [0], weights: [1] }], spans: [{ id: 'req-C', rows: 1 }], data: data1 })))
+    await holder.handle(frame(l0, 1, D, 6))
+    expect(holder.openRequests()).toBe(1)
+    expect(await finish('req-C', false, 7)).toBeUndefined()
+    expect(holder.openRequests()).toBe(0)
+  } finally {
+    await holder.stop()
+  }
 }, 60_000)

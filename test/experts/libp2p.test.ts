@@ -1,5 +1,5 @@
 /**
- * /shoal/experts/1.0.0 over real libp2p nodes on loopback (TCP + noise + yamux): a stage node and
+ * /shoal/experts/2.0.0 over real libp2p nodes on loopback (TCP + noise + yamux): a stage node and
  * 2 or 3 holder nodes, one long-lived stream per holder. Greedy tokens equal the float64
  * reference's for batched streams; a holder killed mid-sequence (connections aborted, node
  * stopped) is replaced by its replicas without a token changing.

@@ -3,7 +3,9 @@
  * never answers; only the abort signal ends its wait). Bounded waits: a holder that goes quiet is
  * either taken over by its copies once the mesh says it is gone (the link fails), or, with no
  * copy and no word from the mesh, the request fails at the step bound with a typed error — never
- * a hang. Tokens with a takeover equal those of a run on the healthy holder alone.
+ * a hang. Tokens with a takeover equal those of a run on the healthy holder alone. Receipt parts:
+ * an honest holder's signed part rides the end event; one that claims other work than the stage
+ * exchanged with it (re-signed with its own key) is left out.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -13,7 +15,10 @@ import {
   createExpertHolder, createExpertService, openExpertShards,
   type ExpertHolder, type ExpertLink, type ExpertShards,
 } from '../../daemon/experts/index.ts'
+import { createReceiptPart, verifyReceiptPart, type SignedReceiptPart } from '../../daemon/ledger/index.ts'
+import { decodePayload, encodePayloadParts } from '../../daemon/experts/wire.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { makeSigner } from '../ledger/fixtures/keys.ts'
 import { compileExpertShards, generateTestModel } from '../../shards/index.ts'
 
 let root: string
@@ -93,5 +98,54 @@ it('a silent holder with no copy and no word from the mesh: the request fails at
     await none.stop()
   } finally {
     await s.stop()
+  }
+}, 60_000)
+
+it('hands up an honest holder\'s signed part with the end event, and leaves out one that claims other work', async () => {
+  const honestKey = makeSigner()
+  const liarKey = makeSigner()
+  const signed = (key: ReturnType<typeof makeSigner>): ExpertHolder => createExpertHolder({ dir: shards.dir, layout: shards.layout, model: shards.key, modelId: 'moe', experts: [], maxExperts: shards.experts, signer: key })
+  const honest = signed(honestKey)
+  const liar = signed(liarKey)
+  await honest.start()
+  await liar.start()
+  const join = (parts: Uint8Array[]): Uint8Array => Uint8Array.from(parts.flatMap(p => [...p]))
+  // The liar signs a part with its own key (so its signature verifies) that claims one row more.
+  const lying: ExpertLink = async (_peerId, parts) => {
+    const answer = await liar.handle(join(parts))
+    const f = decodePayload(answer)
+    if (f.kind !== 'part' || f.part === undefined) return answer
+    const body = (f.part as unknown as SignedReceiptPart).body
+    const forged = createReceiptPart({ ...body, tokens: { input: body.tokens.input + 1, output: body.tokens.output + 1 } }, liarKey.secretKey)
+    return join(encodePayloadParts({ kind: 'part', model: f.model, step: f.step, part: forged as unknown as Record<string, unknown> }))
+  }
+  const all = shards.experts * shards.expertBytes
+  const run = async (peerId: string, link: ExpertLink, id: number): Promise<{ parts: unknown[], refused: number }> => {
+    const s = createExpertService({ shards, nodeId: 'stage' }, { holders: () => [{ peerId, freeBytes: all }], link })
+    await s.start()
+    try {
+      let parts: unknown[] = []
+      for await (const e of s.generate(request(id), new AbortController().signal)) if (e.type === 'end') parts = e.receiptParts ?? []
+      return { parts, refused: s.stats().partsRefused }
+    } finally {
+      await s.stop()
+    }
+  }
+  try {
+    const good = await run(honestKey.peerId, async (_p, parts) => await honest.handle(join(parts)), 10)
+    expect(good.refused).toBe(0)
+    expect(good.parts).toHaveLength(1)
+    const part = good.parts[0] as SignedReceiptPart
+    expect(verifyReceiptPart(part, honestKey.publicKey)).toBe(true)
+    // 6 prompt rows and 15 fed-back tokens, at every MoE layer, all on this one holder.
+    expect(part.body).toMatchObject({ requestId: 'r10', peerId: honestKey.peerId, model: 'moe', tokens: { input: 21 * shards.layout.shape.moe!.moeLayers.length } })
+    expect(part.body.experts!.map(e => e.layer)).toEqual(shards.layout.shape.moe!.moeLayers)
+    expect(honest.openRequests()).toBe(0)
+    const bad = await run(liarKey.peerId, lying, 11)
+    expect(bad.parts).toEqual([])
+    expect(bad.refused).toBe(1)
+  } finally {
+    await honest.stop()
+    await liar.stop()
   }
 }, 60_000)

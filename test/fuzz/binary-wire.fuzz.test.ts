@@ -1,6 +1,6 @@
 /**
  * Fuzz of the binary stream protocols between nodes: /shoal/infer/1.0.0 (routing), /shoal/stage/2.0.0
- * (pipeline), /shoal/experts/1.0.0 (MoE experts). For each: (a) any valid frame round-trips;
+ * (pipeline), /shoal/experts/2.0.0 (MoE experts). For each: (a) any valid frame round-trips;
  * (b) arbitrary bytes, every truncation and every one-byte change of valid frames decode to a frame
  * or throw the protocol's typed error — never a TypeError/RangeError; (c) header fields that claim
  * huge sizes (a length prefix, rows × width, a group count, a token count) are refused from the
@@ -102,6 +102,17 @@ const expertFrame: fc.Arbitrary<ExpertFrame> = fc.tuple(id(255), u32).chain(([mo
     routes.forEach((es, r) => { for (const e of es) { groups[e]!.rows.push(r); groups[e]!.weights.push(weights[r * experts + e]!) } })
     return { kind: 'compute' as const, model, step, layer, rows, width, groups: groups.filter(g => g.rows.length > 0), data }
   })),
+  // Rows attributed to requests: spans covering them in order.
+  fc.tuple(fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 3 }), fc.array(fc.tuple(id(64), fc.integer({ min: 1, max: 3 })), { minLength: 1, maxLength: 3 })).chain(([width, experts, spanSpecs]) => {
+    const rows = spanSpecs.reduce((n, [, c]) => n + c, 0)
+    return f32s(rows * width).map(data => ({
+      kind: 'compute' as const, model, step, layer: 1, rows, width,
+      groups: [{ expert: experts, rows: Array.from({ length: rows }, (_, r) => r), weights: new Array<number>(rows).fill(0.5) }],
+      spans: spanSpecs.map(([sid, c]) => ({ id: sid, rows: c })), data,
+    }))
+  }),
+  fc.tuple(id(64), fc.boolean()).map(([requestId, sign]) => ({ kind: 'finish' as const, model, step, requestId, sign })),
+  fc.option(fc.dictionary(fc.string({ maxLength: 6 }), jsonish), { nil: undefined }).map(part => ({ kind: 'part' as const, model, step, ...(part === undefined ? {} : { part }) })),
   shape.chain(([rows, width]) => f32s(rows * width).map(data => ({ kind: 'partial' as const, model, step, rows, width, data }))),
   fc.record({ name: str, code: str, message: str }).map(error => ({ kind: 'error' as const, model, step, error })),
 ))
@@ -213,11 +224,11 @@ describe('size claims are refused before allocating', () => {
     }), runs('stage: activation shape claims', 300))
     fc.assert(fc.property(u32, u32, u32, u32, fc.uint8Array({ maxLength: 64 }), (layer, rows, width, groups, tail) => {
       // model "a": header 3 + 1 → step at 4, body at 8.
-      expectTyped(() => decodeExperts(Uint8Array.from([1, 1, 1, 0x61, ...le(0), ...le(layer), ...le(rows), ...le(width), ...le(groups), ...tail])), EXPERTS)
-      expectTyped(() => decodeExperts(Uint8Array.from([1, 2, 1, 0x61, ...le(0), ...le(rows), ...le(width), ...tail])), EXPERTS)
+      expectTyped(() => decodeExperts(Uint8Array.from([2, 1, 1, 0x61, ...le(0), ...le(layer), ...le(rows), ...le(width), ...le(groups), ...le(groups ^ layer), ...tail])), EXPERTS)
+      expectTyped(() => decodeExperts(Uint8Array.from([2, 2, 1, 0x61, ...le(0), ...le(rows), ...le(width), ...tail])), EXPERTS)
     }), runs('experts: shape and group-count claims', 300))
     // A group table whose counts sum past the frame: 2^32 − 1 rows claimed by each of two groups.
-    const forged = Uint8Array.from([1, 1, 1, 0x61, ...le(0), ...le(0), ...le(1), ...le(1), ...le(2), ...le(0), ...le(0xffffffff), ...le(1), ...le(0xffffffff)])
+    const forged = Uint8Array.from([2, 1, 1, 0x61, ...le(0), ...le(0), ...le(1), ...le(1), ...le(2), ...le(0), ...le(0), ...le(0xffffffff), ...le(1), ...le(0xffffffff)])
     expectTyped(() => decodeExperts(forged), EXPERTS)
     expect(() => decodeExperts(forged)).toThrow()
   })

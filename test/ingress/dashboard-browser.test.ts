@@ -48,6 +48,13 @@ describe.skipIf(browserMissing !== undefined)('the dashboard in headless Chromiu
             chainRequests: 0,
             receipts: [],
             receiptCount: 0,
+            experts: {
+              plans: [{
+                model: 'sim-moe', key: 'a'.repeat(64),
+                layers: [{ layer: 1, holders: { '12D3KooWHolderOne': [0, 1, 2], '12D3KooWHolderTwo': [1, 2, 3] } }, { layer: 2, holders: { '12D3KooWHolderOne': [0, 1, 2, 3] } }],
+                nodes: [{ peerId: '12D3KooWHolderOne' }, { peerId: '12D3KooWHolderTwo' }], excluded: [], steps: 3, bytesOut: 1048576, bytesIn: 524288,
+              }],
+            },
           })
         },
         async verify () { return undefined },
@@ -87,6 +94,12 @@ describe.skipIf(browserMissing !== undefined)('the dashboard in headless Chromiu
     expect(await page.evaluate<boolean>("document.querySelector('#key-form').hidden")).toBe(true)
     expect(await page.evaluate<string>("document.querySelector('#self').textContent")).toContain('keyed-node')
     expect(await page.evaluate<string>("document.querySelector('#models').innerText")).toContain('sim')
+    // The MoE expert plan: a row per holder with its expert count per layer, and the fewest copies.
+    expect(await page.evaluate<boolean>("document.querySelector('#experts-section').hidden")).toBe(false)
+    const rows = await page.evaluate<string[][]>("[...document.querySelectorAll('[data-experts=\"sim-moe\"] tr')].map(tr => [...tr.children].map(c => c.textContent))")
+    expect(rows[0]).toEqual(['holder', 'L1', 'L2', 'total'])
+    expect(rows.slice(1).map(r => r.slice(1))).toEqual([['3', '4', '7'], ['3', '0', '3'], ['1', '1', '']])
+    expect(await page.evaluate<string>("document.querySelector('#experts').innerText")).toContain('2 holders')
     // Live over the stream: pushes keep arriving (the state is pushed at least every second).
     const first = Number(await page.evaluate<string>('document.body.dataset.updatedAt'))
     await pageWait(page, 'a later push', `Number(document.body.dataset.updatedAt) > ${first}`)

@@ -80,6 +80,31 @@ describe('receipt parts', () => {
     expect(verifyReceiptPart({ body: { nonsense: true }, signature: part.signature }, stage.publicKey)).toBe(false)
     expect(() => createReceiptPart({ ...part.body, inputHash: 'xyz' }, stage.secretKey)).toThrow(/inputHash/)
   })
+
+  it('an expert holder\'s part names the experts it ran per layer; the field is optional, signed and checked', () => {
+    const holder = makeSigner()
+    const base = {
+      requestId: 'req-1', peerId: holder.peerId, model: 'moe', layers: [1, 3] as [number, number],
+      inputHash: hex64(1), outputHash: hex64(2), tokens: { input: 12, output: 12 }, timing: { startedAt: 1_700_000_000_000, durationMs: 40 },
+    }
+    const part = createReceiptPart({ ...base, experts: [{ layer: 1, experts: [0, 5] }, { layer: 3, experts: [2] }] }, holder.secretKey)
+    expect(part.body.experts).toEqual([{ layer: 1, experts: [0, 5] }, { layer: 3, experts: [2] }])
+    // Signed like every other field: verifies independently, and changing it breaks the signature.
+    expect(independentVerify(part, holder.publicKey)).toBe(true)
+    expect(verifyReceiptPart(part, holder.publicKey)).toBe(true)
+    expect(verifyReceiptPart({ ...part, body: { ...part.body, experts: [{ layer: 1, experts: [0, 6] }, { layer: 3, experts: [2] }] } }, holder.publicKey)).toBe(false)
+    // Without it the body is exactly what a pipeline stage signs (no `experts` key at all).
+    expect(Object.keys(createReceiptPart(base, holder.secretKey).body)).not.toContain('experts')
+    // Shape: non-empty, layers and experts strictly ascending, integers, only {layer, experts}.
+    for (const experts of [
+      [], [{ layer: 3, experts: [1] }, { layer: 1, experts: [1] }], [{ layer: 1, experts: [] }], [{ layer: 1, experts: [2, 1] }],
+      [{ layer: 1, experts: [1, 1] }], [{ layer: 1, experts: [-1] }], [{ layer: 1.5, experts: [1] }],
+    ]) expect(() => createReceiptPart({ ...base, experts }, holder.secretKey)).toThrow(/experts/)
+    // A caller's extra keys never reach the signed body.
+    const extra = createReceiptPart({ ...base, experts: [{ layer: 1, experts: [0], note: 'x' } as never] }, holder.secretKey)
+    expect(extra.body.experts).toEqual([{ layer: 1, experts: [0] }])
+    expect(verifyReceiptPart({ ...part, body: { ...part.body, experts: [{ layer: 1, experts: [0, 5], x: 1 }, { layer: 3, experts: [2] }] } }, holder.publicKey)).toBe(false)
+  })
 })
 
 describe('ledger', () => {

@@ -74,6 +74,35 @@ describe('dashboardState', () => {
     expect(state.receiptCount).toBe(2)
   })
 
+  it('shows each staged MoE model\'s holders × expert counts per layer (named, live or not, excluded), the fewest copies, and what this node holds', () => {
+    const s = dashboardState({
+      ...input,
+      experts: {
+        plans: [{
+          model: 'moe', key: 'k'.repeat(64),
+          layers: [
+            { layer: 3, holders: { 'P-b': [0, 1], 'P-gone': [1, 2, 3], 'P-d': [0, 2, 3] } },
+            { layer: 1, holders: { 'P-b': [0, 1, 2, 3], 'P-d': [0, 1, 2, 3] } },
+          ],
+          nodes: [{ peerId: 'P-b' }, { peerId: 'P-d' }, { peerId: 'P-gone' }],
+          excluded: ['P-gone'], steps: 9, bytesOut: 100, bytesIn: 50,
+        }],
+        holding: { model: 'moe', key: 'k'.repeat(64), budgetBytes: 2048, resident: [{ layer: 3, experts: [4] }, { layer: 1, experts: [0, 2] }], steps: 4 },
+      },
+    })
+    const plan = s.experts.plans[0]!
+    expect(plan).toMatchObject({ model: 'moe', layers: [1, 3], minCopies: [2, 2], steps: 9, bytesOut: 100, bytesIn: 50 })
+    expect(plan.holders).toEqual([
+      { peerId: 'P-b', name: 'node-b', self: false, state: 'alive', counts: [4, 2], total: 6, excluded: false },
+      { peerId: 'P-d', name: 'node-d', self: false, state: 'suspect', counts: [4, 3], total: 7, excluded: false },
+      // Not in the mesh any more: shown as suspect, and excluded after failing a step.
+      { peerId: 'P-gone', self: false, state: 'suspect', counts: [0, 3], total: 3, excluded: true },
+    ])
+    expect(s.experts.holding).toEqual({ model: 'moe', key: 'k'.repeat(64), budgetBytes: 2048, counts: [{ layer: 1, experts: 2 }, { layer: 3, experts: 1 }], total: 3, steps: 4 })
+    // A node with no MoE models: an empty list, no holding.
+    expect(state.experts).toEqual({ plans: [] })
+  })
+
   it('without a mesh it is a single machine', () => {
     const { mesh: _m, ...serve } = input
     const s = dashboardState(serve)
