@@ -431,13 +431,12 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     return {
       async open (signal) {
         await acquireSlot(ticket, progress, signal)
-        // Not under speculative decoding: its source prefills the whole prompt itself.
         // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
-        const moved = request.prefixHolder !== undefined && init.sourceWrapper === undefined
+        const moved = request.prefixHolder !== undefined
           ? await maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
           : false
         // Looked up once the slot is ours: a request that waited may find what the one before it kept.
-        lease = init.sourceWrapper === undefined ? acquirePrefix(promptIds) : undefined
+        lease = acquirePrefix(promptIds)
         if (lease !== undefined) {
           try {
             seqId = await e.openFrom(request.requestId, lease.key, lease.length, signal)
@@ -457,9 +456,18 @@ export function createLocalService (init: LocalServiceInit): LocalService {
             seqId: id,
             request,
             manifest: m,
-            step: async (kind, tokenIds, positions, options, signal) => b === undefined
-              ? await e.step(id, { tokenIds }, positions, options, signal)
-              : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal),
+            step: async (kind, tokenIds, positions, options, signal) => {
+              // The wrapper's source prefills the whole prompt from position 0; a kept prefix
+              // already holds the first `reused` positions, so only the rest runs (decideReuse
+              // leaves at least two of them).
+              if (kind === 'prefill' && reused > 0 && positions[0] === 0 && positions.length > reused) {
+                tokenIds = tokenIds.slice(reused)
+                positions = positions.slice(reused)
+              }
+              return b === undefined
+                ? await e.step(id, { tokenIds }, positions, options, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal)
+            },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
           })
         }

@@ -36,7 +36,7 @@ function request (modelId: string, config: string, over: Partial<GenerateRequest
   }
 }
 
-async function tokensOf (svc: LocalService, req: GenerateRequest): Promise<{ tokens: number[], promptIds: number[], end: GenerateEvent | undefined }> {
+async function tokensOf (svc: LocalService, req: GenerateRequest): Promise<{ tokens: number[], promptIds: number[], end: GenerateEvent | undefined, start: Extract<GenerateEvent, { type: 'start' }> }> {
   const events: GenerateEvent[] = []
   for await (const ev of svc.generate(req, new AbortController().signal)) events.push(ev)
   const start = events.find(e => e.type === 'start') as Extract<GenerateEvent, { type: 'start' }>
@@ -44,6 +44,7 @@ async function tokensOf (svc: LocalService, req: GenerateRequest): Promise<{ tok
     tokens: events.flatMap(e => e.type === 'delta' ? e.tokenIds : []),
     promptIds: start.promptTokenIds,
     end: events.find(e => e.type === 'end'),
+    start,
   }
 }
 
@@ -132,6 +133,22 @@ describe('speculative decoding on a whole model', () => {
         expect(r.tokens, `${config}: ${text}`).toEqual(reference.get(text))
         expect(r.end).toMatchObject({ usage: { completionTokens: 40 } })
       }
+    })
+  }
+
+  for (const config of ['goodA', 'lookupA']) {
+    it(`a kept prefix is reused under speculation (${config}): a follow-up prefills only its new tokens, with plain decoding's tokens`, async () => {
+      const turn1 = [...(await tokensOf(plain, request(modelId(), 'plain'))).promptIds, 7, 11, 13, 17 + counter % 50]
+      const first = await tokensOf(spec, request(modelId(), config, { prompt: { kind: 'tokens', ids: turn1 } }))
+      expect(first.tokens).toEqual((await tokensOf(plain, request(modelId(), 'plain', { prompt: { kind: 'tokens', ids: turn1 } }))).tokens)
+      const turn2 = [...turn1, ...first.tokens, 19, 23]
+      const before = (await spec.stats()).prefix!
+      const second = await tokensOf(spec, request(modelId(), config, { prompt: { kind: 'tokens', ids: turn2 } }))
+      const after = (await spec.stats()).prefix!
+      expect(second.tokens).toEqual((await tokensOf(plain, request(modelId(), 'plain', { prompt: { kind: 'tokens', ids: turn2 } }))).tokens)
+      // Turn 1's prompt was kept: only the rest of turn 2 was prefilled.
+      expect(second.start.prefix?.reusedTokens).toBeGreaterThanOrEqual(turn1.length - 1)
+      expect(after.missTokens - before.missTokens).toBe(turn2.length - second.start.prefix!.reusedTokens)
     })
   }
 
