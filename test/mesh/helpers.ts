@@ -1,7 +1,11 @@
 /** Shared pieces of the mesh tests: a throwaway CA, meshes on loopback, bounded polling. */
+import { spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { createInterface } from 'node:readline'
+import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Registry } from 'prom-client'
 import { createThrowawayCa } from '../../certs/index.ts'
@@ -76,3 +80,20 @@ export async function dropped (node: TestNode, reason?: string): Promise<number>
 }
 
 export { createThrowawayCa }
+
+const FIXTURE = fileURLToPath(new URL('./fixtures/mesh-node.ts', import.meta.url))
+
+/**
+ * The fixture node (fixtures/mesh-node.ts) as a child process, so a test can SIGKILL it; `listen`
+ * pins its address (a restarted node comes back where its peers last saw it).
+ */
+export async function spawnFixtureNode (identityDir: string, bootstrap: string, listen?: string): Promise<{ child: ChildProcess, peerId: string }> {
+  const child = spawn(process.execPath, [FIXTURE, '--identity', identityDir, '--bootstrap', bootstrap, ...(listen === undefined ? [] : ['--listen', listen])], { stdio: ['ignore', 'pipe', 'inherit'] })
+  const lines = createInterface({ input: child.stdout! })
+  const first = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => { reject(new Error('fixture did not start within 30 s')) }, 30_000)
+    lines.once('line', line => { clearTimeout(timer); resolve(line) })
+    child.once('exit', code => { clearTimeout(timer); reject(new Error(`fixture exited with ${code}`)) })
+  })
+  return { child, peerId: (JSON.parse(first) as { peerId: string }).peerId }
+}

@@ -2,26 +2,10 @@
  * A node killed with SIGKILL (a child process, so nothing closes cleanly) disappears from every
  * peer table within the liveness bound; restarted from the same identity it rejoins everywhere.
  */
-import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { afterAll, beforeAll, describe, it } from 'vitest'
-import { FAST, addrOf, createThrowawayCa, startNode, tempDir, waitFor } from './helpers.ts'
+import { FAST, addrOf, createThrowawayCa, spawnFixtureNode as spawnNode, startNode, tempDir, waitFor } from './helpers.ts'
 import type { TestNode } from './helpers.ts'
-
-const FIXTURE = fileURLToPath(new URL('./fixtures/mesh-node.ts', import.meta.url))
-
-async function spawnNode (identityDir: string, bootstrap: string): Promise<{ child: ChildProcess, peerId: string }> {
-  const child = spawn(process.execPath, [FIXTURE, '--identity', identityDir, '--bootstrap', bootstrap], { stdio: ['ignore', 'pipe', 'inherit'] })
-  const lines = createInterface({ input: child.stdout! })
-  const first = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error('fixture did not start within 30 s')) }, 30_000)
-    lines.once('line', line => { clearTimeout(timer); resolve(line) })
-    child.once('exit', code => { clearTimeout(timer); reject(new Error(`fixture exited with ${code}`)) })
-  })
-  return { child, peerId: (JSON.parse(first) as { peerId: string }).peerId }
-}
 
 describe('a node killed with SIGKILL', () => {
   let cleanup: () => Promise<void>

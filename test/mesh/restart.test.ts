@@ -5,16 +5,11 @@
  * ingresses only: the stage-1 holders gave its old instance up a moment after the restart,
  * dropped it from their dial targets, and never met the new one, so the chain stayed broken.
  */
-import { spawn } from 'node:child_process'
 import { createSocket } from 'node:dgram'
 import type { ChildProcess } from 'node:child_process'
-import { createInterface } from 'node:readline'
-import { fileURLToPath } from 'node:url'
 import { afterAll, beforeAll, describe, it } from 'vitest'
-import { FAST, addrOf, createThrowawayCa, startNode, tempDir, waitFor } from './helpers.ts'
+import { FAST, addrOf, createThrowawayCa, spawnFixtureNode as spawnNode, startNode, tempDir, waitFor } from './helpers.ts'
 import type { TestNode } from './helpers.ts'
-
-const FIXTURE = fileURLToPath(new URL('./fixtures/mesh-node.ts', import.meta.url))
 
 async function freeUdpPort (): Promise<number> {
   const socket = createSocket('udp4')
@@ -22,18 +17,6 @@ async function freeUdpPort (): Promise<number> {
   const port = socket.address().port
   await new Promise<void>(resolve => socket.close(() => resolve()))
   return port
-}
-
-/** The fixture node on a fixed address: a restarted node comes back where its peers last saw it. */
-async function spawnNode (identityDir: string, bootstrap: string, listen: string): Promise<{ child: ChildProcess, peerId: string }> {
-  const child = spawn(process.execPath, [FIXTURE, '--identity', identityDir, '--bootstrap', bootstrap, '--listen', listen], { stdio: ['ignore', 'pipe', 'inherit'] })
-  const lines = createInterface({ input: child.stdout! })
-  const first = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error('fixture did not start within 30 s')) }, 30_000)
-    lines.once('line', line => { clearTimeout(timer); resolve(line) })
-    child.once('exit', code => { clearTimeout(timer); reject(new Error(`fixture exited with ${code}`)) })
-  })
-  return { child, peerId: (JSON.parse(first) as { peerId: string }).peerId }
 }
 
 describe('a node SIGKILLed and restarted at once', () => {
