@@ -168,6 +168,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     locals.map(s => s.load()),
     coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
     mergeSummaries(locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)?.hashes ?? []), LOAD_MAX_PREFIXES),
+    locals.map(s => s.prefixSummary(0)?.prefillTokensPerSecond),
   )
 
   /** The drafter --draft names, as metrics and receipts call it ('prompt-lookup' or 'draft:<model id>'). */

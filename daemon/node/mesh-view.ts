@@ -81,7 +81,7 @@ const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
  * current concurrency + 1, not its recent throughput: throughput decays while a node idles, and an
  * idle node must not look slow (routing divides by this rate).
  */
-export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number, prefixes: readonly string[] = []): LoadRecord {
+export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number, prefixes: readonly string[] = [], prefillRates: ReadonlyArray<number | undefined> = []): LoadRecord {
   let queueDepth = 0
   let inFlight = chainRequests
   let decodeTokPerSec = 0
@@ -98,6 +98,8 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
     queueDepth, inFlight, decodeTokPerSec, freeKvTokens: 0, expectedWaitMs, slots: Math.max(slots, 1),
     // What the engines keep for prefix reuse (already merged and bounded; absent when nothing).
     ...(prefixes.length > 0 ? { prefixes: [...prefixes] } : {}),
+    // What a kept prefix saves here: the slowest measured engine's rate (0 or absent: unknown).
+    ...(measuredMin(prefillRates) === undefined ? {} : { prefillTokPerSec: measuredMin(prefillRates)! }),
   }
 }
 
@@ -107,6 +109,11 @@ export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: numbe
  * them) and the default block size. Chain entries keep no prefixes yet; a peer that does not say
  * its manifest cannot be read.
  */
+function measuredMin (rates: ReadonlyArray<number | undefined>): number | undefined {
+  const known = rates.filter((r): r is number => r !== undefined && Number.isFinite(r) && r > 0)
+  return known.length === 0 ? undefined : Math.min(...known)
+}
+
 function peerPrefixes (served: Served, load: LoadRecord | undefined): PrefixHoldings | undefined {
   if (!isWhole(served) || served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
   return {
@@ -114,6 +121,7 @@ function peerPrefixes (served: Served, load: LoadRecord | undefined): PrefixHold
     blockSize: DEFAULT_BLOCK_SIZE,
     // None listed (nothing kept yet, or no cache): routing may still learn what our requests leave there.
     hashes: load?.prefixes ?? [],
+    ...(load?.prefillTokPerSec === undefined ? {} : { prefillTokensPerSecond: load.prefillTokPerSec }),
   }
 }
 

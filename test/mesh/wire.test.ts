@@ -76,6 +76,12 @@ describe('load frames', () => {
     // A full summary fits a frame.
     const full = Array.from({ length: LOAD_MAX_PREFIXES }, (_, i) => i.toString(16).padStart(16, 'f'))
     expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 4, load: { ...load, slots: 8, accepting: true, fromYou: 3, prefixes: full } }))).toMatchObject({ load: { prefixes: full } })
+    // The node's measured prefill rate travels with its summary; a bad one is refused.
+    expect(text(encodeLoadFrame({ v: 1, type: 'load', id: 5, load: { ...load, prefillTokPerSec: 3200.5 } }))).toContain('"prefillTokPerSec":3200.5')
+    expect(decodeLoadFrame(encodeLoadFrame({ v: 1, type: 'load', id: 5, load: { ...load, prefillTokPerSec: 3200.5 } }))).toMatchObject({ load: { prefillTokPerSec: 3200.5 } })
+    for (const bad of [-1, '3', null]) {
+      expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, prefillTokPerSec: bad } })))), JSON.stringify(bad)).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
     for (const bad of [[...full, 'ffffffffffffffff'], ['0123456789ABCDEF'], ['0123456789abcde'], [1], 'x']) {
       expect(codeOf(() => decodeLoadFrame(bytes(JSON.stringify({ v: 1, type: 'load', id: 1, load: { ...load, prefixes: bad } })))), JSON.stringify(bad)).toBe('SHOAL_ERR_MESH_MALFORMED')
     }

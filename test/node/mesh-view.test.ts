@@ -45,6 +45,11 @@ describe('mesh view mapping', () => {
       ['anonymous', undefined], ['stage0', undefined],
       ['empty', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes: [] }],
     ])
+    // A peer's measured prefill rate (its load reply) is what routing weighs its kept prefix by.
+    const rated = replicaCandidates('m', { peerId: 'me', serves: false, load }, [
+      { ...peer('whole', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }]), load: { ...load, prefixes: hashes, prefillTokPerSec: 1800 } },
+    ], 5000)
+    expect(rated[0]!.prefixes?.prefillTokensPerSecond).toBe(1800)
   })
 
   it('builds one model card per model servable whole or as a complete chain, from alive peers only', () => {
@@ -77,6 +82,9 @@ describe('node load', () => {
   it('carries the engines\' merged prefix summary, and no field when there is none', () => {
     expect(aggregateLoad([], 0, ['0123456789abcdef']).prefixes).toEqual(['0123456789abcdef'])
     expect(aggregateLoad([], 0, [])).not.toHaveProperty('prefixes')
+    // The slowest measured prefill rate of the node's engines; none measured: absent.
+    expect(aggregateLoad([], 0, [], [undefined, 4000, 0, 2500]).prefillTokPerSec).toBe(2500)
+    expect(aggregateLoad([], 0, [], [undefined, 0])).not.toHaveProperty('prefillTokPerSec')
   })
 
   it('declares the drafter on the models requests enter by (whole models and stage 0), not on later stages', () => {

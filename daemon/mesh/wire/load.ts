@@ -39,6 +39,11 @@ export interface LoadRecord {
    * where its history's KV already is.
    */
   prefixes?: string[]
+  /**
+   * The node's measured prefill rate, tokens per second (optional; absent: not measured): what a
+   * kept prefix saves there, for prefix-aware routing. With several models, the slowest.
+   */
+  prefillTokPerSec?: number
 }
 
 /** Bound on `prefixes`: 64 × 19 bytes of JSON keeps a load frame well inside LOAD_MAX_FRAME. */
@@ -71,6 +76,7 @@ export function parseLoadRecord (value: unknown): LoadRecord {
   for (const key of LOAD_FIELDS) out[key] = nonNeg(obj[key], `load.${key}`)
   if (obj.slots !== undefined) out.slots = nonNeg(obj.slots, 'load.slots')
   if (obj.fromYou !== undefined) out.fromYou = nonNeg(obj.fromYou, 'load.fromYou')
+  if (obj.prefillTokPerSec !== undefined) out.prefillTokPerSec = nonNeg(obj.prefillTokPerSec, 'load.prefillTokPerSec')
   if (obj.accepting !== undefined) {
     if (typeof obj.accepting !== 'boolean') throw malformed('load.accepting is not a boolean')
     out.accepting = obj.accepting
