@@ -5,7 +5,8 @@
  * on the holders the mesh gossips (ExpertServiceComponents.holders).
  *
  * Steps of concurrent requests meet in waves: while a wave runs, new steps queue, and the next
- * wave takes them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
+ * wave, once every sequence holding a slot has queued its step (or gatherMs has passed), takes
+ * them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
  * attention at batch 1 over its own KV (so its logits do not depend on the company it keeps), each
  * MoE layer's rows of all the wave's sequences to the holders as one step: one frame per holder
  * and one expert call per expert for the whole wave.
@@ -69,6 +70,8 @@ export interface ExpertServiceInit {
   budgetMs?: number
   /** Requests that may wait for a slot at once (default 64); more are refused with 429. */
   maxWaiting?: number
+  /** Longest a wave waits for the other sequences' steps before it runs without them (default 2 ms, as the batcher's queue delay). */
+  gatherMs?: number
   /** Bound on one MoE layer's expert step, holders included (default 30 s). */
   stepTimeoutMs?: number
   /** A holder that failed a step stays out of new plans this long (default 30 s). */
@@ -169,6 +172,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   const stepTimeoutMs = init.stepTimeoutMs ?? 30_000
   const failedHolderMs = init.failedHolderMs ?? 30_000
   const budgetMs = init.budgetMs ?? DEFAULT_BUDGET_MS
+  const gatherMs = init.gatherMs ?? 2
   const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
   const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
   // What loadTextCodec and endConditions read, from the layout.
@@ -275,10 +279,31 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
 
   const queue: PendingStep[] = []
   let draining = false
+  /** Ends a gather early: set while a drain waits for the rest of the sequences' steps. */
+  let wake: (() => void) | undefined
+  /** Steps a wave waits for: every sequence holding a slot (at most a wave's worth). */
+  const waveTarget = (): number => Math.min(active, maxSequences)
+
+  /**
+   * Waits, at most gatherMs, until every sequence holding a slot has queued its step. A wave's
+   * tokens resolve together, but each sequence queues its next step only after its own consumer
+   * has taken the token: without this the first one back would start a wave alone and the rest
+   * follow in another (waves of 1 and B − 1, twice the holder round trips per token).
+   */
+  async function gather (): Promise<void> {
+    if (queue.length >= waveTarget()) return
+    await new Promise<void>(resolve => {
+      const done = (): void => { clearTimeout(timer); wake = undefined; resolve() }
+      const timer = setTimeout(done, gatherMs)
+      wake = done
+    })
+  }
+
   async function drain (): Promise<void> {
     draining = true
     try {
       while (queue.length > 0) {
+        await gather()
         const wave = queue.splice(0, maxSequences).filter(p => {
           if (!p.signal.aborted) return true
           p.reject(abortReason(p.signal))
@@ -307,6 +332,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     if (seq.broken !== undefined) return Promise.reject(seq.broken)
     return new Promise<number>((resolve, reject) => {
       queue.push({ seq, requestId, ids, pick, signal, resolve, reject })
+      if (wake !== undefined && queue.length >= waveTarget()) wake()
       if (!draining) void drain()
     })
   }

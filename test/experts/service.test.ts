@@ -189,3 +189,21 @@ it('a burst past maxSequences waits for slots (tokens equal a lone run) instead 
     await t.stop()
   }
 }, 60_000)
+
+it('concurrent sequences step together: one wave per token for all of them, not one for the first back and another for the rest', async () => {
+  const all = shards.experts * shards.expertBytes
+  const s = createExpertService({ shards, nodeId: 'stage', maxSequences: 4 }, { holders: () => [{ peerId: 'good', freeBytes: all }], link: links(new AbortController().signal) })
+  await s.start()
+  try {
+    const got = await Promise.all(Array.from({ length: 4 }, async (_, i) => await tokens(s.generate({ ...request(30 + i), prompt: { kind: 'tokens', ids: [9 + i, 17, 99, 41] }, maxTokens: 8 }, new AbortController().signal))))
+    const longest = Math.max(...got.map(g => g.length))
+    // One expert step per MoE layer per wave; a wave per token (the prefill's included) when the
+    // four step together (a little slack for a consumer slower than the gather); waves of 1 and
+    // 3 would be twice that.
+    const waves = s.stats().expertSteps / shards.layout.shape.moe!.moeLayers.length
+    expect(waves).toBeGreaterThanOrEqual(longest)
+    expect(waves).toBeLessThanOrEqual(longest + 2)
+  } finally {
+    await s.stop()
+  }
+}, 60_000)
