@@ -1,18 +1,24 @@
 /**
  * MoE experts on holder daemons, through the daemon path end to end (issue 17): the same model
  * served whole by `shoal serve` (one-graph shards) vs by a stage `shoal node --model EXPERT-SHARDS`
- * whose experts live on H `shoal node --hold-experts` processes (each holder pinned to its own
- * core when there are enough; the stage and the whole-model server on core 0; TCP loopback,
- * CA-issued identities). Clients stream greedy completions over HTTP from this process
- * (`return_token_ids`), B at once.
+ * whose experts live on H `shoal node --hold-experts` processes (TCP loopback, CA-issued
+ * identities). Clients stream greedy completions over HTTP from this process
+ * (`return_token_ids`), B independent requests at once (a concurrency sweep): a request refused
+ * with 429 (both services hold 8 sequences and queue more only within their 1 s wait budget) is
+ * retried after its Retry-After, as the openai client does, and its TTFT counts from the first try.
+ *
+ * Pinning (`--pin auto`, the default, where `taskset` works): the whole-model server and the
+ * stage on core 0, holder i on core 1 + (i mod (cores − 1)); the client unpinned. On a machine
+ * with fewer than 1 + H cores holders share cores, so the numbers show the protocol's overhead,
+ * not scaling over holders.
  *
  * Per configuration and B: aggregate decode tok/s (all streams' tokens after their first / time
- * from the first first-token to the last token), TTFT p50, frame payload bytes on the wire per
- * generated token (the stage's `/v1/mesh` experts counters, prefill included), and whether every
- * stream's token ids equal the whole model's.
+ * from the first first-token to the last token), TTFT p50 and p99, 429 retries, frame payload
+ * bytes on the wire per generated token (the stage's `/v1/mesh` experts counters, prefill
+ * included), and whether every stream's token ids equal the whole model's at the same B.
  *
  *   node reproduction/bench-experts-daemon.ts [--arch qwen3-moe] [--size small] [--holders 1,2,4]
- *        [--streams 1,4,16] [--tokens 32]
+ *        [--streams 1,4,16,64] [--tokens 16] [--pin auto|off]
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -31,8 +37,9 @@ const { values } = parseArgs({
     arch: { type: 'string', default: 'qwen3-moe' },
     size: { type: 'string', default: 'small' },
     holders: { type: 'string', default: '1,2,4' },
-    streams: { type: 'string', default: '1,4,16' },
-    tokens: { type: 'string', default: '32' },
+    streams: { type: 'string', default: '1,4,16,64' },
+    tokens: { type: 'string', default: '16' },
+    pin: { type: 'string', default: 'auto' },
   },
 })
 const ARCH = values.arch as MoeTestArchitecture
@@ -71,16 +78,26 @@ async function stop (cs: ChildProcess[]): Promise<void> {
 
 const promptOf = (i: number): number[] => Array.from({ length: 12 + (i % 5) }, (_, j) => 40 + ((i * 31 + j * 7) % 400))
 
-interface Stream { ids: number[], t0: number, first: number, last: number }
+interface Stream { ids: number[], t0: number, first: number, last: number, retries: number }
 
 async function streamCompletion (url: string, prompt: number[]): Promise<Stream> {
   const t0 = performance.now()
-  const res = await fetch(`${url}/v1/completions`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: MODEL, prompt, max_tokens: TOKENS, temperature: 0, stream: true, return_token_ids: true }),
-    signal: AbortSignal.timeout(600_000),
-  })
+  const signal = AbortSignal.timeout(300_000)
+  let retries = 0
+  let res: Response
+  for (;;) {
+    res = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: MODEL, prompt, max_tokens: TOKENS, temperature: 0, stream: true, return_token_ids: true }),
+      signal,
+    })
+    if (res.status !== 429) break
+    // Busy: wait as told (seconds), then try again, as the openai client does.
+    await res.body?.cancel()
+    retries++
+    await sleep(1000 * Math.max(0.05, Number(res.headers.get('retry-after') ?? '1')), undefined, { signal })
+  }
   if (res.status !== 200) throw new Error(`HTTP ${res.status} from ${url}: ${await res.text()}`)
   const ids: number[] = []
   let first = NaN
@@ -96,16 +113,27 @@ async function streamCompletion (url: string, prompt: number[]): Promise<Stream>
     last = now
     ids.push(...got)
   }
-  return { ids, t0, first, last }
+  return { ids, t0, first, last, retries }
 }
 
-async function run (url: string, B: number): Promise<{ tokS: number, ttftMs: number, tokens: number, ids: number[][] }> {
+interface Run { tokS: number, p50: number, p99: number, retries: number, tokens: number, wallS: number, ids: number[][] }
+
+const quantile = (sorted: number[], q: number): number => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!
+
+async function run (url: string, B: number): Promise<Run> {
+  const t0 = performance.now()
   const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, promptOf(i))))
   const decoded = rs.reduce((a, r) => a + r.ids.length - 1, 0)
   const span = Math.max(...rs.map(r => r.last)) - Math.min(...rs.map(r => r.first))
   const ttfts = rs.map(r => r.first - r.t0).sort((a, b) => a - b)
-  return { tokS: decoded / (span / 1000), ttftMs: ttfts[Math.floor(ttfts.length / 2)]!, tokens: rs.reduce((a, r) => a + r.ids.length, 0), ids: rs.map(r => r.ids) }
+  return {
+    tokS: decoded / (span / 1000), p50: quantile(ttfts, 0.5), p99: quantile(ttfts, 0.99), retries: rs.reduce((a, r) => a + r.retries, 0),
+    tokens: rs.reduce((a, r) => a + r.ids.length, 0), wallS: (performance.now() - t0) / 1000, ids: rs.map(r => r.ids),
+  }
 }
+
+const row = (who: string, B: number, r: Run, bytes: string, same: string): string =>
+  `| ${who} | ${B} | ${r.tokS.toFixed(1)} | ${r.p50.toFixed(0)} | ${r.p99.toFixed(0)} | ${r.retries} | ${bytes} | ${same} |`
 
 interface MeshExperts { experts?: { plans: Array<{ nodes: unknown[], bytesOut: number, bytesIn: number }> } }
 async function wire (url: string): Promise<{ nodes: number, bytes: number }> {
@@ -115,9 +143,11 @@ async function wire (url: string): Promise<{ nodes: number, bytes: number }> {
 
 async function main (): Promise<void> {
   const cores = availableParallelism()
-  const pin = spawnSync('taskset', ['-c', '0', 'true']).status === 0 && cores >= 1 + Math.max(...HOLDERS)
-  const core = (n: number): number | undefined => pin ? n : undefined
+  const pin = values.pin !== 'off' && cores >= 2 && spawnSync('taskset', ['-c', '0', 'true']).status === 0
+  // Core 0: the server or stage; holders round-robin over the rest.
+  const core = (n: number): number | undefined => pin ? (n === 0 ? 0 : 1 + (n - 1) % (cores - 1)) : undefined
   const load0 = loadavg()
+  let mismatches = 0
   const root = await mkdtemp(join(tmpdir(), 'shoal-bench-experts-'))
   try {
     const ckpt = join(root, 'ckpt')
@@ -138,16 +168,16 @@ async function main (): Promise<void> {
       if (m !== null) soloUrl = m[1]!
       return m !== null
     })
-    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? 'on (stage and whole on core 0, holder i on core 1+i; client unpinned)' : 'off'}; Node ${process.version}; load average at start ${load0.map(x => x.toFixed(2)).join(' ')}`)
+    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? `on (whole and stage on core 0, holder i on core 1 + (i mod ${cores - 1}); client unpinned)` : 'off'}; Node ${process.version}; load average at start ${load0.map(x => x.toFixed(2)).join(' ')}`)
     console.log('')
-    console.log('| experts on | streams | decode tok/s (aggregate) | TTFT p50 ms | wire bytes / token | tokens = whole |')
-    console.log('|---|---:|---:|---:|---:|---|')
+    console.log('| experts on | streams | decode tok/s (aggregate) | TTFT p50 ms | TTFT p99 ms | 429 retries | wire bytes / token | tokens = whole |')
+    console.log('|---|---:|---:|---:|---:|---:|---:|---|')
     const want = new Map<number, number[][]>()
+    await run(soloUrl, 4) // warm-up
     for (const B of STREAMS) {
-      await run(soloUrl, B) // warm-up
       const r = await run(soloUrl, B)
       want.set(B, r.ids)
-      console.log(`| whole model (shoal serve) | ${B} | ${r.tokS.toFixed(1)} | ${r.ttftMs.toFixed(0)} | 0 | — |`)
+      console.log(row('whole model (shoal serve)', B, r, '0', '—'))
     }
     await stop([solo])
 
@@ -171,19 +201,21 @@ async function main (): Promise<void> {
         await sleep(250)
       }
       try {
+        await run(stageUrl, 4) // warm-up: holders load their experts on first use
         for (const B of STREAMS) {
-          await run(stageUrl, B) // warm-up: holders load their experts on first use
           const before = await wire(stageUrl)
           const r = await run(stageUrl, B)
           const after = await wire(stageUrl)
           const same = JSON.stringify(r.ids) === JSON.stringify(want.get(B))
-          console.log(`| ${H} holder process${H > 1 ? 'es' : ''} | ${B} | ${r.tokS.toFixed(1)} | ${r.ttftMs.toFixed(0)} | ${((after.bytes - before.bytes) / r.tokens).toFixed(0)} | ${same ? 'yes' : 'NO'} |`)
+          if (!same) mismatches++
+          console.log(row(`${H} holder process${H > 1 ? 'es' : ''}`, B, r, ((after.bytes - before.bytes) / r.tokens).toFixed(0), same ? 'yes' : 'NO'))
         }
       } finally {
         await stop([...holders, stage])
       }
     }
     console.log('')
+    console.log(`${mismatches === 0 ? 'every' : `${mismatches} configuration(s) NOT:`} stream's token ids equal the whole model's at the same B`)
     console.log(`load average at end ${loadavg().map(x => x.toFixed(2)).join(' ')}`)
   } finally {
     await stop([...children])

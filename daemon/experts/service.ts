@@ -5,10 +5,16 @@
  * on the holders the mesh gossips (ExpertServiceComponents.holders).
  *
  * Steps of concurrent requests meet in waves: while a wave runs, new steps queue, and the next
- * wave takes them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
+ * wave, once every sequence holding a slot has queued its step (or gatherMs has passed), takes
+ * them all (up to maxSequences) through the forward pass (forward.ts): each sequence's
  * attention at batch 1 over its own KV (so its logits do not depend on the company it keeps), each
  * MoE layer's rows of all the wave's sequences to the holders as one step: one frame per holder
  * and one expert call per expert for the whole wave.
+ *
+ * Admission as a whole model's service: maxSequences sequences at once; a request that finds them
+ * busy waits for a slot while decideAdmission's expected wait (the measured full-wave time × the
+ * tokens ahead) is within budgetMs, and only beyond that, or past maxWaiting, gets 429 with a
+ * retry estimate, so a burst of 64 streams queues instead of 56 of them being refused.
  *
  * Placement: placeExperts over the holders' gossiped memory, every expert getting a second copy
  * where that memory allows (hottest first, by the rows this node has routed so far). The plan is
@@ -30,10 +36,11 @@
  * another holder failed) are asked too: they did that work.
  */
 import { createHash, type Hash } from 'node:crypto'
+import { performance } from 'node:perf_hooks'
 import type { ShardManifest } from '../../shards/index.ts'
 import {
-  abortReason, admitPrompt, createRng, endConditions, generateSequence, nextPick, pickToken, requestScope,
-  type TokenPick, type TokenSource,
+  abortReason, admitPrompt, createRng, decideAdmission, endConditions, generateSequence, nextPick, pickToken, requestScope,
+  type SlotState, type TokenPick, type TokenSource,
 } from '../engine/index.ts'
 import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
 import type { ReceiptPartBody } from '../ledger/index.ts'
@@ -53,8 +60,18 @@ export interface ExpertServiceInit {
   shards: ExpertShards
   /** This node's peer id (the request's route). */
   nodeId: string
-  /** Sequences in flight at once (default 8); more are refused with 429. */
+  /**
+   * Sequences in flight at once (default 8); more wait for a slot while the expected wait is
+   * within `budgetMs` (decideAdmission, as a whole model's service), and are refused with 429 and
+   * a retry estimate only beyond it.
+   */
   maxSequences?: number
+  /** Longest expected wait for a sequence slot before a request is refused (default: the batcher's budget, 1 s). */
+  budgetMs?: number
+  /** Requests that may wait for a slot at once (default 64); more are refused with 429. */
+  maxWaiting?: number
+  /** Longest a wave waits for the other sequences' steps before it runs without them (default 2 ms, as the batcher's queue delay). */
+  gatherMs?: number
   /** Bound on one MoE layer's expert step, holders included (default 30 s). */
   stepTimeoutMs?: number
   /** A holder that failed a step stays out of new plans this long (default 30 s). */
@@ -141,6 +158,9 @@ interface PendingStep {
 }
 
 const MAX_REPLANS = 2
+/** As the whole model's service (DEFAULTS.budgetMs, DEFAULT_MAX_WAITING): one admission policy for a client, whichever service answers. */
+const DEFAULT_BUDGET_MS = 1_000
+const DEFAULT_MAX_WAITING = 64
 
 export function createExpertService (init: ExpertServiceInit, components: ExpertServiceComponents): ExpertService {
   const { shards } = init
@@ -151,6 +171,9 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   const maxSequences = init.maxSequences ?? 8
   const stepTimeoutMs = init.stepTimeoutMs ?? 30_000
   const failedHolderMs = init.failedHolderMs ?? 30_000
+  const budgetMs = init.budgetMs ?? DEFAULT_BUDGET_MS
+  const gatherMs = init.gatherMs ?? 2
+  const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
   const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
   // What loadTextCodec and endConditions read, from the layout.
   const manifest = {
@@ -256,10 +279,31 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
 
   const queue: PendingStep[] = []
   let draining = false
+  /** Ends a gather early: set while a drain waits for the rest of the sequences' steps. */
+  let wake: (() => void) | undefined
+  /** Steps a wave waits for: every sequence holding a slot (at most a wave's worth). */
+  const waveTarget = (): number => Math.min(active, maxSequences)
+
+  /**
+   * Waits, at most gatherMs, until every sequence holding a slot has queued its step. A wave's
+   * tokens resolve together, but each sequence queues its next step only after its own consumer
+   * has taken the token: without this the first one back would start a wave alone and the rest
+   * follow in another (waves of 1 and B − 1, twice the holder round trips per token).
+   */
+  async function gather (): Promise<void> {
+    if (queue.length >= waveTarget()) return
+    await new Promise<void>(resolve => {
+      const done = (): void => { clearTimeout(timer); wake = undefined; resolve() }
+      const timer = setTimeout(done, gatherMs)
+      wake = done
+    })
+  }
+
   async function drain (): Promise<void> {
     draining = true
     try {
       while (queue.length > 0) {
+        await gather()
         const wave = queue.splice(0, maxSequences).filter(p => {
           if (!p.signal.aborted) return true
           p.reject(abortReason(p.signal))
@@ -267,7 +311,13 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
         })
         if (wave.length === 0) continue
         try {
+          const t0 = performance.now()
           const logits = await forward.run(wave, expertStep)
+          // Decode waves at a full batch time the admission's estimate (prefills would overstate it).
+          if (wave.length === maxSequences && wave.every(p => p.ids.length === 1)) {
+            const ms = performance.now() - t0
+            fullWaveMs = fullWaveMs === 0 ? ms : 0.7 * fullWaveMs + 0.3 * ms
+          }
           wave.forEach((p, i) => { p.resolve(pickToken(logits[i]!, p.pick)) })
         } catch (err) {
           for (const p of wave) { p.seq.broken = err; p.reject(err) }
@@ -282,6 +332,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     if (seq.broken !== undefined) return Promise.reject(seq.broken)
     return new Promise<number>((resolve, reject) => {
       queue.push({ seq, requestId, ids, pick, signal, resolve, reject })
+      if (wake !== undefined && queue.length >= waveTarget()) wake()
       if (!draining) void drain()
     })
   }
@@ -306,21 +357,77 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     return answers.flatMap(a => (a.status === 'fulfilled' && a.value !== undefined ? [a.value] : []))
   }
 
+  /** Tokens each admitted sequence may still generate (its admission's upper bound). */
+  const running = new Set<{ left: number }>()
+  /** Requests waiting for a sequence slot, in arrival order. */
+  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  /** ms of one wave with every slot busy, as measured (an average over recent full waves; 0 until one ran). */
+  let fullWaveMs = 0
+  const slotState = (): SlotState => ({ slots: maxSequences, running: [...running].map(r => r.left), waiting: waiters.map(w => w.tokens), stepMs: fullWaveMs })
+
+  /**
+   * Takes a sequence slot now, or waits for one while the expected wait is within the budget (a
+   * burst of streams queues, as on a whole model, rather than all but maxSequences of it getting
+   * 429 at once). Refused with a retry estimate beyond the budget or past maxWaiting.
+   */
+  async function acquireSlot (progress: { left: number }, signal: AbortSignal): Promise<void> {
+    const d = decideAdmission(slotState(), { budgetMs, maxWaiting })
+    // Holding a slot and counting in `running` happen together, synchronously, so concurrent
+    // arrivals see each other.
+    if (d.kind === 'run') {
+      active++
+      running.add(progress)
+      return
+    }
+    if (d.kind === 'refuse') throw new OverloadedError(`${shards.modelId} cannot take this request now: ${d.reason}`, d.retryAfterMs)
+    signal.throwIfAborted()
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = (): void => {
+        const i = waiters.indexOf(w)
+        if (i >= 0) waiters.splice(i, 1)
+        reject(abortReason(signal))
+      }
+      const w = {
+        tokens: progress.left,
+        // The slot passes straight from the finished sequence to this one (`active` unchanged).
+        grant: () => { signal.removeEventListener('abort', onAbort); running.add(progress); resolve() },
+        fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+      }
+      signal.addEventListener('abort', onAbort, { once: true })
+      waiters.push(w)
+    })
+  }
+
+  function releaseSlot (progress: { left: number }): void {
+    running.delete(progress)
+    const next = waiters.shift()
+    if (next !== undefined) next.grant()
+    else active--
+  }
+
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     const text = codec
     if (text === undefined) throw new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is not running')
     if (request.model !== shards.modelId) throw new ModelNotFoundError(request.model, [shards.modelId])
     const promptIds = await admitPrompt(text, request, shape, signal)
-    if (active >= maxSequences) throw new OverloadedError(`all ${maxSequences} sequences of ${shards.modelId} are busy`)
     // No holders, or not enough memory among them: a 503 before any work.
     planNow()
-    active++
     const scope = requestScope(signal, request.deadline)
+    const progress = { left: request.maxTokens ?? shape.maxPositions - promptIds.length }
+    try {
+      await acquireSlot(progress, scope.signal)
+    } catch (err) {
+      scope.dispose()
+      throw scope.signal.aborted ? abortReason(scope.signal) : err
+    }
     const seq: Sequence = forward.newSequence()
     const rng = createRng(request.sampling.seed)
     const source: TokenSource = {
       prefill: async (ids, s) => await step(seq, request.requestId, ids, nextPick(request.sampling, rng), s),
-      decode: async (id, _position, s) => await step(seq, request.requestId, [id], nextPick(request.sampling, rng), s),
+      decode: async (id, _position, s) => {
+        progress.left = Math.max(0, progress.left - 1)
+        return await step(seq, request.requestId, [id], nextPick(request.sampling, rng), s)
+      },
     }
     holdersOf.set(request.requestId, new Map())
     let finished = false
@@ -347,7 +454,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
       scope.dispose()
-      active--
+      releaseSlot(progress)
       // Failed or cancelled: the holders forget what they kept for it (nobody waits for that).
       if (!finished) void finishHolders(request.requestId, false).catch(() => {})
     }
@@ -365,6 +472,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     async stop () {
       const c = codec
       codec = undefined
+      for (const w of waiters.splice(0)) w.fail(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is stopping'))
       await c?.close()
       await forward.close()
     },

@@ -86,7 +86,7 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
       }
     }
     const service = createExpertService(
-      { shards, nodeId: m.peerId, stepTimeoutMs: Math.min(deps.budgets.networkIdleMs, 30_000) },
+      { shards, nodeId: m.peerId, stepTimeoutMs: Math.min(deps.budgets.networkIdleMs, 30_000), budgetMs: deps.budgets.batchBudgetMs, gatherMs: deps.budgets.batchQueueDelayMs },
       { holders: () => expertHolderNodes(shards.key, m.peers()), link },
     )
     await service.start()

@@ -149,3 +149,61 @@ it('hands up an honest holder\'s signed part with the end event, and leaves out 
     await liar.stop()
   }
 }, 60_000)
+
+it('a burst past maxSequences waits for slots (tokens equal a lone run) instead of being refused; past maxWaiting it gets 429 with a retry estimate', async () => {
+  const all = shards.experts * shards.expertBytes
+  const components = { holders: () => [{ peerId: 'good', freeBytes: all }], link: links(new AbortController().signal) }
+  const burst = (n: number): GenerateRequest => ({ ...request(20 + n), prompt: { kind: 'tokens', ids: [5 + n, 17, 99, 230 - n, 41, 7] }, maxTokens: 6 })
+  const lone = createExpertService({ shards, nodeId: 'stage' }, components)
+  await lone.start()
+  const want: number[][] = []
+  try {
+    for (let i = 0; i < 6; i++) want.push(await tokens(lone.generate(burst(i), new AbortController().signal)))
+  } finally {
+    await lone.stop()
+  }
+
+  // 2 slots, 6 requests at once: 4 wait (the expected wait is unmeasured, so within any budget).
+  const s = createExpertService({ shards, nodeId: 'stage', maxSequences: 2 }, components)
+  await s.start()
+  try {
+    const got = await Promise.all(Array.from({ length: 6 }, async (_, i) => await tokens(s.generate(burst(i), new AbortController().signal))))
+    expect(got).toEqual(want)
+    expect(s.stats().activeRequests).toBe(0)
+  } finally {
+    await s.stop()
+  }
+
+  // 2 slots and room for 1 waiter: of 4 at once, the 4th is refused (429-coded, with Retry-After).
+  const t = createExpertService({ shards, nodeId: 'stage', maxSequences: 2, maxWaiting: 1 }, components)
+  await t.start()
+  try {
+    const out = await Promise.allSettled(Array.from({ length: 4 }, async (_, i) => await tokens(t.generate(burst(i), new AbortController().signal))))
+    const refused = out.filter(o => o.status === 'rejected').map(o => (o as PromiseRejectedResult).reason as { code?: string, retryAfterMs?: number })
+    expect(refused).toHaveLength(1)
+    expect(refused[0]!.code).toBe('SHOAL_ERR_OVERLOADED')
+    expect(refused[0]!.retryAfterMs).toBeGreaterThanOrEqual(1)
+    expect(out.filter(o => o.status === 'fulfilled').map(o => (o as PromiseFulfilledResult<number[]>).value)).toEqual(want.slice(0, 3))
+    expect(t.stats().activeRequests).toBe(0)
+  } finally {
+    await t.stop()
+  }
+}, 60_000)
+
+it('concurrent sequences step together: one wave per token for all of them, not one for the first back and another for the rest', async () => {
+  const all = shards.experts * shards.expertBytes
+  const s = createExpertService({ shards, nodeId: 'stage', maxSequences: 4 }, { holders: () => [{ peerId: 'good', freeBytes: all }], link: links(new AbortController().signal) })
+  await s.start()
+  try {
+    const got = await Promise.all(Array.from({ length: 4 }, async (_, i) => await tokens(s.generate({ ...request(30 + i), prompt: { kind: 'tokens', ids: [9 + i, 17, 99, 41] }, maxTokens: 8 }, new AbortController().signal))))
+    const longest = Math.max(...got.map(g => g.length))
+    // One expert step per MoE layer per wave; a wave per token (the prefill's included) when the
+    // four step together (a little slack for a consumer slower than the gather); waves of 1 and
+    // 3 would be twice that.
+    const waves = s.stats().expertSteps / shards.layout.shape.moe!.moeLayers.length
+    expect(waves).toBeGreaterThanOrEqual(longest)
+    expect(waves).toBeLessThanOrEqual(longest + 2)
+  } finally {
+    await s.stop()
+  }
+}, 60_000)
