@@ -43,3 +43,5 @@ export type { Backend, BackendName, BackendSession, HostTensor, LoadOptions, Ten
 export { DeadlineError, EngineError, ModelNotFoundError, OverloadedError, ShuttingDownError } from './errors.ts'
 export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.ts'
 export type { RequestScope } from './request-scope.ts'
+export { createOffThreadSessions } from './off-thread-sessions.ts'
+export type { OffThreadSession, OffThreadSessions } from './off-thread-sessions.ts'

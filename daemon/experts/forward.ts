@@ -5,10 +5,13 @@
  * batch 1 over its own cache (no padding, so its logits do not depend on the company it keeps);
  * each MoE layer's rows of every sequence in the wave go to the experts as one step (the caller's
  * `experts`: runExpertStep over its plan), so concurrent sequences share one frame per holder and
- * one expert call per expert. onnxruntime sessions on the calling thread.
+ * one expert call per expert. The graphs run on a worker thread (engine/off-thread-sessions.ts):
+ * onnxruntime computes on the thread that calls `run`, and this one serves HTTP and the mesh.
  */
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
+import { createOffThreadSessions } from '../engine/index.ts'
+import type { OffThreadSession } from '../engine/index.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, MOE_BASE, MOE_EXPERTS, MOE_INPUT, MOE_WEIGHTS,
   NUM_LOGITS_TO_KEEP, pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, type ExpertShardLayout,
@@ -46,18 +49,20 @@ export function createExpertForward (init: { dir: string, layout: ExpertShardLay
   const shape = layout.shape
   const D = shape.hiddenSize
   const topK = shape.moe!.topK
-  const sessions = new Map<string, ort.InferenceSession>()
-  const run = async (graph: string, feeds: Record<string, ort.Tensor>): Promise<ort.InferenceSession.OnnxValueMapType> => await sessions.get(graph)!.run(feeds)
+  const sessions = new Map<string, OffThreadSession>()
+  const host = createOffThreadSessions()
+  const run = async (graph: string, feeds: Record<string, ort.Tensor>): Promise<Record<string, ort.Tensor>> => await sessions.get(graph)!.run(feeds)
 
   return {
     async open () {
       for (const g of [layout.embed, layout.head, ...layout.layers.map(l => l.graph)]) {
-        sessions.set(g, await ort.InferenceSession.create(join(init.dir, g), { intraOpNumThreads: init.threads ?? 1, interOpNumThreads: 1 }))
+        sessions.set(g, await host.create(join(init.dir, g), { threads: init.threads ?? 1 }))
       }
     },
     async close () {
-      for (const s of sessions.values()) await s.release()
+      for (const s of sessions.values()) await s.release().catch(() => {})
       sessions.clear()
+      await host.close()
     },
     newSequence () {
       const past = new Map<string, ort.Tensor>()
@@ -70,7 +75,7 @@ export function createExpertForward (init: { dir: string, layout: ExpertShardLay
       let xs: ort.Tensor[] = []
       for (const p of items) xs.push((await run(layout.embed, { [INPUT_IDS]: i64(p.ids, [1, p.ids.length]) }))[HIDDEN_OUT] as ort.Tensor)
       for (const l of layout.layers) {
-        const outs: ort.InferenceSession.OnnxValueMapType[] = []
+        const outs: Array<Record<string, ort.Tensor>> = []
         for (const [i, p] of items.entries()) {
           const S = p.ids.length
           const total = p.seq.length + S

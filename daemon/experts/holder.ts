@@ -25,6 +25,8 @@
 import { createHash, type Hash } from 'node:crypto'
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
+import { createOffThreadSessions } from '../engine/index.ts'
+import type { OffThreadSession } from '../engine/index.ts'
 import type { ExpertShardLayout } from '../../shards/index.ts'
 import { serializeError } from '../errors.ts'
 import { createReceiptPart, type SignedReceiptPart } from '../ledger/index.ts'
@@ -86,26 +88,29 @@ const join1 = (parts: Uint8Array[]): Uint8Array => {
 }
 
 export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
-  const sessions = new Map<string, ort.InferenceSession>()
+  const sessions = new Map<string, OffThreadSession>()
+  // The experts run on a worker thread: onnxruntime computes on the thread that calls `run`, and
+  // this one answers the mesh (a holder busy on its main thread would look dead to its peers).
+  const host = createOffThreadSessions()
   const key = (layer: number, expert: number): string => `${layer}:${expert}`
   let steps = 0
   let expertRows = 0
-  const loading = new Map<string, Promise<ort.InferenceSession>>()
+  const loading = new Map<string, Promise<OffThreadSession>>()
   /** Use order (a counter per touch) and runs in progress, for the least-recently-used release. */
   const used = new Map<string, number>()
   const running = new Map<string, number>()
   let clock = 0
 
-  async function load (layer: number, expert: number): Promise<ort.InferenceSession> {
+  async function load (layer: number, expert: number): Promise<OffThreadSession> {
     const graph = init.layout.layers.find(l => l.layer === layer)?.experts?.[expert]
     if (graph === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `the shards have no expert ${expert} of layer ${layer}`)
-    const s = await ort.InferenceSession.create(join(init.dir, graph), { intraOpNumThreads: init.threads ?? 1, interOpNumThreads: 1 })
+    const s = await host.create(join(init.dir, graph), { threads: init.threads ?? 1 })
     sessions.set(key(layer, expert), s)
     return s
   }
 
   /** The expert's session, loaded now when the holder loads on demand and has room. */
-  async function session (layer: number, expert: number): Promise<ort.InferenceSession> {
+  async function session (layer: number, expert: number): Promise<OffThreadSession> {
     const k = key(layer, expert)
     used.set(k, ++clock)
     const have = sessions.get(k)
@@ -223,8 +228,9 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
     },
     async stop () {
       await Promise.allSettled(loading.values())
-      for (const s of sessions.values()) await s.release()
+      for (const s of sessions.values()) await s.release().catch(() => {})
       sessions.clear()
+      await host.close()
     },
     async handle (payload) {
       let step = 0

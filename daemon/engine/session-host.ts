@@ -1,0 +1,64 @@
+/**
+ * The worker side of off-thread sessions (off-thread-sessions.ts): onnxruntime sessions created
+ * and run on this thread, so a caller's event loop is never blocked by a run (onnxruntime-node's
+ * `run` computes on the thread that calls it). Each message names its request id; outputs travel
+ * back transferred, never copied twice.
+ */
+import { parentPort, threadId } from 'node:worker_threads'
+import * as ort from 'onnxruntime-node'
+import type { HostMessage, HostReply, WireTensor } from './off-thread-sessions.ts'
+
+const port = parentPort!
+const sessions = new Map<number, ort.InferenceSession>()
+let nextHandle = 1
+
+const post = (reply: HostReply, transfer: ArrayBuffer[] = []): void => { port.postMessage(reply, transfer) }
+
+/** A tensor's data as an array owning its buffer (a view of a larger one is copied out). */
+function owned (data: ort.Tensor['data']): WireTensor['data'] {
+  const d = data as Float32Array | BigInt64Array | Int32Array
+  return d.byteOffset === 0 && d.byteLength === d.buffer.byteLength ? d : d.slice()
+}
+
+async function handle (m: HostMessage): Promise<void> {
+  try {
+    switch (m.type) {
+      case 'load': {
+        const s = await ort.InferenceSession.create(m.path, { intraOpNumThreads: m.threads, interOpNumThreads: 1, logSeverityLevel: 3 })
+        const h = nextHandle++
+        sessions.set(h, s)
+        post({ id: m.id, handle: h, inputNames: [...s.inputNames], outputNames: [...s.outputNames], threadId })
+        return
+      }
+      case 'run': {
+        const s = sessions.get(m.handle)
+        if (s === undefined) throw new Error(`no session ${m.handle} on this worker`)
+        const feeds: Record<string, ort.Tensor> = {}
+        for (const t of m.feeds) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims)
+        const out = await s.run(feeds)
+        const outputs: WireTensor[] = []
+        const transfer = new Set<ArrayBuffer>()
+        for (const [name, v] of Object.entries(out)) {
+          const t = v as ort.Tensor
+          const data = owned(t.data)
+          // Two outputs on one buffer cannot both be transferred: the second is copied.
+          const buf = data.buffer as ArrayBuffer
+          const d = transfer.has(buf) ? data.slice() : data
+          transfer.add(d.buffer as ArrayBuffer)
+          outputs.push({ name, type: t.type as WireTensor['type'], data: d, dims: [...t.dims] })
+        }
+        post({ id: m.id, outputs }, [...transfer])
+        return
+      }
+      case 'release': {
+        await sessions.get(m.handle)?.release()
+        sessions.delete(m.handle)
+        post({ id: m.id })
+      }
+    }
+  } catch (err) {
+    post({ id: m.id, error: err instanceof Error ? err.message : String(err) })
+  }
+}
+
+port.on('message', (m: HostMessage) => { void handle(m) })
