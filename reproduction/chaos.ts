@@ -15,7 +15,7 @@
  *
  *   node reproduction/chaos.ts [--hosts auto|netns|loopback] [--concurrency 4] [--hold-ms 6000]
  *                              [--bound-ms 30000] [--seed 1] [--out reproduction/results/reliability.md]
- *                              [--relay] [--only-lossy] [--lossy-delay-ms 100] [--lossy-loss 0.05] [--lossy-ms 20000]
+ *                              [--relay] [--only-lossy] [--lossy-delay-ms 100] [--lossy-loss 0.05] [--lossy-ms 20000] [--quic-only]
  *
  * Cleans up namespaces, links and processes on exit and on Ctrl-C; leftovers of a run that was
  * itself SIGKILLed are removed by the next run.
@@ -47,6 +47,7 @@ const { values: args } = parseArgs({
     'lossy-delay-ms': { type: 'string', default: '100' },
     'lossy-loss': { type: 'string', default: '0.05' },
     'lossy-ms': { type: 'string', default: '20000' },
+    'quic-only': { type: 'boolean', default: false },
   },
 })
 const CONCURRENCY = Number(args.concurrency)
@@ -58,6 +59,8 @@ const ONLY_LOSSY = args['only-lossy']
 const RELAY = args.relay || ONLY_LOSSY
 const LOSSY = { delayMs: Number(args['lossy-delay-ms']), loss: Number(args['lossy-loss']) }
 const LOSSY_MS = Number(args['lossy-ms'])
+/** With relays: announce only the QUIC address, so every mesh connection can see the UDP loss (a relay only delays TCP). */
+const QUIC_ONLY = args['quic-only']
 /** Relay i listens on the bridge address at this port + i (QUIC and TCP). */
 const RELAY_BASE_PORT = 5100
 const WHOLE = 'chaos-tiny'
@@ -129,7 +132,7 @@ async function main (): Promise<number> {
   }
   const cluster = await createCluster({
     root, specs, ca: 'cli',
-    ...(RELAY ? { via: (s: NodeSpec) => ({ host: hosts.gateway!, port: relays.get(s.name)!.udpPort }) } : {}),
+    ...(RELAY ? { via: (s: NodeSpec) => ({ host: hosts.gateway!, port: relays.get(s.name)!.udpPort, quicOnly: QUIC_ONLY }) } : {}),
   })
   const t0 = Date.now()
   await cluster.start()
@@ -255,10 +258,16 @@ interface ReportData {
 
 function render (d: ReportData): string {
   const la = (l: number[]): string => l.map(x => x.toFixed(2)).join(' / ')
+  // A lossy link is not meant to be noticed: the node should stay alive, only slower.
+  const noticedText = (f: FaultRecord): string => {
+    const l = d.lossy.find(x => x === f)
+    if (l !== undefined) return `${l.aliveAtEnd ? 'listed alive' : 'NOT listed alive'} by the other ingresses near the end, RTT ${l.rttMs.map(x => x.toFixed(0)).join(', ')} ms`
+    return `noticed ${f.detectedMs === undefined ? 'NOT within the hold' : `after ${(f.detectedMs / 1000).toFixed(1)} s`}`
+  }
   const recovery = (phase: string): string => {
     const f = d.faults.find(x => x.name === phase)
     if (f === undefined) return ''
-    return `${f.target}, held ${(f.heldMs / 1000).toFixed(1)} s (noticed ${f.detectedMs === undefined ? 'NOT within the hold' : `after ${(f.detectedMs / 1000).toFixed(1)} s`}); whole again ${f.recoveryMs === undefined ? 'NEVER' : `${(f.recoveryMs / 1000).toFixed(1)} s`} after healing`
+    return `${f.target}, held ${(f.heldMs / 1000).toFixed(1)} s (${noticedText(f)}); whole again ${f.recoveryMs === undefined ? 'NEVER' : `${(f.recoveryMs / 1000).toFixed(1)} s`} after healing`
   }
   const errs = (r: ReturnType<typeof tally>[number]): string => Object.entries(r.errors).map(([k, n]) => `${n}× ${k}`).join(', ') || '—'
   const sum = (f: (r: ReturnType<typeof tally>[number]) => number): number => d.rows.reduce((n, r) => n + f(r), 0)
@@ -278,7 +287,7 @@ function render (d: ReportData): string {
     `- Model: the generated tiny Llama (seed 4, random weights), compiled by \`shoal shard\`, served whole as \`chaos-tiny\` by rep-1..3 and as the 2-stage chain \`chaos-chain\` (st0: stage 0 and coordinator; st1-a and st1-b: stage 1).`,
     `- Load: ${CONCURRENCY} concurrent clients (the \`openai\` npm client, no retries), each sending one request at a time to a random ingress that is up: \`chaos-tiny\` 2/3, \`chaos-chain\` 1/3, streamed or whole at random, greedy, ${MAX_TOKENS} tokens, one of ${PROMPTS.length} token-id prompts; a failed request is re-sent after 50–250 ms. Hang bound: ${BOUND_MS / 1000} s per request.`,
     `- Reference: each prompt's greedy tokens from the healthy mesh before any fault (the chain's ${d.chainAgrees ? 'agree' : 'DO NOT agree'} with the whole model's); every 200 compared token for token.`,
-    ...(RELAY ? [`- Relays: every node behind a user-space relay (\`reproduction/chaos/relay.ts\`) on the bridge address, QUIC per client address like a NAT and TCP per connection; each node announces its relay's address (\`shoal node --announce\`) and the bootstrap lists name the relays, so every mesh connection runs through two of them${ONLY_LOSSY ? '; only the lossy-link faults ran (`--only-lossy`)' : ''}.`] : []),
+    ...(RELAY ? [`- Relays: every node behind a user-space relay (\`reproduction/chaos/relay.ts\`) on the bridge address, QUIC per client address like a NAT and TCP per connection; each node announces its relay's address (\`shoal node --announce\`) and the bootstrap lists name the relays, so every mesh connection runs through the relay of the node it was dialled to${QUIC_ONLY ? ' (QUIC addresses only announced, `--quic-only`: every connection sees the UDP loss)' : ' (QUIC and TCP announced: connections that land on TCP see the delay but not the loss)'}${ONLY_LOSSY ? '; only the lossy-link faults ran (`--only-lossy`)' : ''}.`] : []),
     `- Mesh whole ${(d.formedMs / 1000).toFixed(0)} s into the run (start included).`,
     '',
     '## Faults and what the requests sent during each got',
@@ -289,7 +298,7 @@ function render (d: ReportData): string {
     '',
     'Each fault is held until the other ingresses list the node as not alive (and at least the hold time), then healed; "whole again" = every ingress sees every node alive with load, lists both models and serves a one-token completion of each. A phase counts the requests sent from its fault until the next fault.',
     '',
-    ...d.faults.map(f => `- ${f.name}: ${f.target}, held ${(f.heldMs / 1000).toFixed(1)} s, the other ingresses listed it as not alive ${f.detectedMs === undefined ? 'NOT within the hold' : `${(f.detectedMs / 1000).toFixed(1)} s in`}, whole again ${f.recoveryMs === undefined ? `NEVER (${f.note ?? ''})` : `${(f.recoveryMs / 1000).toFixed(1)} s`} after healing`),
+    ...d.faults.map(f => `- ${f.name}: ${f.target}, held ${(f.heldMs / 1000).toFixed(1)} s, ${d.lossy.includes(f as LossyLinkRecord) ? noticedText(f) : `the other ingresses listed it as not alive ${f.detectedMs === undefined ? 'NOT within the hold' : `${(f.detectedMs / 1000).toFixed(1)} s in`}`}, whole again ${f.recoveryMs === undefined ? `NEVER (${f.note ?? ''})` : `${(f.recoveryMs / 1000).toFixed(1)} s`} after healing`),
     '',
     ...(d.lossy.length === 0
       ? []
@@ -305,7 +314,7 @@ function render (d: ReportData): string {
         ]),
     '## Acknowledged receipts',
     '',
-    `- While running: ${d.live.found} of ${d.live.checked} acknowledged ids fetched from their ingress (\`GET /v1/receipts/:id\`) after all faults, ing-b's own after its SIGKILL and restart.${d.live.missing.length > 0 ? ` MISSING: ${d.live.missing.slice(0, 10).map(m => `${m.ingress}/${m.receiptId}`).join(', ')}` : ''}`,
+    `- While running: ${d.live.found} of ${d.live.checked} acknowledged ids fetched from their ingress (\`GET /v1/receipts/:id\`) after all faults${ONLY_LOSSY ? '' : ', ing-b\'s own after its SIGKILL and restart'}.${d.live.missing.length > 0 ? ` MISSING: ${d.live.missing.slice(0, 10).map(m => `${m.ingress}/${m.receiptId}`).join(', ')}` : ''}`,
     '- After stopping every node, `shoal receipts verify --data DIR --ca ca/ca.cert.json` and `shoal receipts show --data DIR` on each:',
     '',
     '| node | entries | verify | acknowledged ids missing |',
@@ -317,7 +326,7 @@ function render (d: ReportData): string {
     '## Command',
     '',
     '```sh',
-    `node reproduction/chaos.ts --hosts ${d.hostsMode} --concurrency ${CONCURRENCY} --hold-ms ${HOLD_MS} --bound-ms ${BOUND_MS} --max-tokens ${MAX_TOKENS} --seed ${String(args.seed)}${RELAY ? `${ONLY_LOSSY ? ' --only-lossy' : ' --relay'} --lossy-delay-ms ${LOSSY.delayMs} --lossy-loss ${LOSSY.loss} --lossy-ms ${LOSSY_MS}` : ''}${args.out === undefined ? '' : ` --out ${args.out}`}`,
+    `node reproduction/chaos.ts --hosts ${d.hostsMode} --concurrency ${CONCURRENCY} --hold-ms ${HOLD_MS} --bound-ms ${BOUND_MS} --max-tokens ${MAX_TOKENS} --seed ${String(args.seed)}${RELAY ? `${ONLY_LOSSY ? ' --only-lossy' : ' --relay'} --lossy-delay-ms ${LOSSY.delayMs} --lossy-loss ${LOSSY.loss} --lossy-ms ${LOSSY_MS}${QUIC_ONLY ? ' --quic-only' : ''}` : ''}${args.out === undefined ? '' : ` --out ${args.out}`}`,
     '```',
     '',
     '## What this suite found (fixed, each with a test)',

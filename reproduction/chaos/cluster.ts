@@ -66,7 +66,7 @@ export interface ClusterInit {
    * address (`--announce`, QUIC and TCP on `port`) and every bootstrap list names it, so peers'
    * connections to the node run through the relay.
    */
-  via?: (spec: NodeSpec) => { host: string, port: number } | undefined
+  via?: (spec: NodeSpec) => { host: string, port: number, quicOnly?: boolean } | undefined
 }
 
 export interface Cluster {
@@ -112,7 +112,7 @@ export async function createCluster (init: ClusterInit): Promise<Cluster> {
   const cacheDir = init.cacheDir ?? join(init.root, 'cache')
   const announced = (s: NodeSpec): string[] => {
     const v = init.via?.(s)
-    if (v !== undefined) return [`/ip4/${v.host}/udp/${v.port}/quic-v1`, `/ip4/${v.host}/tcp/${v.port}`]
+    if (v !== undefined) return [`/ip4/${v.host}/udp/${v.port}/quic-v1`, ...(v.quicOnly === true ? [] : [`/ip4/${v.host}/tcp/${v.port}`])]
     return [`/ip4/${s.host.address}/udp/${s.host.quicPort}/quic-v1`, `/ip4/${s.host.address}/tcp/${s.host.tcpPort}`]
   }
   const multiaddrs = (s: NodeSpec): string[] => {

@@ -186,6 +186,8 @@ export interface LossyLinkRecord extends FaultRecord {
   viaRelay: boolean
   /** The ingresses' round-trip estimates to the node at the end of the hold (ms). */
   rttMs: number[]
+  /** Every other up ingress listed the node alive near the end of the hold. */
+  aliveAtEnd: boolean
 }
 
 const sumStats = (xs: RelayStats[]): RelayStats => {
@@ -222,9 +224,12 @@ export async function lossyLink (ctx: FaultContext, node: ChaosNode, role: strin
   for (const [n, r] of relays) if (n !== node.spec.name) r.impair(impairment, client => client === node.spec.host.address)
   const start = Date.now()
   let rttMs: number[] = []
+  let aliveAtEnd = false
   try {
     await sleep(Math.max(0, heldMs - 1_500))
-    rttMs = (await views()).map(p => p.rttMs).filter((x): x is number => x !== undefined)
+    const end = await views()
+    rttMs = end.map(p => p.rttMs).filter((x): x is number => x !== undefined)
+    aliveAtEnd = end.length === ingresses.length && end.every(p => p.state === 'alive')
     await sleep(Math.max(0, heldMs - (Date.now() - start)))
   } finally {
     for (const r of relays.values()) r.clear()
@@ -232,5 +237,5 @@ export async function lossyLink (ctx: FaultContext, node: ChaosNode, role: strin
   const relayed = diffStats(at, sumStats([...relays.values()].map(r => r.stats())))
   const held = Date.now() - start
   const recoveryMs = await waitWhole(ctx.cluster, ctx.models, ctx.recoverWithinMs)
-  return { name, target: node.spec.name, heldMs: held, ...(recoveryMs === undefined ? { note: 'not whole again in time' } : { recoveryMs }), relayed, viaRelay, rttMs }
+  return { name, target: node.spec.name, heldMs: held, ...(recoveryMs === undefined ? { note: 'not whole again in time' } : { recoveryMs }), relayed, viaRelay, rttMs, aliveAtEnd }
 }
