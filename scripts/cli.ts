@@ -75,6 +75,7 @@ export function buildProgram (): Command {
     .addOption(required('--identity <dir>', 'identity directory made by `shoal ca issue`'))
     .addOption(repeatable('--model <dir[@layers]>', 'model or shard directory, optionally one stage (@0-11); repeatable', 'none'))
     .addOption(repeatable('--listen <multiaddr>', 'listen address; repeatable', 'QUIC and TCP on all interfaces, ephemeral ports'))
+    .addOption(repeatable('--announce <multiaddr>', 'address peers are told to dial instead of the listen addresses (a NAT or relay in front); repeatable', 'the listen addresses'))
     .addOption(repeatable('--bootstrap <multiaddr>', 'peer to dial at start; repeatable', 'none; mDNS finds LAN peers'))
     .option('--api <host:port>', 'HTTP ingress address (none without it)')
     .option('--device <device>', 'engine device', 'auto')

@@ -50,6 +50,11 @@ export interface DaemonConfig {
   cacheRoot: string
   /** libp2p listen multiaddrs; empty means the mesh's default (QUIC and TCP on all interfaces, ephemeral ports). */
   listen: string[]
+  /**
+   * Multiaddrs peers are told to dial instead of the listen addresses (a NAT's or a relay's public
+   * address); absent or empty: the listen addresses.
+   */
+  announce?: string[]
   bootstrap: string[]
   mdns: boolean
   revocationsFile?: string
@@ -187,6 +192,7 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     cacheRoot: abs(input.cacheRoot),
     listen: Object.freeze([...input.listen]) as string[],
     bootstrap: Object.freeze([...input.bootstrap]) as string[],
+    ...(input.announce === undefined ? {} : { announce: Object.freeze([...input.announce]) as string[] }),
     ...(input.identityDir === undefined ? {} : { identityDir: abs(input.identityDir) }),
     ...(input.revocationsFile === undefined ? {} : { revocationsFile: abs(input.revocationsFile) }),
     ...(input.caFile === undefined ? {} : { caFile: abs(input.caFile) }),

@@ -230,6 +230,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           // No --listen means the default (QUIC and TCP on all interfaces, ephemeral ports), not
           // "listen nowhere": a node without addresses can dial out but mDNS peers never find it.
           ...(config.listen.length > 0 ? { listen: config.listen } : {}),
+          ...(config.announce === undefined ? {} : { announce: config.announce }),
           bootstrap: config.bootstrap,
           mdns: config.mdns,
           dataDir: config.dataDir,

@@ -39,7 +39,7 @@ export interface ChaosNode {
   dataDir: string
   /** API base URL (no /v1), when `spec.api`. */
   url?: string
-  /** Multiaddrs with /p2p/<peerId>, QUIC first. */
+  /** Multiaddrs with /p2p/<peerId>, QUIC first: the relay's when the node has one (`via`). */
   addrs: string[]
   state: NodeState
   pid (): number | undefined
@@ -61,6 +61,12 @@ export interface ClusterInit {
   /** SHOAL_CACHE for every node (compiled graphs are shared, the data directories are not). */
   cacheDir?: string
   startTimeoutMs?: number
+  /**
+   * A relay in front of a node (reproduction/chaos/relay.ts): the node announces the relay's
+   * address (`--announce`, QUIC and TCP on `port`) and every bootstrap list names it, so peers'
+   * connections to the node run through the relay.
+   */
+  via?: (spec: NodeSpec) => { host: string, port: number, quicOnly?: boolean } | undefined
 }
 
 export interface Cluster {
@@ -104,9 +110,14 @@ export async function createCluster (init: ClusterInit): Promise<Cluster> {
   await mkdir(logs, { recursive: true })
   const ids = await makeIdentities(caDir, init.root, init.specs, init.ca ?? 'cli')
   const cacheDir = init.cacheDir ?? join(init.root, 'cache')
+  const announced = (s: NodeSpec): string[] => {
+    const v = init.via?.(s)
+    if (v !== undefined) return [`/ip4/${v.host}/udp/${v.port}/quic-v1`, ...(v.quicOnly === true ? [] : [`/ip4/${v.host}/tcp/${v.port}`])]
+    return [`/ip4/${s.host.address}/udp/${s.host.quicPort}/quic-v1`, `/ip4/${s.host.address}/tcp/${s.host.tcpPort}`]
+  }
   const multiaddrs = (s: NodeSpec): string[] => {
     const { peerId } = ids.get(s.name)!
-    return [`/ip4/${s.host.address}/udp/${s.host.quicPort}/quic-v1/p2p/${peerId}`, `/ip4/${s.host.address}/tcp/${s.host.tcpPort}/p2p/${peerId}`]
+    return announced(s).map(a => `${a}/p2p/${peerId}`)
   }
   const ingresses = init.specs.filter(s => s.api)
   const live = new Set<ChildProcess>()
@@ -134,6 +145,7 @@ export async function createCluster (init: ClusterInit): Promise<Cluster> {
           '--listen', `/ip4/${spec.host.address}/udp/${spec.host.quicPort}/quic-v1`, '--listen', `/ip4/${spec.host.address}/tcp/${spec.host.tcpPort}`,
           // Small fixed KV cache: several nodes share a small machine.
           '--kv-cache-mb', '16']
+        if (init.via?.(spec) !== undefined) for (const a of announced(spec)) args.push('--announce', a)
         for (const m of spec.models) args.push('--model', m)
         if (spec.api) args.push('--api', `${spec.host.address}:${spec.host.apiPort}`)
         for (const other of ingresses) if (other !== spec) for (const a of multiaddrs(other)) args.push('--bootstrap', a)

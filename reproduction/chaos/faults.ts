@@ -7,6 +7,7 @@
  */
 import type { ChaosNode, Cluster } from './cluster.ts'
 import type { Hosts } from './hosts.ts'
+import type { Impairment, Relay, RelayStats } from './relay.ts'
 
 export interface FaultRecord {
   /** The phase name the load tags its requests with. */
@@ -29,9 +30,11 @@ export interface FaultContext {
   setPhase (name: string): void
   /** How long the cluster may take to be whole again after a fault heals. */
   recoverWithinMs: number
+  /** The relay in front of each node, by node name (`--relay`), for `lossyLink`. */
+  relays?: Map<string, Relay>
 }
 
-interface MeshPeer { peerId: string, admitted: boolean, state: string, load?: unknown }
+interface MeshPeer { peerId: string, admitted: boolean, state: string, load?: unknown, addrs?: string[], rttMs?: number }
 
 const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 
@@ -173,4 +176,66 @@ export async function slowLink (ctx: FaultContext, node: ChaosNode, role: string
     ctx.hosts.unthrottle(node.spec.host)
   }
   return { name, target: node.spec.name, heldMs, ...(await waitWhole(ctx.cluster, ctx.models, ctx.recoverWithinMs).then(r => r === undefined ? { note: 'not whole again in time' } : { recoveryMs: r })) }
+}
+
+/** What the relays saw of a lossy link, and whether the mesh used them. */
+export interface LossyLinkRecord extends FaultRecord {
+  /** Summed over every relay, during the hold. */
+  relayed: RelayStats
+  /** The node's addresses as every up ingress lists them: all on its relay? */
+  viaRelay: boolean
+  /** The ingresses' round-trip estimates to the node at the end of the hold (ms). */
+  rttMs: number[]
+  /** Every other up ingress listed the node alive near the end of the hold. */
+  aliveAtEnd: boolean
+}
+
+const sumStats = (xs: RelayStats[]): RelayStats => {
+  const out: RelayStats = { udpDatagrams: 0, udpBytes: 0, udpLost: 0, udpOverflow: 0, udpFlows: 0, tcpConnections: 0, tcpBytes: 0, impaired: 0 }
+  for (const x of xs) for (const k of Object.keys(out) as Array<keyof RelayStats>) out[k] += x[k]
+  return out
+}
+const diffStats = (a: RelayStats, b: RelayStats): RelayStats => {
+  const out = { ...b }
+  for (const k of Object.keys(out) as Array<keyof RelayStats>) if (k !== 'udpFlows') out[k] -= a[k]
+  return out
+}
+
+/**
+ * The node's link made lossy and slow for `heldMs` through the relays (every node runs behind one,
+ * `--relay`): its own relay impairs every flow, every other relay the flows the node opened — so
+ * each packet to or from the node, on connections opened either way, waits `delayMs` each way and
+ * each QUIC datagram is dropped with probability `loss`. Then cleared.
+ */
+export async function lossyLink (ctx: FaultContext, node: ChaosNode, role: string, impairment: Impairment, heldMs: number): Promise<LossyLinkRecord> {
+  const relays = ctx.relays
+  if (relays === undefined || !relays.has(node.spec.name)) throw new Error('lossyLink needs every node behind a relay (--relay)')
+  const name = `lossy link ${role} (${impairment.delayMs} ms each way, ${(impairment.loss * 100).toFixed(0)} % UDP loss)`
+  const ingresses = ctx.cluster.nodes.filter(n => n.state === 'up' && n.url !== undefined && n !== node)
+  const views = async (): Promise<MeshPeer[]> => (await Promise.all(ingresses.map(async i => (await getJson<{ peers: MeshPeer[] }>(`${i.url}/v1/mesh`))?.peers.find(p => p.peerId === node.peerId))))
+    .filter((p): p is MeshPeer => p !== undefined)
+  const own = relays.get(node.spec.name)!
+  const relayAddrs = [`/ip4/${ctx.hosts.gateway ?? ''}/udp/${own.udpPort}/quic-v1`, `/ip4/${ctx.hosts.gateway ?? ''}/tcp/${own.tcpPort}`]
+  const before = await views()
+  const viaRelay = before.length === ingresses.length && before.every(p => (p.addrs ?? []).length > 0 && (p.addrs ?? []).every(a => relayAddrs.includes(a.replace(/\/p2p\/[^/]+$/, ''))))
+  ctx.setPhase(name)
+  const at = sumStats([...relays.values()].map(r => r.stats()))
+  own.impair(impairment)
+  for (const [n, r] of relays) if (n !== node.spec.name) r.impair(impairment, client => client === node.spec.host.address)
+  const start = Date.now()
+  let rttMs: number[] = []
+  let aliveAtEnd = false
+  try {
+    await sleep(Math.max(0, heldMs - 1_500))
+    const end = await views()
+    rttMs = end.map(p => p.rttMs).filter((x): x is number => x !== undefined)
+    aliveAtEnd = end.length === ingresses.length && end.every(p => p.state === 'alive')
+    await sleep(Math.max(0, heldMs - (Date.now() - start)))
+  } finally {
+    for (const r of relays.values()) r.clear()
+  }
+  const relayed = diffStats(at, sumStats([...relays.values()].map(r => r.stats())))
+  const held = Date.now() - start
+  const recoveryMs = await waitWhole(ctx.cluster, ctx.models, ctx.recoverWithinMs)
+  return { name, target: node.spec.name, heldMs: held, ...(recoveryMs === undefined ? { note: 'not whole again in time' } : { recoveryMs }), relayed, viaRelay, rttMs, aliveAtEnd }
 }

@@ -6,8 +6,9 @@
  * A partition cuts a host's veth on the bridge side (`ip link set … down`): QUIC (UDP) and TCP
  * both stop at once, nothing is closed, exactly a pulled cable; `heal` brings it back. This
  * kernel has `tc` without netem, so there is no injected delay or loss here; what it has is tbf,
- * a bandwidth cap whose queue adds delay (`throttle`). Loopback hosts cannot be partitioned or
- * throttled at all (no per-process network), and say so.
+ * a bandwidth cap whose queue adds delay (`throttle`). Fixed delay and loss come from user-space
+ * relays on the bridge address (`gateway`, relay.ts) that the nodes announce. Loopback hosts
+ * cannot be partitioned or throttled at all (no per-process network), and say so.
  */
 import { execFileSync } from 'node:child_process'
 import { createSocket } from 'node:dgram'
@@ -29,6 +30,8 @@ export interface Host {
 export interface Hosts {
   mode: 'netns' | 'loopback'
   hosts: Host[]
+  /** The root namespace's address on the bridge, where a relay in front of a host listens (netns only). */
+  gateway?: string
   /** Whether `partition` works here. */
   canPartition: boolean
   /** Cuts the host off the bridge (no packets in or out) until `heal`. */
@@ -120,6 +123,7 @@ export function createNetnsHosts (names: string[]): Hosts {
   return {
     mode: 'netns',
     hosts: created,
+    gateway: `${SUBNET}.1`,
     canPartition: true,
     partition: host => { ip('link', 'set', linkOf(host), 'down') },
     heal: host => { ip('link', 'set', linkOf(host), 'up') },

@@ -10,6 +10,7 @@ export interface NodeOptions {
   identity: string
   model: string[]
   listen: string[]
+  announce?: string[]
   bootstrap: string[]
   api?: string
   device: string
@@ -48,6 +49,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     dataDir: opts.data ?? join(opts.identity, 'data'),
     cacheRoot: cacheRoot(),
     listen: opts.listen,
+    ...(opts.announce === undefined || opts.announce.length === 0 ? {} : { announce: opts.announce }),
     bootstrap: opts.bootstrap,
     ...(kvCacheMb === undefined ? {} : { kvCacheMb }),
     mdns: opts.mdns,
