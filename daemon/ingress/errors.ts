@@ -53,17 +53,29 @@ export function describeError (err: unknown): { status: number, body: OpenAIErro
 /** Seconds a client should wait before retrying an overloaded or unavailable server, unless the error says. */
 const RETRY_AFTER_SECONDS = 1
 
-/** Whole seconds from an error's own `retryAfterMs` (the batcher's estimate), at least 1. */
-function retryAfterSeconds (err: unknown): number {
+/** An error's own wait estimate (the batcher's or the admission's), ms; undefined when it has none. */
+function retryAfterMs (err: unknown): number | undefined {
   const ms = (err as { retryAfterMs?: unknown } | null)?.retryAfterMs
-  return typeof ms === 'number' && Number.isFinite(ms) && ms > 0 ? Math.max(1, Math.ceil(ms / 1000)) : RETRY_AFTER_SECONDS
+  return typeof ms === 'number' && Number.isFinite(ms) && ms > 0 ? ms : undefined
+}
+
+/** Whole seconds from the error's estimate, at least 1 (HTTP's Retry-After has no fractions). */
+function retryAfterSeconds (err: unknown): number {
+  const ms = retryAfterMs(err)
+  return ms === undefined ? RETRY_AFTER_SECONDS : Math.max(1, Math.ceil(ms / 1000))
 }
 
 /** The single error reply. Extra headers (e.g. the receipt id) are kept if already set. */
 export function sendError (reply: FastifyReply, err: unknown): FastifyReply {
   const { status, body } = describeError(err)
   if (status >= 500 && body.error.code === 'SHOAL_ERR_INTERNAL') reply.log.error({ err }, 'internal error')
-  if (status === 429 || status === 503) reply.header('retry-after', String(retryAfterSeconds(err)))
+  if (status === 429 || status === 503) {
+    reply.header('retry-after', String(retryAfterSeconds(err)))
+    // The estimate itself for clients that read it (the openai SDKs honour retry-after-ms): a wait
+    // of 200 ms need not become a whole second of idle slots.
+    const ms = retryAfterMs(err)
+    if (ms !== undefined) reply.header('retry-after-ms', String(Math.ceil(ms)))
+  }
   return reply.code(status).type('application/json; charset=utf-8').send(body)
 }
 

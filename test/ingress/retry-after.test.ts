@@ -1,4 +1,7 @@
-/** 429s carry the overloaded component's own wait estimate as Retry-After (whole seconds, at least 1). */
+/**
+ * 429s carry the overloaded component's own wait estimate as Retry-After (whole seconds, at least
+ * 1) and as retry-after-ms (the estimate itself, which the openai SDKs honour).
+ */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createIngress, type Ingress } from '../../daemon/ingress/index.ts'
 import { ShoalError } from '../../daemon/errors.ts'
@@ -33,6 +36,7 @@ describe('Retry-After', () => {
     const res = await ask()
     expect(res.statusCode).toBe(429)
     expect(res.headers['retry-after']).toBe('3')
+    expect(res.headers['retry-after-ms']).toBe('2500')
   })
 
   it('never says less than one second', async () => {
@@ -40,5 +44,6 @@ describe('Retry-After', () => {
     const res = await ask()
     expect(res.statusCode).toBe(429)
     expect(res.headers['retry-after']).toBe('1')
+    expect(res.headers['retry-after-ms']).toBe('10')
   })
 })
