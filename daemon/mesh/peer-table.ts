@@ -41,6 +41,7 @@ function models (record: CapabilityRecordBody | undefined): PeerModel[] {
     if (m.drafter !== undefined) out.drafter = m.drafter
     if (m.stepMs !== undefined) out.stepMs = m.stepMs
     if (m.activations !== undefined) out.activations = [...m.activations]
+    if (m.devices !== undefined) out.devices = [...m.devices]
     return out
   })
 }

@@ -88,6 +88,8 @@ export interface PeerModel {
   stepMs?: number
   /** Lossy activation encodings the stage decodes (see ServedModel). */
   activations?: string[]
+  /** Devices the model runs on at that node, one per stage of a local chain (see ServedModel). */
+  devices?: string[]
 }
 
 /** One entry of GET /v1/mesh `peers`. */

@@ -138,6 +138,8 @@ interface Meshed {
 /** What the engines part provides. */
 interface Served {
   engine: EngineChoice
+  /** The devices each model runs on here (a local chain: one per stage). */
+  devicesOf: (m: ResolvedModel) => string[]
   /** The draft model --draft names, resolved. */
   draft: ResolvedModel | undefined
   /** Whole models and the chains this node coordinates, behind one model directory. */
@@ -184,7 +186,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const held = experts.held()
     publishedStepTimes = stageStepTimes(stages)
     m.setCapabilities({
-      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes), ...experts.served()],
+      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes, served.devicesOf), ...experts.served()],
       memory: { totalBytes: totalmem(), freeBytes: freemem() },
       ...(held === undefined ? {} : { experts: held }),
       engine: served.engine.backend,
@@ -253,6 +255,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     return {
       name: 'engines',
       async start () {
+        const chainDevices = new Map<ResolvedModel, string[]>()
         // Expert-parallel shard directories are the experts part's (started before this one).
         for (const spec of config.models.filter(s => !isExpertModel(s))) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
         coordinators.push(...experts.services)
@@ -307,6 +310,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         for (const model of stageModels) await startStage(model, engine, signer, meshed, draft, kvCacheBytes)
         for (const model of chainModels) {
           const engines = devices.map(d => chooseEngine(d, openvino))
+          chainDevices.set(model, model.manifest.stages.map((_, i) => (engines[i] ?? engines[0]!).device))
           const chain = createLocalChain({
             shardDir: model.shardDir,
             engines,
@@ -321,7 +325,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           coordinators.push(chain.service)
           logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })) }, 'model loaded as a local chain')
         }
-        return { engine, draft, local: createModelDirectory([...locals, ...coordinators]) }
+        return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], local: createModelDirectory([...locals, ...coordinators]) }
       },
       async stop () {
         await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))

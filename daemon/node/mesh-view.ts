@@ -41,8 +41,9 @@ export function stepTimesChanged (published: ReadonlyMap<string, number>, curren
  * `drafter`: speculative decoding's drafter name, declared for the models requests enter here by.
  * `stepTimes`: measured decode step times of the loaded stages (stageStepTimes), gossiped per stage.
  */
-export function servedModels (models: ResolvedModel[], drafter?: string, stepTimes?: ReadonlyMap<string, number>): Capabilities['models'] {
+export function servedModels (models: ResolvedModel[], drafter?: string, stepTimes?: ReadonlyMap<string, number>, devicesOf?: (m: ResolvedModel) => string[] | undefined): Capabilities['models'] {
   return models.map(m => {
+    const devices = devicesOf?.(m)
     const stage = m.manifest.stages[m.stageIndex]!
     const stepMs = m.whole || m.localChain === true ? undefined : stepTimes?.get(stageKey(m.manifestHash, [stage.layers[0], stage.layers[1]]))
     return {
@@ -58,6 +59,7 @@ export function servedModels (models: ResolvedModel[], drafter?: string, stepTim
       ...(stepMs === undefined ? {} : { stepMs }),
       // Stages receive activations; they decode every lossy encoding this build has.
       ...(m.whole || m.localChain === true || stage.layers[0] === 0 ? {} : { activations: [...ACCEPTED_ENCODINGS] }),
+      ...(devices === undefined || devices.length === 0 ? {} : { devices }),
     }
   })
 }

@@ -141,6 +141,11 @@ describe('capability gossip message', () => {
     const withEncodings = { ...body, models: [{ id: 'm', layers: [12, 23] as [number, number], activations: ['f16', 'int8'] }] }
     expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withEncodings, signature: 's' })).record.body.models[0]!.activations).toEqual(['f16', 'int8'])
     expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', activations: 'f16' }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    const withDevices = { ...body, models: [{ id: 'm', devices: ['CPU', 'GPU'] }] }
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withDevices, signature: 's' })).record.body.models[0]!.devices).toEqual(['CPU', 'GPU'])
+    for (const devices of ['CPU', [1], Array.from({ length: 17 }, () => 'CPU')]) {
+      expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', devices }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
     for (const stepMs of [-1, '3']) {
       expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', stepMs }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
     }

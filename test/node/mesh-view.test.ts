@@ -117,6 +117,10 @@ describe('measured stage speed in the capabilities', () => {
     const second = { manifest: manifest(4, 7), manifestHash: 'h', stageIndex: 0, whole: false } as never
     const whole = { manifest: manifest(0, 7), manifestHash: 'h', stageIndex: 0, whole: true } as never
     expect(servedModels([first, second, whole], undefined, times).map(m => m.stepMs)).toEqual([12.3, undefined, undefined])
+    // Each model says the devices it runs on here (a local chain: one per stage); none given: absent.
+    const devices = new Map<unknown, string[]>([[whole, ['CPU', 'NPU']]])
+    expect(servedModels([first, whole], undefined, times, m => devices.get(m) ?? ['CPU']).map(m => m.devices)).toEqual([['CPU'], ['CPU', 'NPU']])
+    expect(servedModels([first], undefined, times)[0]).not.toHaveProperty('devices')
     const s0 = peer('s0', [{ id: 'c', layers: [0, 3], totalLayers: 8, manifestHash: 'h', stepMs: 12.3 }])
     expect(stageHolders('c', [s0])[0]!.stepMs).toBe(12.3)
   })

@@ -44,6 +44,12 @@ export interface ServedModel {
    * only. A coordinator opens a chain lossy only when every stage lists the encoding.
    */
   activations?: string[]
+  /**
+   * The devices this model runs on here (a local chain: one per stage, in stage order), as the
+   * engine names them (`CPU`, `GPU`, `NPU`). Optional: older readers ignore it. Placement goes by
+   * measured step times, not by these names; they say where the work runs.
+   */
+  devices?: string[]
 }
 
 /**
@@ -138,6 +144,7 @@ function model (value: unknown, where: string): ServedModel {
   if (drafter !== undefined) out.drafter = drafter
   if (obj.stepMs !== undefined) out.stepMs = nonNeg(obj.stepMs, `${where}.stepMs`)
   if (obj.activations !== undefined) out.activations = arr(obj.activations, `${where}.activations`, 8).map((a, i) => str(a, `${where}.activations[${i}]`, 16))
+  if (obj.devices !== undefined) out.devices = arr(obj.devices, `${where}.devices`, 16).map((d, i) => str(d, `${where}.devices[${i}]`, 32))
   return out
 }
 
