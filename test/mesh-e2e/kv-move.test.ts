@@ -206,7 +206,15 @@ describe('KV mobility behind a router: the hint crosses /shoal/infer', () => {
     const r1 = await post(holder.url!, 'completions', req1)
     expect(r1.route).toBe(holder.peerId)
     const deepest = compactHash(blockHashes(scope, first, DEFAULT_BLOCK_SIZE).at(-1)!)
+    const done = Date.now()
     await waitFor('C to hear the holder\'s new prefix', () => (c.daemon.mesh!.peers().find(p => p.peerId === holder.peerId)?.load?.prefixes ?? []).includes(deepest), 20_000)
+    // …and both replicas idle in a report newer than their last request: C's choice is then the
+    // tie-break alone (a report from during the warm-up would make the puller look busy).
+    const idleSince = (peerId: string): boolean => {
+      const p = c.daemon.mesh!.peers().find(x => x.peerId === peerId)
+      return p?.load !== undefined && (p.loadAt ?? 0) > done && p.load.inFlight === 0 && p.load.queueDepth === 0
+    }
+    await waitFor('C to see both replicas idle', () => idleSince(holder.peerId) && idleSince(puller.peerId), 20_000)
 
     const second = [...first, ...(r1.body.choices[0].token_ids as number[]), ...tokens(24, 18)]
     const before = { miss: await miss(puller), ok: await pulls(puller, 'ok'), in: await moved(puller, 'in') }
