@@ -19,7 +19,11 @@ import { makeSwiGlu } from './blocks.ts'
 import { MS_DOMAIN } from './builder.ts'
 import type { OpTable } from './types.ts'
 
-export const groupedExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, w) => {
+/**
+ * The router's dense [N, E] weights: softmax over the logits, the top-k kept (renormalised when the
+ * model says so), every other expert 0. Both expert builders start from it.
+ */
+function denseRouterWeights (ctx: Parameters<OpTable['experts']>[0], n: string, routerLogits: string): string {
   const { g } = ctx
   const moe = ctx.spec.shape.moe!
   const probs = g.op('Softmax', `${n}/router/Softmax`, [routerLogits], { axis: -1 })
@@ -31,6 +35,13 @@ export const groupedExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, 
   // ConstantOfShape without a value attribute fills f32 zeros.
   const zeros = g.op('ConstantOfShape', `${n}/router/zeros/ConstantOfShape`, [g.op('Shape', `${n}/router/zeros/Shape`, [probs])])
   const dense = g.op('ScatterElements', `${n}/router/ScatterElements`, [zeros, topI, weights], { axis: 1 })
+  return dense
+}
+
+export const groupedExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, w) => {
+  const { g } = ctx
+  const moe = ctx.spec.shape.moe!
+  const dense = denseRouterWeights(ctx, n, routerLogits)
   const byExpert = g.op('Transpose', `${n}/router/Transpose`, [dense], { perm: [1, 0] })
   let acc = g.op('ConstantOfShape', `${n}/acc/ConstantOfShape`, [g.op('Shape', `${n}/acc/Shape`, [x])])
   for (const [e, ew] of w.experts.entries()) {
@@ -54,13 +65,7 @@ export const groupedExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, 
 export const allRowsExperts: OpTable['experts'] = (ctx, n, wn, x, routerLogits, w) => {
   const { g } = ctx
   const moe = ctx.spec.shape.moe!
-  const probs = g.op('Softmax', `${n}/router/Softmax`, [routerLogits], { axis: -1 })
-  const [topP, topI] = g.node('TopK', `${n}/router/TopK`, [probs, g.i64([moe.topK])], { axis: -1, largest: 1, sorted: 1 }, 2) as [string, string]
-  const weights = moe.normTopK
-    ? g.op('Div', `${n}/router/norm/Div`, [topP, g.op('ReduceSum', `${n}/router/norm/ReduceSum`, [topP, g.i64([-1])], { keepdims: 1 })])
-    : topP
-  const zeros = g.op('ConstantOfShape', `${n}/router/zeros/ConstantOfShape`, [g.op('Shape', `${n}/router/zeros/Shape`, [probs])])
-  const dense = g.op('ScatterElements', `${n}/router/ScatterElements`, [zeros, topI, weights], { axis: 1 })
+  const dense = denseRouterWeights(ctx, n, routerLogits)
   let acc: string | undefined
   for (const [e, ew] of w.experts.entries()) {
     const en = `${n}/experts.${e}`
