@@ -166,12 +166,16 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let mesh: Mesh | undefined
   let witness: Witness | undefined
   let ingress: Ingress | undefined
-  const load = (): LoadRecord => aggregateLoad(
-    locals.map(s => s.load()),
-    coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
-    mergeSummaries(locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)?.hashes ?? []), LOAD_MAX_PREFIXES),
-    locals.map(s => s.prefixSummary(0)?.prefillTokensPerSecond),
-  )
+  const load = (): LoadRecord => {
+    // One summary per engine per poll: its hashes and its prefill rate.
+    const summaries = locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES))
+    return aggregateLoad(
+      locals.map(s => s.load()),
+      coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+      mergeSummaries(summaries.map(p => p?.hashes ?? []), LOAD_MAX_PREFIXES),
+      summaries.map(p => p?.prefillTokensPerSecond),
+    )
+  }
 
   /** The drafter --draft names, as metrics and receipts call it ('prompt-lookup' or 'draft:<model id>'). */
   const drafterName = (draft: ResolvedModel | undefined): string | undefined =>
