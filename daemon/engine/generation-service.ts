@@ -66,6 +66,20 @@ export interface RequestRun {
   end? (event: EndEvent, signal: AbortSignal): Promise<EndEvent>
 }
 
+/** Prompt positions below which a prefill's time says more about per-run overhead than about speed. */
+const MIN_RATE_TOKENS = 64
+
+/**
+ * A service's measured prefill rate updated with one request's prefill (`computed` positions in
+ * `ms`), an exponential moving average; unchanged when the sample is too short to say anything
+ * or the request asked for no tokens (nothing was prefilled).
+ */
+export function updatePrefillRate (rate: number | undefined, request: Pick<GenerateRequest, 'maxTokens'>, computed: number, ms: number): number | undefined {
+  if ((request.maxTokens !== undefined && request.maxTokens <= 0) || computed < MIN_RATE_TOKENS || ms <= 0) return rate
+  const r = computed / ms * 1000
+  return rate === undefined ? r : 0.7 * rate + 0.3 * r
+}
+
 export interface GenerationService {
   generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent>
 }

@@ -43,7 +43,7 @@ import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 import type { SlotState } from './admission.ts'
 import { batchedTokenSource, engineTokenSource } from './generate.ts'
 import type { TokenSource } from './generate.ts'
-import { createGenerationService } from './generation-service.ts'
+import { createGenerationService, updatePrefillRate } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
 import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
@@ -246,7 +246,6 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   const rates: { prefillTokensPerSecond?: number } = {}
   /** Each peer's measured pull throughput (the probe rate until a pull from it was measured). */
   const links = createLinkRates()
-  const ewma = (old: number | undefined, v: number): number => old === undefined ? v : 0.7 * old + 0.3 * v
 
   /** A prefix lease for this prompt (counted as hits and misses), or none. */
   function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
@@ -479,11 +478,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           prefilled: () => {
             lease?.release()
             // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
-            const ms = performance.now() - began
-            const computed = promptIds.length - reused
-            if ((request.maxTokens === undefined || request.maxTokens > 0) && computed >= 64 && ms > 0) {
-              rates.prefillTokensPerSecond = ewma(rates.prefillTokensPerSecond, computed / ms * 1000)
-            }
+            rates.prefillTokensPerSecond = updatePrefillRate(rates.prefillTokensPerSecond, request, promptIds.length - reused, performance.now() - began)
           },
           start: () => ({
             route: init.nodeId === undefined ? [] : [init.nodeId],

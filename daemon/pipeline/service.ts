@@ -20,7 +20,7 @@ import type { Registry } from 'prom-client'
 import { ShoalError } from '../errors.ts'
 import { createPrefixCache, createPrefixMetrics } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
-import { OverloadedError, createGenerationService } from '../engine/index.ts'
+import { OverloadedError, createGenerationService, updatePrefillRate } from '../engine/index.ts'
 import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { RequestTicket, TokenSource } from '../engine/index.ts'
@@ -332,12 +332,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             p.metrics.hitTokens.inc({ model: modelId }, hit)
             p.metrics.missTokens.inc({ model: modelId }, promptIds.length - hit)
             // The chain's prefill speed, what a kept prefix is worth (long prefills only: short ones are mostly overhead).
-            const ms = performance.now() - began
-            const computed = promptIds.length - hit
-            if ((request.maxTokens === undefined || request.maxTokens > 0) && computed >= 64 && ms > 0) {
-              const r = computed / ms * 1000
-              p.prefillTokensPerSecond = p.prefillTokensPerSecond === undefined ? r : 0.7 * p.prefillTokensPerSecond + 0.3 * r
-            }
+            p.prefillTokensPerSecond = updatePrefillRate(p.prefillTokensPerSecond, request, promptIds.length - hit, performance.now() - began)
           },
           // `start` names the chain that answered the prefill.
           start: () => ({
