@@ -1,8 +1,9 @@
 /**
  * Multi-turn chat over replicas: C conversations × T turns against N mesh daemons on loopback,
- * each serving the same generated model with its own KV prefix cache, with prefix-aware routing
- * (`prefixRouting: true`, the default) vs today's routing without it (`prefixRouting: false`), on
- * fresh nodes per mode. Every turn goes to a node's HTTP ingress drawn at random (the same seeded
+ * on fresh nodes per mode. Modes: `prefix` — each node keeps a KV prefix cache and routing is
+ * prefix-aware (the defaults); `baseline` — the prefix cache without prefix-aware routing
+ * (`prefixRouting: false`); `none` — shoal before issue 16: no prefix cache (`kvCacheMb: 0`), no
+ * prefix routing, every turn prefilled whole. Every turn goes to a node's HTTP ingress drawn at random (the same seeded
  * draws in both modes: a load balancer in front of the mesh), streams its completion, and its
  * follow-up resends the whole history (previous prompt + reply + new user tokens) as token ids.
  * Reported per mode: TTFT p50/p99 of all turns and of follow-ups, turns/s and completion tok/s over
@@ -15,7 +16,10 @@
  *
  * Run: node reproduction/bench-multiturn.ts [--size small] [--quant none] [--nodes 3]
  *        [--conversations 16] [--turns 6] [--system 500] [--user 30] [--max-tokens 16]
- *        [--modes baseline,prefix] [--seed 1] [--budget-ms 60000]
+ *        [--modes none,baseline,prefix] [--seed 1] [--budget-ms 60000] [--think-ms 0]
+ *
+ * `--think-ms` waits that long between a reply and the conversation's next turn (a user reading),
+ * so that a holder's summary reaches the other nodes before the follow-up, as in a real chat.
  *
  * `--budget-ms` is the engines' wait budget (the daemon's batchBudgetMs, 1 s by default): the
  * default would refuse (429) many cold prefills of this burst on a small machine, so turns queue
@@ -45,9 +49,10 @@ const { values: args } = parseArgs({
     system: { type: 'string', default: '500' },
     user: { type: 'string', default: '30' },
     'max-tokens': { type: 'string', default: '16' },
-    modes: { type: 'string', default: 'baseline,prefix' },
+    modes: { type: 'string', default: 'none,baseline,prefix' },
     seed: { type: 'string', default: '1' },
     'budget-ms': { type: 'string', default: '60000' },
+    'think-ms': { type: 'string', default: '0' },
   },
 })
 const NODES = Number(args.nodes)
@@ -57,6 +62,7 @@ const SYSTEM = Number(args.system)
 const USER = Number(args.user)
 const MAX_TOKENS = Number(args['max-tokens'])
 const SEED = Number(args.seed)
+const THINK_MS = Number(args['think-ms'])
 const MODEL = 'bench-multiturn'
 
 /** Deterministic pseudo-random token ids in [3, 500). */
@@ -84,7 +90,7 @@ const quantile = (xs: number[], q: number): number => {
 
 interface Node { name: string, peerId: string, url: string, daemon: Daemon }
 
-async function startNodes (root: string, shardDir: string, prefixRouting: boolean): Promise<Node[]> {
+async function startNodes (root: string, shardDir: string, mode: string): Promise<Node[]> {
   const ca = await createThrowawayCa(join(root, 'pki'), Array.from({ length: NODES }, (_, i) => `n${i}`))
   const nodes: Node[] = []
   for (const [i, id] of ca.identities.entries()) {
@@ -98,8 +104,8 @@ async function startNodes (root: string, shardDir: string, prefixRouting: boolea
       listen: ['/ip4/127.0.0.1/tcp/0'],
       bootstrap: nodes.length === 0 ? [] : nodes[0]!.daemon.mesh!.libp2p.getMultiaddrs().map(a => a.toString()),
       mdns: false,
-      kvCacheMb: 512,
-      prefixRouting,
+      kvCacheMb: mode === 'none' ? 0 : 512,
+      prefixRouting: mode === 'prefix',
       budgets: { batchBudgetMs: Number(args['budget-ms']) },
     }), { logger: pino({ level: 'silent' }) })
     const { peerId, apiUrl } = await daemon.start()
@@ -154,8 +160,9 @@ async function streamTurn (url: string, prompt: number[]): Promise<Omit<TurnResu
 
 interface ModeResult { mode: string, wallMs: number, cpuMs: number, turns: TurnResult[], routed: string }
 
-async function runMode (mode: string, root: string, shardDir: string): Promise<ModeResult> {
-  const nodes = await startNodes(join(root, mode), shardDir, mode === 'prefix')
+async function runMode (mode: string, run: number, root: string, shardDir: string): Promise<ModeResult> {
+  if (!['prefix', 'baseline', 'none'].includes(mode)) throw new Error(`unknown mode ${mode} (prefix, baseline, none)`)
+  const nodes = await startNodes(join(root, `${mode}-${run}`), shardDir, mode)
   try {
     // Warm each engine (session, step-time model) with an unrelated prompt, so neither mode pays it.
     for (const n of nodes) await streamTurn(n.url, tokens(64, 9_999))
@@ -173,6 +180,7 @@ async function runMode (mode: string, root: string, shardDir: string): Promise<M
         const r = await streamTurn(nodes[entries[c]![t]!]!.url, prompt)
         results.push({ conversation: c, turn: t, ...r })
         prompt = [...prompt, ...r.ids, ...tokens(USER, 3_000 + c * 100 + t)]
+        if (THINK_MS > 0 && t + 1 < TURNS) await sleep(THINK_MS)
       }
     }))
     const wallMs = performance.now() - t0
@@ -197,8 +205,10 @@ try {
   console.log(`system ${SYSTEM} + user ${USER} tokens per turn, ${MAX_TOKENS} generated; entry node drawn at random per turn (seed ${SEED})`)
   console.log(`machine: ${cpus()[0]?.model ?? '?'} × ${availableParallelism()}; load average before: ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
   const out: ModeResult[] = []
-  for (const mode of args.modes.split(',')) {
-    const r = await runMode(mode, root, join(root, 'shard'))
+  // A mode may be named more than once (e.g. none,prefix,none,prefix): runs alternate so that the
+  // machine's load drifts over both; every prefix run is compared with the runs beside it.
+  for (const [run, mode] of args.modes.split(',').entries()) {
+    const r = await runMode(mode, run, root, join(root, 'shard'))
     out.push(r)
     const all = r.turns.map(t => t.ttftMs)
     const follow = r.turns.filter(t => t.turn > 0).map(t => t.ttftMs)
@@ -214,13 +224,15 @@ try {
     console.log(`turns reusing a kept prefix ${hits}/${r.turns.length}; prompt tokens prefilled ${prefilled} of ${prompt}; 429s retried ${r.turns.reduce((s, t) => s + t.refusals, 0)}`)
     console.log(`turns per node: ${[...byNode.values()].sort((x, y) => y - x).join(' / ')}; routing counter (all nodes, warm-up included): ${r.routed}`)
   }
-  const a = out.find(m => m.mode === 'baseline')
-  const b = out.find(m => m.mode === 'prefix')
-  if (a !== undefined && b !== undefined) {
-    const key = (t: TurnResult): string => `${t.conversation}/${t.turn}`
+  const key = (t: TurnResult): string => `${t.conversation}/${t.turn}`
+  const follow = (m: ModeResult): number => quantile(m.turns.filter(t => t.turn > 0).map(t => t.ttftMs), 0.5)
+  const pairs = out.flatMap((b, i) => b.mode !== 'prefix' ? [] : [out[i - 1], out[i + 1]].filter(a => a !== undefined && a.mode !== 'prefix').map(a => [a!, b] as const))
+  for (const [a, b] of pairs) {
     const bIds = new Map(b.turns.map(t => [key(t), t.ids.join()]))
     const same = a.turns.every(t => bIds.get(key(t)) === t.ids.join())
-    console.log(`\n${b.mode} / ${a.mode}: throughput ×${(a.wallMs / b.wallMs).toFixed(2)}; CPU per turn ×${(b.cpuMs / a.cpuMs).toFixed(2)}; follow-up TTFT p50 ×${(quantile(a.turns.filter(t => t.turn > 0).map(t => t.ttftMs), 0.5) / quantile(b.turns.filter(t => t.turn > 0).map(t => t.ttftMs), 0.5)).toFixed(2)} lower; every reply identical across modes: ${same ? 'yes' : 'NO'}`)
+    // Think time is idle for every mode alike; throughput counts the work: turns per CPU second of
+    // the process (all nodes and engine workers), and wall time for what a user waits.
+    console.log(`\n${b.mode} (run ${out.indexOf(b) + 1}) / ${a.mode} (run ${out.indexOf(a) + 1}): throughput (wall) ×${(a.wallMs / b.wallMs).toFixed(2)}; turns per CPU second ×${(a.cpuMs / b.cpuMs).toFixed(2)}; follow-up TTFT p50 ×${(follow(a) / follow(b)).toFixed(2)} lower; every reply identical across modes: ${same ? 'yes' : 'NO'}`)
   }
 } finally {
   await rm(root, { recursive: true, force: true })
