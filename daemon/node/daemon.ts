@@ -354,7 +354,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         // Only admitted peers reach the handler (the mesh's handle); of those, only workers.
         kvServer = await serveKv({
-          stores: () => locals.map(s => s.kvStore).filter((s): s is KvStore => s !== undefined),
+          // Whole models' prefixes by tokens; served stages' by their coordinators' keys (a rebuilt chain's stages pull them).
+          stores: () => [...locals.map(s => s.kvStore), ...stages.map(s => s.node.kvStore)].filter((s): s is KvStore => s !== undefined),
           authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
         }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
         publishCapabilities(m, served, experts)
@@ -508,6 +509,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         authorize: from => roleRefusal('stage', roles, from, m.certificateOf(from)?.body.roles),
         // Finished chain requests' KV kept for prefix reuse (its share of --kv-cache-mb).
         kvCacheBytes,
+        // A rebuilt chain's pull of this stage's layers weighs the link's measured RTT.
+        linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )

@@ -30,10 +30,10 @@ import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
 import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
-import { chainScope, keepSkips } from './chain-prefix.ts'
+import { chainPulls, chainScope, keepSkips } from './chain-prefix.ts'
 import type { PipelineStage } from './stage.ts'
 import { MAX_FINISH_EVICT } from './wire.ts'
-import type { ChainHop } from './wire.ts'
+import type { ChainHop, StagePull } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
 
@@ -171,6 +171,31 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     const p = prefix
     if (p === undefined) return undefined
     let opened: string | undefined
+    /**
+     * KV mobility on a rebuilt chain: a prefix of the prompt that an earlier chain kept, where that
+     * chain had the same layer split stage by stage and the same activation encoding (so each of
+     * its stages' KV is bit for bit what this chain's stage would compute), stage 0 being this node
+     * in both; the stages whose peer changed pull their layers' part from the peer that kept it.
+     * The longest such prefix wins.
+     */
+    function rebuilt (q: NonNullable<typeof prefix>, chain: readonly ChainHop[], encoding: ActivationEncoding): ReturnType<ChainPrefix['acquire']> {
+      let best: { scope: string, pullFrom: StagePull[], length: number } | undefined
+      for (const [scope, hops] of q.chains) {
+        const pullFrom = chainPulls(hops, chain)
+        // Kept with another activation encoding: not this chain's KV.
+        if (pullFrom === undefined || chainScope(stage.manifestHash, hops, encoding) !== scope) continue
+        const length = q.cache.lookup(scope, promptIds)?.length ?? 0
+        if (length > (best?.length ?? 0)) best = { scope, pullFrom, length }
+      }
+      if (best === undefined) return undefined
+      const lease = q.cache.acquire(best.scope, promptIds)
+      if (lease === undefined) return undefined
+      lease.release()
+      if (!node.holdsPrefix(lease.key)) { unlist(q, lease.key, best.scope); return undefined }
+      opened = best.scope
+      return { key: lease.key, length: lease.length, pullFrom: best.pullFrom, tokens: promptIds.slice(0, lease.length) }
+    }
+
     const hooks: ChainPrefix = {
       acquire (chain, encoding) {
         const scope = chainScope(stage.manifestHash, chain, encoding)
@@ -178,19 +203,20 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         // An entry whose stage-0 KV this node evicted (within its own budget) is forgotten here.
         for (let tries = 0; tries < 4; tries++) {
           const lease = p.cache.acquire(scope, promptIds)
-          if (lease === undefined) return undefined
+          if (lease === undefined) break
           // Nothing is evicted while the open runs: stage 0 takes its block by reference.
           lease.release()
           if (node.holdsPrefix(lease.key)) return { key: lease.key, length: lease.length }
           unlist(p, lease.key, scope)
         }
-        return undefined
+        return rebuilt(p, chain, encoding)
       },
       // A stage of the chain dropped it: the rest of the chain's copies are of no use.
-      lost (key) {
+      lost (key, pulled) {
         unlist(p, key, p.scopeOf.get(key))
         p.refused++
-        if (opened === undefined) return
+        // A pull not made or failed says nothing of whether the chains' stages keep: no backoff.
+        if (opened === undefined || pulled === true) return
         const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
         b.refusals++
         b.skip = keepSkips(b.refusals)
