@@ -258,7 +258,37 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
   const puller = kvStore === undefined ? undefined : createKvPuller({}, { openStream: components.openStream, store: () => kvStore })
   const linkRates = createLinkRates()
 
+  /** Pulls under way, by key: concurrent requests opening from one moved prefix share one pull (and one import). */
+  const pulling = new Map<string, Promise<PullOutcome | undefined>>()
+
   async function pullKept (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal): Promise<PullOutcome | undefined> {
+    const running = pulling.get(key)
+    if (running !== undefined) {
+      // Its outcome is this request's too (the other request's abort: nothing pulled, so the
+      // open recomputes); only this request's own abort ends its wait early.
+      const shared = running.catch(() => undefined)
+      let off = (): void => {}
+      try {
+        await Promise.race([shared, new Promise<void>((resolve) => {
+          signal.addEventListener('abort', resolve as () => void, { once: true })
+          off = () => { signal.removeEventListener('abort', resolve as () => void) }
+        })])
+      } finally {
+        off()
+      }
+      signal.throwIfAborted()
+      return await shared
+    }
+    const p = pullOnce(holder, key, owner, tokens, signal)
+    pulling.set(key, p)
+    try {
+      return await p
+    } finally {
+      pulling.delete(key)
+    }
+  }
+
+  async function pullOnce (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal): Promise<PullOutcome | undefined> {
     if (puller === undefined || kvStore === undefined || holder === self || kept?.has(key) === true) return undefined
     const plan = planPull({
       gain: tokens.length,

@@ -7,7 +7,7 @@
  * kept KV), so turn 2 forms A→B': B' pulls its layers' part of the prefix from B over /shoal/kv
  * (pull-kept) before the rest of the prompt runs, and the tokens equal a cold run's, prefilling
  * only the new tokens. A refused and a corrupted transfer fall back to recomputing the whole
- * prompt on the rebuilt chain, with the same tokens.
+ * prompt on the rebuilt chain, with the same tokens. Concurrent follow-ups share one pull.
  */
 import type { Stream } from '@libp2p/interface'
 import { Registry } from 'prom-client'
@@ -188,6 +188,23 @@ describe('a rebuilt chain\'s stage pulls its layers\' KV from the stage that kep
     expect(third.value.tokens).toEqual((await run(cold, request(turn3))).tokens)
     expect(third.hit).toBe(turn2.length)
     expect(weighed.length).toBe(weighedBefore + 1)
+  }, 180_000)
+
+  it('concurrent follow-ups sharing the moved prefix make one pull between them, each with a cold run\'s tokens', async () => {
+    mode = 'serve'
+    const { turn1 } = await turnOneOnB(4)
+    const prompts = [0, 1, 2].map(i => [...turn1, ...tokens(5 + i, 400 + i)])
+    const want = await Promise.all(prompts.map(async p => (await run(cold, request(p))).tokens))
+    const okBefore = await pulls('ok')
+    const weighedBefore = weighed.length
+    const got = await Promise.all(prompts.map(async p => await counted(() => run(service, request(p)))))
+    for (const [i, r] of got.entries()) {
+      expect(r.value.start.route).toEqual([a.peerId, b2.peerId])
+      expect(r.value.start.prefix?.reusedTokens).toBe(turn1.length)
+      expect(r.value.tokens).toEqual(want[i])
+    }
+    expect(weighed.length).toBe(weighedBefore + 1)
+    expect(await pulls('ok')).toBe(okBefore + 1)
   }, 180_000)
 
   it.each([
