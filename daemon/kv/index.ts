@@ -24,7 +24,7 @@ export { createPrefixCache } from './cache.ts'
 export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'
 export { createPrefixMetrics } from './metrics.ts'
 export type { PrefixMetrics } from './metrics.ts'
-export { cachedTokensFor, mergeSummaries } from './summary.ts'
+export { cachedTokensFor, mergeSummaries, summaryHashes } from './summary.ts'
 export {
   createFrameSplitter, createPrefixReceiver, decodePayload, encodeFrame, encodeFrameParts, encodePayloadParts, transferFrames,
   DEFAULT_MAX_CHUNK_BYTES, HASH_BYTES, KV_PROTOCOL, KV_WIRE_VERSION, MAX_CHUNK_BYTES, MAX_FRAME_BYTES,

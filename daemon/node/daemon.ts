@@ -167,8 +167,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let witness: Witness | undefined
   let ingress: Ingress | undefined
   const load = (): LoadRecord => {
-    // One summary per engine per poll: its hashes and its prefill rate.
-    const summaries = locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES))
+    // One summary per engine per poll: its hashes and its prefill rate; a chain coordinator's too
+    // (what its chains keep, in the model's whole scope).
+    const summaries = [...locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)), ...coordinators.map(c => c.prefixSummary?.(LOAD_MAX_PREFIXES))]
     return aggregateLoad(
       locals.map(s => s.load()),
       coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -546,6 +547,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const joinWindowMs = config.meshTimings?.capsRepublishMs ?? DEFAULT_TIMINGS.capsRepublishMs
     /** The whole-model engine serving `model` here (its tokenizer and its own prefix cache). */
     const engineFor = (model: string): LocalService | undefined => locals.find(s => s.models()[0]?.id === model)
+    /** The chain coordinator for `model` here (stage 0 and the tokenizer), when no whole engine serves it. */
+    const coordinatorFor = (model: string): PipelineService | undefined => coordinators.find(c => c.models().some(card => card.id === model))
     return createRoutedService({
       localPeerId: m.peerId,
       joinWindowMs,
@@ -557,10 +560,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     }, {
       local,
       candidates: (model) => {
-        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES)
+        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES) ?? coordinatorFor(model)?.prefixSummary?.(LOAD_MAX_PREFIXES)
         return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
       },
-      promptTokens: async (request, signal) => await engineFor(request.model)?.promptTokens(request, signal),
+      promptTokens: async (request, signal) => await (engineFor(request.model) ?? coordinatorFor(request.model))?.promptTokens?.(request, signal),
       async * forward (peerId, request, signal) {
         const lost = losses.watch(peerId)
         try {

@@ -7,14 +7,15 @@
  * kept KV), so turn 2 forms A→B': B' pulls its layers' part of the prefix from B over /shoal/kv
  * (pull-kept) before the rest of the prompt runs, and the tokens equal a cold run's, prefilling
  * only the new tokens. A refused and a corrupted transfer fall back to recomputing the whole
- * prompt on the rebuilt chain, with the same tokens. Concurrent follow-ups share one pull.
+ * prompt on the rebuilt chain, with the same tokens. Concurrent follow-ups share one pull. The
+ * coordinator's load-reply summary lists what its chains keep, as routing reads an entry point.
  */
 import type { Stream } from '@libp2p/interface'
 import { Registry } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService } from '../../daemon/engine/index.ts'
 import type { LocalService } from '../../daemon/engine/index.ts'
-import { kvBytesPerToken, serveKv } from '../../daemon/kv/index.ts'
+import { blockHashes, cachedTokensFor, kvBytesPerToken, prefixScope, serveKv } from '../../daemon/kv/index.ts'
 import type { KvStore, PullCostInput } from '../../daemon/kv/index.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService } from '../../daemon/pipeline/index.ts'
@@ -157,6 +158,12 @@ describe('a rebuilt chain\'s stage pulls its layers\' KV from the stage that kep
   it('B\' pulls turn 1\'s prefix from B; turn 2 equals a cold run and prefills only the new tokens', async () => {
     mode = 'serve'
     const { turn1, turn2 } = await turnOneOnB(1)
+    // The coordinator's load-reply summary says its chains keep turn 1, in the model's whole scope
+    // (routing's view of an entry point): the follow-up's history is found there.
+    const summary = service.prefixSummary!(64)!
+    expect(summary.scope).toBe(prefixScope({ manifestHash: a.stage.manifestHash, layers: [0, models.manifest.shape.numLayers - 1], dtype: 'float32' }))
+    expect(cachedTokensFor(blockHashes(summary.scope, turn2, summary.blockSize), new Set(summary.hashes), summary.blockSize))
+      .toBe(Math.floor(turn1.length / summary.blockSize) * summary.blockSize)
     const want = await run(cold, request(turn2))
     const inBefore = await transferred(registries.b2, 'in')
     const outBefore = await transferred(registries.b, 'out')
