@@ -107,6 +107,8 @@ export interface ChainTokenSource extends TokenSource {
   readonly replays: number
   /** Prompt positions the current chain was opened with from a kept prefix (0: prefilled whole). */
   readonly reused: number
+  /** The peers whose kept KV the current chain's moved stages pulled that prefix from (a rebuilt chain; else empty). */
+  readonly movedFrom: string[]
   /** Forms the chain and opens the request on it (prefill does this when not done yet). */
   connect (signal: AbortSignal): Promise<void>
   /**
@@ -348,6 +350,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
     get reused () { return from?.length ?? 0 },
+    get movedFrom () { return from?.pullFrom?.map(p => p.peerId) ?? [] },
     async connect (signal) { if (!live) await open(signal) },
     async prefill (promptIds, signal) {
       if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')

@@ -383,7 +383,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             hops: chain.hops,
             manifestHash: stage.manifestHash,
             receiptId: request.requestId,
-            ...(chain.reused > 0 ? { prefix: { peerId: node.peerId, reusedTokens: chain.reused } } : {}),
+            // On a rebuilt chain, `movedFrom` names the peers its moved stages pulled their layers from.
+            ...(chain.reused > 0 ? { prefix: { peerId: node.peerId, reusedTokens: chain.reused, ...(chain.movedFrom.length === 0 ? {} : { movedFrom: chain.movedFrom.join(',') }) } } : {}),
           }),
           delta: tokenIds => { fed.push(...tokenIds) },
           summary: () => w?.summary?.(),

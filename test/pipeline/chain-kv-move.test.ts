@@ -175,6 +175,8 @@ describe('a rebuilt chain\'s stage pulls its layers\' KV from the stage that kep
     expect(turn.value.tokens).toEqual(want.tokens)
     expect(new Set(want.tokens).size).toBeGreaterThan(3)
     expect(turn.value.start.prefix?.reusedTokens).toBe(turn1.length)
+    // The start event (and so the receipt and x-shoal-prefix-moved-from) names where the layers came from.
+    expect(turn.value.start.prefix?.movedFrom).toBe(b.peerId)
     expect(turn.hit).toBe(turn1.length)
     expect(turn.miss).toBe(turn2.length - turn1.length)
 
@@ -194,6 +196,8 @@ describe('a rebuilt chain\'s stage pulls its layers\' KV from the stage that kep
     const third = await counted(() => run(service, request(turn3)))
     expect(third.value.tokens).toEqual((await run(cold, request(turn3))).tokens)
     expect(third.hit).toBe(turn2.length)
+    expect(third.value.start.prefix).toMatchObject({ reusedTokens: turn2.length })
+    expect(third.value.start.prefix?.movedFrom).toBeUndefined()
     expect(weighed.length).toBe(weighedBefore + 1)
   }, 180_000)
 
