@@ -55,7 +55,10 @@ export interface PrefixReuse {
   /** The node that reused them. */
   peerId: string
   reusedTokens: number
-  /** Set when that KV was first pulled from another node's cache (/shoal/kv/1.0.0): that node. */
+  /**
+   * Set when that KV was first pulled from another node's cache (/shoal/kv/1.0.0): that node (on a
+   * rebuilt chain: the peers its moved stages pulled their layers from, comma-separated).
+   */
   movedFrom?: string
 }
 

@@ -29,7 +29,7 @@
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createLinkRates, createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, prefixScope, pullWaitMs, shouldPull } from '../kv/index.ts'
+import { createLinkRates, createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, planPull, prefixScope, runPull } from '../kv/index.ts'
 import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
@@ -119,10 +119,8 @@ export interface LocalServiceInit {
   linkOf?: (peerId: string) => { rttMs?: number } | undefined
 }
 
-/** RTT assumed when the mesh has not measured one (a LAN). */
-export const DEFAULT_LINK_RTT_MS = 2
-/** Prefill speed assumed before this service measured its own (a CPU running a ~250M model). */
-export const DEFAULT_PREFILL_TOKENS_PER_SECOND = 2_000
+/** The defaults a pull is judged by before anything was measured (daemon/kv pull-plan.ts). */
+export { DEFAULT_LINK_RTT_MS, DEFAULT_PREFILL_TOKENS_PER_SECOND } from '../kv/index.ts'
 
 /** What a source wrapper gets for one request: the sequence's target steps and its limits. */
 export interface WrapContext {
@@ -327,35 +325,30 @@ export function createLocalService (init: LocalServiceInit): LocalService {
    */
   async function maybePull (hint: PrefixHolderHint, promptIds: number[], signal: AbortSignal): Promise<boolean> {
     const p = prefix
-    if (p === undefined || init.pullPrefix === undefined || hint.peerId === init.nodeId) return false
+    const pullPrefix = init.pullPrefix
+    if (p === undefined || pullPrefix === undefined || hint.peerId === init.nodeId) return false
     // The prompt's last positions always run here (decideReuse); nothing beyond them is worth moving.
     const usable = promptIds.length - DEFAULT_MIN_PREFILL_TOKENS
     const have = p.cache.lookup(p.scope, promptIds, usable)?.length ?? 0
-    const gain = Math.min(hint.cachedTokens, usable) - have
-    if (gain < p.cache.blockSize) return false
-    const cost: PullCostInput = {
-      tokens: gain,
+    const plan = planPull({
+      gain: Math.min(hint.cachedTokens, usable) - have,
+      minTokens: p.cache.blockSize,
       bytesPerToken: kvBytesPerToken(p.info),
       linkBytesPerSecond: links.estimate(hint.peerId).bytesPerSecond,
-      rttMs: init.linkOf?.(hint.peerId)?.rttMs ?? DEFAULT_LINK_RTT_MS,
-      prefillTokensPerSecond: rates.prefillTokensPerSecond ?? DEFAULT_PREFILL_TOKENS_PER_SECOND,
-    }
-    if (!(init.pullPolicy ?? shouldPull)(cost)) return false
-    // A pull that takes much longer than recomputing would have is given up (then recomputed).
-    const bound = AbortSignal.timeout(pullWaitMs(cost))
-    const began = performance.now()
-    const outcome = await init.pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: AbortSignal.any([signal, bound]) }).catch((err: unknown) => {
-      signal.throwIfAborted()
-      return { ok: false as const, reason: (err as Error).message, code: (err as { code?: string }).code ?? 'SHOAL_ERR_INTERNAL' }
+      rttMs: init.linkOf?.(hint.peerId)?.rttMs,
+      prefillTokensPerSecond: rates.prefillTokensPerSecond,
+      ...(init.pullPolicy === undefined ? {} : { policy: init.pullPolicy }),
     })
-    signal.throwIfAborted()
-    p.metrics.pulls.inc({ model: modelId, outcome: outcome.ok ? 'ok' : 'fallback' })
-    // Out of time: the link moved less than the whole gain in that long (a refusal says nothing of it).
-    if (!outcome.ok && bound.aborted) links.recordTimeout(hint.peerId, cost.tokens * cost.bytesPerToken, performance.now() - began)
-    if (!outcome.ok) return false
-    p.metrics.transferBytes.inc({ model: modelId, direction: 'in' }, outcome.bytes)
-    links.record(hint.peerId, outcome.bytes, outcome.ms)
-    return outcome.tokens > have
+    if (plan === undefined) return false
+    const outcome = await runPull({
+      peerId: hint.peerId,
+      plan,
+      links,
+      signal,
+      metrics: { metrics: p.metrics, model: modelId },
+      pull: async s => await pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: s }),
+    })
+    return outcome.ok && outcome.tokens > have
   }
 
   const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs

@@ -5,7 +5,8 @@
  * what this index decides (free the keys it returns). An entry leased to a request that is
  * prefilling from it is never evicted.
  */
-import { blockHashes, compactHash, DEFAULT_BLOCK_SIZE } from './hash.ts'
+import { blockHashes, DEFAULT_BLOCK_SIZE } from './hash.ts'
+import { summaryHashes } from './summary.ts'
 import { decideReuse, DEFAULT_MIN_PREFILL_TOKENS } from './decide.ts'
 
 export interface PrefixCacheInit {
@@ -224,21 +225,7 @@ export function createPrefixCache (init: PrefixCacheInit): PrefixCache {
       return [...entries.keys()]
     },
     summary (scope, max) {
-      const out = new Set<string>()
-      const recent = [...entries.values()].reverse()
-      for (const e of recent) {
-        if (e.scope !== scope) continue
-        const n = e.hashes.length
-        const depths = [n - 1]
-        for (let d = 1; d < n; d *= 2) if (d - 1 !== n - 1) depths.push(d - 1)
-        depths.sort((a, b) => b - a)
-        for (const i of depths) {
-          if (out.size >= max) break
-          out.add(compactHash(e.hashes[i]!))
-        }
-        if (out.size >= max) break
-      }
-      return [...out]
+      return summaryHashes([...entries.values()].reverse().filter(e => e.scope === scope).map(e => e.hashes), max)
     },
   }
 }

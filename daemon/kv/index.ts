@@ -7,12 +7,15 @@
  *
  * KV mobility: moving a kept prefix to another node (/shoal/kv/1.0.0) — the wire format and the
  * puller's checks (wire.ts), the pull decision (decide.ts shouldPull), the holder and the puller
- * over libp2p (transport.ts), and the store interface the local service implements (store.ts).
+ * over libp2p (transport.ts), the store interface the local service and chain stages implement
+ * (store.ts), and one pull's plan and bounded run for both (pull-plan.ts).
  */
 export { blockHashes, compactHash, exactPrefixHashes, prefixScope, DEFAULT_BLOCK_SIZE, SUMMARY_HASH_HEX } from './hash.ts'
 export type { PrefixScopeInit } from './hash.ts'
 export { decideReuse, defaultKvCacheBytes, DEFAULT_MIN_PREFILL_TOKENS, DEFAULT_PULL_MARGIN, MIN_PULL_WAIT_MS, pullCost, pullWaitMs, shouldPull } from './decide.ts'
 export type { PullCostInput, ReuseInput } from './decide.ts'
+export { DEFAULT_LINK_RTT_MS, DEFAULT_PREFILL_TOKENS_PER_SECOND, planPull, runPull } from './pull-plan.ts'
+export type { PullPlan, PullPlanInput, RunPullInit } from './pull-plan.ts'
 export { createLinkRates, MAX_LINK_PEERS, PROBE_LINK_BYTES_PER_SECOND } from './link-rates.ts'
 export type { LinkEstimate, LinkRates } from './link-rates.ts'
 export { kvBytesPerToken } from './store.ts'
@@ -21,7 +24,7 @@ export { createPrefixCache } from './cache.ts'
 export type { InsertResult, PrefixCache, PrefixCacheInit, PrefixCacheStats, PrefixLease, PrefixMatch } from './cache.ts'
 export { createPrefixMetrics } from './metrics.ts'
 export type { PrefixMetrics } from './metrics.ts'
-export { cachedTokensFor, mergeSummaries } from './summary.ts'
+export { cachedTokensFor, mergeSummaries, summaryHashes } from './summary.ts'
 export {
   createFrameSplitter, createPrefixReceiver, decodePayload, encodeFrame, encodeFrameParts, encodePayloadParts, transferFrames,
   DEFAULT_MAX_CHUNK_BYTES, HASH_BYTES, KV_PROTOCOL, KV_WIRE_VERSION, MAX_CHUNK_BYTES, MAX_FRAME_BYTES,

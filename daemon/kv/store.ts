@@ -35,6 +35,14 @@ export interface KvStore {
    * nothing), and the KV was dropped.
    */
   importPrefix (tokens: readonly number[], layers: Float32Array[], signal: AbortSignal): Promise<{ kept: boolean, bytes: number }>
+  /**
+   * A chain stage's prefixes are kept under its coordinators' keys, not by token ids (a stage sees
+   * activations): a copy of at most `maxLength` positions of what this store keeps under `key` for
+   * coordinator `owner` (undefined: not kept, or not for that owner). Absent: keys are not served.
+   */
+  exportKept? (key: string, owner: string, maxLength: number, signal: AbortSignal): Promise<ExportedPrefix | undefined>
+  /** Keeps `layers` as the prefix of `tokens.length` positions under `key` for coordinator `owner` (as a finish with keep would). */
+  importKept? (key: string, owner: string, tokens: readonly number[], layers: Float32Array[], signal: AbortSignal): Promise<{ kept: boolean, bytes: number }>
 }
 
 /** KV bytes per position of a stage: key and value, every layer, float32. */

@@ -3,7 +3,8 @@
  *
  * Holder (serveKv): answers a pull for a model it serves with the longest prefix it keeps — only
  * to a peer `authorize` lets through (the mesh's `handle` admits only admitted peers already),
- * only for the same manifest, layer range and dtype (else SHOAL_ERR_KV_WRONG_MODEL).
+ * only for the same manifest, layer range and dtype (else SHOAL_ERR_KV_WRONG_MODEL). A
+ * `pull-kept` (a chain stage's) names the coordinator's key instead of looking tokens up.
  *
  * Puller (createKvPuller): asks, checks everything (each frame's crc32 and structure, the header
  * against its own scope and shapes, the block hashes recomputed from its own token ids, chunk
@@ -113,12 +114,12 @@ export async function serveKv (init: ServeKvInit, components: KvTransportCompone
 
   async function serve (stream: Stream, from: string): Promise<void> {
     let requestId: string | undefined
-    let pull: Extract<KvFrame, { kind: 'pull' }> | undefined
+    let pull: Extract<KvFrame, { kind: 'pull' | 'pull-kept' }> | undefined
     let first!: { resolve: () => void }
     const arrived = new Promise<void>((resolve) => { first = { resolve } })
     const reader = readFrames(stream, maxFrameBytes, (f) => {
       if (pull !== undefined) throw new KvWireError('SHOAL_ERR_KV_UNEXPECTED_FRAME', `a ${f.kind} frame after the pull`)
-      if (f.kind !== 'pull') throw new KvWireError('SHOAL_ERR_KV_UNEXPECTED_FRAME', `expected a pull frame, got ${f.kind}`)
+      if (f.kind !== 'pull' && f.kind !== 'pull-kept') throw new KvWireError('SHOAL_ERR_KV_UNEXPECTED_FRAME', `expected a pull frame, got ${f.kind}`)
       pull = f
       requestId = f.requestId
       first.resolve()
@@ -131,16 +132,23 @@ export async function serveKv (init: ServeKvInit, components: KvTransportCompone
       const refuse = (code: 'SHOAL_ERR_KV_NOT_HELD' | 'SHOAL_ERR_KV_WRONG_MODEL' | 'SHOAL_ERR_KV_REFUSED', message: string): never => { throw new KvRefusedError(code, message) }
       const denied = init.authorize?.(from)
       if (denied !== undefined) refuse('SHOAL_ERR_KV_REFUSED', `peer ${from} may not pull KV from this node: ${denied.message}`)
-      const store = init.stores().find(s => s.info().manifestHash === p.manifestHash)
-      if (store === undefined) refuse('SHOAL_ERR_KV_WRONG_MODEL', `this node serves no model with manifest ${p.manifestHash}`)
-      const info = store!.info()
-      if (info.layers[0] !== p.layers[0] || info.layers[1] !== p.layers[1] || info.dtype !== p.dtype) {
-        refuse('SHOAL_ERR_KV_WRONG_MODEL', `this node keeps layers ${info.layers[0]}-${info.layers[1]} ${info.dtype} of ${p.manifestHash}, not ${p.layers[0]}-${p.layers[1]} ${p.dtype}`)
+      // One node may keep KV of several layer ranges of one model (a whole model and a stage, or
+      // two stages): the store is the one whose scope is the pull's, whole.
+      const ofModel = init.stores().filter(s => s.info().manifestHash === p.manifestHash)
+      if (ofModel.length === 0) refuse('SHOAL_ERR_KV_WRONG_MODEL', `this node serves no model with manifest ${p.manifestHash}`)
+      const store = ofModel.find(s => { const i = s.info(); return i.layers[0] === p.layers[0] && i.layers[1] === p.layers[1] && i.dtype === p.dtype })
+      if (store === undefined) {
+        refuse('SHOAL_ERR_KV_WRONG_MODEL', `this node keeps layers ${ofModel.map(s => `${s.info().layers[0]}-${s.info().layers[1]} ${s.info().dtype}`).join(', ')} of ${p.manifestHash}, not ${p.layers[0]}-${p.layers[1]} ${p.dtype}`)
       }
+      const info = store!.info()
       if (p.maxChunkBytes < 4) throw new KvWireError('SHOAL_ERR_KV_MALFORMED', `a chunk of at most ${p.maxChunkBytes} bytes cannot carry one value`)
-      const exported = await store!.exportPrefix(p.tokens, sendSignal)
+      if (p.kind === 'pull-kept' && store!.exportKept === undefined) refuse('SHOAL_ERR_KV_NOT_HELD', 'this node keeps no prefixes by key for these layers')
+      const exported = p.kind === 'pull-kept'
+        ? await store!.exportKept!(p.key, p.owner, p.tokens.length, sendSignal)
+        : await store!.exportPrefix(p.tokens, sendSignal)
       if (exported === undefined) refuse('SHOAL_ERR_KV_NOT_HELD', `no prefix of these ${p.tokens.length} tokens is kept here`)
       const { tokens, layers } = exported!
+      if (tokens < 1 || tokens > p.tokens.length) refuse('SHOAL_ERR_KV_NOT_HELD', `the kept prefix has ${tokens} positions; 1-${p.tokens.length} were asked for`)
       const scope = prefixScope({ manifestHash: info.manifestHash, layers: [info.layers[0], info.layers[1]], dtype: info.dtype })
       for (const frame of transferFrames({
         requestId: p.requestId,
@@ -206,6 +214,11 @@ export interface PullRequest {
   /** The prompt's token ids that may come from the holder (its longest kept prefix of them comes). */
   tokens: readonly number[]
   signal: AbortSignal
+  /**
+   * A chain stage's pull: the holder's prefix kept under `key` for coordinator `owner` (whose
+   * first positions `tokens` are), imported here under the same key and owner (KvStore.importKept).
+   */
+  kept?: { key: string, owner: string }
 }
 
 export interface KvPuller {
@@ -219,7 +232,7 @@ export function createKvPuller (init: KvPullerInit, components: KvPullerComponen
   const maxChunkBytes = Math.min(init.maxChunkBytes ?? DEFAULT_MAX_CHUNK_BYTES, maxFrameBytes - 1024)
   const blockSize = init.blockSize ?? DEFAULT_BLOCK_SIZE
   return {
-    async pull ({ peerId, model, tokens, signal }) {
+    async pull ({ peerId, model, tokens, signal, kept: byKey }) {
       const began = performance.now()
       const fallback = (err: unknown): PullOutcome => {
         const code = (err as { code?: unknown } | null)?.code
@@ -234,6 +247,7 @@ export function createKvPuller (init: KvPullerInit, components: KvPullerComponen
       const store = components.store(model)
       if (store === undefined) return fallback(new KvRefusedError('SHOAL_ERR_KV_WRONG_MODEL', `model ${model} keeps no prefixes here`))
       if (tokens.length === 0) return fallback(new KvRefusedError('SHOAL_ERR_KV_NOT_HELD', 'no tokens to pull'))
+      if (byKey !== undefined && store.importKept === undefined) return fallback(new KvRefusedError('SHOAL_ERR_KV_WRONG_MODEL', `model ${model} keeps no prefixes by key here`))
       const s = AbortSignal.any([signal, AbortSignal.timeout(init.timeoutMs ?? DEFAULT_PULL_TIMEOUT_MS)])
       let stream: Stream | undefined
       let reader: ReturnType<typeof readFrames> | undefined
@@ -255,7 +269,8 @@ export function createKvPuller (init: KvPullerInit, components: KvPullerComponen
           const r = rx.accept(f)
           if (r !== undefined) { received = r; complete() }
         })
-        await send(stream, { kind: 'pull', requestId, manifestHash: info.manifestHash, layers: info.layers, dtype: info.dtype, blockSize, maxChunkBytes, tokens }, s, maxFrameBytes)
+        const asked = { requestId, manifestHash: info.manifestHash, layers: info.layers, dtype: info.dtype, blockSize, maxChunkBytes, tokens }
+        await send(stream, byKey === undefined ? { kind: 'pull', ...asked } : { kind: 'pull-kept', ...asked, key: byKey.key, owner: byKey.owner }, s, maxFrameBytes)
         // Done at the end frame; a stream that ends first is a truncation (rx.finish says so).
         await bounded(Promise.race([whole, reader.done.then(() => { rx.finish() })]), s)
         const got = received ?? rx.finish()
@@ -263,7 +278,9 @@ export function createKvPuller (init: KvPullerInit, components: KvPullerComponen
         reader = undefined
         void stream.close({ signal: AbortSignal.timeout(5_000) }).catch((err: Error) => { stream?.abort(err) })
         // Checked end to end: now it may become this node's KV.
-        const kept = await store.importPrefix(tokens.slice(0, got.tokens), got.tensors, s)
+        const kept = byKey === undefined
+          ? await store.importPrefix(tokens.slice(0, got.tokens), got.tensors, s)
+          : await store.importKept!(byKey.key, byKey.owner, tokens.slice(0, got.tokens), got.tensors, s)
         if (!kept.kept) return fallback(new KvRefusedError('SHOAL_ERR_KV_NOT_HELD', 'the pulled prefix did not fit this node\'s prefix budget'))
         return { ok: true, tokens: got.tokens, bytes: got.bytes, ms: performance.now() - began }
       } catch (err) {

@@ -20,6 +20,12 @@
  *   end     u32 chunks (the header's count, again)
  *   error   JSON {name, code, message}: the holder refuses (SHOAL_ERR_KV_NOT_HELD, _WRONG_MODEL,
  *           _REFUSED) or failed
+ *   pull-kept (kind 6) the pull body, then u8 n | key | u8 n | owner: a chain stage's pull of what
+ *           it kept under a coordinator's key (pipeline/stage-node.ts) — a stage sees activations,
+ *           not token ids, so it cannot look its prefixes up by tokens; the key names the prefix,
+ *           and the token ids (the coordinator gave them to the puller) still make the block hashes
+ *           the puller checks. Added within version 1: every other frame is unchanged, and a holder
+ *           without it rejects the unknown kind, so the puller recomputes.
  *
  * Why crc32 per frame and not sha256: the stream already runs inside Noise's authenticated
  * encryption, so nobody on the path can alter bytes unseen; and an admitted holder that lies
@@ -51,7 +57,7 @@ export const HASH_BYTES = 32
 const MAX_STRING_BYTES = 255
 const MAX_ERROR_MESSAGE_CHARS = 2048
 
-const KIND_CODES = { pull: 1, header: 2, chunk: 3, end: 4, error: 5 } as const
+const KIND_CODES = { pull: 1, header: 2, chunk: 3, end: 4, error: 5, 'pull-kept': 6 } as const
 export type KvFrameKind = keyof typeof KIND_CODES
 const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as KvFrameKind]))
 
@@ -64,6 +70,8 @@ export interface KvScopeFields {
 
 export type KvFrame =
   | ({ kind: 'pull', requestId: string, blockSize: number, maxChunkBytes: number, tokens: readonly number[] } & KvScopeFields)
+  /** A stage's pull of the prefix it kept under `key` for coordinator `owner` (at most tokens.length positions). */
+  | ({ kind: 'pull-kept', requestId: string, blockSize: number, maxChunkBytes: number, tokens: readonly number[], key: string, owner: string } & KvScopeFields)
   | ({ kind: 'header', requestId: string, tokens: number, numKvHeads: number, headDim: number, blockSize: number, chunks: number, hashes: Uint8Array[] } & KvScopeFields)
   | { kind: 'chunk', requestId: string, seq: number, layer: number, part: 0 | 1, offset: number, data: Uint8Array }
   | { kind: 'end', requestId: string, chunks: number }
@@ -111,10 +119,12 @@ export function encodePayloadParts (f: KvFrame): Uint8Array[] {
   const parts: Uint8Array[] = []
   switch (f.kind) {
     case 'pull':
+    case 'pull-kept':
       scopeFields(w, f)
       if (f.blockSize < 1) throw malformed('block size must be at least 1')
       w.u32(f.blockSize, 'block size').u32(f.maxChunkBytes, 'max chunk bytes').u32(f.tokens.length, 'token count')
       for (const t of f.tokens) w.u32(t, 'token id')
+      if (f.kind === 'pull-kept') w.str(f.key, 'key').str(f.owner, 'owner')
       parts.push(w.done())
       break
     case 'header':
@@ -221,17 +231,24 @@ export function decodePayload (buf: Uint8Array): KvFrame {
   const r = new Reader(buf, 2, end, kind)
   const requestId = r.str('request id')
   switch (kind) {
-    case 'pull': {
+    case 'pull':
+    case 'pull-kept': {
       const scope = r.scope()
       const blockSize = r.u32()
       const maxChunkBytes = r.u32()
       const n = r.u32()
-      if (blockSize < 1) throw malformed('pull: block size must be at least 1')
-      if (r.at + 4 * n > end) throw fail('SHOAL_ERR_KV_TRUNCATED', `pull: ${n} token ids do not fit the frame`)
+      if (blockSize < 1) throw malformed(`${kind}: block size must be at least 1`)
+      if (r.at + 4 * n > end) throw fail('SHOAL_ERR_KV_TRUNCATED', `${kind}: ${n} token ids do not fit the frame`)
       const tokens: number[] = new Array(n)
       for (let i = 0; i < n; i++) tokens[i] = r.u32()
+      if (kind === 'pull') {
+        r.finish()
+        return { kind, requestId, ...scope, blockSize, maxChunkBytes, tokens }
+      }
+      const key = r.str('key')
+      const owner = r.str('owner')
       r.finish()
-      return { kind, requestId, ...scope, blockSize, maxChunkBytes, tokens }
+      return { kind, requestId, ...scope, blockSize, maxChunkBytes, tokens, key, owner }
     }
     case 'header': {
       const scope = r.scope()

@@ -167,8 +167,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let witness: Witness | undefined
   let ingress: Ingress | undefined
   const load = (): LoadRecord => {
-    // One summary per engine per poll: its hashes and its prefill rate.
-    const summaries = locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES))
+    // One summary per engine per poll: its hashes and its prefill rate; a chain coordinator's too
+    // (what its chains keep, in the model's whole scope).
+    const summaries = [...locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)), ...coordinators.map(c => c.prefixSummary?.(LOAD_MAX_PREFIXES))]
     return aggregateLoad(
       locals.map(s => s.load()),
       coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
@@ -354,7 +355,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         await serveForwarded(m, executor, load, from => roleRefusal('infer', roles, from, m.certificateOf(from)?.body.roles))
         // Only admitted peers reach the handler (the mesh's handle); of those, only workers.
         kvServer = await serveKv({
-          stores: () => locals.map(s => s.kvStore).filter((s): s is KvStore => s !== undefined),
+          // Whole models' prefixes by tokens; served stages' by their coordinators' keys (a rebuilt chain's stages pull them).
+          stores: () => [...locals.map(s => s.kvStore), ...stages.map(s => s.node.kvStore)].filter((s): s is KvStore => s !== undefined),
           authorize: from => roleRefusal('kv', roles, from, m.certificateOf(from)?.body.roles),
         }, { handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) })
         publishCapabilities(m, served, experts)
@@ -508,6 +510,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         authorize: from => roleRefusal('stage', roles, from, m.certificateOf(from)?.body.roles),
         // Finished chain requests' KV kept for prefix reuse (its share of --kv-cache-mb).
         kvCacheBytes,
+        // A rebuilt chain's pull of this stage's layers weighs the link's measured RTT.
+        linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
       },
       { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
     )
@@ -543,6 +547,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const joinWindowMs = config.meshTimings?.capsRepublishMs ?? DEFAULT_TIMINGS.capsRepublishMs
     /** The whole-model engine serving `model` here (its tokenizer and its own prefix cache). */
     const engineFor = (model: string): LocalService | undefined => locals.find(s => s.models()[0]?.id === model)
+    /** The chain coordinator for `model` here (stage 0 and the tokenizer), when no whole engine serves it. */
+    const coordinatorFor = (model: string): PipelineService | undefined => coordinators.find(c => c.models().some(card => card.id === model))
     return createRoutedService({
       localPeerId: m.peerId,
       joinWindowMs,
@@ -554,10 +560,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     }, {
       local,
       candidates: (model) => {
-        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES)
+        const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES) ?? coordinatorFor(model)?.prefixSummary?.(LOAD_MAX_PREFIXES)
         return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
       },
-      promptTokens: async (request, signal) => await engineFor(request.model)?.promptTokens(request, signal),
+      promptTokens: async (request, signal) => await (engineFor(request.model) ?? coordinatorFor(request.model))?.promptTokens?.(request, signal),
       async * forward (peerId, request, signal) {
         const lost = losses.watch(peerId)
         try {

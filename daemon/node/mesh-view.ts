@@ -117,7 +117,9 @@ function measuredMin (rates: ReadonlyArray<number | undefined>): number | undefi
 }
 
 function peerPrefixes (served: Served, load: LoadRecord | undefined): PrefixHoldings | undefined {
-  if (!isWhole(served) || served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
+  // A chain's entry point (stage 0) says what its chains keep in the same whole-model scope
+  // (pipeline service prefixSummary), so it is read like a whole model's.
+  if (!isEntryPoint(served) || served.manifestHash === undefined || served.totalLayers === undefined || served.totalLayers < 1) return undefined
   return {
     scope: prefixScope({ manifestHash: served.manifestHash, layers: [0, served.totalLayers - 1], dtype: 'float32' }),
     blockSize: DEFAULT_BLOCK_SIZE,

@@ -28,7 +28,7 @@ import { StageLostError } from './errors.ts'
 import { ChainIncompleteError, PEER_LOST_IDLE_MS } from '../routing/index.ts'
 import type { StageNode, TokenWatch } from './stage-node.ts'
 import { MAX_FRAME_BYTES } from './wire.ts'
-import type { ChainHop } from './wire.ts'
+import type { ChainHop, StagePull } from './wire.ts'
 import type { ActivationEncoding } from './activations.ts'
 
 export interface ChainTokenSourceInit {
@@ -72,11 +72,16 @@ export interface ChainPrefix {
   /**
    * A kept prefix of the request's prompt that this formed chain (its peers and layers, and its
    * activation encoding) holds: the key and the positions to reuse (at least two prompt positions
-   * are left to prefill). Undefined: prefill everything.
+   * are left to prefill). With `pullFrom`, a rebuilt chain's: those stages pull their layers of
+   * the key from the peers named, checking the KV against `tokens` (the prefix's ids). Undefined:
+   * prefill everything.
    */
-  acquire (chain: readonly ChainHop[], encoding: ActivationEncoding): { key: string, length: number } | undefined
-  /** A stage of the chain (or stage 0) no longer holds `key`: forget it. */
-  lost (key: string): void
+  acquire (chain: readonly ChainHop[], encoding: ActivationEncoding): { key: string, length: number, pullFrom?: StagePull[], tokens?: number[] } | undefined
+  /**
+   * A stage of the chain (or stage 0) no longer holds `key`: forget it. `pulled`: the open asked
+   * stages to pull it (a rebuilt chain), so a refusal may be the pull's, not a stage that keeps nothing.
+   */
+  lost (key: string, pulled?: boolean): void
   /**
    * At finish: the key and positions every stage of `chain` should keep of the request's KV, and
    * a callback told what stage 0 kept; undefined: keep nothing.
@@ -102,6 +107,8 @@ export interface ChainTokenSource extends TokenSource {
   readonly replays: number
   /** Prompt positions the current chain was opened with from a kept prefix (0: prefilled whole). */
   readonly reused: number
+  /** The peers whose kept KV the current chain's moved stages pulled that prefix from (a rebuilt chain; else empty). */
+  readonly movedFrom: string[]
   /** Forms the chain and opens the request on it (prefill does this when not done yet). */
   connect (signal: AbortSignal): Promise<void>
   /**
@@ -141,7 +148,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
   /** Opens so far (each gets its own wire id). */
   let opens = 0
   /** The kept prefix the current chain was opened from. */
-  let from: { key: string, length: number } | undefined
+  let from: { key: string, length: number, pullFrom?: StagePull[], tokens?: number[] } | undefined
   /** A stage refused a prefix: the rest of this request prefills whole. */
   let prefixOff = false
 
@@ -185,6 +192,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
         ...(wireId === init.requestId ? {} : { receiptId: init.requestId }),
         ...(encoding === undefined ? {} : { activations: encoding }),
         ...(from === undefined ? {} : { fromKey: from.key, fromLength: from.length }),
+        ...(from?.pullFrom === undefined || from.tokens === undefined ? {} : { pullFrom: from.pullFrom, fromTokens: from.tokens }),
       },
     }, signal)
   }
@@ -320,7 +328,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
         const refused = from !== undefined && prefixRefused(last)
         if (!refused && !(last instanceof StageLostError && attempt < maxReplays)) break
         if (refused) {
-          init.prefix?.lost(from!.key)
+          init.prefix?.lost(from!.key, from!.pullFrom !== undefined)
           prefixOff = true
         } else if (last instanceof StageLostError && last.peerId !== undefined) excluded.push(last.peerId)
         await end()
@@ -342,6 +350,7 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     get hops () { return chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] as [number, number] })) },
     get replays () { return attempt },
     get reused () { return from?.length ?? 0 },
+    get movedFrom () { return from?.pullFrom?.map(p => p.peerId) ?? [] },
     async connect (signal) { if (!live) await open(signal) },
     async prefill (promptIds, signal) {
       if (history.length > 0) throw new ShoalError('SHOAL_ERR_INTERNAL', 'prefill runs once per source')

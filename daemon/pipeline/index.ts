@@ -7,7 +7,7 @@
  * one engine per stage; a lost stage is replayed on another holder or ends with a typed error.
  */
 export { STAGE_PROTOCOL, STAGE_WIRE_VERSION, MAX_FRAME_BYTES, encodeFrame, encodePayloadParts, decodePayload } from './wire.ts'
-export type { StageFrame, OpenBody, ChainHop, FinishKeep } from './wire.ts'
+export type { StageFrame, OpenBody, ChainHop, FinishKeep, StagePull } from './wire.ts'
 export { ACCEPTED_ENCODINGS, ACTIVATION_ENCODINGS, chainEncoding, decodeActivation, encodeActivation, encodedBytes, roundTripActivation, toF16Bits } from './activations.ts'
 export type { ActivationEncoding } from './activations.ts'
 export type { LinkComponents } from './links.ts'
@@ -17,7 +17,7 @@ export { createChainTokenSource } from './chain-source.ts'
 export { checkDrafts } from './verify.ts'
 export type { Verdict } from './verify.ts'
 export type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
-export { chainScope, keepSkips, MAX_KEEP_SKIPS } from './chain-prefix.ts'
+export { chainPulls, chainScope, keepSkips, MAX_KEEP_SKIPS } from './chain-prefix.ts'
 export { createKeptPrefixes } from './kept-prefixes.ts'
 export type { KeptPrefix, KeptPrefixes, KeptPrefixesStats } from './kept-prefixes.ts'
 export { createPipelineStage, manifestHashOf } from './stage.ts'

@@ -33,6 +33,8 @@ export interface KeptPrefixes {
   /** Whether `owner` may open `length` positions of `key` now (touches it: most recently used). */
   take (key: string, owner: string, length: number): boolean
   has (key: string): boolean
+  /** The entry under `key`, without touching it (a peer pulls a copy: that is not a use here). */
+  get (key: string): KeptPrefix | undefined
   /** Forgets keys (the caller evicts them from the engine). */
   remove (keys: readonly string[]): void
   /** Forgets those of `keys` that `owner` kept; returns them (the caller evicts them from the engine). */
@@ -78,6 +80,7 @@ export function createKeptPrefixes (budgetBytes: number): KeptPrefixes {
       return true
     },
     has: key => entries.has(key),
+    get: key => { const e = entries.get(key); return e === undefined ? undefined : { ...e } },
     remove (keys) { for (const k of keys) forget(k) },
     removeOwned (keys, owner) {
       const mine = keys.filter(k => entries.get(k)?.owner === owner)

@@ -14,26 +14,29 @@
  * bit-for-bit what recomputation gives; `reuseGenerated` keeps the reply too (see local-service.ts
  * for its last-bit caveat). A stage that evicted the key answers so and the request is prefilled
  * whole instead. The start event says `prefix: "reused"`; /metrics counts hit and miss tokens.
+ * `prefixSummary` says in the load reply which prompts this coordinator's chains keep, hashed in
+ * the model's whole scope (what a router computes for a chain's entry point), so a follow-up is
+ * routed to the coordinator whose chains hold its history.
  */
 import { randomUUID } from 'node:crypto'
 import type { Registry } from 'prom-client'
-import { ShoalError } from '../errors.ts'
-import { createPrefixCache, createPrefixMetrics } from '../kv/index.ts'
+import { ShoalError, ShuttingDownError } from '../errors.ts'
+import { blockHashes, createPrefixCache, createPrefixMetrics, DEFAULT_BLOCK_SIZE, prefixScope, summaryHashes } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
 import { OverloadedError, createGenerationService, updatePrefillRate } from '../engine/index.ts'
 import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
-import type { RequestTicket, TokenSource } from '../engine/index.ts'
+import type { PrefixSummary, RequestTicket, TokenSource } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
 import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
-import { chainScope, keepSkips } from './chain-prefix.ts'
+import { chainPulls, chainScope, keepSkips } from './chain-prefix.ts'
 import type { PipelineStage } from './stage.ts'
 import { MAX_FINISH_EVICT } from './wire.ts'
-import type { ChainHop } from './wire.ts'
+import type { ChainHop, StagePull } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
 
@@ -111,6 +114,14 @@ export interface PipelineService extends InferenceService {
   start (): Promise<void>
   stop (): Promise<void>
   stats (): PipelineServiceStats
+  /**
+   * What this coordinator's chains keep, for its load reply (absent or undefined: nothing to say):
+   * compact block hashes of the kept prompts in the model's whole scope (manifest hash, every
+   * layer, float32) with DEFAULT_BLOCK_SIZE blocks, as routing hashes a prompt for an entry point.
+   */
+  prefixSummary? (max?: number): PrefixSummary | undefined
+  /** The prompt's token ids as this model's tokenizer and chat template give them (what routing hashes). */
+  promptTokens? (request: GenerateRequest, signal?: AbortSignal): Promise<number[]>
 }
 
 export function createPipelineService (init: PipelineServiceInit, components: PipelineServiceComponents): PipelineService {
@@ -146,7 +157,11 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     chains: Map<string, ChainHop[]>
     /** Measured prefill rate of this coordinator's chains, tokens per second (undefined: not yet). */
     prefillTokensPerSecond: number | undefined
+    /** Per listed key: its prompt's block hashes in the model's whole scope (routeScope), for prefixSummary. */
+    routeHashes: Map<string, string[]>
   } | undefined
+  /** The scope routing hashes prompts in for this model's entry point (daemon/node mesh-view peerPrefixes). */
+  const routeScope = prefixScope({ manifestHash: stage.manifestHash, layers: [0, stage.manifest.shape.numLayers - 1], dtype: 'float32' })
 
   /**
    * The index no longer lists `key` (kept in `scope`): stage 0 drops it now, the chain's other
@@ -155,6 +170,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   function unlist (p: NonNullable<typeof prefix>, key: string, scope: string | undefined): void {
     p.cache.remove(key)
     p.scopeOf.delete(key)
+    p.routeHashes.delete(key)
     p.metrics.bytes.set({ model: modelId }, p.cache.stats().bytes)
     void node.evictPrefixes([key]).catch(() => {})
     if (scope === undefined) return
@@ -171,6 +187,31 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     const p = prefix
     if (p === undefined) return undefined
     let opened: string | undefined
+    /**
+     * KV mobility on a rebuilt chain: a prefix of the prompt that an earlier chain kept, where that
+     * chain had the same layer split stage by stage and the same activation encoding (so each of
+     * its stages' KV is bit for bit what this chain's stage would compute), stage 0 being this node
+     * in both; the stages whose peer changed pull their layers' part from the peer that kept it.
+     * The longest such prefix wins.
+     */
+    function rebuilt (q: NonNullable<typeof prefix>, chain: readonly ChainHop[], encoding: ActivationEncoding): ReturnType<ChainPrefix['acquire']> {
+      let best: { scope: string, pullFrom: StagePull[], length: number } | undefined
+      for (const [scope, hops] of q.chains) {
+        const pullFrom = chainPulls(hops, chain)
+        // Kept with another activation encoding: not this chain's KV.
+        if (pullFrom === undefined || chainScope(stage.manifestHash, hops, encoding) !== scope) continue
+        const length = q.cache.lookup(scope, promptIds)?.length ?? 0
+        if (length > (best?.length ?? 0)) best = { scope, pullFrom, length }
+      }
+      if (best === undefined) return undefined
+      const lease = q.cache.acquire(best.scope, promptIds)
+      if (lease === undefined) return undefined
+      lease.release()
+      if (!node.holdsPrefix(lease.key)) { unlist(q, lease.key, best.scope); return undefined }
+      opened = best.scope
+      return { key: lease.key, length: lease.length, pullFrom: best.pullFrom, tokens: promptIds.slice(0, lease.length) }
+    }
+
     const hooks: ChainPrefix = {
       acquire (chain, encoding) {
         const scope = chainScope(stage.manifestHash, chain, encoding)
@@ -178,19 +219,20 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         // An entry whose stage-0 KV this node evicted (within its own budget) is forgotten here.
         for (let tries = 0; tries < 4; tries++) {
           const lease = p.cache.acquire(scope, promptIds)
-          if (lease === undefined) return undefined
+          if (lease === undefined) break
           // Nothing is evicted while the open runs: stage 0 takes its block by reference.
           lease.release()
           if (node.holdsPrefix(lease.key)) return { key: lease.key, length: lease.length }
           unlist(p, lease.key, scope)
         }
-        return undefined
+        return rebuilt(p, chain, encoding)
       },
       // A stage of the chain dropped it: the rest of the chain's copies are of no use.
-      lost (key) {
+      lost (key, pulled) {
         unlist(p, key, p.scopeOf.get(key))
         p.refused++
-        if (opened === undefined) return
+        // A pull not made or failed says nothing of whether the chains' stages keep: no backoff.
+        if (opened === undefined || pulled === true) return
         const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
         b.refusals++
         b.skip = keepSkips(b.refusals)
@@ -222,6 +264,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             p.metrics.evictions.inc({ model: modelId }, after.evictions - before)
             p.metrics.bytes.set({ model: modelId }, after.bytes)
             p.scopeOf.set(key, scope)
+            p.routeHashes.set(key, blockHashes(routeScope, tokens.slice(0, r.length), DEFAULT_BLOCK_SIZE))
             p.chains.delete(scope)
             p.chains.set(scope, chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] })))
             if (p.chains.size > MAX_BACKOFF_CHAINS) p.chains.delete(p.chains.keys().next().value!)
@@ -340,7 +383,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             hops: chain.hops,
             manifestHash: stage.manifestHash,
             receiptId: request.requestId,
-            ...(chain.reused > 0 ? { prefix: { peerId: node.peerId, reusedTokens: chain.reused } } : {}),
+            // On a rebuilt chain, `movedFrom` names the peers its moved stages pulled their layers from.
+            ...(chain.reused > 0 ? { prefix: { peerId: node.peerId, reusedTokens: chain.reused, ...(chain.movedFrom.length === 0 ? {} : { movedFrom: chain.movedFrom.join(',') }) } } : {}),
           }),
           delta: tokenIds => { fed.push(...tokenIds) },
           summary: () => w?.summary?.(),
@@ -367,6 +411,17 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   })
 
   return {
+    async promptTokens (request, signal) {
+      if (codec === undefined) throw new ShuttingDownError('the pipeline service is not running')
+      return await codec.encodePromptAsync(request.prompt, signal)
+    },
+    prefixSummary (max = 64) {
+      const p = prefix
+      if (p === undefined) return undefined
+      // Most recently used first; an entry superseded or evicted is no longer listed.
+      const recent = p.cache.keys().reverse().map(k => p.routeHashes.get(k)).filter((h): h is string[] => h !== undefined)
+      return { scope: routeScope, blockSize: DEFAULT_BLOCK_SIZE, hashes: summaryHashes(recent, max), prefillTokensPerSecond: p.prefillTokensPerSecond ?? 0 }
+    },
     async start () {
       if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
       codec = await loadTextCodec(init.shardDir, manifest)
@@ -387,6 +442,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             unwanted: new Map(),
             chains: new Map(),
             prefillTokensPerSecond: undefined,
+            routeHashes: new Map(),
           }
         : undefined
       created = Math.floor(Date.now() / 1000)

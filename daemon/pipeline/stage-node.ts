@@ -17,10 +17,20 @@
  * (kept-prefixes.ts bounds them, least recently used first), and a later open from that key starts
  * there. The coordinator's own stage 0 keeps and opens through the same book.
  *
+ * KV mobility on a rebuilt chain: `kvStore` serves this stage's kept prefixes to peers by key
+ * (daemon/kv pull-kept; the daemon registers it with /shoal/kv), and an open whose `pullFrom`
+ * names this hop first pulls its layers' part of the prefix from the peer that kept it
+ * (`pullKept`: daemon/kv planPull over this stage's measured prefill speed and the link, every
+ * frame and block hash checked), so the open from the key finds it; a pull not made or failed
+ * leaves the key not held, and the open answers SHOAL_ERR_STAGE_PREFIX_GONE (recomputed).
+ *
  * The two roles are two parts over the same links: serving stages in stage-server.ts, watching
  * coordinated requests' tokens in token-watches.ts; this file owns the engine steps both share.
  */
+import type { Registry } from 'prom-client'
 import type { Batcher } from '../batcher/index.ts'
+import { createKvPuller, createLinkRates, createPrefixMetrics, kvBytesPerToken, planPull, runPull } from '../kv/index.ts'
+import type { KvStore, PullCostInput, PullOutcome } from '../kv/index.ts'
 import type { PrefixKeepingEngine, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
 import { StageConfigError, StagePrefixGoneError } from './errors.ts'
 import { createKeptPrefixes } from './kept-prefixes.ts'
@@ -36,7 +46,7 @@ export type { TokenWatch } from './token-watches.ts'
 
 export interface StageNodeInit extends LinkOptions {
   /** Started by the caller; the node never starts or stops it. With `rollback`, it serves speculative verifies. */
-  engine: StageEngine & { rollback?: (seqId: string, length: number, signal?: AbortSignal) => Promise<void> } & Partial<Pick<PrefixKeepingEngine, 'retain' | 'openFrom' | 'evict'>>
+  engine: StageEngine & { rollback?: (seqId: string, length: number, signal?: AbortSignal) => Promise<void> } & Partial<Pick<PrefixKeepingEngine, 'retain' | 'openFrom' | 'evict' | 'exportPrefix' | 'importPrefix'>>
   /** Over `engine`, started by the caller: when given, every step goes through it (shared runs). */
   batcher?: Batcher
   modelId: string
@@ -52,6 +62,12 @@ export interface StageNodeInit extends LinkOptions {
    * --kv-cache-mb); 0 or absent: none kept. Only engines with left-aligned caches keep any.
    */
   kvCacheBytes?: number
+  /** Where the KV-mobility metrics go (transferred bytes, pulls), labelled by model. */
+  metrics?: Registry
+  /** Replaces daemon/kv shouldPull for this stage's pulls (tests, policies). */
+  pullPolicy?: (cost: PullCostInput) => boolean
+  /** What the mesh knows of the link to a peer (its RTT), for the pull's cost. */
+  linkOf?: (peerId: string) => { rttMs?: number } | undefined
 }
 
 export interface StageNodeStats {
@@ -112,10 +128,20 @@ export interface StageNode {
   holdsPrefix (key: string): boolean
   /** Drops kept prefixes (e.g. ones the coordinator's index no longer lists); with `owner`, only that coordinator's. */
   evictPrefixes (keys: readonly string[], owner?: string): Promise<void>
+  /** This stage's kept prefixes as /shoal/kv serves them (by key); undefined when it keeps none or its engine cannot copy KV. */
+  readonly kvStore: KvStore | undefined
+  /**
+   * Pulls this stage's layers of prefix `key` (kept for `owner`, its first positions `tokens`)
+   * from `holder`, when the transfer pays; undefined: not attempted (nothing to pull with, already
+   * held, or recomputing is cheaper). Never throws but for `signal`.
+   */
+  pullKept (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal): Promise<PullOutcome | undefined>
 }
 
 /** Weight of the newest decode step in the measured step time (about the last ten steps count). */
 const STEP_EWMA = 0.2
+/** Prefill steps shorter than this say more about overhead than speed: not measured. */
+const MIN_RATE_POSITIONS = 16
 
 export function createStageNode (init: StageNodeInit, components: LinkComponents): StageNode {
   const { engine } = init
@@ -124,13 +150,18 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
 
   /** Moving average of decode step times (weight of the newest: STEP_EWMA). */
   let stepMs: number | undefined
+  /** Moving average of prefill speed, positions per second (what a pull is weighed against). */
+  let prefillRate: number | undefined
 
   async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
     const started = performance.now()
     const out = await runStep(seqId, input, positions, pick, signal, verify)
+    const ms = performance.now() - started
     if (positions.length === 1) {
-      const ms = performance.now() - started
       stepMs = stepMs === undefined ? ms : stepMs + STEP_EWMA * (ms - stepMs)
+    } else if (verify === undefined && positions.length >= MIN_RATE_POSITIONS && ms > 0) {
+      const r = positions.length / ms * 1000
+      prefillRate = prefillRate === undefined ? r : prefillRate + STEP_EWMA * (r - prefillRate)
     }
     return out
   }
@@ -192,6 +223,93 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     await engine.evict!(gone)
   }
 
+  const metrics = createPrefixMetrics(init.metrics)
+  const stage = engine.stage
+  const kvStore: KvStore | undefined = kept === undefined || engine.exportPrefix === undefined || engine.importPrefix === undefined
+    ? undefined
+    : {
+        info: () => ({ modelId: init.modelId, manifestHash: init.manifestHash, layers: [stage.layers[0], stage.layers[1]], dtype: 'float32', numKvHeads: stage.numKvHeads, headDim: stage.headDim }),
+        // A stage sees activations, not token ids: its prefixes are found by key only.
+        exportPrefix: async () => undefined,
+        importPrefix: async () => { throw new StageConfigError('a stage keeps prefixes by key only (importKept)') },
+        async exportKept (key, owner, maxLength, signal) {
+          const e = kept.get(key)
+          if (e === undefined || e.owner !== owner) return undefined
+          const length = Math.min(e.length, maxLength)
+          let layers: Float32Array[]
+          try {
+            layers = await engine.exportPrefix!(key, length, signal)
+          } catch (err) {
+            signal.throwIfAborted()
+            // Evicted between the lookup and the copy: as if never kept.
+            if ((err as { code?: unknown }).code === 'SHOAL_ERR_ENGINE') return undefined
+            throw err
+          }
+          metrics.transferBytes.inc({ model: init.modelId, direction: 'out' }, layers.reduce((n, t) => n + t.byteLength, 0))
+          return { tokens: length, layers }
+        },
+        async importKept (key, owner, tokens, layers, signal) {
+          const got = await engine.importPrefix!(key, tokens.length, layers, signal)
+          const { kept: ok, drop } = kept.add({ key, owner, length: got.length, bytes: got.bytes })
+          await engine.evict!(drop)
+          return { kept: ok, bytes: got.bytes }
+        },
+      }
+  const puller = kvStore === undefined ? undefined : createKvPuller({}, { openStream: components.openStream, store: () => kvStore })
+  const linkRates = createLinkRates()
+
+  /** Pulls under way, by key: concurrent requests opening from one moved prefix share one pull (and one import). */
+  const pulling = new Map<string, Promise<PullOutcome | undefined>>()
+
+  async function pullKept (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal): Promise<PullOutcome | undefined> {
+    const running = pulling.get(key)
+    if (running !== undefined) {
+      // Its outcome is this request's too (the other request's abort: nothing pulled, so the
+      // open recomputes); only this request's own abort ends its wait early.
+      const shared = running.catch(() => undefined)
+      let off = (): void => {}
+      try {
+        await Promise.race([shared, new Promise<void>((resolve) => {
+          signal.addEventListener('abort', resolve as () => void, { once: true })
+          off = () => { signal.removeEventListener('abort', resolve as () => void) }
+        })])
+      } finally {
+        off()
+      }
+      signal.throwIfAborted()
+      return await shared
+    }
+    const p = pullOnce(holder, key, owner, tokens, signal)
+    pulling.set(key, p)
+    try {
+      return await p
+    } finally {
+      pulling.delete(key)
+    }
+  }
+
+  async function pullOnce (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal): Promise<PullOutcome | undefined> {
+    if (puller === undefined || kvStore === undefined || holder === self || kept?.has(key) === true) return undefined
+    const plan = planPull({
+      gain: tokens.length,
+      minTokens: 1,
+      bytesPerToken: kvBytesPerToken(kvStore.info()),
+      linkBytesPerSecond: linkRates.estimate(holder).bytesPerSecond,
+      rttMs: init.linkOf?.(holder)?.rttMs,
+      prefillTokensPerSecond: prefillRate,
+      ...(init.pullPolicy === undefined ? {} : { policy: init.pullPolicy }),
+    })
+    if (plan === undefined) return undefined
+    return await runPull({
+      peerId: holder,
+      plan,
+      links: linkRates,
+      signal,
+      metrics: { metrics, model: init.modelId },
+      pull: async s => await puller.pull({ peerId: holder, model: init.modelId, tokens, signal: s, kept: { key, owner } }),
+    })
+  }
+
   const server = createStageServer({
     engine,
     modelId: init.modelId,
@@ -207,6 +325,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     keep,
     openFrom,
     evict: evictPrefixes,
+    pullKept,
   })
   const watches = createTokenWatches()
 
@@ -249,5 +368,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     openFrom,
     holdsPrefix: key => kept?.has(key) ?? false,
     evictPrefixes,
+    kvStore,
+    pullKept,
   }
 }

@@ -7,7 +7,9 @@
  * to a neighbour it depends on goes down; on finish it signs this stage's receipt part first.
  * Prefix reuse: a finish with `keep` keeps the request's KV under the coordinator's key instead of
  * freeing it, and an open with `fromKey` starts from such a prefix (or fails with
- * SHOAL_ERR_STAGE_PREFIX_GONE, which the coordinator answers by reopening without it).
+ * SHOAL_ERR_STAGE_PREFIX_GONE, which the coordinator answers by reopening without it). On a
+ * rebuilt chain an open whose `pullFrom` names this hop first pulls the prefix's KV of this
+ * stage's layers from the peer that kept it, before any activation of the request runs.
  */
 import { roundTripActivation } from './activations.ts'
 import { createHash } from 'node:crypto'
@@ -44,6 +46,8 @@ export interface StageServerInit {
   evict?: (keys: readonly string[], owner: string) => Promise<void>
   /** Opens a sequence from a kept prefix (stage-node.ts openFrom); absent: every fromKey is gone. */
   openFrom?: (seqId: string, key: string, owner: string, length: number, signal: AbortSignal) => Promise<void>
+  /** Pulls a kept prefix of this stage's layers from the peer that kept it (stage-node.ts pullKept); absent: never pulls. */
+  pullKept?: (holder: string, key: string, owner: string, tokens: readonly number[], signal: AbortSignal) => Promise<unknown>
 }
 
 export interface StageServer {
@@ -169,11 +173,18 @@ export function createStageServer (init: StageServerInit): StageServer {
     // Open downstream right away: frames on one link keep their order, so it precedes our output.
     if (s.next !== undefined) sendSoon(s.next, { kind: 'open', requestId: s.id, open: { ...o, hop: o.hop + 1 } })
     const prefix = o.fromKey === undefined ? undefined : { key: o.fromKey, length: o.fromLength! }
+    // A rebuilt chain: this stage's layers of the prefix are with the peer that kept them. The
+    // request's activations queue behind the pull (they run on s.tail); whatever the pull's
+    // outcome, the open from the key decides (held: reused; not: PREFIX_GONE, recomputed).
+    const pull = o.pullFrom?.find(p => p.hop === o.hop)
+    const pulled = prefix === undefined || pull === undefined || init.pullKept === undefined || o.fromTokens === undefined
+      ? Promise.resolve()
+      : init.pullKept(pull.peerId, prefix.key, o.returnTo, o.fromTokens, s.ctl.signal).then(() => {})
     s.tail = (prefix === undefined
       ? engine.open(s.id, s.ctl.signal).then(() => {})
       : init.openFrom === undefined
         ? Promise.reject(new StagePrefixGoneError('this stage keeps no prefixes'))
-        : init.openFrom(s.id, prefix.key, o.returnTo, prefix.length, s.ctl.signal).then(() => { s.held = prefix.length })
+        : pulled.then(async () => { await init.openFrom!(s.id, prefix.key, o.returnTo, prefix.length, s.ctl.signal) }).then(() => { s.held = prefix.length })
     ).catch((err: unknown) => fail(s, err))
   }
 

@@ -15,7 +15,7 @@ import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
 import type { LinkComponents, LinkOptions } from './links.ts'
 import { createStageNode } from './stage-node.ts'
-import type { StageNode } from './stage-node.ts'
+import type { StageNode, StageNodeInit } from './stage-node.ts'
 
 export interface StageSpec {
   shardDir: string
@@ -56,6 +56,10 @@ export interface PipelineStageInit extends StageSpec, LinkOptions {
   authorize?: (from: string) => Error | undefined
   /** Bytes of KV kept from finished chain requests for prefix reuse (stage-node.ts); 0 or absent: none. */
   kvCacheBytes?: number
+  /** Replaces daemon/kv shouldPull for this stage's pulls of a rebuilt chain's prefix (stage-node.ts). */
+  pullPolicy?: StageNodeInit['pullPolicy']
+  /** What the mesh knows of the link to a peer (its RTT), for a pull's cost. */
+  linkOf?: StageNodeInit['linkOf']
 }
 
 export interface PipelineStage {

@@ -12,6 +12,13 @@
  *               of the prefix this stage kept under fromKey (a finish with keep); a stage that no
  *               longer holds it answers SHOAL_ERR_STAGE_PREFIX_GONE and the coordinator reopens
  *               the request without them]
+ *               [, pullFrom, fromTokens — a rebuilt chain: the stages at these hops hold the layer
+ *               range another peer kept fromKey for, and first pull their layers' part of it from
+ *               that peer over /shoal/kv (daemon/kv pull-kept, its block hashes checked against
+ *               fromTokens, the prefix's fromLength token ids); a stage that does not pull it
+ *               (the cost model says recompute, or the pull fails) answers
+ *               SHOAL_ERR_STAGE_PREFIX_GONE as above. Added within version 2 like fromKey: an
+ *               open without them is unchanged, and a stage that ignores them answers so too]
  *   activation  u8 flags (bit 0: final — the last stage samples after this one; bit 1: verify) | u8
  *               dtype | u8 rank (2) | zero padding to a 4-byte boundary | u32 start position
  *               | u32 rows | u32 width | with verify: u32 k | k × u32 draft token ids | the tensor
@@ -91,6 +98,16 @@ export interface OpenBody {
   /** Open from the first `fromLength` positions of the prefix kept under `fromKey` (both or neither). */
   fromKey?: string
   fromLength?: number
+  /** Hops (after the first) that pull fromKey's KV of their layers from the peer that kept it first (with fromKey). */
+  pullFrom?: StagePull[]
+  /** The prefix's token ids, fromLength of them (with pullFrom): what a pulling stage checks the KV's block hashes against. */
+  fromTokens?: number[]
+}
+
+/** A stage of a rebuilt chain that pulls its layers' part of the kept prefix from `peerId`, which kept it. */
+export interface StagePull {
+  hop: number
+  peerId: string
 }
 
 /** What a finish asks each stage to keep of the request's KV (prefix reuse on chains). */
@@ -144,6 +161,7 @@ function encodeOpen (o: OpenBody): Uint8Array {
     ...(o.receiptId === undefined ? {} : { receiptId: o.receiptId }),
     ...(o.activations === undefined ? {} : { activations: o.activations }),
     ...(o.fromKey === undefined ? {} : { fromKey: o.fromKey, fromLength: o.fromLength }),
+    ...(o.pullFrom === undefined ? {} : { pullFrom: o.pullFrom.map(p => ({ hop: p.hop, peerId: p.peerId })), fromTokens: o.fromTokens }),
   }))
 }
 
@@ -175,6 +193,22 @@ function decodeOpen (v: unknown): OpenBody {
   if (v.receiptId !== undefined) open.receiptId = v.receiptId
   if (v.activations !== undefined) open.activations = v.activations
   if (v.fromKey !== undefined) { open.fromKey = v.fromKey as string; open.fromLength = v.fromLength as number }
+  if (v.pullFrom !== undefined || v.fromTokens !== undefined) {
+    const pulls = v.pullFrom
+    const ids = v.fromTokens
+    if (open.fromKey === undefined || !Array.isArray(pulls) || !Array.isArray(ids)) throw malformed('open body: pullFrom and fromTokens come together, with fromKey')
+    if (ids.length !== open.fromLength || !ids.every(isU32)) throw malformed('open body: fromTokens must be fromLength token ids')
+    const seen = new Set<number>()
+    open.pullFrom = pulls.map((p: unknown): StagePull => {
+      if (!isObj(p) || !Number.isInteger(p.hop) || (p.hop as number) < 1 || (p.hop as number) >= chain.length || seen.has(p.hop as number) || !isStr(p.peerId) || p.peerId === chain[p.hop as number]!.peerId) {
+        throw malformed('open body: a pullFrom entry must name a later hop once, and a peer other than that hop\'s')
+      }
+      seen.add(p.hop as number)
+      return { hop: p.hop as number, peerId: p.peerId }
+    })
+    if (open.pullFrom.length === 0) throw malformed('open body: pullFrom lists no hop')
+    open.fromTokens = ids as number[]
+  }
   return open
 }
 

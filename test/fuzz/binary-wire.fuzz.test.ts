@@ -76,8 +76,20 @@ const stageFrame: fc.Arbitrary<StageFrame> = id(255).chain((requestId): fc.Arbit
     rngSkip: u32, deadline: num, receiptId: id(256), hopSeed: fc.nat(),
     // Prefix reuse: fromKey and fromLength come together.
     from: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })),
+    // A rebuilt chain: the prefix's token ids, and hop 1 pulling from another peer.
+    pulled: fc.tuple(id(256), fc.array(u32, { minLength: 1, maxLength: 5 })),
   }, { requiredKeys: ['modelId', 'manifestHash', 'returnTo', 'chain', 'sampling', 'rngSkip', 'deadline', 'hopSeed'] })
-    .map(({ hopSeed, from, ...o }) => ({ kind: 'open' as const, requestId, open: { ...o, hop: 1 + (hopSeed % (o.chain.length - 1)), ...(from === undefined ? {} : { fromKey: from[0], fromLength: from[1] }) } })),
+    .map(({ hopSeed, from, pulled, ...o }) => ({
+      kind: 'open' as const,
+      requestId,
+      open: {
+        ...o,
+        hop: 1 + (hopSeed % (o.chain.length - 1)),
+        ...(pulled !== undefined
+          ? { fromKey: pulled[0], fromLength: pulled[1].length, pullFrom: [{ hop: 1, peerId: o.chain[1]!.peerId === 'P' ? 'Q' : 'P' }], fromTokens: pulled[1] }
+          : from === undefined ? {} : { fromKey: from[0], fromLength: from[1] }),
+      },
+    })),
   fc.tuple(u32, fc.boolean(), shape).chain(([start, final, [rows, width]]) => f32s(rows * width).map(data => ({ kind: 'activation' as const, requestId, start, final, rows, width, data }))),
   fc.tuple(u32, fc.integer({ min: 1, max: 5 }), fc.integer({ min: 1, max: 4 })).chain(([start, rows, width]) =>
     fc.tuple(f32s(rows * width), fc.array(u32, { minLength: rows - 1, maxLength: rows - 1 }))

@@ -27,6 +27,20 @@ describe('kv wire golden bytes', () => {
       '02000000' + '40000000' + '02000000' + '05000000' + '02010000' +
       '4ab6ea03')
   })
+  it('pull-kept (kind 6, added within version 1): the pull body, then the key and the owner', () => {
+    const f: KvFrame = { kind: 'pull-kept', requestId: 'r1', manifestHash: 'ab', layers: [2, 3], dtype: 'f', blockSize: 2, maxChunkBytes: 64, tokens: [5, 258], key: 'k', owner: 'A' }
+    const p = payloadOf(f)
+    expect(hex(p.subarray(0, p.length - 4))).toBe(
+      '01' + '06' + '02' + '7231' +
+      '02' + '6162' + '02000000' + '03000000' + '01' + '66' +
+      '02000000' + '40000000' + '02000000' + '05000000' + '02010000' +
+      '01' + '6b' + '01' + '41')
+    expect(decodePayload(p)).toEqual(f)
+    // A pull frame is byte for byte what it was.
+    const { key: _k, owner: _o, ...rest } = f
+    expect(hex(payloadOf({ ...rest, kind: 'pull' }).subarray(0, 35))).toBe('01' + '01' + hex(p.subarray(2, 35)))
+    expect(codeOf(() => decodePayload(payloadOf({ ...f, key: '' } as KvFrame)))).toBe('SHOAL_ERR_KV_MALFORMED')
+  })
   it('header', () => {
     const f: KvFrame = {
       kind: 'header', requestId: 'r1', manifestHash: 'ab', layers: [2, 2], dtype: 'f', tokens: 3, numKvHeads: 1, headDim: 2, blockSize: 2, chunks: 2,
@@ -61,6 +75,7 @@ describe('kv wire round trips', () => {
   const layers = fc.tuple(fc.integer({ min: 0, max: 100 }), fc.integer({ min: 0, max: 100 })).map(([a, b]) => [Math.min(a, b), Math.max(a, b)] as const)
   const frame: fc.Arbitrary<KvFrame> = fc.oneof(
     fc.record({ kind: fc.constant('pull' as const), requestId: str, manifestHash: str, layers, dtype: str, blockSize: fc.integer({ min: 1, max: 1024 }), maxChunkBytes: u32, tokens: fc.array(u32, { maxLength: 50 }) }),
+    fc.record({ kind: fc.constant('pull-kept' as const), requestId: str, manifestHash: str, layers, dtype: str, blockSize: fc.integer({ min: 1, max: 1024 }), maxChunkBytes: u32, tokens: fc.array(u32, { maxLength: 50 }), key: str, owner: str }),
     fc.record({
       kind: fc.constant('header' as const), requestId: str, manifestHash: str, layers, dtype: str, tokens: u32, numKvHeads: u32, headDim: u32,
       blockSize: fc.integer({ min: 1, max: 1024 }), chunks: u32, hashes: fc.array(fc.uint8Array({ minLength: 32, maxLength: 32 }), { maxLength: 5 }),

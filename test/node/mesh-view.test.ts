@@ -1,7 +1,8 @@
 import { describe, expect, it } from 'vitest'
 import { aggregateLoad, expertHolderNodes, meshModelCards, replicaCandidates, servedModels, stageHolders, stageStepTimes, stepTimesChanged } from '../../daemon/node/mesh-view.ts'
 import type { PeerView } from '../../daemon/mesh/index.ts'
-import { DEFAULT_BLOCK_SIZE, prefixScope } from '../../daemon/kv/index.ts'
+import { blockHashes, DEFAULT_BLOCK_SIZE, prefixScope, summaryHashes } from '../../daemon/kv/index.ts'
+import { planPrefixRoute } from '../../daemon/routing/index.ts'
 
 const load = { queueDepth: 1, inFlight: 2, decodeTokPerSec: 50, freeKvTokens: 100, expectedWaitMs: 30, slots: 4 }
 const peer = (peerId: string, models: PeerView['capabilities'] extends infer C ? C extends { models: infer M } ? M : never : never, state: PeerView['state'] = 'alive'): PeerView => ({
@@ -34,7 +35,8 @@ describe('mesh view mapping', () => {
     const withPrefixes = (p: PeerView): PeerView => ({ ...p, load: { ...load, prefixes: hashes } })
     const c = replicaCandidates('m', { peerId: 'me', serves: true, load, prefixes: { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] } }, [
       withPrefixes(peer('whole', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }])),
-      // No manifest hash (the scope cannot be known), a stage (keeps none yet), nothing listed (yet).
+      // No manifest hash (the scope cannot be known), a chain's entry point (what its chains keep,
+      // in the model's whole scope), nothing listed (yet).
       withPrefixes(peer('anonymous', [{ id: 'm', totalLayers: 8 }])),
       withPrefixes(peer('stage0', [{ id: 'm', layers: [0, 3], totalLayers: 8, manifestHash: 'h1' }])),
       peer('empty', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }]),
@@ -42,7 +44,8 @@ describe('mesh view mapping', () => {
     expect(c.map(x => [x.peerId, x.prefixes])).toEqual([
       ['me', { scope: 'own', blockSize: 8, hashes: ['fedcba9876543210'] }],
       ['whole', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes }],
-      ['anonymous', undefined], ['stage0', undefined],
+      ['anonymous', undefined],
+      ['stage0', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes }],
       ['empty', { scope: prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' }), blockSize: DEFAULT_BLOCK_SIZE, hashes: [] }],
     ])
     // A peer's measured prefill rate (its load reply) is what routing weighs its kept prefix by.
@@ -50,6 +53,21 @@ describe('mesh view mapping', () => {
       { ...peer('whole', [{ id: 'm', totalLayers: 8, manifestHash: 'h1' }]), load: { ...load, prefixes: hashes, prefillTokPerSec: 1800 } },
     ], 5000)
     expect(rated[0]!.prefixes?.prefillTokensPerSecond).toBe(1800)
+  })
+
+  it('a follow-up goes to the chain entry point whose chains keep its history (its summary read in the whole scope)', () => {
+    const scope = prefixScope({ manifestHash: 'h1', layers: [0, 7], dtype: 'float32' })
+    const history = Array.from({ length: 600 }, (_, i) => 3 + (i * 11) % 400)
+    const followUp = [...history, 9, 8, 7, 6, 5]
+    // What the coordinator's prefixSummary lists after its chain kept the history.
+    const hashes = summaryHashes([blockHashes(scope, history, DEFAULT_BLOCK_SIZE)], 64)
+    const chainPeer = (peerId: string, prefixes?: string[]): PeerView => ({ ...peer(peerId, [{ id: 'm', layers: [0, 3], totalLayers: 8, manifestHash: 'h1' }]), load: { ...load, ...(prefixes === undefined ? {} : { prefixes }), prefillTokPerSec: 500 } })
+    const c = replicaCandidates('m', { peerId: 'me', serves: false, load }, [chainPeer('c1'), chainPeer('c2', hashes)], 1000)
+    const r = planPrefixRoute(c, followUp, { now: 1000, expectedTokens: 16 })
+    expect(r.cached).toEqual(new Map([['c2', Math.floor(history.length / DEFAULT_BLOCK_SIZE) * DEFAULT_BLOCK_SIZE]]))
+    expect(r.preference).toMatchObject({ peerId: 'c2' })
+    // Another conversation finds nothing there.
+    expect(planPrefixRoute(c, followUp.map(t => t + 1), { now: 1000 }).preference).toBeUndefined()
   })
 
   it('builds one model card per model servable whole or as a complete chain, from alive peers only', () => {

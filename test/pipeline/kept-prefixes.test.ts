@@ -4,7 +4,7 @@
  * keeps one chain's prefixes from answering for another's.
  */
 import { describe, expect, it } from 'vitest'
-import { chainScope, createKeptPrefixes, keepSkips, MAX_KEEP_SKIPS } from '../../daemon/pipeline/index.ts'
+import { chainPulls, chainScope, createKeptPrefixes, keepSkips, MAX_KEEP_SKIPS } from '../../daemon/pipeline/index.ts'
 import type { ChainHop } from '../../daemon/pipeline/index.ts'
 
 describe('kept prefixes of a stage node', () => {
@@ -58,5 +58,19 @@ describe('keep back-off after refused prefixes', () => {
     expect([0, 1, 2, 3, 4].map(keepSkips)).toEqual([0, 1, 3, 7, 15])
     expect(keepSkips(50)).toBe(MAX_KEEP_SKIPS)
     expect(keepSkips(-1)).toBe(0)
+  })
+})
+
+describe('chainPulls: which stages of a rebuilt chain pull a kept prefix', () => {
+  const kept = [{ peerId: 'A', layers: [0, 1] as [number, number] }, { peerId: 'B', layers: [2, 3] as [number, number] }, { peerId: 'C', layers: [4, 5] as [number, number] }]
+  it('the stages whose peer changed, each from the peer that kept its layers', () => {
+    expect(chainPulls(kept, [kept[0]!, { peerId: 'B2', layers: [2, 3] }, kept[2]!])).toEqual([{ hop: 1, peerId: 'B' }])
+    expect(chainPulls(kept, [kept[0]!, { peerId: 'C', layers: [2, 3] }, { peerId: 'B', layers: [4, 5] }])).toEqual([{ hop: 1, peerId: 'B' }, { hop: 2, peerId: 'C' }])
+  })
+  it('none for the same chain, another stage 0, another split or another length', () => {
+    expect(chainPulls(kept, kept.map(h => ({ ...h })))).toBeUndefined()
+    expect(chainPulls(kept, [{ peerId: 'A2', layers: [0, 1] }, { peerId: 'B2', layers: [2, 3] }, kept[2]!])).toBeUndefined()
+    expect(chainPulls(kept, [kept[0]!, { peerId: 'B2', layers: [2, 4] }, { peerId: 'C', layers: [5, 5] }])).toBeUndefined()
+    expect(chainPulls(kept, [kept[0]!, { peerId: 'B2', layers: [2, 5] }])).toBeUndefined()
   })
 })

@@ -86,6 +86,12 @@ describe('stage wire golden bytes', () => {
     expect(hex(payloadOf(evictOnly))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"evict":["k1"]}')))
     expect(decodePayload(payloadOf(evictOnly))).toEqual(evictOnly)
   })
+  it('pins the rebuilt-chain fields (version 2, optional: frames without them are unchanged): open pullFrom + fromTokens', () => {
+    const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5,"fromKey":"k1","fromLength":3,"pullFrom":[{"hop":1,"peerId":"C"}],"fromTokens":[7,8,9]}'
+    const pulled: StageFrame = { kind: 'open', requestId: 'x', open: { ...open, fromKey: 'k1', fromLength: 3, pullFrom: [{ hop: 1, peerId: 'C' }], fromTokens: [7, 8, 9] } }
+    expect(hex(payloadOf(pulled))).toBe('02' + '01' + '01' + '78' + hex(Buffer.from(body)))
+    expect(decodePayload(payloadOf(pulled))).toEqual(pulled)
+  })
 })
 
 describe('stage wire decoding', () => {
@@ -158,6 +164,26 @@ describe('stage wire decoding', () => {
     expect(() => decodePayload(noId)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
     const badOpen = payloadOf({ kind: 'open', requestId: 'x', open: { ...open, hop: 0 } })
     expect(() => decodePayload(badOpen)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+  })
+
+  it('refuses rebuilt-chain fields that do not come together, name no later hop, repeat one or name its own peer', () => {
+    const from = { fromKey: 'k', fromLength: 2 }
+    for (const bad of [
+      { pullFrom: [{ hop: 1, peerId: 'C' }], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 1, peerId: 'C' }] },
+      { ...from, fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 1, peerId: 'C' }], fromTokens: [1] },
+      { ...from, pullFrom: [{ hop: 1, peerId: 'C' }], fromTokens: [1, -2] },
+      { ...from, pullFrom: [], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 0, peerId: 'C' }], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 2, peerId: 'C' }], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 1, peerId: 'B' }], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 1, peerId: 'C' }, { hop: 1, peerId: 'D' }], fromTokens: [1, 2] },
+      { ...from, pullFrom: [{ hop: 1, peerId: '' }], fromTokens: [1, 2] },
+    ]) {
+      const body = Buffer.from(JSON.stringify({ ...open, sampling: { temperature: 0, topP: 1 }, ...bad }))
+      expect(() => decodePayload(Uint8Array.of(2, 1, 1, 0x78, ...body)), JSON.stringify(bad)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    }
   })
 
   it('refuses prefix-reuse fields that do not come together or are out of range', () => {
