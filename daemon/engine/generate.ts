@@ -9,6 +9,7 @@ import type { Batcher } from '../batcher/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createStopMatcher } from '../text/index.ts'
 import { EngineError } from './errors.ts'
+import { stepMark } from '../step-trace.ts'
 import { createRng, nextPick } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
 import type { StageEngine } from './stage-engine.ts'
@@ -119,6 +120,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
       pendingIds.push(token)
       const pushed = stops.push(detok.push(token))
       const more = !pushed.stopped && completion < limit && n + completion < g.maxPositions
+      stepMark('g.pushed')
       if (more) {
         g.signal.throwIfAborted()
         next = g.source.decode(token, n + completion - 1, g.signal)
@@ -137,6 +139,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
       const pending = next
       next = undefined
       token = await pending
+      stepMark('g.tok')
     }
   } finally {
     // The consumer left while a step was in flight (it aborts the signal when a client goes): let

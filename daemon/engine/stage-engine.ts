@@ -15,6 +15,7 @@ import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, Step
 import type { TokenPick } from './sampling.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 import { codedAbortReason } from '../abort.ts'
+import { stepMark } from '../step-trace.ts'
 
 export interface StageEngineInit {
   graphPath: string
@@ -115,12 +116,14 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     const w = worker
     return new Promise<Reply>((resolve, reject) => {
       pending.set(msg.id, { resolve, reject })
+      if (msg.type === 'step-batch' || msg.type === 'step') stepMark('m.post')
       w.postMessage(msg, transfer)
     })
   }
 
   function onMessage (msg: FromWorker): void {
     if (msg.type === 'ready' || msg.type === 'init-error') return
+    if (msg.type === 'stepped-batch' || msg.type === 'stepped') stepMark('m.recv')
     const p = pending.get(msg.id)
     if (p === undefined) return // reply to a request given up on (aborted step)
     pending.delete(msg.id)
@@ -219,6 +222,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       return reply.output
     },
     async stepBatch (items, signal) {
+      stepMark('e.sb')
       const results: Array<StageBatchResult | undefined> = new Array(items.length)
       const cancels: Array<Promise<unknown>> = []
       const cancel = (seqId: string): void => { cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }

@@ -12,6 +12,7 @@ import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
 import type { FromWorker, ToWorker, WorkerInit } from './protocol.ts'
 import { createStageRunner } from './stage-runner.ts'
+import { dumpStepTrace, stepMark } from '../step-trace.ts'
 import { createStaticStageRunner } from './static-runner.ts'
 import type { StageRunner } from './stage-runner.ts'
 
@@ -43,6 +44,7 @@ async function main (init: WorkerInit): Promise<void> {
   }
   let queue: Promise<void> = Promise.resolve()
   port.on('message', (raw: unknown) => {
+    stepMark('w.recv')
     const msg = parseToWorker(raw)
     if (typeof msg === 'string') {
       const id = (raw as { id?: unknown } | null)?.id
@@ -68,6 +70,7 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
       case 'step': {
         const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick)
         if (output.kind === 'token') {
+          stepMark('w.post')
           post({ type: 'stepped', id: msg.id, output })
           return
         }
@@ -86,6 +89,7 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
           transfer.add(data.buffer as ArrayBuffer)
           return { output: { ...r.output, data } }
         })
+        stepMark('w.post')
         post({ type: 'stepped-batch', id: msg.id, results: wire }, [...transfer])
         return
       }
@@ -130,6 +134,7 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'done', id: msg.id })
         return
       case 'close':
+        dumpStepTrace()
         await session.close()
         post({ type: 'done', id: msg.id })
         port.close()
