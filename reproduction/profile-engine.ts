@@ -125,14 +125,19 @@ for (const w of windows) {
     }
     periods.push(step.at(-1)![1] - step[0]![1])
   }
+  // Run-ahead: the worker's period (one ORT run to the next) and how the main thread got each token.
+  const runs = ms.filter(m => m[0] === 'ort.run0').map(m => m[1])
+  ;(seg['worker: run start → next run start'] ??= []).push(...runs.slice(2).map((t, i) => t - runs[i + 1]!))
+  const count = (l: string): number => ms.filter(m => m[0] === l).length
+  console.log(`window: ${count('w.ahead')} ahead posts, ${count('e.took')} tokens taken from run-ahead, ${count('e.wait')} waits for one, ${count('m.post')} step posts`)
   const gaps = w.arrivals.slice(2).map((t, i) => t - w.arrivals[i + 1]!)
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
-const f3 = (x: number): string => x.toFixed(3)
+const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
 console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadavg().map(x => x.toFixed(2)).join(' ')}`)
 console.log(`| segment | median ms | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|')
-const q = (xs: number[], p: number): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(p * s.length))]! }
+const q = (xs: number[], p: number): number | undefined => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(p * s.length))] }
 for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(median(xs))} | ${f3(q(xs, 0.1))} | ${f3(q(xs, 0.9))} | ${xs.length} |`)
 console.log(`| whole step (m.post → next m.post) | ${f3(median(periods))} | ${f3(q(periods, 0.1))} | ${f3(q(periods, 0.9))} | ${periods.length} |`)
 await rm(root, { recursive: true, force: true })

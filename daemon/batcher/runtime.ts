@@ -128,6 +128,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           logitsToKeep: ask,
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
+          ...(e.kind === 'decode' && n === e.total && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
           signal: e.signal,
         })
         used.push(use)
@@ -152,8 +153,14 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       end = clock.now()
       metrics.stepTime.observe(label, Math.max(0, end - now) / 1000)
       if (failure === undefined) {
-        estimator.observe(items.length, tokens, end - now)
-        observedRuns++
+        // Steps the executor had computed ahead took no run now: the model learns from the others.
+        let ahead = 0
+        let aheadTokens = 0
+        results!.forEach((r, i) => { if ('output' in r && r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length } })
+        if (ahead < items.length) {
+          estimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
+          observedRuns++
+        }
         decodeRate.add(decodeTokens, end)
       }
       stepMark('b.obs')
