@@ -128,6 +128,9 @@ for (const w of windows) {
   // Run-ahead: the worker's period (one ORT run to the next) and how the main thread got each token.
   const runs = ms.filter(m => m[0] === 'ort.run0').map(m => m[1])
   ;(seg['worker: run start → next run start'] ??= []).push(...runs.slice(2).map((t, i) => t - runs[i + 1]!))
+  const ends = ms.filter(m => m[0] === 'ort.run1').map(m => m[1])
+  ;(seg['worker: session.run (run0 → run1)'] ??= []).push(...runs.slice(1).map((t, i) => ends[i + 1]! - t).filter(x => x > 0))
+  ;(seg['worker: between runs (run1 → next run0)'] ??= []).push(...ends.slice(1, -1).map((t, i) => runs[i + 2]! - t).filter(x => x > 0))
   const count = (l: string): number => ms.filter(m => m[0] === l).length
   console.log(`window: ${count('w.ahead')} ahead posts, ${count('e.took')} tokens taken from run-ahead, ${count('e.wait')} waits for one, ${count('m.post')} step posts`)
   const gaps = w.arrivals.slice(2).map((t, i) => t - w.arrivals[i + 1]!)
