@@ -3,11 +3,15 @@
  * `ahead` picks lets the worker feed back each token it picks without waiting for the main thread.
  * Every token taken from it equals the plain step's; the positions it computed beyond what the
  * caller took are never kept (retain) and are rolled back when the caller steps the sequence
- * otherwise; seeded sampling draws handed over in advance give the same tokens. No timings.
+ * otherwise; seeded sampling draws handed over in advance give the same tokens. Through the local
+ * service, a stop string that lands while the worker is ahead gives the same completion, and the
+ * next turn on the kept prefix the same tokens and the same reuse, as a service without run-ahead.
+ * No timings.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
+import { createLocalService, createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
 import { buildTinyModel } from './tiny-model.ts'
@@ -183,5 +187,81 @@ describe('run-ahead in the engine worker', () => {
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, pick: undefined, ahead: [GREEDY] }] })).toMatch(/ahead needs/)
     expect(parseToWorker({ type: 'ahead-picks', id: 2, seqId: 's', picks: [GREEDY] })).toMatchObject({ type: 'ahead-picks' })
     expect(parseToWorker({ type: 'ahead-picks', id: 2, seqId: '', picks: [] })).toMatch(/seqId/)
+  })
+})
+
+describe('run-ahead through the local service', () => {
+  let model: TinyModel
+  let on: LocalService
+  let off: LocalService
+  /** No prefix cache: finds the stop string without leaving a prefix in the two compared. */
+  let ref: LocalService
+  let counter = 0
+  const request = (ids: number[], over: Partial<GenerateRequest> = {}): GenerateRequest => ({
+    requestId: `ra-${++counter}`,
+    model: model.manifest.modelId,
+    prompt: { kind: 'tokens', ids },
+    maxTokens: 48,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+    ...over,
+  })
+  async function collect (svc: LocalService, req: GenerateRequest): Promise<{ tokens: number[], text: string, end: Extract<GenerateEvent, { type: 'end' }> | undefined }> {
+    const events: GenerateEvent[] = []
+    for await (const ev of svc.generate(req, new AbortController().signal)) events.push(ev)
+    const deltas = events.filter((e): e is Extract<GenerateEvent, { type: 'delta' }> => e.type === 'delta')
+    return { tokens: deltas.flatMap(d => d.tokenIds), text: deltas.map(d => d.text).join(''), end: events.find((e): e is Extract<GenerateEvent, { type: 'end' }> => e.type === 'end') }
+  }
+
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    // Prefix reuse of generated tokens: what a stopped request leaves in the cache is visible.
+    const init = { shardDir: model.shardDir, threads: 1, maxSequences: 4, prefixBlockSize: 8, reuseGenerated: true }
+    on = createLocalService(init)
+    off = createLocalService({ ...init, runAhead: 0 })
+    ref = createLocalService({ shardDir: model.shardDir, threads: 1, kvCacheBytes: 0, runAhead: 0 })
+    await on.start()
+    await off.start()
+    await ref.start()
+  }, 120_000)
+  afterAll(async () => {
+    await on?.stop()
+    await off?.stop()
+    await ref?.stop()
+    await model?.cleanup()
+  })
+
+  it('a stop string landing while the worker is ahead: the same completion, and the next turn reuses the same prefix and gives the same tokens', async () => {
+    const vocab = model.manifest.shape.vocabSize
+    const prompt = tokens(20, 7, vocab)
+    const free = await collect(ref, request(prompt))
+    expect(free.text.length).toBeGreaterThan(24)
+    // A stop string mid-completion: the worker has run up to four steps past it by then.
+    const stop = free.text.slice(16, 19)
+    const results = []
+    for (const svc of [off, on]) {
+      const stopped = await collect(svc, request(prompt, { stop: [stop] }))
+      const before = (await svc.stats()).prefix!
+      const next = await collect(svc, request([...prompt, ...stopped.tokens, ...tokens(5, 8, vocab)], { maxTokens: 16 }))
+      const after = (await svc.stats()).prefix!
+      results.push({ stopped, next: next.tokens, missed: after.missTokens - before.missTokens, hit: after.hitTokens - before.hitTokens })
+      expect((await svc.stats()).engine).toMatchObject({ liveSequences: 0 })
+    }
+    const [plain, ahead] = results
+    expect(plain!.stopped.end?.finishReason).toBe('stop')
+    expect(plain!.stopped.text).toBe(free.text.slice(0, free.text.indexOf(stop)))
+    expect(ahead!.stopped).toEqual(plain!.stopped)
+    expect(ahead!.hit).toBeGreaterThan(0)
+    expect(ahead).toEqual(plain)
+  })
+
+  it('seeded sampling gives the same tokens with and without run-ahead', async () => {
+    const prompt = tokens(16, 9, model.manifest.shape.vocabSize)
+    const sampling = { temperature: 0.9, topP: 0.9, seed: 4321 }
+    const a = await collect(off, request(prompt, { sampling }))
+    const b = await collect(on, request(prompt, { sampling }))
+    expect(b.tokens).toEqual(a.tokens)
+    expect(b.tokens.length).toBe(48)
   })
 })
