@@ -95,6 +95,26 @@ describe('run-ahead in the engine worker', () => {
     expect((await engine.stats()).liveSequences).toBe(0)
   })
 
+  it('several sequences running ahead together, one joining late, each get their plain tokens', async () => {
+    const prompts = [tokens(20, 11, vocab), tokens(9, 12, vocab), tokens(33, 13, vocab)]
+    const plain: number[][] = []
+    for (const prompt of prompts) {
+      const seq = await engine.open()
+      plain.push((await decode(seq, prompt, 24, () => GREEDY, 0)).ids)
+      await engine.free(seq)
+    }
+    // The worker merges the sequences' ahead steps (and the late one's prefill) into shared runs.
+    const seqs = await Promise.all(prompts.map(async () => await engine.open()))
+    const late = new Promise(resolve => setTimeout(resolve, 5))
+    const ahead = await Promise.all(prompts.map(async (prompt, i) => {
+      if (i === 2) await late
+      return (await decode(seqs[i]!, prompt, 24, () => GREEDY, AHEAD)).ids
+    }))
+    expect(ahead).toEqual(plain)
+    for (const seq of seqs) await engine.free(seq)
+    expect((await engine.stats()).liveSequences).toBe(0)
+  })
+
   it('gives seeded sampling\'s tokens with the draws handed over in advance', async () => {
     const prompt = tokens(16, 2, vocab)
     // One draw per step, by step index: what a sequence's generator yields in order.
