@@ -128,8 +128,11 @@ export type ToWorker =
   | { type: 'open-from', id: number, seqId: string, key: string, length: number }
   /** Frees kept prefixes. */
   | { type: 'evict', id: number, keys: string[] }
-  /** More picks for a sequence running ahead (the steps after those already given); no reply. */
-  | { type: 'ahead-picks', id: number, seqId: string, picks: TokenPick[] }
+  /**
+   * More picks for sequences running ahead: `picks[0]` is for the step that feeds position `from`
+   * (the one after the last pick given; otherwise the item is stale and ignored). No reply.
+   */
+  | { type: 'ahead-picks', id: number, items: Array<{ seqId: string, from: number, picks: TokenPick[] }> }
   /** Copies out the first `length` positions of kept prefix `key`; answered by 'exported'. */
   | { type: 'export-prefix', id: number, key: string, length: number }
   /**
@@ -185,8 +188,15 @@ export function parseToWorker (msg: unknown): ToWorker | string {
         ? m as unknown as ToWorker
         : 'import-prefix: layers must be a non-empty array of Float32Arrays'
     case 'ahead-picks': {
-      if (typeof m.seqId !== 'string' || m.seqId.length === 0) return 'ahead-picks: seqId must be a non-empty string'
-      return checkPicks(m.picks, 'ahead-picks') ?? m as unknown as ToWorker
+      if (!Array.isArray(m.items)) return 'ahead-picks: items must be an array'
+      for (const item of m.items as unknown[]) {
+        const it = item as { seqId?: unknown, from?: unknown, picks?: unknown } | null
+        if (it === null || typeof it !== 'object' || typeof it.seqId !== 'string' || it.seqId.length === 0) return 'ahead-picks: each item needs a non-empty seqId'
+        if (!Number.isSafeInteger(it.from) || (it.from as number) < 0) return 'ahead-picks: from must be a non-negative integer'
+        const bad = checkPicks(it.picks, 'ahead-picks')
+        if (bad !== undefined) return bad
+      }
+      return m as unknown as ToWorker
     }
     case 'evict':
       return Array.isArray(m.keys) && m.keys.every(k => typeof k === 'string') ? m as unknown as ToWorker : 'evict: keys must be an array of strings'

@@ -190,16 +190,25 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     }
   }
 
+  /** Picks to hand the worker, sent together once the current microtasks are done (one message per wake-up). */
+  let morePicks: Array<{ seqId: string, from: number, picks: TokenPick[] }> = []
+  const flushPicks = (): void => {
+    const items = morePicks
+    morePicks = []
+    if (items.length > 0 && worker !== undefined && dead === undefined) worker.postMessage({ type: 'ahead-picks', id: nextId++, items } satisfies ToWorker)
+  }
+
   /** Hands the worker the picks of `item.ahead` it does not have yet (at most to the context end). */
   function extendAhead (item: StageBatchItem): void {
     const a = aheads.get(item.seqId)
-    if (a === undefined || item.ahead === undefined || worker === undefined || dead !== undefined) return
+    if (a === undefined || item.ahead === undefined) return
     const next = item.positions[0]! + 1
     const fresh: TokenPick[] = []
     item.ahead.forEach((pick, i) => { const p = next + i; if (p > a.pickedTo && p < init.stage.maxPositions) fresh.push(pick) })
     if (fresh.length === 0) return
+    if (morePicks.length === 0) queueMicrotask(flushPicks)
+    morePicks.push({ seqId: item.seqId, from: a.pickedTo + 1, picks: fresh })
     a.pickedTo += fresh.length
-    worker.postMessage({ type: 'ahead-picks', id: nextId++, seqId: item.seqId, picks: fresh } satisfies ToWorker)
   }
 
   /** The picks of `item.ahead` the worker may run (the context end bounds them), and this sequence's run-ahead state. */

@@ -66,22 +66,26 @@ async function main (init: WorkerInit): Promise<void> {
       // In order with the runs (a rollback must not land while a step of its sequence runs ahead).
       scheduler.enqueue(msg)
     } else if (msg.type === 'ahead-picks') {
-      scheduler.morePicks(msg.seqId, msg.picks)
+      scheduler.morePicks(msg.items)
     } else {
       if (msg.type === 'free' || msg.type === 'cancel' || msg.type === 'retain') scheduler.end(msg.seqId)
+      if (msg.type === 'close') scheduler.endAll() // nothing runs ahead into a closing session
       void handle(msg, runner, session)
     }
   })
   post({ type: 'ready', version: ENGINE_PROTOCOL_VERSION, inputNames: [...session.inputNames], outputNames: [...session.outputNames] })
 }
 
-/** A sequence running ahead: feed `token` at `position` next, with the first of `picks`. */
+/**
+ * A sequence running ahead: feed `token` at `position` next, with `picks[0]` (picks[i] is for
+ * position + i). While its step runs, `position` is already the one after it.
+ */
 interface Continuation { token: number, position: number, picks: TokenPick[] }
 
 type Ordered = Extract<ToWorker, { type: 'step' | 'step-batch' | 'rollback' }>
 
 /** Steps (and rollbacks) in arrival order, merged with the steps of sequences running ahead. */
-function createScheduler (runner: StageRunner, session: BackendSession): { enqueue (msg: Ordered): void, morePicks (seqId: string, picks: TokenPick[]): void, end (seqId: string): void } {
+function createScheduler (runner: StageRunner, session: BackendSession): { enqueue (msg: Ordered): void, morePicks (items: Array<{ seqId: string, from: number, picks: TokenPick[] }>): void, end (seqId: string): void, endAll (): void } {
   const continuations = new Map<string, Continuation>()
   const waiting: Ordered[] = []
   let looping = false
@@ -114,6 +118,7 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
           if (pick === undefined) continue
           ahead.push({ seqId, position: c.position, fed: c.token })
           items.push({ seqId, input: { kind: 'tokens', ids: BigInt64Array.of(BigInt(c.token)) }, positions: BigInt64Array.of(BigInt(c.position)), logitsToKeep: 1, pick })
+          c.position++
         }
         if (items.length === 0) return
         let results: Awaited<ReturnType<StageRunner['stepBatch']>>
@@ -138,7 +143,7 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
           const r = results[at + i]!
           const c = continuations.get(seqId)
           if ('output' in r && r.output.kind === 'token') {
-            if (c !== undefined) { c.token = r.output.id; c.position = position + 1 }
+            if (c !== undefined) c.token = r.output.id
             return { seqId, position, fed, token: r.output.id }
           }
           continuations.delete(seqId)
@@ -175,13 +180,17 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
 
   return {
     enqueue (msg) { waiting.push(msg); kick() },
-    morePicks (seqId, picks) {
-      const c = continuations.get(seqId)
-      if (c === undefined) return // ended meanwhile: the main thread no longer waits on it
-      c.picks.push(...picks)
+    morePicks (items) {
+      for (const { seqId, from, picks } of items) {
+        const c = continuations.get(seqId)
+        // Ended meanwhile (the main thread no longer waits on it), or meant for an earlier one.
+        if (c === undefined || from !== c.position + c.picks.length) continue
+        c.picks.push(...picks)
+      }
       kick()
     },
     end (seqId) { continuations.delete(seqId) },
+    endAll () { continuations.clear() },
   }
 }
 

@@ -205,8 +205,9 @@ describe('run-ahead in the engine worker', () => {
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, ahead: [GREEDY, GREEDY] }] })).toMatchObject({ type: 'step-batch' })
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, ahead: [{ temperature: 0, topP: 1, u: 2 }] }] })).toMatch(/u in/)
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, pick: undefined, ahead: [GREEDY] }] })).toMatch(/ahead needs/)
-    expect(parseToWorker({ type: 'ahead-picks', id: 2, seqId: 's', picks: [GREEDY] })).toMatchObject({ type: 'ahead-picks' })
-    expect(parseToWorker({ type: 'ahead-picks', id: 2, seqId: '', picks: [] })).toMatch(/seqId/)
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: 9, picks: [GREEDY] }] })).toMatchObject({ type: 'ahead-picks' })
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: '', from: 9, picks: [] }] })).toMatch(/seqId/)
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: -1, picks: [] }] })).toMatch(/from/)
   })
 })
 
