@@ -10,6 +10,7 @@ import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
 import { createBatcherMetrics, recordConfig } from './metrics.ts'
 import { planBatch } from './policy.ts'
 import { StepAssembly, checkStep, logitsWindow, sliceInput } from './steps.ts'
+import { stepMark } from '../step-trace.ts'
 import type { Batcher, BatcherComponents, BatcherInit, BatcherLoad, BatchItem, BatchItemResult, Chunk, PendingStep, StepRequest, StepResult } from './types.ts'
 
 interface Entry extends PendingStep {
@@ -87,6 +88,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
 
   function kick (): void {
     if (!started || running !== undefined) return
+    stepMark('b.kick')
     clearTimeout(timer)
     timer = undefined
     const now = clock.now()
@@ -96,6 +98,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     if (queue.length === 0) return
     const cap = components.batchCap?.()
     const plan = planBatch(queue, cap === undefined || !(cap >= 1) || cap >= limits.maxBatch ? limits : { ...limits, maxBatch: Math.floor(cap) }, now, { awaiting: recent.size })
+    stepMark('b.planned')
     if (plan.run.length > 0) {
       runDone = execute(plan.run, now)
     } else if (plan.wait !== undefined) {
@@ -125,6 +128,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           logitsToKeep: ask,
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
+          ...(e.kind === 'decode' && n === e.total && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
           signal: e.signal,
         })
         used.push(use)
@@ -137,7 +141,9 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       metrics.batchTokens.observe(label, tokens)
 
       try {
+        stepMark('b.exec')
         results = await executor.run(items, controller.signal)
+        stepMark('b.ran')
         if (!Array.isArray(results) || results.length !== items.length) {
           failure = new BatchFailedError(`executor returned ${Array.isArray(results) ? results.length : typeof results} results for ${items.length} items`)
         }
@@ -147,11 +153,19 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       end = clock.now()
       metrics.stepTime.observe(label, Math.max(0, end - now) / 1000)
       if (failure === undefined) {
-        estimator.observe(items.length, tokens, end - now)
-        observedRuns++
+        // Steps the executor had computed ahead took no run now: the model learns from the others.
+        let ahead = 0
+        let aheadTokens = 0
+        results!.forEach((r, i) => { if ('output' in r && r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length } })
+        if (ahead < items.length) {
+          estimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
+          observedRuns++
+        }
         decodeRate.add(decodeTokens, end)
       }
+      stepMark('b.obs')
       chunks.forEach(({ step: e, tokens: n }, i) => { route(e, n, i) })
+      stepMark('b.routed')
     } finally {
       // Whatever went wrong above, nobody from this run is left waiting and the loop goes on.
       for (const { step: e } of chunks) if (e.state === 'running') settle(e, { error: new BatchFailedError('step lost in the batcher') })
@@ -210,6 +224,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     },
 
     async submit (step, signal) {
+      stepMark('b.submit')
       if (!started) throw new ShuttingDownError('batcher is not running')
       checkStep(step)
       if (signal?.aborted === true) throw abortReason(signal)

@@ -26,6 +26,11 @@ export interface StepRequest {
   logitsToKeep?: number
   /** Last stage: have the executor pick the next token from the last position (the result is {kind: 'token'}). */
   pick?: TokenPick
+  /**
+   * Run-ahead (a one-position decode step with `pick`): the picks of this sequence's next steps,
+   * so the executor may compute them before they are submitted (daemon/engine/stage-engine.ts).
+   */
+  ahead?: TokenPick[]
 }
 
 /** Sampling settings with the random draw already made (the engine's TokenPick, structurally). */
@@ -91,12 +96,18 @@ export interface BatchItem {
   final: boolean
   /** The step's pick, on its final chunk only (earlier chunks' logits are discarded). */
   pick?: TokenPick
+  /** As StepRequest.ahead (decode steps only). */
+  ahead?: TokenPick[]
   /** The caller's signal: an executor may drop an item whose caller has gone. */
   signal: AbortSignal
 }
 
 /** Per-item outcome, so one bad sequence does not fail its batch-mates. */
-export type BatchItemResult = { output: StepResult } | { error: Error }
+/**
+ * `ranAhead`: the executor had the result already (computed ahead of the step's submission); its
+ * run time is not this batch's, so the step-time model does not learn from it.
+ */
+export type BatchItemResult = { output: StepResult, ranAhead?: boolean } | { error: Error }
 
 /**
  * What the batcher drives: one session, one run at a time. Results come back in item order.

@@ -14,6 +14,7 @@ export function createBatchedExecutor (engine: Pick<BatchingStageEngine, 'stepBa
         positions: item.positions,
         logitsToKeep: item.logitsToKeep,
         ...(item.pick === undefined ? {} : { pick: item.pick }),
+        ...(item.ahead === undefined ? {} : { ahead: item.ahead }),
         signal: item.signal,
       })), signal)
     },

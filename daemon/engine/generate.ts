@@ -9,6 +9,7 @@ import type { Batcher } from '../batcher/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createStopMatcher } from '../text/index.ts'
 import { EngineError } from './errors.ts'
+import { stepMark } from '../step-trace.ts'
 import { createRng, nextPick } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
 import type { StageEngine } from './stage-engine.ts'
@@ -21,20 +22,42 @@ import type { StepOutput } from './protocol.ts'
 export interface TokenSource {
   /** Runs the whole prompt; returns the first generated token. */
   prefill (promptIds: number[], signal: AbortSignal): Promise<number>
-  /** Feeds back `tokenId` at `position`; returns the next token. */
-  decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
+  /**
+   * Feeds back `tokenId` at `position`; returns the next token. `remaining`: how many more decode
+   * steps the loop may ask for after this one at most (bounds run-ahead); absent: unknown.
+   */
+  decode (tokenId: number, position: number, signal: AbortSignal, remaining?: number): Promise<number>
 }
 
-/** One step of one sequence: token ids in at positions, the picked next token out. */
-type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], pick: TokenPick, signal: AbortSignal) => Promise<StepOutput | { kind: 'token', id: number }>
+/**
+ * One step of one sequence: token ids in at positions, the picked next token out. `ahead`: the
+ * picks of the next decode steps (run-ahead; a stepper may ignore them).
+ */
+type Stepper = (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], pick: TokenPick, signal: AbortSignal, ahead?: TokenPick[]) => Promise<StepOutput | { kind: 'token', id: number }>
+
+/**
+ * Decode steps the engine worker may run ahead of the decode loop (stage-engine.ts: the worker feeds
+ * back the token it picked without waiting for the main thread). SHOAL_RUN_AHEAD=0 turns it off
+ * (benchmarks compare both); tokens are the same either way.
+ */
+export const RUN_AHEAD_STEPS = runAheadSteps(process.env.SHOAL_RUN_AHEAD)
+
+/** The run-ahead bound from SHOAL_RUN_AHEAD: a non-negative integer, else the default 4. */
+export function runAheadSteps (value: string | undefined): number {
+  const n = Number(value)
+  return value !== undefined && value !== '' && Number.isSafeInteger(n) && n >= 0 ? Math.min(n, 64) : 4
+}
 
 /**
  * A token source over a stepper. The sequence's seeded generator stays here and makes each draw
  * before the step; the engine worker picks the token where the logits are, so only its id comes
  * back (not a vocabulary-wide row per token), and the tokens equal sampling here exactly.
  */
-function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: number): TokenSource {
+function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: number, aheadSteps = 0): TokenSource {
   const rng = createRng(sampling.seed)
+  // Picks are drawn in step order whether or not steps run ahead: a step's draw is the same.
+  const drawn: TokenPick[] = []
+  const draw = (): TokenPick => drawn.shift() ?? nextPick(sampling, rng)
   const token = (out: StepOutput | { kind: 'token', id: number }): number => {
     if (out.kind !== 'token') throw new EngineError(`a whole-model step with a pick must return a token, not ${out.kind}`)
     return out.id
@@ -43,10 +66,14 @@ function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: numb
     async prefill (promptIds, signal) {
       // The first `prefilled` positions are already in the sequence's KV (a reused prefix).
       const ids = promptIds.slice(prefilled)
-      return token(await step('prefill', ids, ids.map((_, i) => prefilled + i), nextPick(sampling, rng), signal))
+      return token(await step('prefill', ids, ids.map((_, i) => prefilled + i), draw(), signal))
     },
-    async decode (tokenId, position, signal) {
-      return token(await step('decode', [tokenId], [position], nextPick(sampling, rng), signal))
+    async decode (tokenId, position, signal, remaining = Infinity) {
+      const pick = draw()
+      const ahead = Math.min(aheadSteps, remaining)
+      if (!(ahead > 0)) return token(await step('decode', [tokenId], [position], pick, signal))
+      while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
+      return token(await step('decode', [tokenId], [position], pick, signal, drawn.slice(0, ahead)))
     },
   }
 }
@@ -64,9 +91,9 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
  * A token source over one sequence whose steps go through a micro-batcher (so they share runs
  * with other sequences' steps). The caller releases the sequence.
  */
-export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0): TokenSource {
-  return pickingSource(async (kind, tokenIds, positions, pick, signal) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick }, signal), sampling, prefilled)
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS): TokenSource {
+  return pickingSource(async (kind, tokenIds, positions, pick, signal, ahead) =>
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal), sampling, prefilled, aheadSteps)
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */
@@ -119,9 +146,12 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
       pendingIds.push(token)
       const pushed = stops.push(detok.push(token))
       const more = !pushed.stopped && completion < limit && n + completion < g.maxPositions
+      stepMark('g.pushed')
       if (more) {
         g.signal.throwIfAborted()
-        next = g.source.decode(token, n + completion - 1, g.signal)
+        // At most this many steps may follow this one (max_tokens, the context end; EOS and stop strings may end it sooner).
+        const remaining = Math.min(limit - completion, g.maxPositions - n - completion) - 1
+        next = g.source.decode(token, n + completion - 1, g.signal, remaining)
         // Observed now, awaited after the yield: a failure while the consumer holds the delta is
         // not an unhandled rejection.
         next.catch(() => {})
@@ -137,6 +167,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
       const pending = next
       next = undefined
       token = await pending
+      stepMark('g.tok')
     }
   } finally {
     // The consumer left while a step was in flight (it aborts the signal when a client goes): let

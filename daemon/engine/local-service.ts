@@ -77,6 +77,8 @@ export interface LocalServiceInit {
   chunkSize?: number
   /** False: each request steps the engine on its own (batch-of-one runs; for comparison). Default true. */
   batching?: boolean
+  /** Decode steps the engine worker may run ahead (generate.ts RUN_AHEAD_STEPS; 0: none; for comparison). */
+  runAhead?: number
   /** Micro-batcher limits (daemon/batcher DEFAULTS otherwise). */
   batchLimits?: Partial<BatchLimits>
   /**
@@ -466,7 +468,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         const w = wrapped
         const began = performance.now()
         return {
-          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused)),
+          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused, init.runAhead)),
           // The prefix is in this sequence's own KV now: it may be evicted or superseded.
           prefilled: () => {
             lease?.release()

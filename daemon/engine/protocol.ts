@@ -10,9 +10,10 @@ import type { TokenPick } from './sampling.ts'
 /**
  * 2: steps may carry a TokenPick and then return a token id instead of logits. 3: rollback.
  * 4: kept prefixes: retain, open-from, evict. 5: kept prefixes move between nodes: export-prefix,
- * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0).
+ * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0). 6: run-ahead: a batch item's
+ * `ahead` picks, ahead-picks, and the worker's 'ahead' results.
  */
-export const ENGINE_PROTOCOL_VERSION = 5
+export const ENGINE_PROTOCOL_VERSION = 6
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -95,7 +96,18 @@ export interface BatchStepItem {
   logitsToKeep: number
   /** Last stage: pick the next token in the worker and return only its id (32k-wide logits stay there). */
   pick?: TokenPick
+  /**
+   * Run-ahead (a one-position step with `pick` only): the picks of the steps after this one. The
+   * worker feeds each picked token back at the next position at once, without waiting for the
+   * main thread, one step per pick, and posts each token in an 'ahead' message; 'ahead-picks'
+   * extends the list. It stops when the picks run out, and on free, cancel, retain or rollback of
+   * the sequence, or a new step for it (which first rolls its KV back to that step's position).
+   */
+  ahead?: TokenPick[]
 }
+
+/** A token the worker computed running ahead: `fed` was fed at `position`, and `token` picked from it. */
+export type AheadResult = { seqId: string, position: number, fed: number, token: number } | { seqId: string, position: number, error: SerializedError }
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
@@ -116,6 +128,11 @@ export type ToWorker =
   | { type: 'open-from', id: number, seqId: string, key: string, length: number }
   /** Frees kept prefixes. */
   | { type: 'evict', id: number, keys: string[] }
+  /**
+   * More picks for sequences running ahead: `picks[0]` is for the step that feeds position `from`
+   * (the one after the last pick given; otherwise the item is stale and ignored). No reply.
+   */
+  | { type: 'ahead-picks', id: number, items: Array<{ seqId: string, from: number, picks: TokenPick[] }> }
   /** Copies out the first `length` positions of kept prefix `key`; answered by 'exported'. */
   | { type: 'export-prefix', id: number, key: string, length: number }
   /**
@@ -136,6 +153,8 @@ export type FromWorker =
   /** A kept prefix's KV, laid out as import-prefix's `layers` (fresh buffers, transferred). */
   | { type: 'exported', id: number, length: number, layers: Float32Array[] }
   | { type: 'error', id: number, error: SerializedError }
+  /** Steps run ahead (no request id: results of the sequences' earlier steps' `ahead` picks). */
+  | { type: 'ahead', results: AheadResult[] }
 
 /** Validates a message arriving at the worker; returns an error text when it is malformed. */
 export function parseToWorker (msg: unknown): ToWorker | string {
@@ -168,6 +187,17 @@ export function parseToWorker (msg: unknown): ToWorker | string {
       return Array.isArray(m.layers) && m.layers.length > 0 && m.layers.every(t => t instanceof Float32Array)
         ? m as unknown as ToWorker
         : 'import-prefix: layers must be a non-empty array of Float32Arrays'
+    case 'ahead-picks': {
+      if (!Array.isArray(m.items)) return 'ahead-picks: items must be an array'
+      for (const item of m.items as unknown[]) {
+        const it = item as { seqId?: unknown, from?: unknown, picks?: unknown } | null
+        if (it === null || typeof it !== 'object' || typeof it.seqId !== 'string' || it.seqId.length === 0) return 'ahead-picks: each item needs a non-empty seqId'
+        if (!Number.isSafeInteger(it.from) || (it.from as number) < 0) return 'ahead-picks: from must be a non-negative integer'
+        const bad = checkPicks(it.picks, 'ahead-picks')
+        if (bad !== undefined) return bad
+      }
+      return m as unknown as ToWorker
+    }
     case 'evict':
       return Array.isArray(m.keys) && m.keys.every(k => typeof k === 'string') ? m as unknown as ToWorker : 'evict: keys must be an array of strings'
     case 'step': {
@@ -198,7 +228,19 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
   const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
     : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
   if (!ok) return `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
-  return m.pick === undefined ? undefined : checkPick(m.pick, what)
+  const bad = m.pick === undefined ? undefined : checkPick(m.pick, what)
+  if (bad !== undefined || m.ahead === undefined) return bad
+  if (m.pick === undefined || (m.positions as BigInt64Array).length !== 1) return `${what}: ahead needs a one-position step with a pick`
+  return checkPicks(m.ahead, `${what} ahead`)
+}
+
+function checkPicks (picks: unknown, what: string): string | undefined {
+  if (!Array.isArray(picks)) return `${what}: picks must be an array`
+  for (const p of picks) {
+    const bad = checkPick(p, what)
+    if (bad !== undefined) return bad
+  }
+  return undefined
 }
 
 function checkPick (pick: unknown, what: string): string | undefined {

@@ -15,6 +15,7 @@ import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, Step
 import type { TokenPick } from './sampling.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 import { codedAbortReason } from '../abort.ts'
+import { stepMark } from '../step-trace.ts'
 
 export interface StageEngineInit {
   graphPath: string
@@ -61,11 +62,20 @@ export interface StageBatchItem {
   logitsToKeep?: number
   /** As StepOptions.pick. */
   pick?: TokenPick
+  /**
+   * Run-ahead (a one-position decode step with `pick`): the picks of the next steps, in order. The
+   * worker runs them as soon as it has the token to feed; the next stepBatch item of this sequence
+   * that feeds that token at the next position takes the result computed ahead ({ranAhead: true})
+   * instead of a new run. Positions the caller never asks for are not emitted: free, retain (only
+   * up to the positions the caller fed) or a step other than the expected one end it.
+   */
+  ahead?: TokenPick[]
   /** This item's caller: on abort its sequence is cancelled (KV dropped) and it alone fails. */
   signal?: AbortSignal
 }
 
-export type StageBatchResult = { output: StepOutput } | { error: Error }
+/** `ranAhead`: the worker had computed it running ahead (no run of this call: not a step time). */
+export type StageBatchResult = { output: StepOutput, ranAhead?: true } | { error: Error }
 
 /** Kept prefixes of finished sequences' KV (left-aligned graphs; see stage-runner.ts). */
 export interface PrefixKeepingEngine {
@@ -94,18 +104,37 @@ export interface BatchingStageEngine extends StageEngine, PrefixKeepingEngine {
   rollback (seqId: string, length: number, signal?: AbortSignal): Promise<void>
 }
 
-type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' }>
+type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' | 'ahead' }>
+
+/** Main-thread view of a sequence running ahead in the worker. */
+interface Ahead {
+  /** Tokens computed ahead by the position they were fed at. */
+  tokens: Map<number, { fed: number, token: number }>
+  /** The highest position the worker has a pick for (it will compute up to it unless ended). */
+  pickedTo: number
+  /** Positions the caller has fed (taken results included): what retain may keep. */
+  fedTo: number
+  /** The worker's error for a step run ahead: the sequence is over. */
+  failed: Error | undefined
+  /** Wakes a caller waiting for a position. */
+  wake: (() => void) | undefined
+}
 
 export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
   let worker: Worker | undefined
   let dead: Error | undefined
   let nextId = 1
   const pending = new Map<number, { resolve: (r: Reply) => void, reject: (e: Error) => void }>()
+  /** Sequences running ahead in the worker. */
+  const aheads = new Map<string, Ahead>()
 
   const fail = (err: Error): void => {
     dead ??= err
     for (const p of pending.values()) p.reject(err)
     pending.clear()
+    // Callers waiting for a step the worker was running ahead learn it will not come.
+    for (const a of aheads.values()) { a.failed ??= err; a.wake?.() }
+    aheads.clear()
   }
 
   /** Sends one request; resolves with the worker's reply (errors rejected as ShoalErrors). */
@@ -115,12 +144,88 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     const w = worker
     return new Promise<Reply>((resolve, reject) => {
       pending.set(msg.id, { resolve, reject })
+      if (msg.type === 'step-batch' || msg.type === 'step') stepMark('m.post')
       w.postMessage(msg, transfer)
     })
   }
 
+  function onAhead (msg: Extract<FromWorker, { type: 'ahead' }>): void {
+    for (const r of msg.results) {
+      const a = aheads.get(r.seqId)
+      if (a === undefined) continue // ended here meanwhile
+      if ('error' in r) a.failed ??= deserializeError(r.error)
+      else a.tokens.set(r.position, { fed: r.fed, token: r.token })
+      a.wake?.()
+    }
+  }
+
+  /**
+   * The token computed ahead for `item`, waiting for the worker when it is still running it;
+   * undefined when this item is not the continuation the worker runs (it then goes as a new step).
+   */
+  async function takeAhead (item: StageBatchItem, signal: AbortSignal | undefined): Promise<StageBatchResult | undefined> {
+    const a = aheads.get(item.seqId)
+    if (a === undefined || item.pick === undefined || !('tokenIds' in item.input) || item.positions.length !== 1) return undefined
+    const position = item.positions[0]!
+    const fed = item.input.tokenIds[0]!
+    if (position !== a.fedTo || position > a.pickedTo) { aheads.delete(item.seqId); return undefined }
+    for (;;) {
+      const got = a.tokens.get(position)
+      if (got !== undefined) {
+        if (got.fed !== fed) { aheads.delete(item.seqId); return undefined } // not the same step: a new one
+        a.tokens.delete(position)
+        a.fedTo = position + 1
+        stepMark('e.took')
+        return { output: { kind: 'token', id: got.token }, ranAhead: true }
+      }
+      if (a.failed !== undefined) { aheads.delete(item.seqId); return { error: a.failed } }
+      if (aheads.get(item.seqId) !== a) return { error: new EngineError(`sequence ${item.seqId} ended while a step ran ahead`) }
+      if (signal?.aborted === true) return { error: abortReason(signal) }
+      stepMark('e.wait')
+      await new Promise<void>(resolve => {
+        const done = (): void => { a.wake = undefined; signal?.removeEventListener('abort', done); resolve() }
+        a.wake = done
+        signal?.addEventListener('abort', done, { once: true })
+      })
+    }
+  }
+
+  /** Picks to hand the worker, sent together once the current microtasks are done (one message per wake-up). */
+  let morePicks: Array<{ seqId: string, from: number, picks: TokenPick[] }> = []
+  const flushPicks = (): void => {
+    const items = morePicks
+    morePicks = []
+    if (items.length > 0 && worker !== undefined && dead === undefined) worker.postMessage({ type: 'ahead-picks', id: nextId++, items } satisfies ToWorker)
+  }
+
+  /** Hands the worker the picks of `item.ahead` it does not have yet (at most to the context end). */
+  function extendAhead (item: StageBatchItem): void {
+    const a = aheads.get(item.seqId)
+    if (a === undefined || item.ahead === undefined) return
+    const next = item.positions[0]! + 1
+    const fresh: TokenPick[] = []
+    item.ahead.forEach((pick, i) => { const p = next + i; if (p > a.pickedTo && p < init.stage.maxPositions) fresh.push(pick) })
+    if (fresh.length === 0) return
+    if (morePicks.length === 0) queueMicrotask(flushPicks)
+    morePicks.push({ seqId: item.seqId, from: a.pickedTo + 1, picks: fresh })
+    a.pickedTo += fresh.length
+  }
+
+  /** The picks of `item.ahead` the worker may run (the context end bounds them), and this sequence's run-ahead state. */
+  function startAhead (item: StageBatchItem): TokenPick[] | undefined {
+    aheads.delete(item.seqId)
+    if (item.ahead === undefined || item.pick === undefined || item.positions.length !== 1 || !('tokenIds' in item.input)) return undefined
+    const position = item.positions[0]!
+    const picks = item.ahead.slice(0, Math.max(0, init.stage.maxPositions - position - 1))
+    if (picks.length === 0) return undefined
+    aheads.set(item.seqId, { tokens: new Map(), pickedTo: position + picks.length, fedTo: position + 1, failed: undefined, wake: undefined })
+    return picks
+  }
+
   function onMessage (msg: FromWorker): void {
+    if (msg.type === 'ahead') { stepMark('m.ahead'); onAhead(msg); return }
     if (msg.type === 'ready' || msg.type === 'init-error') return
+    if (msg.type === 'stepped-batch' || msg.type === 'stepped') stepMark('m.recv')
     const p = pending.get(msg.id)
     if (p === undefined) return // reply to a request given up on (aborted step)
     pending.delete(msg.id)
@@ -198,6 +303,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       return seqId
     },
     async step (seqId, input, positions, options = {}, signal) {
+      aheads.delete(seqId) // the worker rolls back what it ran ahead before this step
       const stepInput: StepInput = 'tokenIds' in input
         ? { kind: 'tokens', ids: BigInt64Array.from(input.tokenIds, BigInt) }
         : { kind: 'hidden', data: ownBuffer(input.hidden) }
@@ -219,33 +325,34 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       return reply.output
     },
     async stepBatch (items, signal) {
+      stepMark('e.sb')
       const results: Array<StageBatchResult | undefined> = new Array(items.length)
       const cancels: Array<Promise<unknown>> = []
-      const cancel = (seqId: string): void => { cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }
+      const cancel = (seqId: string): void => { aheads.delete(seqId); cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }
       const signalOf = (item: StageBatchItem): AbortSignal | undefined =>
         signal === undefined ? item.signal : item.signal === undefined ? signal : AbortSignal.any([signal, item.signal])
-      const sent: Array<{ index: number, signal: AbortSignal | undefined }> = []
-      const wire: BatchStepItem[] = []
-      const transfer: ArrayBuffer[] = []
-      items.forEach((item, index) => {
-        const s = signalOf(item)
-        if (s?.aborted === true) { results[index] = { error: abortReason(s) }; cancel(item.seqId); return }
-        const input: StepInput = 'tokenIds' in item.input
-          ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
-          : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
-        const positions = BigInt64Array.from(item.positions, BigInt)
-        wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }) })
-        const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
-        if (!transfer.includes(buf)) transfer.push(buf)
-        transfer.push(positions.buffer as ArrayBuffer)
-        sent.push({ index, signal: s })
-      })
-      if (wire.length > 0) {
+      type Entry = { item: StageBatchItem, index: number, signal: AbortSignal | undefined }
+
+      /** One worker run for `entries` (their results filled in). */
+      async function runWire (entries: Entry[]): Promise<void> {
+        if (entries.length === 0) return
+        const wire: BatchStepItem[] = []
+        const transfer: ArrayBuffer[] = []
+        for (const { item } of entries) {
+          const ahead = startAhead(item)
+          const input: StepInput = 'tokenIds' in item.input
+            ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
+            : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
+          const positions = BigInt64Array.from(item.positions, BigInt)
+          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(ahead === undefined ? {} : { ahead }) })
+          const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
+          if (!transfer.includes(buf)) transfer.push(buf)
+          transfer.push(positions.buffer as ArrayBuffer)
+        }
         const offs: Array<() => void> = []
-        for (const { index, signal: s } of sent) {
+        for (const { item, signal: s } of entries) {
           if (s === undefined) continue
-          const seqId = items[index]!.seqId
-          const listener = (): void => { cancel(seqId) }
+          const listener = (): void => { cancel(item.seqId) }
           s.addEventListener('abort', listener, { once: true })
           offs.push(() => s.removeEventListener('abort', listener))
         }
@@ -256,23 +363,49 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
           for (const off of offs) off()
         }
         if (reply.type !== 'stepped-batch' || reply.results.length !== wire.length) throw new EngineError(`unexpected reply ${reply.type} to step-batch`)
-        sent.forEach(({ index, signal: s }, j) => {
+        entries.forEach(({ item, index, signal: s }, j) => {
           const r = reply.results[j]!
           results[index] = s?.aborted === true ? { error: abortReason(s) } : 'error' in r ? { error: deserializeError(r.error) } : r
+          if ('error' in results[index]) aheads.delete(item.seqId)
         })
       }
+
+      /** A sequence running ahead: the worker's token if this is the step it ran, else a run of its own. */
+      async function takeOrRun (entry: Entry): Promise<void> {
+        const r = await takeAhead(entry.item, entry.signal)
+        if (r === undefined) { await runWire([entry]); return }
+        results[entry.index] = r
+        if (!('error' in r)) extendAhead(entry.item)
+        else if (entry.signal?.aborted === true) cancel(entry.item.seqId)
+        else aheads.delete(entry.item.seqId)
+      }
+
+      const direct: Entry[] = []
+      const taken: Array<Promise<void>> = []
+      items.forEach((item, index) => {
+        const s = signalOf(item)
+        if (s?.aborted === true) { results[index] = { error: abortReason(s) }; cancel(item.seqId); return }
+        if (aheads.has(item.seqId)) taken.push(takeOrRun({ item, index, signal: s }))
+        else direct.push({ item, index, signal: s })
+      })
+      await Promise.all([runWire(direct), ...taken])
       await Promise.all(cancels)
       return results as StageBatchResult[]
     },
     async rollback (seqId, length, signal) {
       signal?.throwIfAborted()
+      aheads.delete(seqId)
       await call({ type: 'rollback', id: nextId++, seqId, length })
     },
     async free (seqId) {
+      aheads.delete(seqId)
       await call({ type: 'free', id: nextId++, seqId })
     },
     async retain (seqId, key, maxLength) {
-      const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength })
+      // Positions the worker computed ahead but nobody took are not the sequence's: keep at most those fed.
+      const a = aheads.get(seqId)
+      aheads.delete(seqId)
+      const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength: a === undefined ? maxLength : Math.min(maxLength, a.fedTo) })
       if (reply.type !== 'retained') throw new EngineError(`unexpected reply ${reply.type} to retain`)
       return { length: reply.length, bytes: reply.bytes }
     },

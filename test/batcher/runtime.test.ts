@@ -6,7 +6,7 @@
 import { Registry } from 'prom-client'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher, createSequentialExecutor } from '../../daemon/batcher/index.ts'
-import type { Batcher, BatcherInit, StepEngine, StepRequest, StepResult } from '../../daemon/batcher/index.ts'
+import type { BatchExecutor, Batcher, BatcherInit, StepEngine, StepRequest, StepResult } from '../../daemon/batcher/index.ts'
 import { ShoalError } from '../../daemon/errors.ts'
 import { SIM_VOCAB, SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
 
@@ -272,5 +272,31 @@ describe('batcher runtime', () => {
     expect(bad.status === 'rejected' && (bad.reason as ShoalError).code).toBe('SHOAL_ERR_CONTEXT_LENGTH')
     // The 12-position prefill ran as chunks, asking each for the logits rows it contributes.
     expect(calls.filter(c => c.seqId === 'long').map(c => [c.positions.length, c.logitsToKeep])).toEqual([[8, 2], [4, 4]])
+  })
+  it('passes a decode step\'s ahead picks to the executor, and its step-time model learns nothing from results computed ahead', async () => {
+    const pick = { temperature: 0, topP: 1, u: 0 }
+    const seen: Array<{ kind: string, ahead: number | undefined }> = []
+    // A stand-in executor: prefills "run" (wall time passes), decodes come back computed ahead.
+    const executor: BatchExecutor = {
+      async run (items) {
+        for (const it of items) seen.push({ kind: it.kind, ahead: it.ahead?.length })
+        if (items.every(it => it.kind === 'decode')) return items.map(() => ({ output: { kind: 'token', id: 7 }, ranAhead: true }))
+        await new Promise(resolve => setTimeout(resolve, 20))
+        return items.map(() => ({ output: { kind: 'token', id: 5 } }))
+      },
+    }
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 16, maxQueueDelayMs: 0, prefillAgingMs: 20 } }, { executor })
+    await b.start()
+    started.push(b)
+    await b.submit({ seqId: 's', kind: 'prefill', input: { tokenIds: [1, 2, 3] }, positions: [0, 1, 2], pick, ahead: [pick] })
+    const afterPrefill = b.estimateStepMs(1, 1)
+    expect(afterPrefill).toBeGreaterThan(0)
+    for (let i = 0; i < 20; i++) await b.submit({ seqId: 's', kind: 'decode', input: { tokenIds: [5] }, positions: [3 + i], pick, ahead: [pick, pick] })
+    // Twenty instant results taught it nothing: without the check its estimate would fall towards 0.
+    expect(b.estimateStepMs(1, 1)).toBe(afterPrefill)
+    expect(b.load().decodeTokensPerSecond).toBeGreaterThan(0)
+    // Ahead picks ride on decode steps only.
+    expect(seen[0]).toEqual({ kind: 'prefill', ahead: undefined })
+    expect(seen.slice(1).every(x => x.kind === 'decode' && x.ahead === 2)).toBe(true)
   })
 })

@@ -4,6 +4,7 @@
 import { availableParallelism } from 'node:os'
 import * as ort from 'onnxruntime-node'
 import { EngineError } from '../errors.ts'
+import { stepMark } from '../../step-trace.ts'
 import type { Backend, BackendSession, HostTensor, LoadOptions, TensorMap } from './types.ts'
 
 export function createOnnxruntimeBackend (): Backend {
@@ -45,16 +46,20 @@ function wrap (session: ort.InferenceSession): BackendSession {
     outputNames: session.outputNames,
     async run (feeds) {
       if (closed) throw new EngineError('session is closed')
+      stepMark('ort.feeds')
       const ortFeeds: Record<string, ort.Tensor> = {}
       for (const [name, t] of Object.entries(feeds)) ortFeeds[name] = new ort.Tensor(t.type, t.data, t.dims)
       let out: ort.InferenceSession.ReturnType
       try {
+        stepMark('ort.run0')
         out = await session.run(ortFeeds)
+        stepMark('ort.run1')
       } catch (err) {
         throw new EngineError(`onnxruntime run failed: ${(err as Error).message}`, { cause: err })
       }
       const result: TensorMap = {}
       for (const [name, v] of Object.entries(out)) result[name] = toHost(name, v as ort.Tensor)
+      stepMark('ort.out')
       return result
     },
     async close () {

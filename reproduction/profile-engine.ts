@@ -1,0 +1,146 @@
+/**
+ * Where one decoded token's time goes, end to end: one streamed greedy request through the daemon
+ * (createDaemon + the openai client, as bench-engine.ts) or the bare engine loop (rawRun), with
+ * timestamps on the per-step path (SHOAL_TRACE_DIR: daemon/step-trace.ts) — main thread posts the
+ * step, the worker receives it, builds feeds, onnxruntime runs, outputs are taken, the worker posts,
+ * the main thread receives — and the client's arrival time of each token.
+ *
+ * Run: SHOAL_TRACE_DIR=/tmp/tr node reproduction/profile-engine.ts --shard .cache/bench/llama-tiny-int4
+ *        [--mode http|raw] [--prompt 128] [--tokens 160]
+ * Add `--cpu-prof --cpu-prof-dir=DIR` to node for V8 profiles of both threads.
+ */
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
+import { loadavg, tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { performance } from 'node:perf_hooks'
+import { parseArgs } from 'node:util'
+import { Session } from 'node:inspector/promises'
+import { writeFile } from 'node:fs/promises'
+import OpenAI from 'openai'
+import { pino } from 'pino'
+import { createDaemon, validateConfig } from '../daemon/node/index.ts'
+import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { dumpStepTrace } from '../daemon/step-trace.ts'
+import { loadManifest } from '../shards/index.ts'
+
+const { values: args } = parseArgs({ options: {
+  shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
+  tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' },
+  'main-prof': { type: 'string' },
+} })
+const dir = process.env.SHOAL_TRACE_DIR
+if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
+const PROMPT = Number(args.prompt)
+const TOKENS = Number(args.tokens)
+const promptIds = (n: number, salt = 0): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
+const wall = (): number => performance.timeOrigin + performance.now()
+const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s.length === 0 ? NaN : s[Math.floor((s.length - 1) / 2)]! }
+const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
+
+const manifest = await loadManifest(args.shard)
+const windows: Array<{ from: number, to: number, arrivals: number[] }> = []
+const root = await mkdtemp(join(tmpdir(), 'shoal-profile-'))
+if (args.mode === 'http') {
+  const daemon = createDaemon(validateConfig({
+    models: [{ dir: args.shard }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
+    dataDir: join(root, 'data'), cacheRoot: join(root, 'cache'), listen: [], bootstrap: [], mdns: false,
+  }), { logger: pino({ level: 'warn' }) })
+  const { apiUrl } = await daemon.start()
+  const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
+  const run = async (salt: number, n: number): Promise<{ from: number, to: number, arrivals: number[] }> => {
+    const from = wall()
+    const arrivals: number[] = []
+    const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(PROMPT, salt), max_tokens: n, temperature: 0, stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
+    for await (const chunk of stream) {
+      const got = (chunk.choices[0] as { token_ids?: number[] } | undefined)?.token_ids ?? []
+      const t = wall()
+      for (let i = 0; i < got.length; i++) arrivals.push(t)
+    }
+    return { from, to: wall(), arrivals }
+  }
+  await run(99, 16)
+  const inspector = args['main-prof'] === undefined ? undefined : new Session()
+  if (inspector !== undefined) { inspector.connect(); await inspector.post('Profiler.enable'); await inspector.post('Profiler.setSamplingInterval', { interval: 50 }); await inspector.post('Profiler.start') }
+  for (let r = 0; r < Number(args.reps); r++) windows.push(await run(r, TOKENS))
+  if (inspector !== undefined) { const { profile } = await inspector.post('Profiler.stop'); await writeFile(args['main-prof']!, JSON.stringify(profile)) }
+  await daemon.stop()
+} else {
+  const stage = manifest.stages[0]!
+  const engine = createStageEngine({ graphPath: join(args.shard, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
+  await engine.start()
+  const run = async (salt: number, n: number): Promise<{ from: number, to: number, arrivals: number[] }> => {
+    const from = wall()
+    const arrivals: number[] = []
+    const prompt = promptIds(PROMPT, salt)
+    const seq = await engine.open()
+    let out = await engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i), GREEDY)
+    arrivals.push(wall())
+    for (let i = 1; i < n; i++) {
+      if (out.kind !== 'token') throw new Error('no token')
+      out = await engine.step(seq, { tokenIds: [out.id] }, [PROMPT + i - 1], GREEDY)
+      arrivals.push(wall())
+    }
+    await engine.free(seq)
+    return { from, to: wall(), arrivals }
+  }
+  await run(99, 16)
+  for (let r = 0; r < Number(args.reps); r++) windows.push(await run(r, TOKENS))
+  await engine.stop()
+}
+dumpStepTrace()
+await new Promise(resolve => setTimeout(resolve, 200))
+
+// ---- analysis: per decode step, the segments between consecutive marks
+const files = (await readdir(dir)).filter(f => f.startsWith('trace-') && f.includes(`-${process.pid}-`))
+const marks: Array<[string, number]> = []
+for (const f of files) marks.push(...JSON.parse(await readFile(join(dir, f), 'utf8')) as Array<[string, number]>)
+marks.sort((a, b) => a[1] - b[1])
+const order = ['m.post', 'w.recv', 'ort.feeds', 'ort.run0', 'ort.run1', 'ort.out', 'w.post', 'm.recv']
+const seg: Record<string, number[]> = {}
+const periods: number[] = []
+for (const w of windows) {
+  const ms = marks.filter(([, t]) => t >= w.from && t <= w.to)
+  // Steps: from one m.post to the next; skip the first (prefill) and keep only complete decode steps.
+  const starts = ms.map((m, i) => m[0] === 'm.post' ? i : -1).filter(i => i >= 0)
+  for (let k = 1; k + 1 < starts.length; k++) {
+    const step = ms.slice(starts[k]!, starts[k + 1]! + 1)
+    const labels = step.map(m => m[0])
+    if (labels.filter(l => l === 'ort.run0').length !== 1) continue
+    const at = (l: string): number => step.find(m => m[0] === l)![1]
+    for (let i = 0; i + 1 < order.length; i++) (seg[`${order[i]} → ${order[i + 1]}`] ??= []).push(at(order[i + 1]!) - at(order[i]!))
+    ;(seg['m.recv → next m.post'] ??= []).push(step.at(-1)![1] - at('m.recv'))
+    const chain = ['m.recv', 'b.ran', 'b.obs', 'b.routed', 'g.tok', 'g.pushed', 'b.submit', 'b.kick', 'b.planned', 'b.exec', 'e.sb', 'm.post']
+    // Each mark of the chain: the first occurrence after the previous one (the main thread's own order).
+    let from = step.findIndex(m => m[0] === 'm.recv')
+    const found: Array<number | undefined> = chain.map((l, i) => {
+      if (i === chain.length - 1) return step.at(-1)![1]
+      const j = step.findIndex((m, k) => k >= from && m[0] === l)
+      if (j < 0) return undefined
+      from = j
+      return step[j]![1]
+    })
+    for (let i = 0; i + 1 < chain.length; i++) {
+      const a = found[i]; const b = found[i + 1]
+      if (a !== undefined && b !== undefined) (seg[`  main: ${chain[i]} → ${chain[i + 1]}`] ??= []).push(b - a)
+    }
+    periods.push(step.at(-1)![1] - step[0]![1])
+  }
+  // Run-ahead: the worker's period (one ORT run to the next) and how the main thread got each token.
+  const runs = ms.filter(m => m[0] === 'ort.run0').map(m => m[1])
+  ;(seg['worker: run start → next run start'] ??= []).push(...runs.slice(2).map((t, i) => t - runs[i + 1]!))
+  const ends = ms.filter(m => m[0] === 'ort.run1').map(m => m[1])
+  ;(seg['worker: session.run (run0 → run1)'] ??= []).push(...runs.slice(1).map((t, i) => ends[i + 1]! - t).filter(x => x > 0))
+  ;(seg['worker: between runs (run1 → next run0)'] ??= []).push(...ends.slice(1, -1).map((t, i) => runs[i + 2]! - t).filter(x => x > 0))
+  const count = (l: string): number => ms.filter(m => m[0] === l).length
+  console.log(`window: ${count('w.ahead')} ahead posts, ${count('e.took')} tokens taken from run-ahead, ${count('e.wait')} waits for one, ${count('m.post')} step posts`)
+  const gaps = w.arrivals.slice(2).map((t, i) => t - w.arrivals[i + 1]!)
+  ;(seg['client: gap between tokens'] ??= []).push(...gaps)
+}
+const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
+console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+console.log(`| segment | median ms | p10 | p90 | n |`)
+console.log('|---|---|---|---|---|')
+const q = (xs: number[], p: number): number | undefined => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(p * s.length))] }
+for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(median(xs))} | ${f3(q(xs, 0.1))} | ${f3(q(xs, 0.9))} | ${xs.length} |`)
+console.log(`| whole step (m.post → next m.post) | ${f3(median(periods))} | ${f3(q(periods, 0.1))} | ${f3(q(periods, 0.9))} | ${periods.length} |`)
+await rm(root, { recursive: true, force: true })

@@ -1,0 +1,288 @@
+/**
+ * Run-ahead in the engine worker (a tiny fp32 shard, ort-contrib ops): a decode step submitted with
+ * `ahead` picks lets the worker feed back each token it picks without waiting for the main thread.
+ * Every token taken from it equals the plain step's; the positions it computed beyond what the
+ * caller took are never kept (retain) and are rolled back when the caller steps the sequence
+ * otherwise; seeded sampling draws handed over in advance give the same tokens. Through the local
+ * service, a stop string that lands while the worker is ahead gives the same completion, and the
+ * next turn on the kept prefix the same tokens and the same reuse, as a service without run-ahead.
+ * No timings.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createLocalService, createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import type { TokenPick } from '../../daemon/engine/sampling.ts'
+import { buildTinyModel } from './tiny-model.ts'
+import type { TinyModel } from './tiny-model.ts'
+
+const GREEDY: TokenPick = { temperature: 0, topP: 1, u: 0 }
+const AHEAD = 4
+
+/** Deterministic pseudo-random token ids in [3, vocab). */
+function tokens (n: number, seed: number, vocab: number): number[] {
+  let x = seed * 2654435761 >>> 0
+  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
+}
+
+function idOf (out: StepOutput): number {
+  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
+  return out.id
+}
+
+describe('run-ahead in the engine worker', () => {
+  let model: TinyModel
+  let engine: BatchingStageEngine
+  let vocab: number
+
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    vocab = model.manifest.shape.vocabSize
+    engine = createStageEngine({ graphPath: model.graphPath, stage: stageInfoOf(model.manifest), threads: 1, maxSequences: 8 })
+    await engine.start()
+  }, 120_000)
+  afterAll(async () => {
+    await engine?.stop()
+    await model?.cleanup()
+  })
+
+  /** One step of one sequence through stepBatch; `ranAhead` says whether the worker had it already. */
+  async function step (seqId: string, fed: number[], at: number, pick: TokenPick, ahead?: TokenPick[]): Promise<{ id: number, ranAhead: boolean }> {
+    const item: StageBatchItem = { seqId, input: { tokenIds: fed }, positions: fed.map((_, i) => at + i), pick, ...(ahead === undefined ? {} : { ahead }) }
+    const [r] = await engine.stepBatch([item])
+    if (r === undefined || 'error' in r) throw r?.error ?? new Error('no result')
+    return { id: idOf(r.output), ranAhead: r.ranAhead === true }
+  }
+
+  /** Prefill `prompt`, then `count` decode steps, each with the picks of the `ahead` steps after it (none: plain steps). */
+  async function decode (seqId: string, prompt: number[], count: number, picks: (i: number) => TokenPick, ahead: number): Promise<{ ids: number[], ranAhead: number }> {
+    let token = (await step(seqId, prompt, 0, picks(0))).id
+    const ids = [token]
+    let ranAhead = 0
+    for (let i = 1; i <= count; i++) {
+      const next = ahead === 0 ? undefined : Array.from({ length: ahead }, (_, k) => picks(i + 1 + k))
+      const r = await step(seqId, [token], prompt.length + i - 1, picks(i), next)
+      if (r.ranAhead) ranAhead++
+      token = r.id
+      ids.push(token)
+    }
+    return { ids, ranAhead }
+  }
+
+  /** Waits until the worker holds more than `length` positions of `seqId` (it has run ahead). */
+  async function ranPast (seqId: string, length: number): Promise<number> {
+    for (;;) {
+      const held = (await engine.stats()).sequences[seqId] ?? 0
+      if (held > length) return held
+      await new Promise(resolve => setTimeout(resolve, 2))
+    }
+  }
+
+  it('gives the plain steps\' greedy tokens, most of them computed ahead', async () => {
+    const prompt = tokens(20, 1, vocab)
+    const plainSeq = await engine.open()
+    const plain = await decode(plainSeq, prompt, 40, () => GREEDY, 0)
+    const aheadSeq = await engine.open()
+    const ahead = await decode(aheadSeq, prompt, 40, () => GREEDY, AHEAD)
+    expect(ahead.ids).toEqual(plain.ids)
+    expect(plain.ranAhead).toBe(0)
+    // The first decode step is a plain one (it starts the run-ahead); the worker may fall behind
+    // the caller, never ahead of its picks.
+    expect(ahead.ranAhead).toBeGreaterThan(30)
+    await engine.free(plainSeq)
+    await engine.free(aheadSeq)
+    expect((await engine.stats()).liveSequences).toBe(0)
+  })
+
+  it('several sequences running ahead together, one joining late, each get their plain tokens', async () => {
+    const prompts = [tokens(20, 11, vocab), tokens(9, 12, vocab), tokens(33, 13, vocab)]
+    const plain: number[][] = []
+    for (const prompt of prompts) {
+      const seq = await engine.open()
+      plain.push((await decode(seq, prompt, 24, () => GREEDY, 0)).ids)
+      await engine.free(seq)
+    }
+    // The worker merges the sequences' ahead steps (and the late one's prefill) into shared runs.
+    const seqs = await Promise.all(prompts.map(async () => await engine.open()))
+    const late = new Promise(resolve => setTimeout(resolve, 5))
+    const ahead = await Promise.all(prompts.map(async (prompt, i) => {
+      if (i === 2) await late
+      return (await decode(seqs[i]!, prompt, 24, () => GREEDY, AHEAD)).ids
+    }))
+    expect(ahead).toEqual(plain)
+    for (const seq of seqs) await engine.free(seq)
+    expect((await engine.stats()).liveSequences).toBe(0)
+  })
+
+  it('gives seeded sampling\'s tokens with the draws handed over in advance', async () => {
+    const prompt = tokens(16, 2, vocab)
+    // One draw per step, by step index: what a sequence's generator yields in order.
+    const draws = Array.from({ length: 64 }, (_, i) => ((i * 7919 + 13) % 1000) / 1000)
+    const pick = (i: number): TokenPick => ({ temperature: 0.9, topP: 0.95, u: draws[i]! })
+    const a = await engine.open()
+    const b = await engine.open()
+    const plain = await decode(a, prompt, 30, pick, 0)
+    const ahead = await decode(b, prompt, 30, pick, AHEAD)
+    expect(ahead.ids).toEqual(plain.ids)
+    expect(new Set(plain.ids).size).toBeGreaterThan(5) // sampling, not a greedy cycle
+    await engine.free(a)
+    await engine.free(b)
+  })
+
+  it('a stop while the worker is ahead: retain keeps only the positions the caller fed, and a sequence opened from that prefix continues as without run-ahead', async () => {
+    const prompt = tokens(24, 3, vocab)
+    const plainSeq = await engine.open()
+    const plain = await decode(plainSeq, prompt, 10, () => GREEDY, 0)
+    const aheadSeq = await engine.open()
+    const ahead = await decode(aheadSeq, prompt, 10, () => GREEDY, AHEAD)
+    expect(ahead.ids).toEqual(plain.ids)
+    const fed = prompt.length + 10
+    // The worker has computed steps nobody asked for yet.
+    expect(await ranPast(aheadSeq, fed)).toBeLessThanOrEqual(fed + AHEAD)
+    const keptPlain = await engine.retain(plainSeq, 'plain', 10_000)
+    const keptAhead = await engine.retain(aheadSeq, 'ahead', 10_000)
+    expect(keptPlain.length).toBe(fed)
+    expect(keptAhead).toEqual(keptPlain)
+
+    // Continue both prefixes with plain steps: the same tokens.
+    const last = plain.ids.at(-1)!
+    const cont = async (key: string): Promise<number[]> => {
+      const seq = await engine.openFrom(`${key}-next`, key, fed)
+      let token = last
+      const ids: number[] = []
+      for (let i = 0; i < 12; i++) {
+        token = (await step(seq, [token], fed + i, GREEDY)).id
+        ids.push(token)
+      }
+      await engine.free(seq)
+      return ids
+    }
+    expect(await cont('ahead')).toEqual(await cont('plain'))
+    await engine.evict(['plain', 'ahead'])
+    expect((await engine.stats()).keptPrefixes).toBe(0)
+  })
+
+  it('a step other than the one the worker ran ahead rolls its positions back first', async () => {
+    const prompt = tokens(18, 4, vocab)
+    const plainSeq = await engine.open()
+    const aheadSeq = await engine.open()
+    const plain = await decode(plainSeq, prompt, 6, () => GREEDY, 0)
+    const ahead = await decode(aheadSeq, prompt, 6, () => GREEDY, AHEAD)
+    expect(ahead.ids).toEqual(plain.ids)
+    const at = prompt.length + 6
+    await ranPast(aheadSeq, at)
+    // Feed a token other than the one picked (the worker fed the picked one at `at`), then go on plainly.
+    const forced = (plain.ids.at(-1)! + 1) % vocab
+    const go = async (seqId: string): Promise<number[]> => {
+      const first = await step(seqId, [forced], at, GREEDY)
+      expect(first.ranAhead).toBe(false)
+      const ids = [first.id]
+      for (let i = 1; i < 10; i++) ids.push((await step(seqId, [ids.at(-1)!], at + i, GREEDY)).id)
+      return ids
+    }
+    expect(await go(aheadSeq)).toEqual(await go(plainSeq))
+    const held = (await engine.stats()).sequences
+    expect(held[aheadSeq]).toBe(at + 10)
+    expect(held[plainSeq]).toBe(at + 10)
+    await engine.free(plainSeq)
+    await engine.free(aheadSeq)
+  })
+
+  it('a cancelled wait for a step run ahead drops the sequence', async () => {
+    const prompt = tokens(12, 5, vocab)
+    const seq = await engine.open()
+    const { ids } = await decode(seq, prompt, 3, () => GREEDY, AHEAD)
+    const controller = new AbortController()
+    controller.abort()
+    const [r] = await engine.stepBatch([{ seqId: seq, input: { tokenIds: [ids.at(-1)!] }, positions: [prompt.length + 3], pick: GREEDY, signal: controller.signal }])
+    expect(r !== undefined && 'error' in r && (r.error as { code?: string }).code).toBe('SHOAL_ERR_ABORTED')
+    expect((await engine.stats()).sequences[seq]).toBeUndefined()
+  })
+
+  it('checks ahead picks at the worker boundary', () => {
+    const item = { seqId: 's', input: { kind: 'tokens', ids: BigInt64Array.of(5n) }, positions: BigInt64Array.of(7n), logitsToKeep: 1, pick: GREEDY }
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, ahead: [GREEDY, GREEDY] }] })).toMatchObject({ type: 'step-batch' })
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, ahead: [{ temperature: 0, topP: 1, u: 2 }] }] })).toMatch(/u in/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, pick: undefined, ahead: [GREEDY] }] })).toMatch(/ahead needs/)
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: 9, picks: [GREEDY] }] })).toMatchObject({ type: 'ahead-picks' })
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: '', from: 9, picks: [] }] })).toMatch(/seqId/)
+    expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: -1, picks: [] }] })).toMatch(/from/)
+  })
+})
+
+describe('run-ahead through the local service', () => {
+  let model: TinyModel
+  let on: LocalService
+  let off: LocalService
+  /** No prefix cache: finds the stop string without leaving a prefix in the two compared. */
+  let ref: LocalService
+  let counter = 0
+  const request = (ids: number[], over: Partial<GenerateRequest> = {}): GenerateRequest => ({
+    requestId: `ra-${++counter}`,
+    model: model.manifest.modelId,
+    prompt: { kind: 'tokens', ids },
+    maxTokens: 48,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+    ...over,
+  })
+  async function collect (svc: LocalService, req: GenerateRequest): Promise<{ tokens: number[], text: string, end: Extract<GenerateEvent, { type: 'end' }> | undefined }> {
+    const events: GenerateEvent[] = []
+    for await (const ev of svc.generate(req, new AbortController().signal)) events.push(ev)
+    const deltas = events.filter((e): e is Extract<GenerateEvent, { type: 'delta' }> => e.type === 'delta')
+    return { tokens: deltas.flatMap(d => d.tokenIds), text: deltas.map(d => d.text).join(''), end: events.find((e): e is Extract<GenerateEvent, { type: 'end' }> => e.type === 'end') }
+  }
+
+  beforeAll(async () => {
+    model = await buildTinyModel()
+    // Prefix reuse of generated tokens: what a stopped request leaves in the cache is visible.
+    const init = { shardDir: model.shardDir, threads: 1, maxSequences: 4, prefixBlockSize: 8, reuseGenerated: true }
+    on = createLocalService(init)
+    off = createLocalService({ ...init, runAhead: 0 })
+    ref = createLocalService({ shardDir: model.shardDir, threads: 1, kvCacheBytes: 0, runAhead: 0 })
+    await on.start()
+    await off.start()
+    await ref.start()
+  }, 120_000)
+  afterAll(async () => {
+    await on?.stop()
+    await off?.stop()
+    await ref?.stop()
+    await model?.cleanup()
+  })
+
+  it('a stop string landing while the worker is ahead: the same completion, and the next turn reuses the same prefix and gives the same tokens', async () => {
+    const vocab = model.manifest.shape.vocabSize
+    const prompt = tokens(20, 7, vocab)
+    const free = await collect(ref, request(prompt))
+    expect(free.text.length).toBeGreaterThan(24)
+    // A stop string mid-completion: the worker has run up to four steps past it by then.
+    const stop = free.text.slice(16, 19)
+    const results = []
+    for (const svc of [off, on]) {
+      const stopped = await collect(svc, request(prompt, { stop: [stop] }))
+      const before = (await svc.stats()).prefix!
+      const next = await collect(svc, request([...prompt, ...stopped.tokens, ...tokens(5, 8, vocab)], { maxTokens: 16 }))
+      const after = (await svc.stats()).prefix!
+      results.push({ stopped, next: next.tokens, missed: after.missTokens - before.missTokens, hit: after.hitTokens - before.hitTokens })
+      expect((await svc.stats()).engine).toMatchObject({ liveSequences: 0 })
+    }
+    const [plain, ahead] = results
+    expect(plain!.stopped.end?.finishReason).toBe('stop')
+    expect(plain!.stopped.text).toBe(free.text.slice(0, free.text.indexOf(stop)))
+    expect(ahead!.stopped).toEqual(plain!.stopped)
+    expect(ahead!.hit).toBeGreaterThan(0)
+    expect(ahead).toEqual(plain)
+  })
+
+  it('seeded sampling gives the same tokens with and without run-ahead', async () => {
+    const prompt = tokens(16, 9, model.manifest.shape.vocabSize)
+    const sampling = { temperature: 0.9, topP: 0.9, seed: 4321 }
+    const a = await collect(off, request(prompt, { sampling }))
+    const b = await collect(on, request(prompt, { sampling }))
+    expect(b.tokens).toEqual(a.tokens)
+    expect(b.tokens.length).toBe(48)
+  })
+})
