@@ -36,6 +36,14 @@ export interface ModelFacts {
 /** The drafter name a default prompt lookup reports (metrics, receipts, /v1/mesh). */
 export const DEFAULT_LOOKUP_NAME = 'prompt-lookup (default)'
 
+/**
+ * The shortest n-gram the default lookup drafts from. A one-token match (the last token occurred
+ * before) is what text that does not repeat offers all the time and almost never predicts; every
+ * such round is a verify step that, among batched streams, runs outside the batch and delays the
+ * others. Text that does repeat matches two tokens a step later. (`--draft lookup` keeps 1.)
+ */
+export const DEFAULT_LOOKUP_MIN_NGRAM = 2
+
 /** Why a model served without `--draft` gets no prompt lookup, or undefined when it gets it. */
 export function defaultLookupSkipped (model: ModelFacts): string | undefined {
   if (!model.whole) return 'a chain stage (speculation there would turn off the chain\'s prefix reuse; --draft lookup asks for it)'

@@ -13,7 +13,7 @@ import { EngineError } from '../engine/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { createDraftModel } from './draft-model.ts'
-import { DEFAULT_LOOKUP_NAME, defaultLookupTakes } from './default.ts'
+import { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupTakes } from './default.ts'
 import { inexactTarget } from './exact.ts'
 import type { DraftModel } from './draft-model.ts'
 import { createPromptLookupDrafter } from './drafter.ts'
@@ -72,7 +72,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
   const metrics = createSpeculationMetrics(init.metrics)
   let draftModel: DraftModel | undefined
   let drafter: Drafter
-  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter(init.byDefault === true ? { name: DEFAULT_LOOKUP_NAME } : {})
+  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter(init.byDefault === true ? { name: DEFAULT_LOOKUP_NAME, minNgram: DEFAULT_LOOKUP_MIN_NGRAM } : {})
   else if ('draftDir' in init.drafter) {
     draftModel = createDraftModel({
       shardDir: init.drafter.draftDir,

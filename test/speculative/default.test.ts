@@ -3,7 +3,7 @@
  * which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path).
  */
 import { describe, expect, it } from 'vitest'
-import { defaultLookupSkipped, defaultLookupTakes, useDefaultLookup } from '../../daemon/speculative/index.ts'
+import { DEFAULT_LOOKUP_MIN_NGRAM, defaultLookupSkipped, defaultLookupTakes, promptLookup, useDefaultLookup } from '../../daemon/speculative/index.ts'
 import type { ModelFacts } from '../../daemon/speculative/index.ts'
 
 const fp32: ModelFacts = { whole: true, quantization: { kind: 'none' } }
@@ -38,5 +38,14 @@ describe('default prompt lookup', () => {
     expect(requests.map(r => useDefaultLookup(int4f32, r))).toEqual([true, true, false])
     expect(requests.map(r => useDefaultLookup(int4int8, r))).toEqual([false, false, false])
     expect(requests.map(r => useDefaultLookup(stage, r))).toEqual([false, false, false])
+  })
+
+  it('drafts from matches of two tokens or more (a one-token match is what text that does not repeat offers all the time)', () => {
+    const opts = { minNgram: DEFAULT_LOOKUP_MIN_NGRAM }
+    // ... 7 5 ... 5: only the last token occurred before.
+    expect(promptLookup([1, 7, 5, 8, 9, 5], 3, opts)).toEqual([])
+    expect(promptLookup([1, 7, 5, 8, 9, 5], 3)).toEqual([8, 9, 5])
+    // ... 9 5 ... 9 5: two tokens match, what followed them is drafted.
+    expect(promptLookup([9, 5, 8, 4, 9, 5], 3, opts)).toEqual([8, 4, 9])
   })
 })
