@@ -67,7 +67,7 @@ export function buildProgram (): Command {
     .option('--revocations <file>', 'CA revocation list withdrawing client keys (read at start)')
     .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
     .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
-    .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, or "lookup" (prompt lookup, no model)')
+    .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, "lookup" (prompt lookup, no model) or "none" (default: prompt lookup on models with f32 activations, for greedy and unseeded requests)')
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
@@ -87,7 +87,7 @@ export function buildProgram (): Command {
     .option('--kv-cache-mb <n>', 'MiB of KV kept from finished requests for prefix reuse; 0: none (default: an eighth of free memory, 64–2048)')
     .option('--no-mdns', 'disable LAN discovery')
     .addOption(logFormat())
-    .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, or "lookup"')
+    .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, "lookup" or "none" (default: prompt lookup on whole models with f32 activations, for greedy and unseeded requests)')
     .option('--hold-experts <dir>', 'be an expert holder: keep experts of this expert-parallel shard directory (shoal shard --experts) resident for stage nodes')
     .option('--expert-memory-mb <n>', 'MiB an expert holder keeps experts in (default: every expert of --hold-experts)')
     .addOption(new Option('--activations <encoding>', 'how the pipeline chains coordinated here send activations between stages: f32 (exact), f16 or int8 (lossy, for slow links)').choices(['f32', 'f16', 'int8']).default('f32'))

@@ -138,8 +138,11 @@ export interface WrapContext {
 export interface TokenSourceWrapper {
   start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
   stop? (): Promise<void>
-  /** A request's token source; `close` runs when the request ends, before its sequence is freed. */
-  wrap (ctx: WrapContext): TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }
+  /**
+   * A request's token source; `close` runs when the request ends, before its sequence is freed.
+   * Undefined: the request runs on the engine's own source (a wrapper that passes it up).
+   */
+  wrap (ctx: WrapContext): (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
 }
 
 export interface PrefixSummary {

@@ -146,6 +146,15 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   async function runChunk (seq: Sequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number): Promise<TensorMap> {
     const s = b - a
     const total = seq.length + s
+    // A rollback leaves a left-aligned row's dead columns in its block (no copy), and every later
+    // step's present block keeps them: fed whole they count toward the graph's context (its
+    // rotary table), so a sequence that rolled back often would fail short of the context end.
+    // Before a step would pass it, the live columns move to a block of their own (one copy).
+    if (leftAligned && seq.kv !== undefined && seq.kv.block.total + s > stage.maxPositions) {
+      const old = seq.kv.block
+      seq.kv = { block: compact(seq.kv, seq.length), row: 0 }
+      release(old)
+    }
     // Left-aligned caches are fed as their whole block row (past columns beyond the sequence's
     // length are masked out); right-aligned ones as exactly their live positions.
     const past = seq.kv === undefined ? 0 : leftAligned ? seq.kv.block.total : seq.length
@@ -242,7 +251,9 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     const first = group[0]!.seq.kv
     // The previous run's block, fed as is, when it holds exactly these sequences in order. A
     // left-aligned block may be wider than its longest row; a right-aligned one must match it.
-    const shared = first !== undefined && first.block.rows === rows && (leftAligned ? first.block.total >= pmax : first.block.total === pmax) &&
+    // (A left-aligned block with rolled-back columns is repacked to the live ones when feeding it
+    // whole would pass the context: see runChunk.)
+    const shared = first !== undefined && first.block.rows === rows && (leftAligned ? first.block.total >= pmax && first.block.total + s <= stage.maxPositions : first.block.total === pmax) &&
       group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
     const past = shared ? first.block.total : pmax
     const total = past + s

@@ -70,8 +70,9 @@ export interface DaemonConfig {
   budgets?: Partial<Budgets>
   /**
    * Speculative decoding for the whole models this node serves: a draft model directory
-   * (checkpoint or shard directory with the target's tokenizer) or 'lookup' (prompt lookup, no
-   * model). Absent: no speculation.
+   * (checkpoint or shard directory with the target's tokenizer), 'lookup' (prompt lookup, no
+   * model) or 'none' (no speculation). Absent: prompt lookup by default on the whole models whose
+   * shards verify exactly, for greedy and unseeded requests (daemon/speculative default.ts).
    */
   draft?: string
   /**
@@ -182,8 +183,8 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
   const ingress = input.ingress === undefined ? undefined : checkSection('ingress', input.ingress, DEFAULT_INGRESS_LIMITS, true)
   const abs = (p: string): string => isAbsolute(p) ? p : resolve(p)
   const models = input.models.map(m => Object.freeze(m.dir === 'demo' ? { ...m } : { ...m, dir: abs(m.dir) }))
-  if (input.draft !== undefined && input.draft.length === 0) throw new ConfigError('--draft', 'expected a draft model directory or "lookup"')
-  const draft = input.draft === undefined || input.draft === 'lookup' || input.draft === 'demo' ? input.draft : abs(input.draft)
+  if (input.draft !== undefined && input.draft.length === 0) throw new ConfigError('--draft', 'expected a draft model directory, "lookup" or "none"')
+  const draft = input.draft === undefined || input.draft === 'lookup' || input.draft === 'none' || input.draft === 'demo' ? input.draft : abs(input.draft)
   return Object.freeze({
     ...input,
     models: Object.freeze(models) as ModelEntry[],

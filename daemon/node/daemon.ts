@@ -51,8 +51,8 @@ import { createWitness } from '../witness/index.ts'
 import type { Witness } from '../witness/index.ts'
 import { ingressRefusal, roleRefusal } from './roles.ts'
 import type { ClientAuth } from '../ingress/index.ts'
-import { createSpeculation } from '../speculative/index.ts'
-import type { Speculation } from '../speculative/index.ts'
+import { createSpeculation, DEFAULT_LOOKUP_NAME, defaultLookupSkipped } from '../speculative/index.ts'
+import type { ModelFacts, Speculation } from '../speculative/index.ts'
 
 export interface DaemonComponents {
   logger: Logger
@@ -146,6 +146,9 @@ interface Served {
   local: InferenceService
 }
 
+/** What the default prompt lookup decides by (daemon/speculative default.ts). */
+const modelFacts = (m: ResolvedModel): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization })
+
 const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
 
 export function createDaemon (config: Readonly<DaemonConfig>, components: DaemonComponents): Daemon {
@@ -178,9 +181,16 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     )
   }
 
-  /** The drafter --draft names, as metrics and receipts call it ('prompt-lookup' or 'draft:<model id>'). */
-  const drafterName = (draft: ResolvedModel | undefined): string | undefined =>
-    config.draft === undefined ? undefined : config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
+  /**
+   * A model's drafter, as metrics and receipts call it: what --draft names ('prompt-lookup' or
+   * 'draft:<model id>'), nothing with --draft none, and without --draft the default prompt lookup
+   * on the models it suits (daemon/speculative default.ts).
+   */
+  const drafterName = (draft: ResolvedModel | undefined) => (m: ResolvedModel): string | undefined => {
+    if (config.draft === undefined) return defaultLookupSkipped(modelFacts(m)) === undefined ? DEFAULT_LOOKUP_NAME : undefined
+    if (config.draft === 'none') return undefined
+    return config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
+  }
 
   /** Stage step times in the last published record; re-published when they move (stepTimesChanged). */
   let publishedStepTimes = new Map<string, number>()
@@ -271,7 +281,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
         }
         // The draft model for speculative decoding (--draft), resolved (compiled) once.
-        const draft = config.draft === undefined || config.draft === 'lookup' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
+        const draft = config.draft === undefined || config.draft === 'lookup' || config.draft === 'none' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
         if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
         const wholeModels = models.filter(m => m.whole)
         const stageModels = models.filter(m => !m.whole && m.localChain !== true)
@@ -287,7 +297,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
             store: model => locals.find(s => s.models()[0]?.id === model)?.kvStore,
           })
         for (const model of wholeModels) {
-          const sourceWrapper = speculation(engine, draft)
+          const sourceWrapper = speculation(engine, draft, model)
+          // The one line saying why a model served without --draft decodes plainly (int8 activations).
+          const skipped = config.draft === undefined ? defaultLookupSkipped(modelFacts(model)) : undefined
           const service = createLocalService({
             ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
             shardDir: model.shardDir,
@@ -310,7 +322,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
           })
           await service.start()
           locals.push(service)
-          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }) }, 'model loaded')
+          logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
         }
         for (const model of stageModels) await startStage(model, engine, signer, meshed, draft, kvCacheBytes)
         for (const model of chainModels) {
@@ -476,9 +488,14 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
    * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
    * asks for it: its own draft worker (or prompt lookup) beside the model's engine.
    */
-  function speculation (choice: EngineChoice, draft: ResolvedModel | undefined): Speculation | undefined {
-    if (config.draft === undefined) return undefined
+  function speculation (choice: EngineChoice, draft: ResolvedModel | undefined, model: ResolvedModel): Speculation | undefined {
+    if (config.draft === 'none') return undefined
+    // Without --draft: prompt lookup where it keeps the model's tokens exact (whole models with
+    // f32 activations), for the requests it keeps their promise to; the others decode plainly.
+    const byDefault = config.draft === undefined
+    if (byDefault && defaultLookupSkipped(modelFacts(model)) !== undefined) return undefined
     return createSpeculation({
+      ...(byDefault ? { byDefault } : {}),
       drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
       backend: choice.backend,
       device: choice.device,
@@ -521,7 +538,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
-    const sourceWrapper = speculation(choice, draft)
+    const sourceWrapper = speculation(choice, draft, model)
     const coordinator = createPipelineService(
       {
         stage,

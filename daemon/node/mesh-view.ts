@@ -38,12 +38,14 @@ export function stepTimesChanged (published: ReadonlyMap<string, number>, curren
 }
 
 /**
- * `drafter`: speculative decoding's drafter name, declared for the models requests enter here by.
+ * `drafter`: speculative decoding's drafter name (one for all, or per model: the default prompt
+ * lookup skips some), declared for the models requests enter here by.
  * `stepTimes`: measured decode step times of the loaded stages (stageStepTimes), gossiped per stage.
  */
-export function servedModels (models: ResolvedModel[], drafter?: string, stepTimes?: ReadonlyMap<string, number>, devicesOf?: (m: ResolvedModel) => string[] | undefined): Capabilities['models'] {
+export function servedModels (models: ResolvedModel[], drafterOf?: string | ((m: ResolvedModel) => string | undefined), stepTimes?: ReadonlyMap<string, number>, devicesOf?: (m: ResolvedModel) => string[] | undefined): Capabilities['models'] {
   return models.map(m => {
     const devices = devicesOf?.(m)
+    const drafter = typeof drafterOf === 'function' ? drafterOf(m) : drafterOf
     const stage = m.manifest.stages[m.stageIndex]!
     const stepMs = m.whole || m.localChain === true ? undefined : stepTimes?.get(stageKey(m.manifestHash, [stage.layers[0], stage.layers[1]]))
     return {

@@ -39,16 +39,16 @@ export interface SequenceDrafter {
 
 /** Makes a drafter per sequence. */
 export interface Drafter {
-  /** Recorded in metrics and receipts: 'prompt-lookup' or 'draft:<model id>'. */
+  /** Recorded in metrics and receipts: 'prompt-lookup' (or 'prompt-lookup (default)') or 'draft:<model id>'. */
   readonly name: string
   /** Runs the prompt through the drafter (a draft model prefills alongside the target). */
   open (seqId: string, promptIds: readonly number[], signal: AbortSignal): Promise<SequenceDrafter>
 }
 
 /** Prompt lookup as a Drafter: no state, no model. */
-export function createPromptLookupDrafter (options: PromptLookupOptions = {}): Drafter {
+export function createPromptLookupDrafter (options: PromptLookupOptions & { name?: string } = {}): Drafter {
   return {
-    name: 'prompt-lookup',
+    name: options.name ?? 'prompt-lookup',
     async open () {
       return {
         async propose ({ context, k }) { return { tokens: promptLookup(context, k, options) } },

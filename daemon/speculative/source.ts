@@ -86,6 +86,11 @@ export interface SpeculationOptions {
   hops?: number
   /** With an adaptive K of 0, probe with a short round after this many plain steps (default 16). */
   probeEvery?: number
+  /**
+   * Each probe that accepts nothing doubles the plain steps before the next, up to this many
+   * (default 256; `probeEvery` keeps probes evenly spaced); one that accepts resets the spacing.
+   */
+  maxProbeEvery?: number
 }
 
 /** What one sequence's speculation did. */
@@ -138,6 +143,14 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   // whatever the machine's timings (adaptive K follows them).
   const fixedK = typeof init.k === 'number' ? Math.min(init.k, maxK) : !greedy && init.sampling.seed !== undefined ? initialK : undefined
   const probeEvery = init.probeEvery ?? 16
+  // A failed probe is a round of K + 1 positions that yields one token: alone it costs a fraction
+  // of a step, but among batched streams it runs outside the batch (the engine runs a
+  // several-position step alone) and delays the others' tokens. Where drafts never stand, evenly
+  // spaced probes are a round every ~16 tokens for the whole generation; backing off leaves a
+  // handful (log2 of the length) and still finds a stretch that starts to repeat.
+  const maxProbeEvery = Math.max(probeEvery, init.maxProbeEvery ?? 256)
+  let probeGap = probeEvery
+  let probing = false
   const tracker: CostTracker = createCostTracker()
   const vocab = init.vocabSize
   const counts: SpeculationCounts = { drafter: init.drafter.name, rounds: 0, drafted: 0, accepted: 0, plainSteps: 0, drafterFailures: 0 }
@@ -181,11 +194,12 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     if (counts.plainSteps === 0) return 0
     if (tracker.rounds < 2) return Math.min(initialK, cap)
     const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0), cap)
-    if (k === 0 && plainSinceRound >= probeEvery) return Math.min(2, cap)
+    if (k === 0 && plainSinceRound >= probeGap) { probing = true; return Math.min(2, cap) }
     return k
   }
 
   async function round (token: number, position: number, signal: AbortSignal): Promise<number> {
+    probing = false
     const k = pickK(position)
     if (k === 0 || drafter === undefined) return await plainStep(token, position, signal)
     let proposal: Proposal
@@ -214,6 +228,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     counts.drafted += n
     counts.accepted += result.accepted
     plainSinceRound = 0
+    if (probing) probeGap = result.accepted > 0 ? probeEvery : Math.min(2 * probeGap, maxProbeEvery)
     init.onRound?.(k, n, result.accepted)
     queue.push(...drafts.slice(0, result.accepted), result.next)
     return queue.shift()!

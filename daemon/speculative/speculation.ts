@@ -13,6 +13,8 @@ import { EngineError } from '../engine/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { createDraftModel } from './draft-model.ts'
+import { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupTakes } from './default.ts'
+import { inexactTarget } from './exact.ts'
 import type { DraftModel } from './draft-model.ts'
 import { createPromptLookupDrafter } from './drafter.ts'
 import type { Drafter } from './drafter.ts'
@@ -23,6 +25,12 @@ import type { SpeculationCounts, SpeculationOptions, SpeculativeSourceInit, Veri
 export interface SpeculationInit extends SpeculationOptions {
   /** A whole-model shard directory with the target's tokenizer, or prompt lookup. */
   drafter: { draftDir: string } | 'prompt-lookup' | Drafter
+  /**
+   * Prompt lookup switched on by default (no `--draft`; the daemon picks the models with
+   * default.ts): requests it would not keep their promise to (seeded sampled ones) run on the
+   * engine's own source, and the drafter reports itself as DEFAULT_LOOKUP_NAME.
+   */
+  byDefault?: boolean
   backend?: BackendName
   device?: string
   threads?: number
@@ -44,7 +52,7 @@ export interface ChainTarget {
 }
 
 export interface Speculation extends TokenSourceWrapper {
-  /** 'prompt-lookup' or 'draft:<model id>' (after start for a draft model). */
+  /** 'prompt-lookup', DEFAULT_LOOKUP_NAME or 'draft:<model id>' (after start for a draft model). */
   readonly drafterName: string
   /** A chain request's source (the chain checks drafts and samples at its last stage). */
   wrapChain (ctx: ChainTarget): TokenSource & { close: () => Promise<void> }
@@ -60,24 +68,11 @@ function chainVerifier (chain: ChainTarget['chain']): Verifier {
   }
 }
 
-/**
- * Why speculation cannot keep this target's tokens exact, or undefined when it can. A verify step
- * runs K + 1 positions where plain decoding runs one; with f32 activations the two differ only in
- * the last bits (as padded batches do), but int8 activations turn those bits into whole
- * quantization steps: on a generated 250m int4 model a 2-position step chose a different token
- * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md).
- */
-export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>): string | undefined {
-  const q = manifest.quantization
-  if (q.kind === 'none' || q.activations === 'f32') return undefined
-  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations to speculate`
-}
-
 export function createSpeculation (init: SpeculationInit): Speculation {
   const metrics = createSpeculationMetrics(init.metrics)
   let draftModel: DraftModel | undefined
   let drafter: Drafter
-  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter()
+  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter(init.byDefault === true ? { name: DEFAULT_LOOKUP_NAME, minNgram: DEFAULT_LOOKUP_MIN_NGRAM } : {})
   else if ('draftDir' in init.drafter) {
     draftModel = createDraftModel({
       shardDir: init.drafter.draftDir,
@@ -107,6 +102,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     },
     async stop () { await draftModel?.stop() },
     wrap (ctx) {
+      if (init.byDefault === true && !defaultLookupTakes(ctx.request.sampling)) return undefined
       return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback } })
     },
     wrapChain (ctx) {

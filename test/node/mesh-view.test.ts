@@ -112,6 +112,9 @@ describe('node load', () => {
     const second = { manifest: manifest(4, 7), manifestHash: 'h', stageIndex: 0, whole: false } as never
     expect(servedModels([whole, first, second], 'prompt-lookup').map(m => m.drafter)).toEqual(['prompt-lookup', 'prompt-lookup', undefined])
     expect(servedModels([whole]).map(m => m.drafter)).toEqual([undefined])
+    // Per model (the default prompt lookup skips some): still only where requests enter.
+    const byModel = (m: { whole: boolean }) => m.whole ? 'prompt-lookup (default)' : undefined
+    expect(servedModels([whole, first, second], byModel as never).map(m => m.drafter)).toEqual(['prompt-lookup (default)', undefined, undefined])
   })
 
   it('finds the live worker holders of one expert-parallel model with the memory they offer', () => {

@@ -1,13 +1,17 @@
 /**
  * `shoal serve --draft DIR` / `--draft lookup` end to end: the real daemon (createDaemon in serve
  * mode) with a draft model beside the target, the real `openai` client; greedy tokens equal the
- * independent onnxruntime loop, and /metrics shows the drafted and accepted counts.
+ * independent onnxruntime loop, and /metrics shows the drafted and accepted counts. Without
+ * `--draft`, prompt lookup is on by default where it keeps the contract (fp32 and f32-activation
+ * shards; greedy and unseeded requests) and off for int8-activation shards, seeded sampled
+ * requests and `--draft none`.
  */
 import { join } from 'node:path'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import { compileShards } from '../../shards/index.ts'
 import { referenceGreedy } from '../engine/reference-greedy.ts'
 import { buildDraftPair } from './pair.ts'
 import type { DraftPairFixture } from './pair.ts'
@@ -17,11 +21,11 @@ interface TokenChoice { text: string, prompt_token_ids?: number[], token_ids?: n
 describe('shoal serve with --draft', () => {
   let pair: DraftPairFixture
   const stops: Array<() => Promise<void>> = []
-  async function serve (draft: string): Promise<{ url: string, client: OpenAI }> {
+  async function serve (draft: string | undefined, shardDir = pair.target.shardDir): Promise<{ url: string, client: OpenAI }> {
     const root = join(pair.target.shardDir, '..', `run-${stops.length}`)
     const daemon = createDaemon(validateConfig({
-      models: [{ dir: pair.target.shardDir }],
-      draft,
+      models: [{ dir: shardDir }],
+      ...(draft === undefined ? {} : { draft }),
       api: { host: '127.0.0.1', port: 0 },
       device: 'cpu',
       dataDir: join(root, 'data'),
@@ -60,6 +64,51 @@ describe('shoal serve with --draft', () => {
       expect(receipt.body.speculation!.accepted).toBeLessThanOrEqual(receipt.body.speculation!.drafted)
     })
   }
+
+  type Receipted = { choices: unknown[], shoal: { receipt_id: string } }
+  const complete = async (client: OpenAI, params: Record<string, unknown>): Promise<{ tokens: number[], prompt: number[], receiptId: string }> => {
+    const res = await client.completions.create({ model: pair.target.manifest.modelId, return_token_ids: true, ...params } as unknown as Parameters<typeof client.completions.create>[0] & { stream?: false }) as unknown as Receipted
+    const choice = res.choices[0] as TokenChoice
+    return { tokens: choice.token_ids!, prompt: choice.prompt_token_ids!, receiptId: res.shoal.receipt_id }
+  }
+  const speculationOf = async (url: string, receiptId: string): Promise<{ drafter: string, drafted: number, accepted: number } | undefined> =>
+    (await (await fetch(`${url}/v1/receipts/${receiptId}`)).json() as { body: { speculation?: { drafter: string, drafted: number, accepted: number } } }).body.speculation
+
+  it('without --draft: prompt lookup by default for greedy and unseeded requests, shown as such; seeded sampled requests decode plainly (the same tokens as --draft none)', async () => {
+    const on = await serve(undefined)
+    const off = await serve('none')
+    const prompt = 'one two three one two three one two'
+    const greedy = await complete(on.client, { prompt, max_tokens: 32, temperature: 0 })
+    expect(greedy.tokens).toEqual(await referenceGreedy(pair.target.graphPath, pair.target.manifest.shape, greedy.prompt, 32))
+    const spec = await speculationOf(on.url, greedy.receiptId)
+    expect(spec?.drafter).toBe('prompt-lookup (default)')
+    expect(spec!.drafted).toBeGreaterThan(0)
+    expect(await (await fetch(`${on.url}/metrics`)).text()).toMatch(/shoal_speculative_drafted_tokens_total\{model="[^"]+",drafter="prompt-lookup \(default\)"\} [1-9]/)
+    // Unseeded sampling: speculative (the distribution is the model's; no draw was promised).
+    const unseeded = await complete(on.client, { prompt, max_tokens: 16, temperature: 0.8 })
+    expect((await speculationOf(on.url, unseeded.receiptId))?.drafter).toBe('prompt-lookup (default)')
+    // Seeded sampling keeps the plain path: no speculation, and the tokens of a node without it.
+    const seeded = { prompt, max_tokens: 24, temperature: 0.8, seed: 1234 }
+    const a = await complete(on.client, seeded)
+    const b = await complete(off.client, seeded)
+    expect(await speculationOf(on.url, a.receiptId)).toBeUndefined()
+    expect(a.tokens).toEqual(b.tokens)
+    // --draft none: nothing speculates, nothing is declared.
+    const plain = await complete(off.client, { prompt, max_tokens: 32, temperature: 0 })
+    expect(plain.tokens).toEqual(greedy.tokens)
+    expect(await speculationOf(off.url, plain.receiptId)).toBeUndefined()
+    expect(await (await fetch(`${off.url}/metrics`)).text()).not.toMatch(/shoal_speculative_drafted_tokens_total\{/)
+  })
+
+  it('without --draft: int8-activation shards decode plainly, without an error', async () => {
+    const dir = join(pair.target.shardDir, '..', 'int4')
+    await compileShards({ modelDir: join(pair.target.shardDir, '..', 'ckpt', 'target'), outDir: dir, quant: 'int4' })
+    const { url, client } = await serve(undefined, dir)
+    const res = await complete(client, { prompt: 'one two three one two three one two', max_tokens: 16, temperature: 0 })
+    expect(res.tokens.length).toBeGreaterThan(0)
+    expect(await speculationOf(url, res.receiptId)).toBeUndefined()
+    expect(await (await fetch(`${url}/metrics`)).text()).not.toMatch(/shoal_speculative_drafted_tokens_total\{/)
+  })
 
   it('an empty --draft is a config error naming the flag', () => {
     expect(() => validateConfig({ models: [], identityDir: 'x', draft: '', device: 'cpu', dataDir: 'd', cacheRoot: 'c', listen: [], bootstrap: [], mdns: false })).toThrow(/--draft/)

@@ -54,6 +54,55 @@ describe('engine rollback', () => {
     await runner.drop('a', 'free')
   })
 
+  it('rolled-back positions never push a later step past the context (solo and batched)', async () => {
+    // A rollback leaves dead columns in a left-aligned block; fed whole, block + new positions
+    // passed the graph's rotary table ("cos_cache dimension 0 shall not be less than
+    // total_sequence_length") although the sequence itself fitted.
+    const max = stageInfoOf(model.manifest).maxPositions
+    const long = Array.from({ length: max - 7 }, (_, i) => (i * 7) % 500)
+    const tail = [9, 11, 12, 13]
+    const wholeRef = async (): Promise<Float32Array> => {
+      runner.open('ref2')
+      try {
+        await runner.step('ref2', ids(long), at(0, long.length), 1)
+        return logits(await runner.step('ref2', ids(tail), at(long.length, tail.length), tail.length))
+      } finally { await runner.drop('ref2', 'free') }
+    }
+    const want = await wholeRef()
+    runner.open('d')
+    await runner.step('d', ids(long), at(0, long.length), 1)
+    await runner.step('d', ids([9, 1, 2, 3, 4]), at(long.length, 5), 5) // the block now holds max - 2 columns
+    runner.rollback('d', long.length + 1) // keep the first: 4 dead columns
+    const got = logits(await runner.step('d', ids(tail.slice(1)), at(long.length + 1, 3), 3))
+    expect([...got]).toEqual([...want.subarray(512)])
+    await runner.drop('d', 'free')
+
+    // Batched single-position steps feed a shared block as is: rows rolled back in it keep their
+    // dead columns there the same way.
+    const tail5 = [9, 11, 12, 13, 14]
+    runner.open('ref3')
+    await runner.step('ref3', ids(long), at(0, long.length), 1)
+    const want5 = logits(await runner.step('ref3', ids(tail5), at(long.length, 5), 5))
+    await runner.drop('ref3', 'free')
+    runner.open('e')
+    runner.open('f')
+    for (const seqId of ['e', 'f']) await runner.step(seqId, ids(long), at(0, long.length), 1)
+    for (const [i, t] of [9, 1, 2, 3].entries()) await runner.stepBatch(['e', 'f'].map(seqId => ({ seqId, input: ids([t]), positions: at(long.length + i, 1), logitsToKeep: 1 })))
+    runner.rollback('e', long.length + 1)
+    runner.rollback('f', long.length + 1)
+    for (let i = 1; i < tail5.length; i++) {
+      const outs = await runner.stepBatch(['e', 'f'].map(seqId => ({ seqId, input: ids([tail5[i]!]), positions: at(long.length + i, 1), logitsToKeep: 1 })))
+      for (const r of outs) {
+        expect('output' in r!, 'error' in r! ? String(r.error) : '').toBe(true)
+        const row = 'output' in r! ? logits(r.output) : new Float32Array()
+        // Batched runs are exact up to float rounding, not bit for bit.
+        for (let j = 0; j < 512; j++) expect(row[j]).toBeCloseTo(want5[i * 512 + j]!, 4)
+      }
+    }
+    await runner.drop('e', 'free')
+    await runner.drop('f', 'free')
+  })
+
   it('rolls back a row of a shared batch block without touching its batch-mates', async () => {
     runner.open('b')
     runner.open('c')

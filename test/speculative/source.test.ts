@@ -138,6 +138,63 @@ describe('speculative token source', () => {
     expect(chiQ).toBeGreaterThan(200)
   })
 
+  it('adaptive K drops to 0 where drafts never stand, and backs its probes off until one stands again', async () => {
+    const rows = table(1, { 1: 2 })
+    const best = (t: number): number => { let b = 0; for (let v = 1; v < V; v++) if (rows[t]![v]! > rows[t]![b]!) b = v; return b }
+    const steps = 400
+    const plain: number[] = []
+    for (let i = 0, t = 1; i < steps; i++) { t = best(t); plain.push(t) }
+    /** Rounds over `steps` tokens: a drafter wrong at every token (right from `rightFrom` generated tokens on). */
+    async function rounds (maxProbeEvery: number | undefined, rightFrom = Infinity): Promise<{ out: number[], rounds: number[], accepted: number }> {
+      const target = fakeSequence(rows, 10_000)
+      let clock = 0
+      // A step costs 10 ms plus 1 ms a position: a failed round always costs more than it yields.
+      const t: TargetSequence = { step: async (_kind, ids, pos, opts) => { clock += 10 + ids.length; return await target.step(ids, pos, opts) }, rollback: target.rollback }
+      const at: number[] = []
+      const source = createSpeculativeSource({
+        seqId: 's',
+        target: t,
+        drafter: {
+          name: 'fake',
+          async open () {
+            return {
+              async propose ({ context, k }) {
+                const generated = context.length - 2
+                const tokens: number[] = []
+                for (let i = 0, x = context[context.length - 1]!; i < k; i++) { const right = best(x); x = generated >= rightFrom ? right : (right + 1) % V; tokens.push(x) }
+                return { tokens }
+              },
+              async close () {},
+            }
+          },
+        },
+        sampling: { temperature: 0, topP: 1 },
+        maxTokens: undefined,
+        maxPositions: 10_000,
+        vocabSize: V,
+        now: () => clock,
+        ...(maxProbeEvery === undefined ? {} : { maxProbeEvery }),
+        onRound: () => { at.push(target.kv.length) },
+      })
+      const out = await run(source, [0, 1], steps)
+      const c = source.counts()
+      await source.close()
+      return { out, rounds: at, accepted: c.accepted }
+    }
+    const evenly = await rounds(16)
+    const backedOff = await rounds(undefined)
+    expect(evenly.out).toEqual(plain)
+    expect(backedOff.out).toEqual(plain)
+    // Evenly spaced probes: one every ~16 plain steps; backed off: 16, 32, 64, 128, 256 apart.
+    expect(evenly.rounds.length).toBeGreaterThanOrEqual(20)
+    expect(backedOff.rounds.length).toBeLessThanOrEqual(10)
+    expect(evenly.accepted + backedOff.accepted).toBe(0)
+    // A drafter that starts being right is found by the next probe, and K grows again.
+    const recovers = await rounds(undefined, 150)
+    expect(recovers.out).toEqual(plain)
+    expect(recovers.accepted).toBeGreaterThan(100)
+  })
+
   it('a seeded sampled run reproduces, adaptive K or not', async () => {
     for (const k of [3, 'adaptive'] as const) {
       const a = await run(setup({ k, temperature: 0.9, seed: 5 }).source, [0, 1], 40)

@@ -1,0 +1,62 @@
+/**
+ * Prompt lookup on by default: where a model served without `--draft` gets it, and which of its
+ * requests run speculatively. Pure decisions over model facts and a request's sampling, so the
+ * daemon (per model) and the speculation wrapper (per request) agree and tests need no model.
+ *
+ * Lookup costs nothing to run (no model, microseconds per proposal) and adaptive K drops to 0 where
+ * nothing repeats (reproduction/results/speculative.md: 0.98–1.03× plain), so it may be on by
+ * default wherever it keeps what the request was promised:
+ *  - the target must verify exactly enough: a verify step of K + 1 positions differs from
+ *    one-position decoding only in the last f32 bits (as padded batches already do) with f32
+ *    activations, but by whole quantization steps with int8 activations (inexactTarget), so
+ *    the compiler's default int4/int8 shards are skipped, quietly;
+ *  - a whole model only: on a chain a source wrapper turns the chain's KV prefix reuse off
+ *    (daemon/pipeline's service), which a default must not cost; `--draft lookup` still asks for it;
+ *  - greedy requests (the target's own tokens) and sampled requests without a seed (the target's
+ *    distribution exactly; no draw was promised) run speculatively;
+ *  - seeded sampled requests keep the plain path. Speculative sampling makes different draws than
+ *    plain sampling (one per examined draft, then one for the correction), and how many depends
+ *    on K, which adaptive K picks from measured step times: the same seed would give different
+ *    tokens from run to run with the machine's load (the explicit `--draft` path pins K for seeded
+ *    requests for that reason, but its tokens still differ from the plain path's). A seed promises
+ *    the same tokens on every run and on every replica — and a replica with int8-activation
+ *    shards, or `--draft none`, decodes plainly — so only the plain path keeps it.
+ */
+import type { ShardManifest } from '../../shards/index.ts'
+import type { SamplingParams } from '../service.ts'
+import { inexactTarget } from './exact.ts'
+
+/** What the default needs to know of a served model. */
+export interface ModelFacts {
+  /** Served whole on this node (one engine), not a stage of a chain. */
+  whole: boolean
+  quantization: ShardManifest['quantization']
+}
+
+/** The drafter name a default prompt lookup reports (metrics, receipts, /v1/mesh). */
+export const DEFAULT_LOOKUP_NAME = 'prompt-lookup (default)'
+
+/**
+ * The shortest n-gram the default lookup drafts from. A one-token match (the last token occurred
+ * before) is what text that does not repeat offers all the time and almost never predicts; every
+ * such round is a verify step that, among batched streams, runs outside the batch and delays the
+ * others. Text that does repeat matches two tokens a step later. (`--draft lookup` keeps 1.)
+ */
+export const DEFAULT_LOOKUP_MIN_NGRAM = 2
+
+/** Why a model served without `--draft` gets no prompt lookup, or undefined when it gets it. */
+export function defaultLookupSkipped (model: ModelFacts): string | undefined {
+  if (!model.whole) return 'a chain stage (speculation there would turn off the chain\'s prefix reuse; --draft lookup asks for it)'
+  const why = inexactTarget(model)
+  return why === undefined ? undefined : 'int8 activations (a verify step could round to a different token than plain decoding)'
+}
+
+/** Whether a request to a model with default prompt lookup runs speculatively (see above). */
+export function defaultLookupTakes (sampling: Pick<SamplingParams, 'temperature' | 'seed'>): boolean {
+  return sampling.temperature <= 0 || sampling.seed === undefined
+}
+
+/** The whole choice: does this request to this model, served without `--draft`, use prompt lookup. */
+export function useDefaultLookup (model: ModelFacts, sampling: Pick<SamplingParams, 'temperature' | 'seed'>): boolean {
+  return defaultLookupSkipped(model) === undefined && defaultLookupTakes(sampling)
+}

@@ -1,0 +1,18 @@
+/**
+ * Whether a target's shards verify exactly enough to speculate on (daemon/speculative's explicit
+ * `--draft` refuses the others; the default prompt lookup skips them).
+ */
+import type { ShardManifest } from '../../shards/index.ts'
+
+/**
+ * Why speculation cannot keep this target's tokens exact, or undefined when it can. A verify step
+ * runs K + 1 positions where plain decoding runs one; with f32 activations the two differ only in
+ * the last bits (as padded batches do), but int8 activations turn those bits into whole
+ * quantization steps: on a generated 250m int4 model a 2-position step chose a different token
+ * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md).
+ */
+export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>): string | undefined {
+  const q = manifest.quantization
+  if (q.kind === 'none' || q.activations === 'f32') return undefined
+  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations to speculate`
+}

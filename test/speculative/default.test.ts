@@ -1,0 +1,51 @@
+/**
+ * Prompt lookup on by default: which models get it (whole models whose shards verify exactly) and
+ * which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path).
+ */
+import { describe, expect, it } from 'vitest'
+import { DEFAULT_LOOKUP_MIN_NGRAM, defaultLookupSkipped, defaultLookupTakes, promptLookup, useDefaultLookup } from '../../daemon/speculative/index.ts'
+import type { ModelFacts } from '../../daemon/speculative/index.ts'
+
+const fp32: ModelFacts = { whole: true, quantization: { kind: 'none' } }
+const int4f32: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 32, activations: 'f32' } }
+const int8f32: ModelFacts = { whole: true, quantization: { kind: 'int8', blockSize: 32, activations: 'f32' } }
+const int4int8: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 32, activations: 'int8' } }
+// Shards from before `activations` was recorded compute in int8 activations (the compiler's default).
+const int4unset: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 128 } }
+const stage: ModelFacts = { whole: false, quantization: { kind: 'none' } }
+
+describe('default prompt lookup', () => {
+  it('is on for whole models with f32 activations, off (with a reason) for int8 activations and chain stages', () => {
+    expect(defaultLookupSkipped(fp32)).toBeUndefined()
+    expect(defaultLookupSkipped(int4f32)).toBeUndefined()
+    expect(defaultLookupSkipped(int8f32)).toBeUndefined()
+    expect(defaultLookupSkipped(int4int8)).toMatch(/int8 activations/)
+    expect(defaultLookupSkipped(int4unset)).toMatch(/int8 activations/)
+    expect(defaultLookupSkipped(stage)).toMatch(/chain/)
+  })
+
+  it('takes greedy requests (seeded or not) and unseeded sampled ones; seeded sampled ones keep the plain path', () => {
+    expect(defaultLookupTakes({ temperature: 0 })).toBe(true)
+    expect(defaultLookupTakes({ temperature: 0, seed: 7 })).toBe(true)
+    expect(defaultLookupTakes({ temperature: 0.8 })).toBe(true)
+    expect(defaultLookupTakes({ temperature: 0.8, seed: 7 })).toBe(false)
+    expect(defaultLookupTakes({ temperature: 1e-3, seed: 0 })).toBe(false)
+  })
+
+  it('decides per model and request together', () => {
+    const requests = [{ temperature: 0 }, { temperature: 0.7 }, { temperature: 0.7, seed: 1 }]
+    expect(requests.map(r => useDefaultLookup(fp32, r))).toEqual([true, true, false])
+    expect(requests.map(r => useDefaultLookup(int4f32, r))).toEqual([true, true, false])
+    expect(requests.map(r => useDefaultLookup(int4int8, r))).toEqual([false, false, false])
+    expect(requests.map(r => useDefaultLookup(stage, r))).toEqual([false, false, false])
+  })
+
+  it('drafts from matches of two tokens or more (a one-token match is what text that does not repeat offers all the time)', () => {
+    const opts = { minNgram: DEFAULT_LOOKUP_MIN_NGRAM }
+    // ... 7 5 ... 5: only the last token occurred before.
+    expect(promptLookup([1, 7, 5, 8, 9, 5], 3, opts)).toEqual([])
+    expect(promptLookup([1, 7, 5, 8, 9, 5], 3)).toEqual([8, 9, 5])
+    // ... 9 5 ... 9 5: two tokens match, what followed them is drafted.
+    expect(promptLookup([9, 5, 8, 4, 9, 5], 3, opts)).toEqual([8, 4, 9])
+  })
+})
