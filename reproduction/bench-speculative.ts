@@ -10,11 +10,23 @@
  * (greedy next token = a fixed cycle's next token; shards/testmodel) given a "rewrite this text
  * with one change" prompt (copyTaskPrompt: unrelated tokens, a stretch of the cycle with one token
  * changed, a separator, the stretch's first token), so the continuation is text the prompt holds.
- * Only plain and lookup run there (--k is ignored: no draft model matches it).
+ * Only plain and lookup run there (--k is ignored: no draft model matches it). --copy-prompt picks
+ * the prompt there: `copy` (the above), `fresh` (nothing repeats: 327 tokens of the cycle read
+ * backwards from the text's start, so no generated token ever occurs earlier and lookup proposes
+ * nothing), or `reversed` (lookup's worst case: the whole cycle read backwards, so every generated
+ * token occurs earlier, followed by the wrong token: lookup proposes every step, and every round fails).
+ *
+ * --streams N runs N greedy requests at once per measurement (the micro-batcher batches their plain
+ * steps; a verify step of several positions runs alone); tok/s is then all streams' tokens over the
+ * wall time from the first token to the last. --lookup default measures what a node serving the
+ * model without --draft runs (createSpeculation's byDefault: prompt lookup, adaptive K) against
+ * plain decoding (what --draft none runs); --explicit yes adds what --draft lookup runs (one-token
+ * matches drafted too), with adaptive K's probes backed off and evenly spaced.
  *
  * Run: node reproduction/bench-speculative.ts [--size 250m] [--vocab 0] [--layers 24] [--draft-layers 1]
  *        [--epsilon 0.02] [--quant int4] [--tokens 128] [--reps 3] [--k 1,2,4,6,8,adaptive|none] [--lookup yes|no]
- *        [--task random|copy] [--reject 1,4|none]
+ *        [--task random|copy] [--copy-prompt copy|fresh|reversed] [--reject 1,4|none] [--streams 1]
+ *        [--lookup yes|no|default] [--explicit no|yes]
  * Models are generated and compiled once into .cache/bench/ and reused.
  */
 import { existsSync } from 'node:fs'
@@ -43,6 +55,9 @@ const { values: args } = parseArgs({
     lookup: { type: 'string', default: 'yes' },
     task: { type: 'string', default: 'random' },
     reject: { type: 'string', default: 'none' },
+    'copy-prompt': { type: 'string', default: 'copy' },
+    streams: { type: 'string', default: '1' },
+    explicit: { type: 'string', default: 'no' },
   },
 })
 const TOKENS = Number(args.tokens)
@@ -55,7 +70,22 @@ const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', name)
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived'
 
 /** The copy task's prompt: 24 unrelated tokens, 300 tokens of text (one changed, a third in), a separator. */
-const COPY = copyTaskPrompt({ cycle: successorCycle('llama'), length: 300, change: 100, prefix: 24 })
+const CYCLE = successorCycle('llama')
+const COPY = copyTaskPrompt({ cycle: CYCLE, length: 300, change: 100, prefix: 24 })
+const backwards = (count: number): number[] => Array.from({ length: count }, (_, i) => CYCLE[((-1 - i) % CYCLE.length + CYCLE.length) % CYCLE.length]!)
+/** The copy task's prompt ids and the greedy continuation they lead to (the cycle after the last token). */
+const COPY_PROMPT: { ids: number[], continuation: (n: number) => number[] } = (() => {
+  const after = (last: number) => (n: number): number[] => { const i = CYCLE.indexOf(last); return Array.from({ length: n }, (_, j) => CYCLE[(i + 1 + j) % CYCLE.length]!) }
+  if (args['copy-prompt'] === 'copy') return COPY
+  // fresh: the text's start after 327 tokens that precede it in the cycle (read backwards): the
+  // continuation runs forward from the start, through tokens the prompt never holds.
+  if (args['copy-prompt'] === 'fresh') { const ids = [...backwards(327), CYCLE[0]!]; return { ids, continuation: after(CYCLE[0]!) } }
+  // reversed: the whole cycle backwards; the continuation runs forward through tokens the prompt
+  // holds in the opposite order.
+  if (args['copy-prompt'] === 'reversed') { const ids = backwards(CYCLE.length); return { ids, continuation: after(ids[ids.length - 1]!) } }
+  throw new Error(`--copy-prompt: ${args['copy-prompt']}`)
+})()
+const STREAMS = Math.max(1, Number(args.streams))
 
 async function prepareCopy (): Promise<string> {
   const target = join(dir, 'target')
@@ -89,18 +119,28 @@ async function prepare (): Promise<{ target: string, draft: string }> {
 interface Measured { tokS: number, cpuMsPerToken: number, tokens: number[] }
 
 async function measure (svc: LocalService, text: string): Promise<Measured> {
-  const tokens: number[] = []
-  let first = 0
+  let first: number | undefined
   let cpu0 = process.cpuUsage()
-  for await (const e of svc.generate({
-    requestId: `b${performance.now()}`, model: svc.models()[0]!.id,
-    prompt: copyTask ? { kind: 'tokens', ids: COPY.ids } : { kind: 'text', text }, maxTokens: TOKENS,
-    sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000,
-  }, new AbortController().signal)) {
-    if (e.type === 'delta') { if (tokens.length === 0) { first = performance.now(); cpu0 = process.cpuUsage() } tokens.push(...e.tokenIds) }
+  let counted = 0
+  const one = async (stream: number): Promise<number[]> => {
+    const tokens: number[] = []
+    for await (const e of svc.generate({
+      requestId: `b${performance.now()}-${stream}`, model: svc.models()[0]!.id,
+      prompt: copyTask ? { kind: 'tokens', ids: COPY_PROMPT.ids } : { kind: 'text', text }, maxTokens: TOKENS,
+      sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000,
+    }, new AbortController().signal)) {
+      if (e.type !== 'delta') continue
+      // Timed from the first token of any stream (prefills before it are not decode).
+      if (first === undefined) { first = performance.now(); cpu0 = process.cpuUsage() } else counted += e.tokenIds.length
+      tokens.push(...e.tokenIds)
+    }
+    return tokens
   }
+  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await one(i)))
   const cpu = process.cpuUsage(cpu0)
-  return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), cpuMsPerToken: (cpu.user + cpu.system) / 1000 / (tokens.length - 1), tokens }
+  // Every stream has the same prompt: their tokens must agree (checked against plain by the caller).
+  for (const t of all) if (t.join() !== all[0]!.join()) process.stdout.write('  streams of one measurement differ!\n')
+  return { tokS: counted * 1000 / (performance.now() - first!), cpuMsPerToken: (cpu.user + cpu.system) / 1000 / counted, tokens: all[0]! }
 }
 
 /** Proposes k copies of a token the target (almost) never picks: a special one, damped in the test models' heads. */
@@ -116,7 +156,7 @@ const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - 
 async function main (): Promise<void> {
   if (copyTask && TOKENS > 299) throw new Error('--task copy: at most 299 tokens (the prompt text is 300)')
   const { target, draft } = copyTask ? { target: await prepareCopy(), draft: '' } : await prepare()
-  process.stdout.write(`# ${name}: ${cpus().length} cores (${cpus()[0]?.model}), load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
+  process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
   const configs: Array<{ label: string, svc: LocalService, counts: SpeculationCounts[] }> = []
   const plain = createLocalService({ shardDir: target })
   await plain.start()
@@ -128,7 +168,22 @@ async function main (): Promise<void> {
     await svc.start()
     configs.push({ label: `draft K=${k}`, svc, counts })
   }
-  if (args.lookup !== 'no') {
+  if (args.lookup === 'default') {
+    const counts: SpeculationCounts[] = []
+    const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', byDefault: true, onRequestEnd: (_id, c) => counts.push(c) }) })
+    await svc.start()
+    configs.push({ label: 'lookup (default)', svc, counts })
+    if (args.explicit === 'yes') {
+      // What --draft lookup runs (adaptive K, one-token matches drafted), or that with adaptive K's
+      // probes evenly spaced as before probe back-off.
+      for (const [label, maxProbeEvery] of [['--draft lookup', undefined], ['--draft lookup, probes every 16', 16]] as const) {
+        const c: SpeculationCounts[] = []
+        const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', ...(maxProbeEvery === undefined ? {} : { maxProbeEvery }), onRequestEnd: (_id, x) => c.push(x) }) })
+        await svc.start()
+        configs.push({ label, svc, counts: c })
+      }
+    }
+  } else if (args.lookup !== 'no') {
     for (const k of [4, 'adaptive'] as const) {
       const counts: SpeculationCounts[] = []
       const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', k, onRequestEnd: (_id, c) => counts.push(c) }) })
@@ -149,9 +204,14 @@ async function main (): Promise<void> {
   const cpuMs = new Map<string, number[]>()
   let reference: number[] | undefined
   let same = true
-  await measure(plain, PROMPT) // warm-up
+  // Warm-up, every configuration: each service then holds the prompt as a kept prefix, so no rep
+  // (in particular the first) times some configurations' full prefills and not others'.
+  for (const c of configs) await measure(c.svc, PROMPT)
+  for (const c of configs) c.counts.length = 0
   for (let r = 0; r < REPS; r++) {
-    for (const c of configs) {
+    // Each rep starts with the next configuration: none is always first (after the previous rep's
+    // last one) or always last.
+    for (const c of [...configs.slice(r % configs.length), ...configs.slice(0, r % configs.length)]) {
       const m = await measure(c.svc, PROMPT)
       reference ??= m.tokens
       if (m.tokens.join() !== reference.join()) { same = false; process.stdout.write(`  ${c.label}: tokens differ from plain!\n`) }
@@ -172,7 +232,7 @@ async function main (): Promise<void> {
     process.stdout.write(`| ${c.label} | ${t.toFixed(1)} | ${(t / base).toFixed(2)}× | ${c.label === 'plain' ? '—' : d === 0 ? 'n/a' : `${(100 * acc / d).toFixed(1)} %`} | ${c.label === 'plain' ? '1' : steps === 0 ? '—' : (tokens / steps).toFixed(2)} | ${c.label === 'plain' ? '0' : rounds === 0 ? '0' : (d / rounds).toFixed(1)} | ${c.label === 'plain' ? '—' : (rounds / c.counts.length).toFixed(1)} | ${median(cpuMs.get(c.label)!).toFixed(1)} | ${(median(cpuMs.get(c.label)!) / cpuBase).toFixed(2)}× |\n`)
   }
   process.stdout.write(`\ntokens identical to plain decoding in every rep: ${same}\n`)
-  if (copyTask) process.stdout.write(`plain tokens follow the cycle (the copied text): ${reference!.join() === COPY.continuation(TOKENS).join()}\n`)
+  if (copyTask) process.stdout.write(`plain tokens follow the cycle: ${reference!.join() === COPY_PROMPT.continuation(TOKENS).join()}\n`)
   process.stdout.write(`load at the end: ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
   for (const c of configs) await c.svc.stop()
 }

@@ -164,6 +164,8 @@ describe('a node with an API and no model serves requests through the mesh', () 
       expect(p, `replica-${i + 1} in /v1/mesh`).toBeDefined()
       expect(p).toMatchObject({ name: `replica-${i + 1}`, admitted: true, state: 'alive', models: [expect.objectContaining({ id: MODEL_ID })] })
       expect(p!.models[0]!.layers).toBeUndefined()
+      // Served without --draft on fp32 shards: prompt lookup by default, and it says so.
+      expect(p!.models[0]!.drafter).toBe('prompt-lookup (default)')
       expect(p!.load).toMatchObject({ inFlight: expect.any(Number), queueDepth: expect.any(Number) })
       expect(typeof p!.rttMs).toBe('number')
       expect(p!.rttMs!).toBeGreaterThanOrEqual(0)

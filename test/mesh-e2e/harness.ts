@@ -141,7 +141,7 @@ export interface MeshPeerJson {
   name?: string
   admitted: boolean
   state: string
-  models: Array<{ id: string, layers?: [number, number] }>
+  models: Array<{ id: string, layers?: [number, number], drafter?: string }>
   load?: { inFlight: number, queueDepth: number, [k: string]: unknown }
   rttMs?: number
 }
