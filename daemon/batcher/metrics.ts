@@ -12,6 +12,8 @@ export interface BatcherMetrics {
   queueDelay: Histogram<'batcher' | 'kind'>
   stepTime: Histogram<'batcher'>
   refused: Counter<'batcher' | 'reason'>
+  /** Decode steps whose token the engine had computed ahead (no run of their own). */
+  ranAhead: Counter<'batcher'>
   queueDepth: Gauge<'batcher'>
   expectedWait: Gauge<'batcher'>
   /** The configured bounds, so dashboards show the batching delay apart from other deadlines. */
@@ -40,6 +42,9 @@ export function createBatcherMetrics (registry?: Registry): BatcherMetrics {
     })),
     refused: reuse('shoal_batch_refused_total', () => new Counter({
       name: 'shoal_batch_refused_total', help: 'Steps refused at submit (overloaded: over the wait budget; queue_full: over maxQueue)', labelNames: ['batcher', 'reason'], registers,
+    })),
+    ranAhead: reuse('shoal_batch_steps_ahead_total', () => new Counter({
+      name: 'shoal_batch_steps_ahead_total', help: 'Decode steps whose token the engine worker had already computed running ahead (no run of their own)', labelNames: ['batcher'], registers,
     })),
     queueDepth: reuse('shoal_batch_queue_depth', () => new Gauge({
       name: 'shoal_batch_queue_depth', help: 'Steps waiting for a batched run', labelNames: ['batcher'], registers,

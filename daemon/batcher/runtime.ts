@@ -157,6 +157,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         let ahead = 0
         let aheadTokens = 0
         results!.forEach((r, i) => { if ('output' in r && r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length } })
+        if (ahead > 0) metrics.ranAhead.inc(label, ahead)
         if (ahead < items.length) {
           estimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
           observedRuns++

@@ -29,7 +29,7 @@ export { chooseStageGraphs, needsStaticShapes, resolveGraphChoice, stageInfoFor 
 export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION } from './protocol.ts'
 export type { StageInfo, StepOutput } from './protocol.ts'
-export { generateSequence, endConditions } from './generate.ts'
+export { generateSequence, endConditions, RUN_AHEAD_STEPS } from './generate.ts'
 export type { GenerationInput, TokenSource } from './generate.ts'
 export { createGenerationService, updatePrefillRate } from './generation-service.ts'
 export type { GenerationHost, GenerationService, RequestRun, RequestTicket, RunningModel } from './generation-service.ts'

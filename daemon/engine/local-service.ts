@@ -41,11 +41,12 @@ import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
 import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 import type { SlotState } from './admission.ts'
-import { batchedTokenSource, engineTokenSource } from './generate.ts'
+import { batchedTokenSource, engineTokenSource, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { createGenerationService, updatePrefillRate } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
 import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
+import type { TokenPick } from './sampling.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
@@ -129,8 +130,11 @@ export interface WrapContext {
   seqId: string
   request: GenerateRequest
   manifest: ShardManifest
-  /** One step of the request's sequence (through the micro-batcher when batching). */
-  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
+  /**
+   * One step of the request's sequence (through the micro-batcher when batching). `options.ahead`:
+   * a plain decode step's run-ahead picks (used when batching, as the plain token source does).
+   */
+  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions & { ahead?: TokenPick[] }, signal: AbortSignal): Promise<StepOutput>
   /** Sets the sequence's KV back to its first `length` positions. */
   rollback (length: number, signal: AbortSignal): Promise<void>
 }
@@ -236,6 +240,10 @@ function batchPaddingOf (manifest: ShardManifest): 'left' | 'right' | 'equal' | 
 
 export function createLocalService (init: LocalServiceInit): LocalService {
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
+  const aheadSteps = init.runAhead ?? RUN_AHEAD_STEPS
+  /** A wrapped source's run-ahead picks, as the plain source passes them (decode steps only). */
+  const aheadOf = (kind: 'prefill' | 'decode', ahead: TokenPick[] | undefined): { ahead?: TokenPick[] } =>
+    kind !== 'decode' || ahead === undefined || ahead.length === 0 || aheadSteps <= 0 ? {} : { ahead: ahead.slice(0, aheadSteps) }
   let manifest: ShardManifest | undefined
   let codec: TextCodec | undefined
   let engine: BatchingStageEngine | undefined
@@ -463,7 +471,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
           })

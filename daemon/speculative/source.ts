@@ -13,7 +13,7 @@
  * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
  * stage, which sends back only the accepted count and the next token.
  */
-import { EngineError, nextPick } from '../engine/index.ts'
+import { EngineError, nextPick, RUN_AHEAD_STEPS } from '../engine/index.ts'
 import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
 import { createRng } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
@@ -25,7 +25,8 @@ import type { Drafter, Proposal, SequenceDrafter } from './drafter.ts'
 
 /** The target sequence's steps, however they run (directly on the engine or through the micro-batcher). */
 export interface TargetSequence {
-  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions, signal: AbortSignal): Promise<StepOutput>
+  /** `options.ahead`: a plain decode step's run-ahead picks (the engine may compute those steps before they are asked for). */
+  step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions & { ahead?: TokenPick[] }, signal: AbortSignal): Promise<StepOutput>
   /** Sets the target's KV back to its first `length` positions. */
   rollback (length: number, signal: AbortSignal): Promise<void>
 }
@@ -33,8 +34,11 @@ export interface TargetSequence {
 /** Checks a round's drafts against the target. */
 export interface Verifier {
   prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal): Promise<number>
-  /** One plain step: `token` at `position`, the next token out. */
-  plain (token: number, position: number, pick: TokenPick, signal: AbortSignal): Promise<number>
+  /**
+   * One plain step: `token` at `position`, the next token out. `ahead`: the picks of the plain
+   * steps that may follow, for a target that can run them ahead (a verifier may ignore them).
+   */
+  plain (token: number, position: number, pick: TokenPick, signal: AbortSignal, ahead?: TokenPick[]): Promise<number>
   /**
    * `token` at `position` and `drafts` after it, in one target step; the target's cache then
    * holds the accepted prefix (rejected positions rolled back, now or before the next step).
@@ -52,8 +56,8 @@ export function wholeModelVerifier (target: TargetSequence): Verifier {
     async prefill (promptIds, pick, signal) {
       return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick }, signal))
     },
-    async plain (token, position, pick, signal) {
-      return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick }, signal))
+    async plain (token, position, pick, signal, ahead) {
+      return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal))
     },
     async verify (token, position, drafts, { sampling, q, rng }, signal) {
       const n = drafts.length
@@ -91,6 +95,11 @@ export interface SpeculationOptions {
    * (default 256; `probeEvery` keeps probes evenly spaced); one that accepts resets the spacing.
    */
   maxProbeEvery?: number
+  /**
+   * Plain steps the target may run ahead (default the engine's RUN_AHEAD_STEPS; 0: none): between
+   * rounds, a plain step hands over the picks of the next ones as the plain decode loop does.
+   */
+  runAhead?: number
 }
 
 /** What one sequence's speculation did. */
@@ -165,6 +174,15 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   /** Tokens verified but not yet handed out, in order. */
   const queue: number[] = []
   let plainSinceRound = 0
+  // Run-ahead between rounds (greedy, or sampled without a seed: a seeded request's draws must
+  // not depend on how many picks a discarded run-ahead took). Picks handed over ahead are used
+  // in order by the plain steps that follow; a verify round discards them (the engine rolls back
+  // what it ran ahead before any other step).
+  // Only a whole model's target runs ahead (a chain's verifier ignores the picks).
+  const runAhead = init.target !== undefined && init.verifier === undefined && (greedy || init.sampling.seed === undefined) ? Math.max(0, init.runAhead ?? RUN_AHEAD_STEPS) : 0
+  const drawn: TokenPick[] = []
+  /** A plain step's result may have been computed ahead: its time is not a step's cost. */
+  let aheadHanded = false
 
   const dropDrafter = (err: unknown): void => {
     counts.drafterFailures = 1
@@ -174,10 +192,17 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     void d?.close().catch(() => {})
   }
 
-  async function plainStep (token: number, position: number, signal: AbortSignal): Promise<number> {
+  async function plainStep (token: number, position: number, signal: AbortSignal, remaining: number): Promise<number> {
     const t0 = now()
-    const next = await verifier!.plain(token, position, nextPick(sampling, rng), signal)
-    tracker.plain(now() - t0)
+    const pick = drawn.shift() ?? nextPick(sampling, rng)
+    const ahead = Math.min(runAhead, remaining)
+    while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
+    const measured = !aheadHanded
+    const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
+    // Only a step that surely ran teaches the cost model what a plain step costs: one taken from
+    // the run-ahead may have been ready already and would make plain decoding look free.
+    if (measured) tracker.plain(now() - t0)
+    aheadHanded = ahead > 0
     counts.plainSteps++
     plainSinceRound++
     return next
@@ -198,10 +223,10 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     return k
   }
 
-  async function round (token: number, position: number, signal: AbortSignal): Promise<number> {
+  async function round (token: number, position: number, signal: AbortSignal, remaining: number): Promise<number> {
     probing = false
     const k = pickK(position)
-    if (k === 0 || drafter === undefined) return await plainStep(token, position, signal)
+    if (k === 0 || drafter === undefined) return await plainStep(token, position, signal, remaining)
     let proposal: Proposal
     const t0 = now()
     try {
@@ -209,15 +234,18 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     } catch (err) {
       signal.throwIfAborted()
       dropDrafter(err)
-      return await plainStep(token, position, signal)
+      return await plainStep(token, position, signal, remaining)
     }
     const drafts = proposal.tokens.slice(0, k).filter(t => Number.isSafeInteger(t) && t >= 0 && t < vocab)
     if (drafts.length < Math.min(k, proposal.tokens.length)) {
       // Out-of-vocabulary ids: a broken drafter; its later tokens are not worth verifying.
       dropDrafter(new EngineError('the drafter proposed token ids outside the vocabulary'))
-      return await plainStep(token, position, signal)
+      return await plainStep(token, position, signal, remaining)
     }
-    if (drafts.length === 0) return await plainStep(token, position, signal)
+    if (drafts.length === 0) return await plainStep(token, position, signal, remaining)
+    // The verify step replaces whatever the target ran ahead: the picks handed over go unused.
+    drawn.length = 0
+    aheadHanded = false
     const t1 = now()
     const n = drafts.length
     const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)
@@ -250,11 +278,11 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       history.push(first)
       return first
     },
-    async decode (tokenId, position, signal) {
+    async decode (tokenId, position, signal, remaining = Infinity) {
       if (tokenId !== history[history.length - 1] || position !== history.length - 1) {
         throw new EngineError(`speculative source fed token ${tokenId} at ${position}, expected ${history[history.length - 1]} at ${history.length - 1}`)
       }
-      const next = queue.length > 0 ? queue.shift()! : await round(tokenId, position, signal)
+      const next = queue.length > 0 ? queue.shift()! : await round(tokenId, position, signal, remaining)
       history.push(next)
       return next
     },

@@ -152,6 +152,16 @@ describe('speculative decoding on a whole model', () => {
     })
   }
 
+  it('plain steps between rounds run ahead in the engine worker, with plain decoding\'s tokens', async () => {
+    // Prompt lookup on a prompt that does not repeat proposes rarely: most steps are plain, and
+    // they hand the worker the next steps' picks as the plain decode loop does.
+    const ahead = async (): Promise<number> => (await metrics.getSingleMetric('shoal_batch_steps_ahead_total')!.get()).values.reduce((a, v) => a + v.value, 0)
+    const before = await ahead()
+    const r = await tokensOf(spec, request(modelId(), 'lookupA', { prompt: { kind: 'text', text: PROMPTS[1]! } }))
+    expect(r.tokens).toEqual(reference.get(PROMPTS[1]!))
+    expect(await ahead() - before).toBeGreaterThan(10)
+  })
+
   it('acceptance follows the draft: the target as its own draft ~ all, the ε-pair most, an unrelated model few', () => {
     const rate = (key: string): number => {
       const cs = counts.get(key) ?? []
