@@ -137,6 +137,8 @@ export interface WrapContext {
   step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions & { ahead?: TokenPick[] }, signal: AbortSignal): Promise<StepOutput>
   /** Sets the sequence's KV back to its first `length` positions. */
   rollback (length: number, signal: AbortSignal): Promise<void>
+  /** Other sequences holding this engine's slots now (they share its batched runs). */
+  peers? (): number
 }
 
 export interface TokenSourceWrapper {
@@ -474,6 +476,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
                 : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
+            peers: () => Math.max(0, active - 1),
           })
         }
         const w = wrapped

@@ -5,7 +5,10 @@
  * prefix plus the target's own next token) and costs
  *   T(K) = K·draft + verify(K) + hops·hop,   verify(K) = verifyBase + K·verifyPerToken.
  * K = argmax E(K)/T(K); K = 0 (plain decoding: one token per verifyBase + hops·hop) wins whenever
- * no K beats it. Long round trips make each traversal dear, so the best K grows with the hop time
+ * no K beats it. Beside other sequences decoding on the same engine (`batchPeers`), a plain step is
+ * one row of a batched run that gives every one of them a token, while a verify round of several
+ * positions runs alone and they wait: plain decoding then yields (1 + batchPeers) tokens per step
+ * for the engine, and a round must beat that. Long round trips make each traversal dear, so the best K grows with the hop time
  * — the numbers the paper reports (5–7 on a LAN, ~10 at ≥ 50 ms per hop) come out of this, they
  * are not written in.
  */
@@ -23,6 +26,8 @@ export interface SpeculationCosts {
   hopMs: number
   /** Hops per traversal (stages + the way back; 0 on one machine). */
   hops: number
+  /** Other sequences decoding in the same engine's batches (0: alone, or a chain). */
+  batchPeers?: number
 }
 
 /** Expected tokens from one round of K drafts at acceptance α. */
@@ -45,7 +50,7 @@ export function tokensPerMs (c: SpeculationCosts, k: number): number {
  */
 export function chooseK (c: SpeculationCosts, maxK: number, minGain = 0.05): number {
   let best = 0
-  const plain = tokensPerMs(c, 0)
+  const plain = tokensPerMs(c, 0) * (1 + Math.max(0, c.batchPeers ?? 0))
   let bestRate = plain
   for (let k = 1; k <= maxK; k++) {
     const r = tokensPerMs(c, k)
@@ -65,7 +70,7 @@ export interface CostTracker {
   round (drafted: number, accepted: number, draftMs: number, verifyMs: number): void
   /** Records a plain (K = 0) step. */
   plain (stepMs: number): void
-  costs (hopMs: number, hops: number): SpeculationCosts
+  costs (hopMs: number, hops: number, batchPeers?: number): SpeculationCosts
   /** Rounds recorded so far. */
   readonly rounds: number
 }
@@ -99,9 +104,10 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
       perToken = ewma(perToken, Math.max(0, (verifyMs - b) / drafted))
     },
     plain (stepMs) { base = ewma(base, stepMs) },
-    costs (hopMs, hops) {
+    costs (hopMs, hops, batchPeers = 0) {
       const b = base ?? 1
       return {
+        batchPeers,
         acceptance: trials > 0 ? hits / trials : 0,
         draftStepMs: draftPerToken ?? 0,
         verifyBaseMs: b,

@@ -100,6 +100,11 @@ export interface SpeculationOptions {
    * rounds, a plain step hands over the picks of the next ones as the plain decode loop does.
    */
   runAhead?: number
+  /**
+   * How many other sequences decode beside this one on the same engine now (a whole model's
+   * micro-batcher): adaptive K weighs what a round that runs alone costs them (adaptive-k.ts).
+   */
+  peers?: () => number
 }
 
 /** What one sequence's speculation did. */
@@ -218,7 +223,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // initial K, then let the measurements decide; a K of 0 is re-probed now and then.
     if (counts.plainSteps === 0) return 0
     if (tracker.rounds < 2) return Math.min(initialK, cap)
-    const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0), cap)
+    const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0, init.peers?.() ?? 0), cap)
     if (k === 0 && plainSinceRound >= probeGap) { probing = true; return Math.min(2, cap) }
     return k
   }

@@ -169,6 +169,18 @@ describe('adaptive K', () => {
     expect(chooseK(paper(1), 3)).toBe(3)
   })
 
+  it('beside batched streams a round must beat the tokens a batched plain step gives them all', () => {
+    // Prompt lookup on a model that rarely copies: worth a round alone, not while 7 other streams
+    // wait for its several-position verify step (it runs outside their batch).
+    const rare: SpeculationCosts = { acceptance: 0.3, draftStepMs: 0.01, verifyBaseMs: 5, verifyPerTokenMs: 0.5, hopMs: 0, hops: 0 }
+    expect(chooseK(rare, 16)).toBeGreaterThan(0)
+    expect(chooseK({ ...rare, batchPeers: 7 }, 16)).toBe(0)
+    // A task that copies its prompt: ~10 tokens a round still beat 4 streams' batched steps.
+    const copy: SpeculationCosts = { acceptance: 0.92, draftStepMs: 0.01, verifyBaseMs: 8, verifyPerTokenMs: 0.3, hopMs: 0, hops: 0 }
+    expect(chooseK({ ...copy, batchPeers: 3 }, 16)).toBeGreaterThan(4)
+    expect(createCostTracker().costs(0, 0, 5).batchPeers).toBe(5)
+  })
+
   it('tracks acceptance and costs from measured rounds', () => {
     const t = createCostTracker({ acceptance: 0.5, decay: 1 })
     t.plain(10)
