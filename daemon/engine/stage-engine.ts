@@ -13,6 +13,7 @@ import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
 import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
+import { createRunAheadTracker } from './run-ahead.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 import { codedAbortReason } from '../abort.ts'
 import { stepMark } from '../step-trace.ts'
@@ -106,35 +107,23 @@ export interface BatchingStageEngine extends StageEngine, PrefixKeepingEngine {
 
 type Reply = Exclude<FromWorker, { type: 'ready' | 'init-error' | 'ahead' }>
 
-/** Main-thread view of a sequence running ahead in the worker. */
-interface Ahead {
-  /** Tokens computed ahead by the position they were fed at. */
-  tokens: Map<number, { fed: number, token: number }>
-  /** The highest position the worker has a pick for (it will compute up to it unless ended). */
-  pickedTo: number
-  /** Positions the caller has fed (taken results included): what retain may keep. */
-  fedTo: number
-  /** The worker's error for a step run ahead: the sequence is over. */
-  failed: Error | undefined
-  /** Wakes a caller waiting for a position. */
-  wake: (() => void) | undefined
-}
-
 export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
   let worker: Worker | undefined
   let dead: Error | undefined
   let nextId = 1
   const pending = new Map<number, { resolve: (r: Reply) => void, reject: (e: Error) => void }>()
   /** Sequences running ahead in the worker. */
-  const aheads = new Map<string, Ahead>()
+  const runAhead = createRunAheadTracker({
+    maxPositions: init.stage.maxPositions,
+    post: (items) => { if (worker !== undefined && dead === undefined) worker.postMessage({ type: 'ahead-picks', id: nextId++, items } satisfies ToWorker) },
+  })
 
   const fail = (err: Error): void => {
     dead ??= err
     for (const p of pending.values()) p.reject(err)
     pending.clear()
     // Callers waiting for a step the worker was running ahead learn it will not come.
-    for (const a of aheads.values()) { a.failed ??= err; a.wake?.() }
-    aheads.clear()
+    runAhead.failAll(err)
   }
 
   /** Sends one request; resolves with the worker's reply (errors rejected as ShoalErrors). */
@@ -149,81 +138,8 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     })
   }
 
-  function onAhead (msg: Extract<FromWorker, { type: 'ahead' }>): void {
-    for (const r of msg.results) {
-      const a = aheads.get(r.seqId)
-      if (a === undefined) continue // ended here meanwhile
-      if ('error' in r) a.failed ??= deserializeError(r.error)
-      else a.tokens.set(r.position, { fed: r.fed, token: r.token })
-      a.wake?.()
-    }
-  }
-
-  /**
-   * The token computed ahead for `item`, waiting for the worker when it is still running it;
-   * undefined when this item is not the continuation the worker runs (it then goes as a new step).
-   */
-  async function takeAhead (item: StageBatchItem, signal: AbortSignal | undefined): Promise<StageBatchResult | undefined> {
-    const a = aheads.get(item.seqId)
-    if (a === undefined || item.pick === undefined || !('tokenIds' in item.input) || item.positions.length !== 1) return undefined
-    const position = item.positions[0]!
-    const fed = item.input.tokenIds[0]!
-    if (position !== a.fedTo || position > a.pickedTo) { aheads.delete(item.seqId); return undefined }
-    for (;;) {
-      const got = a.tokens.get(position)
-      if (got !== undefined) {
-        if (got.fed !== fed) { aheads.delete(item.seqId); return undefined } // not the same step: a new one
-        a.tokens.delete(position)
-        a.fedTo = position + 1
-        stepMark('e.took')
-        return { output: { kind: 'token', id: got.token }, ranAhead: true }
-      }
-      if (a.failed !== undefined) { aheads.delete(item.seqId); return { error: a.failed } }
-      if (aheads.get(item.seqId) !== a) return { error: new EngineError(`sequence ${item.seqId} ended while a step ran ahead`) }
-      if (signal?.aborted === true) return { error: abortReason(signal) }
-      stepMark('e.wait')
-      await new Promise<void>(resolve => {
-        const done = (): void => { a.wake = undefined; signal?.removeEventListener('abort', done); resolve() }
-        a.wake = done
-        signal?.addEventListener('abort', done, { once: true })
-      })
-    }
-  }
-
-  /** Picks to hand the worker, sent together once the current microtasks are done (one message per wake-up). */
-  let morePicks: Array<{ seqId: string, from: number, picks: TokenPick[] }> = []
-  const flushPicks = (): void => {
-    const items = morePicks
-    morePicks = []
-    if (items.length > 0 && worker !== undefined && dead === undefined) worker.postMessage({ type: 'ahead-picks', id: nextId++, items } satisfies ToWorker)
-  }
-
-  /** Hands the worker the picks of `item.ahead` it does not have yet (at most to the context end). */
-  function extendAhead (item: StageBatchItem): void {
-    const a = aheads.get(item.seqId)
-    if (a === undefined || item.ahead === undefined) return
-    const next = item.positions[0]! + 1
-    const fresh: TokenPick[] = []
-    item.ahead.forEach((pick, i) => { const p = next + i; if (p > a.pickedTo && p < init.stage.maxPositions) fresh.push(pick) })
-    if (fresh.length === 0) return
-    if (morePicks.length === 0) queueMicrotask(flushPicks)
-    morePicks.push({ seqId: item.seqId, from: a.pickedTo + 1, picks: fresh })
-    a.pickedTo += fresh.length
-  }
-
-  /** The picks of `item.ahead` the worker may run (the context end bounds them), and this sequence's run-ahead state. */
-  function startAhead (item: StageBatchItem): TokenPick[] | undefined {
-    aheads.delete(item.seqId)
-    if (item.ahead === undefined || item.pick === undefined || item.positions.length !== 1 || !('tokenIds' in item.input)) return undefined
-    const position = item.positions[0]!
-    const picks = item.ahead.slice(0, Math.max(0, init.stage.maxPositions - position - 1))
-    if (picks.length === 0) return undefined
-    aheads.set(item.seqId, { tokens: new Map(), pickedTo: position + picks.length, fedTo: position + 1, failed: undefined, wake: undefined })
-    return picks
-  }
-
   function onMessage (msg: FromWorker): void {
-    if (msg.type === 'ahead') { stepMark('m.ahead'); onAhead(msg); return }
+    if (msg.type === 'ahead') { stepMark('m.ahead'); runAhead.onAhead(msg); return }
     if (msg.type === 'ready' || msg.type === 'init-error') return
     if (msg.type === 'stepped-batch' || msg.type === 'stepped') stepMark('m.recv')
     const p = pending.get(msg.id)
@@ -303,7 +219,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       return seqId
     },
     async step (seqId, input, positions, options = {}, signal) {
-      aheads.delete(seqId) // the worker rolls back what it ran ahead before this step
+      runAhead.drop(seqId) // the worker rolls back what it ran ahead before this step
       const stepInput: StepInput = 'tokenIds' in input
         ? { kind: 'tokens', ids: BigInt64Array.from(input.tokenIds, BigInt) }
         : { kind: 'hidden', data: ownBuffer(input.hidden) }
@@ -328,7 +244,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       stepMark('e.sb')
       const results: Array<StageBatchResult | undefined> = new Array(items.length)
       const cancels: Array<Promise<unknown>> = []
-      const cancel = (seqId: string): void => { aheads.delete(seqId); cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }
+      const cancel = (seqId: string): void => { runAhead.drop(seqId); cancels.push(call({ type: 'cancel', id: nextId++, seqId }).catch(() => {})) }
       const signalOf = (item: StageBatchItem): AbortSignal | undefined =>
         signal === undefined ? item.signal : item.signal === undefined ? signal : AbortSignal.any([signal, item.signal])
       type Entry = { item: StageBatchItem, index: number, signal: AbortSignal | undefined }
@@ -339,7 +255,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         const wire: BatchStepItem[] = []
         const transfer: ArrayBuffer[] = []
         for (const { item } of entries) {
-          const ahead = startAhead(item)
+          const ahead = runAhead.start(item)
           const input: StepInput = 'tokenIds' in item.input
             ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
@@ -366,18 +282,18 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         entries.forEach(({ item, index, signal: s }, j) => {
           const r = reply.results[j]!
           results[index] = s?.aborted === true ? { error: abortReason(s) } : 'error' in r ? { error: deserializeError(r.error) } : r
-          if ('error' in results[index]) aheads.delete(item.seqId)
+          if ('error' in results[index]) runAhead.drop(item.seqId)
         })
       }
 
       /** A sequence running ahead: the worker's token if this is the step it ran, else a run of its own. */
       async function takeOrRun (entry: Entry): Promise<void> {
-        const r = await takeAhead(entry.item, entry.signal)
+        const r = await runAhead.take(entry.item, entry.signal)
         if (r === undefined) { await runWire([entry]); return }
         results[entry.index] = r
-        if (!('error' in r)) extendAhead(entry.item)
+        if (!('error' in r)) runAhead.extend(entry.item)
         else if (entry.signal?.aborted === true) cancel(entry.item.seqId)
-        else aheads.delete(entry.item.seqId)
+        else runAhead.drop(entry.item.seqId)
       }
 
       const direct: Entry[] = []
@@ -385,7 +301,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       items.forEach((item, index) => {
         const s = signalOf(item)
         if (s?.aborted === true) { results[index] = { error: abortReason(s) }; cancel(item.seqId); return }
-        if (aheads.has(item.seqId)) taken.push(takeOrRun({ item, index, signal: s }))
+        if (runAhead.has(item.seqId)) taken.push(takeOrRun({ item, index, signal: s }))
         else direct.push({ item, index, signal: s })
       })
       await Promise.all([runWire(direct), ...taken])
@@ -394,18 +310,17 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     },
     async rollback (seqId, length, signal) {
       signal?.throwIfAborted()
-      aheads.delete(seqId)
+      runAhead.drop(seqId)
       await call({ type: 'rollback', id: nextId++, seqId, length })
     },
     async free (seqId) {
-      aheads.delete(seqId)
+      runAhead.drop(seqId)
       await call({ type: 'free', id: nextId++, seqId })
     },
     async retain (seqId, key, maxLength) {
       // Positions the worker computed ahead but nobody took are not the sequence's: keep at most those fed.
-      const a = aheads.get(seqId)
-      aheads.delete(seqId)
-      const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength: a === undefined ? maxLength : Math.min(maxLength, a.fedTo) })
+      const fedTo = runAhead.drop(seqId)
+      const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength: fedTo === undefined ? maxLength : Math.min(maxLength, fedTo) })
       if (reply.type !== 'retained') throw new EngineError(`unexpected reply ${reply.type} to retain`)
       return { length: reply.length, bytes: reply.bytes }
     },
