@@ -25,15 +25,17 @@
  * shouldPull over this service's measured prefill rate and each peer's measured link throughput,
  * daemon/kv createLinkRates) says it pays; any failure leaves the prompt to be prefilled, and the
  * start event's `prefix` says `movedFrom`.
+ *
+ * The kept prefixes' bookkeeping (leases, keeping and importing KV, the KvStore, the pull
+ * decision) is ./local-prefixes.ts; this file is the request skeleton around it.
  */
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { Registry } from 'prom-client'
-import { createLinkRates, createPrefixCache, createPrefixMetrics, DEFAULT_MIN_PREFILL_TOKENS, kvBytesPerToken, planPull, prefixScope, runPull } from '../kv/index.ts'
-import type { KvStore, KvStoreInfo, PrefixCache, PrefixCacheStats, PrefixLease, PrefixMetrics, PullCostInput, PullPrefix } from '../kv/index.ts'
+import type { KvStore, PrefixCacheStats, PrefixLease, PullCostInput, PullPrefix } from '../kv/index.ts'
 import { createBatcher, DEFAULTS } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
-import type { GenerateRequest, InferenceService, ModelCard, PrefixHolderHint, SpeculationSummary } from '../service.ts'
+import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
@@ -43,10 +45,11 @@ import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 import type { SlotState } from './admission.ts'
 import { batchedTokenSource, engineTokenSource, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
-import { createGenerationService, updatePrefillRate } from './generation-service.ts'
+import { createGenerationService } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
 import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
+import { createLocalPrefixes } from './local-prefixes.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
 import { createStageEngine, abortReason } from './stage-engine.ts'
 import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
@@ -254,117 +257,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let created = 0
   let stopping = false
   let active = 0
-  let prefix: { cache: PrefixCache, scope: string, metrics: PrefixMetrics, keys: number, info: KvStoreInfo } | undefined
-  /** This service's measured prefill rate for the pull decision (an exponential moving average; undefined until measured). */
-  const rates: { prefillTokensPerSecond?: number } = {}
-  /** Each peer's measured pull throughput (the probe rate until a pull from it was measured). */
-  const links = createLinkRates()
-
-  /** A prefix lease for this prompt (counted as hits and misses), or none. */
-  function acquirePrefix (promptIds: number[]): PrefixLease | undefined {
-    if (prefix === undefined) return undefined
-    const before = prefix.cache.stats()
-    const lease = prefix.cache.acquire(prefix.scope, promptIds)
-    const after = prefix.cache.stats()
-    prefix.metrics.hitTokens.inc({ model: modelId }, after.hitTokens - before.hitTokens)
-    prefix.metrics.missTokens.inc({ model: modelId }, after.missTokens - before.missTokens)
-    return lease
-  }
-
-  /**
-   * Ends a sequence keeping its KV as a prefix when the cache takes it, freeing it otherwise.
-   * `tokens`: the positions to keep, in order (its KV may hold fewer: the last generated token is
-   * never fed back; an abort may have cut a step short).
-   */
-  async function finish (e: BatchingStageEngine, seqId: string, tokens: number[]): Promise<void> {
-    const p = prefix
-    if (p === undefined || tokens.length < p.cache.blockSize) { await e.free(seqId); return }
-    const key = `p${++p.keys}`
-    const kept = await e.retain(seqId, key, tokens.length)
-    if (kept.length === 0) return
-    const before = p.cache.stats().evictions
-    const { drop } = p.cache.insert(p.scope, key, tokens.slice(0, kept.length), kept.bytes)
-    const stats = p.cache.stats()
-    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
-    p.metrics.bytes.set({ model: modelId }, stats.bytes)
-    await e.evict(drop)
-  }
-
-  /** Keeps KV that came from another node as a prefix of `tokens` (KvStore.importPrefix). */
-  async function importPrefix (tokens: readonly number[], layers: Float32Array[], signal: AbortSignal): Promise<{ kept: boolean, bytes: number }> {
-    const p = prefix
-    const e = engine
-    if (p === undefined || e === undefined) throw new ShuttingDownError('local engine is not running')
-    const key = `p${++p.keys}`
-    const got = await e.importPrefix(key, tokens.length, layers, signal)
-    const before = p.cache.stats().evictions
-    const { kept, drop } = p.cache.insert(p.scope, key, tokens, got.bytes)
-    const stats = p.cache.stats()
-    p.metrics.evictions.inc({ model: modelId }, stats.evictions - before)
-    p.metrics.bytes.set({ model: modelId }, stats.bytes)
-    await e.evict(drop)
-    return { kept, bytes: got.bytes }
-  }
-
-  const kvStore: KvStore = {
-    info () {
-      if (prefix === undefined) throw new ShuttingDownError('prefix reuse is off or the local engine is not running')
-      return prefix.info
-    },
-    async exportPrefix (tokens, signal) {
-      const p = prefix
-      const e = engine
-      if (p === undefined || e === undefined) return undefined
-      const m = p.cache.lookup(p.scope, tokens)
-      if (m === undefined) return undefined
-      let layers: Float32Array[]
-      try {
-        layers = await e.exportPrefix(m.key, m.length, signal)
-      } catch (err) {
-        signal.throwIfAborted()
-        // Evicted between the lookup and the copy: as if never kept.
-        if ((err as { code?: unknown }).code === 'SHOAL_ERR_ENGINE') return undefined
-        throw err
-      }
-      p.metrics.transferBytes.inc({ model: modelId, direction: 'out' }, layers.reduce((n, t) => n + t.byteLength, 0))
-      return { tokens: m.length, layers }
-    },
-    importPrefix,
-  }
-
-  /**
-   * KV mobility for one request: when routing says a peer holds more of this prompt than this
-   * node keeps and the transfer pays, pull it (validated and imported by `init.pullPrefix`) so the
-   * lease that follows finds it. Any failure leaves the prompt to be prefilled. Returns whether
-   * a prefix was moved here.
-   */
-  async function maybePull (hint: PrefixHolderHint, promptIds: number[], signal: AbortSignal): Promise<boolean> {
-    const p = prefix
-    const pullPrefix = init.pullPrefix
-    if (p === undefined || pullPrefix === undefined || hint.peerId === init.nodeId) return false
-    // The prompt's last positions always run here (decideReuse); nothing beyond them is worth moving.
-    const usable = promptIds.length - DEFAULT_MIN_PREFILL_TOKENS
-    const have = p.cache.lookup(p.scope, promptIds, usable)?.length ?? 0
-    const plan = planPull({
-      gain: Math.min(hint.cachedTokens, usable) - have,
-      minTokens: p.cache.blockSize,
-      bytesPerToken: kvBytesPerToken(p.info),
-      linkBytesPerSecond: links.estimate(hint.peerId).bytesPerSecond,
-      rttMs: init.linkOf?.(hint.peerId)?.rttMs,
-      prefillTokensPerSecond: rates.prefillTokensPerSecond,
-      ...(init.pullPolicy === undefined ? {} : { policy: init.pullPolicy }),
-    })
-    if (plan === undefined) return false
-    const outcome = await runPull({
-      peerId: hint.peerId,
-      plan,
-      links,
-      signal,
-      metrics: { metrics: p.metrics, model: modelId },
-      pull: async s => await pullPrefix({ peerId: hint.peerId, tokens: promptIds.slice(0, usable), signal: s }),
-    })
-    return outcome.ok && outcome.tokens > have
-  }
+  /** Kept prefixes: leases, the KvStore peers pull from, pulls from peers (local-prefixes.ts). */
+  const prefixes = createLocalPrefixes({ ...init, engine: () => engine })
 
   const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
   const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
@@ -440,17 +334,17 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         await acquireSlot(ticket, progress, signal)
         // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
         const moved = request.prefixHolder !== undefined
-          ? await maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
+          ? await prefixes.maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
           : false
         // Looked up once the slot is ours: a request that waited may find what the one before it kept.
-        lease = acquirePrefix(promptIds)
+        lease = prefixes.acquire(promptIds)
         if (lease !== undefined) {
           try {
             seqId = await e.openFrom(request.requestId, lease.key, lease.length, signal)
           } catch (err) {
             if (signal.aborted) throw err
             // The kept prefix is gone (it should not be): forget it and prefill everything.
-            prefix?.cache.remove(lease.key)
+            prefixes.forget(lease.key)
             lease.release()
             lease = undefined
           }
@@ -487,7 +381,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           prefilled: () => {
             lease?.release()
             // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
-            rates.prefillTokensPerSecond = updatePrefillRate(rates.prefillTokensPerSecond, request, promptIds.length - reused, performance.now() - began)
+            prefixes.notePrefill(request, promptIds.length - reused, performance.now() - began)
           },
           start: () => ({
             route: init.nodeId === undefined ? [] : [init.nodeId],
@@ -511,7 +405,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           const id = seqId
           b?.release(id)
           // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
-          await finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
+          await prefixes.finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
         }
         // After the free: the next sequence's open must find the engine's slot empty.
         running.delete(progress)
@@ -535,7 +429,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
 
   return {
     get engine () { return engine },
-    get kvStore () { return prefix === undefined ? undefined : kvStore },
+    get kvStore () { return prefixes.kvStore },
     async start () {
       manifest = await loadManifest(init.shardDir)
       const [stage] = manifest.stages
@@ -562,24 +456,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),
       })
       await e.start().catch(async (err: unknown) => { await init.sourceWrapper?.stop?.().catch(() => {}); throw err })
-      const kvBytes = init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES
       // Prefixes are kept by the dynamic runner over left-aligned caches (static graphs: 'none').
-      prefix = info.batchPadding === 'right' && kvBytes > 0
-        ? {
-            cache: createPrefixCache({ budgetBytes: kvBytes, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
-            scope: prefixScope({ manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`, layers: info.layers, dtype: 'float32' }),
-            metrics: createPrefixMetrics(init.metrics),
-            keys: 0,
-            info: {
-              modelId,
-              manifestHash: init.manifestHash ?? `${modelId}@${init.shardDir}`,
-              layers: info.layers,
-              dtype: 'float32',
-              numKvHeads: info.numKvHeads,
-              headDim: info.headDim,
-            },
-          }
-        : undefined
+      prefixes.open(info, modelId, init.kvCacheBytes ?? DEFAULT_KV_CACHE_BYTES)
       if (init.batching !== false) {
         batcher = createBatcher({
           name: modelId,
@@ -601,7 +479,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       await engine?.stop()
       engine = undefined
       // Kept prefixes lived in that worker.
-      prefix = undefined
+      prefixes.close()
       await codec?.close()
     },
     models (): ModelCard[] {
@@ -635,20 +513,18 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       return await codec.encodePromptAsync(request.prompt, signal)
     },
     prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
-      if (prefix === undefined) return undefined
+      const held = prefixes.summary(max)
+      if (held === undefined) return undefined
       // What one more prompt token costs in a prefill run (its slope, not the fixed cost of a run).
       const probe = 512
       const perTokenMs = ((batcher?.estimateStepMs(1, 1 + probe) ?? 0) - (batcher?.estimateStepMs(1, 1) ?? 0)) / probe
       const prefillTokensPerSecond = perTokenMs > 0 ? 1000 / perTokenMs : 0
-      return { scope: prefix.scope, blockSize: prefix.cache.blockSize, hashes: prefix.cache.summary(prefix.scope, max), prefillTokensPerSecond }
+      return { ...held, prefillTokensPerSecond }
     },
     async stats () {
-      return {
-        activeRequests: active,
-        maxSequences,
-        engine: engine === undefined ? undefined : await engine.stats(),
-        ...(prefix === undefined ? {} : { prefix: prefix.cache.stats() }),
-      }
+      const engineStats = engine === undefined ? undefined : await engine.stats()
+      const prefix = prefixes.stats()
+      return { activeRequests: active, maxSequences, engine: engineStats, ...(prefix === undefined ? {} : { prefix }) }
     },
   }
 }
