@@ -50,6 +50,7 @@ import { createClientAuth } from './client-auth.ts'
 import { createWitness } from '../witness/index.ts'
 import type { Witness } from '../witness/index.ts'
 import { ingressRefusal, roleRefusal } from './roles.ts'
+import { drainedLoad, lastResortLocal } from './drain.ts'
 import type { ClientAuth } from '../ingress/index.ts'
 import { createSpeculation, DEFAULT_LOOKUP_NAME, defaultLookupSkipped } from '../speculative/index.ts'
 import type { ModelFacts, Speculation } from '../speculative/index.ts'
@@ -68,6 +69,15 @@ export interface Daemon {
   stop: () => Promise<void>
   /** Completions its API is running now (what a stop drains); 0 without an API. */
   inFlight: () => number
+  /**
+   * Drains the node (on) or takes it back (off): while draining its load replies say
+   * `accepting: false`, so peers send it no new requests and form new chains around it; what runs
+   * finishes, its kept KV prefixes stay pullable, and its own ingress routes elsewhere when any
+   * node can serve. A stop drains first.
+   */
+  drain: (on?: boolean) => void
+  /** Whether the node is draining. */
+  readonly draining: boolean
   /** The mesh, when this daemon runs one (tests and `shoal demo` read it). */
   readonly mesh: Mesh | undefined
   /** Witnessed log heads, when this daemon runs a mesh. */
@@ -169,7 +179,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   let mesh: Mesh | undefined
   let witness: Witness | undefined
   let ingress: Ingress | undefined
-  const load = (): LoadRecord => {
+  /** Daemon.drain's flag: load replies (and the local routing candidate) say not accepting. */
+  let draining = false
+  const load = (): LoadRecord => drainedLoad(engineLoad(), draining)
+  const engineLoad = (): LoadRecord => {
     // One summary per engine per poll: its hashes and its prefill rate; a chain coordinator's too
     // (what its chains keep, in the model's whole scope).
     const summaries = [...locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)), ...coordinators.map(c => c.prefixSummary?.(LOAD_MAX_PREFIXES))]
@@ -578,7 +591,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       local,
       candidates: (model) => {
         const own = engineFor(model)?.prefixSummary(LOAD_MAX_PREFIXES) ?? coordinatorFor(model)?.prefixSummary?.(LOAD_MAX_PREFIXES)
-        return replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
+        const all = replicaCandidates(model, { peerId: m.peerId, serves: localIds.has(model), load: load(), ...(own === undefined ? {} : { prefixes: own }) }, m.peers(), Date.now())
+        // Draining: elsewhere when any other node can take it, here rather than a 503 otherwise.
+        return draining ? lastResortLocal(all) : all
       },
       promptTokens: async (request, signal) => await (engineFor(request.model) ?? coordinatorFor(request.model))?.promptTokens?.(request, signal),
       async * forward (peerId, request, signal) {
@@ -620,7 +635,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       ingress = front.ingress
       return { peerId: signed.signer.peerId, apiUrl: front.apiUrl }
     },
-    stop: startup.stop,
+    async stop () {
+      // Announce first: peers polling the load hear `accepting: false` while in-flight requests finish.
+      draining = true
+      await startup.stop()
+    },
     inFlight: () => ingress?.inFlight ?? 0,
+    drain (on = true) { draining = on },
+    get draining () { return draining },
   }
 }

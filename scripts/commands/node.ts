@@ -66,5 +66,5 @@ export async function node (opts: NodeOptions): Promise<void> {
   process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
   for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
   process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
-  await runUntilSignal(daemon.stop, daemon.inFlight)
+  await runUntilSignal(daemon.stop, daemon.inFlight, daemon)
 }

@@ -50,5 +50,5 @@ export async function serve (opts: ServeOptions): Promise<void> {
   const started = await daemon.start().catch(startFailure)
   process.stdout.write(`shoal: serving ${opts.model} at ${started.apiUrl}/v1 (node ${started.peerId})\n`)
   process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
-  await runUntilSignal(daemon.stop, daemon.inFlight)
+  await runUntilSignal(daemon.stop, daemon.inFlight, daemon)
 }
