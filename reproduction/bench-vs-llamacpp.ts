@@ -64,6 +64,8 @@ const { values: args } = parseArgs({
     'verify-only': { type: 'boolean', default: false },
     'prepare-only': { type: 'boolean', default: false },
     'skip-ids': { type: 'boolean', default: false },
+    // Extra arguments for `shoal serve`, space-separated (e.g. "--draft none" to compare with the default prompt lookup).
+    'shoal-args': { type: 'string', default: '' },
   },
 })
 const REPS = Number(args.reps)
@@ -258,7 +260,7 @@ async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
 
 async function startShoal (m: ModelFiles, cache: string): Promise<Server> {
   const t = performance.now()
-  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0'],
+  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0', ...args['shoal-args'].split(' ').filter(a => a.length > 0)],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
   const tail = tailOf(child)
   const url = await new Promise<string>((resolve, reject) => {
@@ -560,7 +562,7 @@ async function main (): Promise<void> {
     `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${RT.length > 0 ? `; servers and llama-bench under \`${RT.join(' ')}\`` : ''}`,
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
-    `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
+    `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]

@@ -105,6 +105,13 @@ export interface SpeculationOptions {
    * micro-batcher): adaptive K weighs what a round that runs alone costs them (adaptive-k.ts).
    */
   peers?: () => number
+  /**
+   * Speculate only while the request has the engine to itself (no peers): prompt lookup on by
+   * default. Measured side by side (results/vs-llamacpp.md): with 8 batched fp32 streams a default
+   * lookup that proposed now and then cost 35–38 % of the throughput even with peers in the cost
+   * model — every round runs outside the batch — so beside other streams it does not run at all.
+   */
+  soloOnly?: boolean
 }
 
 /** What one sequence's speculation did. */
@@ -222,6 +229,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // Adaptive: measure a plain step first (the cost model's base), run a few rounds at the
     // initial K, then let the measurements decide; a K of 0 is re-probed now and then.
     if (counts.plainSteps === 0) return 0
+    if (init.soloOnly === true && (init.peers?.() ?? 0) > 0) return 0
     if (tracker.rounds < 2) return Math.min(initialK, cap)
     const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0, init.peers?.() ?? 0), cap)
     if (k === 0 && plainSinceRound >= probeGap) { probing = true; return Math.min(2, cap) }

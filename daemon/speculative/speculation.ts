@@ -103,14 +103,14 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     async stop () { await draftModel?.stop() },
     wrap (ctx) {
       if (init.byDefault === true && !defaultLookupTakes(ctx.request.sampling)) return undefined
-      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }) })
+      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }), soloOnly: init.byDefault === true })
     },
     wrapChain (ctx) {
       return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain) })
     },
   }
 
-  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier' | 'peers'>): TokenSource & { close: () => Promise<void>, summary: () => SpeculationSummary } {
+  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier' | 'peers' | 'soloOnly'>): TokenSource & { close: () => Promise<void>, summary: () => SpeculationSummary } {
     const labels = { model: modelId, drafter: drafter.name }
     const source = createSpeculativeSource({
       ...init,

@@ -48,7 +48,7 @@ function fakeSequence (rows: Float32Array[], maxPositions: number) {
   return { kv, log, step, rollback }
 }
 
-function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositions?: number, temperature?: number, seed?: number, targetSeed?: number, draftSeed?: number }) {
+function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositions?: number, temperature?: number, seed?: number, targetSeed?: number, draftSeed?: number, soloOnly?: boolean, peers?: () => number }) {
   const maxPositions = options.maxPositions ?? 1000
   const targetRows = table(options.targetSeed ?? 1, { 1: 2 })
   const draftRows = table(options.draftSeed ?? 2, { 1: 2 })
@@ -70,6 +70,8 @@ function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositi
     maxPositions,
     vocabSize: V,
     k: options.k,
+    ...(options.soloOnly === undefined ? {} : { soloOnly: options.soloOnly }),
+    ...(options.peers === undefined ? {} : { peers: options.peers }),
   })
   return { source, target, targetRows, draftSeqs }
 }
@@ -101,6 +103,17 @@ describe('speculative token source', () => {
         await source.close()
       }
     }
+  })
+
+  it('a solo-only source (the default prompt lookup) speculates alone and not beside batched peers', async () => {
+    let peers = 3
+    const beside = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => peers })
+    const tokens = await run(beside.source, [0, 1], 30)
+    expect(beside.source.counts().rounds).toBe(0)
+    peers = 0
+    const alone = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => peers })
+    expect(await run(alone.source, [0, 1], 30)).toEqual(tokens)
+    expect(alone.source.counts().rounds).toBeGreaterThan(0)
   })
 
   it('never verifies past max_tokens or the context end', async () => {
