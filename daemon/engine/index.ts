@@ -14,6 +14,7 @@
 export { createLocalService, stageInfoOf } from './local-service.ts'
 export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
+export { createSlots } from './slots.ts'
 export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'

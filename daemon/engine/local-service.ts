@@ -41,8 +41,8 @@ import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
-import { decideAdmission, expectedSlotWaitMs } from './admission.ts'
-import type { SlotState } from './admission.ts'
+import { expectedSlotWaitMs } from './admission.ts'
+import { createSlots } from './slots.ts'
 import { batchedTokenSource, engineTokenSource, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { createGenerationService } from './generation-service.ts'
@@ -51,7 +51,7 @@ import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { createLocalPrefixes } from './local-prefixes.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
-import { createStageEngine, abortReason } from './stage-engine.ts'
+import { createStageEngine } from './stage-engine.ts'
 import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 
@@ -256,59 +256,21 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   let modelId = init.modelId
   let created = 0
   let stopping = false
-  let active = 0
   /** Kept prefixes: leases, the KvStore peers pull from, pulls from peers (local-prefixes.ts). */
   const prefixes = createLocalPrefixes({ ...init, engine: () => engine })
 
   const budgetMs = init.budgetMs ?? DEFAULTS.budgetMs
   const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
 
-  /** Tokens each admitted sequence may still generate (its admission's upper bound). */
-  const running = new Set<{ left: number }>()
-  /** Requests waiting for a sequence slot, in arrival order. */
-  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
-  const slotState = (): SlotState => ({
+  /** Sequence slots: one per admitted request, waited for within the budget (slots.ts). */
+  const slots = createSlots({
     slots: maxSequences,
-    running: [...running].map(r => r.left),
-    waiting: waiters.map(w => w.tokens),
-    stepMs: batcher?.estimateStepMs(maxSequences) ?? 0,
+    budgetMs,
+    maxWaiting,
+    stepMs: () => batcher?.estimateStepMs(maxSequences) ?? 0,
+    refused: (reason, retryAfterMs) => new OverloadedError(`the local engine cannot take this request now: ${reason}`, retryAfterMs),
   })
 
-  /** Takes a sequence slot now, or waits for one when the expected wait is within the budget. */
-  async function acquireSlot (ticket: { held: boolean }, progress: { left: number }, signal: AbortSignal): Promise<void> {
-    const d = decideAdmission(slotState(), { budgetMs, maxWaiting })
-    // Holding a slot and counting in `running` happen together, synchronously, so concurrent
-    // arrivals see each other.
-    if (d.kind === 'run') {
-      active++
-      ticket.held = true
-      running.add(progress)
-      return
-    }
-    if (d.kind === 'refuse') throw new OverloadedError(`the local engine cannot take this request now: ${d.reason}`, d.retryAfterMs)
-    signal.throwIfAborted()
-    await new Promise<void>((resolve, reject) => {
-      const onAbort = (): void => {
-        const i = waiters.indexOf(w)
-        if (i >= 0) waiters.splice(i, 1)
-        reject(abortReason(signal))
-      }
-      const w = {
-        tokens: progress.left,
-        // The slot passes straight from the finished sequence to this one (`active` unchanged).
-        grant: () => { signal.removeEventListener('abort', onAbort); ticket.held = true; running.add(progress); resolve() },
-        fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
-      }
-      signal.addEventListener('abort', onAbort, { once: true })
-      waiters.push(w)
-    })
-  }
-
-  function releaseSlot (): void {
-    const next = waiters.shift()
-    if (next !== undefined) next.grant()
-    else active--
-  }
 
   type Running = RunningModel & { manifest: ShardManifest, engine: BatchingStageEngine, batcher: Batcher | undefined }
 
@@ -320,7 +282,6 @@ export function createLocalService (init: LocalServiceInit): LocalService {
   function admit (request: GenerateRequest, promptIds: number[], { manifest: m, engine: e, batcher: b }: Running): RequestTicket {
     // Tokenizing may have taken a while (in a worker): the service may be stopping by now.
     if (stopping) throw new ShuttingDownError('local engine is stopping')
-    const ticket = { held: false }
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
     const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
     let seqId: string | undefined
@@ -331,7 +292,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     return {
       async open (signal) {
-        await acquireSlot(ticket, progress, signal)
+        await slots.acquire(progress, signal)
         // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
         const moved = request.prefixHolder !== undefined
           ? await prefixes.maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
@@ -370,7 +331,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
                 : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
-            peers: () => Math.max(0, active - 1),
+            peers: () => Math.max(0, slots.active - 1),
           })
         }
         const w = wrapped
@@ -408,11 +369,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           await prefixes.finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
         }
         // After the free: the next sequence's open must find the engine's slot empty.
-        running.delete(progress)
-        if (ticket.held) {
-          ticket.held = false
-          releaseSlot()
-        }
+        slots.release(progress)
       },
     }
   }
@@ -472,7 +429,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     },
     async stop () {
       stopping = true
-      for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('local engine is stopping'))
+      slots.failWaiting(new ShuttingDownError('local engine is stopping'))
       await init.sourceWrapper?.stop?.()
       await batcher?.stop()
       batcher = undefined
@@ -498,15 +455,15 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     load () {
       const b = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
       // Requests waiting for a sequence slot are queued work too, and their wait is what a new one meets.
-      const l = waiters.length === 0 && active < maxSequences
+      const l = slots.waiting === 0 && slots.active < maxSequences
         ? b
-        : { ...b, queueDepth: b.queueDepth + waiters.length, expectedWaitMs: Math.max(b.expectedWaitMs, expectedSlotWaitMs(slotState())) }
+        : { ...b, queueDepth: b.queueDepth + slots.waiting, expectedWaitMs: Math.max(b.expectedWaitMs, expectedSlotWaitMs(slots.state())) }
       // What one more sequence would share: the step-time model at active + 1 sequences. Unlike the
       // measured throughput it does not fall to zero while the engine idles, so an idle replica
       // never looks slow to routing.
-      const next = Math.min(active + 1, maxSequences)
+      const next = Math.min(slots.active + 1, maxSequences)
       const stepMs = batcher?.estimateStepMs(next) ?? 0
-      return { ...l, slots: maxSequences, activeSequences: active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
+      return { ...l, slots: maxSequences, activeSequences: slots.active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
     async promptTokens (request, signal) {
       if (codec === undefined) throw new ShuttingDownError('local engine is not running')
@@ -524,7 +481,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     async stats () {
       const engineStats = engine === undefined ? undefined : await engine.stats()
       const prefix = prefixes.stats()
-      return { activeRequests: active, maxSequences, engine: engineStats, ...(prefix === undefined ? {} : { prefix }) }
+      return { activeRequests: slots.active, maxSequences, engine: engineStats, ...(prefix === undefined ? {} : { prefix }) }
     },
   }
 }

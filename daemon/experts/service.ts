@@ -39,8 +39,8 @@ import { createHash, type Hash } from 'node:crypto'
 import { performance } from 'node:perf_hooks'
 import type { ShardManifest } from '../../shards/index.ts'
 import {
-  abortReason, admitPrompt, createRng, decideAdmission, endConditions, generateSequence, nextPick, pickToken, requestScope,
-  type SlotState, type TokenPick, type TokenSource,
+  abortReason, admitPrompt, createRng, createSlots, endConditions, generateSequence, nextPick, pickToken, requestScope,
+  type TokenPick, type TokenSource,
 } from '../engine/index.ts'
 import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
 import type { ReceiptPartBody } from '../ledger/index.ts'
@@ -183,7 +183,6 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   } as unknown as ShardManifest
   let codec: TextCodec | undefined
   let created = 0
-  let active = 0
   let stepId = 0
   const stats = { expertSteps: 0, bytesOut: 0, bytesIn: 0, plans: 0, partsRefused: 0 }
   /** Rows routed to each expert of each MoE layer so far: the placement's histogram. */
@@ -282,7 +281,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   /** Ends a gather early: set while a drain waits for the rest of the sequences' steps. */
   let wake: (() => void) | undefined
   /** Steps a wave waits for: every sequence holding a slot (at most a wave's worth). */
-  const waveTarget = (): number => Math.min(active, maxSequences)
+  const waveTarget = (): number => Math.min(slots.active, maxSequences)
 
   /**
    * Waits, at most gatherMs, until every sequence holding a slot has queued its step. A wave's
@@ -357,53 +356,21 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     return answers.flatMap(a => (a.status === 'fulfilled' && a.value !== undefined ? [a.value] : []))
   }
 
-  /** Tokens each admitted sequence may still generate (its admission's upper bound). */
-  const running = new Set<{ left: number }>()
-  /** Requests waiting for a sequence slot, in arrival order. */
-  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
   /** ms of one wave with every slot busy, as measured (an average over recent full waves; 0 until one ran). */
   let fullWaveMs = 0
-  const slotState = (): SlotState => ({ slots: maxSequences, running: [...running].map(r => r.left), waiting: waiters.map(w => w.tokens), stepMs: fullWaveMs })
-
   /**
-   * Takes a sequence slot now, or waits for one while the expected wait is within the budget (a
-   * burst of streams queues, as on a whole model, rather than all but maxSequences of it getting
-   * 429 at once). Refused with a retry estimate beyond the budget or past maxWaiting.
+   * Sequence slots (daemon/engine slots.ts, as a whole model's service): a burst of streams queues
+   * while the expected wait is within the budget, rather than all but maxSequences of it getting
+   * 429 at once; refused with a retry estimate beyond the budget or past maxWaiting.
    */
-  async function acquireSlot (progress: { left: number }, signal: AbortSignal): Promise<void> {
-    const d = decideAdmission(slotState(), { budgetMs, maxWaiting })
-    // Holding a slot and counting in `running` happen together, synchronously, so concurrent
-    // arrivals see each other.
-    if (d.kind === 'run') {
-      active++
-      running.add(progress)
-      return
-    }
-    if (d.kind === 'refuse') throw new OverloadedError(`${shards.modelId} cannot take this request now: ${d.reason}`, d.retryAfterMs)
-    signal.throwIfAborted()
-    await new Promise<void>((resolve, reject) => {
-      const onAbort = (): void => {
-        const i = waiters.indexOf(w)
-        if (i >= 0) waiters.splice(i, 1)
-        reject(abortReason(signal))
-      }
-      const w = {
-        tokens: progress.left,
-        // The slot passes straight from the finished sequence to this one (`active` unchanged).
-        grant: () => { signal.removeEventListener('abort', onAbort); running.add(progress); resolve() },
-        fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
-      }
-      signal.addEventListener('abort', onAbort, { once: true })
-      waiters.push(w)
-    })
-  }
+  const slots = createSlots({
+    slots: maxSequences,
+    budgetMs,
+    maxWaiting,
+    stepMs: () => fullWaveMs,
+    refused: (reason, retryAfterMs) => new OverloadedError(`${shards.modelId} cannot take this request now: ${reason}`, retryAfterMs),
+  })
 
-  function releaseSlot (progress: { left: number }): void {
-    running.delete(progress)
-    const next = waiters.shift()
-    if (next !== undefined) next.grant()
-    else active--
-  }
 
   async function * generate (request: GenerateRequest, signal: AbortSignal): AsyncGenerator<GenerateEvent> {
     const text = codec
@@ -415,7 +382,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     const scope = requestScope(signal, request.deadline)
     const progress = { left: request.maxTokens ?? shape.maxPositions - promptIds.length }
     try {
-      await acquireSlot(progress, scope.signal)
+      await slots.acquire(progress, scope.signal)
     } catch (err) {
       scope.dispose()
       throw scope.signal.aborted ? abortReason(scope.signal) : err
@@ -454,7 +421,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       throw scope.signal.aborted ? abortReason(scope.signal) : err
     } finally {
       scope.dispose()
-      releaseSlot(progress)
+      slots.release(progress)
       // Failed or cancelled: the holders forget what they kept for it (nobody waits for that).
       if (!finished) void finishHolders(request.requestId, false).catch(() => {})
     }
@@ -472,7 +439,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     async stop () {
       const c = codec
       codec = undefined
-      for (const w of waiters.splice(0)) w.fail(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is stopping'))
+      slots.failWaiting(new ShoalError('SHOAL_ERR_SHUTTING_DOWN', 'the expert-parallel service is stopping'))
       await c?.close()
       await forward.close()
     },
@@ -481,7 +448,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       return [{ id: shards.modelId, created, ownedBy: 'shoal', contextLength: shape.maxPositions, servedBy: [init.nodeId] }]
     },
     generate,
-    stats: () => ({ activeRequests: active, ...stats }),
+    stats: () => ({ activeRequests: slots.active, ...stats }),
     plan () {
       let p: NonNullable<typeof current>
       try {

@@ -1,0 +1,86 @@
+/**
+ * A service's sequence slots: a request takes one now, waits for one while admission.ts's
+ * expected wait is within the budget, or is refused with a retry estimate. The whole-model local
+ * service and the expert-parallel stage (daemon/experts) admit requests the same way, so that a
+ * client sees one policy whatever serves the model.
+ *
+ * A request holds its slot from `acquire` until `release`; a finished request hands its slot
+ * straight to the first waiter. Holding a slot and counting in the running set happen together,
+ * synchronously, so concurrent arrivals see each other.
+ */
+import { abortReason } from './stage-engine.ts'
+import { decideAdmission } from './admission.ts'
+import type { AdmissionPolicy, SlotState } from './admission.ts'
+
+/** What a request may still generate (its admission's upper bound); the caller lowers `left` as it goes. */
+export interface SlotProgress { left: number }
+
+export interface Slots {
+  /** Takes a slot for `progress`, waiting within the budget; throws `refused(…)` or the abort reason. */
+  acquire (progress: SlotProgress, signal: AbortSignal): Promise<void>
+  /** Gives `progress`'s slot to the first waiter (or frees it); nothing when it holds none. */
+  release (progress: SlotProgress): void
+  /** Fails every waiting request with `err` (the service stops). */
+  failWaiting (err: Error): void
+  /** Requests holding a slot. */
+  readonly active: number
+  /** Requests waiting for one. */
+  readonly waiting: number
+  state (): SlotState
+}
+
+export interface SlotsInit extends AdmissionPolicy {
+  slots: number
+  /** ms of one decode step with every slot busy (0 until measured). */
+  stepMs: () => number
+  /** The error a refused request gets. */
+  refused: (reason: string, retryAfterMs: number) => Error
+}
+
+export function createSlots (init: SlotsInit): Slots {
+  const running = new Set<SlotProgress>()
+  /** Requests waiting for a slot, in arrival order. */
+  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  const state = (): SlotState => ({
+    slots: init.slots,
+    running: [...running].map(r => r.left),
+    waiting: waiters.map(w => w.tokens),
+    stepMs: init.stepMs(),
+  })
+  return {
+    async acquire (progress, signal) {
+      const d = decideAdmission(state(), init)
+      if (d.kind === 'run') {
+        running.add(progress)
+        return
+      }
+      if (d.kind === 'refuse') throw init.refused(d.reason, d.retryAfterMs)
+      signal.throwIfAborted()
+      await new Promise<void>((resolve, reject) => {
+        const onAbort = (): void => {
+          const i = waiters.indexOf(w)
+          if (i >= 0) waiters.splice(i, 1)
+          reject(abortReason(signal))
+        }
+        const w = {
+          tokens: progress.left,
+          // The slot passes straight from the finished request to this one.
+          grant: () => { signal.removeEventListener('abort', onAbort); running.add(progress); resolve() },
+          fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+        }
+        signal.addEventListener('abort', onAbort, { once: true })
+        waiters.push(w)
+      })
+    },
+    release (progress) {
+      if (!running.delete(progress)) return
+      waiters.shift()?.grant()
+    },
+    failWaiting (err) {
+      for (const w of waiters.splice(0)) w.fail(err)
+    },
+    get active () { return running.size },
+    get waiting () { return waiters.length },
+    state,
+  }
+}
