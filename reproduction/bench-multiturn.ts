@@ -33,6 +33,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { pino } from 'pino'
 import { createThrowawayCa } from '../certs/index.ts'
+import { createRng } from '../daemon/engine/index.ts'
 import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import type { Daemon } from '../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
@@ -69,18 +70,6 @@ const MODEL = 'bench-multiturn'
 function tokens (n: number, seed: number): number[] {
   let x = seed * 2654435761 >>> 0
   return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % 497 })
-}
-
-/** Seeded uniform draws in [0, 1) (mulberry32). */
-function rng (seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
 }
 
 const quantile = (xs: number[], q: number): number => {
@@ -167,7 +156,7 @@ async function runMode (mode: string, run: number, root: string, shardDir: strin
     // Warm each engine (session, step-time model) with an unrelated prompt, so neither mode pays it.
     for (const n of nodes) await streamTurn(n.url, tokens(64, 9_999))
     await sleep(500)
-    const draw = rng(SEED)
+    const draw = createRng(SEED)
     const entries = Array.from({ length: CONVERSATIONS }, () => Array.from({ length: TURNS }, () => Math.floor(draw() * nodes.length)))
     const results: TurnResult[] = []
     const t0 = performance.now()

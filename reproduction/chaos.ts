@@ -25,6 +25,7 @@ import { mkdtemp, writeFile } from 'node:fs/promises'
 import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { createRng } from '../daemon/engine/index.ts'
 import { generateTestModel } from '../shards/index.ts'
 import {
   checkLive, checkLogs, createCluster, createHosts, createRelay, FAILURES, hang, killAndRestart, lossyLink, onCleanup, partition,
@@ -73,23 +74,12 @@ const PROMPTS = [
   [1, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210],
 ]
 
-/** A seeded generator (mulberry32) for the choice of victims and of requests: a run can be repeated. */
-function seeded (seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
-
 const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 const log = (line: string): void => { process.stderr.write(`chaos: ${line}\n`) }
 
 async function main (): Promise<number> {
-  const random = seeded(Number(args.seed))
+  // Seeded (the engine's mulberry32) for the choice of victims and of requests: a run can be repeated.
+  const random = createRng(Number(args.seed))
   const pick = <T>(xs: T[]): T => xs[Math.floor(random() * xs.length)]!
   const loadBefore = loadavg()
   const startedAt = new Date()
