@@ -23,8 +23,9 @@ import { planStages } from './split.ts'
  * shards from another version are rebuilt. 3: `quantization.activations` is recorded (before, every
  * quantized shard had int8 activations, unrecorded). 4: 'ort-contrib' graphs take right-padded
  * rows with per-row attention lengths (`batchPadding: 'right'`) and are the default op table.
+ * 5: 'ort-contrib' graphs also output each step's new KV columns (`new_key_values.*`).
  */
-export const COMPILER_VERSION = 4
+export const COMPILER_VERSION = 5
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

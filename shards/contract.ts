@@ -20,6 +20,14 @@
  * Key j is visible to query i (at index P + i) iff j <= P + i and attention_mask[b, j] = 1; rotary
  * positions come from position_ids alone, so left padding in a batch is just mask zeros.
  *
+ * 'ort-contrib' graphs (batchPadding 'right', compiler ≥ 5) attend over each row's own length
+ * L_b = sum(attention_mask[b]) instead: a row's past is its first L_b − S columns, wherever P ends,
+ * so a past may be a buffer wider than the live context (columns past L_b − S are never read) and
+ * T = max_b L_b. They also output
+ *     new_key_values.{l}.key / .value f32 [B, kvH, S, hd] row b's S new positions (present's columns L_b − S .. L_b − 1)
+ * so an engine can keep its cache in a buffer of its own, write the new columns into it and never
+ * fetch the whole present (the runtime would copy it out every step).
+ *
  * Static graphs (`shoal shard --static CTX[,CHUNK]`, for NPUs, which compile only fixed shapes;
  * StageManifest.static names them): every dimension is a number, batch 1, S = CHUNK (prefill) or
  * 1 (decode), over a KV buffer of CTX slots that the graph writes in place by slot:
@@ -55,6 +63,9 @@ export const pastKeyName = (layer: number): string => `past_key_values.${layer}.
 export const pastValueName = (layer: number): string => `past_key_values.${layer}.value`
 export const presentKeyName = (layer: number): string => `present.${layer}.key`
 export const presentValueName = (layer: number): string => `present.${layer}.value`
+/** 'ort-contrib' graphs (compiler ≥ 5): the step's new positions' KV alone (see the I/O table above). */
+export const newKeyName = (layer: number): string => `new_key_values.${layer}.key`
+export const newValueName = (layer: number): string => `new_key_values.${layer}.value`
 
 export type Quantization =
   | { kind: 'none' }

@@ -1,11 +1,13 @@
 /**
- * KV caches as blocks: a graph's present outputs [rows, kvH, total, hd] (per layer, key and value),
- * with each sequence holding one row. Where its live positions sit depends on how the graph pads
- * a batch: left-padded graphs keep them right-aligned (columns total − length .. total − 1;
- * anything left of them is padding), right-padded graphs left-aligned (columns 0 .. length − 1;
- * what follows is never read). A batch of one gives a block the sequence owns
- * outright; a batched run gives one block its sequences share, which is fed back as is when the
- * same sequences step together again (no copy) and repacked by block copies when they do not.
+ * KV caches as blocks [rows, kvH, total, hd] (per layer, key and value), with each sequence
+ * holding one row. Where its live positions sit depends on how the graph pads a batch:
+ * left-padded graphs keep them right-aligned (columns total − length .. total − 1; anything left
+ * of them is padding) and a block is a run's present outputs, replaced by the next run's;
+ * right-padded graphs keep them left-aligned (columns 0 .. length − 1; what follows is never
+ * read) in a block with room to grow (`blockCapacity`) that the runner writes each step's new
+ * columns into, in place. A batch of one gives a block the sequence owns outright; a batched run
+ * gives one block its sequences share, which is fed back as is when the same sequences step
+ * together again (no copy) and repacked by block copies when they do not.
  */
 import type { HostTensor } from './backend/types.ts'
 
@@ -95,6 +97,51 @@ export function truncateRow (ref: KvRef, length: number, keep: number, kvH: numb
     return { type: 'float32', data, dims: [1, kvH, keep, hd] }
   }
   return { rows: 1, total: keep, layers: block.layers.map(([k, v]) => [one(k), one(v)]) }
+}
+
+/**
+ * Columns to give a left-aligned block that must hold `need` positions (at most `limit`, the
+ * context). onnxruntime's GroupQueryAttention spends time on every column of the past it is fed,
+ * live or not (60m int4, batch 8: ~6 µs a step per spare column), while outgrowing a block copies
+ * every live column once; room ≈ 2·√need balances the two (about 28 columns at 192 positions,
+ * 90 at 2,048), and never less than 16.
+ */
+export function blockCapacity (need: number, limit: number): number {
+  return Math.min(limit, need + Math.max(16, Math.ceil(2 * Math.sqrt(need))))
+}
+
+/**
+ * A new left-aligned block of `capacity` columns with one row per source: row b holds the first
+ * `length` columns of source b's row (nothing for an absent source). Columns past a row's length
+ * stay zero until the row's steps write them.
+ */
+export function packRows (sources: ReadonlyArray<{ ref: KvRef | undefined, length: number }>, capacity: number, layerCount: number, kvH: number, hd: number): KvBlock {
+  const rows = sources.length
+  const layers: Array<[HostTensor, HostTensor]> = []
+  for (let i = 0; i < layerCount; i++) {
+    const pair = [0, 1].map(kind => {
+      const data = new Float32Array(rows * kvH * capacity * hd)
+      sources.forEach(({ ref, length }, b) => {
+        if (ref !== undefined) copyRowLeft(ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, data, b, capacity, length, kvH, hd)
+      })
+      return { type: 'float32', data, dims: [rows, kvH, capacity, hd] } satisfies HostTensor
+    }) as [HostTensor, HostTensor]
+    layers.push(pair)
+  }
+  return { rows, total: capacity, layers }
+}
+
+/**
+ * Writes `count` columns of row `srcRow` of src [·, kvH, srcTotal, hd], starting at column
+ * `srcAt`, into row `dstRow` of dst [·, kvH, dstTotal, hd] at column `dstAt` (a step's new
+ * positions into a left-aligned block, in place).
+ */
+export function writeColumns (src: Float32Array, srcRow: number, srcTotal: number, srcAt: number, dst: Float32Array, dstRow: number, dstTotal: number, dstAt: number, count: number, kvH: number, hd: number): void {
+  const n = count * hd
+  for (let h = 0; h < kvH; h++) {
+    const s = ((srcRow * kvH + h) * srcTotal + srcAt) * hd
+    dst.set(src.subarray(s, s + n), ((dstRow * kvH + h) * dstTotal + dstAt) * hd)
+  }
 }
 
 /** Grow-only scratch buffers for packed past KV, reused across runs (views are handed to the backend). */

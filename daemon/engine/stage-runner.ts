@@ -1,16 +1,17 @@
 /**
  * Runs one stage graph for many sequences; lives inside the engine worker (also usable directly).
- * Each sequence's KV cache stays here: the graph's `present.*` outputs (past + new, concatenated by
- * the graph) become the next step's `past_key_values.*`, so the cache is exactly the live context
- * and never crosses the worker boundary. Long inputs run in chunks (chunked prefill) so memory per
- * run is bounded and a cancel is seen between chunks.
+ * Each sequence's KV cache stays here and never crosses the worker boundary. Long inputs run in
+ * chunks (chunked prefill) so memory per run is bounded and a cancel is seen between chunks.
  *
- * `stepBatch` runs several sequences' steps together: items with the same number of new positions
- * S share one run, their past caches left-padded to the longest (attention_mask zeros), so no
- * query row is wasted on padding; the present outputs stay one shared block (kv-block.ts) that the
- * next run of the same sequences takes as its past without a copy. Different S, chunked prefills
- * and graphs without `batchPadding: 'left'` run one at a time; with `batchPadding: 'equal'` only
- * sequences whose caches have the same length share a run (nothing is padded).
+ * Left-padded graphs ('standard' op table): the graph's `present.*` outputs (past + new,
+ * concatenated by the graph) become the next step's `past_key_values.*`, so the cache is exactly
+ * the live context. `stepBatch` runs several sequences' steps together: items with the same
+ * number of new positions S share one run, their past caches left-padded to the longest
+ * (attention_mask zeros), so no query row is wasted on padding; the present outputs stay one
+ * shared block (kv-block.ts) that the next run of the same sequences takes as its past without a
+ * copy. Different S, chunked prefills and graphs without `batchPadding` run one at a time; with
+ * `batchPadding: 'equal'` only sequences whose caches have the same length share a run (nothing
+ * is padded).
  *
  * With `batchPadding: 'right'` (GroupQueryAttention graphs with per-row lengths) caches are
  * left-aligned instead: a row's live positions are its block's first columns, the attention_mask
@@ -19,20 +20,26 @@
  * batch > 1 only for single-position steps (decode); longer steps run one at a time. A sequence
  * takes its row of a shared block as a view (rows are contiguous), never a copy.
  *
+ * Left-aligned caches are kept in place: a sequence's block has room to grow, the graph reads
+ * each row's first `length` columns of it, and the runner writes each step's new columns into the
+ * row after the run (from the graph's `new_key_values` outputs, so the whole present is never
+ * fetched: onnxruntime-node copies every fetched output). A rollback is a shorter length; a block
+ * is copied only when its rows change or it runs out of room (kv-block.ts `blockCapacity`).
+ *
  * Kept prefixes (left-aligned caches only): `retain` ends a sequence but keeps the first columns
  * of its cache under a key, compacted into a block of its own; `openFrom` starts a new sequence
- * from the first L columns of a kept prefix, so only the rest of its prompt runs. A graph never
- * writes into its past inputs (present outputs are new tensors), so a kept block is immutable
- * and a sequence may take it whole without a copy. Which prefixes to keep is the caller's
- * decision (daemon/kv); this only holds the tensors.
+ * from the first L columns of a kept prefix, so only the rest of its prompt runs. A kept block is
+ * never written: a sequence opened from it shares it until its first step, which moves it to a
+ * block with room. Which prefixes to keep is the caller's decision (daemon/kv); this only holds
+ * the tensors.
  */
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName,
+  newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName,
 } from '../../shards/contract.ts'
 import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
-import { blockBytes, copyRow, copyRowLeft, createScratch, freeBlock, ownRow, rowView, truncateRow } from './kv-block.ts'
+import { blockBytes, blockCapacity, copyRow, copyRowLeft, createScratch, freeBlock, ownRow, packRows, rowView, truncateRow, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { pickToken } from './sampling.ts'
@@ -125,6 +132,11 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   const groupKey = (s: number, seq: Sequence): string => stage.batchPadding === 'equal' ? `${s}:${seq.length}` : String(s)
   const scratch = createScratch()
   const bytesPerPosition = 2 * layers.length * kvH * hd * 4
+  // Left-aligned caches live in blocks with room that each step's new columns are written into.
+  // Graphs that output those columns alone (compiler ≥ 5) are fetched without their presents:
+  // onnxruntime-node copies every fetched output, and a present is the whole cache, every step.
+  const newOutputs = leftAligned && layers.every(l => session.outputNames.includes(newKeyName(l)) && session.outputNames.includes(newValueName(l)))
+  const fetches = newOutputs ? [stage.hasHead ? LOGITS : HIDDEN_OUT, ...layers.flatMap(l => [newKeyName(l), newValueName(l)])] : undefined
 
   const emptyPast = (rows = 1): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [rows, kvH, 0, hd] })
 
@@ -143,21 +155,43 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
   }
 
+  /**
+   * Writes a run's new KV columns into the rows' blocks, in place: row b of the run gets `s`
+   * columns at its sequence's length (from new_key_values, or from present's same columns for
+   * graphs without them).
+   */
+  function writeNew (out: TensorMap, targets: ReadonlyArray<{ ref: KvRef, at: number } | undefined>, s: number): void {
+    layers.forEach((l, i) => {
+      const names = newOutputs ? [newKeyName(l), newValueName(l)] : [presentKeyName(l), presentValueName(l)]
+      names.forEach((name, kind) => {
+        const t = out[name]
+        if (t?.type !== 'float32' || t.dims[0] !== targets.length || t.dims[1] !== kvH || t.dims[3] !== hd) throw new EngineError(`stage graph returned no float32 ${name} of [${targets.length}, ${kvH}, ·, ${hd}]`)
+        const srcTotal = t.dims[2]!
+        targets.forEach((target, b) => {
+          if (target === undefined) return
+          const { ref, at } = target
+          writeColumns(t.data, b, srcTotal, newOutputs ? 0 : at, ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, at, s, kvH, hd)
+        })
+      })
+    })
+  }
+
+  /** Whether a left-aligned sequence may write `need` columns into its block as it is (its own row, room, not a kept prefix). */
+  const writable = (ref: KvRef, need: number): boolean => ref.block.total >= need && !isKept(ref.block)
+
+  /** Moves a left-aligned sequence to a block of its own with room for `need` columns (one copy of its live ones). */
+  function moveToRoom (seq: Sequence, need: number): void {
+    const old = seq.kv
+    seq.kv = { block: packRows([{ ref: old, length: seq.length }], blockCapacity(need, stage.maxPositions), layers.length, kvH, hd), row: 0 }
+    release(old?.block)
+  }
+
   async function runChunk (seq: Sequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number): Promise<TensorMap> {
+    if (leftAligned) return await runChunkInPlace(seq, input, a, b, positions, keep)
     const s = b - a
     const total = seq.length + s
-    // A rollback leaves a left-aligned row's dead columns in its block (no copy), and every later
-    // step's present block keeps them: fed whole they count toward the graph's context (its
-    // rotary table), so a sequence that rolled back often would fail short of the context end.
-    // Before a step would pass it, the live columns move to a block of their own (one copy).
-    if (leftAligned && seq.kv !== undefined && seq.kv.block.total + s > stage.maxPositions) {
-      const old = seq.kv.block
-      seq.kv = { block: compact(seq.kv, seq.length), row: 0 }
-      release(old)
-    }
-    // Left-aligned caches are fed as their whole block row (past columns beyond the sequence's
-    // length are masked out); right-aligned ones as exactly their live positions.
-    const past = seq.kv === undefined ? 0 : leftAligned ? seq.kv.block.total : seq.length
+    // Right-aligned caches are fed as exactly their live positions.
+    const past = seq.kv === undefined ? 0 : seq.length
     const width = past + s
     const mask = new BigInt64Array(width)
     mask.fill(1n, 0, total)
@@ -172,7 +206,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       feeds[HIDDEN_IN] = { type: 'float32', data: input.data.slice(a * d, b * d), dims: [1, s, d] }
     }
     layers.forEach((l, i) => {
-      const kv = seq.kv === undefined ? undefined : leftAligned ? rowView(seq.kv, i, kvH, hd) : ownRow(seq.kv, seq.length, i, kvH, hd)
+      const kv = seq.kv === undefined ? undefined : ownRow(seq.kv, seq.length, i, kvH, hd)
       feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast()
       feeds[pastValueName(l)] = kv?.[1] ?? emptyPast()
     })
@@ -182,6 +216,45 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     seq.kv = { block: presentBlock(out, 1, width), row: 0 }
     seq.length = total
     release(old)
+    return out
+  }
+
+  /**
+   * One chunk of a left-aligned sequence: its block row is fed whole as the past (the graph reads
+   * only the row's first `length` columns: attention_mask is ones for the live positions and the
+   * new ones, and no wider), and the chunk's new columns are written into the row after the run.
+   * Rolled-back columns are simply overwritten; nothing is copied unless the row must move to a
+   * block with more room (or off a kept prefix, which stays as it is).
+   */
+  async function runChunkInPlace (seq: Sequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number): Promise<TensorMap> {
+    const s = b - a
+    const total = seq.length + s
+    if (seq.kv !== undefined && !writable(seq.kv, total)) moveToRoom(seq, total)
+    const feeds: TensorMap = {
+      [POSITION_IDS]: { type: 'int64', data: positions.slice(a, b), dims: [1, s] },
+      [ATTENTION_MASK]: { type: 'int64', data: new BigInt64Array(total).fill(1n), dims: [1, total] },
+    }
+    if (input.kind === 'tokens') {
+      feeds[INPUT_IDS] = { type: 'int64', data: input.ids.slice(a, b), dims: [1, s] }
+    } else {
+      const d = stage.hiddenSize
+      feeds[HIDDEN_IN] = { type: 'float32', data: input.data.slice(a * d, b * d), dims: [1, s, d] }
+    }
+    layers.forEach((l, i) => {
+      const kv = seq.kv === undefined ? undefined : rowView(seq.kv, i, kvH, hd)
+      feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast()
+      feeds[pastValueName(l)] = kv?.[1] ?? emptyPast()
+    })
+    if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+    const out = await session.run(feeds, fetches)
+    if (seq.kv === undefined) {
+      // Dropped while it ran (drop lets go of the KV first): nothing to keep.
+      if (seq.dropped !== undefined) return out
+      seq.kv = { block: packRows([{ ref: undefined, length: 0 }], blockCapacity(total, stage.maxPositions), layers.length, kvH, hd), row: 0 }
+    }
+    // Written even when the sequence was retained meanwhile: retain keeps what whole chunks left.
+    writeNew(out, [{ ref: seq.kv, at: seq.length }], s)
+    seq.length = total
     return out
   }
 
@@ -240,33 +313,99 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   }
 
   /**
-   * One run for sequences stepping S new positions each: past caches left-padded to the longest
-   * (or the shared block itself when it is exactly these sequences, in order), new positions
-   * aligned, padding masked. Returns one output per entry; entries dropped meanwhile get errors.
+   * One run for sequences stepping S new positions each (left-padded graphs): past caches
+   * left-padded to the longest (or the shared block itself when it is exactly these sequences,
+   * in order), new positions aligned, padding masked. Returns one output per entry; entries
+   * dropped meanwhile get errors.
    */
   async function runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
+    if (leftAligned) return await runGroupInPlace(group, s)
     const rows = group.length
     let pmax = 0
     for (const { seq } of group) pmax = Math.max(pmax, seq.length)
     const first = group[0]!.seq.kv
-    // The previous run's block, fed as is, when it holds exactly these sequences in order. A
-    // left-aligned block may be wider than its longest row; a right-aligned one must match it.
-    // (A left-aligned block with rolled-back columns is repacked to the live ones when feeding it
-    // whole would pass the context: see runChunk.)
-    const shared = first !== undefined && first.block.rows === rows && (leftAligned ? first.block.total >= pmax && first.block.total + s <= stage.maxPositions : first.block.total === pmax) &&
+    // The previous run's block, fed as is, when it holds exactly these sequences in order.
+    const shared = first !== undefined && first.block.rows === rows && first.block.total === pmax &&
       group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
-    const past = shared ? first.block.total : pmax
-    const total = past + s
-    const positions = new BigInt64Array(rows * s)
+    const total = pmax + s
     const mask = new BigInt64Array(rows * total)
+    group.forEach(({ seq }, b) => mask.fill(1n, b * total + pmax - seq.length, (b + 1) * total))
+    const feeds = groupFeeds(group, s, mask, total)
+    layers.forEach((l, i) => {
+      let pair: [HostTensor, HostTensor]
+      if (shared) pair = first.block.layers[i]!
+      else if (pmax === 0) pair = [emptyPast(rows), emptyPast(rows)]
+      else {
+        pair = [0, 1].map(kind => {
+          const data = scratch(2 * i + kind, rows * kvH * pmax * hd)
+          group.forEach(({ seq }, b) => {
+            const src = seq.kv === undefined ? undefined : seq.kv.block.layers[i]![kind]!
+            if (src === undefined) copyRow(data, 0, 0, data, b, pmax, 0, kvH, hd) // zero row
+            else copyRow(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, pmax, seq.length, kvH, hd)
+          })
+          return { type: 'float32', data, dims: [rows, kvH, pmax, hd] } satisfies HostTensor
+        }) as [HostTensor, HostTensor]
+      }
+      feeds[pastKeyName(l)] = pair[0]
+      feeds[pastValueName(l)] = pair[1]
+    })
+    const out = await session.run(feeds)
+    const block = presentBlock(out, rows, total)
+    const replaced = new Set<KvBlock>()
+    for (const { seq } of group) if (seq.dropped === undefined && seq.kv !== undefined) replaced.add(seq.kv.block)
+    const outs = groupOutputs(group, s, out, (seq, b) => { seq.kv = { block, row: b } })
+    for (const old of replaced) release(old)
+    return outs
+  }
+
+  /**
+   * One run for left-aligned sequences stepping S new positions each (right-padded graphs): their
+   * shared block fed as is when it holds exactly these sequences in order and has room, else the
+   * rows packed into a new block with room first (one copy of the live columns, when the batch's
+   * membership changed or it outgrew its block); each row attends over its own length, and its
+   * new columns are written into its row after the run.
+   */
+  async function runGroupInPlace (group: Live[], s: number): Promise<BatchStepResult[]> {
+    const rows = group.length
+    let lmax = 0
+    for (const { seq } of group) lmax = Math.max(lmax, seq.length)
+    const first = group[0]!.seq.kv
+    const shared = first !== undefined && first.block.rows === rows && writable(first, lmax + s) &&
+      group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+    if (!shared) {
+      const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
+      const replaced = new Set<KvBlock>()
+      group.forEach(({ seq }, b) => {
+        if (seq.kv !== undefined) replaced.add(seq.kv.block)
+        seq.kv = { block, row: b }
+      })
+      for (const old of replaced) release(old)
+    }
+    const block = group[0]!.seq.kv!.block
+    const total = lmax + s
+    const mask = new BigInt64Array(rows * total)
+    group.forEach(({ seq }, b) => mask.fill(1n, b * total, b * total + seq.length + s))
+    const feeds = groupFeeds(group, s, mask, total)
+    layers.forEach((l, i) => {
+      feeds[pastKeyName(l)] = block.layers[i]![0]
+      feeds[pastValueName(l)] = block.layers[i]![1]
+    })
+    const out = await session.run(feeds, fetches)
+    // A row dropped meanwhile (drop lets go of its KV first) is skipped; the others are written.
+    writeNew(out, group.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
+    return groupOutputs(group, s, out, () => {})
+  }
+
+  /** A group run's feeds other than the past KV. */
+  function groupFeeds (group: Live[], s: number, mask: BigInt64Array, total: number): TensorMap {
+    const rows = group.length
+    const positions = new BigInt64Array(rows * s)
     const d = stage.hiddenSize
     const ids = stage.hasEmbedding ? new BigInt64Array(rows * s) : undefined
     const hidden = stage.hasEmbedding ? undefined : new Float32Array(rows * s * d)
     let keep = 1
-    group.forEach(({ seq, item }, b) => {
+    group.forEach(({ item }, b) => {
       positions.set(item.positions, b * s)
-      if (leftAligned) mask.fill(1n, b * total, b * total + seq.length + s)
-      else mask.fill(1n, b * total + past - seq.length, (b + 1) * total)
       if (item.input.kind === 'tokens') ids!.set(item.input.ids, b * s)
       else hidden!.set(item.input.data, b * s * d)
       keep = Math.max(keep, Math.min(item.logitsToKeep, s))
@@ -277,36 +416,18 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
     if (ids !== undefined) feeds[INPUT_IDS] = { type: 'int64', data: ids, dims: [rows, s] }
     else feeds[HIDDEN_IN] = { type: 'float32', data: hidden!, dims: [rows, s, d] }
-    layers.forEach((l, i) => {
-      let pair: [HostTensor, HostTensor]
-      if (shared) pair = first.block.layers[i]!
-      else if (past === 0) pair = [emptyPast(rows), emptyPast(rows)]
-      else {
-        pair = [0, 1].map(kind => {
-          const data = scratch(2 * i + kind, rows * kvH * past * hd)
-          group.forEach(({ seq }, b) => {
-            const src = seq.kv === undefined ? undefined : seq.kv.block.layers[i]![kind]!
-            if (leftAligned) {
-              if (src !== undefined) copyRowLeft(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, past, seq.length, kvH, hd)
-            } else if (src === undefined) copyRow(data, 0, 0, data, b, past, 0, kvH, hd) // zero row
-            else copyRow(src.data as Float32Array, seq.kv!.row, seq.kv!.block.total, data, b, past, seq.length, kvH, hd)
-          })
-          return { type: 'float32', data, dims: [rows, kvH, past, hd] } satisfies HostTensor
-        }) as [HostTensor, HostTensor]
-      }
-      feeds[pastKeyName(l)] = pair[0]
-      feeds[pastValueName(l)] = pair[1]
-    })
     if (stage.hasHead && feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
-    const out = await session.run(feeds)
-    const block = presentBlock(out, rows, total)
+    return feeds
+  }
+
+  /** Each row's result of a group run (its token, logits or hidden states), advancing the live rows' lengths. */
+  function groupOutputs (group: Live[], s: number, out: TensorMap, adopt: (seq: Sequence, row: number) => void): BatchStepResult[] {
     const result = stage.hasHead ? out[LOGITS] : out[HIDDEN_OUT]
     if (result?.type !== 'float32') throw new EngineError(`stage graph returned no float32 ${stage.hasHead ? 'logits' : 'hidden_states_out'}`)
-    const replaced = new Set<KvBlock>()
-    const outs = group.map(({ seqId, seq, item }, b): BatchStepResult => {
+    const d = stage.hiddenSize
+    return group.map(({ seqId, seq, item }, b): BatchStepResult => {
       if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }
-      if (seq.kv !== undefined) replaced.add(seq.kv.block)
-      seq.kv = { block, row: b }
+      adopt(seq, b)
       seq.length += s
       if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
       const have = result.dims[1] ?? 1
@@ -316,8 +437,6 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const data = result.data.slice((b * have + have - want) * width, (b + 1) * have * width)
       return { output: { kind: 'logits', data, count: want, vocab: width } }
     })
-    for (const old of replaced) release(old)
-    return outs
   }
 
   /** Runs checked items: groups (see groupKey) together where the graph allows it, the rest one at a time. */
@@ -361,6 +480,11 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   // ---- kept prefixes (retain / openFrom / evict) ----
   /** Kept prefixes by key: a one-row block of exactly the kept positions. */
   const kept = new Map<string, KvBlock>()
+
+  function isKept (block: KvBlock): boolean {
+    for (const k of kept.values()) if (k === block) return true
+    return false
+  }
 
   /**
    * Frees a block that lost a reference, unless a sequence or a kept prefix still refers to it.
@@ -419,9 +543,9 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const block = kept.get(key)
       if (block === undefined) throw new EngineError(`no prefix is kept as ${key}`)
       if (!Number.isSafeInteger(length) || length < 1 || length > block.total) throw new EngineError(`prefix ${key} holds ${block.total} positions, not ${length}`)
-      // The whole kept block is shared as is; a shorter prefix gets its own exact-width copy, so
-      // the next step's past is exactly the live positions, as after any chunk.
-      const kv: KvRef = { block: length === block.total ? block : compact({ block, row: 0 }, length), row: 0 }
+      // The kept block is shared as is (its first `length` columns are the sequence's); a kept
+      // block is never written, so the first step moves the sequence to a block with room.
+      const kv: KvRef = { block, row: 0 }
       sequences.set(seqId, { kv, length, running: undefined, dropped: undefined })
     },
     evict (keys) {

@@ -158,7 +158,21 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
   const totalLength = g.op('Cast', `${n}/total/Cast`, [t], { to: DT.INT32 })
   const lengths = g.op('ReduceSum', `${n}/lengths/ReduceSum`, [attentionMask, g.i64([1])], { keepdims: 0 })
   const seqlensK = g.op('Sub', `${n}/seqlens_k/Sub`, [g.op('Cast', `${n}/lengths/Cast`, [lengths], { to: DT.INT32 }), g.constant(DT.INT32, [1], [1])])
-  return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength }
+
+  // Row b's S new positions sit at columns L_b − S .. L_b − 1 of present, wherever its past
+  // buffer ends (the engine may pass a past wider than the row's live length: see
+  // new_key_values in shards/contract.ts). One index tensor serves every layer's gathers.
+  const c = '/model/new_columns'
+  const s = g.op('Shape', `${c}/S/Shape`, [positionIds], { start: 1, end: 2 })
+  const first = g.op('Sub', `${c}/first/Sub`, [lengths, s])
+  const steps = g.op('Range', `${c}/Range`, [g.constant(DT.INT64, [], [0]), g.op('Squeeze', `${c}/S/Squeeze`, [s, g.i64([0])]), g.constant(DT.INT64, [], [1])])
+  const cols = g.op('Add', `${c}/Add`, [
+    g.op('Reshape', `${c}/first/Reshape`, [first, g.i64([-1, 1, 1, 1])]),
+    g.op('Reshape', `${c}/steps/Reshape`, [steps, g.i64([1, 1, -1, 1])])])
+  const { numKvHeads: kvH } = ctx.spec.shape
+  const rows = g.op('Shape', `${c}/B/Shape`, [positionIds], { start: 0, end: 1 })
+  const newColumns = g.op('Expand', `${c}/Expand`, [cols, g.op('Concat', `${c}/dims/Concat`, [rows, g.i64([kvH]), s, g.i64([hd])], { axis: 0 })])
+  return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength, newColumns }
 }
 
 /**

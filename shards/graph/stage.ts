@@ -5,7 +5,7 @@
 import type { LayerWeights, ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+  newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
@@ -66,9 +66,20 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   } else {
     g.output(HIDDEN_OUT, x, DT.FLOAT, ['batch_size', 'sequence_length', D])
   }
+  // The new positions alone, so an engine that keeps its cache in place fetches S columns a step
+  // instead of the whole present (onnxruntime-node copies every fetched output). Built before the
+  // outputs are named (naming an output renames its producer's value).
+  const news = tables.kind !== 'gqa' ? [] : presents.map(([l, k, v]) => [l,
+    g.op('GatherElements', `/model/layers.${l}/new_key/GatherElements`, [k, tables.newColumns], { axis: 2 }),
+    g.op('GatherElements', `/model/layers.${l}/new_value/GatherElements`, [v, tables.newColumns], { axis: 2 })] as const)
   for (const [l, k, v] of presents) {
     g.output(presentKeyName(l), k, DT.FLOAT, presentDims)
     g.output(presentValueName(l), v, DT.FLOAT, presentDims)
+  }
+  const newDims = ['batch_size', kvH, 'sequence_length', hd]
+  for (const [l, k, v] of news) {
+    g.output(newKeyName(l), k, DT.FLOAT, newDims)
+    g.output(newValueName(l), v, DT.FLOAT, newDims)
   }
   return g
 }

@@ -69,6 +69,11 @@ export type StageTables =
     seqlensK: string
     /** int32 [1]: T. */
     totalLength: string
+    /**
+     * int64 [B, kvH, S, hd]: the columns of GroupQueryAttention's present that hold each row's new
+     * positions (L_b − S .. L_b − 1), for GatherElements (the new_key_values outputs).
+     */
+    newColumns: string
   }
 
 export interface AttentionIo {

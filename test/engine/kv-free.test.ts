@@ -1,33 +1,36 @@
 /**
- * The runner gives a KV block's memory back as soon as nothing refers to it (kv-block freeBlock):
- * each step's present outputs replace the previous block, whose buffers are then detached, while a
- * block that a sequence or a kept prefix still uses stays intact. Watched through the real
- * session's outputs (the runner's blocks are exactly those tensors).
+ * The runner keeps a left-aligned sequence's KV in place (a block with room that each step's new
+ * columns are written into) and gives a block's memory back as soon as nothing refers to it
+ * (kv-block freeBlock), while a block that a sequence or a kept prefix still uses stays intact.
+ * Watched through the past tensors the real session is fed (the runner's blocks themselves).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
-import { freeBlock } from '../../daemon/engine/kv-block.ts'
+import { blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
-const PRESENT = 'present.0.key'
+const PAST = 'past_key_values.0.key'
 
-describe('KV blocks are freed when nothing refers to them', () => {
+describe('KV blocks are kept in place and freed when nothing refers to them', () => {
   let model: TinyModel
   let runner: PrefixKeepingRunner
-  /** Each run's first present tensor, in run order. */
-  const presents: Float32Array[] = []
+  /** The buffer behind each run's first past tensor, in run order (undefined: empty past). */
+  const fed: Array<ArrayBuffer | undefined> = []
+  /** What each run fetched. */
+  const fetched: Array<readonly string[] | undefined> = []
 
   beforeAll(async () => {
     model = await buildTinyModel('llama')
     const real = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
     const session: BackendSession = {
       ...real,
-      async run (feeds): Promise<TensorMap> {
-        const out = await real.run(feeds)
-        presents.push(out[PRESENT]!.data as Float32Array)
-        return out
+      async run (feeds, fetches): Promise<TensorMap> {
+        const past = feeds[PAST]!.data
+        fed.push(past.length === 0 ? undefined : past.buffer as ArrayBuffer)
+        fetched.push(fetches)
+        return await real.run(feeds, fetches)
       },
     }
     runner = createStageRunner({ session, stage: stageInfoOf(model.manifest), chunkSize: 8 })
@@ -38,35 +41,41 @@ describe('KV blocks are freed when nothing refers to them', () => {
   const step = async (seqId: string, tokens: number[], from: number): Promise<void> => {
     await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
   }
-  const detached = (t: Float32Array): boolean => (t.buffer as ArrayBuffer).detached
+  const detached = (t: ArrayBuffer | undefined): boolean => t!.detached
 
-  it('frees each replaced block, the last one at drop, and keeps what is still used', async () => {
-    expect(presents[0]).toBeUndefined()
+  it('writes each step into the same block until it outgrows it, fetches no present, and frees what it replaced', async () => {
     runner.open('a')
-    await step('a', ids(20, 1), 0) // chunks of 8, 8 (the last 4 stay whole)
-    const prefill = presents.slice()
-    expect(prefill.length).toBeGreaterThanOrEqual(2)
-    // Every chunk's block but the last was replaced by the next one and freed.
-    for (const t of prefill.slice(0, -1)) expect(detached(t)).toBe(true)
-    expect(detached(prefill.at(-1)!)).toBe(false)
-    await step('a', [7], 20)
-    expect(detached(prefill.at(-1)!)).toBe(true)
-    const live = presents.at(-1)!
+    await step('a', ids(20, 1), 0) // chunks of 8, 8, 4
+    expect(fed.slice(-3)[0]).toBeUndefined() // the first chunk has no past
+    const block = fed.at(-1)!
+    expect(fed.at(-2)).toBe(block) // chunks 2 and 3 wrote into one block
+    expect(fetched.at(-1)!.some(n => n.startsWith('present.'))).toBe(false)
+    expect(fetched.at(-1)!.filter(n => n.startsWith('new_key_values.')).length).toBe(2 * model.manifest.shape.numLayers)
+    // Decode steps go on in the same block while it has room…
+    const room = blockCapacity(8, model.manifest.shape.maxPositions)
+    let at = 20
+    while (at + 1 <= room) { await step('a', [7], at); at++; expect(fed.at(-1)).toBe(block) }
+    // …and the step past it moves to a bigger block (one copy) and frees the old one.
+    await step('a', [7], at); at++
+    const live = fed.at(-1)!
+    expect(live).not.toBe(block)
+    expect(detached(block)).toBe(true)
     expect(detached(live)).toBe(false)
 
-    // A kept prefix's block survives the sequence; a sequence opened from it shares it, and it is
-    // freed only once neither the kept entry nor that sequence refers to it.
+    // Keeping a prefix copies its columns out (a kept block is never written); the sequence's
+    // block is then unreferenced and freed. A sequence opened from the kept prefix moves to a
+    // block of its own at its first step, and that block is freed at its drop.
     const kept = await runner.retain('a', 'k1', 21)
     expect(kept.length).toBe(21)
-    expect(detached(live)).toBe(false)
+    expect(detached(live)).toBe(true)
     runner.openFrom('b', 'k1', 21)
     runner.evict(['k1'])
-    expect(detached(live)).toBe(false) // b still reads it
+    expect(runner.stats().keptBytes).toBe(0)
     await step('b', [9, 10], 21)
-    expect(detached(live)).toBe(true)
-    const bLast = presents.at(-1)!
+    const bBlock = fed.at(-1)!
+    expect(detached(bBlock)).toBe(false)
     await runner.drop('b', 'free')
-    expect(detached(bLast)).toBe(true)
+    expect(detached(bBlock)).toBe(true)
   })
 
   it('keeps a block two batched sequences share until both moved on', async () => {
@@ -74,20 +83,23 @@ describe('KV blocks are freed when nothing refers to them', () => {
     runner.open('y')
     await step('x', ids(6, 2), 0)
     await step('y', ids(6, 3), 0)
+    const xOwn = fed.at(-2)
     const pos = (p: number): BigInt64Array => BigInt64Array.of(BigInt(p))
     const res = await runner.stepBatch([
       { seqId: 'x', input: { kind: 'tokens', ids: BigInt64Array.of(11n) }, positions: pos(6), logitsToKeep: 1 },
       { seqId: 'y', input: { kind: 'tokens', ids: BigInt64Array.of(12n) }, positions: pos(6), logitsToKeep: 1 },
     ])
     expect(res.every(r => 'output' in r)).toBe(true)
-    const shared = presents.at(-1)!
-    expect(shared.length).toBeGreaterThan(0)
-    // x alone: the shared block is still y's.
+    // The batch packed both rows into one new block (their own blocks are gone)…
+    const shared = fed.at(-1)!
+    expect(xOwn === undefined || detached(xOwn)).toBe(true)
+    // …which x alone reads its row of in place while y still holds the other row.
     await step('x', [13, 14], 7)
-    expect(detached(shared)).toBe(false)
+    expect(fed.at(-1)).toBe(shared)
     await runner.drop('y', 'free')
-    expect(detached(shared)).toBe(true)
+    expect(detached(shared)).toBe(false) // x's row
     await runner.drop('x', 'free')
+    expect(detached(shared)).toBe(true)
   })
 
   it('freeBlock leaves views of a larger buffer alone', () => {

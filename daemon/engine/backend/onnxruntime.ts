@@ -44,7 +44,7 @@ function wrap (session: ort.InferenceSession): BackendSession {
   return {
     inputNames: session.inputNames,
     outputNames: session.outputNames,
-    async run (feeds) {
+    async run (feeds, fetches) {
       if (closed) throw new EngineError('session is closed')
       stepMark('ort.feeds')
       const ortFeeds: Record<string, ort.Tensor> = {}
@@ -52,7 +52,8 @@ function wrap (session: ort.InferenceSession): BackendSession {
       let out: ort.InferenceSession.ReturnType
       try {
         stepMark('ort.run0')
-        out = await session.run(ortFeeds)
+        // The binding copies every fetched output into a new JS buffer: name only what is read.
+        out = fetches === undefined ? await session.run(ortFeeds) : await session.run(ortFeeds, [...fetches])
         stepMark('ort.run1')
       } catch (err) {
         throw new EngineError(`onnxruntime run failed: ${(err as Error).message}`, { cause: err })

@@ -83,7 +83,7 @@ function wrap (ov: NodeAddon, compiled: CompiledModel): BackendSession {
   return {
     inputNames,
     outputNames,
-    async run (feeds) {
+    async run (feeds, fetches) {
       if (closed) throw new EngineError('session is closed')
       const inputs: Record<string, OvTensor> = {}
       for (const [name, t] of Object.entries(feeds)) {
@@ -96,7 +96,7 @@ function wrap (ov: NodeAddon, compiled: CompiledModel): BackendSession {
         throw new EngineError(`openvino run failed: ${(err as Error).message}`, { cause: err })
       }
       const result: TensorMap = {}
-      for (const name of outputNames) {
+      for (const name of fetches ?? outputNames) {
         const t = out[name]
         if (t === undefined) throw new EngineError(`openvino returned no output ${name}`)
         result[name] = toHost(ov, name, t)

@@ -42,8 +42,11 @@ export function openvinoCacheDir (cacheDir: string): string {
 export interface BackendSession {
   readonly inputNames: readonly string[]
   readonly outputNames: readonly string[]
-  /** Runs the graph; returns every output (owned by the caller, safe to keep across runs). */
-  run (feeds: TensorMap): Promise<TensorMap>
+  /**
+   * Runs the graph; returns every output, or with `fetches` at least those (owned by the caller,
+   * safe to keep across runs). Fetching fewer saves copying outputs nobody reads.
+   */
+  run (feeds: TensorMap, fetches?: readonly string[]): Promise<TensorMap>
   close (): Promise<void>
 }
 
