@@ -17,7 +17,8 @@
  *
  * Prefix reuse (`prefix`, service.ts): a formed chain that kept a prefix of the prompt opens every
  * stage from its key (stage 0 here, the others through the open frame's fromKey) and prefills
- * only the rest; at finish every stage keeps the request's KV under a new key. A stage that no
+ * only the rest; at finish every stage keeps the request's KV under a new key and says when it has
+ * (an open from that key waits for those answers, bounded: keep-acks.ts). A stage that no
  * longer holds the key answers SHOAL_ERR_STAGE_PREFIX_GONE: the request is reopened without the
  * prefix and prefilled whole (a fresh wire id, so nothing of the first open mixes in).
  */
@@ -65,6 +66,11 @@ export interface ChainTokenSourceInit {
   encodingFor?: (chain: ChainHop[]) => ActivationEncoding
   /** Prefix reuse on this request's chains (absent: every open prefills everything, nothing is kept). */
   prefix?: ChainPrefix
+  /**
+   * Longest wait of an open from a kept prefix for the stages that have not yet acknowledged
+   * keeping it (default KEPT_WAIT_MS); past it the open prefills everything.
+   */
+  keptWaitMs?: number
 }
 
 /** What a chain source asks of the coordinator's prefix index (service.ts). */
@@ -164,6 +170,9 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     live = true
     held = 0
     from = prefixOff ? undefined : init.prefix?.acquire(chain, chosen)
+    // The request that kept it may have ended a moment ago, its stages' keeps still under way: an
+    // open that overtook them would be refused and recompute. Waited for, bounded.
+    if (from !== undefined && !await node.keepAcks.ready(from.key, signal, init.keptWaitMs)) from = undefined
     if (from !== undefined) {
       try {
         await node.openFrom(wireId, from.key, node.peerId, from.length, signal)
@@ -220,10 +229,12 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     const w = watch!
     const keep = init.prefix?.keep(chain, encoding ?? 'f32')
     const evict = init.prefix?.evictions?.(chain, encoding ?? 'f32') ?? []
+    // Every stage answers once its keep is done; an open from the key waits for that.
+    if (keep !== undefined) node.keepAcks.expect(keep.key, chain.slice(1).map(h => h.peerId))
     node.send(chain[1]!.peerId, {
       kind: 'finish',
       requestId: wireId,
-      ...(keep === undefined ? {} : { keep: { keep: keep.key, length: keep.length } }),
+      ...(keep === undefined ? {} : { keep: { keep: keep.key, length: keep.length, ack: true } }),
       ...(evict.length === 0 ? {} : { evict }),
     }, AbortSignal.timeout(5_000)).catch(() => {})
     const parts = await w.parts(chain.length - 1, signal)

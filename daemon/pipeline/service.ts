@@ -13,7 +13,9 @@
  * two positions, as for whole models). Only prompt positions are kept by default, which is
  * bit-for-bit what recomputation gives; `reuseGenerated` keeps the reply too (see local-service.ts
  * for its last-bit caveat). A stage that evicted the key answers so and the request is prefilled
- * whole instead. The start event says `prefix: "reused"`; /metrics counts hit and miss tokens.
+ * whole instead. A follow-up sent the moment a response ended waits (bounded) for the stages to
+ * acknowledge keeping its prefix rather than overtake their keeps. The start event says
+ * `prefix: "reused"`; /metrics counts hit and miss tokens.
  * `prefixSummary` says in the load reply which prompts this coordinator's chains keep, hashed in
  * the model's whole scope (what a router computes for a chain's entry point), so a follow-up is
  * routed to the coordinator whose chains hold its history.
@@ -77,6 +79,8 @@ export interface PipelineServiceInit {
   prefixBlockSize?: number
   /** Keep the KV of generated tokens too, so a chat's next turn prefills only its new message (see local-service.ts). */
   reuseGenerated?: boolean
+  /** Longest wait of an open from a kept prefix for its stages' keeps still under way (ChainTokenSourceInit.keptWaitMs). */
+  keptWaitMs?: number
 }
 
 /** What a chain source wrapper gets for one request. */
@@ -355,6 +359,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             ? {}
             : { activations: init.activations, encodingFor: (chain: ChainHop[]) => encodingFor(chain, init.activations!) }),
           ...(hooks === undefined ? {} : { prefix: hooks }),
+          ...(init.keptWaitMs === undefined ? {} : { keptWaitMs: init.keptWaitMs }),
         })
         source = chain
         await chain.connect(signal)

@@ -33,6 +33,8 @@ import { createKvPuller, createLinkRates, createPrefixMetrics, kvBytesPerToken, 
 import type { KvStore, PullCostInput, PullOutcome } from '../kv/index.ts'
 import type { PrefixKeepingEngine, StageEngine, StageStepInput, StepOutput, TokenPick } from '../engine/index.ts'
 import { StageConfigError, StagePrefixGoneError } from './errors.ts'
+import { createKeepAcks } from './keep-acks.ts'
+import type { KeepAcks } from './keep-acks.ts'
 import { createKeptPrefixes } from './kept-prefixes.ts'
 import type { KeptPrefixesStats } from './kept-prefixes.ts'
 import { createLinks } from './links.ts'
@@ -117,6 +119,11 @@ export interface StageNode {
   stepMs (): number | undefined
   /** Whether this node keeps prefixes (a KV budget and an engine that can). */
   readonly keepsPrefixes: boolean
+  /**
+   * As a coordinator: the keeps its chains' stages have not acknowledged yet (a finish with keep
+   * and ack; their kept frames answer it). An open from a key waits for them (keep-acks.ts).
+   */
+  readonly keepAcks: Pick<KeepAcks, 'expect' | 'ready'>
   /**
    * Ends a sequence keeping its first `length` positions as prefix `key` for coordinator `owner`
    * (evicting others to stay within the budget); frees it when nothing is kept. Returns what was kept.
@@ -328,6 +335,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     pullKept,
   })
   const watches = createTokenWatches()
+  const keepAcks = createKeepAcks()
 
   function waveCap (): number {
     const stages = Math.max(server.longestChain(), watches.longestChain())
@@ -335,7 +343,9 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
   }
 
   links.onFrame((f: StageFrame, from: string) => {
-    if (!watches.deliver(f)) server.handle(f, from)
+    // A stage's answer to a finish this node sent as a coordinator (its watch is closed by then).
+    if (f.kind === 'kept') keepAcks.ack(f.keep, from)
+    else if (!watches.deliver(f)) server.handle(f, from)
   })
   links.onLinkDown((peerId: string) => {
     server.linkDown(peerId)
@@ -364,6 +374,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     },
     stepMs: () => stepMs,
     keepsPrefixes,
+    keepAcks,
     keep,
     openFrom,
     holdsPrefix: key => kept?.has(key) ?? false,

@@ -41,7 +41,7 @@ export interface StageServerInit {
   free: (seqId: string) => Promise<void>
   rollback: (seqId: string, length: number, signal: AbortSignal) => Promise<void>
   /** Ends a sequence keeping its KV as a prefix (stage-node.ts keep); absent: finish frees. */
-  keep?: (seqId: string, key: string, owner: string, length: number) => Promise<unknown>
+  keep?: (seqId: string, key: string, owner: string, length: number) => Promise<{ length: number }>
   /** Drops a coordinator's kept prefixes (stage-node.ts evictPrefixes with an owner). */
   evict?: (keys: readonly string[], owner: string) => Promise<void>
   /** Opens a sequence from a kept prefix (stage-node.ts openFrom); absent: every fromKey is gone. */
@@ -90,10 +90,11 @@ const SEND_TIMEOUT_MS = 30_000
 
 export function createStageServer (init: StageServerInit): StageServer {
   const { engine, links, self, step, free, rollback } = init
-  /** Ends a dropped request's sequence: kept as a prefix when its finish asked, else freed. */
-  const release = (s: Served, keep: FinishKeep | undefined): Promise<unknown> => keep === undefined || init.keep === undefined
-    ? free(s.id)
-    : init.keep(s.id, keep.keep, s.open.returnTo, keep.length).catch(async () => { await free(s.id) })
+  /** Ends a dropped request's sequence: kept as a prefix when its finish asked, else freed; the positions kept. */
+  const release = async (s: Served, keep: FinishKeep | undefined): Promise<number> => {
+    if (keep === undefined || init.keep === undefined) { await free(s.id); return 0 }
+    return await init.keep(s.id, keep.keep, s.open.returnTo, keep.length).then(r => r.length, async () => { await free(s.id); return 0 })
+  }
   const stage = engine.stage
   const idleMs = init.idleTimeoutMs
   const served = new Map<string, Served>()
@@ -109,7 +110,11 @@ export function createStageServer (init: StageServerInit): StageServer {
     s.ctl.abort(new StageLostError('request dropped'))
     for (const t of s.timers) clearTimeout(t)
     clearTimeout(s.idle)
-    void s.tail.finally(() => release(s, keep).catch(() => {}))
+    void s.tail.finally(async () => {
+      const kept = await release(s, keep).catch(() => 0)
+      // The coordinator holds an open from this key until every stage answered (keep-acks.ts).
+      if (keep?.ack === true) sendSoon(s.open.returnTo, { kind: 'kept', requestId: s.id, keep: keep.keep, length: kept })
+    })
     if (cancelDownstream && s.next !== undefined) sendSoon(s.next, { kind: 'cancel', requestId: s.id })
   }
 
@@ -262,7 +267,8 @@ export function createStageServer (init: StageServerInit): StageServer {
         return
       }
       case 'token':
-      case 'verdict': return // for a request no longer watched
+      case 'verdict':
+      case 'kept': return // for a request no longer watched (kept: a node that coordinates takes it first)
     }
   }
 

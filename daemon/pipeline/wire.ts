@@ -44,9 +44,16 @@
  *               `keep`, within the stage's budget; with evict: also drops the coordinator's kept
  *               prefixes of those keys, 1-64, which its index no longer lists) and passes finish
  *               downstream. The body was added within version 2: a finish without one is
- *               byte-for-byte the old frame.
+ *               byte-for-byte the old frame. [, ack: true — with keep: each stage answers with
+ *               a kept frame once its keep is done (added within version 2 like keep: a stage
+ *               that ignores it answers nothing, which the coordinator waits out once, bounded)]
  *   part        JSON: one stage's signed receipt part (daemon/ledger/README.md), or {} from a stage
  *               that signs none
+ *   kept        JSON {keep, length}: a stage kept `length` positions (0: none) of the finished
+ *               request's KV under `keep` — its answer to a finish with keep and ack, sent to the
+ *               coordinator after its part; the coordinator holds an open from that key until
+ *               every stage answered (keep-acks.ts). Added within version 2: only a coordinator
+ *               that asked (ack) is sent one, so no node that predates it receives this kind
  * Tensor bytes start 4-byte aligned within the payload, so a decoder can view them in place.
  */
 import type { Uint8ArrayList } from 'uint8arraylist'
@@ -67,7 +74,7 @@ export const MAX_FRAME_BYTES = 16 * 1024 * 1024
 export const MAX_REQUEST_ID_BYTES = 255
 const MAX_ERROR_MESSAGE_CHARS = 2048
 
-const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7, verdict: 8 } as const
+const KIND_CODES = { open: 1, activation: 2, token: 3, error: 4, cancel: 5, finish: 6, part: 7, verdict: 8, kept: 9 } as const
 export type StageFrameKind = keyof typeof KIND_CODES
 const KIND_BY_CODE = new Map(Object.entries(KIND_CODES).map(([k, v]) => [v as number, k as StageFrameKind]))
 
@@ -116,6 +123,8 @@ export interface FinishKeep {
   keep: string
   /** Positions to keep (a stage keeps what it holds, at most these). */
   length: number
+  /** Each stage answers with a kept frame once its keep is done (the coordinator's open from the key waits for it). */
+  ack?: true
 }
 
 export type StageFrame =
@@ -133,6 +142,8 @@ export type StageFrame =
   /** `keep`: keep the request's KV as a prefix; `evict`: the coordinator's kept prefixes to drop (1-MAX_FINISH_EVICT keys). */
   | { kind: 'finish', requestId: string, keep?: FinishKeep, evict?: string[] }
   | { kind: 'part', requestId: string, part: Record<string, unknown> }
+  /** A stage's answer to a finish with keep and ack: it kept `length` positions (0: none) under `keep`. */
+  | { kind: 'kept', requestId: string, keep: string, length: number }
 
 if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) throw new Error('the stage wire format assumes a little-endian host')
 
@@ -291,8 +302,16 @@ export function encodePayloadParts (f: StageFrame): Uint8Array[] {
       const body = utf8.encode(JSON.stringify({
         ...(f.keep === undefined ? {} : { keep: f.keep.keep, length: f.keep.length }),
         ...(f.evict === undefined ? {} : { evict: f.evict }),
+        ...(f.keep?.ack === true ? { ack: true } : {}),
       }))
       const { out, at } = header('finish', f.requestId, body.length)
+      out.set(body, at)
+      return [out]
+    }
+    case 'kept': {
+      if (!isStr(f.keep) || !isU32(f.length)) throw malformed('kept: a key and a u32 length')
+      const body = utf8.encode(JSON.stringify({ keep: f.keep, length: f.length }))
+      const { out, at } = header('kept', f.requestId, body.length)
       out.set(body, at)
       return [out]
     }
@@ -372,7 +391,8 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       if (v.keep !== undefined && (!isStr(v.keep) || !isU32(v.length) || v.length === 0)) throw malformed('finish body: keep needs a key and a length > 0')
       if (v.evict !== undefined && !validEvict(v.evict)) throw malformed(`finish body: evict lists 1-${MAX_FINISH_EVICT} keys`)
       const f: Extract<StageFrame, { kind: 'finish' }> = { kind, requestId }
-      if (v.keep !== undefined) f.keep = { keep: v.keep as string, length: v.length as number }
+      if (v.ack !== undefined && (v.ack !== true || v.keep === undefined)) throw malformed('finish body: ack is true, with keep')
+      if (v.keep !== undefined) f.keep = { keep: v.keep as string, length: v.length as number, ...(v.ack === true ? { ack: true as const } : {}) }
       if (v.evict !== undefined) f.evict = v.evict as string[]
       return f
     }
@@ -380,6 +400,11 @@ export function decodePayload (payload: Uint8Array | Uint8ArrayList): StageFrame
       const v = parseJson(body, kind)
       if (!isObj(v)) throw malformed('part body must be a JSON object')
       return { kind, requestId, part: v }
+    }
+    case 'kept': {
+      const v = parseJson(body, kind)
+      if (!isObj(v) || !isStr(v.keep) || !isU32(v.length)) throw malformed('kept body must be {keep, length}')
+      return { kind, requestId, keep: v.keep, length: v.length }
     }
     case 'token': {
       if (body.length !== 8) throw body.length < 8 ? truncated('token frame is short') : malformed('token frame is too long')

@@ -8,7 +8,10 @@
  * no K beats it. Beside other sequences decoding on the same engine (`batchPeers`), a plain step is
  * one row of a batched run that gives every one of them a token, while a verify round of several
  * positions runs alone and they wait: plain decoding then yields (1 + batchPeers) tokens per step
- * for the engine, and a round must beat that. Long round trips make each traversal dear, so the best K grows with the hop time
+ * for the engine, and a round must beat that. Plain decoding's own cost per token (`plainTokenMs`)
+ * is what its steps cost as they run between rounds, run-ahead included (plainTokenMs below), not
+ * the cost of a step that surely ran (`verifyBaseMs`, what a verify round pays: it runs alone, nothing
+ * computed ahead). Long round trips make each traversal dear, so the best K grows with the hop time
  * — the numbers the paper reports (5–7 on a LAN, ~10 at ≥ 50 ms per hop) come out of this, they
  * are not written in.
  */
@@ -18,8 +21,13 @@ export interface SpeculationCosts {
   acceptance: number
   /** One draft step (one proposed token), ms. */
   draftStepMs: number
-  /** A plain one-position step of the target (every stage), ms. */
+  /** A plain one-position step of the target (every stage) that surely ran, ms: a verify's base. */
   verifyBaseMs: number
+  /**
+   * Plain decoding's time per token as the source waits for it, ms: its steps between rounds,
+   * those the engine computed ahead included (plainTokenMs). Absent: verifyBaseMs.
+   */
+  plainTokenMs?: number
   /** What each extra verified position adds to that step, ms. */
   verifyPerTokenMs: number
   /** Network time per hop of one traversal, ms (0 on one machine). */
@@ -37,11 +45,33 @@ export function expectedTokens (acceptance: number, k: number): number {
   return (1 - a ** (k + 1)) / (1 - a)
 }
 
-/** Expected tokens per millisecond with K drafts per round. */
+/** Expected tokens per millisecond with K drafts per round (K = 0: plain decoding, run-ahead included). */
 export function tokensPerMs (c: SpeculationCosts, k: number): number {
-  const t = k * c.draftStepMs + c.verifyBaseMs + k * c.verifyPerTokenMs + c.hops * c.hopMs
+  const t = k === 0
+    ? (c.plainTokenMs ?? c.verifyBaseMs) + c.hops * c.hopMs
+    : k * c.draftStepMs + c.verifyBaseMs + k * c.verifyPerTokenMs + c.hops * c.hopMs
   return t > 0 ? expectedTokens(c.acceptance, k) / t : Infinity
 }
+
+/**
+ * Plain decoding's cost per token from the times the source waited for its recent plain steps
+ * (ms, oldest first): their mean, the steps whose token the engine's worker computed ahead (and
+ * that were ready sooner, or at once) included. Not the wall time between tokens: the decode
+ * loop's own work between two calls (emitting, detokenizing) is paid per token by a round's
+ * tokens too, and overlaps a run-ahead step's compute; a round is timed the same way, from its
+ * call to its verdict. Counting only steps that surely ran made plain decoding look as slow as a
+ * step without run-ahead, and adaptive K speculated where plain decoding was faster. Undefined
+ * with no steps.
+ */
+export function plainTokenMs (stepsMs: readonly number[]): number | undefined {
+  if (stepsMs.length === 0) return undefined
+  let sum = 0
+  for (const ms of stepsMs) sum += Math.max(0, ms)
+  return sum / stepsMs.length
+}
+
+/** Plain steps plainTokenMs averages over (about two probe spacings at the default 16). */
+export const PLAIN_WINDOW = 32
 
 /**
  * The K in [0, maxK] with the highest expected tokens per second (smallest K on ties). Speculating
@@ -68,8 +98,12 @@ export function chooseK (c: SpeculationCosts, maxK: number, minGain = 0.05): num
 export interface CostTracker {
   /** Records one verified round. */
   round (drafted: number, accepted: number, draftMs: number, verifyMs: number): void
-  /** Records a plain (K = 0) step. */
-  plain (stepMs: number): void
+  /**
+   * Records a plain (K = 0) step: how long the source waited for its token. `ran` (default
+   * true): it surely ran in that time, not taken from the run-ahead — only those measure a
+   * verify's base; every plain step counts towards plain decoding's own cost (plainTokenMs).
+   */
+  plain (stepMs: number, ran?: boolean): void
   costs (hopMs: number, hops: number, batchPeers?: number): SpeculationCosts
   /** Rounds recorded so far. */
   readonly rounds: number
@@ -89,6 +123,8 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
   let draftPerToken: number | undefined
   let base: number | undefined
   let perToken: number | undefined
+  /** The latest plain steps' times (at most PLAIN_WINDOW), oldest first. */
+  const plainSteps: number[] = []
   let rounds = 0
   const ewma = (old: number | undefined, x: number): number => old === undefined ? x : decay * old + (1 - decay) * x
   return {
@@ -103,7 +139,11 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
       const b = base ?? verifyMs / (drafted + 1)
       perToken = ewma(perToken, Math.max(0, (verifyMs - b) / drafted))
     },
-    plain (stepMs) { base = ewma(base, stepMs) },
+    plain (stepMs, ran = true) {
+      if (ran) base = ewma(base, stepMs)
+      plainSteps.push(stepMs)
+      if (plainSteps.length > PLAIN_WINDOW) plainSteps.shift()
+    },
     costs (hopMs, hops, batchPeers = 0) {
       const b = base ?? 1
       return {
@@ -111,6 +151,7 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
         acceptance: trials > 0 ? hits / trials : 0,
         draftStepMs: draftPerToken ?? 0,
         verifyBaseMs: b,
+        ...(plainSteps.length === 0 ? {} : { plainTokenMs: plainTokenMs(plainSteps) }),
         verifyPerTokenMs: perToken ?? 0,
         hopMs,
         hops,

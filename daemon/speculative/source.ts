@@ -209,11 +209,12 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     const pick = drawn.shift() ?? nextPick(sampling, rng)
     const ahead = Math.min(runAhead, remaining)
     while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
-    const measured = !aheadHanded
+    const ran = !aheadHanded
     const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
-    // Only a step that surely ran teaches the cost model what a plain step costs: one taken from
-    // the run-ahead may have been ready already and would make plain decoding look free.
-    if (measured) tracker.plain(now() - t0)
+    // Every plain step tells what plain decoding costs as it runs (one taken from the run-ahead may
+    // have been ready at once: that is its real cost); only a step that surely ran tells what a
+    // verify's single position costs (a round runs alone, nothing computed ahead).
+    tracker.plain(now() - t0, ran)
     aheadHanded = ahead > 0
     counts.plainSteps++
     plainSinceRound++

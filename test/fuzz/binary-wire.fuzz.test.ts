@@ -98,9 +98,10 @@ const stageFrame: fc.Arbitrary<StageFrame> = id(255).chain((requestId): fc.Arbit
   fc.tuple(u32, u32, u32).map(([position, accepted, tokenId]) => ({ kind: 'verdict' as const, requestId, position, accepted, tokenId })),
   fc.record({ name: str, code: str, message: fc.string({ unit: 'binary', maxLength: 40 }), peerId: id(256) }, { requiredKeys: ['name', 'code', 'message'] }).map(error => ({ kind: 'error' as const, requestId, error })),
   fc.constantFrom('cancel' as const, 'finish' as const).map(kind => ({ kind, requestId })),
-  fc.record({ keep: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 })), evict: fc.array(id(256), { minLength: 1, maxLength: 4 }) }, { requiredKeys: [] })
-    .map(({ keep, evict }) => ({ kind: 'finish' as const, requestId, ...(keep === undefined ? {} : { keep: { keep: keep[0], length: keep[1] } }), ...(evict === undefined ? {} : { evict }) })),
+  fc.record({ keep: fc.tuple(id(256), fc.integer({ min: 1, max: 2 ** 32 - 1 }), fc.boolean()), evict: fc.array(id(256), { minLength: 1, maxLength: 4 }) }, { requiredKeys: [] })
+    .map(({ keep, evict }) => ({ kind: 'finish' as const, requestId, ...(keep === undefined ? {} : { keep: { keep: keep[0], length: keep[1], ...(keep[2] ? { ack: true as const } : {}) } }), ...(evict === undefined ? {} : { evict }) })),
   fc.dictionary(fc.string({ maxLength: 6 }), jsonish).map(part => ({ kind: 'part' as const, requestId, part })),
+  fc.tuple(id(256), u32).map(([keep, length]) => ({ kind: 'kept' as const, requestId, keep, length })),
 ))
 
 const expertFrame: fc.Arbitrary<ExpertFrame> = fc.tuple(id(255), u32).chain(([model, step]): fc.Arbitrary<ExpertFrame> => fc.oneof(

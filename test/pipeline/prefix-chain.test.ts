@@ -115,7 +115,8 @@ describe.each([
 
   beforeAll(async () => {
     hosts = await startChain(stages, () => 64 * MIB)
-    service = await startService(hosts, stages, { metrics: registry })
+    // A generous bound on the wait for the stages' keeps, so a loaded machine does not decide the reuse asserted below.
+    service = await startService(hosts, stages, { metrics: registry, keptWaitMs: 5_000 })
   }, 60_000)
   afterAll(async () => {
     await service?.stop()
@@ -170,15 +171,38 @@ describe.each([
     const seeded = (): GenerateRequest => ({ ...request(p), sampling: { temperature: 0.9, topP: 0.95, seed: 77 } })
     const want = (await run(cold, seeded())).tokens
     const first = await run(service, seeded())
-    // The stages keep the prefix with the first request's finish, after its response ended: an
-    // open that overtakes that on a loaded machine finds nothing kept and recomputes (right tokens,
-    // no reuse), which is not what this test is about.
-    await settled(hosts)
+    // Sent the moment the first response ended: the coordinator holds its open until the stages
+    // have acknowledged keeping the first request's prefix.
     const again = await run(service, seeded())
     expect(first.start.prefix).toBeUndefined()
     expect(again.start.prefix?.reusedTokens).toBeGreaterThan(0)
     expect(first.tokens).toEqual(want)
     expect(again.tokens).toEqual(want)
+  }, 120_000)
+
+  it('a follow-up sent the moment a response ended waits for the stages\' keeps (a slow one too) and reuses the prefix', async () => {
+    // The last stage's keep is slowed as a busy engine worker would slow it: its part (and so the
+    // response's end) goes out before the keep is done, and the follow-up's open reaches that stage
+    // first unless the coordinator waits for the stage to acknowledge the keep.
+    const engine = hosts.at(-1)!.stage.node.engine as unknown as { retain: (...a: unknown[]) => Promise<unknown> }
+    const retain = engine.retain
+    engine.retain = async (...a) => { await new Promise(resolve => setTimeout(resolve, 150)); return await retain.apply(engine, a) }
+    try {
+      const a = tokens(40, 700 + stages)
+      const b = [...a, ...tokens(6, 710 + stages)]
+      const wantA = (await run(cold, request(a))).tokens
+      const wantB = (await run(cold, request(b))).tokens
+      const first = await counted(service, () => run(service, request(a)))
+      const next = await counted(service, () => run(service, request(b)))
+      expect(first.value.tokens).toEqual(wantA)
+      expect(next.value.start.prefix?.reusedTokens).toBe(a.length)
+      expect(next.hit).toBe(a.length)
+      expect(next.miss).toBe(b.length - a.length)
+      expect(next.value.tokens).toEqual(wantB)
+    } finally {
+      engine.retain = retain
+    }
+    await settled(hosts)
   }, 120_000)
 
   it('concurrent requests sharing a kept prefix (their steps batched at every stage) each give the cold run\'s tokens', async () => {

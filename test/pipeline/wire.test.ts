@@ -82,9 +82,22 @@ describe('stage wire golden bytes', () => {
     const both: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k2', length: 9 }, evict: ['k1', 'k0'] }
     expect(hex(payloadOf(both))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k2","length":9,"evict":["k1","k0"]}')))
     expect(decodePayload(payloadOf(both))).toEqual(both)
+    const acked: StageFrame = { kind: 'finish', requestId: 'r1', keep: { keep: 'k2', length: 9, ack: true }, evict: ['k1'] }
+    expect(hex(payloadOf(acked))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"keep":"k2","length":9,"evict":["k1"],"ack":true}')))
+    expect(decodePayload(payloadOf(acked))).toEqual(acked)
     const evictOnly: StageFrame = { kind: 'finish', requestId: 'r1', evict: ['k1'] }
     expect(hex(payloadOf(evictOnly))).toBe('02' + '06' + '02' + '7231' + hex(Buffer.from('{"evict":["k1"]}')))
     expect(decodePayload(payloadOf(evictOnly))).toEqual(evictOnly)
+  })
+  it('pins the kept frame (version 2, kind 9: a stage\'s answer to a finish with keep and ack)', () => {
+    const kept: StageFrame = { kind: 'kept', requestId: 'r1', keep: 'k2', length: 9 }
+    expect(hex(encodeFrame(kept))).toBe('1d' + '02' + '09' + '02' + '7231' + hex(Buffer.from('{"keep":"k2","length":9}')))
+    expect(decodePayload(payloadOf(kept))).toEqual(kept)
+    expect(decodePayload(payloadOf({ ...kept, length: 0 }))).toEqual({ ...kept, length: 0 })
+    // An ack without keep, or not true; a kept frame without its key.
+    expect(() => decodePayload(Uint8Array.of(2, 6, 1, 0x78, ...Buffer.from('{"evict":["k1"],"ack":true}')))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    expect(() => decodePayload(Uint8Array.of(2, 6, 1, 0x78, ...Buffer.from('{"keep":"k","length":1,"ack":1}')))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
+    expect(() => decodePayload(Uint8Array.of(2, 9, 1, 0x78, ...Buffer.from('{"length":1}')))).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_STAGE_MALFORMED' }))
   })
   it('pins the rebuilt-chain fields (version 2, optional: frames without them are unchanged): open pullFrom + fromTokens', () => {
     const body = '{"modelId":"m","manifestHash":"ab","chain":[{"peerId":"A","layers":[0,1]},{"peerId":"B","layers":[2,3]}],"hop":1,"returnTo":"A","sampling":{"temperature":0,"topP":1},"rngSkip":0,"deadline":5,"fromKey":"k1","fromLength":3,"pullFrom":[{"hop":1,"peerId":"C"}],"fromTokens":[7,8,9]}'

@@ -5,7 +5,7 @@
 import { describe, expect, it } from 'vitest'
 import { createRng } from '../../daemon/engine/index.ts'
 import {
-  acceptGreedy, acceptSampled, chooseK, createCostTracker, distribution, expectedTokens, promptLookup, residual, sampleFrom,
+  acceptGreedy, acceptSampled, chooseK, createCostTracker, distribution, expectedTokens, PLAIN_WINDOW, plainTokenMs, promptLookup, residual, sampleFrom,
 } from '../../daemon/speculative/index.ts'
 import type { SpeculationCosts } from '../../daemon/speculative/index.ts'
 import { checkDrafts } from '../../daemon/pipeline/index.ts'
@@ -193,6 +193,50 @@ describe('adaptive K', () => {
     expect(c.verifyPerTokenMs).toBeCloseTo(1)
     expect(c.hops).toBe(3)
     expect(t.rounds).toBe(2)
+  })
+})
+
+describe('plain decoding\'s cost with the engine running ahead', () => {
+  it('is the mean wait over recent plain steps, those computed ahead included; a verify\'s base counts only steps that surely ran', () => {
+    expect(plainTokenMs([])).toBeUndefined()
+    // After a round the first plain step runs whole (3 ms); the next ones were computed ahead
+    // while the decode loop handled the previous token, so the source waits less for them.
+    expect(plainTokenMs([3, 0.9, 0.8, 1, 0.9])).toBeCloseTo(6.6 / 5)
+    const t = createCostTracker({ decay: 1 })
+    t.plain(3)
+    for (const ms of [0.9, 0.8, 1, 0.9]) t.plain(ms, false)
+    const c = t.costs(0, 0)
+    expect(c.verifyBaseMs).toBe(3)
+    expect(c.plainTokenMs).toBeCloseTo(6.6 / 5)
+    // A window: the latest PLAIN_WINDOW steps.
+    for (let i = 0; i < PLAIN_WINDOW; i++) t.plain(2, false)
+    expect(t.costs(0, 0).plainTokenMs).toBe(2)
+    expect(t.costs(0, 0).verifyBaseMs).toBe(3)
+  })
+
+  it('stops speculating where run-ahead plain decoding is faster than the rounds, not where it still pays', () => {
+    // Half the drafts stand; a verify costs a whole step plus 0.3 ms a draft.
+    const c: SpeculationCosts = { acceptance: 0.5, draftStepMs: 0.01, verifyBaseMs: 3, verifyPerTokenMs: 0.3, hopMs: 0, hops: 0 }
+    // Measured from steps that surely ran only, plain decoding looks as dear as a verify's base: speculate.
+    expect(chooseK(c, 16)).toBeGreaterThan(0)
+    // Run ahead, plain decoding gives a token every 1.32 ms: no round of these drafts beats it.
+    expect(chooseK({ ...c, plainTokenMs: 1.32 }, 16)).toBe(0)
+    // Drafts that mostly stand still pay against it...
+    expect(chooseK({ ...c, plainTokenMs: 1.32, acceptance: 0.95 }, 16)).toBeGreaterThan(4)
+    // ...but not beside one batched stream (explicit --draft: a round must beat both streams' plain tokens).
+    expect(chooseK({ ...c, plainTokenMs: 1.32, acceptance: 0.95, batchPeers: 1 }, 16)).toBe(0)
+
+    // The same through the tracker, as a source feeds it.
+    const t = createCostTracker({ acceptance: 0.5, decay: 1 })
+    t.plain(3)
+    t.round(2, 1, 0.02, 3.6)
+    t.round(2, 1, 0.02, 3.6)
+    expect(t.costs(0, 0).acceptance).toBeCloseTo(0.5)
+    expect(chooseK(t.costs(0, 0), 16)).toBeGreaterThan(0)
+    // A stretch of plain decoding with the worker running ahead (a token every ~1 ms).
+    for (let i = 0; i < 9; i++) t.plain(1, false)
+    expect(t.costs(0, 0).plainTokenMs).toBeCloseTo(1.2)
+    expect(chooseK(t.costs(0, 0), 16)).toBe(0)
   })
 })
 
