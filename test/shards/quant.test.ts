@@ -3,7 +3,7 @@
  * against fp32 shards of the same checkpoint. Quantization changes numbers by design, so the
  * assertions are loose sanity checks; the numbers are printed for the record.
  */
-import { copyFile, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises'
+import { copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -71,10 +71,17 @@ describe('quantized shards vs fp32', () => {
 })
 
 describe('MatMulNBits graphs compute exactly the dequantized weights', () => {
-  for (const quant of ['int8', 'int4'] as const) {
-    it(`${quant}: accuracy_level 0 matches fp32 shards of the dequantized checkpoint`, async () => {
+  // qwen2 ties its head to the embedding: both are quantized from the same tensor by the same quantizer.
+  for (const [quant, arch] of [['int8', 'llama'], ['int4', 'llama'], ['int4', 'qwen2']] as const) {
+    it(`${quant} ${arch}${arch === 'qwen2' ? ' (tied)' : ''}: accuracy_level 0 matches fp32 shards of the dequantized checkpoint`, async () => {
+      let modelDir = join(root, 'llama')
+      if (arch !== 'llama') {
+        modelDir = join(root, arch)
+        await generateTestModel({ architecture: arch, outDir: modelDir, seed: 4, size: 'tiny' })
+        expect(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')).tie_word_embeddings).toBe(true)
+      }
       // Rewrite the checkpoint with every quantized matrix replaced by its dequantized value.
-      const dq = join(root, `dequant-${quant}`)
+      const dq = join(root, `dequant-${quant}-${arch}`)
       await mkdir(dq, { recursive: true })
       for (const f of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json']) await copyFile(join(modelDir, f), join(dq, f))
       const w = await openWeights(modelDir)
@@ -86,16 +93,17 @@ describe('MatMulNBits graphs compute exactly the dequantized weights', () => {
         tensors.push({ name, shape: t.shape, data: quantized ? dequantizeMatrix(quantizeMatrix(t.data, t.shape[0]!, t.shape[1]!, quant === 'int4' ? 4 : 8, 32)) : t.data })
       }
       await writeSafetensors(join(dq, 'model.safetensors'), tensors)
-      const mq = await compileShards({ modelDir, outDir: join(root, `q-${quant}`), quant, blockSize: 32, accuracyLevel: 0 })
-      const mf = await compileShards({ modelDir: dq, outDir: join(root, `dqf-${quant}`) })
-      const pq = await openPipeline(join(root, `q-${quant}`), mq)
-      const pf = await openPipeline(join(root, `dqf-${quant}`), mf)
+      const mq = await compileShards({ modelDir, outDir: join(root, `q-${quant}-${arch}`), quant, blockSize: 32, accuracyLevel: 0 })
+      const mf = await compileShards({ modelDir: dq, outDir: join(root, `dqf-${quant}-${arch}`) })
+      expect(mq.quantization).toMatchObject(quant === 'int4' ? { embedding: 'int4' } : {})
+      const pq = await openPipeline(join(root, `q-${quant}-${arch}`), mq)
+      const pf = await openPipeline(join(root, `dqf-${quant}-${arch}`), mf)
       try {
         const rq = await greedyDecode(pq, prompt, N)
         const rf = await greedyDecode(pf, prompt, N)
         let maxErr = 0
         rq.logits.forEach((l, i) => l.forEach((v, j) => { maxErr = Math.max(maxErr, Math.abs(v - rf.logits[i]![j]!)) }))
-        console.log(`${quant} MatMulNBits vs f32 MatMul on dequantized weights: max |logit diff| ${maxErr.toExponential(2)}`)
+        console.log(`${quant} ${arch} MatMulNBits vs f32 MatMul on dequantized weights: max |logit diff| ${maxErr.toExponential(2)}`)
         expect(rq.tokens).toEqual(rf.tokens)
         expect(maxErr).toBeLessThan(1e-3)
       } finally {
