@@ -35,7 +35,6 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
   if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
   if (opts.f32Embedding === true && quant !== 'int4') throw new ExitError('--f32-embedding needs --quant int4 (only int4 quantizes the embedding)')
-  if (opts.f32Embedding === true && opts.experts === true) throw new ExitError('--f32-embedding does not apply to --experts shards (their embedding stays f32)')
   const ops = opts.ops ?? 'ort-contrib'
   if (ops !== 'ort-contrib' && ops !== 'standard') throw new ExitError(`--ops must be ort-contrib or standard, got ${ops}`)
   let stages: number | undefined
@@ -51,7 +50,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
   try {
     if (opts.experts === true) {
       const { compileExpertShards } = await import('../../shards/index.ts')
-      const l = await compileExpertShards({ modelDir: opts.model, outDir: opts.out, quant, ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}) })
+      const l = await compileExpertShards({ modelDir: opts.model, outDir: opts.out, quant, ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}), ...(opts.f32Embedding === true ? { embedding: 'f32' as const } : {}) })
       const moe = l.shape.moe!
       process.stdout.write(`${l.modelId}: ${l.shape.architecture}, ${l.shape.numLayers} layers, ${moe.moeLayers.length} MoE layers × ${moe.numExperts} experts (top-${moe.topK}), quant ${l.quantization.kind}, expert-parallel → ${opts.out}\n`)
       return
