@@ -130,6 +130,7 @@ export function buildProgram (): Command {
     .option('--layers <ranges>', 'explicit split, e.g. 0-11,12-23')
     .addOption(new Option('--quant <kind>', 'weight quantization').choices(['none', 'int8', 'int4']).default('none'))
     .option('--f32-activations', 'with --quant: f32 activations (closer to the unquantized model, slower per step)')
+    .option('--f32-embedding', 'with --quant int4: keep the token embedding f32 (default: 4-bit blocks, an eighth of the bytes)')
     .addOption(new Option('--ops <table>', "op table: ort-contrib (onnxruntime's fused CPU kernels) or standard (portable opset-17 ONNX)").choices(['ort-contrib', 'standard']).default('ort-contrib'))
     .option('--static <ctx[,chunk]>', 'also write fixed-shape graphs for NPUs: KV budget CTX, prefill chunk CHUNK (default 128)')
     .option('--experts', 'mixture-of-experts checkpoints: expert-parallel shards (attention and router for a stage node, one graph per expert for holders) instead of stages')

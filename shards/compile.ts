@@ -15,6 +15,7 @@ import type { GraphBuilder } from './graph/builder.ts'
 import { buildStage, type StageSource } from './graph/stage.ts'
 import { buildStaticStage } from './graph/static.ts'
 import { describeFile, writeManifest } from './manifest.ts'
+import { embeddingStorage } from './quant.ts'
 import { openWeights, type F32Tensor } from './safetensors.ts'
 import { planStages } from './split.ts'
 
@@ -23,7 +24,8 @@ import { planStages } from './split.ts'
  * shards from another version are rebuilt. 3: `quantization.activations` is recorded (before, every
  * quantized shard had int8 activations, unrecorded). 4: 'ort-contrib' graphs take right-padded
  * rows with per-row attention lengths (`batchPadding: 'right'`) and are the default op table.
- * 5: 'ort-contrib' graphs also output each step's new KV columns (`new_key_values.*`).
+ * 5: 'ort-contrib' graphs also output each step's new KV columns (`new_key_values.*`), and int4
+ * shards quantize the token embedding too (`quantization.embedding: 'int4'`).
  */
 export const COMPILER_VERSION = 5
 
@@ -62,6 +64,12 @@ export interface CompileOptions {
    */
   accuracyLevel?: 0 | 4
   /**
+   * int4 only: the token embedding as 4-bit blocks ('int4', default: GatherBlockQuantized over
+   * the MatMulNBits quantizer's blocks, an eighth of the f32 bytes — the embedding is the largest
+   * single tensor of a small int4 model) or kept f32 ('f32'). Recorded as `quantization.embedding`.
+   */
+  embedding?: 'int4' | 'f32'
+  /**
    * Also write fixed-shape graphs per stage (`--static CTX[,CHUNK]`, for NPUs): a [1, chunk]
    * prefill and a [1, 1] decode graph over a KV buffer of contextLength slots, 'standard' ops.
    */
@@ -82,7 +90,12 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
   const quantKind = options.quant ?? 'none'
   const quant: Quantization = quantKind === 'none'
     ? { kind: 'none' }
-    : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
+    : {
+        kind: quantKind,
+        blockSize: options.blockSize ?? 32,
+        activations: options.accuracyLevel === 0 ? 'f32' : 'int8',
+        ...(quantKind === 'int4' ? { embedding: embeddingStorage(quantKind, options.embedding ?? 'int4', spec.shape.hiddenSize, options.blockSize ?? 32) } : {}),
+      }
   const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
   const staticShapes = options.static === undefined ? undefined : staticShapesOf(options.static, spec.shape.maxPositions)
   const weights = await openWeights(modelDir)

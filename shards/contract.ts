@@ -74,7 +74,18 @@ export type Quantization =
    * equally long contexts, unpadded) or 'f32' (batched with any mix of lengths). Absent (compilers
    * before version 3): int8.
    */
-  | { kind: 'int8' | 'int4', blockSize: 32 | 128, activations?: 'int8' | 'f32' }
+  | {
+    kind: 'int8' | 'int4'
+    blockSize: 32 | 128
+    activations?: 'int8' | 'f32'
+    /**
+     * How the token embedding is stored. 'int4' (int4 shards, compiler 5+ default): the same 4-bit
+     * blocks and scales as the MatMulNBits weights, looked up by com.microsoft GatherBlockQuantized
+     * (a row reads exactly its dequantized value). 'f32' or absent (int8 shards, older compilers,
+     * `embedding: 'f32'`, or a hidden size that is not a multiple of the block size): f32 Gather.
+     */
+    embedding?: 'int4' | 'f32'
+  }
 
 /** The architecture-independent shape of a model, after normalising its HF config. */
 export interface ModelShape {

@@ -29,6 +29,7 @@ import { DT, GraphBuilder } from './graph/builder.ts'
 import { OP_TABLES } from './graph/ops.ts'
 import type { BuildContext } from './graph/types.ts'
 import { openWeights } from './safetensors.ts'
+import { embeddingStorage } from './quant.ts'
 
 export const EXPERT_SHARDS_FORMAT = 'shoal-expert-shards/0'
 export const MOE_BASE = 'moe_base'
@@ -67,11 +68,13 @@ const dataName = (path: string): string => `${path.split('/').pop()!}.data`
 export interface ExpertShardOptions {
   modelDir: string
   outDir: string
-  /** Every linear but the routers (always f32) and the embedding, as in compileShards. */
+  /** Every linear but the routers (always f32); int4 also the embedding — as in compileShards. */
   quant?: 'none' | 'int8' | 'int4'
   blockSize?: 32 | 128
   /** MatMulNBits accuracy_level: 0 f32 activations, 4 int8 (default, as compileShards). */
   accuracyLevel?: 0 | 4
+  /** int4 only: the token embedding as 4-bit blocks (default) or f32, as compileShards. */
+  embedding?: 'int4' | 'f32'
   /** Served model id (default: the checkpoint's shoal_model_id, else its directory name). */
   modelId?: string
 }
@@ -88,7 +91,13 @@ export async function compileExpertShards (options: ExpertShardOptions): Promise
   const quantKind = options.quant ?? 'none'
   const quant: Quantization = quantKind === 'none'
     ? { kind: 'none' }
-    : { kind: quantKind, blockSize: options.blockSize ?? 32, activations: options.accuracyLevel === 0 ? 'f32' : 'int8' }
+    : {
+        kind: quantKind,
+        blockSize: options.blockSize ?? 32,
+        activations: options.accuracyLevel === 0 ? 'f32' : 'int8',
+        // The same embedding as compileShards' int4 shards, so expert-parallel and one-graph int4 pick the same tokens.
+        ...(quantKind === 'int4' ? { embedding: embeddingStorage(quantKind, options.embedding ?? 'int4', shape.hiddenSize, options.blockSize ?? 32) } : {}),
+      }
   const context = (g: GraphBuilder): BuildContext => ({ g, spec, ops, quant, accuracyLevel: options.accuracyLevel ?? 4 })
   const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = shape
   await mkdir(outDir, { recursive: true })

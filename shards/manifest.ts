@@ -65,6 +65,7 @@ export function validateManifest (m: unknown): ShardManifest {
   if (!isObj(q) || !['none', 'int8', 'int4'].includes(q.kind)) fail('quantization.kind must be none, int8 or int4')
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
   if (q.kind !== 'none' && q.activations !== undefined && q.activations !== 'int8' && q.activations !== 'f32') fail('quantization.activations must be int8 or f32')
+  if (q.kind !== 'none' && q.embedding !== undefined && q.embedding !== 'f32' && !(q.embedding === 'int4' && q.kind === 'int4')) fail('quantization.embedding must be f32, or int4 in int4 shards')
   if (!isObj(o.generation) || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
   checkFiles(o.tokenizerFiles, 'tokenizerFiles')
   if (!Array.isArray(o.stages) || o.stages.length === 0) fail('no stages')

@@ -12,6 +12,7 @@ export interface ShardCommandOptions {
   layers?: string
   quant?: string
   f32Activations?: boolean
+  f32Embedding?: boolean
   ops?: string
   static?: string
   force?: boolean
@@ -33,6 +34,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
   const quant = opts.quant ?? 'none'
   if (quant !== 'none' && quant !== 'int8' && quant !== 'int4') throw new ExitError(`--quant must be none, int8 or int4, got ${quant}`)
   if (opts.f32Activations === true && quant === 'none') throw new ExitError('--f32-activations needs --quant int8 or int4')
+  if (opts.f32Embedding === true && quant !== 'int4') throw new ExitError('--f32-embedding needs --quant int4 (only int4 quantizes the embedding)')
   const ops = opts.ops ?? 'ort-contrib'
   if (ops !== 'ort-contrib' && ops !== 'standard') throw new ExitError(`--ops must be ort-contrib or standard, got ${ops}`)
   let stages: number | undefined
@@ -48,7 +50,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
   try {
     if (opts.experts === true) {
       const { compileExpertShards } = await import('../../shards/index.ts')
-      const l = await compileExpertShards({ modelDir: opts.model, outDir: opts.out, quant, ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}) })
+      const l = await compileExpertShards({ modelDir: opts.model, outDir: opts.out, quant, ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}), ...(opts.f32Embedding === true ? { embedding: 'f32' as const } : {}) })
       const moe = l.shape.moe!
       process.stdout.write(`${l.modelId}: ${l.shape.architecture}, ${l.shape.numLayers} layers, ${moe.moeLayers.length} MoE layers × ${moe.numExperts} experts (top-${moe.topK}), quant ${l.quantization.kind}, expert-parallel → ${opts.out}\n`)
       return
@@ -61,6 +63,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       opSet: ops,
       onProgress: createProgress((line) => { process.stderr.write(`shoal: ${line}\n`) }, `compiling ${opts.model}`),
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
+      ...(opts.f32Embedding === true ? { embedding: 'f32' as const } : {}),
       ...(stages !== undefined ? { stages } : {}),
       ...(layers !== undefined ? { layers } : {}),
       ...(fixed !== undefined ? { static: fixed } : {}),

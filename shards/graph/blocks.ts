@@ -7,7 +7,7 @@
  */
 import type { LayerWeights, MoeWeights, SwiGluWeights } from '../architectures.ts'
 import type { F32Tensor } from '../safetensors.ts'
-import { quantizeMatrix } from '../quant.ts'
+import { dequantizeMatrix, quantizeMatrix } from '../quant.ts'
 import { DT, MS_DOMAIN } from './builder.ts'
 import type { BuildContext, StageTables } from './types.ts'
 
@@ -40,9 +40,31 @@ export function makeLinear (ctx: BuildContext, name: string, weightName: string,
   return g.op('Add', `${name}/Add`, [y, g.f32Weight(weightName.replace(/weight$/, 'bias'), [n], bias.data)])
 }
 
-export function makeEmbedding (ctx: BuildContext, inputIds: string, embed: F32Tensor): string {
-  const w = ctx.g.f32Weight('model.embed_tokens.weight', embed.shape, embed.data)
-  return ctx.g.op('Gather', '/model/embed_tokens/Gather', [w, inputIds], { axis: 0 })
+/**
+ * The token embedding [V, D] looked up by input ids. Under `quantization.embedding: 'int4'` it is
+ * quantized by the MatMulNBits quantizer (same blocks, scales and implicit zero point 8), so a
+ * tied head and the embedding round alike; the rows are read by com.microsoft
+ * GatherBlockQuantized over uint8 [V, D/2] and f32 scales [V, D/block] (onnxruntime's CPU kernel
+ * reads this form with MatMulNBits' packing; it returns exactly dequantizeMatrix's row,
+ * test/shards/quant.test.ts). `portable` (the static NPU graphs, standard ops only): a plain
+ * Gather over the dequantized f32 table — the same numbers, at f32 size.
+ */
+export function makeEmbedding (ctx: BuildContext, inputIds: string, embed: F32Tensor, portable = false): string {
+  const { g, quant } = ctx
+  const [V, D] = embed.shape as [number, number]
+  if (quant.kind === 'int4' && quant.embedding === 'int4') {
+    const q = quantizeMatrix(embed.data, V, D, 4, quant.blockSize)
+    if (portable) {
+      const w = g.f32Weight('model.embed_tokens.weight.dq4', [V, D], dequantizeMatrix(q))
+      return g.op('Gather', '/model/embed_tokens/Gather', [w, inputIds], { axis: 0 })
+    }
+    const qw = g.weight('model.embed_tokens.weight.q4', DT.UINT8, [V, D / 2], q.data)
+    const sc = g.f32Weight('model.embed_tokens.weight.scales', [V, D / quant.blockSize], q.scales)
+    return g.op('GatherBlockQuantized', '/model/embed_tokens/GatherBlockQuantized', [qw, inputIds, sc],
+      { gather_axis: 0, quantize_axis: 1, block_size: quant.blockSize, bits: 4 }, MS_DOMAIN)
+  }
+  const w = g.f32Weight('model.embed_tokens.weight', embed.shape, embed.data)
+  return g.op('Gather', '/model/embed_tokens/Gather', [w, inputIds], { axis: 0 })
 }
 
 export function makeNorm (ctx: BuildContext, name: string, x: string, weightName: string, w: F32Tensor): string {

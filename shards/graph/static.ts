@@ -84,7 +84,8 @@ export async function buildStaticStage (src: StageSource, o: StaticStageOptions)
   if (o.hasEmbedding) {
     const ids = g.input(INPUT_IDS, DT.INT64, [1, S])
     embedShared = await src.embed()
-    x = makeEmbedding(ctx, ids, embedShared)
+    // Portable: a plain Gather over the dequantized table when the embedding is int4 (same numbers).
+    x = makeEmbedding(ctx, ids, embedShared, true)
   } else {
     x = g.input(HIDDEN_IN, DT.FLOAT, [1, S, D])
   }

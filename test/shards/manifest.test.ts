@@ -56,8 +56,12 @@ describe('manifest', () => {
       { ...m, stages: [{ ...m.stages[0]!, layers: [0, 2] }, m.stages[1]!] },
       { ...m, stages: [m.stages[0]!, { ...m.stages[1]!, files: [{ path: '../x', sha256: 'a'.repeat(64), bytes: 1 }] }] },
       { ...m, quantization: { kind: 'int3' } },
+      { ...m, quantization: { kind: 'int8', blockSize: 32, embedding: 'int4' } },
+      { ...m, quantization: { kind: 'int4', blockSize: 32, embedding: 'int2' } },
     ]
     for (const b of bad) expect(() => validateManifest(b)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_MANIFEST' }))
+    // Manifests before compiler 5 have no quantization.embedding (f32); they still load.
+    expect(validateManifest({ ...m, quantization: { kind: 'int4', blockSize: 32, activations: 'int8' } }).quantization).not.toHaveProperty('embedding')
     await writeFile(join(out, 'manifest.json'), '{nope')
     await expect(loadManifest(out)).rejects.toMatchObject({ code: 'SHOAL_ERR_MANIFEST' })
     await expect(loadManifest(join(root, 'missing'))).rejects.toMatchObject({ code: 'SHOAL_ERR_MANIFEST' })
@@ -87,7 +91,7 @@ describe('shoal shard (CLI)', () => {
     expect(await main(['shard', '--model', modelDir, '--out', out, '--layers', '0-0,1-3', '--quant', 'int4'])).toBe(0)
     const m = await loadManifest(out)
     expect(m.stages.map(s => s.layers)).toEqual([[0, 0], [1, 3]])
-    expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8' })
+    expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8', embedding: 'int4' })
     await verifyShardFiles(out, m)
     const errs: string[] = []
     const orig = process.stderr.write.bind(process.stderr)
@@ -96,14 +100,19 @@ describe('shoal shard (CLI)', () => {
       expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli2'), '--layers', '0-1,3-3'])).toBe(2)
       expect(await main(['shard', '--model', join(root, 'nope'), '--out', join(root, 'cli3')])).toBe(2)
       expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli4'), '--f32-activations'])).toBe(2)
+      expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli6'), '--quant', 'int8', '--f32-embedding'])).toBe(2)
     } finally {
       process.stderr.write = orig
     }
     expect(errs.join('')).toMatch(/layers 2-2 are not covered/)
     expect(errs.join('')).toMatch(/--f32-activations needs --quant int8 or int4/)
+    expect(errs.join('')).toMatch(/--f32-embedding needs --quant int4/)
     // Opting into f32 activations is written into the manifest (the engine then batches any mix of context lengths).
     expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--f32-activations'])).toBe(0)
-    expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'f32' })
+    expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'f32', embedding: 'int4' })
+    // --f32-embedding keeps the token embedding f32, and says so.
+    expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli7'), '--quant', 'int4', '--f32-embedding'])).toBe(0)
+    expect((await loadManifest(join(root, 'cli7'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8', embedding: 'f32' })
   })
 })
 

@@ -185,8 +185,8 @@ describe('quantized experts compute exactly the dequantized weights (mixtral, un
       const tensors = []
       for (const name of w.names()) {
         const t = await w.get(name)
-        // The embedding and the routers stay f32 in quantized shards.
-        const quantized = t.shape.length === 2 && name !== 'model.embed_tokens.weight' && !name.endsWith('.gate.weight')
+        // The routers stay f32 in quantized shards; the embedding too, except in int4 shards.
+        const quantized = t.shape.length === 2 && (name !== 'model.embed_tokens.weight' || quant === 'int4') && !name.endsWith('.gate.weight')
         tensors.push({ name, shape: t.shape, data: quantized ? dequantizeMatrix(quantizeMatrix(t.data, t.shape[0]!, t.shape[1]!, quant === 'int4' ? 4 : 8, 32)) : t.data })
       }
       await writeSafetensors(join(dq, 'model.safetensors'), tensors)

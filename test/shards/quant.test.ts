@@ -3,13 +3,18 @@
  * against fp32 shards of the same checkpoint. Quantization changes numbers by design, so the
  * assertions are loose sanity checks; the numbers are printed for the record.
  */
-import { copyFile, mkdir, mkdtemp, rm } from 'node:fs/promises'
+import { copyFile, mkdir, mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import fc from 'fast-check'
+import * as ort from 'onnxruntime-node'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
-import { dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
+import { embeddingStorage, dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
+import { GraphBuilder, DT } from '../../shards/graph/builder.ts'
+import { makeEmbedding } from '../../shards/graph/blocks.ts'
+import type { BuildContext } from '../../shards/graph/types.ts'
+import type { Quantization } from '../../shards/contract.ts'
 import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
 import { greedyDecode, openPipeline, prefill } from './pipeline.ts'
 
@@ -39,7 +44,8 @@ describe('quantized shards vs fp32', () => {
         it(`${quant} block ${blockSize} accuracy_level ${accuracyLevel}`, async () => {
           const out = join(root, `${quant}-${blockSize}-${accuracyLevel}`)
           const m = await compileShards({ modelDir, outDir: out, quant, blockSize, accuracyLevel, stages: 2 })
-          expect(m.quantization).toEqual({ kind: quant, blockSize, activations: accuracyLevel === 4 ? 'int8' : 'f32' })
+          // Hidden size 64: one 32-block grid, not a 128 one (that embedding stays f32).
+          expect(m.quantization).toEqual({ kind: quant, blockSize, activations: accuracyLevel === 4 ? 'int8' : 'f32', ...(quant === 'int4' ? { embedding: blockSize === 32 ? 'int4' : 'f32' } : {}) })
           const p = await openPipeline(out, m)
           try {
             const r = await greedyDecode(p, prompt, N)
@@ -65,30 +71,39 @@ describe('quantized shards vs fp32', () => {
 })
 
 describe('MatMulNBits graphs compute exactly the dequantized weights', () => {
-  for (const quant of ['int8', 'int4'] as const) {
-    it(`${quant}: accuracy_level 0 matches fp32 shards of the dequantized checkpoint`, async () => {
+  // qwen2 ties its head to the embedding: both are quantized from the same tensor by the same quantizer.
+  for (const [quant, arch] of [['int8', 'llama'], ['int4', 'llama'], ['int4', 'qwen2']] as const) {
+    it(`${quant} ${arch}${arch === 'qwen2' ? ' (tied)' : ''}: accuracy_level 0 matches fp32 shards of the dequantized checkpoint`, async () => {
+      let modelDir = join(root, 'llama')
+      if (arch !== 'llama') {
+        modelDir = join(root, arch)
+        await generateTestModel({ architecture: arch, outDir: modelDir, seed: 4, size: 'tiny' })
+        expect(JSON.parse(await readFile(join(modelDir, 'config.json'), 'utf8')).tie_word_embeddings).toBe(true)
+      }
       // Rewrite the checkpoint with every quantized matrix replaced by its dequantized value.
-      const dq = join(root, `dequant-${quant}`)
+      const dq = join(root, `dequant-${quant}-${arch}`)
       await mkdir(dq, { recursive: true })
       for (const f of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json']) await copyFile(join(modelDir, f), join(dq, f))
       const w = await openWeights(modelDir)
       const tensors = []
       for (const name of w.names()) {
         const t = await w.get(name)
-        const quantized = t.shape.length === 2 && name !== 'model.embed_tokens.weight'
+        // int4 shards quantize the embedding too (GatherBlockQuantized); int8 shards keep it f32.
+        const quantized = t.shape.length === 2 && (name !== 'model.embed_tokens.weight' || quant === 'int4')
         tensors.push({ name, shape: t.shape, data: quantized ? dequantizeMatrix(quantizeMatrix(t.data, t.shape[0]!, t.shape[1]!, quant === 'int4' ? 4 : 8, 32)) : t.data })
       }
       await writeSafetensors(join(dq, 'model.safetensors'), tensors)
-      const mq = await compileShards({ modelDir, outDir: join(root, `q-${quant}`), quant, blockSize: 32, accuracyLevel: 0 })
-      const mf = await compileShards({ modelDir: dq, outDir: join(root, `dqf-${quant}`) })
-      const pq = await openPipeline(join(root, `q-${quant}`), mq)
-      const pf = await openPipeline(join(root, `dqf-${quant}`), mf)
+      const mq = await compileShards({ modelDir, outDir: join(root, `q-${quant}-${arch}`), quant, blockSize: 32, accuracyLevel: 0 })
+      const mf = await compileShards({ modelDir: dq, outDir: join(root, `dqf-${quant}-${arch}`) })
+      expect(mq.quantization).toMatchObject(quant === 'int4' ? { embedding: 'int4' } : {})
+      const pq = await openPipeline(join(root, `q-${quant}-${arch}`), mq)
+      const pf = await openPipeline(join(root, `dqf-${quant}-${arch}`), mf)
       try {
         const rq = await greedyDecode(pq, prompt, N)
         const rf = await greedyDecode(pf, prompt, N)
         let maxErr = 0
         rq.logits.forEach((l, i) => l.forEach((v, j) => { maxErr = Math.max(maxErr, Math.abs(v - rf.logits[i]![j]!)) }))
-        console.log(`${quant} MatMulNBits vs f32 MatMul on dequantized weights: max |logit diff| ${maxErr.toExponential(2)}`)
+        console.log(`${quant} ${arch} MatMulNBits vs f32 MatMul on dequantized weights: max |logit diff| ${maxErr.toExponential(2)}`)
         expect(rq.tokens).toEqual(rf.tokens)
         expect(maxErr).toBeLessThan(1e-3)
       } finally {
@@ -117,5 +132,61 @@ describe('quantizeMatrix', () => {
         }
         return true
       }), { numRuns: 60 })
+  })
+})
+
+describe('int4 token embedding (GatherBlockQuantized)', () => {
+  /** A one-node graph around makeEmbedding; returns the looked-up rows [ids.length, D]. */
+  async function lookup (embed: { shape: number[], data: Float32Array }, quant: Quantization, ids: number[], portable: boolean): Promise<Float32Array> {
+    const dir = await mkdtemp(join(root, 'emb-'))
+    const g = new GraphBuilder('emb.onnx.data')
+    const ctx = { g, quant, accuracyLevel: 0 } as unknown as BuildContext
+    const x = makeEmbedding(ctx, g.input('input_ids', DT.INT64, [1, 'S']), embed, portable)
+    g.output('rows', x, DT.FLOAT, [1, 'S', embed.shape[1]!])
+    await writeFile(join(dir, 'emb.onnx'), g.encode('emb', ''))
+    await writeFile(join(dir, 'emb.onnx.data'), Buffer.concat(g.data()))
+    const s = await ort.InferenceSession.create(join(dir, 'emb.onnx'))
+    try {
+      const r = await s.run({ input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]) })
+      return r.rows!.data as Float32Array
+    } finally {
+      await s.release()
+    }
+  }
+
+  it('reads exactly dequantize(quantize(row)) with the MatMulNBits quantizer, and the portable Gather reads the same', async () => {
+    const embed = await (await openWeights(modelDir)).get('model.embed_tokens.weight')
+    const [V, D] = embed.shape as [number, number]
+    const ids = [0, 1, 7, 255, V - 1, 7]
+    for (const blockSize of [32, 64] as const) {
+      const quant = { kind: 'int4', blockSize, activations: 'f32', embedding: 'int4' } as Quantization
+      const ref = dequantizeMatrix(quantizeMatrix(embed.data, V, D, 4, blockSize))
+      const want = new Float32Array(ids.length * D)
+      ids.forEach((t, i) => { want.set(ref.subarray(t * D, (t + 1) * D), i * D) })
+      const got = await lookup(embed, quant, ids, false)
+      expect(Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(Buffer.from(want.buffer))).toBe(true)
+      const portable = await lookup(embed, quant, ids, true)
+      expect(Buffer.from(portable.buffer, portable.byteOffset, portable.byteLength).equals(Buffer.from(want.buffer))).toBe(true)
+      // Not the f32 rows: the lookup really is quantized.
+      expect(want.some((v, i) => v !== embed.data[ids[Math.floor(i / D)]! * D + (i % D)])).toBe(true)
+    }
+  })
+
+  it('is the int4 default, kept f32 on request, for int8, and for a hidden size off the block grid', () => {
+    expect(embeddingStorage('int4', 'int4', 512, 32)).toBe('int4')
+    expect(embeddingStorage('int4', 'f32', 512, 32)).toBe('f32')
+    expect(embeddingStorage('int8', 'int4', 512, 32)).toBe('f32')
+    expect(embeddingStorage('none', 'int4', 512, 32)).toBe('f32')
+    expect(embeddingStorage('int4', 'int4', 96, 64)).toBe('f32')
+  })
+
+  it('shrinks the shard by the f32 table less its 4-bit blocks and scales; --f32-embedding keeps today\'s graph', async () => {
+    const q = await compileShards({ modelDir, outDir: join(root, 'emb-q4'), quant: 'int4' })
+    const f = await compileShards({ modelDir, outDir: join(root, 'emb-f32'), quant: 'int4', embedding: 'f32' })
+    expect(q.quantization).toMatchObject({ embedding: 'int4' })
+    expect(f.quantization).toMatchObject({ embedding: 'f32' })
+    const { vocabSize: V, hiddenSize: D } = q.shape
+    const bytes = async (dir: string): Promise<number> => (await stat(join(dir, 'stage-0', 'model.onnx.data'))).size
+    expect(await bytes(join(root, 'emb-f32')) - await bytes(join(root, 'emb-q4'))).toBe(V * D * 4 - V * D / 2 - V * (D / 32) * 4)
   })
 })
