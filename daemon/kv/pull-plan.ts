@@ -76,7 +76,9 @@ export async function runPull (r: RunPullInit): Promise<PullOutcome> {
   r.signal.throwIfAborted()
   r.metrics?.metrics.pulls.inc({ model: r.metrics.model, outcome: outcome.ok ? 'ok' : 'fallback' })
   // Out of time: the link moved less than the whole gain in that long (a refusal says nothing of it).
-  if (!outcome.ok && bound.aborted) r.links.recordTimeout(r.peerId, r.plan.cost.tokens * r.plan.cost.bytesPerToken, performance.now() - began)
+  // A timer may fire a fraction of a millisecond before performance.now() says its time is up: the
+  // pull had at least its whole bound.
+  if (!outcome.ok && bound.aborted) r.links.recordTimeout(r.peerId, r.plan.cost.tokens * r.plan.cost.bytesPerToken, Math.max(r.plan.waitMs, performance.now() - began))
   if (!outcome.ok) return outcome
   r.metrics?.metrics.transferBytes.inc({ model: r.metrics.model, direction: 'in' }, outcome.bytes)
   r.links.record(r.peerId, outcome.bytes, outcome.ms)
