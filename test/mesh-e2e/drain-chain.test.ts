@@ -106,8 +106,11 @@ afterAll(async () => {
 
 describe('draining a stage node moves its chains, and their kept KV, to another holder', () => {
   it('turn 2 runs on A → B\', B\' pulls its layers from the drained B, and the tokens equal a cold run\'s', async () => {
-    // Turn 1: the only chain there is, A → B; both stages keep the conversation's KV.
-    const turn1 = tokens(64, 5)
+    // Turn 1: the only chain there is, A → B; both stages keep the conversation's KV. Long
+    // enough that B' (no prefill measured yet: 2,000 tok/s assumed) judges the pull worth it
+    // even when its first RTT to B was measured on a busy machine (64 tokens, 32 ms of
+    // recompute, lost to an RTT sample of that size now and then).
+    const turn1 = tokens(400, 5)
     const r1 = await complete(a.url!, turn1, 8)
     expect(r1.route.split(',')).toEqual([a.peerId, b.peerId])
     expect(r1.tokenIds).toEqual((await complete(coldUrl, turn1, 8)).tokenIds)
