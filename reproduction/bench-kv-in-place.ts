@@ -1,9 +1,9 @@
 /**
  * The KV cache kept in place (issue 11) against the stage runner of an earlier checkout, in one
- * process, step by step alternating: both runners load the same generated 60m checkpoint compiled
+ * process, step by step alternating: both runners load the same generated checkpoint compiled
  * by their own compiler (the earlier one fetches every present and takes it as the next past; this
  * one writes each step's new_key_values into a block with room), the same prompts, and decode
- * greedily side by side at a given context and batch size. int4 is compared with an f32 embedding
+ * greedily side by side at a given context and batch size (the checkpoint: `--size`, 60m by default). int4 is compared with an f32 embedding
  * on this side too (`embedding: 'f32'`) so that only the KV handling differs and the logits must be
  * bit-identical (checked: the tokens every step); the default 4-bit embedding is timed as a third
  * column.
@@ -11,7 +11,7 @@
  * Run (from the repository root, the earlier checkout e.g. `git worktree add /tmp/base 54fd5e3`
  * with node_modules linked):
  *   chrt -r 10 node reproduction/bench-kv-in-place.ts --base /tmp/base [--quants int4,none]
- *     [--contexts 16,256,1024] [--batches 1,8] [--steps 40]
+ *     [--contexts 16,256,1024] [--batches 1,8] [--steps 40] [--size 60m|tiny|250m]
  */
 import { mkdir } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
@@ -29,6 +29,7 @@ const { values: args } = parseArgs({
     contexts: { type: 'string', default: '16,256,1024' },
     batches: { type: 'string', default: '1,8' },
     steps: { type: 'string', default: '40' },
+    size: { type: 'string', default: '60m' },
   },
 })
 if (args.base === undefined) throw new Error('--base DIR: a checkout of the commit to compare with')
@@ -51,8 +52,9 @@ const GREEDY = { temperature: 0, topP: 1, u: 0 }
 const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor((s.length - 1) / 2)]! }
 
 await mkdir(WORK, { recursive: true })
-const ckpt = join(WORK, 'llama-60m')
-if (!existsSync(join(ckpt, 'config.json'))) await generateTestModel({ architecture: 'llama', outDir: ckpt, size: '60m', seed: 1 })
+const SIZE = args.size as '60m' | 'tiny' | '250m'
+const ckpt = join(WORK, `llama-${SIZE}`)
+if (!existsSync(join(ckpt, 'config.json'))) await generateTestModel({ architecture: 'llama', outDir: ckpt, size: SIZE, seed: 1 })
 
 async function side (name: string, engine: typeof baseEngine, dir: string): Promise<Side> {
   const manifest = await loadManifest(dir)
@@ -63,9 +65,9 @@ async function side (name: string, engine: typeof baseEngine, dir: string): Prom
 console.log(`bench-kv-in-place: node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model}); base ${BASE}; load ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
 console.log('\n| quant | batch | context | base ms/step | in place ms/step | in place / base | in place, 4-bit embedding ms/step | tokens equal |\n|---|---|---|---|---|---|---|---|')
 for (const quant of args.quants.split(',') as Array<'int4' | 'none'>) {
-  const baseDir = join(WORK, `base-${quant}`)
-  const hereDir = join(WORK, `here-${quant}-f32emb`)
-  const hereQ = join(WORK, `here-${quant}`)
+  const baseDir = join(WORK, `${SIZE}-base-${quant}`)
+  const hereDir = join(WORK, `${SIZE}-here-${quant}-f32emb`)
+  const hereQ = join(WORK, `${SIZE}-here-${quant}`)
   if (!existsSync(join(baseDir, 'manifest.json'))) await baseShards.compileShards({ modelDir: ckpt, outDir: baseDir, quant })
   if (!existsSync(join(hereDir, 'manifest.json'))) await compileShards({ modelDir: ckpt, outDir: hereDir, quant, ...(quant === 'int4' ? { embedding: 'f32' as const } : {}) })
   if (quant === 'int4' && !existsSync(join(hereQ, 'manifest.json'))) await compileShards({ modelDir: ckpt, outDir: hereQ, quant })
