@@ -171,7 +171,7 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
     g.op('Reshape', `${c}/steps/Reshape`, [steps, g.i64([1, 1, -1, 1])])])
   const { numKvHeads: kvH } = ctx.spec.shape
   const rows = g.op('Shape', `${c}/B/Shape`, [positionIds], { start: 0, end: 1 })
-  const newColumns = g.op('Expand', `${c}/Expand`, [cols, g.op('Concat', `${c}/dims/Concat`, [rows, g.i64([kvH]), s, g.i64([hd])], { axis: 0 })])
+  const newColumns = g.op('Expand', `${c}/Expand`, [cols, g.op('Concat', `${c}/dims/Concat`, [rows, g.i64([kvH]), s, g.i64([1])], { axis: 0 })])
   return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength, newColumns }
 }
 

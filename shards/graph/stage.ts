@@ -70,8 +70,8 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   // instead of the whole present (onnxruntime-node copies every fetched output). Built before the
   // outputs are named (naming an output renames its producer's value).
   const news = tables.kind !== 'gqa' ? [] : presents.map(([l, k, v]) => [l,
-    g.op('GatherElements', `/model/layers.${l}/new_key/GatherElements`, [k, tables.newColumns], { axis: 2 }),
-    g.op('GatherElements', `/model/layers.${l}/new_value/GatherElements`, [v, tables.newColumns], { axis: 2 })] as const)
+    g.op('GatherND', `/model/layers.${l}/new_key/GatherND`, [k, tables.newColumns], { batch_dims: 2 }),
+    g.op('GatherND', `/model/layers.${l}/new_value/GatherND`, [v, tables.newColumns], { batch_dims: 2 })] as const)
   for (const [l, k, v] of presents) {
     g.output(presentKeyName(l), k, DT.FLOAT, presentDims)
     g.output(presentValueName(l), v, DT.FLOAT, presentDims)
