@@ -31,6 +31,7 @@ import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileExpertShards, compileShards, generateTestModel, type MoeTestArchitecture, type TestModelSize } from '../shards/index.ts'
 import { sseEvents } from './sse.ts'
+import { formatLoad, loadAverage, nearestRank, raggedPromptIds } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -76,8 +77,6 @@ async function stop (cs: ChildProcess[]): Promise<void> {
   for (const c of cs) c.kill('SIGKILL')
 }
 
-const promptOf = (i: number): number[] => Array.from({ length: 12 + (i % 5) }, (_, j) => 40 + ((i * 31 + j * 7) % 400))
-
 interface Stream { ids: number[], t0: number, first: number, last: number, retries: number }
 
 async function streamCompletion (url: string, prompt: number[]): Promise<Stream> {
@@ -118,16 +117,14 @@ async function streamCompletion (url: string, prompt: number[]): Promise<Stream>
 
 interface Run { tokS: number, p50: number, p99: number, retries: number, tokens: number, wallS: number, ids: number[][] }
 
-const quantile = (sorted: number[], q: number): number => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!
-
 async function run (url: string, B: number): Promise<Run> {
   const t0 = performance.now()
-  const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, promptOf(i))))
+  const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, raggedPromptIds(i))))
   const decoded = rs.reduce((a, r) => a + r.ids.length - 1, 0)
   const span = Math.max(...rs.map(r => r.last)) - Math.min(...rs.map(r => r.first))
-  const ttfts = rs.map(r => r.first - r.t0).sort((a, b) => a - b)
+  const ttfts = rs.map(r => r.first - r.t0)
   return {
-    tokS: decoded / (span / 1000), p50: quantile(ttfts, 0.5), p99: quantile(ttfts, 0.99), retries: rs.reduce((a, r) => a + r.retries, 0),
+    tokS: decoded / (span / 1000), p50: nearestRank(ttfts, 0.5), p99: nearestRank(ttfts, 0.99), retries: rs.reduce((a, r) => a + r.retries, 0),
     tokens: rs.reduce((a, r) => a + r.ids.length, 0), wallS: (performance.now() - t0) / 1000, ids: rs.map(r => r.ids),
   }
 }
@@ -168,7 +165,7 @@ async function main (): Promise<void> {
       if (m !== null) soloUrl = m[1]!
       return m !== null
     })
-    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? `on (whole and stage on core 0, holder i on core 1 + (i mod ${cores - 1}); client unpinned)` : 'off'}; Node ${process.version}; load average at start ${load0.map(x => x.toFixed(2)).join(' ')}`)
+    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? `on (whole and stage on core 0, holder i on core 1 + (i mod ${cores - 1}); client unpinned)` : 'off'}; Node ${process.version}; load average at start ${formatLoad(load0, 2)}`)
     console.log('')
     console.log('| experts on | streams | decode tok/s (aggregate) | TTFT p50 ms | TTFT p99 ms | 429 retries | wire bytes / token | tokens = whole |')
     console.log('|---|---:|---:|---:|---:|---:|---:|---|')
@@ -216,7 +213,7 @@ async function main (): Promise<void> {
     }
     console.log('')
     console.log(`${mismatches === 0 ? 'every' : `${mismatches} configuration(s) NOT:`} stream's token ids equal the whole model's at the same B`)
-    console.log(`load average at end ${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+    console.log(`load average at end ${loadAverage(2)}`)
   } finally {
     await stop([...children])
     await rm(root, { recursive: true, force: true })

@@ -31,6 +31,7 @@ import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import { sseEvents } from './sse.ts'
+import { formatLoad, streamPromptIds, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -88,10 +89,6 @@ async function killAll (boundMs = 5000): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Clients: streaming completions, timing each token as its chunk arrives.
 
-function promptOf (i: number): number[] {
-  return Array.from({ length: PROMPT }, (_, j) => 1 + ((i * 131 + j * 37) % 500))
-}
-
 interface StreamResult { ids: number[], t0: number, first: number, last: number }
 
 async function streamCompletion (url: string, prompt: number[]): Promise<StreamResult> {
@@ -124,7 +121,7 @@ interface RunResult { tokS: number, msPerToken: number, tokens: number, ids0: nu
 
 /** `streams` completions at once; tok/s over the whole run, mean per-stream decode ms/token. */
 async function run (url: string, streams: number): Promise<RunResult> {
-  const rs = await Promise.all(Array.from({ length: streams }, async (_, i) => await streamCompletion(url, promptOf(i))))
+  const rs = await Promise.all(Array.from({ length: streams }, async (_, i) => await streamCompletion(url, streamPromptIds(i, PROMPT))))
   const start = Math.min(...rs.map(r => r.t0))
   const end = Math.max(...rs.map(r => r.last))
   const tokens = rs.reduce((a, r) => a + r.ids.length, 0)
@@ -203,16 +200,14 @@ async function main (): Promise<void> {
     }
     const loadAfter = loadavg()
 
-    const median = (rs: RunResult[]): RunResult => [...rs].sort((a, b) => a.tokS - b.tokS)[Math.floor(rs.length / 2)]!
-    const results = rounds.map(median)
+    const results = rounds.map(rs => upperMedianBy(rs, r => r.tokS)!)
     const base = results[0]!
     const naiveIdx = configs.findIndex(c => c.chain && c.streams === 1)
     const naive = naiveIdx < 0 ? undefined : results[naiveIdx]
     const f = (x: number, d = 2): string => Number.isFinite(x) ? x.toFixed(d) : '–'
-    const la = (l: number[]): string => l.map(x => x.toFixed(2)).join(' ')
 
     console.log(`machine: ${cores} cores (pinning ${pin ? 'on: serve + stage 0 on core 0, stage 1 on core 1; client unpinned' : 'off'}); Node ${process.version}`)
-    console.log(`load average: at start ${la(load0)}; before rounds ${la(loadBefore)}; after rounds ${la(loadAfter)}`)
+    console.log(`load average: at start ${formatLoad(load0, 2)}; before rounds ${formatLoad(loadBefore, 2)}; after rounds ${formatLoad(loadAfter, 2)}`)
     console.log(`model: 60m llama (${wm.shape.numLayers} layers, hidden ${wm.shape.hiddenSize}, vocab ${wm.shape.vocabSize}), quant ${QUANT}${QUANT !== 'none' ? (args['f32-activations'] === true ? ' (f32 activations)' : ' (int8 activations)') : ''}; stages ${range(l0!)} / ${range(l1!)}; prompt ${PROMPT} tokens, max_tokens ${TOKENS}, greedy; ${ROUNDS} rounds, median shown; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
     console.log('greedy token ids vs unsplit (round 1, stream 0):')
     const soloIds = rounds[0]![0]!.ids0
