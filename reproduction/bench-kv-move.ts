@@ -43,7 +43,7 @@ import type { Daemon, DaemonConfig } from '../daemon/node/index.ts'
 import type { GenerateRequest, PrefixHolderHint } from '../daemon/service.ts'
 import { compileShards, generateTestModel, manifestHash } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
 import { lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
@@ -159,11 +159,8 @@ async function streamed (url: string, prompt: number[], maxTokens: number): Prom
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`)
   let ttftMs = 0
   const out: number[] = []
-  for await (const ev of sseEvents(res.body)) {
-    const data = ev.replace(/^data: /, '')
-    if (data === '[DONE]') break
-    const got = (JSON.parse(data) as { choices: Array<{ token_ids?: number[] }> }).choices[0]?.token_ids ?? []
-    if (got.length > 0 && ttftMs === 0) ttftMs = performance.now() - t0
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ttftMs === 0) ttftMs = at - t0
     out.push(...got)
   }
   return { ttftMs, tokens: out, route: res.headers.get('x-shoal-route') ?? '', reused: Number(res.headers.get('x-shoal-prefix-reused') ?? 0), movedFrom: res.headers.get('x-shoal-prefix-moved-from') }

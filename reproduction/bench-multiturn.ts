@@ -38,7 +38,7 @@ import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import type { Daemon } from '../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
 import { lcgTokens, loadAverage, nearestRank } from './lib/index.ts'
 
 const { values: args } = parseArgs({
@@ -126,12 +126,8 @@ async function streamTurn (url: string, prompt: number[]): Promise<Omit<TurnResu
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`)
   let ttftMs = 0
   const ids: number[] = []
-  for await (const ev of sseEvents(res.body)) {
-    const data = ev.replace(/^data: /, '')
-    if (data === '[DONE]') break
-    const chunk = JSON.parse(data) as { choices: Array<{ token_ids?: number[] }> }
-    const got = chunk.choices[0]?.token_ids ?? []
-    if (got.length > 0 && ttftMs === 0) ttftMs = performance.now() - t0
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ttftMs === 0) ttftMs = at - t0
     ids.push(...got)
   }
   return { ttftMs, route: res.headers.get('x-shoal-route') ?? '', reused: Number(res.headers.get('x-shoal-prefix-reused') ?? 0), promptTokens: prompt.length, ids, refusals }

@@ -30,7 +30,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
 import { formatLoad, streamPromptIds, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
@@ -103,15 +103,9 @@ async function streamCompletion (url: string, prompt: number[]): Promise<StreamR
   const ids: number[] = []
   let first = NaN
   let last = NaN
-  for await (const event of sseEvents(res.body)) {
-    if (!event.startsWith('data: {')) continue
-    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
-    if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
-    const got = data.choices?.[0]?.token_ids ?? []
-    if (got.length === 0) continue
-    const now = performance.now()
-    if (ids.length === 0) first = now
-    last = now
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ids.length === 0) first = at
+    last = at
     ids.push(...got)
   }
   return { ids, t0, first, last }
