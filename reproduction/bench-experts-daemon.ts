@@ -20,18 +20,17 @@
  *   node reproduction/bench-experts-daemon.ts [--arch qwen3-moe] [--size small] [--holders 1,2,4]
  *        [--streams 1,4,16,64] [--tokens 16] [--pin auto|off]
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { spawnSync, type ChildProcess } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { availableParallelism, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
-import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileExpertShards, compileShards, generateTestModel, type MoeTestArchitecture, type TestModelSize } from '../shards/index.ts'
 import { tokenChunks } from './sse.ts'
-import { formatLoad, loadAverage, nearestRank, raggedPromptIds } from './lib/index.ts'
+import { createShoalProcesses, formatLoad, loadAverage, nearestRank, raggedPromptIds } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -49,33 +48,7 @@ const HOLDERS = values.holders.split(',').map(Number)
 const STREAMS = values.streams.split(',').map(Number)
 const TOKENS = Number(values.tokens)
 const MODEL = 'bench-experts'
-const SHOAL_BIN = new URL('../scripts/shoal.mjs', import.meta.url).pathname
-
-const children = new Set<ChildProcess>()
-
-async function spawnShoal (name: string, argv: string[], core: number | undefined, cacheDir: string, ready: (line: string) => boolean): Promise<ChildProcess> {
-  const full = [SHOAL_BIN, ...argv]
-  const [cmd, cmdArgs] = core === undefined ? [process.execPath, full] : ['taskset', ['-c', String(core), process.execPath, ...full]]
-  const child = spawn(cmd, cmdArgs, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cacheDir } })
-  children.add(child)
-  child.once('exit', () => { children.delete(child) })
-  let err = ''
-  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-4000) })
-  const lines = createInterface({ input: child.stdout! })
-  return await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error(`${name} did not start within 180 s: ${err}`)) }, 180_000)
-    const onExit = (code: number | null): void => { clearTimeout(timer); reject(new Error(`${name} exited (${code}): ${err}`)) }
-    child.once('exit', onExit)
-    lines.on('line', line => { if (ready(line)) { clearTimeout(timer); child.off('exit', onExit); resolve(child) } })
-  })
-}
-
-async function stop (cs: ChildProcess[]): Promise<void> {
-  const exited = cs.map(c => new Promise<void>(resolve => { if (c.exitCode !== null || c.signalCode !== null) resolve(); else c.once('exit', () => { resolve() }) }))
-  for (const c of cs) c.kill('SIGTERM')
-  if (await Promise.race([Promise.all(exited).then(() => true), sleep(5000).then(() => false)])) return
-  for (const c of cs) c.kill('SIGKILL')
-}
+const daemons = createShoalProcesses()
 
 interface Stream { ids: number[], t0: number, first: number, last: number, retries: number }
 
@@ -154,7 +127,7 @@ async function main (): Promise<void> {
     const mesh = ['--device', 'cpu', '--no-mdns', '--listen', '/ip4/127.0.0.1/tcp/0']
 
     let soloUrl = ''
-    const solo = await spawnShoal('whole serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
+    const solo = await daemons.spawn('whole serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
       const m = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
       if (m !== null) soloUrl = m[1]!
       return m !== null
@@ -170,12 +143,12 @@ async function main (): Promise<void> {
       want.set(B, r.ids)
       console.log(row('whole model (shoal serve)', B, r, '0', '—'))
     }
-    await stop([solo])
+    await daemons.stop([solo])
 
     for (const H of HOLDERS) {
       let stageUrl = ''
       const addrs: string[] = []
-      const stage = await spawnShoal('stage', ['node', '--identity', is!.dir, '--model', experts, '--api', '127.0.0.1:0', '--data', join(root, `data-stage-${H}`), ...mesh], core(0), cache, line => {
+      const stage = await daemons.spawn('stage', ['node', '--identity', is!.dir, '--model', experts, '--api', '127.0.0.1:0', '--data', join(root, `data-stage-${H}`), ...mesh], core(0), cache, line => {
         const up = /^shoal: node \S+ up, API at (\S+)\/v1/.exec(line)
         if (up !== null) stageUrl = up[1]!
         const l = /^\s+listening on (\S+)/.exec(line)
@@ -184,7 +157,7 @@ async function main (): Promise<void> {
       })
       const holders: ChildProcess[] = []
       for (let i = 0; i < H; i++) {
-        holders.push(await spawnShoal(`holder ${i}`, ['node', '--identity', ih[i]!.dir, '--hold-experts', experts, '--data', join(root, `data-h${i}-${H}`), ...addrs.flatMap(a => ['--bootstrap', a]), ...mesh], core(1 + i), cache, line => /^\s+listening on /.test(line)))
+        holders.push(await daemons.spawn(`holder ${i}`, ['node', '--identity', ih[i]!.dir, '--hold-experts', experts, '--data', join(root, `data-h${i}-${H}`), ...addrs.flatMap(a => ['--bootstrap', a]), ...mesh], core(1 + i), cache, line => /^\s+listening on /.test(line)))
       }
       const until = Date.now() + 60_000
       while ((await wire(stageUrl)).nodes < H) {
@@ -202,14 +175,14 @@ async function main (): Promise<void> {
           console.log(row(`${H} holder process${H > 1 ? 'es' : ''}`, B, r, ((after.bytes - before.bytes) / r.tokens).toFixed(0), same ? 'yes' : 'NO'))
         }
       } finally {
-        await stop([...holders, stage])
+        await daemons.stop([...holders, stage])
       }
     }
     console.log('')
     console.log(`${mismatches === 0 ? 'every' : `${mismatches} configuration(s) NOT:`} stream's token ids equal the whole model's at the same B`)
     console.log(`load average at end ${loadAverage(2)}`)
   } finally {
-    await stop([...children])
+    await daemons.stop()
     await rm(root, { recursive: true, force: true })
   }
 }

@@ -19,19 +19,17 @@
  *
  *   node reproduction/bench-pipeline-pinned.ts [--quant int4] [--f32-activations] [--tokens 64] [--streams 1,2,4] [--rounds 3]
  */
-import { spawn, spawnSync } from 'node:child_process'
-import type { ChildProcess } from 'node:child_process'
+import { spawnSync } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { availableParallelism, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
-import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import { tokenChunks } from './sse.ts'
-import { formatLoad, streamPromptIds, upperMedianBy } from './lib/index.ts'
+import { createShoalProcesses, formatLoad, streamPromptIds, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -49,42 +47,8 @@ const STREAMS = args.streams.split(',').map(Number)
 const ROUNDS = Number(args.rounds)
 const PROMPT = 16
 const MODEL = 'bench-pinned'
-const SHOAL_BIN = new URL('../scripts/shoal.mjs', import.meta.url).pathname
-
-// ---------------------------------------------------------------------------------------------
-// Child daemons, each optionally under `taskset -c CORE`.
-
-const children: ChildProcess[] = []
-
-/** Starts `shoal ARGS` and resolves with the first stdout lines' matches once `ready` has seen enough. */
-async function spawnShoal (name: string, argv: string[], core: number | undefined, cacheDir: string, ready: (line: string) => boolean): Promise<ChildProcess> {
-  const full = [SHOAL_BIN, ...argv]
-  const [cmd, cmdArgs] = core === undefined ? [process.execPath, full] : ['taskset', ['-c', String(core), process.execPath, ...full]]
-  const child = spawn(cmd, cmdArgs, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cacheDir } })
-  children.push(child)
-  let err = ''
-  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-4000) })
-  const lines = createInterface({ input: child.stdout! })
-  return await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error(`${name} did not start within 180 s: ${err}`)) }, 180_000)
-    const onExit = (code: number | null): void => { clearTimeout(timer); reject(new Error(`${name} exited (${code}): ${err}`)) }
-    child.once('exit', onExit)
-    lines.on('line', line => {
-      if (ready(line)) { clearTimeout(timer); child.off('exit', onExit); resolve(child) }
-    })
-  })
-}
-
-/** SIGTERM every child, then SIGKILL whatever is still alive after `boundMs`. */
-async function killAll (boundMs = 5000): Promise<void> {
-  const alive = children.filter(c => c.exitCode === null && c.signalCode === null)
-  const exited = alive.map(c => new Promise<void>(resolve => { c.once('exit', () => { resolve() }) }))
-  for (const c of alive) c.kill('SIGTERM')
-  const all = Promise.all(exited)
-  if (await Promise.race([all.then(() => true), sleep(boundMs).then(() => false)])) return
-  for (const c of alive) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL')
-  await Promise.race([all, sleep(boundMs)])
-}
+/** Child daemons, each optionally under `taskset -c CORE`. */
+const daemons = createShoalProcesses()
 
 // ---------------------------------------------------------------------------------------------
 // Clients: streaming completions, timing each token as its chunk arrives.
@@ -162,21 +126,21 @@ async function main (): Promise<void> {
     const mesh = ['--device', 'cpu', '--no-mdns', '--listen', '/ip4/127.0.0.1/udp/0/quic-v1']
 
     let soloUrl = ''
-    await spawnShoal('unsplit serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
+    await daemons.spawn('unsplit serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
       const m = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
       if (m !== null) soloUrl = m[1]!
       return m !== null
     })
     let chainUrl = ''
     const addrsA: string[] = []
-    await spawnShoal('stage 0', ['node', '--identity', ia!.dir, '--model', `${two}@${range(l0!)}`, '--api', '127.0.0.1:0', '--data', join(root, 'data-a'), ...mesh], core(0), cache, line => {
+    await daemons.spawn('stage 0', ['node', '--identity', ia!.dir, '--model', `${two}@${range(l0!)}`, '--api', '127.0.0.1:0', '--data', join(root, 'data-a'), ...mesh], core(0), cache, line => {
       const up = /^shoal: node \S+ up, API at (\S+)\/v1/.exec(line)
       if (up !== null) chainUrl = up[1]!
       const l = /^\s+listening on (\S+)/.exec(line)
       if (l !== null) addrsA.push(l[1]!)
       return l !== null
     })
-    await spawnShoal('stage 1', ['node', '--identity', ib!.dir, '--model', `${two}@${range(l1!)}`, '--data', join(root, 'data-b'), ...addrsA.flatMap(a => ['--bootstrap', a]), ...mesh], core(1), cache, line => /^\s+listening on /.test(line))
+    await daemons.spawn('stage 1', ['node', '--identity', ib!.dir, '--model', `${two}@${range(l1!)}`, '--data', join(root, 'data-b'), ...addrsA.flatMap(a => ['--bootstrap', a]), ...mesh], core(1), cache, line => /^\s+listening on /.test(line))
     await modelListed(soloUrl, 60_000)
     await modelListed(chainUrl, 120_000)
 
@@ -221,7 +185,7 @@ async function main (): Promise<void> {
       console.log(`| ${c.label} | ${c.streams} | ${f(r.tokS, 1)} (${rounds[i]!.map(x => f(x.tokS, 1)).join(' / ')}) | ${f(r.tokS / base.tokS)} | ${vsNaive} | ${f(r.msPerToken)} | ${r.tokens} |`)
     }
   } finally {
-    await killAll()
+    await daemons.stop()
     await rm(root, { recursive: true, force: true })
   }
 }
