@@ -20,10 +20,11 @@
  * Its tokens do not depend on the activations, so it measures time only, not agreement.
  */
 import { existsSync } from 'node:fs'
-import { cpus, loadavg } from 'node:os'
+import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { noise } from '@chainsafe/libp2p-noise'
 import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
@@ -35,6 +36,7 @@ import type { StageEngine, StageInfo, StepOutput } from '../daemon/engine/index.
 import { Prng } from '../shards/testmodel/prng.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { ShardManifest, TestModelSize } from '../shards/index.ts'
+import { loadAverage, median } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -101,8 +103,6 @@ async function run (hosts: Array<{ stage: { node: StageNode } }>, chain: ChainHo
   }
 }
 
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s.length % 2 === 1 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2 }
-
 function agreement (a: number[], b: number[]): string {
   let prefix = 0
   while (prefix < a.length && a[prefix] === b[prefix]) prefix++
@@ -124,7 +124,7 @@ function simulatedEngine (stage: StageInfo, msDecode: number, msPerPosition: num
     async stats () { return { liveSequences: Math.max(0, open), kvBytes: 0 } as Awaited<ReturnType<StageEngine['stats']>> },
     async step (_seq, input, positions): Promise<StepOutput> {
       const rows = positions.length
-      await new Promise(resolve => setTimeout(resolve, msDecode + (rows > 1 ? rows * msPerPosition : 0)))
+      await sleep(msDecode + (rows > 1 ? rows * msPerPosition : 0))
       if (stage.hasHead) return { kind: 'token', id: (positions.at(-1)! * 7 + ('tokenIds' in input ? input.tokenIds.length : 0)) % 500 }
       const data = new Float32Array(rows * stage.hiddenSize)
       const off = (positions[0]! * 977) % 32768
@@ -138,7 +138,7 @@ async function simulated (width: number): Promise<void> {
   const ms = Number(args['simulated-ms'])
   const perPos = Number(args['simulated-prefill-ms'])
   process.stdout.write(`# SIMULATED engine: 2 stages, hidden ${width}, ${ms} ms per decode step per stage, prefill ${ms} ms + ${perPos} ms/position; prompt ${prompt.length}, ${TOKENS} tokens, +${LATENCY} ms/hop, ${ROUNDS} rounds (median)\n`)
-  process.stdout.write(`# ${cpus().length} × ${cpus()[0]?.model ?? '?'}, load ${loadavg().map(l => l.toFixed(2)).join(' ')}, ${new Date().toISOString()}\n# ${PAPER}\n\n`)
+  process.stdout.write(`# ${cpus().length} × ${cpus()[0]?.model ?? '?'}, load ${loadAverage(2)}, ${new Date().toISOString()}\n# ${PAPER}\n\n`)
   process.stdout.write('| link | encoding | TTFT ms | decode tok/s | × f32 | wire bytes / token |\n|---|---|---:|---:|---:|---:|\n')
   const info = (i: number): StageInfo => ({ hasEmbedding: i === 0, hasHead: i === 1, layers: i === 0 ? [0, 15] : [16, 31], hiddenSize: width, numKvHeads: 8, headDim: 128, vocabSize: 32064, maxPositions: 131072 } as StageInfo)
   for (const mbps of args.mbps.split(',').map(Number)) {
@@ -174,7 +174,7 @@ async function main (): Promise<void> {
   const width = manifest.shape.hiddenSize
   const [s0, s1] = manifest.stages
   process.stdout.write(`# 2-stage chain, ${args.size} (hidden ${width}, ${manifest.shape.numLayers} layers), prompt ${prompt.length}, ${TOKENS} tokens, +${LATENCY} ms/hop, ${ROUNDS} rounds (median)\n`)
-  process.stdout.write(`# ${cpus().length} × ${cpus()[0]?.model ?? '?'}, load ${loadavg().map(l => l.toFixed(2)).join(' ')}, ${new Date().toISOString()}\n# ${PAPER}\n\n`)
+  process.stdout.write(`# ${cpus().length} × ${cpus()[0]?.model ?? '?'}, load ${loadAverage(2)}, ${new Date().toISOString()}\n# ${PAPER}\n\n`)
   process.stdout.write('| link | encoding | TTFT ms | decode tok/s | × f32 | wire bytes / token | greedy tokens vs f32 |\n|---|---|---:|---:|---:|---:|---|\n')
   const fp32Tokens: number[][] = []
   for (const mbps of args.mbps.split(',').map(Number)) {

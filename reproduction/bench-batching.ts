@@ -20,7 +20,7 @@
  *     [--streams 1,2,4,8,16] [--rounds 3] [--max-batch 8,16] [--delay 2] [--threads N] [--modes batched,naive,serial,engine] [--svg out.svg]
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { loadavg, tmpdir } from 'node:os'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createLocalService, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
@@ -28,6 +28,7 @@ import type { LocalService } from '../daemon/engine/index.ts'
 import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
+import { floorRank, loadAverage } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -58,10 +59,6 @@ const threads = args.threads === undefined ? undefined : Number(args.threads)
 
 /** cpuMsPerToken: process CPU time (all threads) per generated token: steadier than wall time on a shared machine. */
 interface Result { tokPerSec: number, itlP50: number, itlP99: number, ttftP50: number, cpuMsPerToken: number, mainCpuMsPerToken: number }
-const pct = (xs: number[], p: number): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.floor(p * s.length))] ?? NaN
-}
 
 let counter = 0
 const requestOf = (modelId: string, vocab: number): GenerateRequest => {
@@ -109,7 +106,7 @@ async function measure (svc: LocalService, modelId: string, vocab: number, strea
   const wall = (performance.now() - t0) / 1000
   const cpu = process.cpuUsage(c0)
   const main = process.threadCpuUsage(m0)
-  return { mainCpuMsPerToken: (main.user + main.system) / 1000 / total, tokPerSec: total / wall, itlP50: pct(itl, 0.5), itlP99: pct(itl, 0.99), ttftP50: pct(ttft, 0.5), cpuMsPerToken: (cpu.user + cpu.system) / 1000 / total }
+  return { mainCpuMsPerToken: (main.user + main.system) / 1000 / total, tokPerSec: total / wall, itlP50: floorRank(itl, 0.5), itlP99: floorRank(itl, 0.99), ttftP50: floorRank(ttft, 0.5), cpuMsPerToken: (cpu.user + cpu.system) / 1000 / total }
 }
 
 interface Row { size: string, mode: string, streams: number, result: Result }
@@ -131,7 +128,7 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     }
     if (manifest === undefined) throw new Error('no --activations given')
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
-    console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+    console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadAverage()}`)
     const vocab = manifest.shape.vocabSize
     if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest))
     const services = new Map<string, LocalService>()

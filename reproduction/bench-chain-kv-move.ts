@@ -14,9 +14,10 @@
  *   node reproduction/bench-chain-kv-move.ts [--size 60m] [--quant int4] [--history 2000] [--new 20] [--rounds 1]
  */
 import { mkdtemp, rm } from 'node:fs/promises'
-import { cpus, loadavg, tmpdir } from 'node:os'
+import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { noise } from '@chainsafe/libp2p-noise'
 import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
@@ -30,6 +31,7 @@ import type { PipelineStage, PipelineStageInit } from '../daemon/pipeline/index.
 import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
+import { lcgTokens, loadAverage } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -43,11 +45,6 @@ const { values: args } = parseArgs({
 const HISTORY = Number(args.history)
 const NEW = Number(args.new)
 const ROUNDS = Number(args.rounds)
-
-function tokens (n: number, seed: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % 497 })
-}
 
 const book = new Map<string, Libp2p>()
 interface Host { libp2p: Libp2p, stage: PipelineStage, peerId: string, registry: Registry }
@@ -101,17 +98,17 @@ async function main (): Promise<void> {
       for (let i = 0; i < 200; i++) {
         const idle = await Promise.all([a, b, b1, b2].map(async h => h.stage.node.stats().served === 0 && (await h.stage.node.engine.stats()).liveSequences === 0))
         if (idle.every(Boolean)) return
-        await new Promise(resolve => setTimeout(resolve, 50))
+        await sleep(50)
       }
     }
     const short = (id: string): string => ({ [a.peerId]: 'A', [b.peerId]: 'B', [b1.peerId]: "B'", [b2.peerId]: "B''" })[id] ?? id
-    console.log(`model ${args.size} ${args.quant}, ${L} layers in 2 stages; history ${HISTORY} + 8 reply + ${NEW} new tokens; load ${loadavg().map(x => x.toFixed(1)).join(' ')} on ${cpus().length} cores`)
+    console.log(`model ${args.size} ${args.quant}, ${L} layers in 2 stages; history ${HISTORY} + 8 reply + ${NEW} new tokens; load ${loadAverage()} on ${cpus().length} cores`)
     for (let r = 0; r < ROUNDS; r++) {
       holders = [b]
-      const turn1 = tokens(HISTORY, 10 + r)
+      const turn1 = lcgTokens(HISTORY, 10 + r)
       const first = await run(turn1, 8)
       await settle()
-      const turn2 = [...turn1, ...first.tokens, ...tokens(NEW, 100 + r)]
+      const turn2 = [...turn1, ...first.tokens, ...lcgTokens(NEW, 100 + r)]
       holders = [b1]
       const pulled = await run(turn2, 8)
       await settle()

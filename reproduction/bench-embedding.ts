@@ -26,6 +26,7 @@ import type { StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest, type TestModelSize } from '../shards/index.ts'
 // The test suite's direct onnxruntime pipeline: logits of every step, no engine in between.
 import { greedyDecode, openPipeline, prefill } from '../test/shards/pipeline.ts'
+import { promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -50,7 +51,6 @@ const VARIANTS: Variant[] = [
 ]
 
 /** Deterministic prompt token ids inside the test tokenizer's 512 real tokens (as bench-engine). */
-const promptIds = (n: number, salt = 0): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
 const mb = (b: number): string => (b / 2 ** 20).toFixed(1)
 
 async function checkpoint (size: TestModelSize): Promise<string> {

@@ -17,10 +17,11 @@
 import { spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { mkdir, mkdtemp, rename, rm } from 'node:fs/promises'
-import { availableParallelism, cpus, loadavg, tmpdir, totalmem } from 'node:os'
+import { availableParallelism, cpus, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
 import OpenAI from 'openai'
 import { pino } from 'pino'
 import { createDaemon, validateConfig } from '../daemon/node/index.ts'
@@ -28,6 +29,7 @@ import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
+import { loadAverage, lowerMedian, nearestRank, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -47,12 +49,6 @@ const PREFILL = Number(args.prompt)
 const HEALTH_PREFILL = Number(args.health)
 const SHORT_PROMPT = 16
 const BENCH_DIR = resolve(import.meta.dirname, '..', '.cache', 'bench')
-
-/** Deterministic prompt token ids inside the test tokenizer's 512 real tokens. */
-const promptIds = (n: number, salt = 0): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s.length === 0 ? NaN : s[Math.floor((s.length - 1) / 2)]! }
-const pct = (xs: number[], p: number): number => { const s = [...xs].sort((a, b) => a - b); return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.ceil(p * s.length) - 1)]! }
-const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 
 interface RunResult { ttftMs: number, decodeTokS: number, ids: number[] }
 interface HealthStats { n: number, p50: number, p99: number, max: number }
@@ -129,7 +125,7 @@ async function pollHealth (url: string, until: () => boolean, gapMs: number, max
   }
   return lat
 }
-const stats = (lat: number[]): HealthStats => ({ n: lat.length, p50: pct(lat, 0.5), p99: pct(lat, 0.99), max: Math.max(...lat) })
+const stats = (lat: number[]): HealthStats => ({ n: lat.length, p50: nearestRank(lat, 0.5), p99: nearestRank(lat, 0.99), max: Math.max(...lat) })
 
 async function runChild (shardDir: string): Promise<ChildResult> {
   const manifest = await loadManifest(shardDir)
@@ -267,7 +263,7 @@ function table (rows: ChildResult[]): string {
     const pairs = r.http.decode.map((h, i) => h / r.raw.decode[i]!)
     const pr = PREFILL / (Math.min(...r.raw.prefillMs) / 1000)
     const ph = PREFILL / (Math.min(...r.http.prefillMs) / 1000)
-    lines.push(`| ${r.model} | ${mb(r.weightBytes)} | ${f1(dr)} / ${f1(median(r.raw.decode))} | ${f1(dh)} / ${f1(median(r.http.decode))} | **${f2(dh / dr)}** | ${f2(median(pairs))} (${pairs.map(f2).join(' ')}) | ${f2(1000 / dh - 1000 / dr)} | ${f1(median(r.raw.ttft))} / ${f1(median(r.http.ttft))} | ${f0(pr)} / ${f0(ph)} | ${f2(ph / pr)} | ${r.sameTokens ? 'yes' : 'NO'} |`)
+    lines.push(`| ${r.model} | ${mb(r.weightBytes)} | ${f1(dr)} / ${f1(lowerMedian(r.raw.decode))} | ${f1(dh)} / ${f1(lowerMedian(r.http.decode))} | **${f2(dh / dr)}** | ${f2(lowerMedian(pairs))} (${pairs.map(f2).join(' ')}) | ${f2(1000 / dh - 1000 / dr)} | ${f1(lowerMedian(r.raw.ttft))} / ${f1(lowerMedian(r.http.ttft))} | ${f0(pr)} / ${f0(ph)} | ${f2(ph / pr)} | ${r.sameTokens ? 'yes' : 'NO'} |`)
   }
   lines.push('')
   lines.push(`| model | load s | peak RSS MB | RSS − baseline MB | (RSS − baseline) / weights | /healthz idle p50 / p99 / max ms | /healthz during ${HEALTH_PREFILL}-tok prefill p50 / p99 / max ms (polls) | that prefill s |`)
@@ -304,8 +300,7 @@ if (args.child !== undefined) {
   const skip = new Set(args.skip.split(',').filter(s => s !== ''))
   console.log(`bench-engine: node ${process.version}, ${availableParallelism()} CPUs (${cpus()[0]?.model ?? '?'}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB; onnxruntime CPU, 1 engine worker`)
   console.log(`decode: greedy, ${SHORT_PROMPT}-token prompt, ${TOKENS} tokens, ${REPS} reps alternating raw/HTTP; prefill: ${PREFILL}-token prompt, max_tokens 1`)
-  const load = (): string => loadavg().map(x => x.toFixed(1)).join(' ')
-  console.log(`load average at start: ${load()} (other work on this machine shows up as noise)`)
+  console.log(`load average at start: ${loadAverage()} (other work on this machine shows up as noise)`)
   const rows: ChildResult[] = []
   const failed: string[] = []
   const started = performance.now()
@@ -327,6 +322,6 @@ if (args.child !== undefined) {
   console.log('')
   console.log(table(rows))
   console.log('')
-  console.log(`load average at end: ${load()}`)
+  console.log(`load average at end: ${loadAverage()}`)
   console.log(`total ${f1((performance.now() - started) / 1000)} s; shards in ${BENCH_DIR} (reused on the next run)`)
 }

@@ -20,17 +20,17 @@
  *   node reproduction/bench-experts-daemon.ts [--arch qwen3-moe] [--size small] [--holders 1,2,4]
  *        [--streams 1,4,16,64] [--tokens 16] [--pin auto|off]
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { spawnSync, type ChildProcess } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { availableParallelism, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
-import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileExpertShards, compileShards, generateTestModel, type MoeTestArchitecture, type TestModelSize } from '../shards/index.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
+import { createShoalProcesses, formatLoad, loadAverage, nearestRank, raggedPromptIds } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -48,35 +48,7 @@ const HOLDERS = values.holders.split(',').map(Number)
 const STREAMS = values.streams.split(',').map(Number)
 const TOKENS = Number(values.tokens)
 const MODEL = 'bench-experts'
-const SHOAL_BIN = new URL('../scripts/shoal.mjs', import.meta.url).pathname
-
-const children = new Set<ChildProcess>()
-
-async function spawnShoal (name: string, argv: string[], core: number | undefined, cacheDir: string, ready: (line: string) => boolean): Promise<ChildProcess> {
-  const full = [SHOAL_BIN, ...argv]
-  const [cmd, cmdArgs] = core === undefined ? [process.execPath, full] : ['taskset', ['-c', String(core), process.execPath, ...full]]
-  const child = spawn(cmd, cmdArgs, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cacheDir } })
-  children.add(child)
-  child.once('exit', () => { children.delete(child) })
-  let err = ''
-  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-4000) })
-  const lines = createInterface({ input: child.stdout! })
-  return await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error(`${name} did not start within 180 s: ${err}`)) }, 180_000)
-    const onExit = (code: number | null): void => { clearTimeout(timer); reject(new Error(`${name} exited (${code}): ${err}`)) }
-    child.once('exit', onExit)
-    lines.on('line', line => { if (ready(line)) { clearTimeout(timer); child.off('exit', onExit); resolve(child) } })
-  })
-}
-
-async function stop (cs: ChildProcess[]): Promise<void> {
-  const exited = cs.map(c => new Promise<void>(resolve => { if (c.exitCode !== null || c.signalCode !== null) resolve(); else c.once('exit', () => { resolve() }) }))
-  for (const c of cs) c.kill('SIGTERM')
-  if (await Promise.race([Promise.all(exited).then(() => true), sleep(5000).then(() => false)])) return
-  for (const c of cs) c.kill('SIGKILL')
-}
-
-const promptOf = (i: number): number[] => Array.from({ length: 12 + (i % 5) }, (_, j) => 40 + ((i * 31 + j * 7) % 400))
+const daemons = createShoalProcesses()
 
 interface Stream { ids: number[], t0: number, first: number, last: number, retries: number }
 
@@ -102,15 +74,9 @@ async function streamCompletion (url: string, prompt: number[]): Promise<Stream>
   const ids: number[] = []
   let first = NaN
   let last = NaN
-  for await (const event of sseEvents(res.body)) {
-    if (!event.startsWith('data: {')) continue
-    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
-    if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
-    const got = data.choices?.[0]?.token_ids ?? []
-    if (got.length === 0) continue
-    const now = performance.now()
-    if (ids.length === 0) first = now
-    last = now
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ids.length === 0) first = at
+    last = at
     ids.push(...got)
   }
   return { ids, t0, first, last, retries }
@@ -118,16 +84,14 @@ async function streamCompletion (url: string, prompt: number[]): Promise<Stream>
 
 interface Run { tokS: number, p50: number, p99: number, retries: number, tokens: number, wallS: number, ids: number[][] }
 
-const quantile = (sorted: number[], q: number): number => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)]!
-
 async function run (url: string, B: number): Promise<Run> {
   const t0 = performance.now()
-  const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, promptOf(i))))
+  const rs = await Promise.all(Array.from({ length: B }, async (_, i) => await streamCompletion(url, raggedPromptIds(i))))
   const decoded = rs.reduce((a, r) => a + r.ids.length - 1, 0)
   const span = Math.max(...rs.map(r => r.last)) - Math.min(...rs.map(r => r.first))
-  const ttfts = rs.map(r => r.first - r.t0).sort((a, b) => a - b)
+  const ttfts = rs.map(r => r.first - r.t0)
   return {
-    tokS: decoded / (span / 1000), p50: quantile(ttfts, 0.5), p99: quantile(ttfts, 0.99), retries: rs.reduce((a, r) => a + r.retries, 0),
+    tokS: decoded / (span / 1000), p50: nearestRank(ttfts, 0.5), p99: nearestRank(ttfts, 0.99), retries: rs.reduce((a, r) => a + r.retries, 0),
     tokens: rs.reduce((a, r) => a + r.ids.length, 0), wallS: (performance.now() - t0) / 1000, ids: rs.map(r => r.ids),
   }
 }
@@ -163,12 +127,12 @@ async function main (): Promise<void> {
     const mesh = ['--device', 'cpu', '--no-mdns', '--listen', '/ip4/127.0.0.1/tcp/0']
 
     let soloUrl = ''
-    const solo = await spawnShoal('whole serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
+    const solo = await daemons.spawn('whole serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
       const m = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
       if (m !== null) soloUrl = m[1]!
       return m !== null
     })
-    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? `on (whole and stage on core 0, holder i on core 1 + (i mod ${cores - 1}); client unpinned)` : 'off'}; Node ${process.version}; load average at start ${load0.map(x => x.toFixed(2)).join(' ')}`)
+    console.log(`${ARCH} ${SIZE}: ${layout.shape.numLayers} layers (MoE ${moe.moeLayers.join(',')}), hidden ${layout.shape.hiddenSize}, ${moe.numExperts} experts of width ${moe.expertIntermediateSize}, top-${moe.topK}; ${TOKENS} tokens per stream, greedy; ${cores} cores, pinning ${pin ? `on (whole and stage on core 0, holder i on core 1 + (i mod ${cores - 1}); client unpinned)` : 'off'}; Node ${process.version}; load average at start ${formatLoad(load0, 2)}`)
     console.log('')
     console.log('| experts on | streams | decode tok/s (aggregate) | TTFT p50 ms | TTFT p99 ms | 429 retries | wire bytes / token | tokens = whole |')
     console.log('|---|---:|---:|---:|---:|---:|---:|---|')
@@ -179,12 +143,12 @@ async function main (): Promise<void> {
       want.set(B, r.ids)
       console.log(row('whole model (shoal serve)', B, r, '0', '—'))
     }
-    await stop([solo])
+    await daemons.stop([solo])
 
     for (const H of HOLDERS) {
       let stageUrl = ''
       const addrs: string[] = []
-      const stage = await spawnShoal('stage', ['node', '--identity', is!.dir, '--model', experts, '--api', '127.0.0.1:0', '--data', join(root, `data-stage-${H}`), ...mesh], core(0), cache, line => {
+      const stage = await daemons.spawn('stage', ['node', '--identity', is!.dir, '--model', experts, '--api', '127.0.0.1:0', '--data', join(root, `data-stage-${H}`), ...mesh], core(0), cache, line => {
         const up = /^shoal: node \S+ up, API at (\S+)\/v1/.exec(line)
         if (up !== null) stageUrl = up[1]!
         const l = /^\s+listening on (\S+)/.exec(line)
@@ -193,7 +157,7 @@ async function main (): Promise<void> {
       })
       const holders: ChildProcess[] = []
       for (let i = 0; i < H; i++) {
-        holders.push(await spawnShoal(`holder ${i}`, ['node', '--identity', ih[i]!.dir, '--hold-experts', experts, '--data', join(root, `data-h${i}-${H}`), ...addrs.flatMap(a => ['--bootstrap', a]), ...mesh], core(1 + i), cache, line => /^\s+listening on /.test(line)))
+        holders.push(await daemons.spawn(`holder ${i}`, ['node', '--identity', ih[i]!.dir, '--hold-experts', experts, '--data', join(root, `data-h${i}-${H}`), ...addrs.flatMap(a => ['--bootstrap', a]), ...mesh], core(1 + i), cache, line => /^\s+listening on /.test(line)))
       }
       const until = Date.now() + 60_000
       while ((await wire(stageUrl)).nodes < H) {
@@ -211,14 +175,14 @@ async function main (): Promise<void> {
           console.log(row(`${H} holder process${H > 1 ? 'es' : ''}`, B, r, ((after.bytes - before.bytes) / r.tokens).toFixed(0), same ? 'yes' : 'NO'))
         }
       } finally {
-        await stop([...holders, stage])
+        await daemons.stop([...holders, stage])
       }
     }
     console.log('')
     console.log(`${mismatches === 0 ? 'every' : `${mismatches} configuration(s) NOT:`} stream's token ids equal the whole model's at the same B`)
-    console.log(`load average at end ${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+    console.log(`load average at end ${loadAverage(2)}`)
   } finally {
-    await stop([...children])
+    await daemons.stop()
     await rm(root, { recursive: true, force: true })
   }
 }

@@ -31,6 +31,7 @@ import {
   ATTENTION_MASK, compileExpertShards, compileShards, generateTestModel, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP,
   pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, type MoeTestArchitecture, type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
+import { raggedPromptIds } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -61,7 +62,6 @@ const whole = await compileShards({ modelDir: ckpt, outDir: join(CACHE, `${ARCH}
 const expertDir = join(CACHE, `${ARCH}-${SIZE}-experts`)
 const layout = await compileExpertShards({ modelDir: ckpt, outDir: expertDir })
 const V = whole.shape.vocabSize
-const prompt = (b: number): number[] => Array.from({ length: 12 + (b % 5) }, (_, j) => 40 + ((b * 31 + j * 7) % 400))
 
 const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
 const argmaxRows = (logits: Float32Array, B: number): number[] => Array.from({ length: B }, (_, b) => { let best = 0; for (let j = 1; j < V; j++) if (logits[b * V + j]! > logits[b * V + best]!) best = j; return best })
@@ -111,7 +111,7 @@ console.log('| experts on | streams | decode tok/s (aggregate) | prefill ms | wi
 console.log('|---|---:|---:|---:|---:|---|')
 const want = new Map<number, number[][]>()
 for (const B of STREAMS) {
-  const prompts = Array.from({ length: B }, (_, b) => prompt(b))
+  const prompts = Array.from({ length: B }, (_, b) => raggedPromptIds(b))
   const r = await baseline(whole, prompts)
   want.set(B, r.tokens)
   console.log(`| whole model, this process | ${B} | ${(B * (N - 1) / (r.decodeMs / 1000)).toFixed(1)} | ${r.prefillMs.toFixed(1)} | 0 | — |`)
@@ -135,7 +135,7 @@ for (const H of HOLDERS) {
   await runner.open()
   try {
     for (const B of STREAMS) {
-      const prompts = Array.from({ length: B }, (_, b) => prompt(b))
+      const prompts = Array.from({ length: B }, (_, b) => raggedPromptIds(b))
       const t0 = performance.now()
       let t1 = 0
       const r = await runner.greedy(prompts, N, (i) => { if (i === 0) t1 = performance.now() })

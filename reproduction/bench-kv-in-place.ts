@@ -15,12 +15,13 @@
  */
 import { mkdir } from 'node:fs/promises'
 import { existsSync } from 'node:fs'
-import { cpus, loadavg } from 'node:os'
+import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
+import { loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -49,7 +50,6 @@ const baseEngine = await import(join(BASE, 'daemon/engine/index.ts')) as typeof 
 const baseShards = await import(join(BASE, 'shards/index.ts')) as typeof import('../shards/index.ts')
 
 const GREEDY = { temperature: 0, topP: 1, u: 0 }
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor((s.length - 1) / 2)]! }
 
 await mkdir(WORK, { recursive: true })
 const SIZE = args.size as '60m' | 'tiny' | '250m'
@@ -62,7 +62,7 @@ async function side (name: string, engine: typeof baseEngine, dir: string): Prom
   return { name, runner: engine.createStageRunner({ session, stage: engine.stageInfoOf(manifest), maxSequences: 16 }) as unknown as Runner }
 }
 
-console.log(`bench-kv-in-place: node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model}); base ${BASE}; load ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+console.log(`bench-kv-in-place: node ${process.version}, ${cpus().length} CPUs (${cpus()[0]?.model}); base ${BASE}; load ${loadAverage()}`)
 console.log('\n| quant | batch | context | base ms/step | in place ms/step | in place / base | in place, 4-bit embedding ms/step | tokens equal |\n|---|---|---|---|---|---|---|---|')
 for (const quant of args.quants.split(',') as Array<'int4' | 'none'>) {
   const baseDir = join(WORK, `${SIZE}-base-${quant}`)
@@ -107,10 +107,10 @@ for (const quant of args.quants.split(',') as Array<'int4' | 'none'>) {
         }
       }
       for (const s of sides) for (const id of ids) await s.runner.drop(id, 'free')
-      const m = times.map(median)
+      const m = times.map(lowerMedian)
       const equal = toks[0]!.every((x, j) => x === toks[1]![j])
       console.log(`| ${quant} | ${batch} | ${context} | ${m[0]!.toFixed(2)} | ${m[1]!.toFixed(2)} | **${(m[1]! / m[0]!).toFixed(2)}** | ${m[2] === undefined ? '—' : m[2].toFixed(2)} | ${equal ? 'yes' : 'NO'} |`)
     }
   }
 }
-console.log(`\nload at end: ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+console.log(`\nload at end: ${loadAverage()}`)

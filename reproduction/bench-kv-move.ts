@@ -23,9 +23,10 @@
  *   node reproduction/bench-kv-move.ts [--size 60m] [--quant int4] [--history 2000] [--new 20] [--rounds 2] [--delays 0,20,100] [--bandwidth B] [--threads 1] [--routed-rounds 1]
  */
 import { mkdtemp, rm } from 'node:fs/promises'
-import { cpus, loadavg, tmpdir } from 'node:os'
+import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { noise } from '@chainsafe/libp2p-noise'
 import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p, Stream } from '@libp2p/interface'
@@ -42,7 +43,8 @@ import type { Daemon, DaemonConfig } from '../daemon/node/index.ts'
 import type { GenerateRequest, PrefixHolderHint } from '../daemon/service.ts'
 import { compileShards, generateTestModel, manifestHash } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
+import { lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -64,11 +66,6 @@ const ROUNDS = Number(args.rounds)
 const DELAYS = args.delays.split(',').map(Number)
 const BANDWIDTH = args.bandwidth === undefined ? undefined : Number(args.bandwidth)
 const threads = Number(args.threads)
-
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (Math.min(vocab, 500) - 3) })
-}
 
 /**
  * One direction of a simulated link: each message is delivered `ms` after it would have finished
@@ -148,8 +145,6 @@ async function turn (svc: LocalService, ids: number[], maxTokens: number, hint?:
   return { ttftMs: ttft, tokens: out, prefix }
 }
 
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)]!
-
 interface Routed { ttftMs: number, tokens: number[], route: string, reused: number, movedFrom: string | null }
 
 /** One streamed completion over HTTP: TTFT to the first event with token ids, the headers' prefix. */
@@ -164,11 +159,8 @@ async function streamed (url: string, prompt: number[], maxTokens: number): Prom
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`)
   let ttftMs = 0
   const out: number[] = []
-  for await (const ev of sseEvents(res.body)) {
-    const data = ev.replace(/^data: /, '')
-    if (data === '[DONE]') break
-    const got = (JSON.parse(data) as { choices: Array<{ token_ids?: number[] }> }).choices[0]?.token_ids ?? []
-    if (got.length > 0 && ttftMs === 0) ttftMs = performance.now() - t0
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ttftMs === 0) ttftMs = at - t0
     out.push(...got)
   }
   return { ttftMs, tokens: out, route: res.headers.get('x-shoal-route') ?? '', reused: Number(res.headers.get('x-shoal-prefix-reused') ?? 0), movedFrom: res.headers.get('x-shoal-prefix-moved-from') }
@@ -206,25 +198,25 @@ async function routedRounds (dir: string, shardDir: string, vocab: number, stops
   const view = (from: typeof a, of: typeof a) => from.daemon.mesh!.peers().find(p => p.peerId === of.peerId)
   while (![[a, b], [b, a]].every(([x, y]) => view(x!, y!)?.state === 'alive' && view(x!, y!)?.load !== undefined && view(x!, y!)?.capabilities?.models.some(m => m.id === 'bench') === true)) {
     if (Date.now() > deadline) throw new Error('the mesh did not form within 60 s')
-    await new Promise(resolve => setTimeout(resolve, 200))
+    await sleep(200)
   }
   const scope = prefixScope({ manifestHash: await manifestHash(shardDir), layers: [0, view(b, a)!.capabilities!.models.find(m => m.id === 'bench')!.totalLayers! - 1], dtype: 'float32' })
   // Warm every engine (JIT, sessions) untimed; B and the cold node measure their prefill speed.
-  for (const n of [a, b, cold]) await streamed(n.url, tokens(Math.min(HISTORY, 512), 5, vocab), 2)
+  for (const n of [a, b, cold]) await streamed(n.url, lcgTokens(Math.min(HISTORY, 512), 5, vocab), 2)
   const line = (url: string, name: string, labels: string): Promise<number> => metricOf(url, `${name}{${labels}}`)
-  console.log(`\n### Routed through daemons (loopback TCP mesh, no simulated delay): turn 1 enters at A, the follow-up at B; load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+  console.log(`\n### Routed through daemons (loopback TCP mesh, no simulated delay): turn 1 enters at A, the follow-up at B; load average ${loadAverage()}`)
   console.log('\n| round | local hit at A TTFT (ms) | routed to B, pulled TTFT (ms) | recomputed TTFT (ms) | x-shoal-prefix-reused / moved-from | B pulls ok / fallback | moved (MB) | tokens identical |')
   console.log('|---|---|---|---|---|---|---|---|')
   for (let r = 0; r < ROUTED_ROUNDS; r++) {
-    const history = tokens(HISTORY, 500 + r, vocab)
+    const history = lcgTokens(HISTORY, 500 + r, vocab)
     const first = await streamed(a.url, history, 8)
     const deepest = compactHash(blockHashes(scope, history, DEFAULT_BLOCK_SIZE).at(-1)!)
     const heard = Date.now() + 20_000
     while (!(view(b, a)?.load?.prefixes ?? []).includes(deepest)) {
       if (Date.now() > heard) throw new Error('B did not hear A\'s prefix within 20 s')
-      await new Promise(resolve => setTimeout(resolve, 100))
+      await sleep(100)
     }
-    const follow = [...history, ...first.tokens, ...tokens(NEW, 800 + r, vocab)]
+    const follow = [...history, ...first.tokens, ...lcgTokens(NEW, 800 + r, vocab)]
     const before = { ok: await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="ok"'), fb: await line(b.url, 'shoal_kv_pulls_total', 'model="bench",outcome="fallback"'), in: await line(b.url, 'shoal_kv_transfer_bytes_total', 'model="bench",direction="in"') }
     // Routed first, while A keeps exactly the history (its own hit would supersede it).
     const p = await streamed(b.url, follow, 8)
@@ -273,18 +265,18 @@ try {
   const info = holder.kvStore!.info()
   const bytesPerToken = kvBytesPerToken(info)
   const vocab = manifest.shape.vocabSize
-  console.log(`## ${args.size} ${args.quant}: follow-up after a ${HISTORY}-token history (+8-token reply, +${NEW} new); ${bytesPerToken} KV bytes/token; threads ${threads}; bandwidth ${BANDWIDTH === undefined ? 'uncapped' : `${BANDWIDTH} B/s`}; ${cpus().length} cores (${cpus()[0]?.model ?? '?'}); load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+  console.log(`## ${args.size} ${args.quant}: follow-up after a ${HISTORY}-token history (+8-token reply, +${NEW} new); ${bytesPerToken} KV bytes/token; threads ${threads}; bandwidth ${BANDWIDTH === undefined ? 'uncapped' : `${BANDWIDTH} B/s`}; ${cpus().length} cores (${cpus()[0]?.model ?? '?'}); load average ${loadAverage()}`)
   console.log('\n| one-way delay per hop (ms) | local hit TTFT p50 (ms) | pulled TTFT p50 (ms) | recomputed TTFT p50 (ms) | moved (MB) | pull time p50 (ms) | link (MB/s) | shouldPull (measured rates) | tokens identical |')
   console.log('|---|---|---|---|---|---|---|---|---|')
   // A mesh keeps its connections up: dial once, and warm every path (JIT, sessions) with one untimed round.
   await pullerNode.dial(holderNode.getMultiaddrs())
   {
-    const warm = tokens(Math.min(HISTORY, 256), 7, vocab)
+    const warm = lcgTokens(Math.min(HISTORY, 256), 7, vocab)
     await turn(holder, warm, 2)
-    await turn(pullerService, [...warm, ...tokens(8, 8, vocab)], 2, { peerId: holderNode.peerId.toString(), cachedTokens: warm.length })
+    await turn(pullerService, [...warm, ...lcgTokens(8, 8, vocab)], 2, { peerId: holderNode.peerId.toString(), cachedTokens: warm.length })
     await turn(cold, warm, 2)
     // The puller knows its own prefill speed (it bounds how long a pull may take).
-    await turn(pullerService, tokens(Math.min(HISTORY, 512), 9, vocab), 2)
+    await turn(pullerService, lcgTokens(Math.min(HISTORY, 512), 9, vocab), 2)
   }
   let seed = 0
   for (const d of DELAYS) {
@@ -298,9 +290,9 @@ try {
     let verdict = ''
     for (let r = 0; r < ROUNDS; r++) {
       seed++
-      const history = tokens(HISTORY, 100 + seed, vocab)
+      const history = lcgTokens(HISTORY, 100 + seed, vocab)
       const first = await turn(holder, history, 8)
-      const follow = [...history, ...first.tokens, ...tokens(NEW, 900 + seed, vocab)]
+      const follow = [...history, ...first.tokens, ...lcgTokens(NEW, 900 + seed, vocab)]
       // Pulled first, while the holder keeps exactly the history (its hit would supersede it).
       lastPull = undefined
       const p = await turn(pullerService, follow, 8, { peerId: holderNode.peerId.toString(), cachedTokens: HISTORY })
@@ -318,8 +310,8 @@ try {
       const cost = pullCost(rates)
       verdict = `${shouldPull(rates) ? 'pull' : 'recompute'} (${cost.transferMs.toFixed(0)} vs ${cost.recomputeMs.toFixed(0)} ms)`
     }
-    const link = moved / 1e6 / ((median(pullMs) - 2 * d) / 1000)
-    console.log(`| ${d} | ${median(hit).toFixed(0)} | ${median(pulled).toFixed(0)} | ${median(recomputed).toFixed(0)} | ${(moved / 1e6).toFixed(1)} | ${median(pullMs).toFixed(0)} | ${link.toFixed(0)} | ${verdict} | ${same}/${ROUNDS} |`)
+    const link = moved / 1e6 / ((lowerMedian(pullMs) - 2 * d) / 1000)
+    console.log(`| ${d} | ${lowerMedian(hit).toFixed(0)} | ${lowerMedian(pulled).toFixed(0)} | ${lowerMedian(recomputed).toFixed(0)} | ${(moved / 1e6).toFixed(1)} | ${lowerMedian(pullMs).toFixed(0)} | ${link.toFixed(0)} | ${verdict} | ${same}/${ROUNDS} |`)
   }
   // The in-process services are done: free their CPU for the daemons.
   for (const stop of stops.splice(0).reverse()) await stop().catch(() => {})

@@ -28,6 +28,7 @@ import { allRowsExperts, contribExperts, groupedExperts } from '../shards/graph/
 import { OP_TABLES } from '../shards/graph/ops.ts'
 import type { BuildContext, OpTable } from '../shards/graph/types.ts'
 import { hash32, Prng } from '../shards/testmodel/prng.ts'
+import { upperMedian } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -111,7 +112,6 @@ async function build (dir: string, name: string, body: Body): Promise<ort.Infere
   })
 }
 
-const median = (v: number[]): number => { const s = [...v].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]! }
 const cpuMs = (): number => { const u = process.cpuUsage(); return (u.user + u.system) / 1000 }
 
 const dir = await mkdtemp(join(tmpdir(), 'shoal-bench-moe-'))
@@ -149,7 +149,7 @@ async function bench (title: string, variants: Record<string, Body>, what: strin
     for (const k of Object.keys(sessions)) {
       let err = 0
       out[k]!.forEach((v, i) => { err = Math.max(err, Math.abs(v - out[first]![i]!)) })
-      console.log(`| ${N} | ${k} | ${median(wall[k]!).toFixed(3)} | ${median(cpu[k]!).toFixed(3)} | ${err.toExponential(1)} |`)
+      console.log(`| ${N} | ${k} | ${upperMedian(wall[k]!).toFixed(3)} | ${upperMedian(cpu[k]!).toFixed(3)} | ${err.toExponential(1)} |`)
     }
   }
   for (const s of Object.values(sessions)) await s.release()

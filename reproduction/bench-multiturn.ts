@@ -26,7 +26,7 @@
  * instead; a 429 that still comes is retried after its Retry-After and counted.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
-import { availableParallelism, cpus, loadavg, tmpdir } from 'node:os'
+import { availableParallelism, cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -38,7 +38,8 @@ import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import type { Daemon } from '../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
+import { lcgTokens, loadAverage, nearestRank } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -65,17 +66,6 @@ const MAX_TOKENS = Number(args['max-tokens'])
 const SEED = Number(args.seed)
 const THINK_MS = Number(args['think-ms'])
 const MODEL = 'bench-multiturn'
-
-/** Deterministic pseudo-random token ids in [3, 500). */
-function tokens (n: number, seed: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % 497 })
-}
-
-const quantile = (xs: number[], q: number): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] ?? NaN
-}
 
 interface Node { name: string, peerId: string, url: string, daemon: Daemon }
 
@@ -136,12 +126,8 @@ async function streamTurn (url: string, prompt: number[]): Promise<Omit<TurnResu
   if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${await res.text()}`)
   let ttftMs = 0
   const ids: number[] = []
-  for await (const ev of sseEvents(res.body)) {
-    const data = ev.replace(/^data: /, '')
-    if (data === '[DONE]') break
-    const chunk = JSON.parse(data) as { choices: Array<{ token_ids?: number[] }> }
-    const got = chunk.choices[0]?.token_ids ?? []
-    if (got.length > 0 && ttftMs === 0) ttftMs = performance.now() - t0
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ttftMs === 0) ttftMs = at - t0
     ids.push(...got)
   }
   return { ttftMs, route: res.headers.get('x-shoal-route') ?? '', reused: Number(res.headers.get('x-shoal-prefix-reused') ?? 0), promptTokens: prompt.length, ids, refusals }
@@ -154,7 +140,7 @@ async function runMode (mode: string, run: number, root: string, shardDir: strin
   const nodes = await startNodes(join(root, `${mode}-${run}`), shardDir, mode)
   try {
     // Warm each engine (session, step-time model) with an unrelated prompt, so neither mode pays it.
-    for (const n of nodes) await streamTurn(n.url, tokens(64, 9_999))
+    for (const n of nodes) await streamTurn(n.url, lcgTokens(64, 9_999))
     await sleep(500)
     const draw = createRng(SEED)
     const entries = Array.from({ length: CONVERSATIONS }, () => Array.from({ length: TURNS }, () => Math.floor(draw() * nodes.length)))
@@ -164,11 +150,11 @@ async function runMode (mode: string, run: number, root: string, shardDir: strin
     // workload cost, much less sensitive than wall time to what else loads the machine.
     const cpu0 = process.cpuUsage()
     await Promise.all(Array.from({ length: CONVERSATIONS }, async (_, c) => {
-      let prompt = [...tokens(SYSTEM, 1_000 + c), ...tokens(USER, 2_000 + c)]
+      let prompt = [...lcgTokens(SYSTEM, 1_000 + c), ...lcgTokens(USER, 2_000 + c)]
       for (let t = 0; t < TURNS; t++) {
         const r = await streamTurn(nodes[entries[c]![t]!]!.url, prompt)
         results.push({ conversation: c, turn: t, ...r })
-        prompt = [...prompt, ...r.ids, ...tokens(USER, 3_000 + c * 100 + t)]
+        prompt = [...prompt, ...r.ids, ...lcgTokens(USER, 3_000 + c * 100 + t)]
         if (THINK_MS > 0 && t + 1 < TURNS) await sleep(THINK_MS)
       }
     }))
@@ -192,7 +178,7 @@ try {
   await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), modelId: MODEL, quant: args.quant as 'none' | 'int8' | 'int4' })
   console.log(`# multi-turn: ${CONVERSATIONS} conversations × ${TURNS} turns, ${NODES} replicas (one process), model ${args.size} ${args.quant}`)
   console.log(`system ${SYSTEM} + user ${USER} tokens per turn, ${MAX_TOKENS} generated; entry node drawn at random per turn (seed ${SEED})`)
-  console.log(`machine: ${cpus()[0]?.model ?? '?'} × ${availableParallelism()}; load average before: ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+  console.log(`machine: ${cpus()[0]?.model ?? '?'} × ${availableParallelism()}; load average before: ${loadAverage()}`)
   const out: ModeResult[] = []
   // A mode may be named more than once (e.g. none,prefix,none,prefix): runs alternate so that the
   // machine's load drifts over both; every prefix run is compared with the runs beside it.
@@ -205,16 +191,16 @@ try {
     const prefilled = r.turns.reduce((s, t) => s + t.promptTokens - t.reused, 0)
     const prompt = r.turns.reduce((s, t) => s + t.promptTokens, 0)
     const hits = r.turns.filter(t => t.reused > 0).length
-    console.log(`\n## ${mode} (load average after: ${loadavg().map(x => x.toFixed(1)).join(' ')})`)
+    console.log(`\n## ${mode} (load average after: ${loadAverage()})`)
     console.log(`wall ${(r.wallMs / 1000).toFixed(1)} s; ${(r.turns.length / r.wallMs * 1000).toFixed(2)} turns/s; ${(completion / r.wallMs * 1000).toFixed(1)} completion tok/s; CPU ${(r.cpuMs / 1000).toFixed(1)} s (${(r.cpuMs / r.turns.length).toFixed(0)} ms per turn)`)
-    console.log(`TTFT all turns p50 ${quantile(all, 0.5).toFixed(0)} ms, p99 ${quantile(all, 0.99).toFixed(0)} ms; follow-ups p50 ${quantile(follow, 0.5).toFixed(0)} ms, p99 ${quantile(follow, 0.99).toFixed(0)} ms`)
+    console.log(`TTFT all turns p50 ${nearestRank(all, 0.5).toFixed(0)} ms, p99 ${nearestRank(all, 0.99).toFixed(0)} ms; follow-ups p50 ${nearestRank(follow, 0.5).toFixed(0)} ms, p99 ${nearestRank(follow, 0.99).toFixed(0)} ms`)
     const byNode = new Map<string, number>()
     for (const t of r.turns) byNode.set(t.route, (byNode.get(t.route) ?? 0) + 1)
     console.log(`turns reusing a kept prefix ${hits}/${r.turns.length}; prompt tokens prefilled ${prefilled} of ${prompt}; 429s retried ${r.turns.reduce((s, t) => s + t.refusals, 0)}`)
     console.log(`turns per node: ${[...byNode.values()].sort((x, y) => y - x).join(' / ')}; routing counter (all nodes, warm-up included): ${r.routed}`)
   }
   const key = (t: TurnResult): string => `${t.conversation}/${t.turn}`
-  const follow = (m: ModeResult): number => quantile(m.turns.filter(t => t.turn > 0).map(t => t.ttftMs), 0.5)
+  const follow = (m: ModeResult): number => nearestRank(m.turns.filter(t => t.turn > 0).map(t => t.ttftMs), 0.5)
   const pairs = out.flatMap((b, i) => b.mode !== 'prefix' ? [] : [out[i - 1], out[i + 1]].filter(a => a !== undefined && a.mode !== 'prefix').map(a => [a!, b] as const))
   for (const [a, b] of pairs) {
     const bIds = new Map(b.turns.map(t => [key(t), t.ids.join()]))

@@ -27,6 +27,7 @@ import {
   pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, COMPILER_VERSION,
   type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
+import { upperMedian } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -117,8 +118,6 @@ async function openRunner (dir: string, m: ShardManifest): Promise<Runner> {
   }
 }
 
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]! }
-
 const CASES = [
   { name: 'decode @16', P: 16, S: 1, reps: (r: number) => r },
   { name: 'decode @512', P: 512, S: 1, reps: (r: number) => r },
@@ -150,7 +149,7 @@ for (const size of SIZES) {
           cpu.get(opSet)!.push(u)
         }
       }
-      const [sw, cw, su, cu] = [median(wall.get('standard')!), median(wall.get('ort-contrib')!), median(cpu.get('standard')!), median(cpu.get('ort-contrib')!)]
+      const [sw, cw, su, cu] = [upperMedian(wall.get('standard')!), upperMedian(wall.get('ort-contrib')!), upperMedian(cpu.get('standard')!), upperMedian(cpu.get('ort-contrib')!)]
       const row = `| ${size} | ${quant === 'none' ? 'fp32' : 'int4'} | ${c.name} | ${sw.toFixed(2)} | ${cw.toFixed(2)} | ${(sw / cw).toFixed(2)}× | ${su.toFixed(2)} | ${cu.toFixed(2)} | ${(su / cu).toFixed(2)}× |`
       rows.push(row)
       console.error(row)

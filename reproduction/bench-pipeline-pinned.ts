@@ -19,18 +19,17 @@
  *
  *   node reproduction/bench-pipeline-pinned.ts [--quant int4] [--f32-activations] [--tokens 64] [--streams 1,2,4] [--rounds 3]
  */
-import { spawn, spawnSync } from 'node:child_process'
-import type { ChildProcess } from 'node:child_process'
+import { spawnSync } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { availableParallelism, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
-import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
-import { sseEvents } from './sse.ts'
+import { tokenChunks } from './sse.ts'
+import { createShoalProcesses, formatLoad, streamPromptIds, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -48,49 +47,11 @@ const STREAMS = args.streams.split(',').map(Number)
 const ROUNDS = Number(args.rounds)
 const PROMPT = 16
 const MODEL = 'bench-pinned'
-const SHOAL_BIN = new URL('../scripts/shoal.mjs', import.meta.url).pathname
-
-// ---------------------------------------------------------------------------------------------
-// Child daemons, each optionally under `taskset -c CORE`.
-
-const children: ChildProcess[] = []
-
-/** Starts `shoal ARGS` and resolves with the first stdout lines' matches once `ready` has seen enough. */
-async function spawnShoal (name: string, argv: string[], core: number | undefined, cacheDir: string, ready: (line: string) => boolean): Promise<ChildProcess> {
-  const full = [SHOAL_BIN, ...argv]
-  const [cmd, cmdArgs] = core === undefined ? [process.execPath, full] : ['taskset', ['-c', String(core), process.execPath, ...full]]
-  const child = spawn(cmd, cmdArgs, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cacheDir } })
-  children.push(child)
-  let err = ''
-  child.stderr!.on('data', (b: Buffer) => { err = (err + b.toString()).slice(-4000) })
-  const lines = createInterface({ input: child.stdout! })
-  return await new Promise((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error(`${name} did not start within 180 s: ${err}`)) }, 180_000)
-    const onExit = (code: number | null): void => { clearTimeout(timer); reject(new Error(`${name} exited (${code}): ${err}`)) }
-    child.once('exit', onExit)
-    lines.on('line', line => {
-      if (ready(line)) { clearTimeout(timer); child.off('exit', onExit); resolve(child) }
-    })
-  })
-}
-
-/** SIGTERM every child, then SIGKILL whatever is still alive after `boundMs`. */
-async function killAll (boundMs = 5000): Promise<void> {
-  const alive = children.filter(c => c.exitCode === null && c.signalCode === null)
-  const exited = alive.map(c => new Promise<void>(resolve => { c.once('exit', () => { resolve() }) }))
-  for (const c of alive) c.kill('SIGTERM')
-  const all = Promise.all(exited)
-  if (await Promise.race([all.then(() => true), sleep(boundMs).then(() => false)])) return
-  for (const c of alive) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL')
-  await Promise.race([all, sleep(boundMs)])
-}
+/** Child daemons, each optionally under `taskset -c CORE`. */
+const daemons = createShoalProcesses()
 
 // ---------------------------------------------------------------------------------------------
 // Clients: streaming completions, timing each token as its chunk arrives.
-
-function promptOf (i: number): number[] {
-  return Array.from({ length: PROMPT }, (_, j) => 1 + ((i * 131 + j * 37) % 500))
-}
 
 interface StreamResult { ids: number[], t0: number, first: number, last: number }
 
@@ -106,15 +67,9 @@ async function streamCompletion (url: string, prompt: number[]): Promise<StreamR
   const ids: number[] = []
   let first = NaN
   let last = NaN
-  for await (const event of sseEvents(res.body)) {
-    if (!event.startsWith('data: {')) continue
-    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
-    if (data.error !== undefined) throw new Error(`stream error from ${url}: ${JSON.stringify(data.error)}`)
-    const got = data.choices?.[0]?.token_ids ?? []
-    if (got.length === 0) continue
-    const now = performance.now()
-    if (ids.length === 0) first = now
-    last = now
+  for await (const { ids: got, at } of tokenChunks(res.body, url)) {
+    if (ids.length === 0) first = at
+    last = at
     ids.push(...got)
   }
   return { ids, t0, first, last }
@@ -124,7 +79,7 @@ interface RunResult { tokS: number, msPerToken: number, tokens: number, ids0: nu
 
 /** `streams` completions at once; tok/s over the whole run, mean per-stream decode ms/token. */
 async function run (url: string, streams: number): Promise<RunResult> {
-  const rs = await Promise.all(Array.from({ length: streams }, async (_, i) => await streamCompletion(url, promptOf(i))))
+  const rs = await Promise.all(Array.from({ length: streams }, async (_, i) => await streamCompletion(url, streamPromptIds(i, PROMPT))))
   const start = Math.min(...rs.map(r => r.t0))
   const end = Math.max(...rs.map(r => r.last))
   const tokens = rs.reduce((a, r) => a + r.ids.length, 0)
@@ -171,21 +126,21 @@ async function main (): Promise<void> {
     const mesh = ['--device', 'cpu', '--no-mdns', '--listen', '/ip4/127.0.0.1/udp/0/quic-v1']
 
     let soloUrl = ''
-    await spawnShoal('unsplit serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
+    await daemons.spawn('unsplit serve', ['serve', '--model', whole, '--api', '127.0.0.1:0', '--device', 'cpu'], core(0), cache, line => {
       const m = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
       if (m !== null) soloUrl = m[1]!
       return m !== null
     })
     let chainUrl = ''
     const addrsA: string[] = []
-    await spawnShoal('stage 0', ['node', '--identity', ia!.dir, '--model', `${two}@${range(l0!)}`, '--api', '127.0.0.1:0', '--data', join(root, 'data-a'), ...mesh], core(0), cache, line => {
+    await daemons.spawn('stage 0', ['node', '--identity', ia!.dir, '--model', `${two}@${range(l0!)}`, '--api', '127.0.0.1:0', '--data', join(root, 'data-a'), ...mesh], core(0), cache, line => {
       const up = /^shoal: node \S+ up, API at (\S+)\/v1/.exec(line)
       if (up !== null) chainUrl = up[1]!
       const l = /^\s+listening on (\S+)/.exec(line)
       if (l !== null) addrsA.push(l[1]!)
       return l !== null
     })
-    await spawnShoal('stage 1', ['node', '--identity', ib!.dir, '--model', `${two}@${range(l1!)}`, '--data', join(root, 'data-b'), ...addrsA.flatMap(a => ['--bootstrap', a]), ...mesh], core(1), cache, line => /^\s+listening on /.test(line))
+    await daemons.spawn('stage 1', ['node', '--identity', ib!.dir, '--model', `${two}@${range(l1!)}`, '--data', join(root, 'data-b'), ...addrsA.flatMap(a => ['--bootstrap', a]), ...mesh], core(1), cache, line => /^\s+listening on /.test(line))
     await modelListed(soloUrl, 60_000)
     await modelListed(chainUrl, 120_000)
 
@@ -203,16 +158,14 @@ async function main (): Promise<void> {
     }
     const loadAfter = loadavg()
 
-    const median = (rs: RunResult[]): RunResult => [...rs].sort((a, b) => a.tokS - b.tokS)[Math.floor(rs.length / 2)]!
-    const results = rounds.map(median)
+    const results = rounds.map(rs => upperMedianBy(rs, r => r.tokS)!)
     const base = results[0]!
     const naiveIdx = configs.findIndex(c => c.chain && c.streams === 1)
     const naive = naiveIdx < 0 ? undefined : results[naiveIdx]
     const f = (x: number, d = 2): string => Number.isFinite(x) ? x.toFixed(d) : '–'
-    const la = (l: number[]): string => l.map(x => x.toFixed(2)).join(' ')
 
     console.log(`machine: ${cores} cores (pinning ${pin ? 'on: serve + stage 0 on core 0, stage 1 on core 1; client unpinned' : 'off'}); Node ${process.version}`)
-    console.log(`load average: at start ${la(load0)}; before rounds ${la(loadBefore)}; after rounds ${la(loadAfter)}`)
+    console.log(`load average: at start ${formatLoad(load0, 2)}; before rounds ${formatLoad(loadBefore, 2)}; after rounds ${formatLoad(loadAfter, 2)}`)
     console.log(`model: 60m llama (${wm.shape.numLayers} layers, hidden ${wm.shape.hiddenSize}, vocab ${wm.shape.vocabSize}), quant ${QUANT}${QUANT !== 'none' ? (args['f32-activations'] === true ? ' (f32 activations)' : ' (int8 activations)') : ''}; stages ${range(l0!)} / ${range(l1!)}; prompt ${PROMPT} tokens, max_tokens ${TOKENS}, greedy; ${ROUNDS} rounds, median shown; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
     console.log('greedy token ids vs unsplit (round 1, stream 0):')
     const soloIds = rounds[0]![0]!.ids0
@@ -232,7 +185,7 @@ async function main (): Promise<void> {
       console.log(`| ${c.label} | ${c.streams} | ${f(r.tokS, 1)} (${rounds[i]!.map(x => f(x.tokS, 1)).join(' / ')}) | ${f(r.tokS / base.tokS)} | ${vsNaive} | ${f(r.msPerToken)} | ${r.tokens} |`)
     }
   } finally {
-    await killAll()
+    await daemons.stop()
     await rm(root, { recursive: true, force: true })
   }
 }

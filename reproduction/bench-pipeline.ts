@@ -28,6 +28,7 @@ import type { BatchingStageEngine, StageEngine, TokenSource } from '../daemon/en
 import { createChainTokenSource, createStageNode, manifestHashOf } from '../daemon/pipeline/index.ts'
 import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
+import { streamPromptIds, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -81,10 +82,6 @@ async function node (): Promise<Libp2p> {
   return await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
 }
 
-function promptOf (i: number): number[] {
-  return Array.from({ length: PROMPT }, (_, j) => 1 + ((i * 131 + j * 37) % 500))
-}
-
 interface RunResult { label: string, tokS: number, compute: number, wait: number, transfer: number, perToken: number }
 
 /** Runs `streams` requests at once; decode tokens/s over the whole run and the per-token split. */
@@ -95,7 +92,7 @@ async function run (label: string, streams: number, makeSource: (i: number) => T
   await Promise.all(Array.from({ length: streams }, async (_, i) => {
     const src = makeSource(i)
     const signal = AbortSignal.timeout(600_000)
-    const p = promptOf(i)
+    const p = streamPromptIds(i, PROMPT)
     let tok = await src.prefill(p, signal)
     const d0 = performance.now()
     for (let n = 1; n < TOKENS; n++) tok = await src.decode(tok, p.length + n - 1, signal)
@@ -186,8 +183,7 @@ async function main (): Promise<void> {
     }
     const loadAfter = loadavg()[0]!
     for (const t of teardown) await t()
-    const median = (rs: RunResult[]): RunResult => [...rs].sort((a, b) => a.tokS - b.tokS)[Math.floor(rs.length / 2)]!
-    const results = rounds.map(median)
+    const results = rounds.map(rs => upperMedianBy(rs, r => r.tokS)!)
     const base = results[0]!
 
     const f = (x: number, d = 2): string => x.toFixed(d)

@@ -12,7 +12,7 @@
  *   node reproduction/bench-prefix.ts [--size 60m] [--quant int4] [--history 2000] [--new 20] [--rounds 3] [--threads N] [--reuse-generated]
  */
 import { mkdtemp, rm } from 'node:fs/promises'
-import { loadavg, tmpdir } from 'node:os'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { createLocalService } from '../daemon/engine/index.ts'
@@ -20,6 +20,7 @@ import type { LocalService } from '../daemon/engine/index.ts'
 import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
+import { lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -37,11 +38,6 @@ const NEW = Number(args.new)
 const ROUNDS = Number(args.rounds)
 const threads = args.threads === undefined ? undefined : Number(args.threads)
 
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (Math.min(vocab, 500) - 3) })
-}
-
 let counter = 0
 async function turn (svc: LocalService, model: string, ids: number[], maxTokens: number): Promise<{ ttftMs: number, tokens: number[] }> {
   const req: GenerateRequest = { requestId: `b${++counter}`, model, prompt: { kind: 'tokens', ids }, maxTokens, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }
@@ -54,8 +50,6 @@ async function turn (svc: LocalService, model: string, ids: number[], maxTokens:
   return { ttftMs: ttft, tokens: out }
 }
 
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)]!
-
 const dir = await mkdtemp(join(tmpdir(), 'shoal-bench-prefix-'))
 try {
   await generateTestModel({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: args.size as TestModelSize })
@@ -65,17 +59,17 @@ try {
   const hit = createLocalService({ ...common, kvCacheBytes: 1024 * 1024 * 1024, reuseGenerated: args['reuse-generated'] })
   await cold.start()
   await hit.start()
-  console.log(`## ${args.size} ${args.quant}: follow-up turn after a ${HISTORY}-token history, +${NEW} new tokens; threads ${threads ?? 'all'}; ${args['reuse-generated'] ? 'reply KV kept too' : 'prompt KV kept (bit-exact)'}; load average ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+  console.log(`## ${args.size} ${args.quant}: follow-up turn after a ${HISTORY}-token history, +${NEW} new tokens; threads ${threads ?? 'all'}; ${args['reuse-generated'] ? 'reply KV kept too' : 'prompt KV kept (bit-exact)'}; load average ${loadAverage()}`)
   const vocab = manifest.shape.vocabSize
   const coldMs: number[] = []
   const hitMs: number[] = []
   let same = true
   let prefilled = 0
   for (let r = 0; r < ROUNDS; r++) {
-    const history = tokens(HISTORY, 100 + r, vocab)
+    const history = lcgTokens(HISTORY, 100 + r, vocab)
     // Turn 1 on the reusing node keeps the history's KV (and its 8-token reply).
     const first = await turn(hit, 'bench', history, 8)
-    const follow = [...history, ...first.tokens, ...tokens(NEW, 900 + r, vocab)]
+    const follow = [...history, ...first.tokens, ...lcgTokens(NEW, 900 + r, vocab)]
     const before = (await hit.stats()).prefix!.missTokens
     const h = await turn(hit, 'bench', follow, 8)
     prefilled = (await hit.stats()).prefix!.missTokens - before
@@ -88,9 +82,9 @@ try {
     hitMs.push(h.ttftMs)
   }
   console.log('| follow-up | TTFT p50 (ms) | tokens prefilled |\n|---|---|---|')
-  console.log(`| cold (recomputed) | ${median(coldMs).toFixed(1)} | ${HISTORY + 8 + NEW} |`)
-  console.log(`| local hit | ${median(hitMs).toFixed(1)} | ${prefilled} |`)
-  console.log(`\nspeed-up ${(median(coldMs) / median(hitMs)).toFixed(1)}×; greedy tokens identical: ${same}`)
+  console.log(`| cold (recomputed) | ${lowerMedian(coldMs).toFixed(1)} | ${HISTORY + 8 + NEW} |`)
+  console.log(`| local hit | ${lowerMedian(hitMs).toFixed(1)} | ${prefilled} |`)
+  console.log(`\nspeed-up ${(lowerMedian(coldMs) / lowerMedian(hitMs)).toFixed(1)}×; greedy tokens identical: ${same}`)
   await hit.stop()
   await cold.stop()
 } finally {

@@ -46,6 +46,7 @@ import { compileShards, generateTestModel } from '../shards/index.ts'
 import { createSimulatedEngine } from './simulated-engine.ts'
 import { sseEvents } from './sse.ts'
 import type { SimulatedEngine } from './simulated-engine.ts'
+import { formatLoad, loadAverage, nearestRank } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -168,12 +169,6 @@ async function runClient (url: string, id: number, win: Window, tally: Tally, st
   }
 }
 
-function percentile (xs: number[], p: number): number {
-  if (xs.length === 0) return NaN
-  const s = [...xs].sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))]!
-}
-
 interface Result {
   label: string
   nodes: number
@@ -215,8 +210,8 @@ async function measure (label: string, nodes: BenchNode[], urls: string[], clien
     nodes: nodes.length,
     clients: id,
     tokPerSec: tally.tokens / (MEASURE_MS / 1000),
-    p50: percentile(tally.ttftMs, 50),
-    p99: percentile(tally.ttftMs, 99),
+    p50: nearestRank(tally.ttftMs, 0.5),
+    p99: nearestRank(tally.ttftMs, 0.99),
     errors: tally.errors.size === 0 ? '0' : [...tally.errors].map(([k, v]) => `${k}×${v}`).join(' '),
     cpuCores: (cpu.user + cpu.system) / 1000 / MEASURE_MS,
     spread: nodes.length === 1 ? '100%' : `${(Math.min(...shares) * 100).toFixed(0)}–${(Math.max(...shares) * 100).toFixed(0)}%`,
@@ -306,8 +301,8 @@ async function realRun (dir: string): Promise<Result[]> {
         nodes: count,
         clients: CLIENTS,
         tokPerSec: tally.tokens / (measureMs / 1000),
-        p50: percentile(tally.ttftMs, 50),
-        p99: percentile(tally.ttftMs, 99),
+        p50: nearestRank(tally.ttftMs, 0.5),
+        p99: nearestRank(tally.ttftMs, 0.99),
         errors: tally.errors.size === 0 ? '0' : [...tally.errors].map(([k, v]) => `${k}×${v}`).join(' '),
         cpuCores: NaN,
         spread: '',
@@ -372,7 +367,7 @@ const base = results.find(r => r.nodes === 1 && r.label.startsWith('(a)'))
 const fmt = (x: number, d = 0): string => Number.isFinite(x) ? x.toFixed(d) : '–'
 const lines: string[] = []
 lines.push(`Replica scaling — SimulatedEngine: ${MS_PER_TOKEN} ms/token, ${SLOTS} slots/node (ideal ${fmt(SLOTS * 1000 / MS_PER_TOKEN)} tok/s/node), ${CLIENTS} streaming clients per node, max_tokens ${MAX_TOKENS}; warmup ${WARMUP_MS / 1000} s, window ${MEASURE_MS / 1000} s`)
-lines.push(`machine: ${availableParallelism()} cores, load average before ${load0.map(x => x.toFixed(1)).join(' ')}, after ${loadavg().map(x => x.toFixed(1)).join(' ')}; Node ${process.version}; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
+lines.push(`machine: ${availableParallelism()} cores, load average before ${formatLoad(load0)}, after ${loadAverage()}; Node ${process.version}; total ${((Date.now() - began) / 1000).toFixed(0)} s`)
 lines.push('')
 lines.push('| run | nodes | clients | tok/s | ÷ (N × one node) | TTFT p50 ms | TTFT p99 ms | completions per node (min–max share) | process CPU (cores) | errors |')
 lines.push('|---|---:|---:|---:|---:|---:|---:|---|---:|---|')

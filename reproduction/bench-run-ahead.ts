@@ -21,6 +21,7 @@ import OpenAI from 'openai'
 import { pino } from 'pino'
 import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { loadManifest } from '../shards/index.ts'
+import { formatLoad, lowerMedian, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, reps: { type: 'string', default: '6' }, tokens: { type: 'string', default: '128' },
@@ -45,7 +46,6 @@ if (args.child) {
   const PROMPT = Number(args.prompt)
   const STREAMS = Number(args.streams)
   const manifest = await loadManifest(shard)
-  const promptIds = (n: number, salt: number): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
 
   async function start (runAhead: string | undefined): Promise<{ url: string, child: ChildProcess }> {
     const env = { ...process.env }
@@ -99,11 +99,10 @@ if (args.child) {
     for (const { child } of Object.values(sides)) child.stdin!.end()
   }
   const loadEnd = loadavg()
-  const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor((s.length - 1) / 2)]! }
   const f0 = (x: number): string => x.toFixed(0)
-  const row = (side: string, measure: string, xs: number[]): string => `| ${side} | ${measure} | ${f0(median(xs))} | ${f0(Math.min(...xs))}–${f0(Math.max(...xs))} | ${xs.map(f0).join(' ')} |`
+  const row = (side: string, measure: string, xs: number[]): string => `| ${side} | ${measure} | ${f0(lowerMedian(xs))} | ${f0(Math.min(...xs))}–${f0(Math.max(...xs))} | ${xs.map(f0).join(' ')} |`
   const same = ids.off.every((x, r) => JSON.stringify(x) === JSON.stringify(ids.on[r]))
-  console.log(`${manifest.modelId}: prompt ${PROMPT}, ${TOKENS} tokens, ${REPS} reps alternating; load average ${loadStart.map(x => x.toFixed(1)).join(' ')} → ${loadEnd.map(x => x.toFixed(1)).join(' ')}`)
+  console.log(`${manifest.modelId}: prompt ${PROMPT}, ${TOKENS} tokens, ${REPS} reps alternating; load average ${formatLoad(loadStart)} → ${formatLoad(loadEnd)}`)
   console.log('| run-ahead | measure | median tok/s | range | reps |')
   console.log('|---|---|---|---|---|')
   console.log(row('off', '1 stream', single.off))

@@ -11,7 +11,7 @@
  * Models are generated and compiled once into .cache/bench/.
  */
 import { existsSync } from 'node:fs'
-import { cpus, loadavg } from 'node:os'
+import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
@@ -27,6 +27,7 @@ import { createSpeculation } from '../daemon/speculative/index.ts'
 import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
 import { compileShards, generateDraftPair } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
+import { loadAverage } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -86,7 +87,7 @@ async function decode (svc: PipelineService, config: string): Promise<{ tokS: nu
 }
 
 async function main (): Promise<void> {
-  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers, draft = 1 layer; ${cpus().length} cores, load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n# ${PAPER}\n`)
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers, draft = 1 layer; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
   const ks = args.k.split(',')
   const hops = args.hops.split(',').map(Number)
   for (const epsilon of args.epsilon.split(',')) {

@@ -30,7 +30,7 @@
  * Models are generated and compiled once into .cache/bench/ and reused.
  */
 import { existsSync } from 'node:fs'
-import { cpus, loadavg } from 'node:os'
+import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
@@ -40,6 +40,7 @@ import { createSpeculation } from '../daemon/speculative/index.ts'
 import type { Drafter, SpeculationCounts } from '../daemon/speculative/index.ts'
 import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
+import { loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -151,12 +152,10 @@ function rejectedDrafter (): Drafter {
   }
 }
 
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor((s.length - 1) / 2)]! }
-
 async function main (): Promise<void> {
   if (copyTask && TOKENS > 299) throw new Error('--task copy: at most 299 tokens (the prompt text is 300)')
   const { target, draft } = copyTask ? { target: await prepareCopy(), draft: '' } : await prepare()
-  process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
+  process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadAverage()}\n`)
   const configs: Array<{ label: string, svc: LocalService, counts: SpeculationCounts[] }> = []
   const plain = createLocalService({ shardDir: target })
   await plain.start()
@@ -219,21 +218,21 @@ async function main (): Promise<void> {
       cpuMs.set(c.label, [...(cpuMs.get(c.label) ?? []), m.cpuMsPerToken])
     }
   }
-  const base = median(results.get('plain')!)
-  const cpuBase = median(cpuMs.get('plain')!)
+  const base = lowerMedian(results.get('plain')!)
+  const cpuBase = lowerMedian(cpuMs.get('plain')!)
   process.stdout.write(`\n| config | decode tok/s (median of ${REPS}) | speed-up | acceptance | tokens/round | K (mean) | verify rounds / request | CPU ms / token (median) | CPU × plain |\n|---|---|---|---|---|---|---|---|---|\n`)
   for (const c of configs) {
-    const t = median(results.get(c.label)!)
+    const t = lowerMedian(results.get(c.label)!)
     const d = c.counts.reduce((a, x) => a + x.drafted, 0)
     const acc = c.counts.reduce((a, x) => a + x.accepted, 0)
     const rounds = c.counts.reduce((a, x) => a + x.rounds, 0)
     const steps = rounds + c.counts.reduce((a, x) => a + x.plainSteps, 0)
     const tokens = c.counts.length * (TOKENS - 1)
-    process.stdout.write(`| ${c.label} | ${t.toFixed(1)} | ${(t / base).toFixed(2)}× | ${c.label === 'plain' ? '—' : d === 0 ? 'n/a' : `${(100 * acc / d).toFixed(1)} %`} | ${c.label === 'plain' ? '1' : steps === 0 ? '—' : (tokens / steps).toFixed(2)} | ${c.label === 'plain' ? '0' : rounds === 0 ? '0' : (d / rounds).toFixed(1)} | ${c.label === 'plain' ? '—' : (rounds / c.counts.length).toFixed(1)} | ${median(cpuMs.get(c.label)!).toFixed(1)} | ${(median(cpuMs.get(c.label)!) / cpuBase).toFixed(2)}× |\n`)
+    process.stdout.write(`| ${c.label} | ${t.toFixed(1)} | ${(t / base).toFixed(2)}× | ${c.label === 'plain' ? '—' : d === 0 ? 'n/a' : `${(100 * acc / d).toFixed(1)} %`} | ${c.label === 'plain' ? '1' : steps === 0 ? '—' : (tokens / steps).toFixed(2)} | ${c.label === 'plain' ? '0' : rounds === 0 ? '0' : (d / rounds).toFixed(1)} | ${c.label === 'plain' ? '—' : (rounds / c.counts.length).toFixed(1)} | ${lowerMedian(cpuMs.get(c.label)!).toFixed(1)} | ${(lowerMedian(cpuMs.get(c.label)!) / cpuBase).toFixed(2)}× |\n`)
   }
   process.stdout.write(`\ntokens identical to plain decoding in every rep: ${same}\n`)
   if (copyTask) process.stdout.write(`plain tokens follow the cycle: ${reference!.join() === COPY_PROMPT.continuation(TOKENS).join()}\n`)
-  process.stdout.write(`load at the end: ${loadavg().map(l => l.toFixed(1)).join(' ')}\n`)
+  process.stdout.write(`load at the end: ${loadAverage()}\n`)
   for (const c of configs) await c.svc.stop()
 }
 

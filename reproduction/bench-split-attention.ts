@@ -22,12 +22,13 @@
  *      [--warmup 10] [--recent 32] [--threads 2]
  */
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir, cpus, loadavg } from 'node:os'
+import { tmpdir, cpus } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
+import { loadAverage, upperMedian } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -158,7 +159,6 @@ function buildB (dir: string): string {
   return save(g, dir, 'b')
 }
 
-const median = (a: number[]): number => { const s = [...a].sort((x, y) => x - y); return s[s.length >> 1]! }
 const mean = (a: number[]): number => a.reduce((s, x) => s + x, 0) / a.length
 
 interface Row { ctx: number, aMed: number, bMed: number, aMean: number, bMean: number, merge: number, merges: number, maxDiff: number }
@@ -257,7 +257,7 @@ async function measure (a: ort.InferenceSession, b: ort.InferenceSession, ctx: n
     for (let j = 0; j < DIM; j++) maxDiff = Math.max(maxDiff, Math.abs(outA![j]! - outB![j]!))
     len++
   }
-  return { ctx, aMed: median(aT), bMed: median(bT), aMean: mean(aT), bMean: mean(bT), merge: mergeMs, merges, maxDiff }
+  return { ctx, aMed: upperMedian(aT), bMed: upperMedian(bT), aMean: mean(aT), bMean: mean(bT), merge: mergeMs, merges, maxDiff }
 }
 
 const dir = join(tmpdir(), `shoal-split-attention-${process.pid}`)
@@ -267,7 +267,7 @@ const opts: ort.InferenceSession.SessionOptions = {
 }
 const sa = await ort.InferenceSession.create(buildA(dir), opts)
 const sb = await ort.InferenceSession.create(buildB(dir), opts)
-console.log(`${cpus()[0]?.model ?? '?'} × ${cpus().length}, load ${loadavg().map(x => x.toFixed(2)).join(' ')}, R = ${R}, ${WARMUP} warm-up + ${STEPS} steps per context, threads ${THREADS}`)
+console.log(`${cpus()[0]?.model ?? '?'} × ${cpus().length}, load ${loadAverage(2)}, R = ${R}, ${WARMUP} warm-up + ${STEPS} steps per context, threads ${THREADS}`)
 console.log('| context | A ms (median) | B ms (median, run + merge) | B / A (medians) | A ms (mean) | B ms (mean, merges included) | B / A (means) | merges (ms each) | max abs diff of the 8-layer output |')
 console.log('|---|---|---|---|---|---|---|---|---|')
 for (const ctx of CONTEXTS) {
@@ -278,4 +278,4 @@ for (const ctx of CONTEXTS) {
 await sa.release()
 await sb.release()
 rmSync(dir, { recursive: true, force: true })
-console.log(`load at end ${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+console.log(`load at end ${loadAverage(2)}`)

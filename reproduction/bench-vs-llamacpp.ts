@@ -35,7 +35,7 @@ import type { ChildProcess } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import { createServer } from 'node:net'
-import { availableParallelism, loadavg, tmpdir, totalmem } from 'node:os'
+import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { createInterface } from 'node:readline'
@@ -46,6 +46,7 @@ import type { TestModelSize } from '../shards/index.ts'
 import { cacheRoot } from '../scripts/paths.ts'
 import { checkpointToGguf } from './gguf.ts'
 import { sseEvents } from './sse.ts'
+import { loadAverage, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -79,7 +80,6 @@ const WORK = join(REPO, '.cache', 'bench-vs-llamacpp')
 const SHOAL_BIN = join(REPO, 'scripts', 'shoal.mjs')
 
 /** Deterministic prompt token ids inside the test tokenizer's 512 real tokens, clear of the specials at the top. */
-const promptIds = (n: number, salt: number): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,7 +512,6 @@ function lscpuModel (): string {
 
 async function main (): Promise<void> {
   const began = Date.now()
-  const la = (): string => loadavg().map(x => x.toFixed(2)).join(' ')
   const sizes = args.sizes.split(',') as TestModelSize[]
   const quants = args.quants.split(',') as Array<'none' | 'int4'>
   const models: ModelFiles[] = []
@@ -520,7 +519,7 @@ async function main (): Promise<void> {
   if (args['prepare-only'] === true) return
   const bin = await ensureLlamaCpp()
   const policy = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout?.trim().replace(/\n/g, '; ') ?? '?'
-  const loadStart = la()
+  const loadStart = loadAverage(2)
   const cache = await mkdtemp(join(tmpdir(), 'shoal-vs-llamacpp-'))
   const rows: ModelRun[] = []
   const failures: string[] = []
@@ -564,7 +563,7 @@ async function main (): Promise<void> {
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
-    `load average (1/5/15 min): at start ${loadStart}; at end ${la()}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
+    `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
   for (const f of failures) lines.push(`FAILED: ${f}`)
   console.log(lines.map(l => `- ${l}`).join('\n'))

@@ -25,6 +25,7 @@ import { mkdtemp, writeFile } from 'node:fs/promises'
 import { cpus, loadavg, release, tmpdir, totalmem } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { createRng } from '../daemon/engine/index.ts'
 import { generateTestModel } from '../shards/index.ts'
 import {
@@ -74,7 +75,6 @@ const PROMPTS = [
   [1, 200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210],
 ]
 
-const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 const log = (line: string): void => { process.stderr.write(`chaos: ${line}\n`) }
 
 async function main (): Promise<number> {

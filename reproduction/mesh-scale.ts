@@ -8,7 +8,7 @@
  * Run: node reproduction/mesh-scale.ts [--nodes 20] [--transport quic|tcp] [--steady 30] [--out FILE]
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { availableParallelism, loadavg, tmpdir, cpus } from 'node:os'
+import { availableParallelism, tmpdir, cpus } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -16,6 +16,7 @@ import { parseArgs } from 'node:util'
 import { createThrowawayCa } from '../certs/index.ts'
 import { createMesh } from '../daemon/mesh/index.ts'
 import type { Mesh, Transport } from '../daemon/mesh/index.ts'
+import { loadAverage } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -88,7 +89,7 @@ const lines = [
   `## ${N} nodes, ${transport}, one process (${new Date().toISOString().slice(0, 10)})`,
   '',
   `Command: \`node reproduction/mesh-scale.ts --nodes ${N} --transport ${transport} --steady ${STEADY_S}\``,
-  `Machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), load average before end ${loadavg().map(x => x.toFixed(2)).join(' ')}; Node ${process.version}. Default mesh timings (load every 500 ms, caps republish every 15 s).`,
+  `Machine: ${availableParallelism()} cores (${cpus()[0]?.model ?? 'unknown'}), load average before end ${loadAverage(2)}; Node ${process.version}. Default mesh timings (load every 500 ms, caps republish every 15 s).`,
   '',
   '| measure | value |',
   '|---|---|',

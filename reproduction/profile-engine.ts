@@ -10,7 +10,7 @@
  * Add `--cpu-prof --cpu-prof-dir=DIR` to node for V8 profiles of both threads.
  */
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
-import { loadavg, tmpdir } from 'node:os'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
@@ -22,6 +22,7 @@ import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
+import { floorRank, loadAverage, lowerMedian, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
@@ -32,9 +33,7 @@ const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
 const PROMPT = Number(args.prompt)
 const TOKENS = Number(args.tokens)
-const promptIds = (n: number, salt = 0): number[] => Array.from({ length: n }, (_, i) => 3 + ((i * 37 + salt * 101) % 500))
 const wall = (): number => performance.timeOrigin + performance.now()
-const median = (xs: number[]): number => { const s = [...xs].sort((a, b) => a - b); return s.length === 0 ? NaN : s[Math.floor((s.length - 1) / 2)]! }
 const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
 
 const manifest = await loadManifest(args.shard)
@@ -137,10 +136,9 @@ for (const w of windows) {
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
-console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadavg().map(x => x.toFixed(2)).join(' ')}`)
+console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
 console.log(`| segment | median ms | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|')
-const q = (xs: number[], p: number): number | undefined => { const s = [...xs].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(p * s.length))] }
-for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(median(xs))} | ${f3(q(xs, 0.1))} | ${f3(q(xs, 0.9))} | ${xs.length} |`)
-console.log(`| whole step (m.post → next m.post) | ${f3(median(periods))} | ${f3(q(periods, 0.1))} | ${f3(q(periods, 0.9))} | ${periods.length} |`)
+for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(lowerMedian(xs))} | ${f3(floorRank(xs, 0.1))} | ${f3(floorRank(xs, 0.9))} | ${xs.length} |`)
+console.log(`| whole step (m.post → next m.post) | ${f3(lowerMedian(periods))} | ${f3(floorRank(periods, 0.1))} | ${f3(floorRank(periods, 0.9))} | ${periods.length} |`)
 await rm(root, { recursive: true, force: true })

@@ -15,3 +15,22 @@ export async function * sseEvents (body: ReadableStream<Uint8Array> | null): Asy
     }
   }
 }
+
+/** One chunk of a streamed completion that carried token ids, and when it was read (performance.now()). */
+export interface TokenChunk { ids: number[], at: number }
+
+/**
+ * The token ids of a streaming completion asked with `return_token_ids: true`, chunk by chunk as
+ * they arrive; chunks without ids (the final one, keep-alives) are passed over, `[DONE]` ends it,
+ * and an error event throws, naming `from`.
+ */
+export async function * tokenChunks (body: ReadableStream<Uint8Array> | null, from: string): AsyncGenerator<TokenChunk> {
+  for await (const event of sseEvents(body)) {
+    if (event === 'data: [DONE]') return
+    if (!event.startsWith('data: {')) continue
+    const data = JSON.parse(event.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[] }> }
+    if (data.error !== undefined) throw new Error(`stream error from ${from}: ${JSON.stringify(data.error)}`)
+    const ids = data.choices?.[0]?.token_ids ?? []
+    if (ids.length > 0) yield { ids, at: performance.now() }
+  }
+}

@@ -5,6 +5,7 @@
  * reconnected. Recovery is "every ingress that is up sees every node that is up, admitted and
  * alive with load, lists every model and serves one token of each" — what a client needs.
  */
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { ChaosNode, Cluster } from './cluster.ts'
 import type { Hosts } from './hosts.ts'
 import type { Impairment, Relay, RelayStats } from './relay.ts'
@@ -35,8 +36,6 @@ export interface FaultContext {
 }
 
 interface MeshPeer { peerId: string, admitted: boolean, state: string, load?: unknown, addrs?: string[], rttMs?: number }
-
-const sleep = async (ms: number): Promise<void> => { await new Promise(resolve => setTimeout(resolve, ms)) }
 
 async function getJson<T> (url: string): Promise<T | undefined> {
   try {

@@ -7,11 +7,11 @@
  * one-at-a-time fallback for graphs without left padding, and KV accounting.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { argmax, createOnnxruntimeBackend, createRng, createStageEngine, createStageRunner, nextPick, sampleToken, stageInfoOf } from '../../daemon/engine/index.ts'
+import { argmax, createOnnxruntimeBackend, createRng, createStageRunner, nextPick, sampleToken } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, SamplerParams, StageBatchItem, StageInfo, StepOutput } from '../../daemon/engine/index.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
-import { buildTinyModel } from './tiny-model.ts'
-import type { TinyModel } from './tiny-model.ts'
+import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
+import type { TinyEngine, TinyModel } from './tiny-model.ts'
 
 const range = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => from + i)
 const promptOf = (n: number, salt: number): number[] => range(n).map(i => (i * 37 + salt * 101 + 5) % 500)
@@ -46,22 +46,20 @@ async function alone (engine: BatchingStageEngine, prompt: number[]): Promise<{ 
 }
 
 describe.each([['standard', 'left'], ['ort-contrib', 'right']] as const)('stepBatch on a tiny generated model, %s ops', (opSet, padding) => {
+  let tiny: TinyEngine | undefined
   let model: TinyModel
   let stage: StageInfo
   let engine: BatchingStageEngine
   const want: Array<{ tokens: number[], logits: Float32Array[] }> = []
 
   beforeAll(async () => {
-    model = await buildTinyModel('llama', opSet)
-    stage = stageInfoOf(model.manifest)
+    tiny = await startTinyEngine({ threads: 1, maxSequences: 8, chunkSize: 16 }, await buildTinyModel('llama', opSet))
+    ;({ model, stage, engine } = tiny)
     expect(stage.batchPadding).toBe(padding)
-    engine = createStageEngine({ graphPath: model.graphPath, stage, threads: 1, maxSequences: 8, chunkSize: 16 })
-    await engine.start()
     for (const p of PROMPTS) want.push(await alone(engine, p))
   })
   afterAll(async () => {
-    await engine?.stop()
-    await model?.cleanup()
+    await tiny?.stop()
   })
 
   it('the step-batch message is checked like a step', () => {

@@ -9,13 +9,13 @@
  * No timings.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createLocalService, createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
+import { createLocalService } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
-import { buildTinyModel } from './tiny-model.ts'
-import type { TinyModel } from './tiny-model.ts'
+import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
+import type { TinyEngine, TinyModel } from './tiny-model.ts'
 
 const GREEDY: TokenPick = { temperature: 0, topP: 1, u: 0 }
 const AHEAD = 4
@@ -32,19 +32,17 @@ function idOf (out: StepOutput): number {
 }
 
 describe('run-ahead in the engine worker', () => {
-  let model: TinyModel
+  let tiny: TinyEngine | undefined
   let engine: BatchingStageEngine
   let vocab: number
 
   beforeAll(async () => {
-    model = await buildTinyModel()
-    vocab = model.manifest.shape.vocabSize
-    engine = createStageEngine({ graphPath: model.graphPath, stage: stageInfoOf(model.manifest), threads: 1, maxSequences: 8 })
-    await engine.start()
+    tiny = await startTinyEngine({ threads: 1, maxSequences: 8 })
+    engine = tiny.engine
+    vocab = tiny.model.manifest.shape.vocabSize
   }, 120_000)
   afterAll(async () => {
-    await engine?.stop()
-    await model?.cleanup()
+    await tiny?.stop()
   })
 
   /** One step of one sequence through stepBatch; `ranAhead` says whether the worker had it already. */

@@ -7,13 +7,13 @@ import { once } from 'node:events'
 import { Worker } from 'node:worker_threads'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import {
-  createOnnxruntimeBackend, createStageEngine, createStageRunner, DeadlineError, ENGINE_PROTOCOL_VERSION, stageInfoOf,
+  createOnnxruntimeBackend, createStageEngine, createStageRunner, DeadlineError, ENGINE_PROTOCOL_VERSION,
 } from '../../daemon/engine/index.ts'
 import type { StageEngine, StageInfo } from '../../daemon/engine/index.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { FromWorker, WorkerInit } from '../../daemon/engine/protocol.ts'
-import { buildTinyModel } from './tiny-model.ts'
-import type { TinyModel } from './tiny-model.ts'
+import { startTinyEngine } from './tiny-model.ts'
+import type { TinyEngine, TinyModel } from './tiny-model.ts'
 
 const range = (n: number, from = 0): number[] => Array.from({ length: n }, (_, i) => from + i)
 const prompt = [3, 99, 41, 250, 7, 7, 300, 12, 8, 77, 150, 2]
@@ -32,19 +32,17 @@ describe('engine worker protocol (pure)', () => {
 })
 
 describe('stage engine in a worker', () => {
+  let tiny: TinyEngine | undefined
   let model: TinyModel
   let stage: StageInfo
   let engine: StageEngine
 
   beforeAll(async () => {
-    model = await buildTinyModel()
-    stage = stageInfoOf(model.manifest)
-    engine = createStageEngine({ graphPath: model.graphPath, stage, threads: 1, maxSequences: 2, chunkSize: 64 })
-    await engine.start()
+    tiny = await startTinyEngine({ threads: 1, maxSequences: 2, chunkSize: 64 })
+    ;({ model, stage, engine } = tiny)
   })
   afterAll(async () => {
-    await engine?.stop()
-    await model?.cleanup()
+    await tiny?.stop()
   })
 
   it('gives exactly the in-process runner\'s logits, prefill and decode', async () => {

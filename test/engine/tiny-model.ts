@@ -1,10 +1,13 @@
 /**
  * Test fixture: a tiny random-weight Llama checkpoint compiled to a 1-stage fp32 shard directory
- * in a temp dir, via the shards module (generateTestModel + compileShards).
+ * in a temp dir, via the shards module (generateTestModel + compileShards), and a started engine
+ * worker over it.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StageEngineInit, StageInfo } from '../../daemon/engine/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 
@@ -27,4 +30,34 @@ export async function buildTinyModel (architecture: 'llama' | 'qwen2' | 'qwen3' 
     manifest,
     cleanup: () => rm(dir, { recursive: true, force: true }),
   }
+}
+
+/** A started engine worker over a tiny model's whole graph. */
+export interface TinyEngine {
+  model: TinyModel
+  stage: StageInfo
+  engine: BatchingStageEngine
+  /** Stops the engine, then removes the model's files. */
+  stop (): Promise<void>
+}
+
+/**
+ * Starts a worker-backed stage engine over `model` (default: a fresh tiny llama) with `init`
+ * (threads, maxSequences, ...). If it does not start, what it made is stopped and removed before
+ * the error is thrown, so a failed beforeAll leaves no temp dir behind.
+ */
+export async function startTinyEngine (init: Omit<StageEngineInit, 'graphPath' | 'stage'>, model?: TinyModel): Promise<TinyEngine> {
+  const m = model ?? await buildTinyModel()
+  const stage = stageInfoOf(m.manifest)
+  const engine = createStageEngine({ graphPath: m.graphPath, stage, ...init })
+  const stop = async (): Promise<void> => {
+    try { await engine.stop() } finally { await m.cleanup() }
+  }
+  try {
+    await engine.start()
+  } catch (err) {
+    await stop().catch(() => {})
+    throw err
+  }
+  return { model: m, stage, engine, stop }
 }

@@ -11,7 +11,7 @@ import { createChainTokenSource, createPipelineService } from '../../daemon/pipe
 import type { ActivationEncoding } from '../../daemon/pipeline/index.ts'
 import type { StageEngine } from '../../daemon/engine/index.ts'
 import type { GenerateEvent } from '../../daemon/service.ts'
-import { buildModels, chainFrom, eventually, holderOf, referenceTokens, runSource, startStage, startWholeEngine, stopHost } from './fixture.ts'
+import { buildModels, chainFrom, chainRequest, eventually, holderOf, referenceTokens, runSource, startStage, startWholeEngine, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 import { makeSigner } from '../ledger/fixtures/keys.ts'
 
@@ -120,7 +120,7 @@ describe('negotiation per chain', () => {
     const generate = async (id: string): Promise<{ tokens: number[], sent: number }> => {
       const before = coord!.stage.node.stats().bytesSent
       const tokens: number[] = []
-      const events = service.generate({ requestId: id, model: 'chain-test', prompt: { kind: 'tokens', ids: prompts[0]! }, maxTokens: N, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 60_000 }, AbortSignal.timeout(60_000))
+      const events = service.generate(chainRequest(id, prompts[0]!, N), AbortSignal.timeout(60_000))
       for await (const e of events as AsyncIterable<GenerateEvent>) if (e.type === 'delta') tokens.push(...e.tokenIds)
       return { tokens, sent: coord!.stage.node.stats().bytesSent - before }
     }

@@ -20,7 +20,7 @@ import type { KvStore, PullCostInput } from '../../daemon/kv/index.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService } from '../../daemon/pipeline/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
-import { buildModels, componentsOf, eventually, holderOf, startStage, stopHost } from './fixture.ts'
+import { buildModels, chainRequest, componentsOf, eventually, holderOf, startStage, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 
 const MIB = 1024 * 1024
@@ -44,17 +44,7 @@ let kvStop: Array<() => Promise<void>> = []
 /** Bits B's /shoal/kv flipped on the way out (corrupt mode). */
 let flipped = 0
 
-function request (ids: number[], maxTokens = 16): GenerateRequest {
-  return {
-    requestId: `ckm-${++counter}`,
-    model: 'chain-test',
-    prompt: { kind: 'tokens', ids },
-    maxTokens,
-    sampling: { temperature: 0, topP: 1 },
-    stop: [],
-    deadline: Date.now() + 60_000,
-  }
-}
+const request = (ids: number[], maxTokens = 16): GenerateRequest => chainRequest(`ckm-${++counter}`, ids, maxTokens)
 
 interface Run { tokens: number[], start: Extract<GenerateEvent, { type: 'start' }> }
 

@@ -17,9 +17,12 @@ import { createPipelineStage } from '../../daemon/pipeline/index.ts'
 import type { ChainHop, PipelineStage, PipelineStageInit } from '../../daemon/pipeline/index.ts'
 import { ChainIncompleteError, formChain } from '../../daemon/routing/index.ts'
 import type { StageHolder } from '../../daemon/routing/index.ts'
-import type { SamplingParams } from '../../daemon/service.ts'
+import type { GenerateRequest, SamplingParams } from '../../daemon/service.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
+
+/** The model id every shard directory of `buildModels` serves. */
+export const MODEL_ID = 'chain-test'
 
 export interface Models {
   root: string
@@ -34,12 +37,29 @@ export async function buildModels (size: 'tiny' | '60m' = 'tiny', quant: 'none' 
   const root = await mkdtemp(join(tmpdir(), 'shoal-pipeline-'))
   const ckpt = join(root, 'ckpt')
   await generateTestModel({ architecture: 'llama', outDir: ckpt, size })
-  const opts = { modelDir: ckpt, modelId: 'chain-test', quant }
+  const opts = { modelDir: ckpt, modelId: MODEL_ID, quant }
   const manifest = await compileShards({ ...opts, outDir: join(root, 'whole') })
   const L = manifest.shape.numLayers
   await compileShards({ ...opts, outDir: join(root, 'two'), stages: 2 })
   await compileShards({ ...opts, outDir: join(root, 'three'), layers: [[0, Math.floor(L / 2) - 1], [Math.floor(L / 2), L - 2], [L - 1, L - 1]] })
   return { root, whole: join(root, 'whole'), two: join(root, 'two'), three: join(root, 'three'), manifest, cleanup: () => rm(root, { recursive: true, force: true }) }
+}
+
+/**
+ * A greedy request for the fixture's model with a minute to finish: `prompt` is token ids or any
+ * prompt the service takes; `over` replaces any field.
+ */
+export function chainRequest (requestId: string, prompt: number[] | GenerateRequest['prompt'], maxTokens: number, over: Partial<GenerateRequest> = {}): GenerateRequest {
+  return {
+    requestId,
+    model: MODEL_ID,
+    prompt: Array.isArray(prompt) ? { kind: 'tokens', ids: prompt } : prompt,
+    maxTokens,
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    deadline: Date.now() + 60_000,
+    ...over,
+  }
 }
 
 /** Where each test node listens, so any node can dial any other by peer id. */

@@ -13,7 +13,7 @@ import type { LocalService } from '../../daemon/engine/index.ts'
 import { createLocalChain, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
-import { buildModels, eventually, holderOf, startStage, stopHost } from './fixture.ts'
+import { buildModels, chainRequest, eventually, holderOf, startStage, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 
 const MIB = 1024 * 1024
@@ -33,17 +33,7 @@ afterAll(async () => {
   await models?.cleanup()
 })
 
-function request (ids: number[], maxTokens = 24): GenerateRequest {
-  return {
-    requestId: `pc-${++counter}`,
-    model: 'chain-test',
-    prompt: { kind: 'tokens', ids },
-    maxTokens,
-    sampling: { temperature: 0, topP: 1 },
-    stop: [],
-    deadline: Date.now() + 60_000,
-  }
-}
+const request = (ids: number[], maxTokens = 24): GenerateRequest => chainRequest(`pc-${++counter}`, ids, maxTokens)
 
 interface Run { tokens: number[], start: Extract<GenerateEvent, { type: 'start' }>, end: Extract<GenerateEvent, { type: 'end' }> }
 

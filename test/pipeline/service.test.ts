@@ -9,7 +9,7 @@ import type { LocalService } from '../../daemon/engine/index.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService } from '../../daemon/pipeline/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
-import { buildModels, eventually, holderOf, startStage, stopHost } from './fixture.ts'
+import { buildModels, chainRequest, eventually, holderOf, startStage, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 
 let models: Models
@@ -34,16 +34,8 @@ afterAll(async () => {
   await models?.cleanup()
 })
 
-const request = (id: string, over: Partial<GenerateRequest> = {}): GenerateRequest => ({
-  requestId: id,
-  model: 'chain-test',
-  prompt: { kind: 'chat', messages: [{ role: 'user', content: 'Tell me about the sea.' }] },
-  maxTokens: 40,
-  sampling: { temperature: 0, topP: 1 },
-  stop: [],
-  deadline: Date.now() + 60_000,
-  ...over,
-})
+const request = (id: string, over: Partial<GenerateRequest> = {}): GenerateRequest =>
+  chainRequest(id, { kind: 'chat', messages: [{ role: 'user', content: 'Tell me about the sea.' }] }, 40, over)
 
 async function collect (events: AsyncIterable<GenerateEvent>): Promise<GenerateEvent[]> {
   const out: GenerateEvent[] = []

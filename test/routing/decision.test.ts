@@ -1,6 +1,7 @@
 /** Replica choice: a pure function, tested without a network. */
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
+import { createRng } from '../../daemon/engine/index.ts'
 import { chooseReplica, DEFAULT_POLICY, estimateCompletionMs, rankReplicas } from '../../daemon/routing/index.ts'
 import type { Candidate, LoadSnapshot, RoutingContext } from '../../daemon/routing/index.ts'
 
@@ -14,20 +15,8 @@ function node (peerId: string, over: Partial<Candidate> = {}): Candidate {
   return { peerId, local: false, admitted: true, alive: true, wholeModel: true, load: load(), rttMs: 1, ...over }
 }
 
-/** Deterministic PRNG (mulberry32). */
-function prng (seed: number): () => number {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
-
 function ctx (over: Partial<RoutingContext> = {}): RoutingContext {
-  return { now: NOW, random: prng(1), roundRobin: 0, ...over }
+  return { now: NOW, random: createRng(1), roundRobin: 0, ...over }
 }
 
 function counts (decide: (i: number) => string, n: number): Record<string, number> {
@@ -45,7 +34,7 @@ describe('chooseReplica', () => {
       node('a', { admitted: false }), node('b', { alive: false }), node('c', { wholeModel: false }), node('d'), node('e'),
     ]
     for (let i = 0; i < 50; i++) {
-      const d = chooseReplica(cs, ctx({ random: prng(i), exclude: ['e'] }))
+      const d = chooseReplica(cs, ctx({ random: createRng(i), exclude: ['e'] }))
       expect(d).toMatchObject({ kind: 'node', peerId: 'd' })
     }
   })
@@ -72,12 +61,12 @@ describe('chooseReplica', () => {
 
   it('prefers the local node while it has headroom, even when a remote looks faster', () => {
     const cs = [node('remote', { load: load({ tokensPerSecond: 1000 }) }), node('self', { local: true, rttMs: 0, load: load({ inFlight: 3 }) })]
-    for (let i = 0; i < 20; i++) expect(chooseReplica(cs, ctx({ random: prng(i) }))).toMatchObject({ peerId: 'self', local: true, reason: 'local' })
+    for (let i = 0; i < 20; i++) expect(chooseReplica(cs, ctx({ random: createRng(i) }))).toMatchObject({ peerId: 'self', local: true, reason: 'local' })
   })
 
   it('lets load decide once the local node has no free slot or a queue', () => {
     const full = [node('remote'), node('self', { local: true, load: load({ inFlight: 4, queueDepth: 2 }) })]
-    for (let i = 0; i < 20; i++) expect(chooseReplica(full, ctx({ random: prng(i) }))).toMatchObject({ peerId: 'remote', reason: 'least-loaded' })
+    for (let i = 0; i < 20; i++) expect(chooseReplica(full, ctx({ random: createRng(i) }))).toMatchObject({ peerId: 'remote', reason: 'least-loaded' })
   })
 
   it('keeps prefix affinity while the node is within the bound of the best, drops it beyond', () => {
@@ -96,7 +85,7 @@ describe('chooseReplica', () => {
 
   it('with two choices picks the lower estimated completion time', () => {
     const cs = [node('busy', { load: load({ inFlight: 3, queueDepth: 5 }) }), node('idle')]
-    for (let i = 0; i < 20; i++) expect(chooseReplica(cs, ctx({ random: prng(i) }))).toMatchObject({ peerId: 'idle' })
+    for (let i = 0; i < 20; i++) expect(chooseReplica(cs, ctx({ random: createRng(i) }))).toMatchObject({ peerId: 'idle' })
   })
 
   it('counts RTT: a far node loses to a near one with equal load', () => {
@@ -107,8 +96,8 @@ describe('chooseReplica', () => {
   it('breaks ties by the first drawn candidate, independent of input order', () => {
     const cs = ['a', 'b', 'c'].map(p => node(p))
     for (let seed = 0; seed < 20; seed++) {
-      const x = chooseReplica(cs, ctx({ random: prng(seed) }))
-      const y = chooseReplica([...cs].reverse(), ctx({ random: prng(seed) }))
+      const x = chooseReplica(cs, ctx({ random: createRng(seed) }))
+      const y = chooseReplica([...cs].reverse(), ctx({ random: createRng(seed) }))
       expect(y).toEqual(x)
     }
     // random() = 0 draws a first (index 0), so a wins the tie.
@@ -117,7 +106,7 @@ describe('chooseReplica', () => {
 
   it('spreads evenly over equal loads', () => {
     const cs = ['a', 'b', 'c', 'd', 'e'].map(p => node(p))
-    const random = prng(7)
+    const random = createRng(7)
     const n = 5000
     const got = counts(i => (chooseReplica(cs, ctx({ random, roundRobin: i })) as { peerId: string }).peerId, n)
     for (const p of ['a', 'b', 'c', 'd', 'e']) expect(Math.abs((got[p] ?? 0) - n / 5)).toBeLessThan(n / 5 * 0.1)
@@ -137,7 +126,7 @@ describe('chooseReplica', () => {
   it('scores stale nodes as the median fresh one, so a single fresh hot node does not absorb everything', () => {
     const old = NOW - 60_000
     const cs = [node('hot', { load: load({ inFlight: 3, queueDepth: 10 }) }), node('s1', { load: load({ observedAt: old }) }), node('s2', { load: undefined })]
-    const random = prng(3)
+    const random = createRng(3)
     const got = counts(() => (chooseReplica(cs, ctx({ random })) as { peerId: string }).peerId, 300)
     // One fresh node is its own median, so the stale ones tie with it: a third each, not all.
     expect(got.hot).toBeLessThan(130)
@@ -158,7 +147,7 @@ describe('chooseReplica', () => {
       node('full-b', { load: load({ inFlight: 4, slots: 4 }) }),
       node('free', { load: load({ inFlight: 3, slots: 4 }) }),
     ]
-    const random = prng(11)
+    const random = createRng(11)
     const got = counts(() => (chooseReplica(cs, ctx({ random })) as { peerId: string }).peerId, 200)
     expect(got).toEqual({ free: 200 })
   })
@@ -170,7 +159,7 @@ describe('chooseReplica', () => {
       const inFlight: Record<string, number> = { a: 0, b: 0 }
       for (let k = 0; k < 8; k++) {
         const cs = [node('a', { load: load({ tokensPerSecond: rates[0], inFlight: inFlight.a, slots: 8 }) }), node('b', { load: load({ tokensPerSecond: rates[1], inFlight: inFlight.b, slots: 8 }) })]
-        const d = chooseReplica(cs, ctx({ random: prng(k), expectedTokens: 64 })) as { peerId: string }
+        const d = chooseReplica(cs, ctx({ random: createRng(k), expectedTokens: 64 })) as { peerId: string }
         inFlight[d.peerId]!++
       }
       return inFlight
@@ -180,12 +169,12 @@ describe('chooseReplica', () => {
     expect(burst([300, 100]).a).toBeGreaterThan(4)
     // Outside the noise the estimate decides as before.
     const cs = [node('a', { load: load({ tokensPerSecond: 200 }) }), node('b', { load: load({ tokensPerSecond: 100 }) })]
-    for (let k = 0; k < 20; k++) expect(chooseReplica(cs, ctx({ random: prng(k) }))).toMatchObject({ peerId: 'a' })
+    for (let k = 0; k < 20; k++) expect(chooseReplica(cs, ctx({ random: createRng(k) }))).toMatchObject({ peerId: 'a' })
   })
 
   it('scores a node that has not measured its rate yet at the median known rate, so load still spreads', () => {
     const cs = [node('measured', { load: load({ tokensPerSecond: 400 }) }), node('fresh', { load: load({ tokensPerSecond: 0 }) })]
-    const random = prng(5)
+    const random = createRng(5)
     // Equal loads and (neutral) equal rates: an even split, not all to one side.
     const got = counts(() => (chooseReplica(cs, ctx({ random })) as { peerId: string }).peerId, 400)
     expect(got.measured).toBeGreaterThan(150)
@@ -226,7 +215,7 @@ describe('chooseReplica', () => {
       fc.option(fc.constantFrom('a', 'b', 'z'), { nil: undefined }),
       fc.nat(), fc.nat(),
       (cs, exclude, affinity, seed, rr) => {
-        const c = ctx({ random: prng(seed), roundRobin: rr, exclude, affinity })
+        const c = ctx({ random: createRng(seed), roundRobin: rr, exclude, affinity })
         const d = chooseReplica(cs, c)
         const eligible = cs.filter(x => x.admitted && x.alive && x.wholeModel && !exclude.includes(x.peerId))
         if (d.kind === 'node') {
