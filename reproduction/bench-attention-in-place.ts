@@ -20,13 +20,14 @@
  * Run: node reproduction/bench-attention-in-place.ts [--contexts 16,256,1024] [--batches 1,8] [--steps 40]
  */
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs'
-import { cpus, loadavg, tmpdir } from 'node:os'
+import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { createRng } from '../daemon/engine/index.ts'
+import { loadAverage, upperMedian } from './lib/index.ts'
 
 const { values } = parseArgs({
   options: {
@@ -187,8 +188,7 @@ async function step (which: 'G' | 'S', c: Cache, x: Float32Array): Promise<{ ms:
   return { ms, out: res.out!.data as Float32Array }
 }
 
-const median = (a: number[]): number => { const s = [...a].sort((x, y) => x - y); return s[s.length >> 1]! }
-console.log(`bench-attention-in-place: ${cpus().length} CPUs (${cpus()[0]?.model}), load ${loadavg().map(x => x.toFixed(1)).join(' ')}; ${LAYERS} layers of the 60m attention, ${STEPS} steps`)
+console.log(`bench-attention-in-place: ${cpus().length} CPUs (${cpus()[0]?.model}), load ${loadAverage()}; ${LAYERS} layers of the 60m attention, ${STEPS} steps`)
 console.log('\n| batch | context | GQA ms/step | standard ops ms/step | standard / GQA | max |Δ| vs GQA | row 0 alone (narrow buffer) = in the batch (wide) |\n|---|---|---|---|---|---|---|')
 try {
   for (const B of values.batches.split(',').map(Number)) {
@@ -216,12 +216,12 @@ try {
         const solo = (await step('S', alone, x.slice(0, DIM))).out
         for (let i = 0; i < DIM; i++) if (solo[i] !== outs.S![i]) sameBits = false
       }
-      const g = median(tg.slice(5))
-      const s = median(ts.slice(5))
+      const g = upperMedian(tg.slice(5))
+      const s = upperMedian(ts.slice(5))
       console.log(`| ${B} | ${ctx} | ${g.toFixed(2)} | ${s.toFixed(2)} | **${(s / g).toFixed(2)}** | ${maxDiff.toExponential(1)} | ${sameBits ? 'yes' : 'NO'} |`)
     }
   }
 } finally {
   rmSync(dir, { recursive: true, force: true })
 }
-console.log(`\nload at end: ${loadavg().map(x => x.toFixed(1)).join(' ')}`)
+console.log(`\nload at end: ${loadAverage()}`)
