@@ -1,0 +1,133 @@
+/**
+ * The dynamic runner's left-aligned caches, for graphs with `batchPadding: 'right'`
+ * (GroupQueryAttention with per-row lengths): a row's live positions are its block's first
+ * columns, the attention_mask is ones for them and the new positions, zeros after, and the graph
+ * attends over each row's own length — so any mix of lengths shares a run bit-exactly. A sequence
+ * takes its row of a shared block as a view (rows are contiguous), never a copy.
+ *
+ * The caches are kept in place: a sequence's block has room to grow, the graph reads each row's
+ * first `length` columns of it, and each step's new columns are written into the row after the run
+ * (from the graph's `new_key_values` outputs, so the whole present is never fetched: onnxruntime-
+ * node copies every fetched output). A rollback is a shorter length; a block is copied only when its
+ * rows change or it runs out of room (kv-block.ts `blockCapacity`), or to move a sequence off a kept
+ * prefix's block, which is never written.
+ */
+import { HIDDEN_OUT, LOGITS, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName } from '../../shards/contract.ts'
+import { EngineError } from './errors.ts'
+import type { TensorMap } from './backend/types.ts'
+import { blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
+import type { KvBlock, KvRef } from './kv-block.ts'
+import { chunkFeeds, groupFeeds, groupOutputs } from './runner-io.ts'
+import type { KvLayout, KvSequence, Live, RunContext } from './runner-io.ts'
+import type { BatchStepResult } from './runner-sequences.ts'
+
+export interface InPlaceDeps {
+  /** Whether a block is a kept prefix's (runner-prefixes.ts): never written. */
+  isKept: (block: KvBlock) => boolean
+  /** Frees a replaced block unless something still refers to it. */
+  release: (block: KvBlock | undefined) => void
+}
+
+export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayout {
+  const { session, stage, layers, kvH, hd } = ctx
+  const { isKept, release } = deps
+  // Graphs that output a step's new columns alone (compiler ≥ 5) are fetched without their
+  // presents: onnxruntime-node copies every fetched output, and a present is the whole cache, every step.
+  const newOutputs = layers.every(l => session.outputNames.includes(newKeyName(l)) && session.outputNames.includes(newValueName(l)))
+  const fetches = newOutputs ? [stage.hasHead ? LOGITS : HIDDEN_OUT, ...layers.flatMap(l => [newKeyName(l), newValueName(l)])] : undefined
+
+  /**
+   * Writes a run's new KV columns into the rows' blocks, in place: row b of the run gets `s`
+   * columns at its sequence's length (from new_key_values, or from present's same columns for
+   * graphs without them).
+   */
+  function writeNew (out: TensorMap, targets: ReadonlyArray<{ ref: KvRef, at: number } | undefined>, s: number): void {
+    layers.forEach((l, i) => {
+      const names = newOutputs ? [newKeyName(l), newValueName(l)] : [presentKeyName(l), presentValueName(l)]
+      names.forEach((name, kind) => {
+        const t = out[name]
+        if (t?.type !== 'float32' || t.dims[0] !== targets.length || t.dims[1] !== kvH || t.dims[3] !== hd) throw new EngineError(`stage graph returned no float32 ${name} of [${targets.length}, ${kvH}, ·, ${hd}]`)
+        const srcTotal = t.dims[2]!
+        targets.forEach((target, b) => {
+          if (target === undefined) return
+          const { ref, at } = target
+          writeColumns(t.data, b, srcTotal, newOutputs ? 0 : at, ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, at, s, kvH, hd)
+        })
+      })
+    })
+  }
+
+  /** Whether a sequence may write `need` columns into its block as it is (its own row, room, not a kept prefix). */
+  const writable = (ref: KvRef, need: number): boolean => ref.block.total >= need && !isKept(ref.block)
+
+  /** Moves a sequence to a block of its own with room for `need` columns (one copy of its live ones). */
+  function moveToRoom (seq: KvSequence, need: number): void {
+    const old = seq.kv
+    seq.kv = { block: packRows([{ ref: old, length: seq.length }], blockCapacity(need, stage.maxPositions), layers.length, kvH, hd), row: 0 }
+    release(old?.block)
+  }
+
+  return {
+    /**
+     * Its block row is fed whole as the past (the graph reads only the row's first `length`
+     * columns: attention_mask is ones for the live positions and the new ones, and no wider), and
+     * the chunk's new columns are written into the row after the run. Rolled-back columns are simply
+     * overwritten; nothing is copied unless the row must move to a block with more room (or off a
+     * kept prefix, which stays as it is).
+     */
+    async runChunk (seq, input, a, b, positions, keep) {
+      const s = b - a
+      const total = seq.length + s
+      if (seq.kv !== undefined && !writable(seq.kv, total)) moveToRoom(seq, total)
+      const mask = new BigInt64Array(total).fill(1n)
+      const feeds = chunkFeeds(ctx, input, a, b, positions, mask, keep, i => seq.kv === undefined ? undefined : rowView(seq.kv, i, kvH, hd))
+      const out = await session.run(feeds, fetches)
+      if (seq.kv === undefined) {
+        // Dropped while it ran (drop lets go of the KV first): nothing to keep.
+        if (seq.dropped !== undefined) return out
+        seq.kv = { block: packRows([{ ref: undefined, length: 0 }], blockCapacity(total, stage.maxPositions), layers.length, kvH, hd), row: 0 }
+      }
+      // Written even when the sequence was retained meanwhile: retain keeps what whole chunks left.
+      writeNew(out, [{ ref: seq.kv, at: seq.length }], s)
+      seq.length = total
+      return out
+    },
+
+    /**
+     * Their shared block fed as is when it holds exactly these sequences in order and has room,
+     * else the rows packed into a new block with room first (one copy of the live columns, when the
+     * batch's membership changed or it outgrew its block); each row attends over its own length,
+     * and its new columns are written into its row after the run.
+     */
+    async runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
+      const rows = group.length
+      let lmax = 0
+      for (const { seq } of group) lmax = Math.max(lmax, seq.length)
+      const first = group[0]!.seq.kv
+      const shared = first !== undefined && first.block.rows === rows && writable(first, lmax + s) &&
+        group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+      if (!shared) {
+        const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
+        const replaced = new Set<KvBlock>()
+        group.forEach(({ seq }, b) => {
+          if (seq.kv !== undefined) replaced.add(seq.kv.block)
+          seq.kv = { block, row: b }
+        })
+        for (const old of replaced) release(old)
+      }
+      const block = group[0]!.seq.kv!.block
+      const total = lmax + s
+      const mask = new BigInt64Array(rows * total)
+      group.forEach(({ seq }, b) => mask.fill(1n, b * total, b * total + seq.length + s))
+      const feeds = groupFeeds(ctx, group, s, mask, total)
+      layers.forEach((l, i) => {
+        feeds[pastKeyName(l)] = block.layers[i]![0]
+        feeds[pastValueName(l)] = block.layers[i]![1]
+      })
+      const out = await session.run(feeds, fetches)
+      // A row dropped meanwhile (drop lets go of its KV first) is skipped; the others are written.
+      writeNew(out, group.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
+      return groupOutputs(stage, group, s, out, () => {})
+    },
+  }
+}

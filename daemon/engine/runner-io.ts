@@ -1,0 +1,115 @@
+/**
+ * What the dynamic stage runner's two KV layouts share: the sequence they keep (its cache is a row
+ * of a block), the stage facts they run with, what one run of the stage graph is fed besides the
+ * past KV, and how a batched run's outputs go back to its rows. The layouts themselves —
+ * right-aligned caches replaced by each run's presents (runner-padded.ts) and left-aligned caches
+ * written in place (runner-in-place.ts) — differ only in how the past is fed and the new KV kept.
+ */
+import {
+  ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName,
+} from '../../shards/contract.ts'
+import { EngineError } from './errors.ts'
+import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
+import type { KvRef } from './kv-block.ts'
+import type { BatchStepItem, StageInfo, StepInput } from './protocol.ts'
+import { pickToken } from './sampling.ts'
+import { droppedError } from './runner-sequences.ts'
+import type { BatchStepResult, RunnerSequence } from './runner-sequences.ts'
+
+/** A sequence of the dynamic runner: its cache is a row of a block. */
+export interface KvSequence extends RunnerSequence {
+  /** Undefined until the first step. */
+  kv: KvRef | undefined
+}
+
+/** A batch item that may run, with its index in the batch. */
+export interface Live { index: number, seqId: string, seq: KvSequence, item: BatchStepItem }
+
+/** The stage a runner runs, as its layouts need it. */
+export interface RunContext {
+  session: BackendSession
+  stage: StageInfo
+  /** The stage's model layers, in order (index i is the block's layer i). */
+  layers: readonly number[]
+  kvH: number
+  hd: number
+  /** Whether the graph takes num_logits_to_keep (older graphs return every position's logits). */
+  feedsLogitsToKeep: boolean
+}
+
+/** How a layout runs steps; the runner picks one by the graph's batch padding. */
+export interface KvLayout {
+  /** Runs positions [a, b) of a one-sequence step and keeps their KV; `keep`: logits wanted. */
+  runChunk: (seq: KvSequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number) => Promise<TensorMap>
+  /** One run for sequences stepping `s` new positions each; one result per entry, in order. */
+  runGroup: (group: Live[], s: number) => Promise<BatchStepResult[]>
+}
+
+export const emptyPast = (ctx: RunContext, rows = 1): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [rows, ctx.kvH, 0, ctx.hd] })
+
+/** A one-sequence chunk's feeds: positions [a, b), its mask, its inputs, `past(layer index)` for each layer, logits to keep. */
+export function chunkFeeds (ctx: RunContext, input: StepInput, a: number, b: number, positions: BigInt64Array, mask: BigInt64Array, keep: number, past: (i: number) => [HostTensor, HostTensor] | undefined): TensorMap {
+  const { stage } = ctx
+  const s = b - a
+  const feeds: TensorMap = {
+    [POSITION_IDS]: { type: 'int64', data: positions.slice(a, b), dims: [1, s] },
+    [ATTENTION_MASK]: { type: 'int64', data: mask, dims: [1, mask.length] },
+  }
+  if (input.kind === 'tokens') {
+    feeds[INPUT_IDS] = { type: 'int64', data: input.ids.slice(a, b), dims: [1, s] }
+  } else {
+    const d = stage.hiddenSize
+    feeds[HIDDEN_IN] = { type: 'float32', data: input.data.slice(a * d, b * d), dims: [1, s, d] }
+  }
+  ctx.layers.forEach((l, i) => {
+    const kv = past(i)
+    feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast(ctx)
+    feeds[pastValueName(l)] = kv?.[1] ?? emptyPast(ctx)
+  })
+  if (stage.hasHead && ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+  return feeds
+}
+
+/** A group run's feeds other than the past KV. */
+export function groupFeeds (ctx: RunContext, group: Live[], s: number, mask: BigInt64Array, total: number): TensorMap {
+  const { stage } = ctx
+  const rows = group.length
+  const positions = new BigInt64Array(rows * s)
+  const d = stage.hiddenSize
+  const ids = stage.hasEmbedding ? new BigInt64Array(rows * s) : undefined
+  const hidden = stage.hasEmbedding ? undefined : new Float32Array(rows * s * d)
+  let keep = 1
+  group.forEach(({ item }, b) => {
+    positions.set(item.positions, b * s)
+    if (item.input.kind === 'tokens') ids!.set(item.input.ids, b * s)
+    else hidden!.set(item.input.data, b * s * d)
+    keep = Math.max(keep, Math.min(item.logitsToKeep, s))
+  })
+  const feeds: TensorMap = {
+    [POSITION_IDS]: { type: 'int64', data: positions, dims: [rows, s] },
+    [ATTENTION_MASK]: { type: 'int64', data: mask, dims: [rows, total] },
+  }
+  if (ids !== undefined) feeds[INPUT_IDS] = { type: 'int64', data: ids, dims: [rows, s] }
+  else feeds[HIDDEN_IN] = { type: 'float32', data: hidden!, dims: [rows, s, d] }
+  if (stage.hasHead && ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+  return feeds
+}
+
+/** Each row's result of a group run (its token, logits or hidden states), advancing the live rows' lengths. */
+export function groupOutputs (stage: StageInfo, group: Live[], s: number, out: TensorMap, adopt: (seq: KvSequence, row: number) => void): BatchStepResult[] {
+  const result = stage.hasHead ? out[LOGITS] : out[HIDDEN_OUT]
+  if (result?.type !== 'float32') throw new EngineError(`stage graph returned no float32 ${stage.hasHead ? 'logits' : 'hidden_states_out'}`)
+  const d = stage.hiddenSize
+  return group.map(({ seqId, seq, item }, b): BatchStepResult => {
+    if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }
+    adopt(seq, b)
+    seq.length += s
+    if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
+    const have = result.dims[1] ?? 1
+    const width = result.dims[2] ?? stage.vocabSize
+    if (item.pick !== undefined) return { output: { kind: 'token', id: pickToken(result.data, item.pick, ((b + 1) * have - 1) * width, width) } }
+    const want = Math.min(item.logitsToKeep, s)
+    const data = result.data.slice((b * have + have - want) * width, (b + 1) * have * width)
+    return { output: { kind: 'logits', data, count: want, vocab: width } }
+  })
+}

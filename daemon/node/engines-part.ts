@@ -1,0 +1,268 @@
+/**
+ * The daemon's engines part: resolves the --model directories (compiling checkpoints once) and
+ * starts what serves them here — whole models as local services, single stages of a mesh chain
+ * (coordinating the model's chains where this node holds stage 0), multi-stage models as local
+ * chains (one engine worker per stage, --device one per stage) — with the --draft model and
+ * speculative decoding beside them. Expert-parallel models are the experts part's (experts.ts);
+ * their services join this part's coordinators so one model directory fronts them all.
+ */
+import { freemem } from 'node:os'
+import type { Registry } from 'prom-client'
+import type { Logger } from 'pino'
+import type { NodeIdentity } from '../../certs/index.ts'
+import { compiledCacheDir, createLocalService, loadBackend } from '../engine/index.ts'
+import type { LocalService } from '../engine/index.ts'
+import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
+import type { LedgerSigner } from '../ledger/index.ts'
+import type { Mesh } from '../mesh/index.ts'
+import { createLocalChain, createPipelineService, createPipelineStage } from '../pipeline/index.ts'
+import type { LocalChain, PipelineService, PipelineStage } from '../pipeline/index.ts'
+import type { InferenceService } from '../service.ts'
+import { createProgress } from '../../shards/index.ts'
+import { createSpeculation, defaultLookupSkipped } from '../speculative/index.ts'
+import type { ModelFacts, Speculation } from '../speculative/index.ts'
+import { ConfigError } from './config.ts'
+import type { Budgets, DaemonConfig } from './config.ts'
+import { chooseEngine, deviceList } from './device.ts'
+import type { EngineChoice } from './device.ts'
+import { isExpertModel } from './experts.ts'
+import type { ExpertsPart } from './experts.ts'
+import type { Part } from './lifecycle.ts'
+import { stageHolders } from './mesh-view.ts'
+import { createModelDirectory } from './model-directory.ts'
+import { resolveModel } from './models.ts'
+import type { ModelProgress, ResolvedModel } from './models.ts'
+import type { PeerLossWatch } from './peer-loss.ts'
+import { roleRefusal } from './roles.ts'
+
+/**
+ * What the engines part runs. The daemon's load replies, capability records, routing and dashboard
+ * read these arrays, so the daemon makes them and the part fills them as it starts.
+ */
+export interface Engines {
+  models: ResolvedModel[]
+  /** Whole models. */
+  locals: LocalService[]
+  /** The chains this node coordinates (it holds their stage 0), local chains' and expert models' services too. */
+  coordinators: PipelineService[]
+  stages: PipelineStage[]
+  /** Multi-stage models served whole from this machine, every stage its own engine worker. */
+  localChains: LocalChain[]
+}
+
+/** What the engines part provides. */
+export interface Served {
+  engine: EngineChoice
+  /** The devices each model runs on here (a local chain: one per stage). */
+  devicesOf: (m: ResolvedModel) => string[]
+  /** The draft model --draft names, resolved. */
+  draft: ResolvedModel | undefined
+  /** Whole models and the chains this node coordinates, behind one model directory. */
+  local: InferenceService
+}
+
+/** What the engines part needs of the mesh part (a node without an identity has no mesh). */
+export interface EnginesMesh {
+  mesh: Mesh
+  peerLoss: PeerLossWatch
+  identity: NodeIdentity
+}
+
+export interface EnginesPartDeps {
+  logger: Logger
+  /** The node's /metrics: batch, step time and speculation metrics register here. */
+  metrics: Registry
+  budgets: Budgets
+  signer: LedgerSigner
+  meshed: EnginesMesh | undefined
+  /** Started before this part; its services join the coordinators. */
+  experts: Pick<ExpertsPart, 'services'>
+  /** Filled as the part starts (see Engines). */
+  engines: Engines
+}
+
+/** What the default prompt lookup decides by (daemon/speculative default.ts). */
+export const modelFacts = (m: ResolvedModel): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization })
+
+const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
+
+async function openvinoLoads (): Promise<boolean> {
+  try {
+    await loadBackend('openvino')
+    return true
+  } catch {
+    return false
+  }
+}
+
+/** Generating and compiling take seconds to minutes the first time: say so, and how far along. */
+function modelProgress (logger: Logger): ModelProgress {
+  let layers: ((done: number, total: number) => void) | undefined
+  return {
+    onGenerate: (dir) => { logger.info({ dir }, 'generating the demo model (random weights; once, then cached)') },
+    onCompile: (modelDir, dest) => {
+      logger.info({ model: modelDir, cache: dest }, 'compiling the checkpoint into ONNX shards (once, then cached)')
+      layers = createProgress(line => { logger.info(line) }, 'compiling')
+    },
+    onProgress: (done, total) => { layers?.(done, total) },
+  }
+}
+
+export function createEnginesPart (config: Readonly<DaemonConfig>, deps: EnginesPartDeps): Part<Served> {
+  const { logger, metrics, budgets, signer, meshed, experts } = deps
+  const { models, locals, coordinators, stages, localChains } = deps.engines
+
+  /**
+   * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
+   * asks for it: its own draft worker (or prompt lookup) beside the model's engine.
+   */
+  function speculation (choice: EngineChoice, draft: ResolvedModel | undefined, model: ResolvedModel): Speculation | undefined {
+    if (config.draft === 'none') return undefined
+    // Without --draft: prompt lookup where it keeps the model's tokens exact (whole models with
+    // f32 activations), for the requests it keeps their promise to; the others decode plainly.
+    const byDefault = config.draft === undefined
+    if (byDefault && defaultLookupSkipped(modelFacts(model)) !== undefined) return undefined
+    return createSpeculation({
+      ...(byDefault ? { byDefault } : {}),
+      drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
+      backend: choice.backend,
+      device: choice.device,
+      metrics,
+    })
+  }
+
+  /** Serves one pipeline stage; on the node holding stage 0 also coordinates the model's chains. */
+  async function startStage (model: ResolvedModel, choice: EngineChoice, draft: ResolvedModel | undefined, kvCacheBytes: number): Promise<void> {
+    if (meshed === undefined) throw new ConfigError('--model', `${model.shardDir}: serving one stage needs the mesh (shoal node --identity …)`)
+    const { mesh: m, identity, peerLoss } = meshed
+    const st = model.manifest.stages[model.stageIndex]
+    if (st === undefined) throw new ConfigError('--model', `${model.shardDir} has no stage ${model.stageIndex}`)
+    const roles = identity.certificate.body.roles
+    // Every stage of a chain executes work for others: only a worker certificate may hold one.
+    if (!roles.includes('worker')) throw new ConfigError('--model', `${model.shardDir}@${st.layers.join('-')}: serving a pipeline stage needs a worker certificate (this node's roles: ${roles.join(',')})`)
+    const stage = await createPipelineStage(
+      {
+        shardDir: model.shardDir,
+        layers: st.layers,
+        backend: choice.backend,
+        device: choice.device,
+        cacheDir: compiledCacheDir(config.cacheRoot),
+        signer,
+        // A stage's steps meet in its batcher, with the same queue delay and metrics as whole models
+        // (no wait budget: a stage queues; the coordinator admits).
+        metrics,
+        batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+        authorize: from => roleRefusal('stage', roles, from, m.certificateOf(from)?.body.roles),
+        // Finished chain requests' KV kept for prefix reuse (its share of --kv-cache-mb).
+        kvCacheBytes,
+        // A rebuilt chain's pull of this stage's layers weighs the link's measured RTT.
+        linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
+      },
+      { peerId: m.peerId, handle: async (p, h) => { await m.handle(p, h) }, openStream: async (peer, p, signal) => await m.openStream(peer, p, signal) },
+    )
+    await stage.start()
+    stages.push(stage)
+    logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
+    if (!st.hasEmbedding) return
+    const modelId = model.manifest.modelId
+    // Speculation for a chain runs where its requests enter: here, beside stage 0.
+    const sourceWrapper = speculation(choice, draft, model)
+    const coordinator = createPipelineService(
+      {
+        stage,
+        shardDir: model.shardDir,
+        ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
+        ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
+        ...(config.activations === undefined ? {} : { activations: config.activations }),
+        metrics,
+      },
+      { holders: () => stageHolders(modelId, m.peers()), peerLost: peerId => peerLoss.watch(peerId) },
+    )
+    await coordinator.start()
+    coordinators.push(coordinator)
+  }
+
+  return {
+    name: 'engines',
+    async start () {
+      const chainDevices = new Map<ResolvedModel, string[]>()
+      // Expert-parallel shard directories are the experts part's (started before this one).
+      for (const spec of config.models.filter(s => !isExpertModel(s))) models.push(await resolveModel(spec, config.cacheRoot, modelProgress(logger)))
+      coordinators.push(...experts.services)
+      const devices = deviceList(config.device)
+      const openvino = devices.every(d => d === 'cpu') ? false : await openvinoLoads()
+      const engine = chooseEngine(devices[0] ?? 'auto', openvino)
+      if (devices.length > 1 && (models.length !== 1 || models[0]?.localChain !== true)) {
+        throw new ConfigError('--device', 'a list of devices (one per stage) is for one multi-stage shard directory served as a local chain')
+      }
+      // The draft model for speculative decoding (--draft), resolved (compiled) once.
+      const draft = config.draft === undefined || config.draft === 'lookup' || config.draft === 'none' ? undefined : await resolveModel({ dir: config.draft }, config.cacheRoot, modelProgress(logger))
+      if (draft !== undefined && !draft.whole) throw new ConfigError('--draft', `${config.draft}: a draft model must be a whole model, not one stage`)
+      const wholeModels = models.filter(m => m.whole)
+      const stageModels = models.filter(m => !m.whole && m.localChain !== true)
+      const chainModels = models.filter(m => m.localChain === true)
+      // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
+      const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
+      // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
+      const m = meshed?.mesh
+      const puller = m === undefined
+        ? undefined
+        : createKvPuller({}, {
+          openStream: async (peerId, protocol, signal) => await m.openStream(peerId, protocol, signal),
+          store: model => locals.find(s => s.models()[0]?.id === model)?.kvStore,
+        })
+      for (const model of wholeModels) {
+        const sourceWrapper = speculation(engine, draft, model)
+        // The one line saying why a model served without --draft decodes plainly (int8 activations).
+        const skipped = config.draft === undefined ? defaultLookupSkipped(modelFacts(model)) : undefined
+        const service = createLocalService({
+          ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
+          shardDir: model.shardDir,
+          nodeId: signer.peerId,
+          backend: engine.backend,
+          device: engine.device,
+          cacheDir: compiledCacheDir(config.cacheRoot),
+          manifestHash: model.manifestHash,
+          // Batch size, queue delay and step time histograms on this node's /metrics.
+          metrics,
+          batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+          budgetMs: budgets.batchBudgetMs,
+          kvCacheBytes,
+          ...(puller === undefined || m === undefined
+            ? {}
+            : {
+                pullPrefix: async args => await puller.pull({ ...args, model: model.manifest.modelId }),
+                linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
+              }),
+        })
+        await service.start()
+        locals.push(service)
+        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
+      }
+      for (const model of stageModels) await startStage(model, engine, draft, kvCacheBytes)
+      for (const model of chainModels) {
+        const engines = devices.map(d => chooseEngine(d, openvino))
+        chainDevices.set(model, model.manifest.stages.map((_, i) => (engines[i] ?? engines[0]!).device))
+        const chain = createLocalChain({
+          shardDir: model.shardDir,
+          engines,
+          cacheDir: compiledCacheDir(config.cacheRoot),
+          signer,
+          metrics,
+          batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
+          kvCacheBytes,
+        })
+        await chain.start()
+        localChains.push(chain)
+        coordinators.push(chain.service)
+        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })) }, 'model loaded as a local chain')
+      }
+      return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], local: createModelDirectory([...locals, ...coordinators]) }
+    },
+    async stop () {
+      await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))
+      await Promise.all(stages.map(async s => { await s.stop() }))
+      await Promise.all(localChains.map(async c => { await c.stop() }))
+    },
+  }
+}
