@@ -24,7 +24,7 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import {
   ATTENTION_MASK, compileShards, generateTestModel, INPUT_IDS, loadManifest, LOGITS, NUM_LOGITS_TO_KEEP,
-  pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, COMPILER_VERSION,
+  newKeyName, newValueName, pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, COMPILER_VERSION,
   type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
 import { upperMedian } from './lib/index.ts'
@@ -103,7 +103,8 @@ async function openRunner (dir: string, m: ShardManifest): Promise<Runner> {
     feeds: async (P, S) => {
       if (P === 0) return base(0, S, () => empty())
       const out = await session.run(base(0, P, () => empty()))
-      return base(P, S, (l, kind) => out[kind === 'k' ? presentKeyName(l) : presentValueName(l)]!)
+      // From an empty past, a graph's new columns (ort-contrib, compiler ≥ 6: no present) are the whole cache.
+      return base(P, S, (l, kind) => (out[kind === 'k' ? presentKeyName(l) : presentValueName(l)] ?? out[kind === 'k' ? newKeyName(l) : newValueName(l)])!)
     },
     run: async (feeds) => {
       const c0 = process.cpuUsage()

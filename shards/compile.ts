@@ -25,9 +25,11 @@ import { planStages } from './split.ts'
  * quantized shard had int8 activations, unrecorded). 4: 'ort-contrib' graphs take right-padded
  * rows with per-row attention lengths (`batchPadding: 'right'`) and are the default op table.
  * 5: 'ort-contrib' graphs also output each step's new KV columns (`new_key_values.*`), and int4
- * shards quantize the token embedding too (`quantization.embedding: 'int4'`).
+ * shards quantize the token embedding too (`quantization.embedding: 'int4'`). 6: 'ort-contrib'
+ * graphs output only `new_key_values.*` (no present) and attend over the past buffer in place in
+ * one-position steps.
  */
-export const COMPILER_VERSION = 5
+export const COMPILER_VERSION = 6
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

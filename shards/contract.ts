@@ -20,13 +20,17 @@
  * Key j is visible to query i (at index P + i) iff j <= P + i and attention_mask[b, j] = 1; rotary
  * positions come from position_ids alone, so left padding in a batch is just mask zeros.
  *
- * 'ort-contrib' graphs (batchPadding 'right', compiler ≥ 5) attend over each row's own length
+ * 'ort-contrib' graphs (batchPadding 'right', compiler ≥ 6) attend over each row's own length
  * L_b = sum(attention_mask[b]) instead: a row's past is its first L_b − S columns, wherever P ends,
- * so a past may be a buffer wider than the live context (columns past L_b − S are never read) and
- * T = max_b L_b. They also output
- *     new_key_values.{l}.key / .value f32 [B, kvH, S, hd] row b's S new positions (present's columns L_b − S .. L_b − 1)
- * so an engine can keep its cache in a buffer of its own, write the new columns into it and never
- * fetch the whole present (the runtime would copy it out every step).
+ * so a past may be a buffer wider than the live context and T = max_b L_b. Columns past a row's
+ * live ones must be finite (a one-position step reads the whole buffer and masks them to exact
+ * zeros; they change no bit of the result). Such graphs have no present outputs; instead
+ *     new_key_values.{l}.key / .value f32 [B, kvH, S, hd] row b's S new positions (they belong at its columns L_b − S .. L_b − 1)
+ * so an engine keeps its cache in a buffer of its own and writes the new columns into it (the
+ * runtime would copy a whole present out every step). Steps of several positions attend with
+ * onnxruntime's GroupQueryAttention (the same bits however a prompt is chunked); one-position steps
+ * over a non-empty past read the buffer in place (bit-identical for a row whatever the batch and
+ * the buffer's width, not to GroupQueryAttention's one-position bits).
  *
  * Static graphs (`shoal shard --static CTX[,CHUNK]`, for NPUs, which compile only fixed shapes;
  * StageManifest.static names them): every dimension is a number, batch 1, S = CHUNK (prefill) or
@@ -63,7 +67,7 @@ export const pastKeyName = (layer: number): string => `past_key_values.${layer}.
 export const pastValueName = (layer: number): string => `past_key_values.${layer}.value`
 export const presentKeyName = (layer: number): string => `present.${layer}.key`
 export const presentValueName = (layer: number): string => `present.${layer}.value`
-/** 'ort-contrib' graphs (compiler ≥ 5): the step's new positions' KV alone (see the I/O table above). */
+/** 'ort-contrib' graphs (compiler ≥ 6): the step's new positions' KV alone, in place of present (see the I/O table above). */
 export const newKeyName = (layer: number): string => `new_key_values.${layer}.key`
 export const newValueName = (layer: number): string => `new_key_values.${layer}.value`
 

@@ -3,9 +3,10 @@
  * holding one row. Where its live positions sit depends on how the graph pads a batch:
  * left-padded graphs keep them right-aligned (columns total − length .. total − 1; anything left
  * of them is padding) and a block is a run's present outputs, replaced by the next run's;
- * right-padded graphs keep them left-aligned (columns 0 .. length − 1; what follows is never
- * read) in a block with room to grow (`blockCapacity`) that the runner writes each step's new
- * columns into, in place. A batch of one gives a block the sequence owns outright; a batched run
+ * right-padded graphs keep them left-aligned (columns 0 .. length − 1; what follows is masked
+ * and must stay finite — blocks start zeroed and only ever receive computed columns) in a block
+ * with room to grow (`blockCapacity`) that the runner writes each step's new columns into, in
+ * place. A batch of one gives a block the sequence owns outright; a batched run
  * gives one block its sequences share, which is fed back as is when the same sequences step
  * together again (no copy) and repacked by block copies when they do not.
  */
@@ -43,7 +44,8 @@ export function copyRow (src: Float32Array, srcRow: number, srcTotal: number, ds
 /**
  * Copies the first `length` columns of row `srcRow` of src [·, kvH, srcTotal, hd] to the first
  * `length` columns of row `dstRow` of dst [·, kvH, dstTotal, hd] (left-aligned caches). Columns
- * after them are left as they are: a right-padded graph never reads past a row's length.
+ * after them are left as they are: a right-padded graph counts nothing past a row's length (they
+ * stay finite, which a one-position step needs: it masks them to exact zeros).
  */
 export function copyRowLeft (src: Float32Array, srcRow: number, srcTotal: number, dst: Float32Array, dstRow: number, dstTotal: number, length: number, kvH: number, hd: number): void {
   const n = length * hd

@@ -5,10 +5,11 @@
  * attends over each row's own length — so any mix of lengths shares a run bit-exactly. A sequence
  * takes its row of a shared block as a view (rows are contiguous), never a copy.
  *
- * The caches are kept in place: a sequence's block has room to grow, the graph reads each row's
- * first `length` columns of it, and each step's new columns are written into the row after the run
- * (from the graph's `new_key_values` outputs, so the whole present is never fetched: onnxruntime-
- * node copies every fetched output). A rollback is a shorter length; a block is copied only when its
+ * The caches are kept in place: a sequence's block has room to grow, the graph counts each row's
+ * first `length` columns of it (a one-position step of a compiler-6 graph reads the whole buffer
+ * in place and masks the rest, which is why blocks start zeroed: it must be finite), and each
+ * step's new columns are written into the row after the run (from the graph's `new_key_values`
+ * outputs: onnxruntime-node copies every fetched output, and a present would be the whole cache). A rollback is a shorter length; a block is copied only when its
  * rows change or it runs out of room (kv-block.ts `blockCapacity`), or to move a sequence off a kept
  * prefix's block, which is never written.
  */

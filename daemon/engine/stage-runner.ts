@@ -20,7 +20,7 @@
  * the first columns of its cache under a key; `openFrom` starts a new sequence from a kept prefix,
  * so only the rest of its prompt runs.
  */
-import { HIDDEN_OUT, LOGITS, NUM_LOGITS_TO_KEEP } from '../../shards/contract.ts'
+import { HIDDEN_OUT, LOGITS, newKeyName, NUM_LOGITS_TO_KEEP, presentKeyName } from '../../shards/contract.ts'
 import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession } from './backend/types.ts'
 import { blockBytes, truncateRow } from './kv-block.ts'
@@ -104,8 +104,11 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   const sequences = new Map<string, KvSequence>()
   const { numKvHeads: kvH, headDim: hd } = stage
   const batchable = stage.batchPadding === 'left' || stage.batchPadding === 'equal' || stage.batchPadding === 'right'
-  /** Caches aligned at the left (right-padded graphs) rather than at the right. */
-  const leftAligned = stage.batchPadding === 'right'
+  /**
+   * Caches aligned at the left (right-padded graphs) rather than at the right; so too for a graph
+   * that outputs only its new KV columns (compiler ≥ 5 'ort-contrib'), whatever its batching.
+   */
+  const leftAligned = stage.batchPadding === 'right' || (!session.outputNames.includes(presentKeyName(stage.layers[0])) && session.outputNames.includes(newKeyName(stage.layers[0])))
   /** Rows that may share a run: same new positions, and with 'equal' the same cache length too. */
   const groupKey = (s: number, seq: KvSequence): string => stage.batchPadding === 'equal' ? `${s}:${seq.length}` : String(s)
   const bytesPerPosition = 2 * layers.length * kvH * hd * 4
@@ -237,7 +240,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     rollback (seqId, length) {
       const seq = rollbackTarget(sequences.get(seqId), seqId, length)
       if (length === seq.length) return
-      // A left-aligned cache rolls back by its length alone: columns past it are never read, and
+      // A left-aligned cache rolls back by its length alone: columns past it are masked, and
       // the next step writes right after it (no copy; the paper's "mask and position bookkeeping").
       // A right-aligned one keeps its live columns at the end, so what stays is copied out.
       const old = seq.kv?.block

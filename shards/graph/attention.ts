@@ -188,27 +188,110 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
   const { g } = ctx
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
   const attrs = { num_heads: H, kv_num_heads: kvH, scale: { float: 1 / Math.sqrt(hd) } }
-  if (io.qNorm === undefined && io.kNorm === undefined) {
-    const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
+  const rotary = (name: 'q' | 'k', y: string, count: number): string =>
+    g.op('RotaryEmbedding', `${n}/${name}_rotary/RotaryEmbedding`, [y, t.positionIds, t.cosCache, t.sinCache],
+      { interleaved: 0, num_heads: count }, MS_DOMAIN)
+  const fused = io.qNorm === undefined && io.kNorm === undefined
+  // With q/k norms (Qwen3) the norm must come between projection and rotary: split, norm,
+  // RotaryEmbedding, then attention on the three parts.
+  let rotated: { q: string, k: string, v: string } | undefined
+  if (!fused) {
+    const prep = (name: 'q' | 'k', y: string, count: number, norm?: F32Tensor): string => {
+      let r = y
+      if (norm !== undefined) {
+        const heads = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
+        const normed = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, heads, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
+        r = g.op('Reshape', `${n}/${name}/flat/Reshape`, [normed, g.i64([0, 0, count * hd])])
+      }
+      return rotary(name, r, count)
+    }
+    const parts = io.split()
+    rotated = { q: prep('q', parts.q, H, io.qNorm), k: prep('k', parts.k, kvH, io.kNorm), v: parts.v }
+  }
+  // Without q/k norms GroupQueryAttention takes the fused projection packed and applies the
+  // rotary itself (do_rotary): one kernel where a Split and two RotaryEmbeddings ran — the same
+  // rotary routine, so the same bits.
+  const gqa = (): [string, string, string] => rotated === undefined
+    ? g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
       [io.qkv, '', '', io.pastK, io.pastV, t.seqlensK, t.totalLength, t.cosCache, t.sinCache, t.positionIds],
       { ...attrs, do_rotary: 1, rotary_interleaved: 0 }, 3, MS_DOMAIN) as [string, string, string]
+    : g.node('GroupQueryAttention', `${n}/GroupQueryAttention`, [rotated.q, rotated.k, rotated.v, io.pastK, io.pastV, t.seqlensK, t.totalLength],
+      attrs, 3, MS_DOMAIN) as [string, string, string]
+  if (ctx.decodeInPlace !== true) {
+    const [context, presentK, presentV] = gqa()
     return { context, presentK, presentV }
   }
-  const prep = (name: 'q' | 'k', y: string, count: number, norm?: F32Tensor): string => {
-    let r = y
-    if (norm !== undefined) {
-      const heads = g.op('Reshape', `${n}/${name}/Reshape`, [y, g.i64([0, 0, count, hd])])
-      const normed = ctx.ops.rmsNorm(g, `${n}/${name}_norm`, heads, g.f32Weight(`${wn}.${name}_norm.weight`, norm.shape, norm.data), ctx.spec.shape.rmsNormEps)
-      r = g.op('Reshape', `${n}/${name}/flat/Reshape`, [normed, g.i64([0, 0, count * hd])])
-    }
-    return g.op('RotaryEmbedding', `${n}/${name}_rotary/RotaryEmbedding`, [r, t.positionIds, t.cosCache, t.sinCache],
-      { interleaved: 0, num_heads: count }, MS_DOMAIN)
-  }
-  const parts = io.split()
-  const q = prep('q', parts.q, H, io.qNorm)
-  const k = prep('k', parts.k, kvH, io.kNorm)
-  const [context, presentK, presentV] = g.node('GroupQueryAttention', `${n}/GroupQueryAttention`,
-    [q, k, parts.v, io.pastK, io.pastV, t.seqlensK, t.totalLength],
-    attrs, 3, MS_DOMAIN) as [string, string, string]
-  return { context, presentK, presentV }
+  // An engine keeping its KV in place: steps of several positions (prefill, verify) run
+  // GroupQueryAttention as above (the same bits however a prompt is chunked) and output only their
+  // new columns; one-position steps over a non-empty past attend over the past buffer where it is
+  // (decodeAttention): GroupQueryAttention would copy every row's past into a new present first.
+  const d = t.decode ??= decodeTables(ctx, t, io.pastK)
+  const [context, newK, newV] = g.ifNode(`${n}/decode/If`, d.cond, [DT.FLOAT, DT.FLOAT, DT.FLOAT],
+    () => {
+      const parts = rotated ?? (() => { const p = io.split(); return { q: rotary('q', p.q, H), k: rotary('k', p.k, kvH), v: p.v } })()
+      return decodeAttention(ctx, n, parts, io.pastK, io.pastV, d)
+    },
+    () => {
+      const [ctx2, presentK, presentV] = gqa()
+      return [
+        ctx2,
+        g.op('GatherND', `${n}/new_key/GatherND`, [presentK, t.newColumns], { batch_dims: 2 }),
+        g.op('GatherND', `${n}/new_value/GatherND`, [presentV, t.newColumns], { batch_dims: 2 }),
+      ]
+    }) as [string, string, string]
+  return { context, presentK: newK, presentV: newV, newOnly: true }
+}
+
+/**
+ * What every layer's one-position attention shares, made once a step in the outer graph: the
+ * condition (S = 1 and a past), the additive mask over the past buffer's W columns (0 for a row's
+ * live ones — its first seqlens_k, the new position being the one past them — and −∞ after) and
+ * a [W, 1] column of ones for the sums.
+ */
+function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' }>, pastK: string): { cond: string, bias: string, ones: string } {
+  const { g } = ctx
+  const c = '/model/decode'
+  const w = g.op('Shape', `${c}/W/Shape`, [pastK], { start: 2, end: 3 })
+  const s = g.op('Shape', `${c}/S/Shape`, [t.positionIds], { start: 1, end: 2 })
+  const cond = g.op('And', `${c}/cond/And`, [
+    g.op('Equal', `${c}/cond/Equal`, [s, g.i64([1])]),
+    g.op('Greater', `${c}/cond/Greater`, [w, g.i64([0])])])
+  const cols = g.op('Range', `${c}/cols/Range`, [g.constant(DT.INT64, [], [0]), g.op('Squeeze', `${c}/W/Squeeze`, [w, g.i64([0])]), g.constant(DT.INT64, [], [1])])
+  const live = g.op('Less', `${c}/live/Less`, [
+    g.op('Reshape', `${c}/cols/Reshape`, [cols, g.i64([1, -1])]),
+    g.op('Reshape', `${c}/lengths/Reshape`, [g.op('Cast', `${c}/lengths/Cast`, [t.seqlensK], { to: DT.INT64 }), g.i64([-1, 1])])])
+  const bias = g.op('Reshape', `${c}/bias/Reshape`, [
+    g.op('Where', `${c}/bias/Where`, [live, g.f32(0), g.f32(-Infinity)]), g.i64([0, 1, 1, -1])])
+  const ones = g.op('Expand', `${c}/ones/Expand`, [g.constant(DT.FLOAT, [1, 1], [1]), g.op('Concat', `${c}/ones/dims/Concat`, [w, g.i64([1])], { axis: 0 })])
+  return { cond, bias, ones }
+}
+
+/**
+ * One position's attention over the past buffer read in place ([B, kvH, W, hd], masked per row
+ * by `bias`) and its own new key and value: scores of both, their max, Exp, then the sum and P·V
+ * as MatMuls — a MatMul accumulates along W in order, so the masked columns (exact zeros, all
+ * after a row's live ones) leave a row's bits the same whatever the buffer's width and the batch
+ * around it (reproduction/bench-attention-in-place.ts). Not the bits of GroupQueryAttention
+ * (~1e-7), and one-position steps only: steps of several positions keep GroupQueryAttention.
+ * Returns the context [B, 1, H·hd] and the new key and value [B, kvH, 1, hd].
+ */
+function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: { bias: string, ones: string }): string[] {
+  const { g } = ctx
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
+  const m = `${n}/decode`
+  const heads = (name: string, y: string): string =>
+    g.op('Transpose', `${m}/${name}/Transpose`, [g.op('Reshape', `${m}/${name}/Reshape`, [y, g.i64([0, 1, kvH, hd])])], { perm: [0, 2, 1, 3] })
+  const k = heads('k', parts.k)
+  const v = heads('v', parts.v)
+  // Head h is kv head ⌊h / group⌋: q as [B, kvH, group, hd], scaled once.
+  const q = g.op('Reshape', `${m}/q/Reshape`, [g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))]), g.i64([0, kvH, H / kvH, hd])])
+  const sp = g.op('Add', `${m}/past/Add`, [g.op('MatMul', `${m}/past/MatMul`, [q, g.op('Transpose', `${m}/past_k/Transpose`, [pastK], { perm: [0, 1, 3, 2] })]), d.bias])
+  const sn = g.op('MatMul', `${m}/new/MatMul`, [q, g.op('Transpose', `${m}/new_k/Transpose`, [k], { perm: [0, 1, 3, 2] })])
+  const top = g.op('Max', `${m}/top/Max`, [g.op('ReduceMax', `${m}/top/ReduceMax`, [sp], { axes: [-1], keepdims: 1 }), sn])
+  const ep = g.op('Exp', `${m}/past/Exp`, [g.op('Sub', `${m}/past/Sub`, [sp, top])])
+  const en = g.op('Exp', `${m}/new/Exp`, [g.op('Sub', `${m}/new/Sub`, [sn, top])])
+  const sum = g.op('Add', `${m}/sum/Add`, [g.op('MatMul', `${m}/sum/MatMul`, [ep, d.ones]), en])
+  const num = g.op('Add', `${m}/num/Add`, [g.op('MatMul', `${m}/num/MatMul`, [ep, pastV]), g.op('Mul', `${m}/num/Mul`, [en, v])])
+  const context = g.op('Reshape', `${m}/context/Reshape`, [g.op('Div', `${m}/context/Div`, [num, sum]), g.i64([0, 1, H * hd])])
+  return [context, k, v]
 }

@@ -9,6 +9,7 @@ type INodeProto = onnxProto.onnx.INodeProto
 type ITensorProto = onnxProto.onnx.ITensorProto
 type IValueInfoProto = onnxProto.onnx.IValueInfoProto
 type IAttributeProto = onnxProto.onnx.IAttributeProto
+type IGraphProto = onnxProto.onnx.IGraphProto
 
 /** ONNX TensorProto.DataType values used here. */
 export const DT = { FLOAT: 1, UINT8: 2, INT8: 3, INT32: 6, INT64: 7, BOOL: 9 } as const
@@ -18,7 +19,7 @@ export const MS_DOMAIN = 'com.microsoft'
 export const IR_VERSION = 8
 export const OPSET = 17
 
-export type AttrValue = number | number[] | string | { float: number } | { floats: number[] }
+export type AttrValue = number | number[] | string | { float: number } | { floats: number[] } | { graph: IGraphProto }
 export type Dim = number | string
 
 /** Large tensors start on a page boundary so a runtime may mmap them. */
@@ -27,6 +28,8 @@ const SMALL = 64
 
 export class GraphBuilder {
   readonly nodes: INodeProto[] = []
+  /** Where node() appends: the graph's nodes, or an If branch's while it is being built. */
+  private sink: INodeProto[] = this.nodes
   readonly initializers: ITensorProto[] = []
   readonly inputs: IValueInfoProto[] = []
   readonly outputs: IValueInfoProto[] = []
@@ -47,8 +50,29 @@ export class GraphBuilder {
     this.names.add(name)
     if (domain === MS_DOMAIN) this.usesMsDomain = true
     const outputs = Array.from({ length: outputCount }, (_, i) => `${name}/output_${i}`)
-    this.nodes.push({ name, opType, domain, input: inputs, output: outputs, attribute: Object.entries(attrs).map(([k, v]) => attr(k, v)) })
+    this.sink.push({ name, opType, domain, input: inputs, output: outputs, attribute: Object.entries(attrs).map(([k, v]) => attr(k, v)) })
     return outputs
+  }
+
+  /**
+   * An ONNX If node: `thenBranch` / `elseBranch` add their nodes (with this builder's node/op,
+   * which append to the branch while it is built; weights and constants stay in the outer graph,
+   * which a branch may read) and return their outputs, the same count and element types in both.
+   * Returns the If's outputs.
+   */
+  ifNode (name: string, cond: string, types: ElemType[], thenBranch: () => string[], elseBranch: () => string[]): string[] {
+    const branch = (label: string, build: () => string[]): IGraphProto => {
+      const outer = this.sink
+      const nodes: INodeProto[] = []
+      this.sink = nodes
+      let outs: string[]
+      try { outs = build() } finally { this.sink = outer }
+      if (outs.length !== types.length) throw new Error(`${name}: the ${label} branch returns ${outs.length} outputs, not ${types.length}`)
+      return { name: `${name}/${label}`, node: nodes, output: outs.map((o, i) => ({ name: o, type: { tensorType: { elemType: types[i]! } } })) }
+    }
+    const thenGraph = branch('then', thenBranch)
+    const elseGraph = branch('else', elseBranch)
+    return this.node('If', name, [cond], { then_branch: { graph: thenGraph }, else_branch: { graph: elseGraph } }, types.length)
   }
 
   /** Single-output shorthand. */
@@ -155,6 +179,7 @@ function attr (name: string, v: AttrValue): IAttributeProto {
   if (typeof v === 'string') return { name, type: T.STRING, s: new TextEncoder().encode(v) }
   if (Array.isArray(v)) return { name, type: T.INTS, ints: v }
   if ('float' in v) return { name, type: T.FLOAT, f: v.float }
+  if ('graph' in v) return { name, type: T.GRAPH, g: v.graph }
   return { name, type: T.FLOATS, floats: v.floats }
 }
 

@@ -33,7 +33,9 @@ export interface StageOptions {
 
 export async function buildStage (src: StageSource, o: StageOptions): Promise<GraphBuilder> {
   const g = new GraphBuilder(o.dataFile)
-  const ctx: BuildContext = { g, spec: o.spec, ops: o.ops, quant: o.quant, accuracyLevel: o.accuracyLevel }
+  // 'ort-contrib' stages are run by an engine that keeps its KV in place (daemon/engine
+  // runner-in-place.ts): one-position steps attend over the past buffer where it is.
+  const ctx: BuildContext = { g, spec: o.spec, ops: o.ops, quant: o.quant, accuracyLevel: o.accuracyLevel, decodeInPlace: o.ops.name === 'ort-contrib' }
   const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = o.spec.shape
   let x: string
   let embedShared: F32Tensor | undefined
@@ -50,12 +52,14 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   const kvDims = ['batch_size', kvH, 'past_sequence_length', hd]
   const presentDims = ['batch_size', kvH, 'total_sequence_length', hd]
   const presents: Array<[number, string, string]> = []
+  let newOnly = false
   for (let l = o.layers[0]; l <= o.layers[1]; l++) {
     const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
     const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
     const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
     x = r.out
     presents.push([l, r.presentK, r.presentV])
+    newOnly = r.newOnly === true
   }
   if (o.hasHead) {
     const keep = g.input(NUM_LOGITS_TO_KEEP, DT.INT64, [])
@@ -65,6 +69,15 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
     g.output(LOGITS, logits, DT.FLOAT, ['batch_size', 'logits_to_keep', head.shape[0]!])
   } else {
     g.output(HIDDEN_OUT, x, DT.FLOAT, ['batch_size', 'sequence_length', D])
+  }
+  const newDims = ['batch_size', kvH, 'sequence_length', hd]
+  if (newOnly) {
+    // In-place decode (decodeInPlace): the layers give their new columns only; no present exists.
+    for (const [l, k, v] of presents) {
+      g.output(newKeyName(l), k, DT.FLOAT, newDims)
+      g.output(newValueName(l), v, DT.FLOAT, newDims)
+    }
+    return g
   }
   // The new positions alone, so an engine that keeps its cache in place fetches S columns a step
   // instead of the whole present (onnxruntime-node copies every fetched output). Built before the
@@ -76,7 +89,6 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
     g.output(presentKeyName(l), k, DT.FLOAT, presentDims)
     g.output(presentValueName(l), v, DT.FLOAT, presentDims)
   }
-  const newDims = ['batch_size', kvH, 'sequence_length', hd]
   for (const [l, k, v] of news) {
     g.output(newKeyName(l), k, DT.FLOAT, newDims)
     g.output(newValueName(l), v, DT.FLOAT, newDims)

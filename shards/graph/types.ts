@@ -15,6 +15,11 @@ export interface BuildContext {
   quant: Quantization
   /** MatMulNBits accuracy_level (0: f32 activations; 4: int8 activations, faster). */
   accuracyLevel: number
+  /**
+   * 'ort-contrib' stage graphs for an engine that keeps its KV in place: one-position steps attend
+   * over the past buffer in place (no present), every step outputs only its new columns.
+   */
+  decodeInPlace?: boolean
 }
 
 export interface OpTable {
@@ -69,6 +74,8 @@ export type StageTables =
     seqlensK: string
     /** int32 [1]: T. */
     totalLength: string
+    /** One-position steps' tables over the past buffer, made with the first layer that needs them (decodeInPlace). */
+    decode?: { cond: string, bias: string, ones: string }
     /**
      * int64 [B, kvH, S, 1]: the columns of GroupQueryAttention's present that hold each row's new
      * positions (L_b − S .. L_b − 1), for GatherND with batch_dims 2 (the new_key_values outputs;
@@ -92,4 +99,6 @@ export interface AttentionOut {
   context: string
   presentK: string
   presentV: string
+  /** presentK / presentV hold only the step's new columns [B, kvH, S, hd] (decodeInPlace), not the whole present. */
+  newOnly?: boolean
 }

@@ -10,8 +10,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import {
   ATTENTION_MASK, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName,
+  newKeyName, newValueName, pastKeyName, pastValueName,
 } from '../../shards/contract.ts'
+import { nextPast } from '../kv-append.ts'
 import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { StageRunner } from '../../daemon/engine/index.ts'
 import type { Backend, HostTensor, TensorMap } from '../../daemon/engine/index.ts'
@@ -39,7 +40,7 @@ export function backendConformance (label: string, factory: () => Promise<Backen
     /** Feeds for new tokens `ids` at positions P.. with the given past (undefined: empty). */
     function feeds (ids: number[], past: TensorMap | undefined, keep: number): TensorMap {
       const { numLayers, numKvHeads, headDim } = model.manifest.shape
-      const p = past === undefined ? 0 : past[presentKeyName(0)]!.dims[2]!
+      const p = past === undefined ? 0 : past[pastKeyName(0)]!.dims[2]!
       const f: TensorMap = {
         [INPUT_IDS]: i64(ids, [1, ids.length]),
         [POSITION_IDS]: i64(ids.map((_, i) => p + i), [1, ids.length]),
@@ -48,10 +49,22 @@ export function backendConformance (label: string, factory: () => Promise<Backen
       }
       const empty = (): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [1, numKvHeads, 0, headDim] })
       for (let l = 0; l < numLayers; l++) {
-        f[pastKeyName(l)] = past?.[presentKeyName(l)] ?? empty()
-        f[pastValueName(l)] = past?.[presentValueName(l)] ?? empty()
+        f[pastKeyName(l)] = past?.[pastKeyName(l)] ?? empty()
+        f[pastValueName(l)] = past?.[pastValueName(l)] ?? empty()
       }
       return f
+    }
+
+    /** The past after a step: what it was fed plus the step's new columns (see test/kv-append.ts). */
+    function after (out: TensorMap, fed: TensorMap): TensorMap {
+      const next: TensorMap = {}
+      for (let l = 0; l < model.manifest.shape.numLayers; l++) {
+        for (const [name, kind] of [[pastKeyName(l), 'key'], [pastValueName(l), 'value']] as const) {
+          const t = nextPast(out, fed[name] as { data: Float32Array, dims: number[] }, l, kind)
+          next[name] = { type: 'float32', data: t.data, dims: t.dims }
+        }
+      }
+      return next
     }
 
     const maxDiff = (a: Float32Array, b: Float32Array): number => {
@@ -75,7 +88,7 @@ export function backendConformance (label: string, factory: () => Promise<Backen
       const s = await backend.load(model.graphPath, { device: options.device, threads: 1 })
       const { numLayers } = model.manifest.shape
       expect(s.inputNames).toEqual(expect.arrayContaining([INPUT_IDS, POSITION_IDS, ATTENTION_MASK, NUM_LOGITS_TO_KEEP, pastKeyName(numLayers - 1), pastValueName(0)]))
-      expect(s.outputNames).toEqual(expect.arrayContaining([LOGITS, presentKeyName(0), presentValueName(numLayers - 1)]))
+      expect(s.outputNames).toEqual(expect.arrayContaining([LOGITS, newKeyName(0), newValueName(numLayers - 1)]))
       await s.close()
     })
 
@@ -83,16 +96,19 @@ export function backendConformance (label: string, factory: () => Promise<Backen
       const { vocabSize, numKvHeads, headDim } = model.manifest.shape
       const s = await backend.load(model.graphPath, { device: options.device, threads: 1 })
       const ref = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
-      const pre = await s.run(feeds(prompt, undefined, 2))
-      const preRef = await ref.run(feeds(prompt, undefined, 2))
+      const first = feeds(prompt, undefined, 2)
+      const pre = await s.run(first)
+      const preRef = await ref.run(first)
       expect(pre[LOGITS]!.dims).toEqual([1, 2, vocabSize])
-      expect(pre[presentKeyName(0)]!.dims).toEqual([1, numKvHeads, prompt.length, headDim])
+      expect(pre[newKeyName(0)]!.dims).toEqual([1, numKvHeads, prompt.length, headDim])
       expect(maxDiff(pre[LOGITS]!.data as Float32Array, preRef[LOGITS]!.data as Float32Array)).toBeLessThanOrEqual(tolerance)
 
-      const dec = await s.run(feeds([42], pre, 1))
-      const decRef = await ref.run(feeds([42], preRef, 1))
+      const second = feeds([42], after(pre, first), 1)
+      const dec = await s.run(second)
+      const decRef = await ref.run(feeds([42], after(preRef, first), 1))
       expect(dec[LOGITS]!.dims).toEqual([1, 1, vocabSize])
-      expect(dec[presentValueName(0)]!.dims).toEqual([1, numKvHeads, prompt.length + 1, headDim])
+      expect(dec[newValueName(0)]!.dims).toEqual([1, numKvHeads, 1, headDim])
+      expect(after(dec, second)[pastValueName(0)]!.dims).toEqual([1, numKvHeads, prompt.length + 1, headDim])
       expect(maxDiff(dec[LOGITS]!.data as Float32Array, decRef[LOGITS]!.data as Float32Array)).toBeLessThanOrEqual(tolerance)
       await s.close()
       await ref.close()
@@ -101,8 +117,9 @@ export function backendConformance (label: string, factory: () => Promise<Backen
     it('gives the same last logits whether the prompt runs at once or in two chunks', async () => {
       const s = await backend.load(model.graphPath, { device: options.device, threads: 1 })
       const whole = await s.run(feeds(prompt, undefined, 1))
-      const first = await s.run(feeds(prompt.slice(0, 4), undefined, 1))
-      const second = await s.run(feeds(prompt.slice(4), first, 1))
+      const firstFeeds = feeds(prompt.slice(0, 4), undefined, 1)
+      const first = await s.run(firstFeeds)
+      const second = await s.run(feeds(prompt.slice(4), after(first, firstFeeds), 1))
       expect(maxDiff(whole[LOGITS]!.data as Float32Array, second[LOGITS]!.data as Float32Array)).toBeLessThanOrEqual(Math.max(tolerance, 1e-5))
       await s.close()
     })

@@ -4,6 +4,7 @@
  */
 import * as ort from 'onnxruntime-node'
 import type { ModelShape } from '../../shards/contract.ts'
+import { nextPast } from '../kv-append.ts'
 
 export async function referenceGreedy (graphPath: string, shape: ModelShape, promptIds: number[], count: number): Promise<number[]> {
   const session = await ort.InferenceSession.create(graphPath, { intraOpNumThreads: 1 })
@@ -31,8 +32,11 @@ export async function referenceGreedy (graphPath: string, shape: ModelShape, pro
       for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i
       out.push(best)
       for (let l = 0; l < shape.numLayers; l++) {
-        past[`past_key_values.${l}.key`] = r[`present.${l}.key`]!
-        past[`past_key_values.${l}.value`] = r[`present.${l}.value`]!
+        for (const kind of ['key', 'value'] as const) {
+          const name = `past_key_values.${l}.${kind}`
+          const next = nextPast(r as Record<string, ort.Tensor>, past[name] as { data: Float32Array, dims: readonly number[] }, l, kind)
+          past[name] = new ort.Tensor('float32', next.data, next.dims)
+        }
       }
       p += s
       input = [best]

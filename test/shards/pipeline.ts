@@ -3,12 +3,13 @@
  * chaining hidden_states_out → hidden_states, with an explicit KV cache per layer.
  */
 import ort from 'onnxruntime-node'
+import { nextPast } from '../kv-append.ts'
 import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { Tokenizer } from '@huggingface/tokenizers'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName, type ShardManifest,
+  pastKeyName, pastValueName, type ShardManifest,
 } from '../../shards/index.ts'
 
 export interface Pipeline {
@@ -72,8 +73,11 @@ export async function runStages (p: Pipeline, x: StageStep, past: Map<string, or
     }
     const out = await p.sessions[i]!.run(feeds)
     for (let l = s.layers[0]; l <= s.layers[1]; l++) {
-      present.set(pastKeyName(l), out[presentKeyName(l)]!)
-      present.set(pastValueName(l), out[presentValueName(l)]!)
+      for (const [name, kind] of [[pastKeyName(l), 'key'], [pastValueName(l), 'value']] as const) {
+        const lengths = Array.from({ length: x.B }, (_, b) => x.mask.slice(b * x.T, (b + 1) * x.T).reduce((n, m) => n + m, 0) - x.S)
+        const next = nextPast(out, past.get(name) as { data: Float32Array, dims: readonly number[] } | undefined, l, kind, lengths)
+        present.set(name, new ort.Tensor('float32', next.data, next.dims))
+      }
     }
     if (s.hasHead) logits = out[LOGITS]
     else hidden = out[HIDDEN_OUT]
