@@ -63,7 +63,19 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
 
   const openStream = async (peerId: string, protocol: string, signal?: AbortSignal): Promise<Stream> => {
     if (node === undefined || !running) throw new MeshNotRunningError()
-    if (!admission.isAdmitted(peerId)) throw new PeerNotAdmittedError(peerId, 'not in the admitted set')
+    if (!admission.isAdmitted(peerId)) {
+      // A peer this node has only heard of — its signed record came by gossip, the dialer is
+      // connecting and the handshake may be under way (a node that joined a moment ago, asked to
+      // pull KV from a peer it has not met yet) — is waited for, within the admission deadline,
+      // instead of failing at once. Peers nobody vouched for still fail at once.
+      const record = peers.get(peerId)?.record
+      if (record === undefined) throw new PeerNotAdmittedError(peerId, 'not in the admitted set')
+      dialer.want(peerId, record.addrs)
+      const bound = AbortSignal.timeout(timings.admissionDeadlineMs)
+      if (!(await admission.waitForAdmission(peerId, signal === undefined ? bound : AbortSignal.any([signal, bound])))) {
+        throw new PeerNotAdmittedError(peerId, 'not in the admitted set')
+      }
+    }
     return await node.dialProtocol(peerIdFromString(peerId), protocol, { signal: signal ?? AbortSignal.timeout(10_000) })
   }
 

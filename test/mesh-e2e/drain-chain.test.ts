@@ -108,8 +108,9 @@ describe('draining a stage node moves its chains, and their kept KV, to another 
   it('turn 2 runs on A → B\', B\' pulls its layers from the drained B, and the tokens equal a cold run\'s', async () => {
     // Turn 1: the only chain there is, A → B; both stages keep the conversation's KV. Long
     // enough that B' (no prefill measured yet: 2,000 tok/s assumed) judges the pull worth it
-    // even when its first RTT to B was measured on a busy machine (64 tokens, 32 ms of
-    // recompute, lost to an RTT sample of that size now and then).
+    // even when its first RTT to B was measured on a busy machine (RTT samples of 25 ms were seen
+    // under load; 64 tokens are 32 ms of recompute). B' may not have met B yet when turn 2 comes
+    // (it knows B from gossip): its pull waits for that admission (daemon/mesh openStream).
     const turn1 = tokens(400, 5)
     const r1 = await complete(a.url!, turn1, 8)
     expect(r1.route.split(',')).toEqual([a.peerId, b.peerId])
