@@ -18,7 +18,7 @@ import { EngineError } from './errors.ts'
 import type { TensorMap } from './backend/types.ts'
 import { blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
-import { chunkFeeds, groupFeeds, groupOutputs } from './runner-io.ts'
+import { chunkFeeds, groupBlock, groupFeeds, groupOutputs } from './runner-io.ts'
 import type { KvLayout, KvSequence, Live, RunContext } from './runner-io.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 
@@ -101,12 +101,8 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
      * and its new columns are written into its row after the run.
      */
     async runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
-      const rows = group.length
-      let lmax = 0
-      for (const { seq } of group) lmax = Math.max(lmax, seq.length)
-      const first = group[0]!.seq.kv
-      const shared = first !== undefined && first.block.rows === rows && writable(first, lmax + s) &&
-        group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+      const { block: held, longest: lmax } = groupBlock(group)
+      const shared = held !== undefined && writable({ block: held, row: 0 }, lmax + s)
       if (!shared) {
         const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
         const replaced = new Set<KvBlock>()
@@ -117,6 +113,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
         for (const old of replaced) release(old)
       }
       const block = group[0]!.seq.kv!.block
+      const rows = group.length
       const total = lmax + s
       const mask = new BigInt64Array(rows * total)
       group.forEach(({ seq }, b) => mask.fill(1n, b * total, b * total + seq.length + s))

@@ -45,6 +45,19 @@ export interface KvLayout {
   runGroup: (group: Live[], s: number) => Promise<BatchStepResult[]>
 }
 
+/**
+ * The block a group's sequences are exactly the rows of, in order (the previous run's, which may
+ * be fed again as is), and the group's longest cache.
+ */
+export function groupBlock (group: Live[]): { block: KvRef['block'] | undefined, longest: number } {
+  let longest = 0
+  for (const { seq } of group) longest = Math.max(longest, seq.length)
+  const first = group[0]?.seq.kv
+  const inOrder = first !== undefined && first.block.rows === group.length &&
+    group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+  return { block: inOrder ? first.block : undefined, longest }
+}
+
 export const emptyPast = (ctx: RunContext, rows = 1): HostTensor => ({ type: 'float32', data: new Float32Array(0), dims: [rows, ctx.kvH, 0, ctx.hd] })
 
 /** A one-sequence chunk's feeds: positions [a, b), its mask, its inputs, `past(layer index)` for each layer, logits to keep. */

@@ -12,7 +12,7 @@ import { EngineError } from './errors.ts'
 import type { HostTensor, TensorMap } from './backend/types.ts'
 import { copyRow, createScratch, ownRow } from './kv-block.ts'
 import type { KvBlock } from './kv-block.ts'
-import { chunkFeeds, emptyPast, groupFeeds, groupOutputs } from './runner-io.ts'
+import { chunkFeeds, emptyPast, groupBlock, groupFeeds, groupOutputs } from './runner-io.ts'
 import type { KvLayout, Live, RunContext } from './runner-io.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 
@@ -61,19 +61,16 @@ export function createPaddedLayout (ctx: RunContext, release: (block: KvBlock | 
      */
     async runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
       const rows = group.length
-      let pmax = 0
-      for (const { seq } of group) pmax = Math.max(pmax, seq.length)
-      const first = group[0]!.seq.kv
       // The previous run's block, fed as is, when it holds exactly these sequences in order.
-      const shared = first !== undefined && first.block.rows === rows && first.block.total === pmax &&
-        group.every(({ seq }, b) => seq.kv?.block === first.block && seq.kv.row === b)
+      const { block: held, longest: pmax } = groupBlock(group)
+      const shared = held !== undefined && held.total === pmax ? held : undefined
       const total = pmax + s
       const mask = new BigInt64Array(rows * total)
       group.forEach(({ seq }, b) => mask.fill(1n, b * total + pmax - seq.length, (b + 1) * total))
       const feeds = groupFeeds(ctx, group, s, mask, total)
       layers.forEach((l, i) => {
         let pair: [HostTensor, HostTensor]
-        if (shared) pair = first.block.layers[i]!
+        if (shared !== undefined) pair = shared.layers[i]!
         else if (pmax === 0) pair = [emptyPast(ctx, rows), emptyPast(ctx, rows)]
         else {
           pair = [0, 1].map(kind => {
