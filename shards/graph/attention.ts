@@ -239,7 +239,7 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
         g.op('GatherND', `${n}/new_value/GatherND`, [presentV, t.newColumns], { batch_dims: 2 }),
       ]
     }) as [string, string, string]
-  return { context, presentK: newK, presentV: newV, newOnly: true }
+  return { context, presentK: newK, presentV: newV }
 }
 
 /**

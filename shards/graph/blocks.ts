@@ -72,7 +72,7 @@ export function makeNorm (ctx: BuildContext, name: string, x: string, weightName
 }
 
 /** The layer's fused q/k/v projection, then the op table's attention primitive, then o_proj. */
-export function makeAttention (ctx: BuildContext, l: number, x: string, w: LayerWeights, t: StageTables, pastK: string, pastV: string): { out: string, presentK: string, presentV: string, newOnly?: boolean } {
+export function makeAttention (ctx: BuildContext, l: number, x: string, w: LayerWeights, t: StageTables, pastK: string, pastV: string): { out: string, presentK: string, presentV: string } {
   const { g } = ctx
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
   const n = `/model/layers.${l}/attn`
@@ -90,7 +90,7 @@ export function makeAttention (ctx: BuildContext, l: number, x: string, w: Layer
     qkv, split, pastK, pastV, ...(w.qNorm !== undefined ? { qNorm: w.qNorm } : {}), ...(w.kNorm !== undefined ? { kNorm: w.kNorm } : {}),
   }, t)
   const out = makeLinear(ctx, `${n}/o_proj`, `${wn}.o_proj.weight`, a.context, w.o)
-  return { out, presentK: a.presentK, presentV: a.presentV, ...(a.newOnly === true ? { newOnly: true } : {}) }
+  return { out, presentK: a.presentK, presentV: a.presentV }
 }
 
 /** SwiGLU of width I: down(silu(gate(x)) · up(x)), gate and up as one fused matmul. Nodes under `name`, weights under `weightPrefix`. */
@@ -137,7 +137,7 @@ export function makeMoe (ctx: BuildContext, l: number, x: string, w: MoeWeights)
  * One pre-norm decoder layer. The layer's output is a plain f32 Add, and the only fused
  * add+norm (op table addNorm) stays inside the layer, so stage cuts are bit-exact.
  */
-export function makeLayer (ctx: BuildContext, l: number, x: string, w: LayerWeights, t: StageTables, pastK: string, pastV: string): { out: string, presentK: string, presentV: string, newOnly?: boolean } {
+export function makeLayer (ctx: BuildContext, l: number, x: string, w: LayerWeights, t: StageTables, pastK: string, pastV: string): { out: string, presentK: string, presentV: string } {
   const { g } = ctx
   const n = `/model/layers.${l}`
   const h1 = makeNorm(ctx, `${n}/input_layernorm`, x, `model.layers.${l}.input_layernorm.weight`, w.inputNorm)
@@ -146,7 +146,7 @@ export function makeLayer (ctx: BuildContext, l: number, x: string, w: LayerWeig
   const { sum: r1, normed: h2 } = ctx.ops.addNorm(g, `${n}/post_attention_layernorm`, `${n}/attn_residual`, x, attn.out, post, ctx.spec.shape.rmsNormEps)
   const ffn = w.moe !== undefined ? makeMoe(ctx, l, h2, w.moe) : makeMlp(ctx, l, h2, w)
   const out = g.op('Add', `${n}/mlp_residual/Add`, [r1, ffn])
-  return { out, presentK: attn.presentK, presentV: attn.presentV, ...(attn.newOnly === true ? { newOnly: true } : {}) }
+  return { out, presentK: attn.presentK, presentV: attn.presentV }
 }
 
 /**

@@ -52,14 +52,12 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   const kvDims = ['batch_size', kvH, 'past_sequence_length', hd]
   const presentDims = ['batch_size', kvH, 'total_sequence_length', hd]
   const presents: Array<[number, string, string]> = []
-  let newOnly = false
   for (let l = o.layers[0]; l <= o.layers[1]; l++) {
     const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
     const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
     const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
     x = r.out
     presents.push([l, r.presentK, r.presentV])
-    newOnly = r.newOnly === true
   }
   if (o.hasHead) {
     const keep = g.input(NUM_LOGITS_TO_KEEP, DT.INT64, [])
@@ -70,28 +68,13 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   } else {
     g.output(HIDDEN_OUT, x, DT.FLOAT, ['batch_size', 'sequence_length', D])
   }
-  const newDims = ['batch_size', kvH, 'sequence_length', hd]
-  if (newOnly) {
-    // In-place decode (decodeInPlace): the layers give their new columns only; no present exists.
-    for (const [l, k, v] of presents) {
-      g.output(newKeyName(l), k, DT.FLOAT, newDims)
-      g.output(newValueName(l), v, DT.FLOAT, newDims)
-    }
-    return g
-  }
-  // The new positions alone, so an engine that keeps its cache in place fetches S columns a step
-  // instead of the whole present (onnxruntime-node copies every fetched output). Built before the
-  // outputs are named (naming an output renames its producer's value).
-  const news = tables.kind !== 'gqa' ? [] : presents.map(([l, k, v]) => [l,
-    g.op('GatherND', `/model/layers.${l}/new_key/GatherND`, [k, tables.newColumns], { batch_dims: 2 }),
-    g.op('GatherND', `/model/layers.${l}/new_value/GatherND`, [v, tables.newColumns], { batch_dims: 2 })] as const)
+  // In-place decode ('ort-contrib': GroupQueryAttention tables) gives each layer's new columns
+  // only (attention.ts gqaAttention); no present exists there.
+  const newOnly = ctx.decodeInPlace === true && tables.kind === 'gqa'
+  const dims = newOnly ? ['batch_size', kvH, 'sequence_length', hd] : presentDims
   for (const [l, k, v] of presents) {
-    g.output(presentKeyName(l), k, DT.FLOAT, presentDims)
-    g.output(presentValueName(l), v, DT.FLOAT, presentDims)
-  }
-  for (const [l, k, v] of news) {
-    g.output(newKeyName(l), k, DT.FLOAT, newDims)
-    g.output(newValueName(l), v, DT.FLOAT, newDims)
+    g.output(newOnly ? newKeyName(l) : presentKeyName(l), k, DT.FLOAT, dims)
+    g.output(newOnly ? newValueName(l) : presentValueName(l), v, DT.FLOAT, dims)
   }
   return g
 }

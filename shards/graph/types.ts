@@ -97,8 +97,7 @@ export interface AttentionIo {
 
 export interface AttentionOut {
   context: string
+  /** The layer's present KV; with `BuildContext.decodeInPlace`, only the step's new columns [B, kvH, S, hd]. */
   presentK: string
   presentV: string
-  /** presentK / presentV hold only the step's new columns [B, kvH, S, hd] (decodeInPlace), not the whole present. */
-  newOnly?: boolean
 }
