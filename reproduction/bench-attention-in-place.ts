@@ -28,6 +28,7 @@ import ort from 'onnxruntime-node'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { createRng } from '../daemon/engine/index.ts'
 import { loadAverage, upperMedian } from './lib/index.ts'
+import { DIM, GROUP, H, HD, KVH, LAYERS, SCALE } from './lib/attention-shape.ts'
 
 const { values } = parseArgs({
   options: {
@@ -37,13 +38,6 @@ const { values } = parseArgs({
   },
 })
 const STEPS = Number(values.steps)
-const LAYERS = 8
-const DIM = 512
-const H = 8
-const KVH = 2
-const HD = 64
-const GROUP = H / KVH
-const SCALE = 1 / Math.sqrt(HD)
 const ROOM = 32
 
 const rand = createRng(7)

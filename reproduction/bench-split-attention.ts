@@ -29,6 +29,7 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { loadAverage, upperMedian } from './lib/index.ts'
+import { DIM, GROUP, H, HD, KVH, LAYERS, SCALE } from './lib/attention-shape.ts'
 
 const { values } = parseArgs({
   options: {
@@ -44,14 +45,6 @@ const STEPS = Number(values.steps)
 const WARMUP = Number(values.warmup)
 const R = Number(values.recent)
 const THREADS = Number(values.threads)
-
-const LAYERS = 8
-const DIM = 512
-const H = 8
-const KVH = 2
-const HD = 64
-const GROUP = H / KVH
-const SCALE = 1 / Math.sqrt(HD)
 
 // Deterministic pseudo-random normals (same weights in both graphs).
 function rng (seed: number): () => number {
