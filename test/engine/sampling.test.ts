@@ -1,6 +1,36 @@
 import { describe, expect, it } from 'vitest'
 import fc from 'fast-check'
-import { argmax, createRng, nucleus, sampleToken } from '../../daemon/engine/index.ts'
+import { argmax, createRng, nucleus, pickToken, sampleToken } from '../../daemon/engine/index.ts'
+
+/** The plain definitions the fast sampler must agree with: one compare-and-remember loop, and a full sort. */
+function referenceArgmax (logits: Float32Array, offset = 0, length = logits.length - offset): number {
+  let best = 0
+  let bestValue = -Infinity
+  for (let i = 0; i < length; i++) {
+    const v = logits[offset + i]!
+    if (v > bestValue) { bestValue = v; best = i }
+  }
+  return best
+}
+
+/** Kept ids (sorted by id) of the smallest most-likely prefix reaching topP, and the prefix mass just before the last kept token. */
+function referenceNucleus (logits: Float32Array, temperature: number, topP: number): { ids: number[], before: number } {
+  const p = Array.from(logits, l => l / temperature)
+  const max = Math.max(...p)
+  const e = p.map(z => Math.exp(z - max))
+  const sum = e.reduce((a, b) => a + b, 0)
+  const order = e.map((_, i) => i).sort((a, b) => (e[b]! - e[a]!) || (a - b))
+  const ids: number[] = []
+  let mass = 0
+  let before = 0
+  for (const i of order) {
+    before = mass
+    ids.push(i)
+    mass += e[i]! / sum
+    if (mass >= topP) break
+  }
+  return { ids: ids.sort((a, b) => a - b), before }
+}
 
 describe('sampling', () => {
   it('greedy picks the argmax; ties go to the lowest id', () => {
@@ -10,6 +40,19 @@ describe('sampling', () => {
     // over a row of a [K, V] block
     expect(argmax(Float32Array.of(9, 9, 0, 1, 1), 2, 3)).toBe(1)
     expect(sampleToken(Float32Array.of(0, 7, 7), { temperature: 0, topP: 0.1 }, () => 0.99)).toBe(1)
+  })
+
+  it('property: argmax is the first index of the largest value, whatever the row and its offset', () => {
+    fc.assert(fc.property(
+      fc.array(fc.oneof(fc.float({ noNaN: false }), fc.constantFrom(1, 1, -Infinity, NaN)), { minLength: 1, maxLength: 70 }),
+      fc.nat(), fc.nat(),
+      (values, a, b) => {
+        const logits = Float32Array.from(values)
+        const offset = a % logits.length
+        const length = 1 + (b % (logits.length - offset))
+        expect(argmax(logits, offset, length)).toBe(referenceArgmax(logits, offset, length))
+      },
+    ), { numRuns: 500 })
   })
 
   it('the same seed gives the same tokens; different seeds differ', () => {
@@ -67,6 +110,56 @@ describe('sampling', () => {
         for (let k = 0; k < 5; k++) expect(kept.has(sampleToken(logits, { temperature, topP }, rng))).toBe(true)
       },
     ), { numRuns: 200 })
+  })
+
+  it('property: the nucleus is the sorted definition\'s, without sorting (ties by lower id)', () => {
+    fc.assert(fc.property(
+      fc.array(fc.oneof(fc.float({ min: -10, max: 10, noNaN: true }), fc.constantFrom(0, 0, 1)), { minLength: 1, maxLength: 600 }),
+      fc.double({ min: 0.01, max: 1, noNaN: true }),
+      fc.double({ min: 0.2, max: 2, noNaN: true }),
+      (values, topP, temperature) => {
+        const logits = Float32Array.from(values)
+        const ref = referenceNucleus(logits, temperature, topP)
+        const got = nucleus(logits, { temperature, topP })
+        // Sums in another order may round across p only where the reference's prefix mass is within rounding of it.
+        if (Math.abs(ref.before - topP) > 1e-9) expect([...got.ids]).toEqual(ref.ids)
+      },
+    ), { numRuns: 300 })
+  })
+
+  it('a 32k vocabulary: the cut through many log-probability buckets equals the sorted one', () => {
+    const rng = createRng(5)
+    const peaked = Float32Array.from({ length: 32000 }, () => (rng() * 2 - 1) * 12)
+    const flat = Float32Array.from({ length: 32000 }, () => rng() * 0.001)
+    const same = new Float32Array(32000).fill(0.25)
+    for (const [logits, temperature, topP] of [[peaked, 0.7, 0.9], [peaked, 1, 0.5], [flat, 1, 0.95], [flat, 0.5, 0.3]] as const) {
+      const ref = referenceNucleus(logits, temperature, topP)
+      expect([...nucleus(logits, { temperature, topP }).ids]).toEqual(ref.ids)
+    }
+    // All equal: the lower half of the ids, exactly (the normalised running sum of the sorted
+    // definition rounds just short of 0.5 at 16,000 and keeps one more).
+    expect(nucleus(same, { temperature: 1, topP: 0.5 }).ids.length).toBe(16000)
+    expect(nucleus(same, { temperature: 1, topP: 0.5 }).ids[15999]).toBe(15999)
+    // top-p 1 keeps every token that has any probability.
+    expect(nucleus(peaked, { temperature: 1, topP: 1 }).ids.length).toBe(32000)
+  })
+
+  it('a draw u lands on the kept token whose cumulative probability (in id order) first exceeds it', () => {
+    const logits = Float32Array.from([0.1, 0.6, 0.05, 0.25].map(Math.log))
+    const pick = (u: number, topP = 1): number => pickToken(logits, { temperature: 1, topP, u })
+    expect([0, 0.099, 0.1, 0.69, 0.7, 0.74, 0.75, 0.999].map(u => pick(u))).toEqual([0, 0, 1, 1, 2, 2, 3, 3])
+    // top-p 0.8 keeps 0.6 + 0.25 (ids 1 and 3), renormalised: id 1 below 0.6 / 0.85.
+    expect([0, 0.7, 0.71, 0.99].map(u => pick(u, 0.8))).toEqual([1, 1, 3, 3])
+  })
+
+  it('top-p sampling follows the renormalised nucleus', () => {
+    const logits = Float32Array.from([0.5, 0.3, 0.15, 0.05].map(Math.log))
+    const rng = createRng(11)
+    const counts = [0, 0, 0, 0]
+    for (let i = 0; i < 20000; i++) counts[sampleToken(logits, { temperature: 1, topP: 0.9 }, rng)]!++
+    expect(counts[3]).toBe(0)
+    expect(counts[0]! / 20000).toBeCloseTo(0.5 / 0.95, 1)
+    expect(counts[2]! / 20000).toBeCloseTo(0.15 / 0.95, 1)
   })
 
   it('temperature sampling follows the distribution', () => {
