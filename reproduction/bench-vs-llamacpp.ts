@@ -28,6 +28,7 @@
  *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
  *     [--skip-ids]       (no untimed pass for the greedy ids: timing only)
+ *     [--temperature T]  (timed requests sample at T over the whole vocabulary; default 0, greedy)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
 import { spawn, spawnSync } from 'node:child_process'
@@ -67,12 +68,16 @@ const { values: args } = parseArgs({
     'skip-ids': { type: 'boolean', default: false },
     // Extra arguments for `shoal serve`, space-separated (e.g. "--draft none" to compare with the default prompt lookup).
     'shoal-args': { type: 'string', default: '' },
+    // Timed requests sample at this temperature (0: greedy). Both servers draw from the whole
+    // vocabulary: llama-server with its top-k, top-p, min-p and typical-p filters off.
+    temperature: { type: 'string', default: '0' },
   },
 })
 const REPS = Number(args.reps)
 const TOKENS = Number(args.tokens)
 const STREAMS = Number(args.streams)
 const PROMPT = Number(args.prompt)
+const TEMPERATURE = Number(args.temperature)
 const LONG = Number(args.long)
 const THREADS = Number(args.threads)
 const REPO = resolve(import.meta.dirname, '..')
@@ -320,9 +325,9 @@ interface Completion { count: number, t0: number, first: number, last: number, e
  * chunk: that chunk's time is its first token's.
  */
 async function complete (s: Server, prompt: number[], maxTokens: number): Promise<Completion> {
-  const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, stream: true }
+  const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature: TEMPERATURE, top_p: 1, seed: prompt.length + maxTokens, stream: true }
   if (s.kind === 'shoal') body.return_token_ids = true
-  else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true })
+  else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true, top_k: 0, min_p: 0, typical_p: 1 })
   const t0 = performance.now()
   const res = await post(s, '/v1/completions', body)
   let count = 0
@@ -562,7 +567,7 @@ async function main (): Promise<void> {
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${RT.length > 0 ? `; servers and llama-bench under \`${RT.join(' ')}\`` : ''}`,
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
-    `requests: /v1/completions, token-id prompts, greedy (temperature 0), streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
+    `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
   for (const f of failures) lines.push(`FAILED: ${f}`)
