@@ -38,6 +38,8 @@ export interface SpeculationInit extends SpeculationOptions {
   metrics?: Registry
   /** Each request's counts when it ends (tests, receipts). */
   onRequestEnd?: (requestId: string, counts: SpeculationCounts) => void
+  /** The cost model's clock, in ms (default performance.now; tests pass a steady one so adaptive K does not follow the machine's load). */
+  now?: () => number
 }
 
 /** A pipeline chain's request, structurally (daemon/pipeline's ChainWrapContext). */

@@ -144,12 +144,60 @@ describe('sampling', () => {
     expect(nucleus(peaked, { temperature: 1, topP: 1 }).ids.length).toBe(32000)
   })
 
-  it('a draw u lands on the kept token whose cumulative probability (in id order) first exceeds it', () => {
+  it('with top-p < 1, a draw u lands on the kept token whose cumulative probability (in id order) first exceeds it', () => {
     const logits = Float32Array.from([0.1, 0.6, 0.05, 0.25].map(Math.log))
-    const pick = (u: number, topP = 1): number => pickToken(logits, { temperature: 1, topP, u })
-    expect([0, 0.099, 0.1, 0.69, 0.7, 0.74, 0.75, 0.999].map(u => pick(u))).toEqual([0, 0, 1, 1, 2, 2, 3, 3])
     // top-p 0.8 keeps 0.6 + 0.25 (ids 1 and 3), renormalised: id 1 below 0.6 / 0.85.
-    expect([0, 0.7, 0.71, 0.99].map(u => pick(u, 0.8))).toEqual([1, 1, 3, 3])
+    expect([0, 0.7, 0.71, 0.99].map(u => pickToken(logits, { temperature: 1, topP: 0.8, u }))).toEqual([1, 1, 3, 3])
+  })
+
+  it('over the whole vocabulary a draw is a function of u, and the draws follow softmax exactly (chi-square over 2,000 tokens)', () => {
+    const rng = createRng(21)
+    // 2,000 logits over ~40 nats: many rejection cells, and some tokens past the last one.
+    const logits = Float32Array.from({ length: 2000 }, (_, i) => i === 7 ? 6 : (rng() * 2 - 1) * 20)
+    logits[11] = -Infinity
+    logits[13] = NaN
+    for (const temperature of [1, 0.6]) {
+      const z = Array.from(logits, l => Number.isNaN(l) ? -Infinity : l / temperature)
+      const max = Math.max(...z)
+      const e = z.map(v => Math.exp(v - max))
+      const sum = e.reduce((a, b) => a + b, 0)
+      // Ten bins of about equal probability, by id order.
+      const bin = new Int32Array(2000)
+      let acc = 0
+      e.forEach((w, i) => { bin[i] = Math.min(9, Math.floor(acc / sum * 10)); acc += w })
+      const expected = new Float64Array(10)
+      e.forEach((w, i) => { const b = bin[i]!; expected[b] = expected[b]! + w / sum })
+      const draws = 20000
+      const seen = new Float64Array(10)
+      const u = createRng(5)
+      for (let d = 0; d < draws; d++) {
+        const x = u()
+        const id = pickToken(logits, { temperature, topP: 1, u: x })
+        expect(id).not.toBe(11)
+        expect(id).not.toBe(13)
+        if (d < 50) expect(pickToken(logits, { temperature, topP: 1, u: x })).toBe(id)
+        seen[bin[id]!]!++
+      }
+      let chi = 0
+      for (let b = 0; b < 10; b++) if (expected[b]! > 0) chi += (seen[b]! - expected[b]! * draws) ** 2 / (expected[b]! * draws)
+      expect(chi).toBeLessThan(30) // 9 degrees of freedom: p ≈ 0.0004
+    }
+  })
+
+  it('over the whole vocabulary: two tokens in one rejection cell keep their exact odds', () => {
+    // Both within the top cell (1/16 nat wide): proposed equally, so only the acceptance test
+    // makes token 0 more likely — e^0.06 / (1 + e^0.06) = 0.51500 (always accepting would give 0.5).
+    const logits = Float32Array.of(0, -0.06)
+    const u = createRng(9)
+    let zeros = 0
+    for (let d = 0; d < 100000; d++) if (pickToken(logits, { temperature: 1, topP: 1, u: u() }) === 0) zeros++
+    expect(Math.abs(zeros / 100000 - 1 / (1 + Math.exp(-0.06)))).toBeLessThan(0.005)
+  })
+
+  it('over the whole vocabulary: nothing finite gives the argmax; a +∞ logit wins', () => {
+    expect(pickToken(Float32Array.of(-Infinity, NaN, -Infinity), { temperature: 1, topP: 1, u: 0.5 })).toBe(0)
+    expect(pickToken(Float32Array.of(0, Infinity, 3), { temperature: 1, topP: 1, u: 0.5 })).toBe(1)
+    expect(pickToken(Float32Array.of(0, 1e-3, -5), { temperature: 1e-9, topP: 1, u: 0.99 })).toBe(1)
   })
 
   it('top-p sampling follows the renormalised nucleus', () => {
