@@ -64,9 +64,10 @@ export function argmax (logits: Float32Array, offset = 0, length = logits.length
 /**
  * What temperature and top-p keep of one row: `w[i]` = exp(logit_i / T − max) for a kept token, 0
  * for a dropped one, and `sum` their total (added in id order). In O(V): no sort of the vocabulary
- * (sorting 32k ids cost ~17 ms a token). Top-p keeps the smallest set of the most likely tokens whose
- * mass reaches p (equal probabilities: lower ids first), found by bucketing the candidates by
- * log-probability and descending into the one bucket where the mass crosses p (nucleusCut).
+ * (sorting 32k ids cost ~17 ms a token). Top-p keeps the smallest set of the most likely tokens
+ * whose mass reaches p (equal probabilities: lower ids first): the weights' pass also sums them
+ * by cells of 1/16 nat below the maximum (as drawFromCells); cells are kept whole from the top
+ * while the mass stays short of p, and the one where it crosses is cut by nucleusCut.
  */
 function keptWeights (logits: Float32Array, params: SamplerParams, offset: number, length: number): { w: Float64Array, sum: number } {
   const inv = 1 / params.temperature
@@ -75,10 +76,38 @@ function keptWeights (logits: Float32Array, params: SamplerParams, offset: numbe
   for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
   const w = scratch(0, length)
   let total = 0
-  for (let i = 0; i < length; i++) { const e = Math.exp(z[i]! - max); w[i] = e; total += e }
   const topP = Math.min(1, Math.max(params.topP, 0))
-  if (!(total > 0) || topP >= 1) return { w, sum: total }
-  const keep = nucleusCut(w, z, length, topP * total)
+  if (topP >= 1) {
+    for (let i = 0; i < length; i++) { const e = Math.exp(z[i]! - max); w[i] = e; total += e }
+    return { w, sum: total }
+  }
+  const cell = cellScratch(length)
+  const cellMass = new Float64Array(CELLS)
+  const cellCount = new Int32Array(CELLS)
+  for (let i = 0; i < length; i++) {
+    const e = Math.exp(z[i]! - max)
+    w[i] = e
+    total += e
+    const d = (max - z[i]!) * CELLS_PER_NAT
+    const c = d < CELLS - 1 ? d | 0 : CELLS - 1
+    cell[i] = c
+    cellMass[c] = cellMass[c]! + e
+    cellCount[c]!++
+  }
+  if (!(total > 0)) return { w, sum: total }
+  const target = topP * total
+  let mass = 0
+  let cross = 0
+  while (cross < CELLS - 1 && mass + cellMass[cross]! < target) mass += cellMass[cross++]!
+  const keep = new Uint8Array(length)
+  const candidates = new Int32Array(cellCount[cross]!)
+  let n = 0
+  for (let i = 0; i < length; i++) {
+    const c = cell[i]!
+    if (c < cross) keep[i] = 1
+    else if (c === cross && w[i]! > 0) candidates[n++] = i
+  }
+  nucleusCut(w, z, candidates.subarray(0, n), mass, target, keep)
   let sum = 0
   for (let i = 0; i < length; i++) {
     if (keep[i] === 1) sum += w[i]!
@@ -99,23 +128,18 @@ const CUT_BUCKETS = 64
 const CUT_SORT_BELOW = 256
 
 /**
- * Flags (1) the smallest set of the largest of w[0, length) whose total reaches `target`, ties by
- * lower index: candidates are bucketed by log-weight (`lw`: the scaled logits, w = exp(lw − max),
- * the same order) between their largest and smallest, buckets
- * taken whole from the top while the mass stays short of the target, and the one bucket where it
- * crosses becomes the new candidates (always fewer: the largest and the smallest fall in
- * different buckets) — until few enough to sort, or all equal (then in index order, which
- * candidates keep).
+ * Flags (1) in `keep` the smallest set of the largest weights among `candidates` (indices in
+ * increasing order, all with w > 0) that brings `mass` to `target`, ties by lower index: the
+ * candidates are bucketed by log-weight (`lw`: the scaled logits, w = exp(lw − max), the same
+ * order) between their largest and smallest, buckets taken whole from the top while the mass
+ * stays short of the target, and the one bucket where it crosses becomes the new candidates
+ * (always fewer: the largest and the smallest fall in different buckets) — until few enough to
+ * sort, or all equal (then in index order).
  */
-function nucleusCut (w: Float64Array, lw: Float64Array, length: number, target: number): Uint8Array {
-  const keep = new Uint8Array(length)
-  // Zero weights (underflowed) add no mass: never candidates.
-  let candidates = new Int32Array(length)
-  let count = 0
-  for (let i = 0; i < length; i++) if (w[i]! > 0) candidates[count++] = i
+function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, mass: number, target: number, keep: Uint8Array): void {
+  let count = candidates.length
   const bucketMass = new Float64Array(CUT_BUCKETS)
   const bucketCount = new Int32Array(CUT_BUCKETS)
-  let mass = 0
   for (;;) {
     if (count <= CUT_SORT_BELOW) {
       const order = Array.from(candidates.subarray(0, count)).sort((a, b) => (w[b]! - w[a]!) || (a - b))
@@ -124,7 +148,7 @@ function nucleusCut (w: Float64Array, lw: Float64Array, length: number, target: 
         mass += w[i]!
         if (mass >= target) break
       }
-      return keep
+      return
     }
     let hi = -Infinity
     let lo = Infinity
@@ -137,7 +161,7 @@ function nucleusCut (w: Float64Array, lw: Float64Array, length: number, target: 
         mass += w[i]!
         if (mass >= target) break
       }
-      return keep
+      return
     }
     const scale = CUT_BUCKETS / (hi - lo)
     bucketMass.fill(0)
@@ -159,7 +183,6 @@ function nucleusCut (w: Float64Array, lw: Float64Array, length: number, target: 
       else if (b === cross) candidates[n++] = i
     }
     count = n
-    candidates = candidates.subarray(0, count)
   }
 }
 
