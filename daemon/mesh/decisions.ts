@@ -97,3 +97,19 @@ export function firstDialDelay (selfPeerId: string, peerId: string, graceMs: num
 export function expiresSoon (notAfterMs: number, now: number, windowMs: number): boolean {
   return notAfterMs - now <= windowMs
 }
+
+/** Load round trips a peer's RTT is taken over. */
+export const RTT_WINDOW = 8
+
+/**
+ * A peer's round-trip time from its recent load round trips (newest last, at most RTT_WINDOW):
+ * the least of them. A round trip also waits for the peer's event loop and ours, so one answer
+ * that came late (a busy moment: 25 ms seen where the path is 1 ms) would make the peer look far
+ * away to every decision that weighs the link — pulling a KV prefix against recomputing it, a
+ * chain's hops, a route's start time — until the next sample.
+ */
+export function rttEstimate (samples: readonly number[]): number | undefined {
+  let least: number | undefined
+  for (const s of samples) if (Number.isFinite(s) && s >= 0 && (least === undefined || s < least)) least = s
+  return least
+}

@@ -4,7 +4,7 @@
  * GET /v1/mesh is `snapshot()`. Bounded: refused and unknown peers are evicted first.
  */
 import type { NodeCertificate } from '../../certs/index.ts'
-import { chooseRecord, expiresSoon, isRecordExpired, livenessState } from './decisions.ts'
+import { chooseRecord, expiresSoon, isRecordExpired, livenessState, RTT_WINDOW, rttEstimate } from './decisions.ts'
 import type { Liveness, RecordChoice } from './decisions.ts'
 import type { CapabilityRecordBody } from './wire/caps.ts'
 import type { LoadRecord } from './wire/load.ts'
@@ -25,7 +25,10 @@ export interface PeerEntry {
   load?: LoadRecord
   /** When the load arrived (epoch ms). */
   loadAt?: number
+  /** rttEstimate of rttSamples. */
   rttMs?: number
+  /** The latest load round trips, newest last (at most RTT_WINDOW). */
+  rttSamples?: number[]
   lastSeen: number
   liveness: Exclude<Liveness, 'gone'>
   unsupportedProtocols?: string[]
@@ -144,6 +147,7 @@ export class PeerTable {
     delete entry.load
     delete entry.loadAt
     delete entry.rttMs
+    delete entry.rttSamples
     if (was !== 'refused' || wasReason !== reason) this.emit(peerId, 'refused')
   }
 
@@ -173,7 +177,11 @@ export class PeerTable {
     if (entry?.admission !== 'admitted') return
     entry.load = load
     entry.loadAt = now
-    entry.rttMs = rttMs
+    const samples = [...(entry.rttSamples ?? []), rttMs].slice(-RTT_WINDOW)
+    entry.rttSamples = samples
+    const rtt = rttEstimate(samples)
+    if (rtt === undefined) delete entry.rttMs
+    else entry.rttMs = rtt
     entry.lastSeen = now
     if (entry.liveness !== 'alive') {
       entry.liveness = 'alive'

@@ -146,6 +146,7 @@ export interface PeerView {
   load?: LoadRecord
   /** When `load` arrived (epoch ms), so routing can tell stale load. */
   loadAt?: number
+  /** The least of the last few load round trips (decisions.ts rttEstimate). */
   rttMs?: number
 }
 

@@ -1,7 +1,7 @@
 /** The mesh's pure decisions and the peer table, without a network. */
 import { describe, expect, it } from 'vitest'
 import fc from 'fast-check'
-import { backoffDelay, chooseRecord, firstDialDelay, decideAdmission, expiresSoon, livenessState, reviewAdmission } from '../../daemon/mesh/decisions.ts'
+import { backoffDelay, chooseRecord, firstDialDelay, decideAdmission, expiresSoon, livenessState, reviewAdmission, RTT_WINDOW, rttEstimate } from '../../daemon/mesh/decisions.ts'
 import { PeerTable } from '../../daemon/mesh/peer-table.ts'
 import { DEFAULT_TIMINGS } from '../../daemon/mesh/types.ts'
 import { capabilityBody } from '../../daemon/mesh/wire/caps.ts'
@@ -92,6 +92,27 @@ describe('PeerTable', () => {
     expect(table.sweep(400)).toEqual(['p1'])
     expect(table.snapshot(400)).toEqual([])
     expect(changes).toEqual(['admitted:p1', 'capabilities:p1', 'load:p1', 'liveness:p1', 'gone:p1'])
+  })
+
+  it('a peer\'s RTT is the least of its last load round trips: one late answer does not make it look far', () => {
+    expect(rttEstimate([])).toBeUndefined()
+    expect(rttEstimate([3, 25, 4])).toBe(3)
+    expect(rttEstimate([NaN, -1, 7])).toBe(7)
+    const table = new PeerTable(timings)
+    table.setAdmitted('p1', cert, 0)
+    const load = { queueDepth: 0, inFlight: 0, decodeTokPerSec: 0, freeKvTokens: 0, expectedWaitMs: 0 }
+    const rtt = (): number | undefined => table.snapshot(0)[0]?.rttMs
+    table.setLoad('p1', load, 1.2, 10)
+    table.setLoad('p1', load, 25, 20)
+    expect(rtt()).toBe(1.2)
+    // The path got slower: once the fast sample leaves the window, the estimate follows.
+    for (let i = 0; i < RTT_WINDOW; i++) table.setLoad('p1', load, 9 + i, 30 + i)
+    expect(rtt()).toBe(9)
+    // Refused: what was measured goes with the rest of what it claimed.
+    table.setRefused('p1', 'revoked', 'x', 100)
+    table.setAdmitted('p1', cert, 110)
+    table.setLoad('p1', load, 30, 120)
+    expect(rtt()).toBe(30)
   })
 
   it('a refused peer shows its reason and nothing it claimed', () => {
