@@ -3,7 +3,7 @@ import { generateKeyPair } from '@libp2p/crypto/keys'
 import { peerIdFromPrivateKey } from '@libp2p/peer-id'
 import {
   CLOCK_SKEW_MS, CertificateError, createCaCertificate, createNodeCertificate, isNewerRevocationList,
-  parseCaCertificate, parseRevocationList, signDocument, verifyNodeCertificate, createRevocationList,
+  parseCaCertificate, parseRevocationList, publicKeyOf, signDocument, verifyDocument, verifyNodeCertificate, createRevocationList,
 } from '../../certs/index.ts'
 import type { Admission, Role } from '../../certs/index.ts'
 import { DAY, NOW, makeCa, makeNode, makeRevocations, wire } from './fixtures.ts'
@@ -151,5 +151,26 @@ describe('parseCaCertificate and parseRevocationList', () => {
     expect(isNewerRevocationList(l2, l1)).toBe(true)
     expect(isNewerRevocationList(l1, l2)).toBe(false)
     expect(isNewerRevocationList(l2, l2)).toBe(false)
+  })
+})
+
+describe('signDocument / verifyDocument keep their key objects', () => {
+  it('a secret-key array changed in place signs with its new bytes; verifying keeps working past the kept public keys', () => {
+    const a = Uint8Array.from({ length: 32 }, (_, i) => i + 1)
+    const b = Uint8Array.from({ length: 32 }, (_, i) => 200 - i)
+    const key = Uint8Array.from(a)
+    const first = signDocument({ n: 1 }, key)
+    expect(verifyDocument(first, publicKeyOf(a))).toBe(true)
+    key.set(b)
+    const second = signDocument({ n: 1 }, key)
+    expect(verifyDocument(second, publicKeyOf(b))).toBe(true)
+    expect(verifyDocument(second, publicKeyOf(a))).toBe(false)
+    // More signers than the public keys kept (256): each still verifies, and only with its own key.
+    for (let s = 0; s < 300; s++) {
+      const secret = Uint8Array.from({ length: 32 }, (_, i) => (s * 7 + i * 13) & 255)
+      const doc = signDocument({ s }, secret)
+      expect(verifyDocument(doc, publicKeyOf(secret))).toBe(true)
+      if (s % 50 === 0) expect(verifyDocument(doc, publicKeyOf(a))).toBe(false)
+    }
   })
 })
