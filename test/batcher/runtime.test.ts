@@ -110,7 +110,11 @@ describe('batcher runtime', () => {
     const second = range(0, 6).map(i => b.submit({ seqId: `c${i}`, kind: 'decode', input: { tokenIds: [i] }, positions: [4] }))
     sim.release()
     await Promise.all(second)
-    expect(Math.max(...sim.batches.map(batch => batch.length))).toBe(4)
+    // Past the old cap, within maxBatch (how the six split depends on when the first plan ran: a
+    // loaded machine once gave 3 + 3, not 4 + 2).
+    const widest = Math.max(...sim.batches.map(batch => batch.length))
+    expect(widest).toBeGreaterThan(2)
+    expect(widest).toBeLessThanOrEqual(4)
   })
 
   it('passes a pick to the final chunk only and gives back the one token', async () => {
