@@ -31,23 +31,22 @@
  *     [--temperature T]  (timed requests sample at T over the whole vocabulary; default 0, greedy)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
-import { spawn, spawnSync } from 'node:child_process'
-import type { ChildProcess } from 'node:child_process'
-import { existsSync, readFileSync } from 'node:fs'
-import { mkdir, mkdtemp, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises'
-import { createServer } from 'node:net'
+import { existsSync } from 'node:fs'
+import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
-import { createInterface } from 'node:readline'
-import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
 import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { cacheRoot } from '../scripts/paths.ts'
 import { checkpointToGguf } from './gguf.ts'
-import { sseEvents } from './sse.ts'
-import { loadAverage, promptIds } from './lib/index.ts'
+import { gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
+import { complete, greedyIds, refusedCount } from './lib/completions.ts'
+import { ensureLlamaCpp, kvArgs, llamaBench, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
+import type { BenchRow, LlamaShape } from './lib/llamacpp.ts'
+import { rtPrefix, schedulingPolicy } from './lib/realtime.ts'
+import { peakRss, startLlama, startShoal, stop } from './lib/servers.ts'
+import type { Server } from './lib/servers.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -82,63 +81,11 @@ const LONG = Number(args.long)
 const THREADS = Number(args.threads)
 const REPO = resolve(import.meta.dirname, '..')
 const WORK = join(REPO, '.cache', 'bench-vs-llamacpp')
-const SHOAL_BIN = join(REPO, 'scripts', 'shoal.mjs')
 
-/** Deterministic prompt token ids inside the test tokenizer's 512 real tokens, clear of the specials at the top. */
+/** What llama-server and llama-bench are sized for: this run's threads, streams and prompt lengths. */
+const SHAPE: LlamaShape = { threads: THREADS, streams: STREAMS, prompt: PROMPT, tokens: TOKENS, long: LONG }
+
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
-
-// ---------------------------------------------------------------------------------------------
-// llama.cpp: built once from node-llama-cpp's bundled source.
-
-function sh (cmd: string, argv: string[], cwd: string): void {
-  log(`$ ${cmd} ${argv.join(' ')}   (in ${cwd})`)
-  const r = spawnSync(cmd, argv, { cwd, stdio: ['ignore', 'inherit', 'inherit'] })
-  if (r.status !== 0) throw new Error(`${cmd} ${argv.join(' ')} failed (${r.status ?? r.signal})`)
-}
-
-async function ensureLlamaCpp (): Promise<string> {
-  const dir = args['llama-dir'] ?? join(cacheRoot(), 'llama.cpp', 'llama.cpp')
-  const bin = join(dir, 'build', 'bin')
-  if (existsSync(join(bin, 'llama-server')) && existsSync(join(bin, 'llama-bench'))) return bin
-  if (args['llama-dir'] !== undefined) throw new Error(`${bin}: no llama-server and llama-bench (build them, or drop --llama-dir)`)
-  const cache = join(cacheRoot(), 'llama.cpp')
-  await mkdir(cache, { recursive: true })
-  if (!existsSync(join(dir, 'CMakeLists.txt'))) {
-    const bundle = join(cache, 'package', 'llama', 'gitRelease.bundle')
-    if (!existsSync(bundle)) {
-      sh('npm', ['pack', 'node-llama-cpp', '--silent'], cache)
-      const tgz = (await readdir(cache)).find(f => /^node-llama-cpp-.*\.tgz$/.test(f))
-      if (tgz === undefined) throw new Error(`npm pack node-llama-cpp left no tarball in ${cache}`)
-      sh('tar', ['-xzf', tgz, 'package/llama/gitRelease.bundle'], cache)
-    }
-    sh('git', ['clone', '--quiet', bundle, dir], cache)
-  }
-  sh('cmake', ['-B', 'build', '-DCMAKE_BUILD_TYPE=Release', '-DLLAMA_CURL=OFF', ...isaFlags(), '-DLLAMA_BUILD_TESTS=OFF', '-DLLAMA_BUILD_EXAMPLES=OFF'], dir)
-  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', 'llama-bench', 'llama-server'], dir)
-  return bin
-}
-
-/**
- * GGML_NATIVE, except on CPUs that report AMX: some VMs (this project's 2-core Xeon among them)
- * list amx_tile in cpuid, grant the permission, and still fault on the first tileloadd, so
- * llama.cpp's Q4_0 matmul dies with SIGILL. There every ISA extension ggml uses is named instead,
- * AMX left out.
- */
-function isaFlags (): string[] {
-  const flags = new Set(/^flags\s*:(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1]?.trim().split(/\s+/) ?? [])
-  if (!flags.has('amx_tile')) return ['-DGGML_NATIVE=ON']
-  const on = (flag: string, opt: string): string => `-DGGML_${opt}=${flags.has(flag) ? 'ON' : 'OFF'}`
-  return ['-DGGML_NATIVE=OFF', on('sse4_2', 'SSE42'), on('avx', 'AVX'), on('avx2', 'AVX2'), on('fma', 'FMA'), on('f16c', 'F16C'), on('bmi2', 'BMI2'),
-    on('avx_vnni', 'AVX_VNNI'), on('avx512bw', 'AVX512'), on('avx512vbmi', 'AVX512_VBMI'), on('avx512_vnni', 'AVX512_VNNI'), on('avx512_bf16', 'AVX512_BF16'),
-    '-DGGML_AMX_TILE=OFF', '-DGGML_AMX_INT8=OFF', '-DGGML_AMX_BF16=OFF']
-}
-
-/** Environment of llama.cpp processes: `--llama-lib DIR` puts other ggml libraries (say, built without AMX) ahead of the build's RUNPATH. */
-function llamaEnv (): NodeJS.ProcessEnv {
-  const lib = args['llama-lib']
-  if (lib === undefined) return process.env
-  return { ...process.env, LD_LIBRARY_PATH: [resolve(lib), process.env.LD_LIBRARY_PATH].filter(x => x !== undefined && x !== '').join(':') }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Models: one checkpoint per size; shoal shards per quant; GGUF per quant.
@@ -173,195 +120,7 @@ async function ensureModel (size: TestModelSize, quant: 'none' | 'int4'): Promis
 }
 
 // ---------------------------------------------------------------------------------------------
-// Servers: one child process at a time; peak RSS read from /proc before it is stopped.
-
-interface Server { kind: 'llama' | 'shoal', url: string, model: string, child: ChildProcess, startMs: number }
-
-/**
- * Under a realtime policy (`chrt -r N node ...`, which keeps other users' work on a shared machine
- * from preempting the measurement), servers and llama-bench run one priority below this process:
- * a server's threads at the client's own priority could hold both cores for a whole RR quantum
- * while the client waits to read a chunk.
- */
-function rtPrefix (): string[] {
-  const out = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout ?? ''
-  const policy = /policy: (SCHED_\w+)/.exec(out)?.[1]
-  const prio = Number(/priority: (\d+)/.exec(out)?.[1] ?? 0)
-  if ((policy !== 'SCHED_RR' && policy !== 'SCHED_FIFO') || prio < 2) return []
-  return ['chrt', policy === 'SCHED_RR' ? '-r' : '-f', String(prio - 1)]
-}
-const RT = rtPrefix()
-
-/** spawn(), under RT when this process is realtime (chrt execs: the pid is the program's). */
-function spawnRt (cmd: string, argv: string[], options: Parameters<typeof spawn>[2]): ChildProcess {
-  return RT.length === 0 ? spawn(cmd, argv, options) : spawn(RT[0]!, [...RT.slice(1), cmd, ...argv], options)
-}
-
-async function freePort (): Promise<number> {
-  return await new Promise((resolve, reject) => {
-    const s = createServer()
-    s.once('error', reject)
-    s.listen(0, '127.0.0.1', () => {
-      const port = (s.address() as { port: number }).port
-      s.close(() => { resolve(port) })
-    })
-  })
-}
-
-function tailOf (child: ChildProcess): () => string {
-  let err = ''
-  const keep = (b: Buffer): void => { err = (err + b.toString()).slice(-4000) }
-  child.stderr?.on('data', keep)
-  return () => err
-}
-
-async function waitHttp (url: string, ok: (status: number, body: string) => boolean, child: ChildProcess, tail: () => string, boundMs: number): Promise<void> {
-  const until = Date.now() + boundMs
-  for (;;) {
-    if (child.exitCode !== null || child.signalCode !== null) throw new Error(`server exited (${child.exitCode ?? child.signalCode}): ${tail()}`)
-    try {
-      const res = await fetch(url, { signal: AbortSignal.timeout(5000) })
-      if (ok(res.status, await res.text())) return
-    } catch { /* not up yet */ }
-    if (Date.now() > until) throw new Error(`${url} not ready within ${boundMs} ms: ${tail()}`)
-    await sleep(100)
-  }
-}
-
-/**
- * llama.cpp's attention precision. `default`: llama.cpp's own (f16 KV cache, flash attention
- * auto, which rounds through f16 on the CPU) — what its users run, and what the speed figures use.
- * `exact`: beside F32 weights an f32 cache and no flash attention — shoal's precision; with it the
- * greedy tokens equal shoal's (tiny and 60m: 128 of 128, alone and 8 batched), with the defaults
- * they part after a few dozen, by rounding alone. Its cost: without flash attention llama-server's
- * prefill grows with every KV cell its unified cache has touched since start (cells are taken
- * further along, and attention spans up to the highest used one), so `exact` is for checking
- * tokens (`--verify-only --llama-kv exact`), not for timing. `f16|f32|q8_0`: that cache type, both.
- */
-function kvArgs (m: ModelFiles, bench = false): string[] {
-  // llama-bench takes no f32 cache type (f16, bf16 and quantized ones only): it keeps its f16 cache.
-  const kv = args['llama-kv']
-  if (kv === 'default') return []
-  if (kv === 'exact') return m.quant === 'none' ? [...(bench ? [] : ['-ctk', 'f32', '-ctv', 'f32']), '-fa', 'off'] : []
-  return bench && kv === 'f32' ? [] : ['-ctk', kv, '-ctv', kv]
-}
-
-/** The llama-server flags: CPU, THREADS threads, STREAMS slots sharing one KV buffer big enough for every prompt here. */
-function llamaServerArgs (gguf: string, port: number): string[] {
-  const ctx = Math.max(STREAMS * (PROMPT + TOKENS + 16), LONG + TOKENS + 16)
-  return ['-m', gguf, '--host', '127.0.0.1', '--port', String(port), '-t', String(THREADS), '-tb', String(THREADS),
-    '-c', String(ctx), '-np', String(STREAMS), '--kv-unified', '-ngl', '0', '--no-cache-prompt', '-cram', '0', '--no-webui', '--log-disable']
-}
-
-async function startLlama (bin: string, m: ModelFiles): Promise<Server> {
-  const port = await freePort()
-  const t = performance.now()
-  const child = spawnRt(join(bin, 'llama-server'), [...llamaServerArgs(m.gguf, port), ...kvArgs(m)], { stdio: ['ignore', 'ignore', 'pipe'], env: llamaEnv() })
-  const tail = tailOf(child)
-  const url = `http://127.0.0.1:${port}`
-  await waitHttp(`${url}/health`, s => s === 200, child, tail, 300_000)
-  return { kind: 'llama', url, model: m.modelId, child, startMs: performance.now() - t }
-}
-
-async function startShoal (m: ModelFiles, cache: string): Promise<Server> {
-  const t = performance.now()
-  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', m.shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0', ...args['shoal-args'].split(' ').filter(a => a.length > 0)],
-    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
-  const tail = tailOf(child)
-  const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => { reject(new Error(`shoal serve did not start within 300 s: ${tail()}`)) }, 300_000)
-    child.once('exit', code => { clearTimeout(timer); reject(new Error(`shoal serve exited (${code}): ${tail()}`)) })
-    createInterface({ input: child.stdout! }).on('line', line => {
-      const match = /^shoal: serving \S+ at (\S+)\/v1/.exec(line)
-      if (match !== null) { clearTimeout(timer); resolve(match[1]!) }
-    })
-  })
-  await waitHttp(`${url}/v1/models`, (s, body) => s === 200 && body.includes(m.modelId), child, tail, 300_000)
-  return { kind: 'shoal', url, model: m.modelId, child, startMs: performance.now() - t }
-}
-
-function peakRss (child: ChildProcess): number {
-  try {
-    const m = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${child.pid}/status`, 'utf8'))
-    return m === null ? NaN : Number(m[1]) * 1024
-  } catch { return NaN }
-}
-
-async function stop (s: Server): Promise<void> {
-  if (s.child.exitCode !== null || s.child.signalCode !== null) return
-  const exited = new Promise<void>(resolve => { s.child.once('exit', () => { resolve() }) })
-  s.child.kill('SIGTERM')
-  if (await Promise.race([exited.then(() => true), sleep(10_000).then(() => false)])) return
-  s.child.kill('SIGKILL')
-  await exited
-}
-
-// ---------------------------------------------------------------------------------------------
-// Client: the same streamed /v1/completions request to both servers.
-
-/** 429s answered (and retried after their Retry-After, as the openai client does) per server run. */
-const refused = new Map<Server, number>()
-
-/** POST JSON; a 429 is waited out (Retry-After) and retried, inside the request's time. */
-async function post (s: Server, path: string, body: unknown): Promise<Response> {
-  for (let attempt = 0; ; attempt++) {
-    const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
-    if (res.status === 200) return res
-    const text = await res.text()
-    if (res.status !== 429 || attempt >= 30) throw new Error(`${s.kind}: HTTP ${res.status}: ${text}`)
-    refused.set(s, (refused.get(s) ?? 0) + 1)
-    await sleep(1000 * Math.max(0.1, Number(res.headers.get('retry-after') ?? 1)))
-  }
-}
-
-interface Completion { count: number, t0: number, first: number, last: number, end: number }
-
-/**
- * One streamed greedy completion, timed where the client sees tokens. Both servers hold back a
- * token whose text ends inside a UTF-8 character; shoal then sends the held ids with the next
- * chunk (return_token_ids), llama-server sends only the newest id but counts every token
- * (`tokens_predicted` under `__verbose`). So tokens are counted, not collected, here; the ids are
- * compared by `greedyIds` below. A completion whose only token is held arrives with the final
- * chunk: that chunk's time is its first token's.
- */
-async function complete (s: Server, prompt: number[], maxTokens: number): Promise<Completion> {
-  const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature: TEMPERATURE, top_p: 1, seed: prompt.length + maxTokens, stream: true }
-  if (s.kind === 'shoal') body.return_token_ids = true
-  else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true, top_k: 0, min_p: 0, typical_p: 1 })
-  const t0 = performance.now()
-  const res = await post(s, '/v1/completions', body)
-  let count = 0
-  let first = NaN
-  let last = NaN
-  for await (const event of sseEvents(res.body)) {
-    const line = event.split('\n').find(l => l.startsWith('data: {'))
-    if (line === undefined) continue
-    const data = JSON.parse(line.slice(6)) as { error?: unknown, choices?: Array<{ token_ids?: number[], finish_reason?: string | null }>, __verbose?: { tokens_predicted?: number } }
-    if (data.error !== undefined) throw new Error(`${s.kind}: stream error: ${JSON.stringify(data.error)}`)
-    const n = s.kind === 'shoal' ? count + (data.choices?.[0]?.token_ids?.length ?? 0) : Math.max(count, data.__verbose?.tokens_predicted ?? 0)
-    const finished = (data.choices?.[0]?.finish_reason ?? null) !== null
-    if (n === count && !(finished && Number.isNaN(first))) continue
-    const now = performance.now()
-    if (Number.isNaN(first)) first = now
-    if (n > count) last = now
-    count = n
-  }
-  if (count === 0) throw new Error(`${s.kind}: no tokens came back`)
-  return { count, t0, first, last, end: performance.now() }
-}
-
-/**
- * The greedy ids of a non-streamed completion (shoal: /v1/completions return_token_ids;
- * llama-server: /completion return_tokens, the one route that lists every id). Untimed.
- */
-async function greedyIds (s: Server, prompt: number[], maxTokens: number): Promise<number[]> {
-  const [path, body] = s.kind === 'shoal'
-    ? ['/v1/completions', { model: s.model, prompt, max_tokens: maxTokens, temperature: 0, return_token_ids: true }]
-    : ['/completion', { prompt, n_predict: maxTokens, temperature: 0, ignore_eos: true, cache_prompt: false, return_tokens: true }]
-  const res = await post(s, path, body)
-  const data = await res.json() as { tokens?: number[], choices?: Array<{ token_ids?: number[] }> }
-  return (s.kind === 'shoal' ? data.choices?.[0]?.token_ids : data.tokens) ?? []
-}
+// One server run: the timed requests, then (first rep) the untimed ones for the ids.
 
 interface SessionResult {
   kind: 'llama' | 'shoal'
@@ -389,17 +148,17 @@ interface SessionResult {
 }
 
 async function session (s: Server, rep: number, verify: boolean): Promise<SessionResult> {
-  await complete(s, promptIds(16, 999), 8) // warm-up: first session run, JIT, thread pools
-  const single = await complete(s, promptIds(PROMPT, 1), TOKENS)
+  await complete(s, promptIds(16, 999), 8, TEMPERATURE) // warm-up: first session run, JIT, thread pools
+  const single = await complete(s, promptIds(PROMPT, 1), TOKENS, TEMPERATURE)
   const t = performance.now()
-  const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS)))
+  const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS, TEMPERATURE)))
   const multiEnd = Math.max(...multi.map(r => r.end))
   const multiTokens = multi.reduce((a, r) => a + r.count, 0)
   // Fresh prompts per rep for the TTFTs: nothing cached to hit even if a cache were on.
-  const short = await complete(s, promptIds(PROMPT, 100 + rep), 1)
-  const long = await complete(s, promptIds(LONG, 200 + rep), 1)
+  const short = await complete(s, promptIds(PROMPT, 100 + rep), 1, TEMPERATURE)
+  const long = await complete(s, promptIds(LONG, 200 + rep), 1, TEMPERATURE)
   const rss = peakRss(s.child)
-  const refusedTimed = refused.get(s) ?? 0
+  const refusedTimed = refusedCount(s)
   // The same prompts again, untimed, for the ids: alone, then all streams at once (batched).
   const singleIds = verify ? await greedyIds(s, promptIds(PROMPT, 1), TOKENS) : []
   const multiIds = verify ? await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await greedyIds(s, promptIds(PROMPT, 10 + i), TOKENS))) : []
@@ -419,18 +178,6 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
     peakRss: rss,
     refusedTimed,
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// llama-bench.
-
-interface BenchRow { test: string, tokS: number, sd: number }
-
-function llamaBench (bin: string, m: ModelFiles): BenchRow[] {
-  const r = spawnSync(RT[0] ?? join(bin, 'llama-bench'), [...RT.slice(1), ...(RT.length > 0 ? [join(bin, 'llama-bench')] : []), '-m', m.gguf, '-p', String(PROMPT), '-n', String(TOKENS), '-t', String(THREADS), '-r', args['bench-reps'], ...kvArgs(m, true), '-o', 'json'], { encoding: 'utf8', maxBuffer: 64 << 20, env: llamaEnv() })
-  if (r.status !== 0) throw new Error(`llama-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
-  const rows = JSON.parse(r.stdout) as Array<{ n_prompt: number, n_gen: number, avg_ts: number, stddev_ts: number }>
-  return rows.map(x => ({ test: x.n_gen > 0 ? `tg${x.n_gen}` : `pp${x.n_prompt}`, tokS: x.avg_ts, sd: x.stddev_ts }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,11 +257,6 @@ function report (rows: ModelRun[]): string {
 
 // ---------------------------------------------------------------------------------------------
 
-function lscpuModel (): string {
-  const r = spawnSync('lscpu', [], { encoding: 'utf8' })
-  return /Model name:\s*(.+)/.exec(r.stdout ?? '')?.[1]?.trim() ?? 'unknown CPU'
-}
-
 async function main (): Promise<void> {
   const began = Date.now()
   const sizes = args.sizes.split(',') as TestModelSize[]
@@ -522,8 +264,9 @@ async function main (): Promise<void> {
   const models: ModelFiles[] = []
   for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q))
   if (args['prepare-only'] === true) return
-  const bin = await ensureLlamaCpp()
-  const policy = spawnSync('chrt', ['-p', String(process.pid)], { encoding: 'utf8' }).stdout?.trim().replace(/\n/g, '; ') ?? '?'
+  const bin = await ensureLlamaCpp(args['llama-dir'])
+  const policy = schedulingPolicy()
+  const rt = rtPrefix()
   const loadStart = loadAverage(2)
   const cache = await mkdtemp(join(tmpdir(), 'shoal-vs-llamacpp-'))
   const rows: ModelRun[] = []
@@ -534,7 +277,7 @@ async function main (): Promise<void> {
       const run: ModelRun = { m, bench: [], runs: [] }
       rows.push(run)
       if (args['verify-only'] !== true) {
-        try { run.bench = llamaBench(bin, m) } catch (err) { failures.push(`${m.modelId} llama-bench: ${(err as Error).message.slice(0, 300)}`) }
+        try { run.bench = llamaBench(bin, m.gguf, SHAPE, args['bench-reps'], kvArgs(args['llama-kv'], m.quant, true), llamaEnv(args['llama-lib'])) } catch (err) { failures.push(`${m.modelId} llama-bench: ${(err as Error).message.slice(0, 300)}`) }
       }
       const reps = args['verify-only'] === true ? 1 : REPS
       for (let rep = 0; rep < reps; rep++) {
@@ -544,7 +287,9 @@ async function main (): Promise<void> {
           // A failed run is reported and skipped: the others still make the table.
           let s: Server | undefined
           try {
-            s = kind === 'llama' ? await startLlama(bin, m) : await startShoal(m, cache)
+            s = kind === 'llama'
+              ? await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, SHAPE), ...kvArgs(args['llama-kv'], m.quant)], llamaEnv(args['llama-lib']))
+              : await startShoal(m.shards, m.modelId, cache, args['shoal-args'].split(' ').filter(a => a.length > 0))
             run.runs.push(await session(s, rep, rep === 0 && args['skip-ids'] !== true))
           } catch (err) {
             failures.push(`${m.modelId} rep ${rep + 1} ${kind}: ${(err as Error).message.slice(0, 300)}`)
@@ -564,8 +309,8 @@ async function main (): Promise<void> {
   }
   const lines = [
     `command: node reproduction/bench-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
-    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${RT.length > 0 ? `; servers and llama-bench under \`${RT.join(' ')}\`` : ''}`,
-    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
+    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${rt.length > 0 ? `; servers and llama-bench under \`${rt.join(' ')}\`` : ''}`,
+    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
     `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
@@ -574,11 +319,6 @@ async function main (): Promise<void> {
   console.log(lines.map(l => `- ${l}`).join('\n'))
   console.log('')
   console.log(report(rows))
-}
-
-function gitDescribe (dir: string): string {
-  const r = spawnSync('git', ['-C', dir, 'log', '-1', '--format=%h %s'], { encoding: 'utf8' })
-  return r.status === 0 ? r.stdout.trim().slice(0, 100) : '?'
 }
 
 await main()
