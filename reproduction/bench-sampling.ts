@@ -24,8 +24,7 @@ import { parseArgs } from 'node:util'
 import { pickToken } from '../daemon/engine/sampling.ts'
 import type { TokenPick } from '../daemon/engine/sampling.ts'
 import { loadManifest } from '../shards/index.ts'
-import { loadAverage, lowerMedian, promptIds } from './lib/index.ts'
-import { sseEvents } from './sse.ts'
+import { loadAverage, lowerMedian, promptIds, tokenChunks } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, base: { type: 'string' }, reps: { type: 'string', default: '4' },
@@ -92,15 +91,10 @@ async function decode (s: Server, mode: typeof MODES[number], salt: number): Pro
   let tokens = 0
   let first = NaN
   let last = NaN
-  for await (const event of sseEvents(res.body)) {
-    const line = event.split('\n').find(l => l.startsWith('data: {'))
-    if (line === undefined) continue
-    const n = (JSON.parse(line.slice(6)) as { choices?: Array<{ token_ids?: number[] }> }).choices?.[0]?.token_ids?.length ?? 0
-    if (n === 0) continue
-    const now = performance.now()
-    if (Number.isNaN(first)) first = now
-    last = now
-    tokens += n
+  for await (const { ids, at } of tokenChunks(res.body, s.tree)) {
+    if (Number.isNaN(first)) first = at
+    last = at
+    tokens += ids.length
   }
   return { tokS: (tokens - 1) / (last - first) * 1000, tokens }
 }

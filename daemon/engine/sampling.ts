@@ -238,11 +238,18 @@ export function pickToken (logits: Float32Array, pick: TokenPick, offset = 0, le
 function drawByWalk (logits: Float32Array, params: SamplerParams, offset: number, length: number, u: number): number {
   const { w, sum } = keptWeights(logits, params, offset, length)
   if (!(sum > 0)) return argmax(logits, offset, length)
-  const target = u * sum
+  return inverseCdf(w, u * sum, length)
+}
+
+/**
+ * Inverse-CDF draw over weights in index order: the first index whose cumulative weight exceeds
+ * `target` (u times the total), or the last non-zero one if rounding leaves the target above it.
+ */
+export function inverseCdf (weights: Float64Array, target: number, length = weights.length): number {
   let acc = 0
   let last = 0
   for (let i = 0; i < length; i++) {
-    const p = w[i]!
+    const p = weights[i]!
     if (p <= 0) continue
     last = i
     acc += p

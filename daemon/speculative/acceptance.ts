@@ -10,7 +10,7 @@
  * Pure functions over full-vocabulary probability rows; every random draw comes from the caller's
  * seeded generator, in a fixed order, so a seeded request reproduces.
  */
-import { argmax, nucleus } from '../engine/index.ts'
+import { argmax, inverseCdf, nucleus } from '../engine/index.ts'
 import type { Rng, SamplerParams } from '../engine/index.ts'
 
 export interface Acceptance {
@@ -38,18 +38,9 @@ export function distribution (logits: Float32Array, params: SamplerParams, offse
   return out
 }
 
-/** Inverse-CDF draw: the first index whose cumulative mass exceeds u (the last non-zero one if rounding leaves u above the total). */
+/** Inverse-CDF draw from probabilities summing to 1: the first index whose cumulative mass exceeds u. */
 export function sampleFrom (probs: Float64Array, u: number): number {
-  let acc = 0
-  let last = 0
-  for (let i = 0; i < probs.length; i++) {
-    const p = probs[i]!
-    if (p <= 0) continue
-    last = i
-    acc += p
-    if (u < acc) return i
-  }
-  return last
+  return inverseCdf(probs, u)
 }
 
 /** max(0, p − q) normalised to sum 1 (p itself when the residual is empty, which only p = q allows). */
