@@ -36,27 +36,9 @@ export function createRng (seed?: number): Rng {
  * as fast as one compare-and-remember loop over a 32k vocabulary (it runs once per token per row).
  */
 export function argmax (logits: Float32Array, offset = 0, length = logits.length - offset): number {
-  const end = offset + length
-  const end4 = offset + length - (length & 3)
-  let m0 = -Infinity
-  let m1 = -Infinity
-  let m2 = -Infinity
-  let m3 = -Infinity
-  for (let i = offset; i < end4; i += 4) {
-    const a = logits[i]!
-    const b = logits[i + 1]!
-    const c = logits[i + 2]!
-    const d = logits[i + 3]!
-    if (a > m0) m0 = a
-    if (b > m1) m1 = b
-    if (c > m2) m2 = c
-    if (d > m3) m3 = d
-  }
-  let m = m0 > m1 ? m0 : m1
-  if (m2 > m) m = m2
-  if (m3 > m) m = m3
-  for (let i = end4; i < end; i++) if (logits[i]! > m) m = logits[i]!
+  const m = maxOf(logits, offset, length)
   if (m === -Infinity) return 0
+  const end = offset + length
   for (let i = offset; i < end; i++) if (logits[i] === m) return i - offset
   return 0
 }
@@ -275,11 +257,13 @@ const MAX_TRIES = 64
  * After MAX_TRIES rejections (probability < 10⁻⁷⁰) the walk over every weight decides.
  */
 function drawFromCells (logits: Float32Array, inv: number, offset: number, length: number, u: number): number {
-  const top = logits[offset + argmax(logits, offset, length)]!
+  const top = maxOf(logits, offset, length)
   // Nothing finite to weigh (all −∞ or NaN), or a +∞ logit: greedy decides.
   if (!(top > -Infinity) || top === Infinity) return argmax(logits, offset, length)
-  // gap_i = (top − logit_i) / T ≥ 0 decides both the cell and the acceptance, so they agree.
-  const cell = cellScratch(length)
+  // gap_i = (top − logit_i) / T ≥ 0 decides both the cell and the acceptance, so they agree. Each
+  // cell's members are chained (`next`, from `head`), so naming the k-th takes k steps, not a scan.
+  const next = chainScratch(length)
+  const head = new Int32Array(CELLS).fill(-1)
   const count = new Int32Array(CELLS)
   const scale = inv * CELLS_PER_NAT
   for (let i = 0; i < length; i++) {
@@ -287,7 +271,8 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
     // d ≥ 0, so truncation is the floor; NaN lands in the last cell and is never accepted (the
     // comparison below is false).
     const c = d < CELLS - 1 ? d | 0 : CELLS - 1
-    cell[i] = c
+    next[i] = head[c]!
+    head[c] = i
     count[c]!++
   }
   let bound = 0
@@ -304,12 +289,42 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
     const n = count[c]!
     if (n === 0) continue
     // What is left of the target is uniform over the cell's n equal bounds: it names the member.
-    let k = Math.min(n - 1, Math.floor(target / CELL_BOUND[c]!))
-    let i = 0
-    for (; i < length; i++) if (cell[i] === c && k-- === 0) break
+    let i = head[c]!
+    for (let k = Math.min(n - 1, Math.floor(target / CELL_BOUND[c]!)); k > 0; k--) i = next[i]!
     if (rng() * CELL_BOUND[c]! < Math.exp((logits[offset + i]! - top) * inv)) return i
   }
   return drawByWalk(logits, { temperature: 1 / inv, topP: 1 }, offset, length, u)
+}
+
+/** The largest value of a row (NaN never; −∞ for a row of nothing else), by four running maxima. */
+function maxOf (logits: Float32Array, offset: number, length: number): number {
+  const end = offset + length
+  const end4 = offset + length - (length & 3)
+  let m0 = -Infinity
+  let m1 = -Infinity
+  let m2 = -Infinity
+  let m3 = -Infinity
+  for (let i = offset; i < end4; i += 4) {
+    const a = logits[i]!
+    const b = logits[i + 1]!
+    const c = logits[i + 2]!
+    const d = logits[i + 3]!
+    if (a > m0) m0 = a
+    if (b > m1) m1 = b
+    if (c > m2) m2 = c
+    if (d > m3) m3 = d
+  }
+  let m = m0 > m1 ? m0 : m1
+  if (m2 > m) m = m2
+  if (m3 > m) m = m3
+  for (let i = end4; i < end; i++) if (logits[i]! > m) m = logits[i]!
+  return m
+}
+
+let chain = new Int32Array(0)
+function chainScratch (length: number): Int32Array {
+  if (chain.length < length) chain = new Int32Array(length)
+  return chain
 }
 
 let cells = new Uint16Array(0)
