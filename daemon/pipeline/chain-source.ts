@@ -172,7 +172,14 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     from = prefixOff ? undefined : init.prefix?.acquire(chain, chosen)
     // The request that kept it may have ended a moment ago, its stages' keeps still under way: an
     // open that overtook them would be refused and recompute. Waited for, bounded.
-    if (from !== undefined && !await node.keepAcks.ready(from.key, signal, init.keptWaitMs)) from = undefined
+    if (from !== undefined) {
+      const readiness = await node.keepAcks.ready(from.key, signal, init.keptWaitMs)
+      if (readiness === 'gone') {
+        // A stage kept none of it: every open from it would be refused.
+        init.prefix?.lost(from.key)
+        from = undefined
+      } else if (readiness === 'late') from = undefined
+    }
     if (from !== undefined) {
       try {
         await node.openFrom(wireId, from.key, node.peerId, from.length, signal)

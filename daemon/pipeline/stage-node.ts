@@ -344,7 +344,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
 
   links.onFrame((f: StageFrame, from: string) => {
     // A stage's answer to a finish this node sent as a coordinator (its watch is closed by then).
-    if (f.kind === 'kept') keepAcks.ack(f.keep, from)
+    if (f.kind === 'kept') keepAcks.ack(f.keep, from, f.length)
     else if (!watches.deliver(f)) server.handle(f, from)
   })
   links.onLinkDown((peerId: string) => {
