@@ -46,26 +46,53 @@ export function argmax (logits: Float32Array, offset = 0, length = logits.length
 /**
  * What temperature and top-p keep of one row: `w[i]` = exp(logit_i / T − max) for a kept token, 0
  * for a dropped one, and `sum` their total (added in id order). In O(V): no sort of the vocabulary
- * (sorting 32k ids cost ~17 ms a token). Top-p keeps the smallest set of the most likely tokens
- * whose mass reaches p (equal probabilities: lower ids first): the weights' pass also sums them
- * by cells of 1/16 nat below the maximum (as drawFromCells); cells are kept whole from the top
- * while the mass stays short of p, and the one where it crosses is cut by nucleusCut.
+ * (sorting 32k ids cost ~17 ms a token).
  */
 function keptWeights (logits: Float32Array, params: SamplerParams, offset: number, length: number): { w: Float64Array, sum: number } {
+  if (params.topP >= 1) {
+    const inv = 1 / params.temperature
+    const z = scratch(1, length)
+    let max = -Infinity
+    for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
+    const w = scratch(0, length)
+    let total = 0
+    for (let i = 0; i < length; i++) { const e = Math.exp(z[i]! - max); w[i] = e; total += e }
+    return { w, sum: total }
+  }
+  const plan = nucleusPlan(logits, params, offset, length)
+  const { w, cell, cross, cut } = plan
+  if (!(plan.total > 0)) return { w, sum: plan.total }
+  let sum = 0
+  for (let i = 0; i < length; i++) {
+    const c = cell[i]!
+    if (c < cross || (c === cross && cut[i] === 1)) sum += w[i]!
+    else w[i] = 0
+  }
+  return { w, sum }
+}
+
+/**
+ * Top-p < 1: the smallest set of the most likely tokens whose mass reaches p (equal probabilities:
+ * lower ids first), as a plan instead of a mask: the weights' pass also sums them by cells of
+ * 1/16 nat below the maximum (as drawFromCells) and chains each cell's members; a token is kept
+ * when its cell is above `cross` (cells kept whole from the top while the mass stays short of p)
+ * or it is flagged in `cut` (the crossing cell, cut by nucleusCut). `keptMass`: their total, by
+ * cells. `total`: every weight's, in id order.
+ */
+interface NucleusPlan { w: Float64Array, cell: Uint16Array, cross: number, cut: Uint8Array, keptMass: number, total: number }
+
+function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: number, length: number): NucleusPlan {
   const inv = 1 / params.temperature
   const z = scratch(1, length)
   let max = -Infinity
   for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
   const w = scratch(0, length)
-  let total = 0
-  const topP = Math.min(1, Math.max(params.topP, 0))
-  if (topP >= 1) {
-    for (let i = 0; i < length; i++) { const e = Math.exp(z[i]! - max); w[i] = e; total += e }
-    return { w, sum: total }
-  }
   const cell = cellScratch(length)
+  const next = chainScratch(length)
+  const head = new Int32Array(CELLS).fill(-1)
   const cellMass = new Float64Array(CELLS)
   const cellCount = new Int32Array(CELLS)
+  let total = 0
   for (let i = 0; i < length; i++) {
     const e = Math.exp(z[i]! - max)
     w[i] = e
@@ -73,29 +100,25 @@ function keptWeights (logits: Float32Array, params: SamplerParams, offset: numbe
     const d = (max - z[i]!) * CELLS_PER_NAT
     const c = d < CELLS - 1 ? d | 0 : CELLS - 1
     cell[i] = c
+    next[i] = head[c]!
+    head[c] = i
     cellMass[c] = cellMass[c]! + e
     cellCount[c]!++
   }
-  if (!(total > 0)) return { w, sum: total }
+  const cut = new Uint8Array(length)
+  const topP = Math.max(params.topP, 0)
+  if (!(total > 0)) return { w, cell, cross: -1, cut, keptMass: 0, total }
   const target = topP * total
   let mass = 0
   let cross = 0
   while (cross < CELLS - 1 && mass + cellMass[cross]! < target) mass += cellMass[cross++]!
-  const keep = new Uint8Array(length)
-  const candidates = new Int32Array(cellCount[cross]!)
+  // The crossing cell's members with any weight, in increasing id order (the chain runs down).
+  const members = new Int32Array(cellCount[cross]!)
   let n = 0
-  for (let i = 0; i < length; i++) {
-    const c = cell[i]!
-    if (c < cross) keep[i] = 1
-    else if (c === cross && w[i]! > 0) candidates[n++] = i
-  }
-  nucleusCut(w, z, candidates.subarray(0, n), mass, target, keep)
-  let sum = 0
-  for (let i = 0; i < length; i++) {
-    if (keep[i] === 1) sum += w[i]!
-    else w[i] = 0
-  }
-  return { w, sum }
+  for (let i = head[cross]!; i >= 0; i = next[i]!) if (w[i]! > 0) members[n++] = i
+  members.subarray(0, n).reverse()
+  const keptMass = nucleusCut(w, z, members.subarray(0, n), mass, target, cut)
+  return { w, cell, cross, cut, keptMass, total }
 }
 
 /** Grow-only float64 rows reused from pick to pick (a 32k row is 256 KB; one per token was garbage). */
@@ -111,14 +134,15 @@ const CUT_SORT_BELOW = 256
 
 /**
  * Flags (1) in `keep` the smallest set of the largest weights among `candidates` (indices in
- * increasing order, all with w > 0) that brings `mass` to `target`, ties by lower index: the
+ * increasing order, all with w > 0) that brings `mass` to `target`, ties by lower index, and
+ * returns the mass reached: the
  * candidates are bucketed by log-weight (`lw`: the scaled logits, w = exp(lw − max), the same
  * order) between their largest and smallest, buckets taken whole from the top while the mass
  * stays short of the target, and the one bucket where it crosses becomes the new candidates
  * (always fewer: the largest and the smallest fall in different buckets) — until few enough to
  * sort, or all equal (then in index order).
  */
-function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, mass: number, target: number, keep: Uint8Array): void {
+function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, mass: number, target: number, keep: Uint8Array): number {
   let count = candidates.length
   const bucketMass = new Float64Array(CUT_BUCKETS)
   const bucketCount = new Int32Array(CUT_BUCKETS)
@@ -130,7 +154,7 @@ function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, 
         mass += w[i]!
         if (mass >= target) break
       }
-      return
+      return mass
     }
     let hi = -Infinity
     let lo = Infinity
@@ -143,7 +167,7 @@ function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, 
         mass += w[i]!
         if (mass >= target) break
       }
-      return
+      return mass
     }
     const scale = CUT_BUCKETS / (hi - lo)
     bucketMass.fill(0)
@@ -216,11 +240,29 @@ export function pickToken (logits: Float32Array, pick: TokenPick, offset = 0, le
   return drawByWalk(logits, pick, offset, length, pick.u)
 }
 
-/** The inverse-CDF walk in id order over what keptWeights keeps. */
+/** The inverse-CDF walk in id order over what keptWeights keeps (top-p < 1: over the plan, one pass). */
 function drawByWalk (logits: Float32Array, params: SamplerParams, offset: number, length: number, u: number): number {
-  const { w, sum } = keptWeights(logits, params, offset, length)
-  if (!(sum > 0)) return argmax(logits, offset, length)
-  return inverseCdf(w, u * sum, length)
+  if (params.topP >= 1) {
+    const { w, sum } = keptWeights(logits, params, offset, length)
+    if (!(sum > 0)) return argmax(logits, offset, length)
+    return inverseCdf(w, u * sum, length)
+  }
+  const { w, cell, cross, cut, keptMass } = nucleusPlan(logits, params, offset, length)
+  if (!(keptMass > 0)) return argmax(logits, offset, length)
+  const target = u * keptMass
+  let acc = 0
+  let last = 0
+  for (let i = 0; i < length; i++) {
+    const c = cell[i]!
+    if (c > cross || (c === cross && cut[i] !== 1)) continue
+    const p = w[i]!
+    if (p <= 0) continue
+    last = i
+    acc += p
+    if (target < acc) return i
+  }
+  // keptMass was added by cells, the walk in id order: rounding can leave the target just above.
+  return last
 }
 
 /**
