@@ -250,6 +250,8 @@ function drawByWalk (logits: Float32Array, params: SamplerParams, offset: number
   const { w, cell, cross, cut, keptMass } = nucleusPlan(logits, params, offset, length)
   if (!(keptMass > 0)) return argmax(logits, offset, length)
   const target = u * keptMass
+  // inverseCdf's walk with the plan's kept test inlined (a callback per token would cost more
+  // than the zeroing pass it replaces).
   let acc = 0
   let last = 0
   for (let i = 0; i < length; i++) {
