@@ -50,10 +50,7 @@ export function argmax (logits: Float32Array, offset = 0, length = logits.length
  */
 function keptWeights (logits: Float32Array, params: SamplerParams, offset: number, length: number): { w: Float64Array, sum: number } {
   if (params.topP >= 1) {
-    const inv = 1 / params.temperature
-    const z = scratch(1, length)
-    let max = -Infinity
-    for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
+    const { z, max } = scaledLogits(logits, 1 / params.temperature, offset, length)
     const w = scratch(0, length)
     let total = 0
     for (let i = 0; i < length; i++) { const e = Math.exp(z[i]! - max); w[i] = e; total += e }
@@ -82,10 +79,7 @@ function keptWeights (logits: Float32Array, params: SamplerParams, offset: numbe
 interface NucleusPlan { w: Float64Array, cell: Uint16Array, cross: number, cut: Uint8Array, keptMass: number, total: number }
 
 function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: number, length: number): NucleusPlan {
-  const inv = 1 / params.temperature
-  const z = scratch(1, length)
-  let max = -Infinity
-  for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
+  const { z, max } = scaledLogits(logits, 1 / params.temperature, offset, length)
   const w = scratch(0, length)
   const cell = cellScratch(length)
   const next = chainScratch(length)
@@ -97,8 +91,7 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
     const e = Math.exp(z[i]! - max)
     w[i] = e
     total += e
-    const d = (max - z[i]!) * CELLS_PER_NAT
-    const c = d < CELLS - 1 ? d | 0 : CELLS - 1
+    const c = cellOf((max - z[i]!) * CELLS_PER_NAT)
     cell[i] = c
     next[i] = head[c]!
     head[c] = i
@@ -121,6 +114,20 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
   return { w, cell, cross, cut, keptMass, total }
 }
 
+/** logit · inv for each token of the row (scratch row 1) and the largest of them. */
+function scaledLogits (logits: Float32Array, inv: number, offset: number, length: number): { z: Float64Array, max: number } {
+  const z = scratch(1, length)
+  let max = -Infinity
+  for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
+  return { z, max }
+}
+
+/** The cell of a token `d` sixteenths of a nat below the maximum (d ≥ 0; NaN and everything past 32 nats: the last). */
+function cellOf (d: number): number {
+  // d ≥ 0, so truncation is the floor.
+  return d < CELLS - 1 ? d | 0 : CELLS - 1
+}
+
 /** Grow-only float64 rows reused from pick to pick (a 32k row is 256 KB; one per token was garbage). */
 const scratchRows: Float64Array[] = []
 function scratch (slot: number, length: number): Float64Array {
@@ -135,12 +142,11 @@ const CUT_SORT_BELOW = 256
 /**
  * Flags (1) in `keep` the smallest set of the largest weights among `candidates` (indices in
  * increasing order, all with w > 0) that brings `mass` to `target`, ties by lower index, and
- * returns the mass reached: the
- * candidates are bucketed by log-weight (`lw`: the scaled logits, w = exp(lw − max), the same
- * order) between their largest and smallest, buckets taken whole from the top while the mass
- * stays short of the target, and the one bucket where it crosses becomes the new candidates
- * (always fewer: the largest and the smallest fall in different buckets) — until few enough to
- * sort, or all equal (then in index order).
+ * returns the mass reached: the candidates are bucketed by log-weight (`lw`: the scaled logits,
+ * w = exp(lw − max), the same order) between their largest and smallest, buckets taken whole from
+ * the top while the mass stays short of the target, and the one bucket where it crosses becomes
+ * the new candidates (always fewer: the largest and the smallest fall in different buckets) —
+ * until few enough to sort, or all equal (then in index order).
  */
 function nucleusCut (w: Float64Array, lw: Float64Array, candidates: Int32Array, mass: number, target: number, keep: Uint8Array): number {
   let count = candidates.length
@@ -311,10 +317,8 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
   const count = new Int32Array(CELLS)
   const scale = inv * CELLS_PER_NAT
   for (let i = 0; i < length; i++) {
-    const d = (top - logits[offset + i]!) * scale
-    // d ≥ 0, so truncation is the floor; NaN lands in the last cell and is never accepted (the
-    // comparison below is false).
-    const c = d < CELLS - 1 ? d | 0 : CELLS - 1
+    // NaN lands in the last cell and is never accepted (the comparison below is false).
+    const c = cellOf((top - logits[offset + i]!) * scale)
     next[i] = head[c]!
     head[c] = i
     count[c]!++
