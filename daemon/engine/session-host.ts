@@ -6,6 +6,7 @@
  */
 import { parentPort, threadId } from 'node:worker_threads'
 import * as ort from 'onnxruntime-node'
+import { spinning } from './backend/onnxruntime.ts'
 import type { HostMessage, HostReply, WireTensor } from './off-thread-sessions.ts'
 
 const port = parentPort!
@@ -24,7 +25,9 @@ async function handle (m: HostMessage): Promise<void> {
   try {
     switch (m.type) {
       case 'load': {
-        const s = await ort.InferenceSession.create(m.path, { intraOpNumThreads: m.threads, interOpNumThreads: 1, logSeverityLevel: 3 })
+        // onnxruntime's default lets intra-op threads spin between runs, taking the cores from
+        // the engine's sessions in the same process; these spin only within a run, as those do.
+        const s = await ort.InferenceSession.create(m.path, { intraOpNumThreads: m.threads, interOpNumThreads: 1, logSeverityLevel: 3, extra: spinning(false) })
         const h = nextHandle++
         sessions.set(h, s)
         post({ id: m.id, handle: h, inputNames: [...s.inputNames], outputNames: [...s.outputNames], threadId })

@@ -34,9 +34,22 @@ function sessionOptions (options: LoadOptions): ort.InferenceSession.SessionOpti
     interOpNumThreads: 1,
     executionMode: 'sequential',
     logSeverityLevel: 3,
-    // Flattened by the binding into the session config key "session.intra_op.allow_spinning".
-    extra: { session: { intra_op: { allow_spinning: options.exclusiveCores === true ? '1' : '0' } } },
+    extra: spinning(options.exclusiveCores === true),
   }
+}
+
+/**
+ * Intra-op threads spin while a run is in progress and stop the moment it returns
+ * (`session.force_spinning_stop`), unless the session has the cores to itself, when they spin
+ * between runs too. Why: a decode step is ~100–300 short kernels, and an intra-op thread that
+ * sleeps between them is woken ~10–20 µs late every time (33 MatMulNBits alone: 1.5–2.0 ms a step
+ * with sleeping threads, 1.2–1.4 spinning); a thread that keeps spinning after the run takes the
+ * core from the main thread that streams the tokens and from the other sessions of the process.
+ * Spinning only within a run measured faster in all three cases — one session, two alternating,
+ * two concurrent (docs/engine-notes.md). Flattened by the binding into session config keys.
+ */
+export function spinning (exclusiveCores: boolean): Record<string, unknown> {
+  return { session: { intra_op: { allow_spinning: '1' }, force_spinning_stop: exclusiveCores ? '0' : '1' } }
 }
 
 function wrap (session: ort.InferenceSession): BackendSession {

@@ -17,8 +17,9 @@ export interface LoadOptions {
   /** Intra-op threads; default: all cores. */
   threads?: number
   /**
-   * True when this session has the cores to itself. Otherwise intra-op threads must not spin:
-   * two spinning sessions slow each other by 4–9 ms per step (docs/engine-notes.md).
+   * True when this session has the cores to itself: its intra-op threads spin between runs too.
+   * Otherwise they spin only while a run is in progress: two sessions whose threads spin between
+   * runs slow each other by 4–9 ms per step (docs/engine-notes.md).
    */
   exclusiveCores?: boolean
   /**
