@@ -62,7 +62,9 @@ export interface CompileOptions {
    * — the activation quantization would turn a padded batch's last-bit differences into different
    * tokens, so the engine batches such shards only between equally long contexts, unpadded. 0: f32
    * activations, slower per step, batched with any mix of lengths. Both keep every sequence's
-   * batch-of-one tokens (test/engine/batched-int4.test.ts).
+   * batch-of-one tokens where the CPU's int4 kernel is row-invariant (AVX-512 VNNI), and are exact
+   * to rounding where it is not (AVX2 only: daemon/engine/kernel-probe.ts,
+   * test/engine/batched-int4.test.ts).
    */
   accuracyLevel?: 0 | 4
   /**

@@ -10,7 +10,7 @@ import { freemem } from 'node:os'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, loadBackend } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -111,6 +111,7 @@ function modelProgress (logger: Logger): ModelProgress {
 export function createEnginesPart (config: Readonly<DaemonConfig>, deps: EnginesPartDeps): Part<Served> {
   const { logger, metrics, budgets, signer, meshed, experts } = deps
   const { models, locals, coordinators, stages, localChains } = deps.engines
+  let warnedRounding = false
 
   /**
    * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
@@ -162,7 +163,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     )
     await stage.start()
     stages.push(stage)
-    logger.info({ model: model.manifest.modelId, layers: st.layers }, 'stage loaded')
+    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await int4Batching(model, choice) }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
@@ -180,6 +181,24 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     )
     await coordinator.start()
     coordinators.push(coordinator)
+  }
+
+  /**
+   * An int4 model on onnxruntime: whether batching keeps every sequence's batch-of-one bits on
+   * this CPU (engine/kernel-probe.ts), for its 'loaded' line; said once as a warning where it does not.
+   */
+  async function int4Batching (model: ResolvedModel, choice: EngineChoice): Promise<{ int4Batching?: string }> {
+    const q = model.manifest.quantization
+    if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return {}
+    try {
+      const rows = await matMulNBitsRowInvariance(q.activations === 'f32' ? 0 : 4, q.blockSize)
+      if (rows.rowInvariant) return { int4Batching: 'bit-exact' }
+      if (!warnedRounding) logger.warn({ maxDiff: rows.maxDiff }, "this CPU's int4 kernel rounds a one-row run differently from a batched one: batched int4 sequences are exact to rounding, not to the bit (ARCHITECTURE.md, \"Exactness under batching\")")
+      warnedRounding = true
+      return { int4Batching: 'exact to rounding' }
+    } catch (err) {
+      return { int4Batching: `unknown (kernel probe failed: ${(err as Error).message})` }
+    }
   }
 
   return {
@@ -237,7 +256,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         })
         await service.start()
         locals.push(service)
-        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
+        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await int4Batching(model, engine), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
       }
       for (const model of stageModels) await startStage(model, engine, draft, kvCacheBytes)
       for (const model of chainModels) {
@@ -255,7 +274,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         await chain.start()
         localChains.push(chain)
         coordinators.push(chain.service)
-        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })) }, 'model loaded as a local chain')
+        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await int4Batching(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
       }
       return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], local: createModelDirectory([...locals, ...coordinators]) }
     },

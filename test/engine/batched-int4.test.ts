@@ -12,7 +12,7 @@
  *
  * Bit-exactness with int8 activations also needs onnxruntime's MatMulNBits to give a row of a
  * batch the bits of its one-row run, which holds on AVX-512 VNNI CPUs and not on AVX2-only ones
- * (test/support/kernel-probe.ts). Where the probe says it does not, these tests hold the batch to
+ * (daemon/engine/kernel-probe.ts). Where the probe says it does not, these tests hold the batch to
  * what still holds — the same runs shared, and the batched picks, fed the batch-of-one tokens,
  * equal to them but for near ties — and say how many differed.
  */
@@ -24,7 +24,7 @@ import { createOnnxruntimeBackend, createStageEngine, createStageRunner, stageIn
 import type { BackendSession, BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { INPUT_IDS } from '../../shards/contract.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
-import { matMulNBitsRowInvariance } from '../support/kernel-probe.ts'
+import { matMulNBitsRowInvariance } from '../../daemon/engine/index.ts'
 
 const TOKENS = 64
 const GREEDY = { temperature: 0, topP: 1, u: 0 }
