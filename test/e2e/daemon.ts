@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import OpenAI from 'openai'
 import { pino } from 'pino'
+import type { Logger } from 'pino'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import type { DaemonConfig } from '../../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
@@ -47,9 +48,10 @@ export interface RunningDaemon {
 
 /**
  * Starts the daemon serving `model` (a shard directory or an HF checkpoint) with state under
- * `root`; `extra`: more of the daemon's config (its components' sections, say).
+ * `root`; `extra`: more of the daemon's config (its components' sections, say); `logger`: where
+ * its log lines go (silent by default).
  */
-export async function startDaemon (model: string, root: string, extra: Partial<DaemonConfig> = {}): Promise<RunningDaemon> {
+export async function startDaemon (model: string, root: string, extra: Partial<DaemonConfig> = {}, logger: Logger = pino({ level: 'silent' })): Promise<RunningDaemon> {
   const dataDir = join(root, 'data')
   const cacheRoot = join(root, 'cache')
   const daemon = createDaemon(validateConfig({
@@ -62,7 +64,7 @@ export async function startDaemon (model: string, root: string, extra: Partial<D
     bootstrap: [],
     mdns: false,
     ...extra,
-  }), { logger: pino({ level: 'silent' }) })
+  }), { logger })
   const { peerId, apiUrl } = await daemon.start()
   if (apiUrl === undefined) throw new Error('daemon started without an API')
   let stopped: Promise<void> | undefined

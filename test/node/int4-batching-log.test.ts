@@ -10,8 +10,8 @@ import { join } from 'node:path'
 import { pino } from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { matMulNBitsRowInvariance } from '../../daemon/engine/index.ts'
-import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { startDaemon } from '../e2e/daemon.ts'
 
 let root: string
 const lines: Array<Record<string, unknown>> = []
@@ -23,17 +23,7 @@ beforeAll(async () => {
   await compileShards({ modelDir: ckpt, outDir: join(root, 'int4'), modelId: 'tiny-int4', quant: 'int4' })
   await compileShards({ modelDir: ckpt, outDir: join(root, 'fp32'), modelId: 'tiny-fp32' })
   const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
-  const daemon = createDaemon(validateConfig({
-    models: [{ dir: join(root, 'int4') }, { dir: join(root, 'fp32') }],
-    api: { host: '127.0.0.1', port: 0 },
-    device: 'cpu',
-    dataDir: join(root, 'data'),
-    cacheRoot: join(root, 'cache'),
-    listen: [],
-    bootstrap: [],
-    mdns: false,
-  }), { logger })
-  await daemon.start()
+  const daemon = await startDaemon(join(root, 'int4'), root, { models: [{ dir: join(root, 'int4') }, { dir: join(root, 'fp32') }] }, logger)
   await daemon.stop()
 }, 120_000)
 
