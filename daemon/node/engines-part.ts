@@ -254,9 +254,11 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
                 linkOf: peerId => ({ ...optionalRtt(m.peers().find(p => p.peerId === peerId)?.rttMs) }),
               }),
         })
+        // The kernel probe (a session worker of its own) runs while the model loads; it never rejects.
+        const batching = int4Batching(model, engine)
         await service.start()
         locals.push(service)
-        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await int4Batching(model, engine), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
+        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await batching, ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
       }
       for (const model of stageModels) await startStage(model, engine, draft, kvCacheBytes)
       for (const model of chainModels) {

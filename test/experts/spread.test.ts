@@ -54,7 +54,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     }
   }, 120_000)
 
-  it.each(['int8', 'int4'] as const)('%s experts on 2 holders give the one-graph %s shards\' tokens', async (quant) => {
+  it.each(['int8', 'int4'] as const)('%s experts on 2 holders give the tokens of the same quantization in one graph', async (quant) => {
     const qdir = join(root, `experts-${quant}`)
     const qlayout = await compileExpertShards({ modelDir: join(root, 'ckpt'), outDir: qdir, quant })
     const whole = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, `whole-${quant}`), quant })
