@@ -310,19 +310,9 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
   const top = maxOf(logits, offset, length)
   // Nothing finite to weigh (all −∞ or NaN), or a +∞ logit: greedy decides.
   if (!(top > -Infinity) || top === Infinity) return argmax(logits, offset, length)
-  // gap_i = (top − logit_i) / T ≥ 0 decides both the cell and the acceptance, so they agree. Each
-  // cell's members are chained (`next`, from `head`), so naming the k-th takes k steps, not a scan.
-  const next = chainScratch(length)
-  const head = new Int32Array(CELLS).fill(-1)
-  const count = new Int32Array(CELLS)
+  // gap_i = (top − logit_i) / T ≥ 0 decides both the cell and the acceptance, so they agree.
   const scale = inv * CELLS_PER_NAT
-  for (let i = 0; i < length; i++) {
-    // NaN lands in the last cell and is never accepted (the comparison below is false).
-    const c = cellOf((top - logits[offset + i]!) * scale)
-    next[i] = head[c]!
-    head[c] = i
-    count[c]!++
-  }
+  const count = cellCounts(logits, top, scale, offset, length)
   let bound = 0
   for (let c = 0; c < CELLS; c++) bound += count[c]! * CELL_BOUND[c]!
   const rng = createRng(Math.floor(u * 2 ** 32))
@@ -336,12 +326,54 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
     }
     const n = count[c]!
     if (n === 0) continue
-    // What is left of the target is uniform over the cell's n equal bounds: it names the member.
-    let i = head[c]!
-    for (let k = Math.min(n - 1, Math.floor(target / CELL_BOUND[c]!)); k > 0; k--) i = next[i]!
-    if (rng() * CELL_BOUND[c]! < Math.exp((logits[offset + i]! - top) * inv)) return i
+    // What is left of the target is uniform over the cell's n equal bounds: it names the member,
+    // counted from the highest id down (one scan that stops there: ~a quarter of the pass that
+    // chained every token to its cell, which is what it replaced; the same member, so a seed
+    // draws the same tokens).
+    let k = Math.min(n - 1, Math.floor(target / CELL_BOUND[c]!))
+    let i = offset + length - 1
+    for (; i > offset; i--) {
+      const d = (top - logits[i]!) * scale
+      if ((d < CELLS - 1 ? d | 0 : CELLS - 1) === c && k-- === 0) break
+    }
+    // NaN falls in the last cell and is never accepted (the comparison is false).
+    if (rng() * CELL_BOUND[c]! < Math.exp((logits[i]! - top) * inv)) return i - offset
   }
   return drawByWalk(logits, { temperature: 1 / inv, topP: 1 }, offset, length, u)
+}
+
+const lane0 = new Int32Array(CELLS)
+const lane1 = new Int32Array(CELLS)
+const lane2 = new Int32Array(CELLS)
+const lane3 = new Int32Array(CELLS)
+
+/**
+ * How many tokens of the row fall in each cell (cellOf((top − logit) · scale)). Four histograms,
+ * summed at the end, and the cell computed inline: consecutive increments of one counter stall
+ * the CPU on the store before them (a 32k row took ~390 µs that way, ~45–65 µs like this).
+ * Returns lane0, valid until the next call.
+ */
+function cellCounts (logits: Float32Array, top: number, scale: number, offset: number, length: number): Int32Array {
+  lane0.fill(0)
+  lane1.fill(0)
+  lane2.fill(0)
+  lane3.fill(0)
+  const last = CELLS - 1
+  const end = offset + length
+  const end4 = end - (length & 3)
+  for (let i = offset; i < end4; i += 4) {
+    const a = (top - logits[i]!) * scale
+    const b = (top - logits[i + 1]!) * scale
+    const c = (top - logits[i + 2]!) * scale
+    const d = (top - logits[i + 3]!) * scale
+    lane0[a < last ? a | 0 : last]!++
+    lane1[b < last ? b | 0 : last]!++
+    lane2[c < last ? c | 0 : last]!++
+    lane3[d < last ? d | 0 : last]!++
+  }
+  for (let i = end4; i < end; i++) lane0[cellOf((top - logits[i]!) * scale)]!++
+  for (let c = 0; c < CELLS; c++) lane0[c] = lane0[c]! + lane1[c]! + lane2[c]! + lane3[c]!
+  return lane0
 }
 
 /** The largest value of a row (NaN never; −∞ for a row of nothing else), by four running maxima. */

@@ -200,6 +200,24 @@ describe('sampling', () => {
     expect(Math.abs(zeros / 100000 - 1 / (1 + Math.exp(-0.06)))).toBeLessThan(0.005)
   })
 
+  it('property: over the whole vocabulary a row read at an offset draws what its copy at 0 draws (−∞ and NaN among them)', () => {
+    // The draw names a cell's member by scanning the row from its end: a window inside a larger
+    // array (the batch's logits) must give the same member as the window alone, for every u.
+    fc.assert(fc.property(
+      fc.array(fc.oneof(fc.double({ min: -6, max: 6, noNaN: true }), fc.constant(-Infinity), fc.constant(Number.NaN)), { minLength: 2, maxLength: 300 }),
+      fc.nat(), fc.nat(), fc.double({ min: 0, max: 0.999999, noNaN: true }), fc.double({ min: 0.2, max: 3, noNaN: true }),
+      (values, a, b, u, temperature) => {
+        const logits = Float32Array.from(values)
+        const offset = a % logits.length
+        const length = 1 + (b % (logits.length - offset))
+        const pick = { temperature, topP: 1, u }
+        const got = pickToken(logits, pick, offset, length)
+        expect(got).toBe(pickToken(logits.slice(offset, offset + length), pick))
+        expect(got).toBeGreaterThanOrEqual(0)
+        expect(got).toBeLessThan(length)
+      }), { numRuns: 500 })
+  })
+
   it('over the whole vocabulary: nothing finite gives the argmax; a +∞ logit wins', () => {
     expect(pickToken(Float32Array.of(-Infinity, NaN, -Infinity), { temperature: 1, topP: 1, u: 0.5 })).toBe(0)
     expect(pickToken(Float32Array.of(0, Infinity, 3), { temperature: 1, topP: 1, u: 0.5 })).toBe(1)
