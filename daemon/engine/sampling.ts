@@ -71,7 +71,7 @@ function keptWeights (logits: Float32Array, params: SamplerParams, offset: numbe
 /**
  * Top-p < 1: the smallest set of the most likely tokens whose mass reaches p (equal probabilities:
  * lower ids first), as a plan instead of a mask: the weights' pass also sums them by cells of
- * 1/16 nat below the maximum (as drawFromCells) and chains each cell's members; a token is kept
+ * 1/16 nat below the maximum (as drawFromCells) and records each token's cell; a token is kept
  * when its cell is above `cross` (cells kept whole from the top while the mass stays short of p)
  * or it is flagged in `cut` (the crossing cell, cut by nucleusCut). `keptMass`: their total, by
  * cells. `total`: every weight's, in id order.
@@ -82,10 +82,7 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
   const { z, max } = scaledLogits(logits, 1 / params.temperature, offset, length)
   const w = scratch(0, length)
   const cell = cellScratch(length)
-  const next = chainScratch(length)
-  const head = new Int32Array(CELLS).fill(-1)
   const cellMass = new Float64Array(CELLS)
-  const cellCount = new Int32Array(CELLS)
   let total = 0
   for (let i = 0; i < length; i++) {
     const e = Math.exp(z[i]! - max)
@@ -93,10 +90,7 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
     total += e
     const c = cellOf((max - z[i]!) * CELLS_PER_NAT)
     cell[i] = c
-    next[i] = head[c]!
-    head[c] = i
     cellMass[c] = cellMass[c]! + e
-    cellCount[c]!++
   }
   const cut = new Uint8Array(length)
   const topP = Math.max(params.topP, 0)
@@ -105,11 +99,11 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
   let mass = 0
   let cross = 0
   while (cross < CELLS - 1 && mass + cellMass[cross]! < target) mass += cellMass[cross++]!
-  // The crossing cell's members with any weight, in increasing id order (the chain runs down).
-  const members = new Int32Array(cellCount[cross]!)
+  // The crossing cell's members with any weight, in increasing id order: one scan of the cells
+  // (chaining every token to its cell in the pass above cost more than this).
+  const members = chainScratch(length)
   let n = 0
-  for (let i = head[cross]!; i >= 0; i = next[i]!) if (w[i]! > 0) members[n++] = i
-  members.subarray(0, n).reverse()
+  for (let i = 0; i < length; i++) if (cell[i] === cross && w[i]! > 0) members[n++] = i
   const keptMass = nucleusCut(w, z, members.subarray(0, n), mass, target, cut)
   return { w, cell, cross, cut, keptMass, total }
 }
@@ -117,8 +111,30 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
 /** logit · inv for each token of the row (scratch row 1) and the largest of them. */
 function scaledLogits (logits: Float32Array, inv: number, offset: number, length: number): { z: Float64Array, max: number } {
   const z = scratch(1, length)
-  let max = -Infinity
-  for (let i = 0; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
+  // Four running maxima, as maxOf: one compare-and-remember chain is the slow part of this pass.
+  let m0 = -Infinity
+  let m1 = -Infinity
+  let m2 = -Infinity
+  let m3 = -Infinity
+  const end4 = length - (length & 3)
+  for (let i = 0; i < end4; i += 4) {
+    const a = logits[offset + i]! * inv
+    const b = logits[offset + i + 1]! * inv
+    const c = logits[offset + i + 2]! * inv
+    const d = logits[offset + i + 3]! * inv
+    z[i] = a
+    z[i + 1] = b
+    z[i + 2] = c
+    z[i + 3] = d
+    if (a > m0) m0 = a
+    if (b > m1) m1 = b
+    if (c > m2) m2 = c
+    if (d > m3) m3 = d
+  }
+  let max = m0 > m1 ? m0 : m1
+  if (m2 > max) max = m2
+  if (m3 > max) max = m3
+  for (let i = end4; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
   return { z, max }
 }
 
