@@ -101,7 +101,7 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
   while (cross < CELLS - 1 && mass + cellMass[cross]! < target) mass += cellMass[cross++]!
   // The crossing cell's members with any weight, in increasing id order: one scan of the cells
   // (chaining every token to its cell in the pass above cost more than this).
-  const members = chainScratch(length)
+  const members = indexScratch(length)
   let n = 0
   for (let i = 0; i < length; i++) if (cell[i] === cross && w[i]! > 0) members[n++] = i
   const keptMass = nucleusCut(w, z, members.subarray(0, n), mass, target, cut)
@@ -111,31 +111,10 @@ function nucleusPlan (logits: Float32Array, params: SamplerParams, offset: numbe
 /** logit · inv for each token of the row (scratch row 1) and the largest of them. */
 function scaledLogits (logits: Float32Array, inv: number, offset: number, length: number): { z: Float64Array, max: number } {
   const z = scratch(1, length)
-  // Four running maxima, as maxOf: one compare-and-remember chain is the slow part of this pass.
-  let m0 = -Infinity
-  let m1 = -Infinity
-  let m2 = -Infinity
-  let m3 = -Infinity
-  const end4 = length - (length & 3)
-  for (let i = 0; i < end4; i += 4) {
-    const a = logits[offset + i]! * inv
-    const b = logits[offset + i + 1]! * inv
-    const c = logits[offset + i + 2]! * inv
-    const d = logits[offset + i + 3]! * inv
-    z[i] = a
-    z[i + 1] = b
-    z[i + 2] = c
-    z[i + 3] = d
-    if (a > m0) m0 = a
-    if (b > m1) m1 = b
-    if (c > m2) m2 = c
-    if (d > m3) m3 = d
-  }
-  let max = m0 > m1 ? m0 : m1
-  if (m2 > max) max = m2
-  if (m3 > max) max = m3
-  for (let i = end4; i < length; i++) { const v = logits[offset + i]! * inv; z[i] = v; if (v > max) max = v }
-  return { z, max }
+  for (let i = 0; i < length; i++) z[i] = logits[offset + i]! * inv
+  // inv > 0 and rounding is monotone, so the largest product is the largest logit's: maxOf's four
+  // running maxima instead of a compare-and-remember chain in the loop above.
+  return { z, max: maxOf(logits, offset, length) * inv }
 }
 
 /** The cell of a token `d` sixteenths of a nat below the maximum (d ≥ 0; NaN and everything past 32 nats: the last). */
@@ -417,10 +396,10 @@ function maxOf (logits: Float32Array, offset: number, length: number): number {
   return m
 }
 
-let chain = new Int32Array(0)
-function chainScratch (length: number): Int32Array {
-  if (chain.length < length) chain = new Int32Array(length)
-  return chain
+let indices = new Int32Array(0)
+function indexScratch (length: number): Int32Array {
+  if (indices.length < length) indices = new Int32Array(length)
+  return indices
 }
 
 let cells = new Uint16Array(0)
