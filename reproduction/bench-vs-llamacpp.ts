@@ -28,6 +28,7 @@
  *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
  *     [--skip-ids]       (no untimed pass for the greedy ids: timing only)
+ *     [--warmup 128]     (decode tokens of the untimed warm-up request shaped like the timed one; 0: time the first request after start)
  *     [--temperature T]  (timed requests sample at T over the whole vocabulary; default 0, greedy)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
@@ -61,6 +62,8 @@ const { values: args } = parseArgs({
     prompt: { type: 'string', default: '128' },
     long: { type: 'string', default: '2000' },
     'bench-reps': { type: 'string', default: '3' },
+    // Decode tokens of the untimed steady-state warm-up request (a PROMPT-token prompt) per server run; 0: none.
+    warmup: { type: 'string', default: '128' },
     threads: { type: 'string', default: String(availableParallelism()) },
     'verify-only': { type: 'boolean', default: false },
     'prepare-only': { type: 'boolean', default: false },
@@ -78,6 +81,7 @@ const STREAMS = Number(args.streams)
 const PROMPT = Number(args.prompt)
 const TEMPERATURE = Number(args.temperature)
 const LONG = Number(args.long)
+const WARMUP = Number(args.warmup)
 const THREADS = Number(args.threads)
 const REPO = resolve(import.meta.dirname, '..')
 const WORK = join(REPO, '.cache', 'bench-vs-llamacpp')
@@ -149,6 +153,12 @@ interface SessionResult {
 
 async function session (s: Server, rep: number, verify: boolean): Promise<SessionResult> {
   await complete(s, promptIds(16, 999), 8, TEMPERATURE) // warm-up: first session run, JIT, thread pools
+  // Then one untimed request shaped like the timed one: a server just started runs its first few
+  // hundred steps slower (shoal's 60m int4 bare session.run: 20–30 % over its first 160 steps after
+  // 20 warm-up runs, ~3 % after 300 — docs/engine-notes.md), and one stream is timed in steady state
+  // on both sides, as llama-bench times its own runs after a warm-up. `--warmup 0`: the first
+  // request after start.
+  if (WARMUP > 0) await complete(s, promptIds(PROMPT, 998), WARMUP, TEMPERATURE)
   const single = await complete(s, promptIds(PROMPT, 1), TOKENS, TEMPERATURE)
   const t = performance.now()
   const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS, TEMPERATURE)))
@@ -312,7 +322,7 @@ async function main (): Promise<void> {
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${rt.length > 0 ? `; servers and llama-bench under \`${rt.join(' ')}\`` : ''}`,
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
-    `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
+    `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}, ${WARMUP > 0 ? `after an untimed warm-up request of the same prompt length and ${WARMUP} tokens` : 'the first long request after start'}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
   for (const f of failures) lines.push(`FAILED: ${f}`)

@@ -6,7 +6,10 @@
  * the main thread receives — and the client's arrival time of each token.
  *
  * Run: SHOAL_TRACE_DIR=/tmp/tr node reproduction/profile-engine.ts --shard .cache/bench/llama-tiny-int4
- *        [--mode http|raw] [--prompt 128] [--tokens 160]
+ *        [--mode http|raw] [--prompt 128] [--tokens 160] [--reps 3]
+ *        [--warmup 16] [--warmup-prompt N]   (the untimed first request: its tokens and prompt length, default --prompt;
+ *        a fresh session runs its first few hundred steps slower, so a short warm-up times that too)
+ * Prints the median and mean of each segment (the mean sets tokens per second) and each window's tok/s.
  * Add `--cpu-prof --cpu-prof-dir=DIR` to node for V8 profiles of both threads.
  */
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises'
@@ -26,13 +29,15 @@ import { floorRank, loadAverage, lowerMedian, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
-  tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' },
+  tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' }, warmup: { type: 'string', default: '16' }, 'warmup-prompt': { type: 'string' },
   'main-prof': { type: 'string' },
 } })
 const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
 const PROMPT = Number(args.prompt)
 const TOKENS = Number(args.tokens)
+const WARMUP = Number(args.warmup)
+const WARMUP_PROMPT = args['warmup-prompt'] === undefined ? PROMPT : Number(args['warmup-prompt'])
 const wall = (): number => performance.timeOrigin + performance.now()
 const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
 
@@ -46,10 +51,10 @@ if (args.mode === 'http') {
   }), { logger: pino({ level: 'warn' }) })
   const { apiUrl } = await daemon.start()
   const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
-  const run = async (salt: number, n: number): Promise<{ from: number, to: number, arrivals: number[] }> => {
+  const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
     const from = wall()
     const arrivals: number[] = []
-    const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(PROMPT, salt), max_tokens: n, temperature: 0, stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
+    const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(promptLength, salt), max_tokens: n, temperature: 0, stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
     for await (const chunk of stream) {
       const got = (chunk.choices[0] as { token_ids?: number[] } | undefined)?.token_ids ?? []
       const t = wall()
@@ -57,7 +62,7 @@ if (args.mode === 'http') {
     }
     return { from, to: wall(), arrivals }
   }
-  await run(99, 16)
+  await run(99, WARMUP, WARMUP_PROMPT)
   const inspector = args['main-prof'] === undefined ? undefined : new Session()
   if (inspector !== undefined) { inspector.connect(); await inspector.post('Profiler.enable'); await inspector.post('Profiler.setSamplingInterval', { interval: 50 }); await inspector.post('Profiler.start') }
   for (let r = 0; r < Number(args.reps); r++) windows.push(await run(r, TOKENS))
@@ -67,22 +72,22 @@ if (args.mode === 'http') {
   const stage = manifest.stages[0]!
   const engine = createStageEngine({ graphPath: join(args.shard, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
   await engine.start()
-  const run = async (salt: number, n: number): Promise<{ from: number, to: number, arrivals: number[] }> => {
+  const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
     const from = wall()
     const arrivals: number[] = []
-    const prompt = promptIds(PROMPT, salt)
+    const prompt = promptIds(promptLength, salt)
     const seq = await engine.open()
     let out = await engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i), GREEDY)
     arrivals.push(wall())
     for (let i = 1; i < n; i++) {
       if (out.kind !== 'token') throw new Error('no token')
-      out = await engine.step(seq, { tokenIds: [out.id] }, [PROMPT + i - 1], GREEDY)
+      out = await engine.step(seq, { tokenIds: [out.id] }, [promptLength + i - 1], GREEDY)
       arrivals.push(wall())
     }
     await engine.free(seq)
     return { from, to: wall(), arrivals }
   }
-  await run(99, 16)
+  await run(99, WARMUP, WARMUP_PROMPT)
   for (let r = 0; r < Number(args.reps); r++) windows.push(await run(r, TOKENS))
   await engine.stop()
 }
@@ -137,8 +142,12 @@ for (const w of windows) {
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
 console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
-console.log(`| segment | median ms | p10 | p90 | n |`)
-console.log('|---|---|---|---|---|')
-for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(lowerMedian(xs))} | ${f3(floorRank(xs, 0.1))} | ${f3(floorRank(xs, 0.9))} | ${xs.length} |`)
-console.log(`| whole step (m.post → next m.post) | ${f3(lowerMedian(periods))} | ${f3(floorRank(periods, 0.1))} | ${f3(floorRank(periods, 0.9))} | ${periods.length} |`)
+// The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
+const mean = (xs: number[]): number | undefined => xs.length === 0 ? undefined : xs.reduce((a, b) => a + b, 0) / xs.length
+console.log(`| segment | median ms | mean | p10 | p90 | n |`)
+console.log('|---|---|---|---|---|---|')
+for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(lowerMedian(xs))} | ${f3(mean(xs))} | ${f3(floorRank(xs, 0.1))} | ${f3(floorRank(xs, 0.9))} | ${xs.length} |`)
+console.log(`| whole step (m.post → next m.post) | ${f3(lowerMedian(periods))} | ${f3(mean(periods))} | ${f3(floorRank(periods, 0.1))} | ${f3(floorRank(periods, 0.9))} | ${periods.length} |`)
+const tokS = windows.map(w => (w.arrivals.length - 1) / ((w.arrivals.at(-1)! - w.arrivals[0]!) / 1000))
+console.log(`decode tok/s per window, first to last token: ${tokS.map(x => x.toFixed(0)).join(' ')}`)
 await rm(root, { recursive: true, force: true })

@@ -15,6 +15,7 @@
  */
 import { HIDDEN_OUT, LOGITS, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName } from '../../shards/contract.ts'
 import { EngineError } from './errors.ts'
+import { stepMark } from '../step-trace.ts'
 import type { TensorMap } from './backend/types.ts'
 import { blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
@@ -104,6 +105,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
       const { block: held, longest: lmax } = groupBlock(group)
       const shared = held !== undefined && writable({ block: held, row: 0 }, lmax + s)
       if (!shared) {
+        stepMark('k.pack') // a repack: profile-engine and engine-notes (wave 8) time these
         const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
         const replaced = new Set<KvBlock>()
         group.forEach(({ seq }, b) => {
