@@ -119,6 +119,10 @@ describe('draining a stage node moves its chains, and their kept KV, to another 
     // B' joins with the same layers, then B drains; A forms chains around it once it hears so.
     b2 = await startInProcess({ name: 'node-b2', identityDir: identities[2]!.dir, root, api: true, bootstrap: a.addrs, config: { models: [{ dir: twoDir, layers: layers1 }] } }) as Node
     await waitFor('A to see B\' holding stage 1, with its load', () => servesStage(b2!.peerId) && viewOf(b2!.peerId)?.load !== undefined, 30_000)
+    // …and B' to have heard of B (its signed record, by gossip): a node asked to pull from a peer
+    // it has never heard of recomputes instead (correct, and not what this test is about); under
+    // a loaded machine's slow gossip that happened in 2 of 2 full-suite runs (wave 8).
+    await waitFor('B\' to know B from gossip', () => b2!.daemon.mesh!.peers().some(p => p.peerId === b.peerId && p.capabilities !== undefined), 30_000)
     b.daemon.drain()
     expect(b.daemon.draining).toBe(true)
     await waitFor('A to hear B is not accepting', () => viewOf(b.peerId)?.load?.accepting === false, 30_000)
