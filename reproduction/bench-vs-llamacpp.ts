@@ -155,7 +155,7 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
   await complete(s, promptIds(16, 999), 8, TEMPERATURE) // warm-up: first session run, JIT, thread pools
   // Then one untimed request shaped like the timed one: a server just started runs its first few
   // hundred steps slower (shoal's 60m int4 bare session.run: 20–30 % over its first 160 steps after
-  // 20 warm-up runs, ~3 % after 300 — docs/engine-notes.md), and one stream is timed in steady state
+  // 20 warm-up runs, 2–8 % after 300 — docs/engine-notes.md), and one stream is timed in steady state
   // on both sides, as llama-bench times its own runs after a warm-up. `--warmup 0`: the first
   // request after start.
   if (WARMUP > 0) await complete(s, promptIds(PROMPT, 998), WARMUP, TEMPERATURE)

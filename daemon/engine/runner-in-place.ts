@@ -105,7 +105,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
       const { block: held, longest: lmax } = groupBlock(group)
       const shared = held !== undefined && writable({ block: held, row: 0 }, lmax + s)
       if (!shared) {
-        stepMark('k.pack') // a repack: profile-engine and engine-notes (wave 8) time these
+        stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
         const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
         const replaced = new Set<KvBlock>()
         group.forEach(({ seq }, b) => {
