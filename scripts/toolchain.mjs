@@ -93,9 +93,10 @@ export function runWith (node, command) {
     : spawn(command[0], command.slice(1), { stdio: 'inherit', env })
   // Ctrl-C in a terminal reaches the child through its process group; forwarding SIGINT as well
   // would count as a second Ctrl-C (forced exit). SIGTERM/SIGHUP sent to this process alone are
-  // passed on, so a supervisor stopping it stops the real command.
+  // passed on, so a supervisor stopping it stops the real command; so is SIGUSR2, which drains a
+  // node (`shoal node`/`serve`) — unhandled here it would end this process and orphan the child.
   process.on('SIGINT', () => {})
-  for (const signal of ['SIGTERM', 'SIGHUP']) process.on(signal, () => { child.kill(signal) })
+  for (const signal of ['SIGTERM', 'SIGHUP', 'SIGUSR2']) process.on(signal, () => { child.kill(signal) })
   child.on('exit', (code, signal) => {
     process.exit(code ?? (signal === 'SIGINT' ? 130 : 1))
   })

@@ -8,8 +8,8 @@
  * 50 MB download on every run. The fetch itself (npm install node-<os>-<arch>@24 into an empty
  * .toolchain) runs with SHOAL_TEST_FETCH_NODE=1, since it needs the registry and a minute.
  */
-import { spawnSync } from 'node:child_process'
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs'
+import { spawn, spawnSync } from 'node:child_process'
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { delimiter, dirname, join } from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
@@ -81,6 +81,37 @@ describe.skipIf(OLD === undefined)('with an old Node on PATH', () => {
     expect(r.stdout.trim()).toBe(process.versions.node)
     expect(r.stderr.split('\n').filter(l => l !== '')).toHaveLength(1)
   })
+
+  it('SIGTERM, SIGHUP and SIGUSR2 (drain) sent to the re-running bin reach the node it runs', async () => {
+    // A stand-in for `shoal node`: says it is ready, and names each signal it gets (SIGTERM ends it;
+    // so does a timeout, should a signal never come and the launcher have left it behind).
+    const script = join(tmp, 'signals.mjs')
+    writeFileSync(script, "for (const s of ['SIGUSR2', 'SIGHUP', 'SIGTERM']) process.on(s, () => { console.log(s); if (s === 'SIGTERM') process.exit(0) })\nconsole.log('ready')\nsetTimeout(() => { process.exit(1) }, 30_000)\n")
+    // As the shoal bin re-runs itself: runWith(node, [node, file, …]) from the old Node (a command
+    // string goes through `sh -c`, which need not pass signals on: npm test's case, not a node's).
+    const driver = `const { runWith } = await import(${JSON.stringify(join(REPO, 'scripts', 'toolchain.mjs'))}); runWith(${JSON.stringify(process.execPath)}, ${JSON.stringify([process.execPath, script])})`
+    const launcher = spawn(OLD!, ['--input-type=module', '-e', driver], { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] })
+    let out = ''
+    const seen = async (line: string): Promise<void> => {
+      const deadline = Date.now() + 20_000
+      while (!out.split('\n').includes(line)) {
+        if (Date.now() > deadline) throw new Error(`no ${line} in ${JSON.stringify(out)}`)
+        await new Promise(resolve => setTimeout(resolve, 20))
+      }
+    }
+    launcher.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
+    const exited = new Promise<number | null>(resolve => launcher.on('exit', code => { resolve(code) }))
+    try {
+      await seen('ready')
+      for (const signal of ['SIGUSR2', 'SIGHUP', 'SIGTERM'] as const) {
+        launcher.kill(signal)
+        await seen(signal)
+      }
+      expect(await exited).toBe(0)
+    } finally {
+      launcher.kill('SIGKILL')
+    }
+  }, 60_000)
 
   it.skipIf(process.env.SHOAL_TEST_FETCH_NODE !== '1')('fetches Node 24 from the npm registry into an empty .toolchain', () => {
     const r = runOld(['scripts/shoal.mjs', '--version'], join(tmp, 'empty'))
