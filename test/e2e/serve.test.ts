@@ -7,7 +7,8 @@
  * receipt log is verified by `shoal receipts verify` after the daemon stops.
  */
 import { createHash } from 'node:crypto'
-import { readFile } from 'node:fs/promises'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import canonicalizeModule from 'canonicalize'
@@ -334,14 +335,26 @@ describe('shoal serve: the openai client against the real daemon', () => {
   })
 
   it('a burst of twice the sequences (16 × 48 tokens) all complete: those beyond the free sequences wait within the budget (issue 13 #1)', async () => {
-    const burst = await Promise.all(Array.from({ length: 2 * CONCURRENCY }, async () => await complete({ prompt: promptIds, max_tokens: 48, temperature: 0 })))
-    for (const r of burst) {
-      expect(r.choice.finish_reason).toBe('length')
-      expect(r.choice.token_ids ?? r.data.usage?.completion_tokens).toBeTruthy()
-      expect(r.data.usage?.completion_tokens).toBe(48)
+    // A request waits for a slot when the wait expected from measured step times is within the
+    // batch budget, else it gets a 429 — rightly, on a machine loaded enough that 48 steps at a
+    // full batch take longer than the default 1 s (a CI run expected 1.8 s). So this burst goes to
+    // a daemon whose budget no loaded machine exceeds: what is under test is the queueing path.
+    // (The default budget's burst, through a mesh: test/mesh-e2e/regressions.test.ts.)
+    const root = await mkdtemp(join(tmpdir(), 'shoal-serve-burst-'))
+    const wide = await startDaemon(ck.shardDir, root, { budgets: { batchBudgetMs: 60_000 } })
+    try {
+      const burst = await Promise.all(Array.from({ length: 2 * CONCURRENCY }, async () =>
+        await wide.client.completions.create({ model: MODEL_ID, prompt: promptIds, max_tokens: 48, temperature: 0, stream: false })))
+      for (const r of burst) {
+        expect(r.choices[0]!.finish_reason).toBe('length')
+        expect(r.usage?.completion_tokens).toBe(48)
+      }
+      // Greedy: every one of them, queued or not, gave the same text.
+      expect(new Set(burst.map(r => r.choices[0]!.text)).size).toBe(1)
+    } finally {
+      await wide.stop()
+      await rm(root, { recursive: true, force: true })
     }
-    // Greedy: every one of them, queued or not, gave the same text.
-    expect(new Set(burst.map(r => r.choice.text)).size).toBe(1)
   })
 
   it('an 8 MB and a 1 MB prompt are refused from their length; /healthz answers throughout (issue 13 #2)', async () => {
