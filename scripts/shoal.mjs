@@ -2,11 +2,14 @@
 // The `shoal` bin. Plain JS that parses on any Node >= 18: on a Node older than package.json's
 // engines.node it re-runs itself with Node 24 from .toolchain/ (fetched from the npm registry on
 // first use; scripts/toolchain.mjs says so in one line). Everything else is TypeScript run by
-// Node's built-in type stripping.
+// Node's built-in type stripping. The commands that run an engine re-execute once with glibc malloc
+// settings (scripts/malloc.mjs).
 import { fileURLToPath } from 'node:url'
+import { execWithMallocTunables } from './malloc.mjs'
 import { isNewEnough, modernNode, runWith } from './toolchain.mjs'
 
 if (isNewEnough(process.versions.node)) {
+  execWithMallocTunables(fileURLToPath(import.meta.url), process.argv.slice(2))
   const { main } = await import('./cli.ts')
   process.exitCode = await main(process.argv.slice(2))
 } else {

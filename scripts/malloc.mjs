@@ -1,0 +1,53 @@
+// glibc malloc settings for the commands that run an engine. Plain JS: scripts/shoal.mjs imports it
+// before it knows whether Node can strip types.
+//
+// Why: an engine step allocates and frees large transient buffers — onnxruntime's outputs copied
+// into new JS buffers (eight rows of a 32,000-token vocabulary are 1 MB a step), KV blocks rebuilt
+// when a batch changes. glibc's defaults serve blocks past a moving threshold with mmap and give
+// freed memory back to the kernel once the top of a heap has 2× that threshold free, so the next
+// step's buffers land on pages never touched, and a first touch costs ~13 µs a page on the VMs we
+// measured (docs/engine-notes.md, wave 8). Served eight streams took 9–19 page faults a token.
+// With blocks under 32 MB from the heap and freed memory kept (the settings below) they took
+// 0.1–5.6, the time between two engine runs halved, and eight streams of the 60m int4 model
+// decoded 7–50 % faster in three alternating pairs (wave 9); peak RSS did not move. glibc reads
+// GLIBC_TUNABLES once, at process start, so the launcher re-executes Node with it (same PID).
+
+/** Commands whose process runs an engine. */
+export const ENGINE_COMMANDS = new Set(['serve', 'node', 'demo'])
+
+/** Blocks under 32 MiB from the heap; up to 1 GiB of freed heap kept for reuse. */
+export const MALLOC_TUNABLES = 'glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824'
+
+/**
+ * The environment to re-execute with, or undefined to run as we are: not a glibc Linux process,
+ * not an engine command, or GLIBC_TUNABLES already sets a malloc tunable (the operator's choice,
+ * and the mark that this process is the re-executed one).
+ */
+export function mallocEnv (args, env, runtime) {
+  if (runtime.platform !== 'linux' || runtime.glibc === undefined) return undefined
+  if (!ENGINE_COMMANDS.has(args[0] ?? '')) return undefined
+  const current = env.GLIBC_TUNABLES ?? ''
+  if (current.includes('glibc.malloc.')) return undefined
+  return { ...env, GLIBC_TUNABLES: current === '' ? MALLOC_TUNABLES : `${current}:${MALLOC_TUNABLES}` }
+}
+
+/** The glibc version this process runs on, or undefined (musl, macOS, Windows). */
+export function glibcVersion () {
+  if (process.platform !== 'linux') return undefined
+  try {
+    return process.report?.getReport()?.header?.glibcVersionRuntime
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Re-executes this process with the malloc settings when `mallocEnv` asks for them; returns only
+ * when it does not (or when this Node has no process.execve: it then runs with glibc's defaults).
+ */
+export function execWithMallocTunables (script, args) {
+  if (typeof process.execve !== 'function') return
+  const env = mallocEnv(args, process.env, { platform: process.platform, glibc: glibcVersion() })
+  if (env === undefined) return
+  process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], env)
+}
