@@ -28,7 +28,8 @@
  *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
  *     [--skip-ids]       (no untimed pass for the greedy ids: timing only)
- *     [--warmup 128]     (decode tokens of the untimed warm-up request shaped like the timed one; 0: time the first request after start)
+ *     [--warmup 128]     (decode tokens of the untimed warm-up requests shaped like the timed ones — one stream, then
+ *                         --streams at once; 0: time the first requests after start)
  *     [--temperature T]  (timed requests sample at T over the whole vocabulary; default 0, greedy)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
@@ -160,6 +161,9 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
   // request after start.
   if (WARMUP > 0) await complete(s, promptIds(PROMPT, 998), WARMUP, TEMPERATURE)
   const single = await complete(s, promptIds(PROMPT, 1), TOKENS, TEMPERATURE)
+  // Likewise the concurrent streams after an untimed round shaped like them: shoal's first
+  // STREAMS-row steps after start ran 20–35 % slower than later ones (docs/engine-notes.md, wave 9).
+  if (WARMUP > 0) await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 980 + i), WARMUP, TEMPERATURE)))
   const t = performance.now()
   const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS, TEMPERATURE)))
   const multiEnd = Math.max(...multi.map(r => r.end))
@@ -322,7 +326,7 @@ async function main (): Promise<void> {
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${policy}${rt.length > 0 ? `; servers and llama-bench under \`${rt.join(' ')}\`` : ''}`,
     `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}${args['llama-lib'] !== undefined ? ` (ggml libraries from ${args['llama-lib']})` : ''}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}; llama-bench -p ${PROMPT} -n ${TOKENS} -t ${THREADS} -r ${args['bench-reps']}; attention (server and bench): ${args['llama-kv'] === 'default' ? 'llama.cpp defaults (f16 KV cache, -fa auto)' : args['llama-kv'] === 'exact' ? '`-ctk f32 -ctv f32 -fa off` beside F32 (shoal\'s precision; llama-bench takes no f32 cache: `-fa off` alone), defaults beside Q4_0' : `-ctk/-ctv ${args['llama-kv']}`}`,
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0${args['shoal-args'] === '' ? '' : ` ${args['shoal-args']}`}\` (shards compiled with --quant none / int4, default activations); git ${gitDescribe(REPO)}`,
-    `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}, ${WARMUP > 0 ? `after an untimed warm-up request of the same prompt length and ${WARMUP} tokens` : 'the first long request after start'}; ${STREAMS} concurrent streams; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
+    `requests: /v1/completions, token-id prompts, ${TEMPERATURE === 0 ? 'greedy (temperature 0)' : `sampled (temperature ${TEMPERATURE}, whole vocabulary: top_p 1; llama-server also top_k 0, min_p 0, typical_p 1)`}, streamed; ${PROMPT}-token prompt, max_tokens ${TOKENS}, ${WARMUP > 0 ? `after an untimed warm-up request of the same prompt length and ${WARMUP} tokens` : 'the first long request after start'}; ${STREAMS} concurrent streams${WARMUP > 0 ? ` (after an untimed round of ${STREAMS} such warm-up requests)` : ''}; TTFT with max_tokens 1 on fresh ${PROMPT}- and ${LONG}-token prompts; ${REPS} reps per server, alternating`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ]
   for (const f of failures) lines.push(`FAILED: ${f}`)
