@@ -21,7 +21,11 @@ export function refusedCount (s: Endpoint): number {
   return refused.get(s) ?? 0
 }
 
-/** POST JSON; a 429 is waited out (Retry-After) and retried, inside the request's time. */
+/**
+ * POST JSON; a 429 is waited out and retried, inside the request's time: for `retry-after-ms` when
+ * the server sends it (as the openai SDKs do; shoal sends its estimate there), else Retry-After's
+ * whole seconds.
+ */
 async function post (s: Endpoint, path: string, body: unknown): Promise<Response> {
   for (let attempt = 0; ; attempt++) {
     const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
@@ -29,7 +33,8 @@ async function post (s: Endpoint, path: string, body: unknown): Promise<Response
     const text = await res.text()
     if (res.status !== 429 || attempt >= 30) throw new Error(`${s.kind}: HTTP ${res.status}: ${text}`)
     refused.set(s, (refused.get(s) ?? 0) + 1)
-    await sleep(1000 * Math.max(0.1, Number(res.headers.get('retry-after') ?? 1)))
+    const ms = Number(res.headers.get('retry-after-ms') ?? NaN)
+    await sleep(Number.isFinite(ms) && ms >= 0 ? Math.max(ms, 10) : 1000 * Math.max(0.1, Number(res.headers.get('retry-after') ?? 1)))
   }
 }
 
