@@ -9,8 +9,9 @@
 // measured (docs/engine-notes.md, wave 8). Served eight streams took 9–19 page faults a token.
 // With blocks under 32 MB from the heap and freed memory kept (the settings below) they took
 // 0.1–5.6, the time between two engine runs halved, and eight streams of the 60m int4 model
-// decoded 7–50 % faster in three alternating pairs (wave 9); peak RSS did not move. glibc reads
-// GLIBC_TUNABLES once, at process start, so the launcher re-executes Node with it (same PID).
+// decoded 24 % and 8 % faster in two runs of four alternating pairs (medians; one stream moved
+// within its noise, +1 % and −5 %; wave 9, reproduction/ab-serve-env.ts); peak RSS did not move. glibc reads GLIBC_TUNABLES once, at process start, so the launcher re-executes Node
+// with it (process.execve: same PID, so signals and supervisors see one process).
 
 /** Commands whose process runs an engine. */
 export const ENGINE_COMMANDS = new Set(['serve', 'node', 'demo'])

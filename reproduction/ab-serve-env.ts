@@ -1,0 +1,85 @@
+/**
+ * `shoal serve` under two (or more) process environments, side by side: each arm starts its own
+ * server with its variables set, the arms alternate (A B, B A, …) so a drifting machine hits them
+ * alike, and the same client times eight concurrent streams and one stream on each. Made for the
+ * launcher's glibc malloc tunables (docs/engine-notes.md, wave 9): "without" is any GLIBC_TUNABLES
+ * that sets a malloc key (scripts/malloc.mjs then leaves the environment as it is).
+ *
+ *   node reproduction/ab-serve-env.ts --shard DIR [--reps 4] [--streams 8] [--tokens 128]
+ *     [--arms '{"with":{},"without":{"GLIBC_TUNABLES":"glibc.malloc.check=0"}}']
+ *
+ * Per server: an untimed round of STREAMS requests (64 tokens) and one of a single stream (the
+ * first steps after start are slower: wave 8/9), then two timed rounds, each STREAMS streams at once
+ * (aggregate tok/s, request sent to last response ended) and one stream (first to last token).
+ * Prints every round, each arm's median, the command, the machine and the load.
+ */
+import { performance } from 'node:perf_hooks'
+import { parseArgs } from 'node:util'
+import { complete } from './lib/completions.ts'
+import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
+import { startShoal, stop } from './lib/servers.ts'
+import { loadManifest } from '../shards/index.ts'
+
+const { values: args } = parseArgs({
+  options: {
+    shard: { type: 'string' },
+    reps: { type: 'string', default: '4' },
+    streams: { type: 'string', default: '8' },
+    tokens: { type: 'string', default: '128' },
+    arms: { type: 'string', default: JSON.stringify({ with: {}, without: { GLIBC_TUNABLES: 'glibc.malloc.check=0' } }) },
+    cache: { type: 'string', default: '/tmp/shoal-ab-serve-env' },
+  },
+})
+if (args.shard === undefined) throw new Error('--shard DIR is needed (a compiled shard directory)')
+const shard = args.shard
+const REPS = Number(args.reps)
+const STREAMS = Number(args.streams)
+const TOKENS = Number(args.tokens)
+const arms = JSON.parse(args.arms) as Record<string, Record<string, string>>
+const names = Object.keys(arms)
+if (names.length < 2) throw new Error('--arms needs at least two arms')
+
+const manifest = await loadManifest(shard)
+const base = { ...process.env }
+const results = new Map(names.map(n => [n, { streams: [] as number[], one: [] as number[] }]))
+const loadStart = loadAverage(2)
+
+for (let rep = 0; rep < REPS; rep++) {
+  for (const name of rep % 2 === 0 ? names : [...names].reverse()) {
+    // The child inherits this process's environment: reset it, then set the arm's variables.
+    for (const k of Object.keys(process.env)) if (!(k in base)) delete process.env[k]
+    Object.assign(process.env, base, arms[name])
+    const server = await startShoal(shard, manifest.modelId, args.cache, [])
+    const ep = { kind: 'shoal' as const, url: server.url, model: manifest.modelId }
+    try {
+      await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, 900 + i), 64, 0)))
+      await complete(ep, promptIds(128, 999), TOKENS, 0)
+      const r = results.get(name)!
+      for (let round = 0; round < 2; round++) {
+        const t0 = performance.now()
+        const many = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, rep * 100 + round * 10 + i), TOKENS, 0)))
+        const end = Math.max(...many.map(c => c.end))
+        r.streams.push(many.reduce((a, c) => a + c.count, 0) / ((end - t0) / 1000))
+        const one = await complete(ep, promptIds(128, rep * 100 + round * 10 + 9), TOKENS, 0)
+        r.one.push((one.count - 1) / ((one.last - one.first) / 1000))
+      }
+      console.log(`rep ${rep + 1} ${name}: ${STREAMS} streams ${r.streams.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, one stream ${r.one.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s`)
+    } finally {
+      await stop(server)
+    }
+  }
+}
+for (const k of Object.keys(process.env)) if (!(k in base)) delete process.env[k]
+Object.assign(process.env, base)
+
+console.log('')
+console.log(`- command: node reproduction/ab-serve-env.ts ${process.argv.slice(2).join(' ')}`)
+console.log(`- machine: ${lscpuModel()}; Node ${process.version}; git ${gitDescribe(process.cwd())}`)
+console.log(`- load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}`)
+console.log('')
+console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} | one stream tok/s, median |`)
+console.log('|---|---|---:|---:|')
+for (const name of names) {
+  const r = results.get(name)!
+  console.log(`| ${name} | ${JSON.stringify(arms[name])} | ${median(r.streams).toFixed(0)} | ${median(r.one).toFixed(0)} |`)
+}
