@@ -51,8 +51,10 @@ export interface RunAheadTracker {
   /**
    * The token computed ahead for `item`, waiting for the worker when it is still running it;
    * undefined when this item is not the continuation the worker runs (it then goes as a new step).
+   * The wait ends when any of `signals` aborts (the batch's and the request's: not composed, see
+   * stage-engine's stepBatch).
    */
-  take (item: RunAheadItem, signal: AbortSignal | undefined): Promise<TakenStep | undefined>
+  take (item: RunAheadItem, signals: readonly AbortSignal[]): Promise<TakenStep | undefined>
   /** After a take: hands the worker the picks of `item.ahead` it does not have yet (at most to the context end). */
   extend (item: RunAheadItem): void
   /** The worker's 'ahead' message: tokens computed ahead, or the errors that ended sequences. */
@@ -106,7 +108,7 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
       aheads.set(item.seqId, { tokens: new Map(), pickedTo: position + picks.length, fedTo: position + 1, failed: undefined, wake: undefined })
       return picks
     },
-    async take (item, signal) {
+    async take (item, signals) {
       const a = aheads.get(item.seqId)
       if (a === undefined || item.pick === undefined || !('tokenIds' in item.input) || item.positions.length !== 1) return undefined
       const position = item.positions[0]!
@@ -123,12 +125,13 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
         }
         if (a.failed !== undefined) { aheads.delete(item.seqId); return { error: a.failed } }
         if (aheads.get(item.seqId) !== a) return { error: new EngineError(`sequence ${item.seqId} ended while a step ran ahead`) }
-        if (signal?.aborted === true) return { error: codedAbortReason(signal, () => new AbortedError()) }
+        const aborted = signals.find(s => s.aborted)
+        if (aborted !== undefined) return { error: codedAbortReason(aborted, () => new AbortedError()) }
         stepMark('e.wait')
         await new Promise<void>(resolve => {
-          const done = (): void => { a.wake = undefined; signal?.removeEventListener('abort', done); resolve() }
+          const done = (): void => { a.wake = undefined; for (const s of signals) s.removeEventListener('abort', done); resolve() }
           a.wake = done
-          signal?.addEventListener('abort', done, { once: true })
+          for (const s of signals) s.addEventListener('abort', done, { once: true })
         })
       }
     },

@@ -13,6 +13,7 @@ import { createLocalService } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { createRunAheadTracker } from '../../daemon/engine/run-ahead.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
 import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
 import type { TinyEngine, TinyModel } from './tiny-model.ts'
@@ -196,6 +197,25 @@ describe('run-ahead in the engine worker', () => {
     const [r] = await engine.stepBatch([{ seqId: seq, input: { tokenIds: [ids.at(-1)!] }, positions: [prompt.length + 3], pick: GREEDY, signal: controller.signal }])
     expect(r !== undefined && 'error' in r && (r.error as { code?: string }).code).toBe('SHOAL_ERR_ABORTED')
     expect((await engine.stats()).sequences[seq]).toBeUndefined()
+  })
+
+  it('a wait for a step run ahead ends when either of its signals aborts (the batch\'s or the request\'s), and takes the token otherwise', async () => {
+    const tracker = createRunAheadTracker({ maxPositions: 64, post: () => {} })
+    const item = (position: number): StageBatchItem => ({ seqId: 's', input: { tokenIds: [7] }, positions: [position], pick: GREEDY, ahead: [GREEDY, GREEDY] })
+    for (const which of [0, 1]) {
+      const signals = [new AbortController(), new AbortController()]
+      // The step fed at 10 goes to the worker, which runs the ones fed at 11 and 12 ahead.
+      expect(tracker.start(item(10))).toHaveLength(2)
+      const waiting = tracker.take(item(11), signals.map(c => c.signal))
+      signals[which]!.abort()
+      const r = await waiting
+      expect(r !== undefined && 'error' in r && (r.error as { code?: string }).code).toBe('SHOAL_ERR_ABORTED')
+    }
+    const quiet = [new AbortController().signal, new AbortController().signal]
+    tracker.start(item(20))
+    const waiting = tracker.take(item(21), quiet)
+    tracker.onAhead({ type: 'ahead', results: [{ seqId: 's', position: 21, fed: 7, token: 42 }] })
+    expect(await waiting).toEqual({ output: { kind: 'token', id: 42 }, ranAhead: true })
   })
 
   it('checks ahead picks at the worker boundary', () => {
