@@ -20,16 +20,15 @@ export const ENGINE_COMMANDS = new Set(['serve', 'node', 'demo'])
 export const MALLOC_TUNABLES = 'glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824'
 
 /**
- * The environment to re-execute with, or undefined to run as we are: not a glibc Linux process,
- * not an engine command, or GLIBC_TUNABLES already sets a malloc tunable (the operator's choice,
- * and the mark that this process is the re-executed one).
+ * The GLIBC_TUNABLES to re-execute with (`current`, the one this process has, plus ours), or
+ * undefined to run as we are: not a glibc Linux process, not an engine command, or `current`
+ * already sets a malloc tunable (the operator's choice, and the mark of the re-executed process).
  */
-export function mallocEnv (args, env, runtime) {
+export function mallocTunables (args, current, runtime) {
   if (runtime.platform !== 'linux' || runtime.glibc === undefined) return undefined
   if (!ENGINE_COMMANDS.has(args[0] ?? '')) return undefined
-  const current = env.GLIBC_TUNABLES ?? ''
-  if (current.includes('glibc.malloc.')) return undefined
-  return { ...env, GLIBC_TUNABLES: current === '' ? MALLOC_TUNABLES : `${current}:${MALLOC_TUNABLES}` }
+  if ((current ?? '').includes('glibc.malloc.')) return undefined
+  return current === undefined || current === '' ? MALLOC_TUNABLES : `${current}:${MALLOC_TUNABLES}`
 }
 
 /** The glibc version this process runs on, or undefined (musl, macOS, Windows). */
@@ -43,12 +42,12 @@ export function glibcVersion () {
 }
 
 /**
- * Re-executes this process with the malloc settings when `mallocEnv` asks for them; returns only
- * when it does not (or when this Node has no process.execve: it then runs with glibc's defaults).
+ * Re-executes this process with the malloc settings when `mallocTunables` asks for them; returns
+ * only when it does not (or when this Node has no process.execve: it then runs with glibc's defaults).
  */
 export function execWithMallocTunables (script, args) {
   if (typeof process.execve !== 'function') return
-  const env = mallocEnv(args, process.env, { platform: process.platform, glibc: glibcVersion() })
-  if (env === undefined) return
-  process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], env)
+  const tunables = mallocTunables(args, process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
+  if (tunables === undefined) return
+  process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], { ...process.env, GLIBC_TUNABLES: tunables })
 }

@@ -4,29 +4,28 @@
  * test/e2e/cli.test.ts (its /proc environ, same PID).
  */
 import { describe, expect, it } from 'vitest'
-import { ENGINE_COMMANDS, MALLOC_TUNABLES, mallocEnv } from '../../scripts/malloc.mjs'
+import { ENGINE_COMMANDS, MALLOC_TUNABLES, mallocTunables } from '../../scripts/malloc.mjs'
 
 const GLIBC = { platform: 'linux', glibc: '2.36' }
 
-describe('mallocEnv', () => {
-  it('sets the tunables for every command that runs an engine, keeping the rest of the environment', () => {
+describe('mallocTunables', () => {
+  it('sets the tunables for every command that runs an engine', () => {
     for (const command of ENGINE_COMMANDS) {
-      const env = mallocEnv([command, '--model', 'm'], { PATH: '/bin', SHOAL_CACHE: '/c' }, GLIBC)
-      expect(env).toEqual({ PATH: '/bin', SHOAL_CACHE: '/c', GLIBC_TUNABLES: MALLOC_TUNABLES })
+      expect(mallocTunables([command, '--model', 'm'], undefined, GLIBC)).toBe(MALLOC_TUNABLES)
+      expect(mallocTunables([command], '', GLIBC)).toBe(MALLOC_TUNABLES)
     }
     expect([...ENGINE_COMMANDS].sort()).toEqual(['demo', 'node', 'serve'])
   })
 
   it('appends to tunables that set no malloc key', () => {
-    const env = mallocEnv(['serve'], { GLIBC_TUNABLES: 'glibc.cpu.hwcaps=-AVX512F' }, GLIBC)
-    expect(env?.GLIBC_TUNABLES).toBe(`glibc.cpu.hwcaps=-AVX512F:${MALLOC_TUNABLES}`)
+    expect(mallocTunables(['serve'], 'glibc.cpu.hwcaps=-AVX512F', GLIBC)).toBe(`glibc.cpu.hwcaps=-AVX512F:${MALLOC_TUNABLES}`)
   })
 
   it('runs as is when malloc is already tuned (the operator, or the re-executed process), off glibc, or for other commands', () => {
-    expect(mallocEnv(['serve'], { GLIBC_TUNABLES: 'glibc.malloc.arena_max=2' }, GLIBC)).toBeUndefined()
-    expect(mallocEnv(['serve'], { GLIBC_TUNABLES: MALLOC_TUNABLES }, GLIBC)).toBeUndefined()
-    expect(mallocEnv(['serve'], {}, { platform: 'linux', glibc: undefined })).toBeUndefined()
-    expect(mallocEnv(['serve'], {}, { platform: 'darwin', glibc: undefined })).toBeUndefined()
-    for (const args of [['ca', 'init'], ['shard', '--model', 'm'], ['--version'], []]) expect(mallocEnv(args, {}, GLIBC)).toBeUndefined()
+    expect(mallocTunables(['serve'], 'glibc.malloc.arena_max=2', GLIBC)).toBeUndefined()
+    expect(mallocTunables(['serve'], MALLOC_TUNABLES, GLIBC)).toBeUndefined()
+    expect(mallocTunables(['serve'], undefined, { platform: 'linux', glibc: undefined })).toBeUndefined()
+    expect(mallocTunables(['serve'], undefined, { platform: 'darwin', glibc: undefined })).toBeUndefined()
+    for (const args of [['ca', 'init'], ['shard', '--model', 'm'], ['--version'], []]) expect(mallocTunables(args, undefined, GLIBC)).toBeUndefined()
   })
 })
