@@ -360,6 +360,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         }
       },
       async release () {
+        // Generates nothing more from here: a request arriving while this slot is still being
+        // freed (the KV goes back through the worker, behind its current run) expects it at once
+        // and waits for it, instead of being refused for the tokens this one will never make.
+        progress.left = 0
         await wrapped?.close?.().catch(() => {})
         lease?.release()
         if (seqId !== undefined) {

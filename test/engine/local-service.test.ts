@@ -206,6 +206,23 @@ describe('local service on a tiny generated model', () => {
     expect(await two.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
   })
 
+  it('a request arriving while an aborted one\'s slot is still being freed waits for it, with no budget to spare', async () => {
+    // Budget 0: a request that finds the slot busy is refused unless the slot is expected free at
+    // once. The aborted request makes no more tokens, though its KV still goes back through the worker.
+    const one = await service({ maxSequences: 1, budgetMs: 0 })
+    const ctl = new AbortController()
+    const it = one.generate(request(model), ctl.signal)[Symbol.asyncIterator]()
+    expect((await it.next()).value).toMatchObject({ type: 'start' })
+    expect((await it.next()).value).toMatchObject({ type: 'delta' })
+    ctl.abort()
+    // In the same turn as the abort: the slot is still held (its free has not reached the worker).
+    expect(one.load().activeSequences).toBe(1)
+    const next = await collect(one, request(model, { maxTokens: 4 }))
+    expect(next.tokens).toHaveLength(4)
+    await it.return?.(undefined)
+    expect(await one.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0 } })
+  })
+
   it('a request waiting for a slot leaves the queue on abort, and the slot still passes on', async () => {
     const one = await service({ maxSequences: 1, budgetMs: 60_000 })
     const it = one.generate(request(model), new AbortController().signal)[Symbol.asyncIterator]()
