@@ -49,5 +49,10 @@ export function execWithMallocTunables (script, args) {
   if (typeof process.execve !== 'function') return
   const tunables = mallocTunables(args, process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
   if (tunables === undefined) return
-  process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], { ...process.env, GLIBC_TUNABLES: tunables })
+  try {
+    process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], { ...process.env, GLIBC_TUNABLES: tunables })
+  } catch (err) {
+    // Only a failed exec returns here: run on with glibc's defaults (slower, nothing else).
+    process.stderr.write(`shoal: could not re-execute with malloc tunables (${err.message}); running with glibc's defaults\n`)
+  }
 }
