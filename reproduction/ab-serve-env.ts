@@ -5,19 +5,21 @@
  * launcher's glibc malloc tunables (docs/engine-notes.md, wave 9): "without" is any GLIBC_TUNABLES
  * that sets a malloc key (scripts/malloc.mjs then leaves the environment as it is).
  *
- *   node reproduction/ab-serve-env.ts --shard DIR [--reps 4] [--streams 8] [--tokens 128]
+ *   node reproduction/ab-serve-env.ts --shard DIR [--reps 4] [--streams 8] [--tokens 128] [--long 0]
  *     [--arms '{"with":{},"without":{"GLIBC_TUNABLES":"glibc.malloc.check=0"}}']
  *
  * Per server: an untimed round of STREAMS requests (64 tokens) and one of a single stream (the
  * first steps after start are slower: wave 8/9), then two timed rounds, each STREAMS streams at once
  * (aggregate tok/s, request sent to last response ended) and one stream (first to last token).
- * Prints every round, each arm's median, the command, the machine and the load.
+ * `--long N`: then one N-token prompt (max_tokens 1), untimed, before the peak RSS is read.
+ * Prints every round and each server's peak RSS (VmHWM), each arm's medians, the command, the
+ * machine and the load.
  */
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { complete } from './lib/completions.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
-import { startShoal, stop } from './lib/servers.ts'
+import { peakRss, startShoal, stop } from './lib/servers.ts'
 import { loadManifest } from '../shards/index.ts'
 
 const { values: args } = parseArgs({
@@ -26,6 +28,7 @@ const { values: args } = parseArgs({
     reps: { type: 'string', default: '4' },
     streams: { type: 'string', default: '8' },
     tokens: { type: 'string', default: '128' },
+    long: { type: 'string', default: '0' },
     arms: { type: 'string', default: JSON.stringify({ with: {}, without: { GLIBC_TUNABLES: 'glibc.malloc.check=0' } }) },
     cache: { type: 'string', default: '/tmp/shoal-ab-serve-env' },
   },
@@ -35,13 +38,14 @@ const shard = args.shard
 const REPS = Number(args.reps)
 const STREAMS = Number(args.streams)
 const TOKENS = Number(args.tokens)
+const LONG = Number(args.long)
 const arms = JSON.parse(args.arms) as Record<string, Record<string, string>>
 const names = Object.keys(arms)
 if (names.length < 2) throw new Error('--arms needs at least two arms')
 
 const manifest = await loadManifest(shard)
 const base = { ...process.env }
-const results = new Map(names.map(n => [n, { streams: [] as number[], one: [] as number[] }]))
+const results = new Map(names.map(n => [n, { streams: [] as number[], one: [] as number[], rss: [] as number[] }]))
 const loadStart = loadAverage(2)
 
 for (let rep = 0; rep < REPS; rep++) {
@@ -63,7 +67,10 @@ for (let rep = 0; rep < REPS; rep++) {
         const one = await complete(ep, promptIds(128, rep * 100 + round * 10 + 9), TOKENS, 0)
         r.one.push((one.count - 1) / ((one.last - one.first) / 1000))
       }
-      console.log(`rep ${rep + 1} ${name}: ${STREAMS} streams ${r.streams.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, one stream ${r.one.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s`)
+      // A long prompt last (max_tokens 1), as bench-vs-llamacpp's TTFT: the peak RSS it reaches.
+      if (LONG > 0) await complete(ep, promptIds(LONG, rep * 100 + 50), 1, 0)
+      r.rss.push(peakRss(server.child))
+      console.log(`rep ${rep + 1} ${name}: ${STREAMS} streams ${r.streams.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, one stream ${r.one.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, peak RSS ${(r.rss.at(-1)! / 2 ** 20).toFixed(0)} MB`)
     } finally {
       await stop(server)
     }
@@ -77,9 +84,9 @@ console.log(`- command: node reproduction/ab-serve-env.ts ${process.argv.slice(2
 console.log(`- machine: ${lscpuModel()}; Node ${process.version}; git ${gitDescribe(process.cwd())}`)
 console.log(`- load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}`)
 console.log('')
-console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} | one stream tok/s, median |`)
-console.log('|---|---|---:|---:|')
+console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} | one stream tok/s, median | peak RSS MB, median of ${REPS} |`)
+console.log('|---|---|---:|---:|---:|')
 for (const name of names) {
   const r = results.get(name)!
-  console.log(`| ${name} | ${JSON.stringify(arms[name])} | ${median(r.streams).toFixed(0)} | ${median(r.one).toFixed(0)} |`)
+  console.log(`| ${name} | ${JSON.stringify(arms[name])} | ${median(r.streams).toFixed(0)} | ${median(r.one).toFixed(0)} | ${(median(r.rss) / 2 ** 20).toFixed(0)} |`)
 }

@@ -10,8 +10,10 @@
 // With blocks under 32 MB from the heap and freed memory kept (the settings below) they took
 // 0.1–5.6, the time between two engine runs halved, and eight streams of the 60m int4 model
 // decoded 24 % and 8 % faster in two runs of four alternating pairs (medians; one stream moved
-// within its noise, +1 % and −5 %; wave 9, reproduction/ab-serve-env.ts); peak RSS did not move. glibc reads GLIBC_TUNABLES once, at process start, so the launcher re-executes Node
-// with it (process.execve: same PID, so signals and supervisors see one process).
+// within its noise, +1 % and −5 %; wave 9, reproduction/ab-serve-env.ts). The price is memory kept
+// once freed: peak RSS +0–7 % (250m int4 with a 2,000-token prompt 654/691 vs 646/648 MB; 250m
+// fp32 1,222–1,235 vs 1,225). glibc reads GLIBC_TUNABLES once, at process start, so the launcher
+// re-executes Node with it (process.execve: same PID, so signals and supervisors see one process).
 
 /** Commands whose process runs an engine. */
 export const ENGINE_COMMANDS = new Set(['serve', 'node', 'demo'])
