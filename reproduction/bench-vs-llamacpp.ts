@@ -162,7 +162,8 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
   if (WARMUP > 0) await complete(s, promptIds(PROMPT, 998), WARMUP, TEMPERATURE)
   const single = await complete(s, promptIds(PROMPT, 1), TOKENS, TEMPERATURE)
   // Likewise the concurrent streams after an untimed round shaped like them: shoal's first
-  // STREAMS-row steps after start ran 20–35 % slower than later ones (docs/engine-notes.md, wave 9).
+  // eight-stream burst after start ran 10–35 % slower than later ones (60m int4: 548–692 vs 771–1,042
+  // tok/s; docs/engine-notes.md, wave 9), and llama-server's eight streams gained from it too.
   if (WARMUP > 0) await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 980 + i), WARMUP, TEMPERATURE)))
   const t = performance.now()
   const multi = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, 10 + i), TOKENS, TEMPERATURE)))
