@@ -28,6 +28,11 @@ export async function raceAbort<T> (p: Promise<T>, signal: AbortSignal): Promise
   }
 }
 
+/** The first of `signals` that has aborted, if any (signals listened to side by side, not composed). */
+export function firstAborted (signals: readonly AbortSignal[]): AbortSignal | undefined {
+  return signals.find(s => s.aborted)
+}
+
 /** What an aborted wait fails with: the signal's own coded reason (a ShoalError), else `fallback()`. */
 export function codedAbortReason (signal: AbortSignal, fallback: () => Error): Error {
   const r: unknown = signal.reason

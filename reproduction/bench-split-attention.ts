@@ -28,7 +28,7 @@ import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
-import { loadAverage, upperMedian } from './lib/index.ts'
+import { loadAverage, mean, upperMedian } from './lib/index.ts'
 import { DIM, GROUP, H, HD, KVH, LAYERS, SCALE } from './lib/attention-shape.ts'
 
 const { values } = parseArgs({
@@ -151,8 +151,6 @@ function buildB (dir: string): string {
   g.output('out', x, DT.FLOAT, [1, 1, DIM])
   return save(g, dir, 'b')
 }
-
-const mean = (a: number[]): number => a.reduce((s, x) => s + x, 0) / a.length
 
 interface Row { ctx: number, aMed: number, bMed: number, aMean: number, bMean: number, merge: number, merges: number, maxDiff: number }
 

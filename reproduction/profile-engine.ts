@@ -25,7 +25,7 @@ import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
-import { floorRank, loadAverage, lowerMedian, promptIds } from './lib/index.ts'
+import { floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
@@ -143,7 +143,6 @@ for (const w of windows) {
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
 console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
 // The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
-const mean = (xs: number[]): number | undefined => xs.length === 0 ? undefined : xs.reduce((a, b) => a + b, 0) / xs.length
 console.log(`| segment | median ms | mean | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|---|')
 for (const [k, xs] of Object.entries(seg)) console.log(`| ${k} | ${f3(lowerMedian(xs))} | ${f3(mean(xs))} | ${f3(floorRank(xs, 0.1))} | ${f3(floorRank(xs, 0.9))} | ${xs.length} |`)

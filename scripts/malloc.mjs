@@ -27,9 +27,10 @@ export const MALLOC_TUNABLES = 'glibc.malloc.mmap_threshold=33554432:glibc.mallo
  * already sets a malloc tunable (the operator's choice, and the mark of the re-executed process).
  */
 export function mallocTunables (args, current, runtime) {
-  if (runtime.platform !== 'linux' || runtime.glibc === undefined) return undefined
+  // Cheapest first: `runtime.glibc` may be a getter that generates a diagnostic report (~4 ms).
   if (!ENGINE_COMMANDS.has(args[0] ?? '')) return undefined
   if ((current ?? '').includes('glibc.malloc.')) return undefined
+  if (runtime.platform !== 'linux' || runtime.glibc === undefined) return undefined
   return current === undefined || current === '' ? MALLOC_TUNABLES : `${current}:${MALLOC_TUNABLES}`
 }
 
@@ -49,7 +50,9 @@ export function glibcVersion () {
  */
 export function execWithMallocTunables (script, args) {
   if (typeof process.execve !== 'function') return
-  const tunables = mallocTunables(args, process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
+  // glibc's version is asked for only by an engine command not yet re-executed (other commands,
+  // and the re-executed process, start without the report).
+  const tunables = mallocTunables(args, process.env.GLIBC_TUNABLES, { platform: process.platform, get glibc () { return glibcVersion() } })
   if (tunables === undefined) return
   try {
     process.execve(process.execPath, [process.execPath, ...process.execArgv, script, ...args], { ...process.env, GLIBC_TUNABLES: tunables })

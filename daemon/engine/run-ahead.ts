@@ -19,7 +19,7 @@
  * No I/O of its own: picks for the worker go through `post`, batched once per microtask turn.
  */
 import { deserializeError } from '../errors.ts'
-import { codedAbortReason } from '../abort.ts'
+import { codedAbortReason, firstAborted } from '../abort.ts'
 import { stepMark } from '../step-trace.ts'
 import { AbortedError, EngineError } from './errors.ts'
 import type { FromWorker, StepOutput } from './protocol.ts'
@@ -125,7 +125,7 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
         }
         if (a.failed !== undefined) { aheads.delete(item.seqId); return { error: a.failed } }
         if (aheads.get(item.seqId) !== a) return { error: new EngineError(`sequence ${item.seqId} ended while a step ran ahead`) }
-        const aborted = signals.find(s => s.aborted)
+        const aborted = firstAborted(signals)
         if (aborted !== undefined) return { error: codedAbortReason(aborted, () => new AbortedError()) }
         stepMark('e.wait')
         await new Promise<void>(resolve => {

@@ -15,7 +15,7 @@ import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, Step
 import type { TokenPick } from './sampling.ts'
 import { createRunAheadTracker } from './run-ahead.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
-import { codedAbortReason } from '../abort.ts'
+import { codedAbortReason, firstAborted } from '../abort.ts'
 import { stepMark } from '../step-trace.ts'
 
 export interface StageEngineInit {
@@ -248,9 +248,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       // The batch's signal and the item's, listened to side by side: composing them with
       // AbortSignal.any costs 10–17 µs and a WeakRef on the long-lived batch signal per item and
       // step (engine-notes, wave 9), on the thread that streams the tokens.
-      const signalsOf = (item: StageBatchItem): AbortSignal[] =>
-        signal === undefined ? (item.signal === undefined ? [] : [item.signal]) : item.signal === undefined ? [signal] : [signal, item.signal]
-      const abortedOf = (signals: readonly AbortSignal[]): AbortSignal | undefined => signals.find(s => s.aborted)
+      const signalsOf = (item: StageBatchItem): AbortSignal[] => [signal, item.signal].filter(s => s !== undefined)
       type Entry = { item: StageBatchItem, index: number, signals: AbortSignal[] }
 
       /** One worker run for `entries` (their results filled in). */
@@ -287,7 +285,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         if (reply.type !== 'stepped-batch' || reply.results.length !== wire.length) throw new EngineError(`unexpected reply ${reply.type} to step-batch`)
         entries.forEach(({ item, index, signals }, j) => {
           const r = reply.results[j]!
-          const s = abortedOf(signals)
+          const s = firstAborted(signals)
           results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: deserializeError(r.error) } : r
           if ('error' in results[index]) runAhead.drop(item.seqId)
         })
@@ -299,7 +297,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         if (r === undefined) { await runWire([entry]); return }
         results[entry.index] = r
         if (!('error' in r)) runAhead.extend(entry.item)
-        else if (abortedOf(entry.signals) !== undefined) cancel(entry.item.seqId)
+        else if (firstAborted(entry.signals) !== undefined) cancel(entry.item.seqId)
         else runAhead.drop(entry.item.seqId)
       }
 
@@ -307,7 +305,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       const taken: Array<Promise<void>> = []
       items.forEach((item, index) => {
         const signals = signalsOf(item)
-        const s = abortedOf(signals)
+        const s = firstAborted(signals)
         if (s !== undefined) { results[index] = { error: abortReason(s) }; cancel(item.seqId); return }
         if (runAhead.has(item.seqId)) taken.push(takeOrRun({ item, index, signals }))
         else direct.push({ item, index, signals })

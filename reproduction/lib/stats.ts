@@ -7,6 +7,11 @@
 
 const ascending = (xs: readonly number[]): number[] => [...xs].sort((a, b) => a - b)
 
+/** The arithmetic mean (what sets a rate: the slow tail counts). */
+export function mean (xs: readonly number[]): number {
+  return xs.length === 0 ? NaN : xs.reduce((a, b) => a + b, 0) / xs.length
+}
+
 /** The textbook median: the middle value, or the mean of the two middle ones of an even count. */
 export function median (xs: readonly number[]): number {
   const s = ascending(xs)

@@ -2,8 +2,8 @@
  * `shoal serve` as a user runs it: the real bin in a child process (`node scripts/shoal.mjs
  * serve …`), ready when it prints its "serving" line, answering the openai client, running with
  * the launcher's malloc tunables (glibc), and leaving cleanly (exit 0) on Ctrl-C. A missing model
- * directory is a one-line error with exit 2. A checkpoint is compiled with progress lines; Ctrl-C drains a running request and says so. The
- * CLI's edges: --version, unknown flags, shard's --out.
+ * directory is a one-line error with exit 2. A checkpoint is compiled with progress lines; Ctrl-C
+ * drains a running request and says so. The CLI's edges: --version, unknown flags, shard's --out.
  */
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import OpenAI from 'openai'
 import { MODEL_ID, freePort, makeTinyCheckpoint } from './daemon.ts'
 import pkg from '../../package.json' with { type: 'json' }
-import { MALLOC_TUNABLES, glibcVersion } from '../../scripts/malloc.mjs'
+import { MALLOC_TUNABLES, glibcVersion, mallocTunables } from '../../scripts/malloc.mjs'
 import type { TinyCheckpoint } from './daemon.ts'
 
 const BIN = join(import.meta.dirname, '..', '..', 'scripts', 'shoal.mjs')
@@ -80,12 +80,15 @@ describe('shoal serve (the CLI)', () => {
     expect(data.choices[0]!.finish_reason).toBe('length')
     expect(data.usage!.completion_tokens).toBe(8)
     expect(response.headers.get('x-shoal-route')).toBe(/\(node (\S+)\)/.exec(line)![1])
-    // On glibc Linux the bin re-executed itself (same PID) with its malloc tunables (scripts/malloc.mjs).
-    if (glibcVersion() !== undefined && !(process.env.GLIBC_TUNABLES ?? '').includes('glibc.malloc.')) {
+    // Where the launcher's own decision asks for malloc tunables (glibc Linux, none set already), the
+    // bin re-executed itself with them, same PID (scripts/malloc.mjs).
+    const tunables = mallocTunables(['serve'], process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
+    if (tunables !== undefined) {
+      expect(tunables).toContain(MALLOC_TUNABLES)
       // glibc splits the variable at its colons in place as it parses it: look for each setting.
       const environ = await readFile(`/proc/${run.child.pid!}/environ`, 'utf8')
       expect(environ).toContain('GLIBC_TUNABLES=')
-      for (const setting of MALLOC_TUNABLES.split(':')) expect(environ).toContain(setting)
+      for (const setting of tunables.split(':')) expect(environ).toContain(setting)
     }
     run.child.kill('SIGINT')
     const { code, signal } = await within(run.exit, 30_000, 'exiting after SIGINT')
