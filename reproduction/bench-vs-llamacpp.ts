@@ -24,7 +24,7 @@
  * built without AMX where AMX faults (see isaFlags).
  *
  *   node reproduction/bench-vs-llamacpp.ts [--llama-dir DIR] [--sizes tiny,60m,250m]
- *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000] [--verify-only]
+ *     [--quants none,int4] [--reps 2] [--tokens 128] [--streams 8] [--long 2000 (0: none)] [--verify-only]
  *     [--llama-kv default|exact|f16|f32]   (see kvArgs; check fp32 tokens with --verify-only --llama-kv exact)
  *     [--prepare-only]   (generate, compile and write the models, nothing else)
  *     [--skip-ids]       (no untimed pass for the greedy ids: timing only)
@@ -171,7 +171,8 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
   const multiTokens = multi.reduce((a, r) => a + r.count, 0)
   // Fresh prompts per rep for the TTFTs: nothing cached to hit even if a cache were on.
   const short = await complete(s, promptIds(PROMPT, 100 + rep), 1, TEMPERATURE)
-  const long = await complete(s, promptIds(LONG, 200 + rep), 1, TEMPERATURE)
+  // --long 0: no long-prompt TTFT (an empty prompt is refused by both servers).
+  const long = LONG > 0 ? await complete(s, promptIds(LONG, 200 + rep), 1, TEMPERATURE) : undefined
   const rss = peakRss(s.child)
   const refusedTimed = refusedCount(s)
   // The same prompts again, untimed, for the ids: alone, then all streams at once (batched).
@@ -189,7 +190,7 @@ async function session (s: Server, rep: number, verify: boolean): Promise<Sessio
     multiIds,
     multiWallS: (multiEnd - t) / 1000,
     ttftShortMs: short.end - short.t0,
-    ttftLongMs: long.end - long.t0,
+    ttftLongMs: long === undefined ? NaN : long.end - long.t0,
     peakRss: rss,
     refusedTimed,
   }
