@@ -22,7 +22,7 @@ import type { PromptInput } from '../service.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
 import { chatTemplateSource, compileChatTemplate, specialTokenText } from './chat-template.ts'
 import type { ChatTemplate } from './chat-template.ts'
-import { createStreamingDetokenizer } from './detok.ts'
+import { createStreamingDetokenizer, memoizedDecoder } from './detok.ts'
 import type { StreamingDetokenizer } from './detok.ts'
 import { createTokenizerThread } from './tokenizer-thread.ts'
 import type { TokenizerThread } from './tokenizer-thread.ts'
@@ -103,6 +103,8 @@ export function createTextCodec (init: TextCodecInit): TextCodec {
   // tokenizers.js throws on an empty list; an empty window is common in streaming.
   const decode = (ids: number[]): string => ids.length === 0 ? '' : tokenizer.decode(ids, { skip_special_tokens: true })
 
+  /** The streaming detokenizers' decoder: their small windows remembered across requests. */
+  const windows = memoizedDecoder({ decode })
   const maxCharsPerToken = longestTokenChars(init.tokenizerJson)
   const offloadAbove = init.offloadAboveChars ?? DEFAULT_OFFLOAD_ABOVE_CHARS
   let thread: TokenizerThread | undefined
@@ -144,7 +146,7 @@ export function createTextCodec (init: TextCodecInit): TextCodec {
         }
       }
     },
-    detokenizer: () => createStreamingDetokenizer({ decode }),
+    detokenizer: () => createStreamingDetokenizer(windows),
   }
   return codec
 }

@@ -18,6 +18,31 @@ export interface StreamingDetokenizer {
 
 const REPLACEMENT = '\uFFFD'
 
+/**
+ * A decoder that remembers what it decoded for windows of up to `maxIds` ids (a streaming
+ * detokenizer's windows are one to three tokens: every token is decoded again as the left context
+ * of the next one). Decoding is a pure function of the ids, so a remembered string is exact.
+ * tokenizers.js decodes a window through its decoder chain and a TextDecoder, ~5–10 µs, twice a
+ * token on the thread that streams every token; `maxEntries` bounds the memory (all forgotten at
+ * once when full: windows repeat within a stretch of text, so the next ones refill it).
+ */
+export function memoizedDecoder (decoder: Decoder, { maxIds = 3, maxEntries = 8192 } = {}): Decoder {
+  const memo = new Map<string, string>()
+  return {
+    decode (ids) {
+      if (ids.length > maxIds) return decoder.decode(ids)
+      const key = ids.join(',')
+      let text = memo.get(key)
+      if (text === undefined) {
+        text = decoder.decode(ids)
+        if (memo.size >= maxEntries) memo.clear()
+        memo.set(key, text)
+      }
+      return text
+    },
+  }
+}
+
 export function createStreamingDetokenizer (decoder: Decoder): StreamingDetokenizer {
   const ids: number[] = []
   // ids[prefix, read) were emitted and are decoded again only as left context.

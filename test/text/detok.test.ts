@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import fc from 'fast-check'
 import { createTextCodec, createStopMatcher } from '../../daemon/text/index.ts'
+import { memoizedDecoder } from '../../daemon/text/detok.ts'
 import { llamaLikeTokenizer } from './fixtures.ts'
 
 const files = llamaLikeTokenizer()
@@ -69,5 +70,21 @@ describe('streaming detokenizer', () => {
       expect(out).toBe(Number.isFinite(cut) ? full.slice(0, cut) : full)
       for (const s of stopList) expect(out.includes(s)).toBe(false)
     }), { numRuns: 200 })
+  })
+
+  it('property: the remembered windows decode exactly as the tokenizer, whatever was remembered before and however small the bound', () => {
+    const ids = codec.encode('Hello café 日本 😀! hello world')
+    let calls = 0
+    const counted = { decode: (w: number[]) => { calls++; return codec.decode(w) } }
+    fc.assert(fc.property(fc.array(fc.array(fc.constantFrom(...ids), { minLength: 1, maxLength: 5 }), { maxLength: 40 }), fc.integer({ min: 1, max: 8 }), (windows, maxEntries) => {
+      const memo = memoizedDecoder(counted, { maxIds: 3, maxEntries })
+      for (const w of windows) expect(memo.decode(w)).toBe(codec.decode(w))
+    }), { numRuns: 200 })
+    // A window seen before is not decoded again.
+    const memo = memoizedDecoder(counted)
+    calls = 0
+    memo.decode([ids[0]!, ids[1]!])
+    memo.decode([ids[0]!, ids[1]!])
+    expect(calls).toBe(1)
   })
 })
