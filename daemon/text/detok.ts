@@ -22,9 +22,11 @@ const REPLACEMENT = '\uFFFD'
  * A decoder that remembers what it decoded for windows of up to `maxIds` ids (a streaming
  * detokenizer's windows are one to three tokens: every token is decoded again as the left context
  * of the next one). Decoding is a pure function of the ids, so a remembered string is exact.
- * tokenizers.js decodes a window through its decoder chain and a TextDecoder, ~5–10 µs, twice a
- * token on the thread that streams every token; `maxEntries` bounds the memory (all forgotten at
- * once when full: windows repeat within a stretch of text, so the next ones refill it).
+ * tokenizers.js decodes a window through its decoder chain and a TextDecoder, twice a token on the
+ * thread that streams every token: 3.3–5.4 µs a token in a tight loop, 0.63 when the windows
+ * repeat (docs/engine-notes.md, wave 10), and several times that on a server's busy main thread.
+ * `maxEntries` bounds the memory (all forgotten at once when full: windows repeat within a
+ * stretch of text, so the next ones refill it).
  */
 export function memoizedDecoder (decoder: Decoder, { maxIds = 3, maxEntries = 8192 } = {}): Decoder {
   const memo = new Map<string, string>()
