@@ -12,13 +12,13 @@
  * first steps after start are slower: wave 8/9), then two timed rounds, each STREAMS streams at once
  * (aggregate tok/s, request sent to last response ended) and one stream (first to last token).
  * `--long N`: then one N-token prompt (max_tokens 1), untimed, before the peak RSS is read.
- * Prints every round and each server's peak RSS (VmHWM), each arm's medians, the command, the
- * machine and the load.
+ * Prints every round and each server's peak RSS (VmHWM), each arm's medians and ranges, in how
+ * many reps each arm beat the first, the command, the machine and the load.
  */
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { complete } from './lib/completions.ts'
-import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
+import { gitDescribe, loadAverage, lscpuModel, mean, median, promptIds } from './lib/index.ts'
 import { peakRss, startShoal, stop } from './lib/servers.ts'
 import { loadManifest } from '../shards/index.ts'
 
@@ -86,9 +86,21 @@ console.log(`- command: node reproduction/ab-serve-env.ts ${process.argv.slice(2
 console.log(`- machine: ${lscpuModel()}; Node ${process.version}; git ${gitDescribe(process.cwd())}`)
 console.log(`- load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}`)
 console.log('')
-console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} | one stream tok/s, median | peak RSS MB, median of ${REPS} |`)
-console.log('|---|---|---:|---:|---:|')
+// On a VM whose speed drifts ±20–40 % a median alone misleads (docs/engine-notes.md, wave 10):
+// each arm's range, and in how many reps it beat the first arm (each rep's two rounds averaged;
+// the arms of a rep ran back to back).
+const first = names[0]!
+const range = (xs: number[]): string => `${Math.min(...xs).toFixed(0)}–${Math.max(...xs).toFixed(0)}`
+const wins = (mine: number[], theirs: number[]): string => {
+  let n = 0
+  for (let rep = 0; rep < REPS; rep++) if (mean(mine.slice(2 * rep, 2 * rep + 2)) > mean(theirs.slice(2 * rep, 2 * rep + 2))) n++
+  return `${n}/${REPS}`
+}
+console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} (range) | reps ahead of ${first} | one stream tok/s, median (range) | reps ahead of ${first} | peak RSS MB, median of ${REPS} |`)
+console.log('|---|---|---:|---:|---:|---:|---:|')
 for (const name of names) {
   const r = results.get(name)!
-  console.log(`| ${name} | ${JSON.stringify(arms[name])} | ${median(r.streams).toFixed(0)} | ${median(r.one).toFixed(0)} | ${(median(r.rss) / 2 ** 20).toFixed(0)} |`)
+  const f = results.get(first)!
+  const ahead = (mine: number[], theirs: number[]): string => name === first ? '—' : wins(mine, theirs)
+  console.log(`| ${name} | ${JSON.stringify(arms[name])} | ${median(r.streams).toFixed(0)} (${range(r.streams)}) | ${ahead(r.streams, f.streams)} | ${median(r.one).toFixed(0)} (${range(r.one)}) | ${ahead(r.one, f.one)} | ${(median(r.rss) / 2 ** 20).toFixed(0)} |`)
 }
