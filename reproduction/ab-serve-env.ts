@@ -38,6 +38,8 @@ const shard = args.shard
 const REPS = Number(args.reps)
 const STREAMS = Number(args.streams)
 const TOKENS = Number(args.tokens)
+/** Timed rounds per server (each: STREAMS streams, then one). */
+const ROUNDS = 2
 const LONG = Number(args.long)
 const arms = JSON.parse(args.arms) as Record<string, Record<string, string>>
 const names = Object.keys(arms)
@@ -62,7 +64,7 @@ for (let rep = 0; rep < REPS; rep++) {
       await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, 900 + i), 64, 0)))
       await complete(ep, promptIds(128, 999), TOKENS, 0)
       const r = results.get(name)!
-      for (let round = 0; round < 2; round++) {
+      for (let round = 0; round < ROUNDS; round++) {
         const t0 = performance.now()
         const many = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, rep * 100 + round * 10 + i), TOKENS, 0)))
         const end = Math.max(...many.map(c => c.end))
@@ -73,7 +75,7 @@ for (let rep = 0; rep < REPS; rep++) {
       // A long prompt last (max_tokens 1), as bench-vs-llamacpp's TTFT: the peak RSS it reaches.
       if (LONG > 0) await complete(ep, promptIds(LONG, rep * 100 + 50), 1, 0)
       r.rss.push(peakRss(server.child))
-      console.log(`rep ${rep + 1} ${name}: ${STREAMS} streams ${r.streams.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, one stream ${r.one.slice(-2).map(x => x.toFixed(0)).join(' / ')} tok/s, peak RSS ${(r.rss.at(-1)! / 2 ** 20).toFixed(0)} MB`)
+      console.log(`rep ${rep + 1} ${name}: ${STREAMS} streams ${r.streams.slice(-ROUNDS).map(x => x.toFixed(0)).join(' / ')} tok/s, one stream ${r.one.slice(-ROUNDS).map(x => x.toFixed(0)).join(' / ')} tok/s, peak RSS ${(r.rss.at(-1)! / 2 ** 20).toFixed(0)} MB`)
     } finally {
       await stop(server)
     }
@@ -87,16 +89,16 @@ console.log(`- machine: ${lscpuModel()}; Node ${process.version}; git ${gitDescr
 console.log(`- load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}`)
 console.log('')
 // On a VM whose speed drifts ±20–40 % a median alone misleads (docs/engine-notes.md, wave 10):
-// each arm's range, and in how many reps it beat the first arm (each rep's two rounds averaged;
+// each arm's range, and in how many reps it beat the first arm (each rep's rounds averaged;
 // the arms of a rep ran back to back).
 const first = names[0]!
 const range = (xs: number[]): string => `${Math.min(...xs).toFixed(0)}–${Math.max(...xs).toFixed(0)}`
 const wins = (mine: number[], theirs: number[]): string => {
   let n = 0
-  for (let rep = 0; rep < REPS; rep++) if (mean(mine.slice(2 * rep, 2 * rep + 2)) > mean(theirs.slice(2 * rep, 2 * rep + 2))) n++
+  for (let rep = 0; rep < REPS; rep++) if (mean(mine.slice(ROUNDS * rep, ROUNDS * (rep + 1))) > mean(theirs.slice(ROUNDS * rep, ROUNDS * (rep + 1)))) n++
   return `${n}/${REPS}`
 }
-console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * 2} (range) | reps ahead of ${first} | one stream tok/s, median (range) | reps ahead of ${first} | peak RSS MB, median of ${REPS} |`)
+console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * ROUNDS} (range) | reps ahead of ${first} | one stream tok/s, median (range) | reps ahead of ${first} | peak RSS MB, median of ${REPS} |`)
 console.log('|---|---|---:|---:|---:|---:|---:|')
 for (const name of names) {
   const r = results.get(name)!
