@@ -7,6 +7,7 @@
  *
  * Run: SHOAL_TRACE_DIR=/tmp/tr node reproduction/profile-engine.ts --shard .cache/bench/llama-tiny-int4
  *        [--mode http|raw] [--prompt 128] [--tokens 160] [--reps 3]
+ *        [--threads N]   (raw mode: onnxruntime's intra-op threads; default one per core)
  *        [--warmup 16] [--warmup-prompt N]   (the untimed first request: its tokens and prompt length, default --prompt;
  *        a fresh session runs its first few hundred steps slower, so a short warm-up times that too)
  * Prints the median and mean of each segment (the mean sets tokens per second) and each window's tok/s.
@@ -30,7 +31,7 @@ import { floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/inde
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
   tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' }, warmup: { type: 'string', default: '16' }, 'warmup-prompt': { type: 'string' },
-  'main-prof': { type: 'string' },
+  'main-prof': { type: 'string' }, threads: { type: 'string' },
 } })
 const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
@@ -70,7 +71,7 @@ if (args.mode === 'http') {
   await daemon.stop()
 } else {
   const stage = manifest.stages[0]!
-  const engine = createStageEngine({ graphPath: join(args.shard, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
+  const engine = createStageEngine({ graphPath: join(args.shard, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }) })
   await engine.start()
   const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
     const from = wall()

@@ -63,11 +63,12 @@ export async function startLlama (bin: string, model: string, argsFor: (port: nu
 
 /**
  * `shoal serve` on `shards` with no prefix cache (`--kv-cache-mb 0`: every prompt prefilled cold,
- * as llama-server's are), SHOAL_CACHE=`cache`; ready once /v1/models lists `model`.
+ * as llama-server's are), SHOAL_CACHE=`cache`; ready once /v1/models lists `model`. `bin`: the
+ * CLI of another checkout, for comparing two versions of the code side by side.
  */
-export async function startShoal (shards: string, model: string, cache: string, extra: string[]): Promise<Server> {
+export async function startShoal (shards: string, model: string, cache: string, extra: string[], bin = SHOAL_BIN): Promise<Server> {
   const t = performance.now()
-  const child = spawnRt(process.execPath, [SHOAL_BIN, 'serve', '--model', shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0', ...extra],
+  const child = spawnRt(process.execPath, [bin, 'serve', '--model', shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0', ...extra],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
   const tail = tailOf(child)
   const url = await new Promise<string>((resolve, reject) => {
