@@ -14,6 +14,7 @@ import { createInterface } from 'node:readline'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import OpenAI from 'openai'
 import { MODEL_ID, freePort, makeTinyCheckpoint } from './daemon.ts'
+import { DEFAULT_BUDGETS } from '../../daemon/node/index.ts'
 import pkg from '../../package.json' with { type: 'json' }
 import { MALLOC_TUNABLES, glibcVersion, mallocTunables } from '../../scripts/malloc.mjs'
 import type { TinyCheckpoint } from './daemon.ts'
@@ -80,6 +81,10 @@ describe('shoal serve (the CLI)', () => {
     expect(data.choices[0]!.finish_reason).toBe('length')
     expect(data.usage!.completion_tokens).toBe(8)
     expect(response.headers.get('x-shoal-route')).toBe(/\(node (\S+)\)/.exec(line)![1])
+    // Alone, nothing can take work it refuses: its batch budget is the request's deadline, not the
+    // mesh's 1 s (a burst queues instead of costing the openai client 429s).
+    const metrics = await (await fetch(baseURL.replace(/\/v1$/, '/metrics'))).text()
+    expect(metrics).toContain(`shoal_batch_config{batcher="${MODEL_ID}",setting="budget_seconds"} ${DEFAULT_BUDGETS.requestTimeoutMs / 1000}`)
     // Where the launcher's own decision asks for malloc tunables (glibc Linux, none set already), the
     // bin re-executed itself with them, same PID (scripts/malloc.mjs).
     const tunables = mallocTunables(['serve'], process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
