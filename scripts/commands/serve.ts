@@ -42,8 +42,8 @@ export async function serve (opts: ServeOptions): Promise<void> {
     mdns: false,
     // The batch budget refuses work expected to wait longer than 1 s so that routing can place it
     // on another node; this one has none. A burst of eight 128-token prompts on the 250m model
-    // (prefill ~0.5 s each here) then cost the openai client, with its default two retries, three
-    // of eight requests (engine-notes, wave 11). Alone, a request queues as llama-server's do, up
+    // (prefill ~0.5 s each on a 2-core VM) then cost the openai client, with its default two
+    // retries, three of eight requests (docs/engine-notes.md, wave 11). Alone, a request queues as llama-server's do, up
     // to its own deadline (past that it would fail with a 504 anyway); the slot and queue bounds
     // still refuse a flood.
     budgets: { batchBudgetMs: DEFAULT_BUDGETS.requestTimeoutMs },
