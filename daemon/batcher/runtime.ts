@@ -9,6 +9,7 @@ import { BadStepError, BatchFailedError, ShuttingDownError, abortReason, asCoded
 import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
 import { createBatcherMetrics, recordConfig } from './metrics.ts'
 import { planBatch } from './policy.ts'
+import { refusalTurn } from './refusal.ts'
 import { StepAssembly, checkStep, logitsWindow, sliceInput } from './steps.ts'
 import { stepMark } from '../step-trace.ts'
 import type { Batcher, BatcherComponents, BatcherInit, BatcherLoad, BatchItem, BatchItemResult, Chunk, PendingStep, StepRequest, StepResult } from './types.ts'
@@ -59,6 +60,8 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
   let controller = new AbortController()
   let timer: ReturnType<typeof setTimeout> | undefined
   let started = false
+  /** Where the turns promised to refused prompts end (clock ms; refusal.ts). */
+  let promisedUntil = 0
 
   function expectedWaitMs (now: number): number {
     let wait = running === undefined ? 0 : Math.max(0, running.startedAt + estimator.estimate(running.sequences, running.tokens) - now)
@@ -241,7 +244,9 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         const wait = expectedWaitMs(now)
         if (wait > budgetMs) {
           metrics.refused.inc({ ...label, reason: 'overloaded' })
-          throw new OverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, Math.max(1, Math.ceil(wait - budgetMs)))
+          const turn = refusalTurn(promisedUntil, now, wait, estimator.estimate(1, total))
+          promisedUntil = turn.tail
+          throw new OverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, turn.retryAfterMs)
         }
       }
       return await new Promise<StepResult>((resolve, reject) => {

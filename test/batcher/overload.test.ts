@@ -80,4 +80,38 @@ describe('batcher admission under overload', () => {
     }))
     expect(after.map(r => rowsOf(r).data[0])).toEqual(Array.from({ length: 8 }, (_, i) => seqHash(`after${i}`)))
   })
+
+  it('a burst refused together is told staggered turns, one prefill apart', async () => {
+    // One prefill of 64 positions ≈ 4 + 3.2 ms; a 10 ms budget takes the first two of a burst of ten.
+    const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
+    // The burst is refused at one instant (the clock held still), as a burst arriving in one turn
+    // of the event loop is: a pause of the test's own process must not move its turns.
+    let held: number | undefined
+    const clock = { now: (): number => held ?? performance.now() }
+    const b = createBatcher({ limits: { maxBatch: 1, maxPositions: 64, maxQueueDelayMs: 0 }, budgetMs: 10 }, { executor: sim, clock })
+    batcher = b
+    await b.start()
+    const prefill = (seqId: string): { seqId: string, kind: 'prefill', input: { tokenIds: number[] }, positions: number[] } => {
+      const positions = Array.from({ length: 64 }, (_, p) => p)
+      return { seqId, kind: 'prefill', input: { tokenIds: positions }, positions }
+    }
+    // Teach the estimator this executor's step time first (its prior is another model's).
+    for (let i = 0; i < 3; i++) await b.submit(prefill(`warm${i}`))
+    const prefillMs = b.estimateStepMs(1, 64)
+    held = performance.now()
+    const burst = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`p${i}`)).then(ok => ({ ok }), (err: unknown) => ({ err: err as OverloadedError })))
+    held = undefined
+    const outcomes = await Promise.all(burst)
+    const refused = outcomes.flatMap(o => 'err' in o ? [o.err] : [])
+    expect(refused.length).toBeGreaterThanOrEqual(5)
+    for (const err of refused) expect(err.code).toBe('SHOAL_ERR_OVERLOADED')
+    // Each is told a turn one prefill after the one refused before it (whole milliseconds round
+    // each up), so they do not come back at once. Whether they are then taken is timing, measured
+    // in docs/engine-notes.md (wave 11), not asserted here.
+    const turns = refused.map(err => err.retryAfterMs!)
+    for (let i = 1; i < turns.length; i++) {
+      expect(turns[i]! - turns[i - 1]!).toBeGreaterThanOrEqual(Math.floor(prefillMs))
+      expect(turns[i]! - turns[i - 1]!).toBeLessThanOrEqual(Math.ceil(prefillMs))
+    }
+  })
 })
