@@ -46,19 +46,12 @@ const names = Object.keys(arms)
 if (names.length < 2) throw new Error('--arms needs at least two arms')
 
 const manifest = await loadManifest(shard)
-const base = { ...process.env }
-/** This process's environment as it started, plus `extra` (servers inherit it). */
-function environment (extra: Record<string, string>): void {
-  for (const k of Object.keys(process.env)) if (!(k in base)) delete process.env[k]
-  Object.assign(process.env, base, extra)
-}
 const results = new Map(names.map(n => [n, { streams: [] as number[], one: [] as number[], rss: [] as number[] }]))
 const loadStart = loadAverage(2)
 
 for (let rep = 0; rep < REPS; rep++) {
   for (const name of rep % 2 === 0 ? names : [...names].reverse()) {
-    environment(arms[name]!)
-    const server = await startShoal(shard, manifest.modelId, args.cache, [])
+    const server = await startShoal(shard, manifest.modelId, args.cache, [], { env: arms[name]! })
     const ep = { kind: 'shoal' as const, url: server.url, model: manifest.modelId }
     try {
       await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, 900 + i), 64, 0)))
@@ -81,7 +74,6 @@ for (let rep = 0; rep < REPS; rep++) {
     }
   }
 }
-environment({})
 
 console.log('')
 console.log(`- command: node reproduction/ab-serve-env.ts ${process.argv.slice(2).join(' ')}`)

@@ -86,12 +86,7 @@ const loadStart = loadAverage(2)
 for (let rep = 0; rep < REPS; rep++) {
   for (const name of rep % 2 === 0 ? names : [...names].reverse()) {
     const bin = join(resolve(checkouts[name]!), 'scripts', 'shoal.mjs')
-    const base = { ...process.env }
-    Object.assign(process.env, envOf(name))
-    const server = await startShoal(shard, manifest.modelId, `${args.cache}-${name}`, [], bin).finally(() => {
-      for (const k of Object.keys(process.env)) if (!(k in base)) delete process.env[k]
-      Object.assign(process.env, base)
-    })
+    const server = await startShoal(shard, manifest.modelId, `${args.cache}-${name}`, [], { bin, env: envOf(name) })
     const ep = { kind: 'shoal' as const, url: server.url, model: manifest.modelId }
     const pid = server.child.pid!
     try {

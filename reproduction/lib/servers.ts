@@ -63,13 +63,14 @@ export async function startLlama (bin: string, model: string, argsFor: (port: nu
 
 /**
  * `shoal serve` on `shards` with no prefix cache (`--kv-cache-mb 0`: every prompt prefilled cold,
- * as llama-server's are), SHOAL_CACHE=`cache`; ready once /v1/models lists `model`. `bin`: the
- * CLI of another checkout, for comparing two versions of the code side by side.
+ * as llama-server's are), SHOAL_CACHE=`cache`; ready once /v1/models lists `model`. To compare
+ * two versions or environments side by side: `bin`, the CLI of another checkout; `env`, variables
+ * set for this server over this process's own.
  */
-export async function startShoal (shards: string, model: string, cache: string, extra: string[], bin = SHOAL_BIN): Promise<Server> {
+export async function startShoal (shards: string, model: string, cache: string, extra: string[], { bin = SHOAL_BIN, env = {} }: { bin?: string, env?: Record<string, string> } = {}): Promise<Server> {
   const t = performance.now()
   const child = spawnRt(process.execPath, [bin, 'serve', '--model', shards, '--api', '127.0.0.1:0', '--device', 'cpu', '--kv-cache-mb', '0', ...extra],
-    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, SHOAL_CACHE: cache } })
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env, SHOAL_CACHE: cache } })
   const tail = tailOf(child)
   const url = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => { reject(new Error(`shoal serve did not start within 300 s: ${tail()}`)) }, READY_BOUND_MS)

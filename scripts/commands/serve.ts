@@ -43,9 +43,9 @@ export async function serve (opts: ServeOptions): Promise<void> {
     // The batch budget refuses work expected to wait longer than 1 s so that routing can place it
     // on another node; this one has none. A burst of eight 128-token prompts on the 250m model
     // (prefill ~0.5 s each on a 2-core VM) then cost the openai client, with its default two
-    // retries, three of eight requests (docs/engine-notes.md, wave 11). Alone, a request queues as llama-server's do, up
-    // to its own deadline (past that it would fail with a 504 anyway); the slot and queue bounds
-    // still refuse a flood.
+    // retries, three of eight requests (docs/engine-notes.md, wave 11). Alone, a request queues
+    // as llama-server's do, up to its own deadline (past that it would fail with a 504 anyway);
+    // the slot and queue bounds still refuse a flood.
     budgets: { batchBudgetMs: DEFAULT_BUDGETS.requestTimeoutMs },
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...(opts.ca === undefined ? {} : { caFile: opts.ca }),
