@@ -8,6 +8,10 @@
  *   node reproduction/ab-serve-env.ts --shard DIR [--reps 4] [--streams 8] [--tokens 128] [--long 0]
  *     [--arms '{"with":{},"without":{"GLIBC_TUNABLES":"glibc.malloc.check=0"}}']
  *
+ * An arm is its environment's variables, or `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`: the
+ * server of another checkout (a `git worktree` of the base commit), on a shard of its own (one its
+ * compiler built, when the change is the graph's).
+ *
  * Per server: an untimed round of STREAMS requests (64 tokens) and one of a single stream (the
  * first steps after start are slower: wave 8/9), then two timed rounds, each STREAMS streams at once
  * (aggregate tok/s, request sent to last response ended) and one stream (first to last token).
@@ -15,6 +19,7 @@
  * Prints every round and each server's peak RSS (VmHWM), each arm's medians and ranges, in how
  * many reps each arm beat the first, the command, the machine and the load.
  */
+import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { complete } from './lib/completions.ts'
@@ -41,7 +46,10 @@ const TOKENS = Number(args.tokens)
 /** Timed rounds per server (each: STREAMS streams, then one). */
 const ROUNDS = 2
 const LONG = Number(args.long)
-const arms = JSON.parse(args.arms) as Record<string, Record<string, string>>
+interface Arm { env?: Record<string, string>, dir?: string, shard?: string }
+const given = JSON.parse(args.arms) as Record<string, Record<string, string> | Arm>
+const structured = (a: object): boolean => ['env', 'dir', 'shard'].some(k => k in a)
+const arms: Record<string, Arm> = Object.fromEntries(Object.entries(given).map(([k, a]) => [k, structured(a) ? a as Arm : { env: a as Record<string, string> }]))
 const names = Object.keys(arms)
 if (names.length < 2) throw new Error('--arms needs at least two arms')
 
@@ -51,7 +59,9 @@ const loadStart = loadAverage(2)
 
 for (let rep = 0; rep < REPS; rep++) {
   for (const name of rep % 2 === 0 ? names : [...names].reverse()) {
-    const server = await startShoal(shard, manifest.modelId, args.cache, [], { env: arms[name]! })
+    const arm = arms[name]!
+    const bin = arm.dir === undefined ? undefined : join(resolve(arm.dir), 'scripts', 'shoal.mjs')
+    const server = await startShoal(arm.shard ?? shard, manifest.modelId, args.cache, [], { env: arm.env ?? {}, ...(bin === undefined ? {} : { bin }) })
     const ep = { kind: 'shoal' as const, url: server.url, model: manifest.modelId }
     try {
       await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, 900 + i), 64, 0)))
@@ -90,7 +100,7 @@ const wins = (mine: number[], theirs: number[]): string => {
   for (let rep = 0; rep < REPS; rep++) if (mean(mine.slice(ROUNDS * rep, ROUNDS * (rep + 1))) > mean(theirs.slice(ROUNDS * rep, ROUNDS * (rep + 1)))) n++
   return `${n}/${REPS}`
 }
-console.log(`| arm | environment | ${STREAMS} streams tok/s, median of ${REPS * ROUNDS} (range) | reps ahead of ${first} | one stream tok/s, median (range) | reps ahead of ${first} | peak RSS MB, median of ${REPS} |`)
+console.log(`| arm | environment, checkout, shard | ${STREAMS} streams tok/s, median of ${REPS * ROUNDS} (range) | reps ahead of ${first} | one stream tok/s, median (range) | reps ahead of ${first} | peak RSS MB, median of ${REPS} |`)
 console.log('|---|---|---:|---:|---:|---:|---:|')
 for (const name of names) {
   const r = results.get(name)!

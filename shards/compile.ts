@@ -27,9 +27,10 @@ import { planStages } from './split.ts'
  * 5: 'ort-contrib' graphs also output each step's new KV columns (`new_key_values.*`), and int4
  * shards quantize the token embedding too (`quantization.embedding: 'int4'`). 6: 'ort-contrib'
  * graphs output only `new_key_values.*` (no present) and attend over the past buffer in place in
- * one-position steps.
+ * one-position steps. 7: those steps take one query head a product (one-row kernels read the past
+ * in place instead of packing it).
  */
-export const COMPILER_VERSION = 6
+export const COMPILER_VERSION = 7
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

@@ -109,7 +109,19 @@ export function truncateRow (ref: KvRef, length: number, keep: number, kvH: numb
  * 90 at 2,048), and never less than 16.
  */
 export function blockCapacity (need: number, limit: number): number {
-  return Math.min(limit, need + Math.max(16, Math.ceil(2 * Math.sqrt(need))))
+  return alignColumns(Math.min(limit, need + Math.max(16, Math.ceil(2 * Math.sqrt(need)))))
+}
+
+/**
+ * Blocks are a multiple of 16 columns wide: the one-position attention's products (shards/graph/
+ * attention.ts, decodeAttention) run on MLAS kernels that take columns four at a time and the last
+ * one to three otherwise, and split work between threads at multiples of 16, so a live column's
+ * bits depend on the buffer's width unless every width is such a multiple (docs/engine-notes.md,
+ * wave 12). At most 15 masked columns more; a context limit that is not a multiple of 16 is
+ * rounded up too (the columns past it stay masked).
+ */
+export function alignColumns (columns: number): number {
+  return Math.ceil(columns / 16) * 16
 }
 
 /**

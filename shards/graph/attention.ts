@@ -284,14 +284,26 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
   const k = heads('k', parts.k)
   const v = heads('v', parts.v)
   // Head h is kv head ⌊h / group⌋: q as [B, kvH, group, hd], scaled once.
-  const q = g.op('Reshape', `${m}/q/Reshape`, [g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))]), g.i64([0, kvH, H / kvH, hd])])
-  const sp = g.op('Add', `${m}/past/Add`, [g.op('MatMul', `${m}/past/MatMul`, [q, g.op('Transpose', `${m}/past_k/Transpose`, [pastK], { perm: [0, 1, 3, 2] })]), d.bias])
+  const group = H / kvH
+  const scaled = g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))])
+  const q = g.op('Reshape', `${m}/q/Reshape`, [scaled, g.i64([0, kvH, group, hd])])
+  // The past's products take one query head each ([1, hd] · [hd, W] and [1, W] · [W, hd], the
+  // past broadcast over the group): MLAS runs one-row products on kernels that read the past where
+  // it lies, where a product of `group` rows would first copy (pack) every past key and value,
+  // every layer, every step. Those kernels group columns by four, so a row's bits stay the same
+  // whatever the batch and the buffer's width only while widths are multiples of four (kv-block.ts
+  // `blockCapacity`; docs/engine-notes.md, wave 12).
+  const perHead = g.op('Reshape', `${m}/q_rows/Reshape`, [scaled, g.i64([0, kvH, group, 1, hd])])
+  const past = (name: string, y: string): string => g.op('Unsqueeze', `${m}/${name}/Unsqueeze`, [y, g.i64([2])])
+  const scores = g.op('MatMul', `${m}/past/MatMul`, [perHead, g.op('Transpose', `${m}/past_k/Transpose`, [past('past_k', pastK)], { perm: [0, 1, 2, 4, 3] })])
+  const sp = g.op('Add', `${m}/past/Add`, [g.op('Reshape', `${m}/scores/Reshape`, [scores, g.i64([0, kvH, group, -1])]), d.bias])
   const sn = g.op('MatMul', `${m}/new/MatMul`, [q, g.op('Transpose', `${m}/new_k/Transpose`, [k], { perm: [0, 1, 3, 2] })])
   const top = g.op('Max', `${m}/top/Max`, [g.op('ReduceMax', `${m}/top/ReduceMax`, [sp], { axes: [-1], keepdims: 1 }), sn])
   const ep = g.op('Exp', `${m}/past/Exp`, [g.op('Sub', `${m}/past/Sub`, [sp, top])])
   const en = g.op('Exp', `${m}/new/Exp`, [g.op('Sub', `${m}/new/Sub`, [sn, top])])
   const sum = g.op('Add', `${m}/sum/Add`, [g.op('MatMul', `${m}/sum/MatMul`, [ep, d.ones]), en])
-  const num = g.op('Add', `${m}/num/Add`, [g.op('MatMul', `${m}/num/MatMul`, [ep, pastV]), g.op('Mul', `${m}/num/Mul`, [en, v])])
+  const pv = g.op('MatMul', `${m}/num/MatMul`, [g.op('Reshape', `${m}/p_rows/Reshape`, [ep, g.i64([0, kvH, group, 1, -1])]), past('past_v', pastV)])
+  const num = g.op('Add', `${m}/num/Add`, [g.op('Reshape', `${m}/pv/Reshape`, [pv, g.i64([0, kvH, group, hd])]), g.op('Mul', `${m}/num/Mul`, [en, v])])
   const context = g.op('Reshape', `${m}/context/Reshape`, [g.op('Div', `${m}/context/Div`, [num, sum]), g.i64([0, 1, H * hd])])
   return [context, k, v]
 }

@@ -1,13 +1,13 @@
 /**
  * The runner keeps a left-aligned sequence's KV in place (a block with room that each step's new
  * columns are written into) and gives a block's memory back as soon as nothing refers to it
- * (kv-block freeBlock), while a block that a sequence or a kept prefix still uses stays intact.
- * Watched through the past tensors the real session is fed (the runner's blocks themselves).
+ * (kv-block freeBlock), while a block that a sequence or a kept prefix still uses stays intact;
+ * every block is a multiple of 16 columns wide. Watched through the past tensors the real session is fed (the runner's blocks themselves).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
-import { blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
+import { alignColumns, blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -20,6 +20,8 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
   const fed: Array<ArrayBuffer | undefined> = []
   /** What each run fetched. */
   const fetched: Array<readonly string[] | undefined> = []
+  /** The width (columns) of each run's first past tensor. */
+  const widths: number[] = []
 
   beforeAll(async () => {
     model = await buildTinyModel('llama')
@@ -30,6 +32,7 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
         const past = feeds[PAST]!.data
         fed.push(past.length === 0 ? undefined : past.buffer as ArrayBuffer)
         fetched.push(fetches)
+        widths.push(feeds[PAST]!.dims[2]!)
         return await real.run(feeds, fetches)
       },
     }
@@ -100,6 +103,17 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     expect(detached(shared)).toBe(false) // x's row
     await runner.drop('x', 'free')
     expect(detached(shared)).toBe(true)
+  })
+
+  it('feeds every block a multiple of 16 columns wide (one-position attention is bit-stable only so)', () => {
+    expect(widths.length).toBeGreaterThan(10)
+    expect(widths.filter(w => w > 0 && w % 16 !== 0)).toEqual([])
+    for (const limit of [16, 100, 2050, 4096]) {
+      for (let need = 1; need <= limit; need++) {
+        const c = blockCapacity(need, limit)
+        if (c % 16 !== 0 || c < need || c > alignColumns(limit)) throw new Error(`blockCapacity(${need}, ${limit}) = ${c}`)
+      }
+    }
   })
 
   it('freeBlock leaves views of a larger buffer alone', () => {

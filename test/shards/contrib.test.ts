@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { alignColumns } from '../../daemon/engine/kv-block.ts'
 import { compileShards, generateTestModel, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
 import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, runStages, type Pipeline } from './pipeline.ts'
@@ -113,18 +114,21 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
         }
         alone.push(logits)
       }
-      // Together: caches packed left-aligned into one [B, kvH, P, hd] block, rows right-padded.
+      // Together: caches packed left-aligned into one [B, kvH, W, hd] block, rows right-padded,
+      // wider than any row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts).
       const { numKvHeads: kvH, headDim: hd } = contrib.shape
       const P = Math.max(...rows.map(r => r.length))
+      const W = alignColumns(P + steps) + 16
       let past = new Map<string, ort.Tensor>()
       for (const name of prefilled[0]!.keys()) {
         // Padding must be finite: a one-position step reads it and masks it to exact zeros.
-        const data = new Float32Array(rows.length * kvH * P * hd)
+        const data = new Float32Array(rows.length * kvH * W * hd)
         rows.forEach((row, b) => {
-          const src = prefilled[b]!.get(name)!.data as Float32Array
-          for (let h = 0; h < kvH; h++) data.set(src.subarray(h * row.length * hd, (h + 1) * row.length * hd), (b * kvH + h) * P * hd)
+          const src = prefilled[b]!.get(name)!
+          const width = src.dims[2]!
+          for (let h = 0; h < kvH; h++) data.set((src.data as Float32Array).subarray(h * width * hd, (h * width + row.length) * hd), (b * kvH + h) * W * hd)
         })
-        past.set(name, new ort.Tensor('float32', data, [rows.length, kvH, P, hd]))
+        past.set(name, new ort.Tensor('float32', data, [rows.length, kvH, W, hd]))
       }
       const V = contrib.shape.vocabSize
       for (let k = 0; k < steps; k++) {
