@@ -44,8 +44,14 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
   const clock = components.clock ?? { now: () => performance.now() }
   const executor = components.executor
   const estimator = createStepTimeEstimator(init.prior ?? DEFAULTS.prior)
+  // Decode steps (one position a sequence) fitted apart: what a sequence slot's turnover costs.
+  // The mixed fit extrapolates them badly right after a burst of prefills, when it has seen mostly
+  // those (60m fp32: 154 ms for a batch of eight steps that took 17, the slots then telling
+  // refused requests to come back 18 s later instead of 1: docs/engine-notes.md, wave 12).
+  const decodeEstimator = createStepTimeEstimator(init.prior ?? DEFAULTS.prior)
   const decodeRate = createRateMeter()
   let observedRuns = 0
+  let observedDecodes = 0
   const metrics = createBatcherMetrics(components.metrics)
 
   let queue: Entry[] = []
@@ -164,6 +170,10 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         if (ahead < items.length) {
           estimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
           observedRuns++
+          if (tokens - aheadTokens === items.length - ahead) {
+            decodeEstimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
+            observedDecodes++
+          }
         }
         decodeRate.add(decodeTokens, end)
       }
@@ -301,6 +311,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     },
     estimateStepMs (sequences: number, tokens: number = sequences): number {
       // The prior is a guess for another model: say "unknown" (0) until this engine has run.
+      if (tokens === sequences && observedDecodes > 0) return decodeEstimator.estimate(sequences, tokens)
       return observedRuns === 0 ? 0 : estimator.estimate(sequences, tokens)
     },
   }

@@ -184,7 +184,8 @@ export interface Batcher {
   load (): BatcherLoad
   /**
    * Estimated time of one run over `sequences` sequences and `tokens` positions (default: one per
-   * sequence, a decode run; the step-time model, which never decays); 0 before any run.
+   * sequence, a decode run, estimated from decode runs alone once there have been any; the
+   * step-time model, which never decays); 0 before any run.
    */
   estimateStepMs (sequences: number, tokens?: number): number
 }

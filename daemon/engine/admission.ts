@@ -8,6 +8,10 @@
  * tokens (an upper bound: max_tokens, or the context's end), each waiter ahead takes the earliest
  * free slot and holds it for its own tokens, and the new request gets the next one. All sequences
  * advance one token per batched step, so time is tokens × the step time at a full batch.
+ *
+ * A refused request is told when to come back (`slotRefusalHint`) as if the requests refused
+ * before it, and not yet back, were waiting ahead of it: a burst refused at once is then told
+ * the same moment while free slots await them all, and later turns only beyond that.
  */
 
 export interface SlotState {
@@ -66,4 +70,24 @@ export function decideAdmission (s: SlotState, policy: AdmissionPolicy): Admissi
     }
   }
   return { kind: 'wait', expectedWaitMs: wait }
+}
+
+/** A refused request's promised turn: its tokens, and when it was told to come back (clock ms). */
+export interface SlotPromise { tokens: number, returnAt: number }
+
+/** How far past the slots' own wait a refused request may be told to come back. */
+export const SLOT_PROMISE_HORIZON_MS = 60_000
+
+/**
+ * `refusal.retryAfterMs` reshaped for a request of `tokens` refused at `now`: the wait it would
+ * have with the promises still out (those whose return time is ahead) queued before it, less the
+ * budget when the budget refused it (back then, its wait fits), bounded by the horizon. Returns
+ * the hint and the promise to keep for the next refusal.
+ */
+export function slotRefusalHint (s: SlotState, policy: AdmissionPolicy, refusal: Extract<AdmissionDecision, { kind: 'refuse' }>, promised: readonly SlotPromise[], now: number, tokens: number): { retryAfterMs: number, promise: SlotPromise } {
+  const out = promised.filter(p => p.returnAt > now).map(p => p.tokens)
+  const wait = Math.min(expectedSlotWaitMs({ ...s, waiting: [...s.waiting, ...out] }), refusal.expectedWaitMs + SLOT_PROMISE_HORIZON_MS)
+  const byBudget = s.waiting.length < policy.maxWaiting
+  const retryAfterMs = Math.max(refusal.retryAfterMs, 1, Math.ceil(byBudget ? wait - policy.budgetMs : wait))
+  return { retryAfterMs, promise: { tokens: Math.max(0, tokens), returnAt: now + retryAfterMs } }
 }

@@ -476,9 +476,10 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     prefixSummary (max = DEFAULT_PREFIX_SUMMARY_HASHES) {
       const held = prefixes.summary(max)
       if (held === undefined) return undefined
-      // What one more prompt token costs in a prefill run (its slope, not the fixed cost of a run).
+      // What one more prompt token costs in a prefill run (its slope, not the fixed cost of a run;
+      // both probes past one position, where estimateStepMs would answer from decode runs alone).
       const probe = 512
-      const perTokenMs = ((batcher?.estimateStepMs(1, 1 + probe) ?? 0) - (batcher?.estimateStepMs(1, 1) ?? 0)) / probe
+      const perTokenMs = ((batcher?.estimateStepMs(1, 1 + 2 * probe) ?? 0) - (batcher?.estimateStepMs(1, 1 + probe) ?? 0)) / probe
       const prefillTokensPerSecond = perTokenMs > 0 ? 1000 / perTokenMs : 0
       return { ...held, prefillTokensPerSecond }
     },

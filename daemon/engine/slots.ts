@@ -9,8 +9,8 @@
  * synchronously, so concurrent arrivals see each other.
  */
 import { abortReason } from './stage-engine.ts'
-import { decideAdmission } from './admission.ts'
-import type { AdmissionPolicy, SlotState } from './admission.ts'
+import { decideAdmission, slotRefusalHint } from './admission.ts'
+import type { AdmissionPolicy, SlotPromise, SlotState } from './admission.ts'
 
 /** What a request may still generate (its admission's upper bound); the caller lowers `left` as it goes. */
 export interface SlotProgress { left: number }
@@ -35,12 +35,17 @@ export interface SlotsInit extends AdmissionPolicy {
   stepMs: () => number
   /** The error a refused request gets. */
   refused: (reason: string, retryAfterMs: number) => Error
+  /** Clock (ms) for the turns promised to refused requests; performance.now by default. */
+  now?: () => number
 }
 
 export function createSlots (init: SlotsInit): Slots {
   const running = new Set<SlotProgress>()
   /** Requests waiting for a slot, in arrival order. */
   const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  const now = init.now ?? (() => performance.now())
+  /** Refused requests not yet due back (admission.ts `slotRefusalHint`), bounded by maxWaiting. */
+  let promised: SlotPromise[] = []
   const state = (): SlotState => ({
     slots: init.slots,
     running: [...running].map(r => r.left),
@@ -54,7 +59,14 @@ export function createSlots (init: SlotsInit): Slots {
         running.add(progress)
         return
       }
-      if (d.kind === 'refuse') throw init.refused(d.reason, d.retryAfterMs)
+      if (d.kind === 'refuse') {
+        // Told only when its own wait fits, a refused burst beyond the free slots would come back
+        // together and refuse itself again: each is told its turn behind those refused before it.
+        const t = now()
+        const hint = slotRefusalHint(state(), init, d, promised, t, progress.left)
+        promised = [...promised.filter(p => p.returnAt > t), hint.promise].slice(-Math.max(1, init.maxWaiting))
+        throw init.refused(d.reason, hint.retryAfterMs)
+      }
       signal.throwIfAborted()
       await new Promise<void>((resolve, reject) => {
         const onAbort = (): void => {

@@ -303,4 +303,29 @@ describe('batcher runtime', () => {
     expect(seen[0]).toEqual({ kind: 'prefill', ahead: undefined })
     expect(seen.slice(1).every(x => x.kind === 'decode' && x.ahead === 2)).toBe(true)
   })
+
+  it('estimates a decode run from decode runs alone, however many prefills ran since', async () => {
+    // Decode runs cost 10 ms whatever their size, prefill runs 5 ms a position (the clock is the
+    // executor's: each run moves it by its cost).
+    let now = 0
+    const executor: BatchExecutor = {
+      async run (items) {
+        now += items.every(it => it.kind === 'decode') ? 10 : 5 * items.reduce((n, it) => n + it.positions.length, 0)
+        return items.map(() => ({ output: { kind: 'token', id: 5 } }))
+      },
+    }
+    const pick = { temperature: 0, topP: 1, u: 0 }
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
+    await b.start()
+    started.push(b)
+    const seqs = ['a', 'b', 'c', 'd']
+    for (const seqId of seqs) await b.submit({ seqId, kind: 'prefill', input: { tokenIds: range(1, 16) }, positions: range(0, 16), pick })
+    for (let i = 0; i < 20; i++) await Promise.all(seqs.map(seqId => b.submit({ seqId, kind: 'decode', input: { tokenIds: [5] }, positions: [16 + i], pick })))
+    // A burst of prompts arrives: sixteen prefill runs, nothing decoded meanwhile.
+    for (let i = 0; i < 16; i++) await b.submit({ seqId: `p${i}`, kind: 'prefill', input: { tokenIds: range(1, 48) }, positions: range(0, 48), pick })
+    expect(b.estimateStepMs(4)).toBeGreaterThan(9)
+    expect(b.estimateStepMs(4)).toBeLessThan(11)
+    // The whole-run model still prices prefills.
+    expect(b.estimateStepMs(1, 48)).toBeGreaterThan(200)
+  })
 })

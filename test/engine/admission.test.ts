@@ -1,9 +1,12 @@
 /**
  * Sequence admission (daemon/engine/admission.ts): a request beyond the free slots waits while its
- * expected wait is within the budget, and is refused with a retry estimate only past it.
+ * expected wait is within the budget, and is refused with a retry estimate only past it; requests
+ * refused together (daemon/engine/slots.ts) are told turns behind one another.
  */
 import { describe, expect, it } from 'vitest'
 import { decideAdmission, expectedSlotWaitMs } from '../../daemon/engine/index.ts'
+import { SLOT_PROMISE_HORIZON_MS, slotRefusalHint } from '../../daemon/engine/admission.ts'
+import { createSlots } from '../../daemon/engine/slots.ts'
 
 const policy = { budgetMs: 1000, maxWaiting: 64 }
 
@@ -39,5 +42,44 @@ describe('sequence admission', () => {
   it('an unmeasured step time (0) queues, bounded by maxWaiting', () => {
     expect(decideAdmission({ slots: 1, running: [1e6], waiting: [], stepMs: 0 }, policy)).toEqual({ kind: 'wait', expectedWaitMs: 0 })
     expect(decideAdmission({ slots: 1, running: [1], waiting: [1, 1], stepMs: 0 }, { budgetMs: 1000, maxWaiting: 2 })).toMatchObject({ kind: 'refuse' })
+  })
+
+  it('a burst refused at one instant is told turns: as many at once as slots will free, the rest after them', async () => {
+    let clock = 5000
+    const slots = createSlots({
+      slots: 2,
+      budgetMs: 1000,
+      maxWaiting: 64,
+      stepMs: () => 1,
+      now: () => clock,
+      refused: (reason, retryAfterMs) => Object.assign(new Error(reason), { retryAfterMs }),
+    })
+    const signal = new AbortController().signal
+    await slots.acquire({ left: 3000 }, signal)
+    await slots.acquire({ left: 3000 }, signal)
+    // Both slots busy for 3000 steps: the wait is 3 s, 2 s past the budget.
+    const hints: number[] = []
+    for (let i = 0; i < 4; i++) {
+      const err = await slots.acquire({ left: 400 }, signal).then(() => undefined, (e: { retryAfterMs: number }) => e)
+      hints.push(err!.retryAfterMs)
+    }
+    // The first two find a slot each when the running pair ends; the next two 400 steps later.
+    expect(hints).toEqual([2000, 2000, 2400, 2400])
+    // Once the clock passes the promises, a refusal counts the queue's own wait again.
+    clock += 10_000
+    const late = await slots.acquire({ left: 400 }, signal).then(() => undefined, (e: { retryAfterMs: number }) => e)
+    expect(late!.retryAfterMs).toBe(2000)
+  })
+
+  it('the hint never comes earlier than the wait alone, and no later than the horizon past it', () => {
+    const s = { slots: 1, running: [2000], waiting: [], stepMs: 1 }
+    const d = decideAdmission(s, policy)
+    if (d.kind !== 'refuse') throw new Error('expected a refusal')
+    // Promises long gone count for nothing.
+    expect(slotRefusalHint(s, policy, d, [{ tokens: 1e6, returnAt: 10 }], 100, 50).retryAfterMs).toBe(1000)
+    // Promises still out queue ahead, up to the horizon.
+    const out = slotRefusalHint(s, policy, d, [{ tokens: 1e6, returnAt: 1e9 }], 100, 50)
+    expect(out.retryAfterMs).toBe(2000 + SLOT_PROMISE_HORIZON_MS - 1000)
+    expect(out.promise).toEqual({ tokens: 50, returnAt: 100 + out.retryAfterMs })
   })
 })
