@@ -166,7 +166,12 @@ describe('stage links on a real stream', () => {
         expect(reply.kind).toBe('error')
         if (reply.kind === 'error') expect(reply.error.code).toMatch(/^SHOAL_ERR_STAGE_/)
       }
-    }), runs('stage links: any bytes, any chunking', 30))
+    }), {
+      ...runs('stage links: any bytes, any chunking', 30),
+      // Random inputs draw a reply in only ~1 run of 10 (a frame whose bounds hold and whose body
+      // does not decode), so one such input, followed by a valid frame, always runs as well.
+      examples: [[Uint8Array.from([2, 0xff, 0xff, ...encodeStage(good[0]!)]), []]],
+    })
     expect(seen.frames).toBeGreaterThan(0)
     expect(seen.replies).toBeGreaterThan(0)
   })
