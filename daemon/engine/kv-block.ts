@@ -118,7 +118,8 @@ export function blockCapacity (need: number, limit: number): number {
  * one to three otherwise, and split work between threads at multiples of 16, so a live column's
  * bits depend on the buffer's width unless every width is such a multiple (docs/engine-notes.md,
  * wave 12). At most 15 masked columns more; a context limit that is not a multiple of 16 is
- * rounded up too (the columns past it stay masked).
+ * rounded up too (the columns past it stay masked; GroupQueryAttention takes such a past: a
+ * 100-position model prefilled in chunks and decoded to its last position).
  */
 export function alignColumns (columns: number): number {
   return Math.ceil(columns / 16) * 16

@@ -291,8 +291,8 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
   // past broadcast over the group): MLAS runs one-row products on kernels that read the past where
   // it lies, where a product of `group` rows would first copy (pack) every past key and value,
   // every layer, every step. Those kernels group columns by four, so a row's bits stay the same
-  // whatever the batch and the buffer's width only while widths are multiples of four (kv-block.ts
-  // `blockCapacity`; docs/engine-notes.md, wave 12).
+  // whatever the batch and the buffer's width only while widths are multiples of four (the
+  // engine's blocks are of 16: kv-block.ts `alignColumns`; docs/engine-notes.md, wave 12).
   const perHead = g.op('Reshape', `${m}/q_rows/Reshape`, [scaled, g.i64([0, kvH, group, 1, hd])])
   const past = (name: string, y: string): string => g.op('Unsqueeze', `${m}/${name}/Unsqueeze`, [y, g.i64([2])])
   const scores = g.op('MatMul', `${m}/past/MatMul`, [perHead, g.op('Transpose', `${m}/past_k/Transpose`, [past('past_k', pastK)], { perm: [0, 1, 2, 4, 3] })])

@@ -4,10 +4,14 @@
  * (kv-block freeBlock), while a block that a sequence or a kept prefix still uses stays intact;
  * every block is a multiple of 16 columns wide. Watched through the past tensors the real session is fed (the runner's blocks themselves).
  */
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
 import { alignColumns, blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -123,5 +127,32 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     freeBlock({ rows: 1, total: 1, layers: [[{ type: 'float32', data: view, dims: [1, 1, 1, 4] }, { type: 'float32', data: own, dims: [1, 1, 1, 4] }]] })
     expect((whole.buffer as ArrayBuffer).detached).toBe(false)
     expect((own.buffer as ArrayBuffer).detached).toBe(true)
+  })
+
+  it('a context limit that is not a multiple of 16: blocks round up past it, and a sequence runs to its last position', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'shoal-odd-context-'))
+    try {
+      await generateTestModel({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: 'tiny' })
+      const config = JSON.parse(await readFile(join(dir, 'ckpt', 'config.json'), 'utf8')) as Record<string, unknown>
+      await writeFile(join(dir, 'ckpt', 'config.json'), JSON.stringify({ ...config, max_position_embeddings: 100 }))
+      const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard') })
+      expect(manifest.shape.maxPositions).toBe(100)
+      const real = await createOnnxruntimeBackend().load(join(dir, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
+      const seen: number[] = []
+      const session: BackendSession = { ...real, async run (feeds, fetches) { seen.push(feeds[PAST]!.dims[2]!); return await real.run(feeds, fetches) } }
+      const odd = createStageRunner({ session, stage: stageInfoOf(manifest), chunkSize: 8 })
+      const run = async (tokens: number[], from: number): Promise<void> => {
+        await odd.step('s', { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
+      }
+      odd.open('s')
+      await run(ids(90, 4), 0) // chunks of 8 into blocks of up to 112 columns
+      await run(ids(6, 5), 90) // a chunk over a past wider than the context (GroupQueryAttention)
+      for (let at = 96; at < 100; at++) await run([7], at) // one-position steps to the last position
+      expect(Math.max(...seen)).toBe(112)
+      await expect(run([7], 100)).rejects.toThrow()
+      await real.close()
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
   })
 })
