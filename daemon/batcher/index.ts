@@ -14,6 +14,7 @@
  * against a `BatchExecutor`, which the engine implements.
  */
 export { createBatcher } from './runtime.ts'
+export { PROMISE_HORIZON_MS } from './refusal.ts'
 export { planBatch } from './policy.ts'
 export type { PlanHints } from './policy.ts'
 export { DEFAULTS } from './defaults.ts'

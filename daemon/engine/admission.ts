@@ -13,6 +13,7 @@
  * before it, and not yet back, were waiting ahead of it: a burst refused at once is then told
  * the same moment while free slots await them all, and later turns only beyond that.
  */
+import { PROMISE_HORIZON_MS } from '../batcher/index.ts'
 
 export interface SlotState {
   /** Sequences the engine runs at once. */
@@ -75,18 +76,16 @@ export function decideAdmission (s: SlotState, policy: AdmissionPolicy): Admissi
 /** A refused request's promised turn: its tokens, and when it was told to come back (clock ms). */
 export interface SlotPromise { tokens: number, returnAt: number }
 
-/** How far past the slots' own wait a refused request may be told to come back. */
-export const SLOT_PROMISE_HORIZON_MS = 60_000
-
 /**
  * `refusal.retryAfterMs` reshaped for a request of `tokens` refused at `now`: the wait it would
  * have with the promises still out (those whose return time is ahead) queued before it, less the
- * budget when the budget refused it (back then, its wait fits), bounded by the horizon. Returns
- * the hint and the promise to keep for the next refusal.
+ * budget when the budget refused it (back then, its wait fits), bounded by the batcher's horizon
+ * for its own promises (a minute past the wait: the openai SDKs ignore longer hints). Returns the
+ * hint and the promise to keep for the next refusal.
  */
 export function slotRefusalHint (s: SlotState, policy: AdmissionPolicy, refusal: Extract<AdmissionDecision, { kind: 'refuse' }>, promised: readonly SlotPromise[], now: number, tokens: number): { retryAfterMs: number, promise: SlotPromise } {
   const out = promised.filter(p => p.returnAt > now).map(p => p.tokens)
-  const wait = Math.min(expectedSlotWaitMs({ ...s, waiting: [...s.waiting, ...out] }), refusal.expectedWaitMs + SLOT_PROMISE_HORIZON_MS)
+  const wait = Math.min(expectedSlotWaitMs({ ...s, waiting: [...s.waiting, ...out] }), refusal.expectedWaitMs + PROMISE_HORIZON_MS)
   const byBudget = s.waiting.length < policy.maxWaiting
   const retryAfterMs = Math.max(refusal.retryAfterMs, 1, Math.ceil(byBudget ? wait - policy.budgetMs : wait))
   return { retryAfterMs, promise: { tokens: Math.max(0, tokens), returnAt: now + retryAfterMs } }

@@ -5,7 +5,8 @@
  */
 import { describe, expect, it } from 'vitest'
 import { decideAdmission, expectedSlotWaitMs } from '../../daemon/engine/index.ts'
-import { SLOT_PROMISE_HORIZON_MS, slotRefusalHint } from '../../daemon/engine/admission.ts'
+import { PROMISE_HORIZON_MS } from '../../daemon/batcher/index.ts'
+import { slotRefusalHint } from '../../daemon/engine/admission.ts'
 import { createSlots } from '../../daemon/engine/slots.ts'
 
 const policy = { budgetMs: 1000, maxWaiting: 64 }
@@ -79,7 +80,7 @@ describe('sequence admission', () => {
     expect(slotRefusalHint(s, policy, d, [{ tokens: 1e6, returnAt: 10 }], 100, 50).retryAfterMs).toBe(1000)
     // Promises still out queue ahead, up to the horizon.
     const out = slotRefusalHint(s, policy, d, [{ tokens: 1e6, returnAt: 1e9 }], 100, 50)
-    expect(out.retryAfterMs).toBe(2000 + SLOT_PROMISE_HORIZON_MS - 1000)
+    expect(out.retryAfterMs).toBe(2000 + PROMISE_HORIZON_MS - 1000)
     expect(out.promise).toEqual({ tokens: 50, returnAt: 100 + out.retryAfterMs })
   })
 })
