@@ -64,9 +64,12 @@ describe('chaos on loopback: real shoal node processes under a burst', () => {
     const target: LoadTarget = { name: 'ingress', url: ingress.url!, down: () => ingress.state !== 'up' }
     let phase = 'steady'
     const stop = new AbortController()
+    /** Whole completions so far, by the phase their request was sent in. */
+    const served = new Map<string, number>()
     const load = runLoad({
       targets: [target], models: [MODEL_ID], prompts: PROMPTS, maxTokens: MAX_TOKENS, concurrency: 4, boundMs: BOUND_MS,
       expected: (_m, p) => reference[p], phase: () => phase, signal: stop.signal,
+      onOutcome: o => { if (o.kind === 'ok') served.set(o.phase, (served.get(o.phase) ?? 0) + 1) },
     })
     const ctx: FaultContext = { cluster, hosts, models: [MODEL_ID], setPhase: p => { phase = p }, recoverWithinMs: 60_000 }
     try {
@@ -75,6 +78,11 @@ describe('chaos on loopback: real shoal node processes under a burst', () => {
       phase = 'SIGKILL replica-1'
       killed.signal('SIGKILL')
       await killed.exited()
+      // The phase lasts until a request sent in it has come back whole (bounded), not a fixed
+      // 500 ms: on a loaded machine all four workers can still be finishing requests sent before
+      // the kill by then (a CI run sent none in it).
+      const killedAt = Date.now()
+      while ((served.get(phase) ?? 0) === 0 && Date.now() - killedAt < 30_000) await sleep(50)
       await sleep(500)
       // Hung until the ingress lists it as not alive, then resumed; it must be whole again.
       const hung = await hang(ctx, cluster.byName('replica-2'), 'replica-2', 2_000)
