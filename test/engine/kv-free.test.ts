@@ -2,7 +2,8 @@
  * The runner keeps a left-aligned sequence's KV in place (a block with room that each step's new
  * columns are written into) and gives a block's memory back as soon as nothing refers to it
  * (kv-block freeBlock), while a block that a sequence or a kept prefix still uses stays intact;
- * every block is a multiple of 16 columns wide. Watched through the past tensors the real session is fed (the runner's blocks themselves).
+ * every block is a multiple of 16 columns wide. Watched through the past tensors the real session
+ * is fed (the runner's blocks themselves).
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -138,19 +139,22 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
       const manifest = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard') })
       expect(manifest.shape.maxPositions).toBe(100)
       const real = await createOnnxruntimeBackend().load(join(dir, 'shard', ...manifest.stages[0]!.graph.split('/')), { device: 'CPU', threads: 1 })
-      const seen: number[] = []
-      const session: BackendSession = { ...real, async run (feeds, fetches) { seen.push(feeds[PAST]!.dims[2]!); return await real.run(feeds, fetches) } }
-      const odd = createStageRunner({ session, stage: stageInfoOf(manifest), chunkSize: 8 })
-      const run = async (tokens: number[], from: number): Promise<void> => {
-        await odd.step('s', { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
+      try {
+        const seen: number[] = []
+        const session: BackendSession = { ...real, async run (feeds, fetches) { seen.push(feeds[PAST]!.dims[2]!); return await real.run(feeds, fetches) } }
+        const odd = createStageRunner({ session, stage: stageInfoOf(manifest), chunkSize: 8 })
+        const run = async (tokens: number[], from: number): Promise<void> => {
+          await odd.step('s', { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
+        }
+        odd.open('s')
+        await run(ids(90, 4), 0) // chunks of 8 into blocks of up to 112 columns
+        await run(ids(6, 5), 90) // a chunk over a past wider than the context (GroupQueryAttention)
+        for (let at = 96; at < 100; at++) await run([7], at) // one-position steps to the last position
+        expect(Math.max(...seen)).toBe(112)
+        await expect(run([7], 100)).rejects.toThrow()
+      } finally {
+        await real.close()
       }
-      odd.open('s')
-      await run(ids(90, 4), 0) // chunks of 8 into blocks of up to 112 columns
-      await run(ids(6, 5), 90) // a chunk over a past wider than the context (GroupQueryAttention)
-      for (let at = 96; at < 100; at++) await run([7], at) // one-position steps to the last position
-      expect(Math.max(...seen)).toBe(112)
-      await expect(run([7], 100)).rejects.toThrow()
-      await real.close()
     } finally {
       await rm(dir, { recursive: true, force: true })
     }

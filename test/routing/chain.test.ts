@@ -163,12 +163,20 @@ describe('formChain', () => {
       }
       const count = new Array(L).fill(0)
       for (const s of d.stages) {
-        const h = hs.find(x => x.peerId === s.peerId && x.layers[0] === s.layers[0] && x.layers[1] === s.layers[1] && x.manifestHash === d.manifestHash)
-        expect(h?.admitted).toBe(true)
+        // The same holding may be listed twice, admitted and not (a CI run's counterexample, pinned
+        // below): the stage must be one of its admitted listings.
+        const listed = hs.filter(x => x.peerId === s.peerId && x.layers[0] === s.layers[0] && x.layers[1] === s.layers[1] && x.manifestHash === d.manifestHash)
+        expect(listed.some(x => x.admitted)).toBe(true)
         for (let l = s.layers[0]; l <= s.layers[1]; l++) count[l]++
       }
       expect(count.every(c => c === 1)).toBe(true)
       expect(d.stages[0]?.layers[0]).toBe(0)
-    }))
+    }), {
+      examples: [[[
+        { peerId: 'e', manifestHash: 'h2', start: 11, len: 1, admitted: false, inFlight: 0, rttMs: 0 },
+        { peerId: 'e', manifestHash: 'h2', start: 11, len: 1, admitted: true, inFlight: 0, rttMs: 0 },
+        { peerId: 'a', manifestHash: 'h2', start: 0, len: 11, admitted: true, inFlight: 0, rttMs: 0 },
+      ]]],
+    })
   })
 })
