@@ -167,11 +167,13 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         let aheadTokens = 0
         results!.forEach((r, i) => { if ('output' in r && r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length } })
         if (ahead > 0) metrics.ranAhead.inc(label, ahead)
-        if (ahead < items.length) {
-          estimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
+        const ran = items.length - ahead
+        const ranTokens = tokens - aheadTokens
+        if (ran > 0) {
+          estimator.observe(ran, ranTokens, end - now)
           observedRuns++
-          if (tokens - aheadTokens === items.length - ahead) {
-            decodeEstimator.observe(items.length - ahead, tokens - aheadTokens, end - now)
+          if (ranTokens === ran) {
+            decodeEstimator.observe(ran, ranTokens, end - now)
             observedDecodes++
           }
         }

@@ -36,7 +36,8 @@ export interface AdmissionPolicy {
 export type AdmissionDecision =
   | { kind: 'run' }
   | { kind: 'wait', expectedWaitMs: number }
-  | { kind: 'refuse', expectedWaitMs: number, retryAfterMs: number, reason: string }
+  /** `cause`: every waiting place taken (maxWaiting), or a wait past the budget. */
+  | { kind: 'refuse', cause: 'waiting' | 'budget', expectedWaitMs: number, retryAfterMs: number, reason: string }
 
 /** Expected ms until a newly arriving request gets a slot (0 when one is free and nobody waits). */
 export function expectedSlotWaitMs (s: SlotState): number {
@@ -60,11 +61,12 @@ export function decideAdmission (s: SlotState, policy: AdmissionPolicy): Admissi
   if (s.running.length < s.slots && s.waiting.length === 0) return { kind: 'run' }
   const wait = expectedSlotWaitMs(s)
   if (s.waiting.length >= policy.maxWaiting) {
-    return { kind: 'refuse', expectedWaitMs: wait, retryAfterMs: Math.max(1, Math.ceil(wait)), reason: `all ${s.slots} sequences are busy and ${s.waiting.length} requests are already waiting` }
+    return { kind: 'refuse', cause: 'waiting', expectedWaitMs: wait, retryAfterMs: Math.max(1, Math.ceil(wait)), reason: `all ${s.slots} sequences are busy and ${s.waiting.length} requests are already waiting` }
   }
   if (wait > policy.budgetMs) {
     return {
       kind: 'refuse',
+      cause: 'budget',
       expectedWaitMs: wait,
       retryAfterMs: Math.max(1, Math.ceil(wait - policy.budgetMs)),
       reason: `all ${s.slots} sequences are busy; the expected wait of ${Math.round(wait)} ms for one exceeds the budget of ${policy.budgetMs} ms`,
@@ -86,7 +88,6 @@ export interface SlotPromise { tokens: number, returnAt: number }
 export function slotRefusalHint (s: SlotState, policy: AdmissionPolicy, refusal: Extract<AdmissionDecision, { kind: 'refuse' }>, promised: readonly SlotPromise[], now: number, tokens: number): { retryAfterMs: number, promise: SlotPromise } {
   const out = promised.filter(p => p.returnAt > now).map(p => p.tokens)
   const wait = Math.min(expectedSlotWaitMs({ ...s, waiting: [...s.waiting, ...out] }), refusal.expectedWaitMs + PROMISE_HORIZON_MS)
-  const byBudget = s.waiting.length < policy.maxWaiting
-  const retryAfterMs = Math.max(refusal.retryAfterMs, 1, Math.ceil(byBudget ? wait - policy.budgetMs : wait))
+  const retryAfterMs = Math.max(refusal.retryAfterMs, 1, Math.ceil(refusal.cause === 'budget' ? wait - policy.budgetMs : wait))
   return { retryAfterMs, promise: { tokens: Math.max(0, tokens), returnAt: now + retryAfterMs } }
 }

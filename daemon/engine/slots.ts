@@ -54,7 +54,8 @@ export function createSlots (init: SlotsInit): Slots {
   })
   return {
     async acquire (progress, signal) {
-      const d = decideAdmission(state(), init)
+      const s = state()
+      const d = decideAdmission(s, init)
       if (d.kind === 'run') {
         running.add(progress)
         return
@@ -63,7 +64,7 @@ export function createSlots (init: SlotsInit): Slots {
         // Told only when its own wait fits, a refused burst beyond the free slots would come back
         // together and refuse itself again: each is told its turn behind those refused before it.
         const t = now()
-        const hint = slotRefusalHint(state(), init, d, promised, t, progress.left)
+        const hint = slotRefusalHint(s, init, d, promised, t, progress.left)
         promised = [...promised.filter(p => p.returnAt > t), hint.promise].slice(-Math.max(1, init.maxWaiting))
         throw init.refused(d.reason, hint.retryAfterMs)
       }
