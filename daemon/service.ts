@@ -48,6 +48,13 @@ export interface GenerateRequest {
    * cache misses and the cost model says the transfer pays.
    */
   prefixHolder?: PrefixHolderHint
+  /**
+   * Set by routing when it sends the request to the last node that could take it (no other node
+   * serves the model, or every other one was tried). That node then queues it until its deadline
+   * instead of refusing it for its latency budget: a refusal is what lets routing place a request
+   * elsewhere, and with nowhere else it only makes the client wait and retry.
+   */
+  soleServer?: true
 }
 
 /** Prompt tokens whose KV a node took from its prefix cache instead of prefilling them. */

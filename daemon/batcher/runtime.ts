@@ -254,11 +254,12 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       }
       if (step.kind === 'prefill') {
         const wait = expectedWaitMs(now)
-        if (wait > budgetMs) {
+        const budget = step.budgetMs ?? budgetMs
+        if (wait > budget) {
           metrics.refused.inc({ ...label, reason: 'overloaded' })
           const turn = refusalTurn(promisedUntil, now, wait, estimator.estimate(1, total))
           promisedUntil = turn.tail
-          throw new OverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budgetMs} ms`, turn.retryAfterMs)
+          throw new OverloadedError(`expected queue wait ${Math.round(wait)} ms exceeds the batcher budget of ${budget} ms`, turn.retryAfterMs)
         }
       }
       return await new Promise<StepResult>((resolve, reject) => {

@@ -31,6 +31,11 @@ export interface StepRequest {
    * so the executor may compute them before they are submitted (daemon/engine/stage-engine.ts).
    */
   ahead?: TokenPick[]
+  /**
+   * A prefill's own queue budget (ms), in place of the batcher's: a request sent to the last node
+   * that could take it (GenerateRequest.soleServer) waits until its deadline rather than be refused.
+   */
+  budgetMs?: number
 }
 
 /** Sampling settings with the random draw already made (the engine's TokenPick, structurally). */

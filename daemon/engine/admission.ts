@@ -91,3 +91,12 @@ export function slotRefusalHint (s: SlotState, policy: AdmissionPolicy, refusal:
   const retryAfterMs = Math.max(refusal.retryAfterMs, 1, Math.ceil(refusal.cause === 'budget' ? wait - policy.budgetMs : wait))
   return { retryAfterMs, promise: { tokens: Math.max(0, tokens), returnAt: now + retryAfterMs } }
 }
+
+/**
+ * A request's own wait budget: the last node that could take it (routing's `soleServer`) waits
+ * until its deadline rather than refuse it for the service's budget — the refusal exists so that
+ * routing can place the request elsewhere, and there is nowhere else. Undefined: the service's.
+ */
+export function ownWaitBudget (request: { soleServer?: true, deadline: number }, budgetMs: number, nowMs: number): number | undefined {
+  return request.soleServer === true ? Math.max(budgetMs, request.deadline - nowMs) : undefined
+}

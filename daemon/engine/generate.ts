@@ -89,11 +89,17 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
 
 /**
  * A token source over one sequence whose steps go through a micro-batcher (so they share runs
- * with other sequences' steps). The caller releases the sequence.
+ * with other sequences' steps). The caller releases the sequence. `budgetMs`: its prefill's own
+ * queue budget (StepRequest.budgetMs), the batcher's when undefined.
  */
-export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS): TokenSource {
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS, budgetMs?: number): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal, ahead) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal), sampling, prefilled, aheadSteps)
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillBudget(kind, budgetMs) }, signal), sampling, prefilled, aheadSteps)
+}
+
+/** A step's own queue budget, which only a prefill's admission reads (StepRequest.budgetMs). */
+export function prefillBudget (kind: 'prefill' | 'decode', budgetMs: number | undefined): { budgetMs?: number } {
+  return kind === 'prefill' && budgetMs !== undefined ? { budgetMs } : {}
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */

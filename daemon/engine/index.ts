@@ -12,7 +12,7 @@
  *    queues within a wait budget (`decideAdmission`, pure).
  */
 export { createLocalService, stageInfoOf } from './local-service.ts'
-export { decideAdmission, expectedSlotWaitMs } from './admission.ts'
+export { decideAdmission, expectedSlotWaitMs, ownWaitBudget } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
 export { createSlots } from './slots.ts'
 export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'

@@ -41,9 +41,9 @@ import type { TextCodec } from '../text/index.ts'
 import type { BackendName } from './backend/types.ts'
 import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
-import { expectedSlotWaitMs } from './admission.ts'
+import { expectedSlotWaitMs, ownWaitBudget } from './admission.ts'
 import { createSlots } from './slots.ts'
-import { batchedTokenSource, engineTokenSource, RUN_AHEAD_STEPS } from './generate.ts'
+import { batchedTokenSource, engineTokenSource, prefillBudget, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { createGenerationService } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
@@ -290,9 +290,11 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     /** Tokens fed to the sequence so far, in position order: the prompt, then each generated id. */
     const fed = [...promptIds]
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
+    /** For a slot and for its prefill's turn (admission.ts `ownWaitBudget`). */
+    const ownBudget = (): number | undefined => ownWaitBudget(request, budgetMs, Date.now())
     return {
       async open (signal) {
-        await slots.acquire(progress, signal)
+        await slots.acquire(progress, signal, ownBudget())
         // Whatever goes wrong with a pull, the request runs (recomputed); only its own abort stops it.
         const moved = request.prefixHolder !== undefined
           ? await prefixes.maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
@@ -328,7 +330,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead), ...prefillBudget(kind, ownBudget()) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
             peers: () => Math.max(0, slots.active - 1),
@@ -337,7 +339,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         const w = wrapped
         const began = performance.now()
         return {
-          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused, init.runAhead)),
+          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused, init.runAhead, ownBudget())),
           // The prefix is in this sequence's own KV now: it may be evicted or superseded.
           prefilled: () => {
             lease?.release()

@@ -16,8 +16,12 @@ import type { AdmissionPolicy, SlotPromise, SlotState } from './admission.ts'
 export interface SlotProgress { left: number }
 
 export interface Slots {
-  /** Takes a slot for `progress`, waiting within the budget; throws `refused(…)` or the abort reason. */
-  acquire (progress: SlotProgress, signal: AbortSignal): Promise<void>
+  /**
+   * Takes a slot for `progress`, waiting within the budget (`budgetMs`: this request's own, e.g. a
+   * sole server's wait until its deadline; the service's by default); throws `refused(…)` or the
+   * abort reason.
+   */
+  acquire (progress: SlotProgress, signal: AbortSignal, budgetMs?: number): Promise<void>
   /** Gives `progress`'s slot to the first waiter (or frees it); nothing when it holds none. */
   release (progress: SlotProgress): void
   /** Fails every waiting request with `err` (the service stops). */
@@ -53,9 +57,10 @@ export function createSlots (init: SlotsInit): Slots {
     stepMs: init.stepMs(),
   })
   return {
-    async acquire (progress, signal) {
+    async acquire (progress, signal, budgetMs) {
       const s = state()
-      const d = decideAdmission(s, init)
+      const policy = budgetMs === undefined ? init : { ...init, budgetMs }
+      const d = decideAdmission(s, policy)
       if (d.kind === 'run') {
         running.add(progress)
         return
@@ -64,7 +69,7 @@ export function createSlots (init: SlotsInit): Slots {
         // Told only when its own wait fits, a refused burst beyond the free slots would come back
         // together and refuse itself again: each is told its turn behind those refused before it.
         const t = now()
-        const hint = slotRefusalHint(s, init, d, promised, t, progress.left)
+        const hint = slotRefusalHint(s, policy, d, promised, t, progress.left)
         promised = [...promised.filter(p => p.returnAt > t), hint.promise].slice(-Math.max(1, init.maxWaiting))
         throw init.refused(d.reason, hint.retryAfterMs)
       }

@@ -39,7 +39,7 @@ import { createHash, type Hash } from 'node:crypto'
 import { performance } from 'node:perf_hooks'
 import type { ShardManifest } from '../../shards/index.ts'
 import {
-  abortReason, admitPrompt, createRng, createSlots, endConditions, generateSequence, nextPick, pickToken, requestScope,
+  abortReason, admitPrompt, createRng, createSlots, endConditions, generateSequence, nextPick, ownWaitBudget, pickToken, requestScope,
   type TokenPick, type TokenSource,
 } from '../engine/index.ts'
 import { errorCodeOf, ModelNotFoundError, OverloadedError, ShoalError } from '../errors.ts'
@@ -382,7 +382,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
     const scope = requestScope(signal, request.deadline)
     const progress = { left: request.maxTokens ?? shape.maxPositions - promptIds.length }
     try {
-      await slots.acquire(progress, scope.signal)
+      await slots.acquire(progress, scope.signal, ownWaitBudget(request, budgetMs, Date.now()))
     } catch (err) {
       scope.dispose()
       throw scope.signal.aborted ? abortReason(scope.signal) : err

@@ -301,3 +301,13 @@ export function rankReplicas (candidates: readonly Candidate[], ctx: RoutingCont
   })
   return rotated.map(r => r.s.c.peerId)
 }
+
+/**
+ * Whether the node just chosen is the last one that could take the request: every candidate for
+ * the model (`tried` includes the chosen one) has been tried. Such a node queues the request until
+ * its deadline instead of refusing it for its latency budget (GenerateRequest.soleServer): the
+ * refusal exists so that routing can place the request elsewhere, and there is nowhere else.
+ */
+export function isSoleServer (candidates: readonly Pick<Candidate, 'peerId'>[], tried: readonly string[]): boolean {
+  return candidates.every(c => tried.includes(c.peerId))
+}

@@ -4,7 +4,7 @@
  * /shoal/infer/1.0.0 wire format; the forwarding client and server over libp2p streams; and the
  * routed InferenceService the ingress uses (local or forwarded, one invisible retry before start).
  */
-export { chooseReplica, rankReplicas, estimateCompletionMs, estimateStartMs, DEFAULT_POLICY } from './decision.ts'
+export { chooseReplica, isSoleServer, rankReplicas, estimateCompletionMs, estimateStartMs, DEFAULT_POLICY } from './decision.ts'
 export type { Candidate, LoadSnapshot, PrefixHoldings, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
 export { DEFAULT_CHAIN_POLICY, formChain, uncovered } from './chain.ts'
 export type { StageHolder, LayerRange, ChainContext, ChainPolicy, ChainDecision, ChainStage } from './chain.ts'

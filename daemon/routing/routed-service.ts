@@ -15,7 +15,7 @@
 import type { Registry } from 'prom-client'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 import { createAffinityTable } from './affinity.ts'
-import { chooseReplica } from './decision.ts'
+import { chooseReplica, isSoleServer } from './decision.ts'
 import type { Candidate, RoutingPolicy } from './decision.ts'
 import { joiningReason } from './joining.ts'
 import { createRoutingMetrics } from './metrics.ts'
@@ -204,7 +204,8 @@ export function createRoutedService (init: RoutedServiceInit, components: Routed
       if (prefix !== undefined) {
         metrics.prefixRoutes.inc({ outcome: (prefix.cached.get(peerId) ?? 0) > 0 ? 'holder' : hint !== undefined ? 'elsewhere' : 'none' })
       }
-      const sent = hint === undefined ? request : { ...request, prefixHolder: hint }
+      const sole = isSoleServer(candidates, tried)
+      const sent = hint === undefined && !sole ? request : { ...request, ...(hint === undefined ? {} : { prefixHolder: hint }), ...(sole ? { soleServer: true as const } : {}) }
       const local = decision.local ? components.local : undefined
       const untrack = track(peerId, now())
       let started = false

@@ -9,7 +9,7 @@
  * Conversation: client → request, then maybe cancel; server → start, delta*, end | error.
  * Optional JSON fields are written only when present (old frames keep their bytes) and decoders
  * ignore fields they do not know, so adding one does not change the version: the request's
- * `prefixHolder` and the start's `prefix` came that way.
+ * `prefixHolder` and `soleServer` and the start's `prefix` came that way.
  */
 import * as lp from 'it-length-prefixed'
 import type { Uint8ArrayList } from 'uint8arraylist'
@@ -86,6 +86,7 @@ function encodeRequest (r: GenerateRequest): unknown {
     stop: r.stop,
     deadline: r.deadline,
     ...(r.prefixHolder === undefined ? {} : { prefixHolder: { peerId: r.prefixHolder.peerId, cachedTokens: r.prefixHolder.cachedTokens } }),
+    ...(r.soleServer === true ? { soleServer: true } : {}),
   }
 }
 
@@ -127,6 +128,10 @@ function decodeRequest (requestId: string, v: unknown): GenerateRequest {
     const h = v.prefixHolder
     if (!isObj(h) || !isStr(h.peerId) || h.peerId.length === 0 || h.peerId.length > MAX_PEER_ID_CHARS || !isCount(h.cachedTokens)) throw malformed('request.prefixHolder must be {peerId, cachedTokens}')
     req.prefixHolder = { peerId: h.peerId, cachedTokens: h.cachedTokens }
+  }
+  if (v.soleServer !== undefined) {
+    if (v.soleServer !== true) throw malformed('request.soleServer must be true when present')
+    req.soleServer = true
   }
   return req
 }

@@ -114,4 +114,25 @@ describe('batcher admission under overload', () => {
       expect(turns[i]! - turns[i - 1]!).toBeLessThanOrEqual(Math.ceil(prefillMs))
     }
   })
+
+  it('a prefill with its own budget (the last node that could take it) queues where the batcher\'s refuses', async () => {
+    const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
+    let held: number | undefined
+    const clock = { now: (): number => held ?? performance.now() }
+    const b = createBatcher({ limits: { maxBatch: 1, maxPositions: 64, maxQueueDelayMs: 0 }, budgetMs: 10 }, { executor: sim, clock })
+    batcher = b
+    await b.start()
+    const prefill = (seqId: string, budgetMs?: number): { seqId: string, kind: 'prefill', input: { tokenIds: number[] }, positions: number[], budgetMs?: number } => {
+      const positions = Array.from({ length: 64 }, (_, p) => p)
+      return { seqId, kind: 'prefill', input: { tokenIds: positions }, positions, ...(budgetMs === undefined ? {} : { budgetMs }) }
+    }
+    for (let i = 0; i < 3; i++) await b.submit(prefill(`warm${i}`))
+    held = performance.now()
+    const plain = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`p${i}`)).then(() => 'ok', (err: OverloadedError) => err.code))
+    const sole = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`s${i}`, 60_000)).then(() => 'ok', (err: OverloadedError) => err.code))
+    held = undefined
+    expect(await Promise.all(plain)).toContain('SHOAL_ERR_OVERLOADED')
+    expect(await Promise.all(sole)).toEqual(Array.from({ length: 10 }, () => 'ok'))
+    await expect(b.submit(prefill('bad', -1))).rejects.toThrow(/budgetMs/)
+  })
 })

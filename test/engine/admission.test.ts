@@ -4,7 +4,7 @@
  * refused together (daemon/engine/slots.ts) are told turns behind one another.
  */
 import { describe, expect, it } from 'vitest'
-import { decideAdmission, expectedSlotWaitMs } from '../../daemon/engine/index.ts'
+import { decideAdmission, expectedSlotWaitMs, ownWaitBudget } from '../../daemon/engine/index.ts'
 import { PROMISE_HORIZON_MS } from '../../daemon/batcher/index.ts'
 import { slotRefusalHint } from '../../daemon/engine/admission.ts'
 import { createSlots } from '../../daemon/engine/slots.ts'
@@ -70,6 +70,25 @@ describe('sequence admission', () => {
     clock += 10_000
     const late = await slots.acquire({ left: 400 }, signal).then(() => undefined, (e: { retryAfterMs: number }) => e)
     expect(late!.retryAfterMs).toBe(2000)
+  })
+
+  it('the last node that could take a request waits until its deadline, never less than the budget', () => {
+    expect(ownWaitBudget({ deadline: 100_000 }, 1000, 40_000)).toBeUndefined()
+    expect(ownWaitBudget({ deadline: 100_000, soleServer: true }, 1000, 40_000)).toBe(60_000)
+    expect(ownWaitBudget({ deadline: 40_500, soleServer: true }, 1000, 40_000)).toBe(1000)
+  })
+
+  it('a request with its own budget (the last node that could take it) waits where the service\'s budget refuses', async () => {
+    const slots = createSlots({ slots: 1, budgetMs: 1000, maxWaiting: 64, stepMs: () => 1, refused: reason => new Error(reason) })
+    const signal = new AbortController().signal
+    const first = { left: 3000 }
+    await slots.acquire(first, signal)
+    await expect(slots.acquire({ left: 10 }, signal)).rejects.toThrow(/budget of 1000 ms/)
+    const waiting = slots.acquire({ left: 10 }, signal, 600_000)
+    expect(slots.waiting).toBe(1)
+    slots.release(first)
+    await waiting
+    expect(slots.active).toBe(1)
   })
 
   it('the hint never comes earlier than the wait alone, and no later than the horizon past it', () => {

@@ -2,7 +2,7 @@
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
 import { createRng } from '../../daemon/engine/index.ts'
-import { chooseReplica, DEFAULT_POLICY, estimateCompletionMs, rankReplicas } from '../../daemon/routing/index.ts'
+import { chooseReplica, DEFAULT_POLICY, estimateCompletionMs, isSoleServer, rankReplicas } from '../../daemon/routing/index.ts'
 import type { Candidate, LoadSnapshot, RoutingContext } from '../../daemon/routing/index.ts'
 
 const NOW = 1_000_000
@@ -254,5 +254,15 @@ describe('a node with no other replica (issue 13 #1)', () => {
     const full = node('self', { local: true, load: load({ inFlight: 8, slots: 8, queueDepth: 8, expectedQueueWaitMs: 170 }) })
     const d = chooseReplica([full], ctx({ expectedTokens: 48, deadline: NOW + 600_000 }))
     expect(d).toMatchObject({ kind: 'node', peerId: 'self', local: true })
+  })
+})
+
+describe('isSoleServer', () => {
+  it('holds once every node serving the model has been tried, the chosen one included', () => {
+    expect(isSoleServer([{ peerId: 'a' }], ['a'])).toBe(true)
+    expect(isSoleServer([{ peerId: 'a' }, { peerId: 'b' }], ['a'])).toBe(false)
+    expect(isSoleServer([{ peerId: 'a' }, { peerId: 'b' }], ['a', 'b'])).toBe(true)
+    // A node tried before that no longer serves the model does not count.
+    expect(isSoleServer([{ peerId: 'b' }], ['a', 'b'])).toBe(true)
   })
 })

@@ -338,3 +338,29 @@ describe('createRoutedService: prefix-aware routing', () => {
     }
   })
 })
+
+describe('the last node that could take a request (soleServer)', () => {
+  const recording = (over: { failBeforeStart?: () => Error } = {}): InferenceService & { seen: GenerateRequest[] } => {
+    const inner = new SimulatedPeer(over)
+    const seen: GenerateRequest[] = []
+    return { seen, models: () => inner.models(), generate: (req, signal) => { seen.push(req); return inner.generate(req, signal) } }
+  }
+
+  it('is told so when no other node serves the model, locally and forwarded', async () => {
+    const local = recording()
+    await collect(createRoutedService({ localPeerId: 'me', now: () => NOW }, mesh({}, [cand('me', { local: true })], { local })).generate(request(), new AbortController().signal))
+    expect(local.seen[0]!.soleServer).toBe(true)
+    const remote = recording()
+    await collect(createRoutedService({ now: () => NOW }, mesh({ r: remote }, [cand('r')])).generate(request(), new AbortController().signal))
+    expect(remote.seen[0]!.soleServer).toBe(true)
+  })
+
+  it('is not told so while another node could take the request, and the retry, the last one left, is', async () => {
+    const local = recording({ failBeforeStart: () => new ShoalError('SHOAL_ERR_OVERLOADED', 'busy') })
+    const remote = recording()
+    const m = mesh({ r: remote }, [cand('me', { local: true }), cand('r', { load: load({ inFlight: 3 }) })], { local })
+    await collect(createRoutedService({ localPeerId: 'me', now: () => NOW, random: () => 0 }, m).generate(request(), new AbortController().signal))
+    expect(local.seen.map(r => r.soleServer)).toEqual([undefined])
+    expect(remote.seen.map(r => r.soleServer)).toEqual([true])
+  })
+})

@@ -46,6 +46,9 @@ describe('infer wire format', () => {
       // held (a hint to the chosen node), and what the executing node reused.
       [{ kind: 'request', requestId: 'r1', request: { ...request, prefixHolder: { peerId: '12D3KooB', cachedTokens: 32 } } },
         'd501' + '01' + '01' + '027231' + utf8hex('{"model":"m","prompt":{"kind":"tokens","ids":[1,300]},"maxTokens":4,"sampling":{"temperature":0,"topP":1,"seed":7},"stop":["x"],"deadline":1700000000000,"prefixHolder":{"peerId":"12D3KooB","cachedTokens":32}}')],
+      // Sent to the last node that could take it: it queues instead of refusing for its budget.
+      [{ kind: 'request', requestId: 'r1', request: { ...request, soleServer: true } },
+        'b001' + '01' + '01' + '027231' + utf8hex('{"model":"m","prompt":{"kind":"tokens","ids":[1,300]},"maxTokens":4,"sampling":{"temperature":0,"topP":1,"seed":7},"stop":["x"],"deadline":1700000000000,"soleServer":true}')],
       [{ kind: 'start', requestId: 'r1', event: { type: 'start', promptTokenIds: [1, 300], route: ['12D3KooA'], receiptId: 'r1', prefix: { peerId: '12D3KooA', reusedTokens: 16 } } },
         '76' + '01' + '02' + '027231' + utf8hex('{"promptTokenIds":[1,300],"route":["12D3KooA"],"receiptId":"r1","prefix":{"peerId":"12D3KooA","reusedTokens":16}}')],
     ]
@@ -144,6 +147,10 @@ describe('infer wire format', () => {
       expect(codeOf(() => decodePayload(payload(1, req('{"peerId":"p","cachedTokens":-1}'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodePayload(payload(1, req('{"peerId":"","cachedTokens":3}'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodePayload(payload(1, req('"p"'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      // soleServer is true or absent
+      const sole = (v: string): string => `{"model":"m","prompt":{"kind":"tokens","ids":[1]},"sampling":{"temperature":0,"topP":1},"stop":[],"deadline":1,"soleServer":${v}}`
+      expect(codeOf(() => decodePayload(payload(1, sole('false'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
+      expect(codeOf(() => decodePayload(payload(1, sole('"yes"'))))).toBe('SHOAL_ERR_INFER_MALFORMED')
       expect(codeOf(() => decodePayload(payload(2, '{"promptTokenIds":[1],"route":[],"receiptId":"r1","prefix":{"peerId":"p","reusedTokens":1.5}}')))).toBe('SHOAL_ERR_INFER_MALFORMED')
       // delta whose text is not UTF-8, and one whose count runs past the frame
       expect(codeOf(() => decodePayload(bytes('0103027231' + '00' + 'ff')))).toBe('SHOAL_ERR_INFER_MALFORMED')
