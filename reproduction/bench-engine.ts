@@ -23,13 +23,11 @@ import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
 import OpenAI from 'openai'
-import { pino } from 'pino'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { loadAverage, lowerMedian, nearestRank, promptIds } from './lib/index.ts'
+import { benchDaemon, loadAverage, lowerMedian, nearestRank, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -143,16 +141,7 @@ async function runChild (shardDir: string): Promise<ChildResult> {
     http: { decode: [], ttft: [], prefillMs: [] },
   }
   const t0 = performance.now()
-  const daemon = createDaemon(validateConfig({
-    models: [{ dir: shardDir }],
-    api: { host: '127.0.0.1', port: 0 },
-    device: 'cpu',
-    dataDir: join(root, 'data'),
-    cacheRoot: join(root, 'cache'),
-    listen: [],
-    bootstrap: [],
-    mdns: false,
-  }), { logger: pino({ level: 'warn' }) })
+  const daemon = benchDaemon(shardDir, root)
   let engine: StageEngine | undefined
   try {
     const { apiUrl } = await daemon.start()

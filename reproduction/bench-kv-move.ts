@@ -32,19 +32,17 @@ import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p, Stream } from '@libp2p/interface'
 import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
-import { pino } from 'pino'
 import { createThrowawayCa } from '../certs/index.ts'
 import { createLocalService } from '../daemon/engine/index.ts'
 import type { LocalService } from '../daemon/engine/index.ts'
 import { blockHashes, compactHash, createKvPuller, DEFAULT_BLOCK_SIZE, kvBytesPerToken, prefixScope, pullCost, serveKv, shouldPull } from '../daemon/kv/index.ts'
 import type { PullOutcome } from '../daemon/kv/index.ts'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import type { Daemon, DaemonConfig } from '../daemon/node/index.ts'
 import type { GenerateRequest, PrefixHolderHint } from '../daemon/service.ts'
 import { compileShards, generateTestModel, manifestHash } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { tokenChunks } from './sse.ts'
-import { lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
+import { benchDaemon, lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -178,11 +176,7 @@ async function metricOf (url: string, line: string): Promise<number> {
 async function routedRounds (dir: string, shardDir: string, vocab: number, stops: Array<() => Promise<void>>): Promise<void> {
   const ca = await createThrowawayCa(join(dir, 'pki'), ['a', 'b'])
   const start = async (name: string, over: Partial<DaemonConfig>): Promise<{ daemon: Daemon, peerId: string, url: string }> => {
-    const daemon = createDaemon(validateConfig({
-      models: [{ dir: shardDir }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
-      dataDir: join(dir, `data-${name}`), cacheRoot: join(dir, 'cache'), listen: [], bootstrap: [], mdns: false, kvCacheMb: 2048,
-      ...over,
-    }), { logger: pino({ level: 'silent' }) })
+    const daemon = benchDaemon(shardDir, dir, { kvCacheMb: 2048, ...over }, { name, log: 'silent' })
     const { peerId, apiUrl } = await daemon.start()
     stops.push(async () => { await daemon.stop() })
     return { daemon, peerId, url: apiUrl! }

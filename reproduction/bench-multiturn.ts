@@ -31,15 +31,13 @@ import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { parseArgs } from 'node:util'
-import { pino } from 'pino'
 import { createThrowawayCa } from '../certs/index.ts'
 import { createRng } from '../daemon/engine/index.ts'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import type { Daemon } from '../daemon/node/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { tokenChunks } from './sse.ts'
-import { lcgTokens, loadAverage, nearestRank } from './lib/index.ts'
+import { benchDaemon, lcgTokens, loadAverage, nearestRank } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -73,20 +71,14 @@ async function startNodes (root: string, shardDir: string, mode: string): Promis
   const ca = await createThrowawayCa(join(root, 'pki'), Array.from({ length: NODES }, (_, i) => `n${i}`))
   const nodes: Node[] = []
   for (const [i, id] of ca.identities.entries()) {
-    const daemon = createDaemon(validateConfig({
+    const daemon = benchDaemon(shardDir, root, {
       identityDir: id.dir,
-      models: [{ dir: shardDir }],
-      api: { host: '127.0.0.1', port: 0 },
-      device: 'cpu',
-      dataDir: join(root, `data-${i}`),
-      cacheRoot: join(root, 'cache'),
       listen: ['/ip4/127.0.0.1/tcp/0'],
       bootstrap: nodes.length === 0 ? [] : nodes[0]!.daemon.mesh!.libp2p.getMultiaddrs().map(a => a.toString()),
-      mdns: false,
       kvCacheMb: mode === 'none' ? 0 : 512,
       prefixRouting: mode === 'prefix',
       budgets: { batchBudgetMs: Number(args['budget-ms']) },
-    }), { logger: pino({ level: 'silent' }) })
+    }, { name: String(i), log: 'silent' })
     const { peerId, apiUrl } = await daemon.start()
     nodes.push({ name: `n${i}`, peerId, url: apiUrl!, daemon })
   }

@@ -18,10 +18,8 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import OpenAI from 'openai'
-import { pino } from 'pino'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { loadManifest } from '../shards/index.ts'
-import { formatLoad, lowerMedian, promptIds } from './lib/index.ts'
+import { benchDaemon, formatLoad, lowerMedian, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, reps: { type: 'string', default: '6' }, tokens: { type: 'string', default: '128' },
@@ -32,10 +30,7 @@ const shard = resolve(args.shard)
 
 if (args.child) {
   const root = await mkdtemp(join(tmpdir(), 'shoal-bench-ra-'))
-  const daemon = createDaemon(validateConfig({
-    models: [{ dir: shard }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
-    dataDir: join(root, 'data'), cacheRoot: join(root, 'cache'), listen: [], bootstrap: [], mdns: false,
-  }), { logger: pino({ level: 'warn' }) })
+  const daemon = benchDaemon(shard, root)
   const { apiUrl } = await daemon.start()
   process.stdout.write(`${apiUrl}\n`)
   process.stdin.resume()

@@ -18,10 +18,8 @@ import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import OpenAI from 'openai'
-import { pino } from 'pino'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { loadManifest } from '../shards/index.ts'
-import { gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
+import { benchDaemon, gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -40,10 +38,7 @@ const manifest = await loadManifest(args.shard)
 const loadStart = loadAverage(2)
 
 const root = await mkdtemp(join(tmpdir(), 'shoal-burst-'))
-const daemon = createDaemon(validateConfig({
-  models: [{ dir: args.shard }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
-  dataDir: join(root, 'data'), cacheRoot: join(root, 'cache'), listen: [], bootstrap: [], mdns: false,
-}), { logger: pino({ level: 'warn' }) })
+const daemon = benchDaemon(args.shard, root)
 try {
   const { apiUrl } = await daemon.start()
   // The SDK's defaults: two retries, each after the server's retry-after-ms. Every 429 it is

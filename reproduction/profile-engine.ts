@@ -21,12 +21,10 @@ import { parseArgs } from 'node:util'
 import { Session } from 'node:inspector/promises'
 import { writeFile } from 'node:fs/promises'
 import OpenAI from 'openai'
-import { pino } from 'pino'
-import { createDaemon, validateConfig } from '../daemon/node/index.ts'
 import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
-import { floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
+import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
@@ -46,10 +44,7 @@ const manifest = await loadManifest(args.shard)
 const windows: Array<{ from: number, to: number, arrivals: number[] }> = []
 const root = await mkdtemp(join(tmpdir(), 'shoal-profile-'))
 if (args.mode === 'http') {
-  const daemon = createDaemon(validateConfig({
-    models: [{ dir: args.shard }], api: { host: '127.0.0.1', port: 0 }, device: 'cpu',
-    dataDir: join(root, 'data'), cacheRoot: join(root, 'cache'), listen: [], bootstrap: [], mdns: false,
-  }), { logger: pino({ level: 'warn' }) })
+  const daemon = benchDaemon(args.shard, root)
   const { apiUrl } = await daemon.start()
   const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
   const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
