@@ -5,7 +5,7 @@
 import type { LayerWeights, ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+  NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
@@ -72,6 +72,14 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   // only (attention.ts gqaAttention); no present exists there.
   const newOnly = ctx.decodeInPlace === true && tables.kind === 'gqa'
   const dims = newOnly ? ['batch_size', kvH, 'sequence_length', hd] : presentDims
+  // The same columns as one output, which an engine fetches instead of two a layer: onnxruntime-node
+  // costs ~6 µs a fetched output (16 of them ~0.1 ms of a 60m step; docs/engine-notes.md, wave 13).
+  // The per-layer outputs stay for readers of the older contract (they cost nothing unfetched).
+  // Made before them: naming an output renames its producer's value, and the Concat's inputs with it.
+  if (newOnly) {
+    const all = g.op('Concat', '/model/new_key_values/Concat', presents.flatMap(([, k, v]) => [k, v]), { axis: 1 })
+    g.output(NEW_KV, all, DT.FLOAT, ['batch_size', 2 * presents.length * kvH, 'sequence_length', hd])
+  }
   for (const [l, k, v] of presents) {
     g.output(newOnly ? newKeyName(l) : presentKeyName(l), k, DT.FLOAT, dims)
     g.output(newOnly ? newValueName(l) : presentValueName(l), v, DT.FLOAT, dims)

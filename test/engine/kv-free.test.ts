@@ -13,6 +13,7 @@ import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
 import { alignColumns, blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { LOGITS, NEW_KV, newKeyName } from '../../shards/contract.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -58,7 +59,8 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     const block = fed.at(-1)!
     expect(fed.at(-2)).toBe(block) // chunks 2 and 3 wrote into one block
     expect(fetched.at(-1)!.some(n => n.startsWith('present.'))).toBe(false)
-    expect(fetched.at(-1)!.filter(n => n.startsWith('new_key_values.')).length).toBe(2 * model.manifest.shape.numLayers)
+    // One output carries every layer's new columns (compiler ≥ 8), not two a layer.
+    expect(fetched.at(-1)).toEqual([LOGITS, NEW_KV])
     // Decode steps go on in the same block while it has room…
     const room = blockCapacity(8, model.manifest.shape.maxPositions)
     let at = 20
@@ -118,6 +120,33 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
         const c = blockCapacity(need, limit)
         if (c % 16 !== 0 || c < need || c > alignColumns(limit)) throw new Error(`blockCapacity(${need}, ${limit}) = ${c}`)
       }
+    }
+  })
+
+  it('a graph of the older contract (two new-column outputs a layer, no new_key_values) runs with the same bits, batched too', async () => {
+    const real = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
+    try {
+      const asked: Array<readonly string[] | undefined> = []
+      const older: BackendSession = { ...real, outputNames: real.outputNames.filter(n => n !== NEW_KV), async run (feeds, fetches) { asked.push(fetches); return await real.run(feeds, fetches) } }
+      const runners = [createStageRunner({ session: real, stage: stageInfoOf(model.manifest), chunkSize: 8 }), createStageRunner({ session: older, stage: stageInfoOf(model.manifest), chunkSize: 8 })]
+      const logits: Float32Array[][] = [[], []]
+      for (const [r, runner] of runners.entries()) {
+        for (const id of ['x', 'y']) runner.open(id)
+        let items = [{ seqId: 'x', n: 21, at: 0 }, { seqId: 'y', n: 5, at: 0 }]
+        for (let round = 0; round < 12; round++) {
+          const results = await runner.stepBatch(items.map(({ seqId, n, at }) => ({ seqId, input: { kind: 'tokens' as const, ids: BigInt64Array.from(ids(n, at + 3), BigInt) }, positions: BigInt64Array.from({ length: n }, (_, i) => BigInt(at + i)), logitsToKeep: 1 })))
+          for (const res of results) {
+            if (!('output' in res) || res.output.kind !== 'logits') throw new Error('expected logits')
+            logits[r]!.push(res.output.data)
+          }
+          items = items.map(({ seqId, n, at }) => ({ seqId, n: 1, at: at + n }))
+        }
+      }
+      expect(asked.at(-1)!.includes(newKeyName(model.manifest.stages[0]!.layers[0]))).toBe(true)
+      expect(logits[1]!.length).toBe(logits[0]!.length)
+      logits[0]!.forEach((row, i) => { expect(Buffer.from(logits[1]![i]!.buffer, logits[1]![i]!.byteOffset, logits[1]![i]!.byteLength).equals(Buffer.from(row.buffer, row.byteOffset, row.byteLength))).toBe(true) })
+    } finally {
+      await real.close()
     }
   })
 
