@@ -303,11 +303,13 @@ export function rankReplicas (candidates: readonly Candidate[], ctx: RoutingCont
 }
 
 /**
- * Whether the node just chosen is the last one that could take the request: every candidate for
- * the model (`tried` includes the chosen one) has been tried. Such a node queues the request until
- * its deadline instead of refusing it for its latency budget (GenerateRequest.soleServer): the
- * refusal exists so that routing can place the request elsewhere, and there is nowhere else.
+ * Whether the node just chosen is the last one that could take the request: no candidate routing
+ * could still choose is left (`tried` includes the chosen one; a suspect, unadmitted or
+ * stage-only node does not count, as for chooseReplica). Such a node queues the request until its
+ * deadline instead of refusing it for its latency budget (GenerateRequest.soleServer): the refusal
+ * exists so that routing can place the request elsewhere, and there is nowhere else.
  */
-export function isSoleServer (candidates: readonly Pick<Candidate, 'peerId'>[], tried: readonly string[]): boolean {
-  return candidates.every(c => tried.includes(c.peerId))
+export function isSoleServer (candidates: readonly Candidate[], tried: readonly string[]): boolean {
+  const exclude = new Set(tried)
+  return !candidates.some(c => eligible(c, exclude))
 }

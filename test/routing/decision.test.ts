@@ -258,11 +258,13 @@ describe('a node with no other replica (issue 13 #1)', () => {
 })
 
 describe('isSoleServer', () => {
-  it('holds once every node serving the model has been tried, the chosen one included', () => {
-    expect(isSoleServer([{ peerId: 'a' }], ['a'])).toBe(true)
-    expect(isSoleServer([{ peerId: 'a' }, { peerId: 'b' }], ['a'])).toBe(false)
-    expect(isSoleServer([{ peerId: 'a' }, { peerId: 'b' }], ['a', 'b'])).toBe(true)
+  it('holds once no node routing could still choose is left, the chosen one tried', () => {
+    expect(isSoleServer([node('a')], ['a'])).toBe(true)
+    expect(isSoleServer([node('a'), node('b')], ['a'])).toBe(false)
+    expect(isSoleServer([node('a'), node('b')], ['a', 'b'])).toBe(true)
     // A node tried before that no longer serves the model does not count.
-    expect(isSoleServer([{ peerId: 'b' }], ['a', 'b'])).toBe(true)
+    expect(isSoleServer([node('b')], ['a', 'b'])).toBe(true)
+    // Nor do nodes routing would not choose: suspect, not admitted, holding a stage only.
+    expect(isSoleServer([node('a'), node('b', { alive: false }), node('c', { admitted: false }), node('d', { wholeModel: false })], ['a'])).toBe(true)
   })
 })
