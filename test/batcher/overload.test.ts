@@ -6,7 +6,7 @@
  */
 import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher } from '../../daemon/batcher/index.ts'
-import type { Batcher, StepResult } from '../../daemon/batcher/index.ts'
+import type { Batcher, StepRequest, StepResult } from '../../daemon/batcher/index.ts'
 import type { OverloadedError } from '../../daemon/errors.ts'
 import { httpStatusOf } from '../../daemon/errors.ts'
 import { SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
@@ -81,26 +81,33 @@ describe('batcher admission under overload', () => {
     expect(after.map(r => rowsOf(r).data[0])).toEqual(Array.from({ length: 8 }, (_, i) => seqHash(`after${i}`)))
   })
 
-  it('a burst refused together is told staggered turns, one prefill apart', async () => {
-    // One prefill of 64 positions ≈ 4 + 3.2 ms; a 10 ms budget takes the first two of a burst of ten.
+  /**
+   * One prefill of 64 positions ≈ 4 + 3.2 ms; a 10 ms budget takes the first two of a burst of ten.
+   * A burst is refused at one instant (`hold` stills the clock), as a burst arriving in one turn of
+   * the event loop is: a pause of the test's own process must not move its turns.
+   */
+  async function heldClockBatcher (): Promise<{ b: Batcher, hold: (still: boolean) => void }> {
     const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
-    // The burst is refused at one instant (the clock held still), as a burst arriving in one turn
-    // of the event loop is: a pause of the test's own process must not move its turns.
     let held: number | undefined
     const clock = { now: (): number => held ?? performance.now() }
     const b = createBatcher({ limits: { maxBatch: 1, maxPositions: 64, maxQueueDelayMs: 0 }, budgetMs: 10 }, { executor: sim, clock })
     batcher = b
     await b.start()
-    const prefill = (seqId: string): { seqId: string, kind: 'prefill', input: { tokenIds: number[] }, positions: number[] } => {
-      const positions = Array.from({ length: 64 }, (_, p) => p)
-      return { seqId, kind: 'prefill', input: { tokenIds: positions }, positions }
-    }
+    return { b, hold: still => { held = still ? performance.now() : undefined } }
+  }
+  const prefill = (seqId: string, budgetMs?: number): StepRequest => {
+    const positions = Array.from({ length: 64 }, (_, p) => p)
+    return { seqId, kind: 'prefill', input: { tokenIds: positions }, positions, ...(budgetMs === undefined ? {} : { budgetMs }) }
+  }
+
+  it('a burst refused together is told staggered turns, one prefill apart', async () => {
+    const { b, hold } = await heldClockBatcher()
     // Teach the estimator this executor's step time first (its prior is another model's).
     for (let i = 0; i < 3; i++) await b.submit(prefill(`warm${i}`))
     const prefillMs = b.estimateStepMs(1, 64)
-    held = performance.now()
+    hold(true)
     const burst = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`p${i}`)).then(ok => ({ ok }), (err: unknown) => ({ err: err as OverloadedError })))
-    held = undefined
+    hold(false)
     const outcomes = await Promise.all(burst)
     const refused = outcomes.flatMap(o => 'err' in o ? [o.err] : [])
     expect(refused.length).toBeGreaterThanOrEqual(5)
@@ -116,21 +123,12 @@ describe('batcher admission under overload', () => {
   })
 
   it('a prefill with its own budget (the last node that could take it) queues where the batcher\'s refuses', async () => {
-    const sim = new SimulatedExecutor({ fixedMs: 4, perTokenMs: 0.05 })
-    let held: number | undefined
-    const clock = { now: (): number => held ?? performance.now() }
-    const b = createBatcher({ limits: { maxBatch: 1, maxPositions: 64, maxQueueDelayMs: 0 }, budgetMs: 10 }, { executor: sim, clock })
-    batcher = b
-    await b.start()
-    const prefill = (seqId: string, budgetMs?: number): { seqId: string, kind: 'prefill', input: { tokenIds: number[] }, positions: number[], budgetMs?: number } => {
-      const positions = Array.from({ length: 64 }, (_, p) => p)
-      return { seqId, kind: 'prefill', input: { tokenIds: positions }, positions, ...(budgetMs === undefined ? {} : { budgetMs }) }
-    }
+    const { b, hold } = await heldClockBatcher()
     for (let i = 0; i < 3; i++) await b.submit(prefill(`warm${i}`))
-    held = performance.now()
+    hold(true)
     const plain = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`p${i}`)).then(() => 'ok', (err: OverloadedError) => err.code))
     const sole = Array.from({ length: 10 }, (_, i) => b.submit(prefill(`s${i}`, 60_000)).then(() => 'ok', (err: OverloadedError) => err.code))
-    held = undefined
+    hold(false)
     expect(await Promise.all(plain)).toContain('SHOAL_ERR_OVERLOADED')
     expect(await Promise.all(sole)).toEqual(Array.from({ length: 10 }, () => 'ok'))
     await expect(b.submit(prefill('bad', -1))).rejects.toThrow(/budgetMs/)
