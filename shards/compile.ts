@@ -29,9 +29,10 @@ import { planStages } from './split.ts'
  * graphs output only `new_key_values.*` (no present) and attend over the past buffer in place in
  * one-position steps. 7: those steps take one query head a product (one-row kernels read the past
  * in place instead of packing it). 8: they also output every layer's new columns as one tensor
- * (`new_key_values`), fetched instead of two outputs a layer.
+ * (`new_key_values`), fetched instead of two outputs a layer. 9: one-position steps run fewer nodes
+ * (Reshapes for size-1 transposes; the several-position branch builds its own column index).
  */
-export const COMPILER_VERSION = 8
+export const COMPILER_VERSION = 9
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

@@ -161,17 +161,19 @@ export function gqaTables (ctx: BuildContext, positionIds: string, attentionMask
 
   // Row b's S new positions sit at columns L_b − S .. L_b − 1 of present, wherever its past
   // buffer ends (the engine may pass a past wider than the row's live length: see
-  // new_key_values in shards/contract.ts). One index tensor serves every layer's gathers.
-  const c = '/model/new_columns'
-  const s = g.op('Shape', `${c}/S/Shape`, [positionIds], { start: 1, end: 2 })
-  const first = g.op('Sub', `${c}/first/Sub`, [lengths, s])
-  const steps = g.op('Range', `${c}/Range`, [g.constant(DT.INT64, [], [0]), g.op('Squeeze', `${c}/S/Squeeze`, [s, g.i64([0])]), g.constant(DT.INT64, [], [1])])
-  const cols = g.op('Add', `${c}/Add`, [
-    g.op('Reshape', `${c}/first/Reshape`, [first, g.i64([-1, 1, 1, 1])]),
-    g.op('Reshape', `${c}/steps/Reshape`, [steps, g.i64([1, 1, -1, 1])])])
+  // new_key_values in shards/contract.ts). Built inside each layer's several-position branch, the
+  // only reader: in the outer graph its nine nodes ran every one-position step too, for nothing.
   const { numKvHeads: kvH } = ctx.spec.shape
-  const rows = g.op('Shape', `${c}/B/Shape`, [positionIds], { start: 0, end: 1 })
-  const newColumns = g.op('Expand', `${c}/Expand`, [cols, g.op('Concat', `${c}/dims/Concat`, [rows, g.i64([kvH]), s, g.i64([1])], { axis: 0 })])
+  const newColumns = (c: string): string => {
+    const s = g.op('Shape', `${c}/S/Shape`, [positionIds], { start: 1, end: 2 })
+    const first = g.op('Sub', `${c}/first/Sub`, [lengths, s])
+    const steps = g.op('Range', `${c}/Range`, [g.constant(DT.INT64, [], [0]), g.op('Squeeze', `${c}/S/Squeeze`, [s, g.i64([0])]), g.constant(DT.INT64, [], [1])])
+    const cols = g.op('Add', `${c}/Add`, [
+      g.op('Reshape', `${c}/first/Reshape`, [first, g.i64([-1, 1, 1, 1])]),
+      g.op('Reshape', `${c}/steps/Reshape`, [steps, g.i64([1, 1, -1, 1])])])
+    const rows = g.op('Shape', `${c}/B/Shape`, [positionIds], { start: 0, end: 1 })
+    return g.op('Expand', `${c}/Expand`, [cols, g.op('Concat', `${c}/dims/Concat`, [rows, g.i64([kvH]), s, g.i64([1])], { axis: 0 })])
+  }
   return { kind: 'gqa', positionIds, cosCache, sinCache, seqlensK, totalLength, newColumns }
 }
 
@@ -233,10 +235,11 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
     },
     () => {
       const [ctx2, presentK, presentV] = gqa()
+      const columns = t.newColumns(`${n}/new_columns`)
       return [
         ctx2,
-        g.op('GatherND', `${n}/new_key/GatherND`, [presentK, t.newColumns], { batch_dims: 2 }),
-        g.op('GatherND', `${n}/new_value/GatherND`, [presentV, t.newColumns], { batch_dims: 2 }),
+        g.op('GatherND', `${n}/new_key/GatherND`, [presentK, columns], { batch_dims: 2 }),
+        g.op('GatherND', `${n}/new_value/GatherND`, [presentV, columns], { batch_dims: 2 }),
       ]
     }) as [string, string, string]
   return { context, presentK: newK, presentV: newV }
@@ -279,10 +282,10 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
   const { g } = ctx
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
   const m = `${n}/decode`
-  const heads = (name: string, y: string): string =>
-    g.op('Transpose', `${m}/${name}/Transpose`, [g.op('Reshape', `${m}/${name}/Reshape`, [y, g.i64([0, 1, kvH, hd])])], { perm: [0, 2, 1, 3] })
-  const k = heads('k', parts.k)
-  const v = heads('v', parts.v)
+  // One position: [B, 1, kvH·hd] holds [B, kvH, 1, hd] (and k's transpose [B, kvH, hd, 1]) in
+  // the same order, so Reshapes — views, no copy — stand where Transposes of a size-1 axis copied.
+  const k = g.op('Reshape', `${m}/k/Reshape`, [parts.k, g.i64([0, kvH, 1, hd])])
+  const v = g.op('Reshape', `${m}/v/Reshape`, [parts.v, g.i64([0, kvH, 1, hd])])
   // Head h is kv head ⌊h / group⌋: q as [B, kvH, group, hd], scaled once.
   const group = H / kvH
   const scaled = g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))])
@@ -297,7 +300,7 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
   const past = (name: string, y: string): string => g.op('Unsqueeze', `${m}/${name}/Unsqueeze`, [y, g.i64([2])])
   const scores = g.op('MatMul', `${m}/past/MatMul`, [perHead, g.op('Transpose', `${m}/past_k/Transpose`, [past('past_k', pastK)], { perm: [0, 1, 2, 4, 3] })])
   const sp = g.op('Add', `${m}/past/Add`, [g.op('Reshape', `${m}/scores/Reshape`, [scores, g.i64([0, kvH, group, -1])]), d.bias])
-  const sn = g.op('MatMul', `${m}/new/MatMul`, [q, g.op('Transpose', `${m}/new_k/Transpose`, [k], { perm: [0, 1, 3, 2] })])
+  const sn = g.op('MatMul', `${m}/new/MatMul`, [q, g.op('Reshape', `${m}/new_k/Reshape`, [parts.k, g.i64([0, kvH, hd, 1])])])
   const top = g.op('Max', `${m}/top/Max`, [g.op('ReduceMax', `${m}/top/ReduceMax`, [sp], { axes: [-1], keepdims: 1 }), sn])
   const ep = g.op('Exp', `${m}/past/Exp`, [g.op('Sub', `${m}/past/Sub`, [sp, top])])
   const en = g.op('Exp', `${m}/new/Exp`, [g.op('Sub', `${m}/new/Sub`, [sn, top])])

@@ -80,8 +80,9 @@ export type StageTables =
      * int64 [B, kvH, S, 1]: the columns of GroupQueryAttention's present that hold each row's new
      * positions (L_b − S .. L_b − 1), for GatherND with batch_dims 2 (the new_key_values outputs;
      * it copies whole head_dim rows, ~40 % cheaper a step than GatherElements element by element).
+     * Builds its nodes, named under `prefix`, where it is called: a several-position branch.
      */
-    newColumns: string
+    newColumns: (prefix: string) => string
   }
 
 export interface AttentionIo {
