@@ -7,6 +7,7 @@
  *
  * Run: SHOAL_TRACE_DIR=/tmp/tr node reproduction/profile-engine.ts --shard .cache/bench/llama-tiny-int4
  *        [--mode http|raw] [--prompt 128] [--tokens 160] [--reps 3]
+ *        [--streams N]   (http mode: N concurrent requests a window, so decode runs batch up to N rows)
  *        [--threads N]   (raw mode: onnxruntime's intra-op threads; default one per core)
  *        [--warmup 16] [--warmup-prompt N]   (the untimed first request: its tokens and prompt length, default --prompt;
  *        a fresh session runs its first few hundred steps slower, so a short warm-up times that too)
@@ -29,12 +30,14 @@ import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } fro
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
   tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' }, warmup: { type: 'string', default: '16' }, 'warmup-prompt': { type: 'string' },
-  'main-prof': { type: 'string' }, threads: { type: 'string' },
+  'main-prof': { type: 'string' }, threads: { type: 'string' }, streams: { type: 'string', default: '1' },
 } })
 const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
 const PROMPT = Number(args.prompt)
 const TOKENS = Number(args.tokens)
+const STREAMS = Number(args.streams)
+if (!(STREAMS >= 1) || (STREAMS > 1 && args.mode !== 'http')) throw new Error('--streams N (≥ 1) is for --mode http')
 const WARMUP = Number(args.warmup)
 const WARMUP_PROMPT = args['warmup-prompt'] === undefined ? PROMPT : Number(args['warmup-prompt'])
 const wall = (): number => performance.timeOrigin + performance.now()
@@ -47,16 +50,21 @@ if (args.mode === 'http') {
   const daemon = benchDaemon(args.shard, root)
   const { apiUrl } = await daemon.start()
   const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
-  const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
-    const from = wall()
-    const arrivals: number[] = []
+  const one = async (salt: number, n: number, promptLength: number, arrivals: number[]): Promise<void> => {
     const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(promptLength, salt), max_tokens: n, temperature: 0, stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
     for await (const chunk of stream) {
       const got = (chunk.choices[0] as { token_ids?: number[] } | undefined)?.token_ids ?? []
       const t = wall()
       for (let i = 0; i < got.length; i++) arrivals.push(t)
     }
-    return { from, to: wall(), arrivals }
+  }
+  // --streams N: N concurrent requests a window (decode runs of up to N rows); their arrivals are
+  // pooled, so the client's gaps and tok/s are the aggregate's.
+  const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
+    const from = wall()
+    const arrivals: number[] = []
+    await Promise.all(Array.from({ length: STREAMS }, (_, k) => one(salt * STREAMS + k, n, promptLength, arrivals)))
+    return { from, to: wall(), arrivals: arrivals.sort((a, b) => a - b) }
   }
   await run(99, WARMUP, WARMUP_PROMPT)
   const inspector = args['main-prof'] === undefined ? undefined : new Session()
@@ -137,7 +145,7 @@ for (const w of windows) {
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
-console.log(`${manifest.modelId} mode=${args.mode} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
+console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
 // The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
 console.log(`| segment | median ms | mean | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|---|')

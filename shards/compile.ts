@@ -31,8 +31,9 @@ import { planStages } from './split.ts'
  * in place instead of packing it). 8: they also output every layer's new columns as one tensor
  * (`new_key_values`), fetched instead of two outputs a layer. 9: one-position steps run fewer nodes
  * (Reshapes for size-1 transposes; the several-position branch builds its own column index).
+ * 10: the last stage also outputs each kept position's greedy token (`greedy_token`).
  */
-export const COMPILER_VERSION = 9
+export const COMPILER_VERSION = 10
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

@@ -29,6 +29,9 @@
     new_key_values                f32   [B, 2·n·kvH, S, hd] (compiler ≥ 8) the same, every layer's key then value in
                                                           layer order along axis 1 (n = the stage's layers): one output
                                                           to fetch instead of 2n (each fetched output costs ~6 µs)
+ *   greedy_token                  int64 [B, K, 1]       (compiler ≥ 10, last stage, 'ort-contrib') each kept position's
+ *                                                         largest logit's index (TopK k = 1: the lowest index of a tie, NaN
+ *                                                         never): fetched instead of the logits when every row is greedy
  * so an engine keeps its cache in a buffer of its own and writes the new columns into it (the
  * runtime would copy a whole present out every step). Steps of several positions attend with
  * onnxruntime's GroupQueryAttention (the same bits however a prompt is chunked); one-position steps
@@ -75,6 +78,8 @@ export const newKeyName = (layer: number): string => `new_key_values.${layer}.ke
 export const newValueName = (layer: number): string => `new_key_values.${layer}.value`
 /** Compiler ≥ 8: every layer's new key and value columns in one output (see the I/O table above). */
 export const NEW_KV = 'new_key_values'
+/** Compiler ≥ 10, last stage of 'ort-contrib' graphs: each kept position's greedy token (see the I/O table above). */
+export const GREEDY_TOKEN = 'greedy_token'
 
 export type Quantization =
   | { kind: 'none' }

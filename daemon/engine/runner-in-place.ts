@@ -13,13 +13,13 @@
  * rows change or it runs out of room (kv-block.ts `blockCapacity`), or to move a sequence off a kept
  * prefix's block, which is never written.
  */
-import { HIDDEN_OUT, LOGITS, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName } from '../../shards/contract.ts'
+import { GREEDY_TOKEN, HIDDEN_OUT, LOGITS, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName } from '../../shards/contract.ts'
 import { EngineError } from './errors.ts'
 import { stepMark } from '../step-trace.ts'
 import type { TensorMap } from './backend/types.ts'
 import { blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
-import { chunkFeeds, groupBlock, groupFeeds, groupOutputs } from './runner-io.ts'
+import { chunkFeeds, groupBlock, groupFeeds, groupOutputs, isGreedy } from './runner-io.ts'
 import type { KvLayout, KvSequence, Live, RunContext } from './runner-io.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 
@@ -40,6 +40,8 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
   const packed = newOutputs && session.outputNames.includes(NEW_KV)
   const main = stage.hasHead ? LOGITS : HIDDEN_OUT
   const fetches = packed ? [main, NEW_KV] : newOutputs ? [main, ...layers.flatMap(l => [newKeyName(l), newValueName(l)])] : undefined
+  // Compiler ≥ 10: a step whose rows are all greedy fetches their tokens instead of the logits.
+  const greedyFetches = packed && stage.hasHead && session.outputNames.includes(GREEDY_TOKEN) ? [GREEDY_TOKEN, NEW_KV] : fetches
 
   /**
    * Writes a run's new KV columns into the rows' blocks, in place: row b of the run gets `s`
@@ -95,13 +97,13 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
      * overwritten; nothing is copied unless the row must move to a block with more room (or off a
      * kept prefix, which stays as it is).
      */
-    async runChunk (seq, input, a, b, positions, keep) {
+    async runChunk (seq, input, a, b, positions, keep, greedy) {
       const s = b - a
       const total = seq.length + s
       if (seq.kv !== undefined && !writable(seq.kv, total)) moveToRoom(seq, total)
       const mask = new BigInt64Array(total).fill(1n)
       const feeds = chunkFeeds(ctx, input, a, b, positions, mask, keep, i => seq.kv === undefined ? undefined : rowView(seq.kv, i, kvH, hd))
-      const out = await session.run(feeds, fetches)
+      const out = await session.run(feeds, greedy ? greedyFetches : fetches)
       if (seq.kv === undefined) {
         // Dropped while it ran (drop lets go of the KV first): nothing to keep.
         if (seq.dropped !== undefined) return out
@@ -142,7 +144,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
         feeds[pastKeyName(l)] = block.layers[i]![0]
         feeds[pastValueName(l)] = block.layers[i]![1]
       })
-      const out = await session.run(feeds, fetches)
+      const out = await session.run(feeds, group.every(({ item }) => isGreedy(item.pick)) ? greedyFetches : fetches)
       // A row dropped meanwhile (drop lets go of its KV first) is skipped; the others are written.
       writeNew(out, group.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
       return groupOutputs(stage, group, s, out, () => {})

@@ -6,13 +6,13 @@
  * written in place (runner-in-place.ts) — differ only in how the past is fed and the new KV kept.
  */
 import {
-  ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName,
+  ATTENTION_MASK, GREEDY_TOKEN, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName,
 } from '../../shards/contract.ts'
 import { EngineError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import type { KvRef } from './kv-block.ts'
 import type { BatchStepItem, StageInfo, StepInput } from './protocol.ts'
-import { pickToken } from './sampling.ts'
+import { pickToken, type TokenPick } from './sampling.ts'
 import { droppedError } from './runner-sequences.ts'
 import type { BatchStepResult, RunnerSequence } from './runner-sequences.ts'
 
@@ -39,10 +39,29 @@ export interface RunContext {
 
 /** How a layout runs steps; the runner picks one by the graph's batch padding. */
 export interface KvLayout {
-  /** Runs positions [a, b) of a one-sequence step and keeps their KV; `keep`: logits wanted. */
-  runChunk: (seq: KvSequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number) => Promise<TensorMap>
+  /**
+   * Runs positions [a, b) of a one-sequence step and keeps their KV; `keep`: logits wanted.
+   * `greedy`: only the greedy token of the last kept position is wanted, so a graph that gives
+   * greedy_token may return that instead of the logits.
+   */
+  runChunk: (seq: KvSequence, input: StepInput, a: number, b: number, positions: BigInt64Array, keep: number, greedy: boolean) => Promise<TensorMap>
   /** One run for sequences stepping `s` new positions each; one result per entry, in order. */
   runGroup: (group: Live[], s: number) => Promise<BatchStepResult[]>
+}
+
+/** A pick that takes the largest logit: its token is the graph's greedy_token where there is one. */
+export const isGreedy = (pick: TokenPick | undefined): boolean => pick !== undefined && pick.temperature <= 0
+
+/**
+ * The greedy token of row b's last kept position from a run that returned greedy_token [B, K, 1]
+ * and no logits; undefined when it returned logits (the caller picks from those).
+ */
+export function greedyTokenOf (out: TensorMap, b: number): number | undefined {
+  if (out[LOGITS] !== undefined) return undefined
+  const t = out[GREEDY_TOKEN]
+  if (t?.type !== 'int64' || t.dims.length !== 3 || t.dims[2] !== 1) throw new EngineError(`stage graph returned neither float32 logits nor an int64 ${GREEDY_TOKEN} of [B, K, 1]`)
+  const have = t.dims[1]!
+  return Number(t.data[(b + 1) * have - 1]!)
 }
 
 /**
@@ -110,14 +129,19 @@ export function groupFeeds (ctx: RunContext, group: Live[], s: number, mask: Big
 
 /** Each row's result of a group run (its token, logits or hidden states), advancing the live rows' lengths. */
 export function groupOutputs (stage: StageInfo, group: Live[], s: number, out: TensorMap, adopt: (seq: KvSequence, row: number) => void): BatchStepResult[] {
-  const result = stage.hasHead ? out[LOGITS] : out[HIDDEN_OUT]
-  if (result?.type !== 'float32') throw new EngineError(`stage graph returned no float32 ${stage.hasHead ? 'logits' : 'hidden_states_out'}`)
+  const hidden = stage.hasHead ? undefined : out[HIDDEN_OUT]
+  if (!stage.hasHead && hidden?.type !== 'float32') throw new EngineError('stage graph returned no float32 hidden_states_out')
+  const result = out[LOGITS]
   const d = stage.hiddenSize
   return group.map(({ seqId, seq, item }, b): BatchStepResult => {
     if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }
     adopt(seq, b)
     seq.length += s
-    if (!stage.hasHead) return { output: { kind: 'hidden', data: result.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
+    if (hidden?.type === 'float32') return { output: { kind: 'hidden', data: hidden.data.slice(b * s * d, (b + 1) * s * d), count: s, hidden: d } }
+    // A greedy group's run may have returned each row's greedy token instead of the logits.
+    const greedy = greedyTokenOf(out, b)
+    if (greedy !== undefined && item.pick !== undefined) return { output: { kind: 'token', id: greedy } }
+    if (result?.type !== 'float32') throw new EngineError('stage graph returned no float32 logits')
     const have = result.dims[1] ?? 1
     const width = result.dims[2] ?? stage.vocabSize
     if (item.pick !== undefined) return { output: { kind: 'token', id: pickToken(result.data, item.pick, ((b + 1) * have - 1) * width, width) } }

@@ -31,6 +31,7 @@ import type { TokenPick } from './sampling.ts'
 import { checkStepInput, droppedError, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 import type { KvSequence, Live, RunContext } from './runner-io.ts'
+import { greedyTokenOf, isGreedy } from './runner-io.ts'
 import { createInPlaceLayout } from './runner-in-place.ts'
 import { createPaddedLayout } from './runner-padded.ts'
 import { createKeptPrefixes } from './runner-prefixes.ts'
@@ -140,6 +141,9 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     const parts: Float32Array[] = []
     let rows = 0
     let width = 0
+    // A greedy pick needs only the last position's largest logit, which a graph may give itself.
+    const greedy = isGreedy(pick)
+    let greedyToken: number | undefined
     for (let a = 0, b = 0; a < s; a = b) {
       if (seq.dropped !== undefined) break
       b = Math.min(s, a + chunkSize)
@@ -149,8 +153,10 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       // Logits are wanted for positions [s - keepTotal, s); this chunk holds the suffix from `from`.
       const from = Math.max(a, s - keepTotal)
       const keep = from < b ? b - from : 1
-      const out = await layout.runChunk(seq, input, a, b, positions, keep)
+      const out = await layout.runChunk(seq, input, a, b, positions, keep, greedy)
       if (stage.hasHead) {
+        greedyToken = greedy ? greedyTokenOf(out, 0) : undefined
+        if (greedyToken !== undefined) continue
         const logits = out[LOGITS]
         if (logits?.type !== 'float32') throw new EngineError('stage graph returned no float32 logits')
         width = logits.dims[2] ?? stage.vocabSize
@@ -169,6 +175,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
     if (seq.dropped !== undefined) throw droppedError(seqId, seq)
     if (pick !== undefined) {
+      if (greedyToken !== undefined) return { kind: 'token', id: greedyToken }
       const last = parts[parts.length - 1]!
       return { kind: 'token', id: pickToken(last, pick, last.length - width, width) }
     }

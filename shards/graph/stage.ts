@@ -5,7 +5,7 @@
 import type { LayerWeights, ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+  GREEDY_TOKEN, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
@@ -64,7 +64,15 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
     const tied = o.spec.shape.tieWordEmbeddings
     const head = tied && embedShared !== undefined ? embedShared : await src.lmHead()
     const logits = makeLmHead(ctx, x, keep, await src.finalNorm(), head, tied && embedShared !== undefined ? 'model.embed_tokens.weight' : 'lm_head.weight', tied && embedShared !== undefined)
+    // The greedy token in the graph (in-place graphs, whose engine fetches it): a greedy step then
+    // fetches one int64 a row instead of the logits — the binding copies every fetched output into
+    // new JS memory (1 MB a step for eight rows of a 32k vocabulary) and the JS argmax took ~30 µs
+    // a row; TopK's k = 1 takes ~10 (docs/engine-notes.md, wave 14), and runs unfetched too.
+    const greedy = ctx.decodeInPlace === true && tables.kind === 'gqa'
+      ? (g.node('TopK', '/model/greedy/TopK', [logits, g.i64([1])], { axis: -1, largest: 1, sorted: 1 }, 2) as [string, string])[1]
+      : undefined
     g.output(LOGITS, logits, DT.FLOAT, ['batch_size', 'logits_to_keep', head.shape[0]!])
+    if (greedy !== undefined) g.output(GREEDY_TOKEN, greedy, DT.INT64, ['batch_size', 'logits_to_keep', 1])
   } else {
     g.output(HIDDEN_OUT, x, DT.FLOAT, ['batch_size', 'sequence_length', D])
   }
