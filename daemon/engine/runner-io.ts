@@ -132,6 +132,8 @@ export function groupOutputs (stage: StageInfo, group: Live[], s: number, out: T
   const hidden = stage.hasHead ? undefined : out[HIDDEN_OUT]
   if (!stage.hasHead && hidden?.type !== 'float32') throw new EngineError('stage graph returned no float32 hidden_states_out')
   const result = out[LOGITS]
+  // Checked before any row advances: a greedy group's run returns greedy_token in place of the logits.
+  if (stage.hasHead && result?.type !== 'float32') greedyTokenOf(out, 0)
   const d = stage.hiddenSize
   return group.map(({ seqId, seq, item }, b): BatchStepResult => {
     if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }

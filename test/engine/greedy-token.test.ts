@@ -75,8 +75,8 @@ describe('greedy steps fetch the graph\'s greedy token', () => {
       runner.open(`b${i}`)
       got[i]!.push(tokenOf(await runner.step(`b${i}`, { kind: 'tokens', ids: BigInt64Array.from(p) }, positions(0, p.length), 1, GREEDY)))
     }
-    // Row 3 samples at temperature 1 on steps 8–15 (with the u that must pick its greedy token
-    // back, so its sequence stays the reference's): those batches fetch the logits.
+    // Row 3 samples at temperature 1 on steps 8–15, with top-p 0 (the nucleus is its most likely
+    // token alone, so its sequence stays the reference's): those batches fetch the logits.
     for (let k = 1; k < 24; k++) {
       const sampled = k >= 8 && k < 16
       const from = fetched.length
