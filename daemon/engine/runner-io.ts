@@ -12,7 +12,7 @@ import { EngineError } from './errors.ts'
 import type { BackendSession, HostTensor, TensorMap } from './backend/types.ts'
 import type { KvRef } from './kv-block.ts'
 import type { BatchStepItem, StageInfo, StepInput } from './protocol.ts'
-import { pickToken, type TokenPick } from './sampling.ts'
+import { pickToken } from './sampling.ts'
 import { droppedError } from './runner-sequences.ts'
 import type { BatchStepResult, RunnerSequence } from './runner-sequences.ts'
 
@@ -48,9 +48,6 @@ export interface KvLayout {
   /** One run for sequences stepping `s` new positions each; one result per entry, in order. */
   runGroup: (group: Live[], s: number) => Promise<BatchStepResult[]>
 }
-
-/** A pick that takes the largest logit: its token is the graph's greedy_token where there is one. */
-export const isGreedy = (pick: TokenPick | undefined): boolean => pick !== undefined && pick.temperature <= 0
 
 /**
  * The greedy token of row b's last kept position from a run that returned greedy_token [B, K, 1]
@@ -132,8 +129,10 @@ export function groupOutputs (stage: StageInfo, group: Live[], s: number, out: T
   const hidden = stage.hasHead ? undefined : out[HIDDEN_OUT]
   if (!stage.hasHead && hidden?.type !== 'float32') throw new EngineError('stage graph returned no float32 hidden_states_out')
   const result = out[LOGITS]
-  // Checked before any row advances: a greedy group's run returns greedy_token in place of the logits.
-  if (stage.hasHead && result?.type !== 'float32') greedyTokenOf(out, 0)
+  // Checked before any row advances, as before greedy_token: logits that are there must be float32,
+  // and a run without them (a greedy group's) must have returned greedy_token (greedyTokenOf throws).
+  if (stage.hasHead && result !== undefined && result.type !== 'float32') throw new EngineError('stage graph returned no float32 logits')
+  if (stage.hasHead && result === undefined) greedyTokenOf(out, 0)
   const d = stage.hiddenSize
   return group.map(({ seqId, seq, item }, b): BatchStepResult => {
     if (seq.dropped !== undefined) return { error: droppedError(seqId, seq) }

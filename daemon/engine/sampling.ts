@@ -229,6 +229,9 @@ export function sampleToken (logits: Float32Array, params: SamplerParams, rng: R
   return pickToken(logits, nextPick(params, rng), offset, length)
 }
 
+/** A pick that takes the largest logit (argmax; a graph's greedy_token gives the same token). */
+export const isGreedy = (pick: TokenPick | undefined): boolean => pick !== undefined && pick.temperature <= 0
+
 /**
  * Picks the next token from one row of logits with a draw made beforehand: greedy; over the whole
  * vocabulary (top-p 1, the OpenAI default) by drawFromCells; with top-p < 1 the first kept token in
@@ -236,7 +239,7 @@ export function sampleToken (logits: Float32Array, params: SamplerParams, rng: R
  * distribution, and a function of (logits, params, u) alone, so a seed reproduces.
  */
 export function pickToken (logits: Float32Array, pick: TokenPick, offset = 0, length = logits.length - offset): number {
-  if (pick.temperature <= 0) return argmax(logits, offset, length)
+  if (isGreedy(pick)) return argmax(logits, offset, length)
   if (pick.topP >= 1) return drawFromCells(logits, 1 / pick.temperature, offset, length, pick.u)
   return drawByWalk(logits, pick, offset, length, pick.u)
 }
