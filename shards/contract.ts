@@ -95,7 +95,8 @@ export type Quantization =
     /**
      * How the token embedding is stored. 'int4' (int4 shards, compiler 5+ default): the same 4-bit
      * blocks and scales as the MatMulNBits weights, looked up by com.microsoft GatherBlockQuantized
-     * (a row reads exactly its dequantized value). 'f32' or absent (int8 shards, older compilers,
+     * (compilers 5–10) or by a Gather of the bytes unpacked in standard ops (11+); either way a row
+     * reads exactly its dequantized value. 'f32' or absent (int8 shards, older compilers,
      * `embedding: 'f32'`, or a hidden size that is not a multiple of the block size): f32 Gather.
      */
     embedding?: 'int4' | 'f32'

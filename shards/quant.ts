@@ -69,10 +69,10 @@ export function dequantizeMatrix (q: QuantizedMatrix): Float32Array {
 }
 
 /**
- * Whether int4 shards store the token embedding as 4-bit blocks (GatherBlockQuantized) rather
- * than f32: asked for (the default), and the hidden size a whole number of blocks — the op's
- * uint8 form reads a row as [hidden/2] packed bytes with no padding, so a zero-padded partial
- * block would lengthen the looked-up row. int8 shards keep f32 (not measured; int4 is where
+ * Whether int4 shards store the token embedding as 4-bit blocks (graph/blocks.ts makeEmbedding) rather
+ * than f32: asked for (the default), and the hidden size a whole number of blocks — a row is
+ * looked up as [hidden/block] whole blocks with no padding, so a zero-padded partial block would
+ * lengthen the looked-up row. int8 shards keep f32 (not measured; int4 is where
  * the embedding is most of the weight bytes).
  */
 export function embeddingStorage (kind: 'none' | 'int8' | 'int4', requested: 'int4' | 'f32', hiddenSize: number, blockSize: number): 'int4' | 'f32' {

@@ -43,11 +43,16 @@ export function makeLinear (ctx: BuildContext, name: string, weightName: string,
 /**
  * The token embedding [V, D] looked up by input ids. Under `quantization.embedding: 'int4'` it is
  * quantized by the MatMulNBits quantizer (same blocks, scales and implicit zero point 8), so a
- * tied head and the embedding round alike; the rows are read by com.microsoft
- * GatherBlockQuantized over uint8 [V, D/2] and f32 scales [V, D/block] (onnxruntime's CPU kernel
- * reads this form with MatMulNBits' packing; it returns exactly dequantizeMatrix's row,
- * test/shards/quant.test.ts). `portable` (the static NPU graphs, standard ops only): a plain
- * Gather over the dequantized f32 table — the same numbers, at f32 size.
+ * tied head and the embedding round alike, and stored as uint8 [V, D/block, block/2] (two 4-bit
+ * values a byte, the low nibble first: MatMulNBits' packing) and f32 scales [V, D/block, 1]. A
+ * row is looked up in standard ops (compiler 11): Gather of its bytes and scales, the nibbles
+ * unpacked (Mod 16, BitShift 4), then (q − 8) · scale in f32 — exact products of exact operands,
+ * so bit-for-bit dequantizeMatrix's row (test/shards/quant.test.ts) and the bits com.microsoft
+ * GatherBlockQuantized gave compilers 5–10, on the same bytes. Why: that kernel takes ~5 µs a row
+ * on one thread (60m, 128 rows: ~0.76 ms of a 128-token prefill; eight rows ~55 µs a step) where
+ * these ten nodes take ~0.25 ms and ~26 µs, and the same at one row (~15 µs with the run's floor;
+ * docs/engine-notes.md, wave 16). `portable` (the static NPU graphs): a plain Gather over the
+ * dequantized f32 table — the same numbers, at f32 size.
  */
 export function makeEmbedding (ctx: BuildContext, inputIds: string, embed: F32Tensor, portable = false): string {
   const { g, quant } = ctx
@@ -58,10 +63,19 @@ export function makeEmbedding (ctx: BuildContext, inputIds: string, embed: F32Te
       const w = g.f32Weight('model.embed_tokens.weight.dq4', [V, D], dequantizeMatrix(q))
       return g.op('Gather', '/model/embed_tokens/Gather', [w, inputIds], { axis: 0 })
     }
-    const qw = g.weight('model.embed_tokens.weight.q4', DT.UINT8, [V, D / 2], q.data)
-    const sc = g.f32Weight('model.embed_tokens.weight.scales', [V, D / quant.blockSize], q.scales)
-    return g.op('GatherBlockQuantized', '/model/embed_tokens/GatherBlockQuantized', [qw, inputIds, sc],
-      { gather_axis: 0, quantize_axis: 1, block_size: quant.blockSize, bits: 4 }, MS_DOMAIN)
+    const bs = quant.blockSize
+    const blocks = D / bs
+    const n = '/model/embed_tokens'
+    const qw = g.weight('model.embed_tokens.weight.q4', DT.UINT8, [V, blocks, bs / 2], q.data)
+    const sc = g.f32Weight('model.embed_tokens.weight.scales', [V, blocks, 1], q.scales)
+    const bytes = g.op('Gather', `${n}/Gather`, [qw, inputIds], { axis: 0 })
+    const nibble = (name: string, y: string): string => g.op('Unsqueeze', `${name}/Unsqueeze`, [y, g.i64([-1])])
+    const low = nibble(`${n}/low`, g.op('Mod', `${n}/low/Mod`, [bytes, g.constant(DT.UINT8, [], [16])]))
+    const high = nibble(`${n}/high`, g.op('BitShift', `${n}/high/BitShift`, [bytes, g.constant(DT.UINT8, [], [4])], { direction: 'RIGHT' }))
+    const values = g.op('Reshape', `${n}/values/Reshape`, [g.op('Concat', `${n}/values/Concat`, [low, high], { axis: -1 }), g.i64([0, 0, blocks, bs])])
+    const centred = g.op('Sub', `${n}/Sub`, [g.op('Cast', `${n}/Cast`, [values], { to: DT.FLOAT }), g.f32(8)])
+    const scaled = g.op('Mul', `${n}/Mul`, [centred, g.op('Gather', `${n}/scales/Gather`, [sc, inputIds], { axis: 0 })])
+    return g.op('Reshape', `${n}/Reshape`, [scaled, g.i64([0, 0, D])])
   }
   const w = g.f32Weight('model.embed_tokens.weight', embed.shape, embed.data)
   return g.op('Gather', '/model/embed_tokens/Gather', [w, inputIds], { axis: 0 })

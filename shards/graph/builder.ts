@@ -107,14 +107,15 @@ export class GraphBuilder {
   }
 
   /** A small inline constant, shared between all uses of the same value. */
-  constant (elemType: typeof DT.INT64 | typeof DT.INT32 | typeof DT.FLOAT, dims: number[], values: number[]): string {
+  constant (elemType: typeof DT.INT64 | typeof DT.INT32 | typeof DT.FLOAT | typeof DT.UINT8, dims: number[], values: number[]): string {
     const key = `${elemType}:${dims.join(',')}:${values.join(',')}`
     const hit = this.constCache.get(key)
     if (hit !== undefined) return hit
-    const name = `/model/constants/${elemType === DT.INT64 ? 'INT64' : elemType === DT.INT32 ? 'INT32' : 'FLOAT'}_${this.constCache.size}`
+    const name = `/model/constants/${elemType === DT.INT64 ? 'INT64' : elemType === DT.INT32 ? 'INT32' : elemType === DT.UINT8 ? 'UINT8' : 'FLOAT'}_${this.constCache.size}`
     const raw = elemType === DT.INT64
       ? new Uint8Array(BigInt64Array.from(values.map(v => BigInt(v))).buffer)
-      : elemType === DT.INT32 ? new Uint8Array(Int32Array.from(values).buffer) : new Uint8Array(Float32Array.from(values).buffer)
+      : elemType === DT.INT32 ? new Uint8Array(Int32Array.from(values).buffer)
+        : elemType === DT.UINT8 ? Uint8Array.from(values) : new Uint8Array(Float32Array.from(values).buffer)
     this.initializers.push({ name, dataType: elemType, dims, rawData: raw })
     this.constCache.set(key, name)
     return name

@@ -135,19 +135,19 @@ describe('quantizeMatrix', () => {
   })
 })
 
-describe('int4 token embedding (GatherBlockQuantized)', () => {
-  /** A one-node graph around makeEmbedding; returns the looked-up rows [ids.length, D]. */
+describe('int4 token embedding (standard-op lookup of 4-bit blocks)', () => {
+  /** A graph of makeEmbedding alone, fed ids as [2, ids.length / 2]; returns the looked-up rows [ids.length, D]. */
   async function lookup (embed: { shape: number[], data: Float32Array }, quant: Quantization, ids: number[], portable: boolean): Promise<Float32Array> {
     const dir = await mkdtemp(join(root, 'emb-'))
     const g = new GraphBuilder('emb.onnx.data')
     const ctx = { g, quant, accuracyLevel: 0 } as unknown as BuildContext
-    const x = makeEmbedding(ctx, g.input('input_ids', DT.INT64, [1, 'S']), embed, portable)
-    g.output('rows', x, DT.FLOAT, [1, 'S', embed.shape[1]!])
+    const x = makeEmbedding(ctx, g.input('input_ids', DT.INT64, ['B', 'S']), embed, portable)
+    g.output('rows', x, DT.FLOAT, ['B', 'S', embed.shape[1]!])
     await writeFile(join(dir, 'emb.onnx'), g.encode('emb', ''))
     await writeFile(join(dir, 'emb.onnx.data'), Buffer.concat(g.data()))
     const s = await ort.InferenceSession.create(join(dir, 'emb.onnx'))
     try {
-      const r = await s.run({ input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]) })
+      const r = await s.run({ input_ids: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [2, ids.length / 2]) })
       return r.rows!.data as Float32Array
     } finally {
       await s.release()
