@@ -25,7 +25,7 @@ import type { Registry } from 'prom-client'
 import { ShoalError, ShuttingDownError } from '../errors.ts'
 import { blockHashes, createPrefixCache, createPrefixMetrics, DEFAULT_BLOCK_SIZE, prefixScope, summaryHashes } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
-import { OverloadedError, createGenerationService, updatePrefillRate } from '../engine/index.ts'
+import { OverloadedError, abortReason, createGenerationService, updatePrefillRate } from '../engine/index.ts'
 import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { PrefixSummary, RequestTicket, TokenSource } from '../engine/index.ts'
@@ -141,6 +141,15 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   let codec: TextCodec | undefined
   let created = 0
   let active = 0
+  /**
+   * Requests routing sent here as the last node that could take them (`soleServer`), waiting for
+   * a chain slot in arrival order, at most maxRequests of them: a slot passes straight from a
+   * finished request to the first. Anyone else is refused at once when every slot is busy — the
+   * refusal is what lets routing place it elsewhere; a sole server has nowhere else to send it, so
+   * it waits until the request's deadline (as the local service's slots do: admission.ts
+   * `ownWaitBudget`).
+   */
+  const waiters: Array<{ grant: () => void, fail: (err: Error) => void }> = []
   /** The index of what this coordinator's chains keep (set at start when stage 0 keeps prefixes). */
   let prefix: {
     cache: PrefixCache
@@ -332,10 +341,36 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     throw new ChainIncompleteError(d.reason)
   }
 
-  /** A request's chain: a coordinator slot (refused when all are busy), then its chain token source. */
+  /**
+   * A request's chain: a coordinator slot (refused when all are busy, unless routing marked the
+   * request `soleServer`: it then waits for one, see `waiters`), then its chain token source.
+   */
   function admit (request: GenerateRequest, promptIds: number[]): RequestTicket {
-    if (active >= maxRequests) throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy`)
-    active++
+    const sole = request.soleServer === true
+    if (active >= maxRequests && !(sole && waiters.length < maxRequests)) {
+      throw new OverloadedError(`all ${maxRequests} chain slots of this coordinator are busy${sole ? ` and ${waiters.length} requests are already waiting` : ''}`)
+    }
+    /** Whether this request holds a slot (one it took now, or was handed while it waited). */
+    let holding = active < maxRequests
+    if (holding) active++
+    /** Waits for a slot until `signal` (the request's scope: its deadline or its client) aborts. */
+    const slot = async (signal: AbortSignal): Promise<void> => {
+      if (holding) return
+      signal.throwIfAborted()
+      await new Promise<void>((resolve, reject) => {
+        const onAbort = (): void => {
+          const i = waiters.indexOf(w)
+          if (i >= 0) waiters.splice(i, 1)
+          reject(abortReason(signal))
+        }
+        const w = {
+          grant: () => { signal.removeEventListener('abort', onAbort); holding = true; resolve() },
+          fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+        }
+        signal.addEventListener('abort', onAbort, { once: true })
+        waiters.push(w)
+      })
+    }
     /** Tokens fed to the chain so far: the prompt, then each generated id. */
     const fed = [...promptIds]
     // Not under speculative decoding: its source prefills the whole prompt itself.
@@ -345,6 +380,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     return {
       async open (signal) {
+        await slot(signal)
         const chain = createChainTokenSource({
           node,
           requestId: request.requestId,
@@ -402,7 +438,12 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         }
       },
       async release () {
-        active--
+        if (holding) {
+          holding = false
+          const next = waiters.shift()
+          if (next === undefined) active--
+          else next.grant()
+        }
         await wrapped?.close?.().catch(() => {})
         await source?.close()
       },
@@ -455,6 +496,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     async stop () {
       const c = codec
       codec = undefined
+      for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('the pipeline service is stopping'))
       prefix = undefined
       await c?.close()
       await init.sourceWrapper?.stop?.()

@@ -80,4 +80,35 @@ describe('pipeline service', () => {
       expect(await eventually(() => h.stage.node.stats(), s => s.served === 0 && s.watched === 0)).toMatchObject({ served: 0, watched: 0 })
     }
   }, 30_000)
+
+  it('with its one chain slot busy, refuses a request at once, and lets one routing sent here as the last node (soleServer) wait for the slot until its deadline', async () => {
+    const one = createPipelineService({ stage: hosts[0]!.stage, shardDir: models.three, maxRequests: 1 }, { holders: () => holders() })
+    await one.start()
+    const hold = new AbortController()
+    let holding: Promise<unknown> | undefined
+    try {
+      const want = await collect(local.generate(request('local-sole'), new AbortController().signal))
+      // The slot is held once the first request has started.
+      const first = one.generate(request('sole-hold', { maxTokens: 500 }), hold.signal)[Symbol.asyncIterator]()
+      expect((await first.next()).value).toMatchObject({ type: 'start' })
+      holding = (async () => { for (;;) if ((await first.next()).done === true) return })().catch(() => {})
+      await expect(collect(one.generate(request('sole-refused'), new AbortController().signal)))
+        .rejects.toMatchObject({ code: 'SHOAL_ERR_OVERLOADED', message: expect.stringContaining('chain slots') })
+      // A sole server's request whose deadline passes while it waits ends with the deadline, not a refusal.
+      await expect(collect(one.generate(request('sole-late', { soleServer: true, deadline: Date.now() + 300 }), new AbortController().signal)))
+        .rejects.toMatchObject({ code: 'SHOAL_ERR_DEADLINE' })
+      const waiting = collect(one.generate(request('sole-wait', { soleServer: true }), new AbortController().signal))
+      expect(one.stats().activeRequests).toBe(1)
+      hold.abort()
+      const got = await waiting
+      expect(got[0]).toMatchObject({ type: 'start', receiptId: 'sole-wait' })
+      expect(got.slice(1)).toEqual(want.slice(1))
+      expect(one.stats().activeRequests).toBe(0)
+    } finally {
+      hold.abort()
+      await holding
+      await one.stop()
+    }
+    for (const h of hosts) expect(await eventually(() => h.stage.node.engine.stats(), s => s.liveSequences === 0)).toMatchObject({ liveSequences: 0 })
+  }, 60_000)
 })
