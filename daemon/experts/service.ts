@@ -103,6 +103,8 @@ export interface ExpertPlanView {
 
 export interface ExpertServiceStats {
   activeRequests: number
+  /** Requests waiting for a sequence slot (daemon/engine/slots.ts). */
+  waitingRequests: number
   /** Expert steps run, and the frame payload bytes they sent and received. */
   expertSteps: number
   bytesOut: number
@@ -448,7 +450,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
       return [{ id: shards.modelId, created, ownedBy: 'shoal', contextLength: shape.maxPositions, servedBy: [init.nodeId] }]
     },
     generate,
-    stats: () => ({ activeRequests: slots.active, ...stats }),
+    stats: () => ({ activeRequests: slots.active, waitingRequests: slots.waiting, ...stats }),
     plan () {
       let p: NonNullable<typeof current>
       try {

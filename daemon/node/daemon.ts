@@ -143,6 +143,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
       mergeSummaries(summaries.map(p => p?.hashes ?? []), LOAD_MAX_PREFIXES),
       summaries.map(p => p?.prefillTokensPerSecond),
+      coordinators.reduce((n, c) => n + c.stats().waitingRequests, 0),
     )
   }
 

@@ -107,6 +107,8 @@ export interface PipelineServiceComponents {
 
 export interface PipelineServiceStats {
   activeRequests: number
+  /** Requests waiting for a chain slot (only those routing sent here as the last node: `soleServer`). */
+  waitingRequests: number
   /**
    * The coordinator's index of prefixes its chains keep (absent when reuse is off). hitTokens and
    * missTokens count prompt positions each request took from a kept prefix and prefilled.
@@ -509,7 +511,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     generate,
     stats: () => {
       const p = prefix
-      return { activeRequests: active, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens, refused: p.refused } }) }
+      return { activeRequests: active, waitingRequests: waiters.length, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens, refused: p.refused } }) }
     },
   }
 }

@@ -50,7 +50,7 @@ export function makeLinear (ctx: BuildContext, name: string, weightName: string,
  * so bit-for-bit dequantizeMatrix's row (test/shards/quant.test.ts) and the bits com.microsoft
  * GatherBlockQuantized gave compilers 5–10, on the same bytes. Why: that kernel takes ~5 µs a row
  * on one thread (60m, 128 rows: ~0.76 ms of a 128-token prefill; eight rows ~55 µs a step) where
- * these ten nodes take ~0.25 ms and ~26 µs, and the same at one row (~15 µs with the run's floor;
+ * these twelve nodes take ~0.25 ms and ~26 µs, and the same at one row (~15 µs with the run's floor;
  * docs/engine-notes.md, wave 16). `portable` (the static NPU graphs): a plain Gather over the
  * dequantized f32 table — the same numbers, at f32 size.
  */

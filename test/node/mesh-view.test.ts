@@ -95,6 +95,8 @@ describe('node load', () => {
     const e = (q: number, active: number, wait: number) => ({ queueDepth: q, inFlight: 0, expectedWaitMs: wait, decodeTokensPerSecond: 3, capacityTokensPerSecond: 10, slots: 8, activeSequences: active })
     expect(aggregateLoad([e(1, 2, 30), e(0, 3, 80)], 1)).toEqual({ queueDepth: 1, inFlight: 6, decodeTokPerSec: 20, freeKvTokens: 0, expectedWaitMs: 80, slots: 16 })
     expect(aggregateLoad([], 0).slots).toBe(1)
+    // Requests waiting for a chain slot (a sole server's) queue on top of the engines' queues.
+    expect(aggregateLoad([e(1, 2, 30)], 1, [], [], 2)).toMatchObject({ queueDepth: 3, inFlight: 3 })
   })
 
   it('carries the engines\' merged prefix summary, and no field when there is none', () => {

@@ -98,12 +98,13 @@ describe('pipeline service', () => {
       await expect(collect(one.generate(request('sole-late', { soleServer: true, deadline: Date.now() + 300 }), new AbortController().signal)))
         .rejects.toMatchObject({ code: 'SHOAL_ERR_DEADLINE' })
       const waiting = collect(one.generate(request('sole-wait', { soleServer: true }), new AbortController().signal))
-      expect(one.stats().activeRequests).toBe(1)
+      // It waits for the slot (not refused, not started) until the first request lets go of it.
+      expect(await eventually(() => one.stats(), s => s.waitingRequests === 1)).toMatchObject({ activeRequests: 1, waitingRequests: 1 })
       hold.abort()
       const got = await waiting
       expect(got[0]).toMatchObject({ type: 'start', receiptId: 'sole-wait' })
       expect(got.slice(1)).toEqual(want.slice(1))
-      expect(one.stats().activeRequests).toBe(0)
+      expect(one.stats()).toMatchObject({ activeRequests: 0, waitingRequests: 0 })
     } finally {
       hold.abort()
       await holding
