@@ -46,7 +46,7 @@ export interface SlotsInit extends AdmissionPolicy {
 export function createSlots (init: SlotsInit): Slots {
   const running = new Set<SlotProgress>()
   /** Requests waiting for a slot, in arrival order. */
-  const waiters: Array<{ tokens: number, grant: () => void, fail: (err: Error) => void }> = []
+  const waiters: Array<Turn & { tokens: number }> = []
   const now = init.now ?? (() => performance.now())
   /** Refused requests not yet due back (admission.ts `slotRefusalHint`), bounded by maxWaiting. */
   let promised: SlotPromise[] = []
@@ -73,22 +73,8 @@ export function createSlots (init: SlotsInit): Slots {
         promised = [...promised.filter(p => p.returnAt > t), hint.promise].slice(-Math.max(1, init.maxWaiting))
         throw init.refused(d.reason, hint.retryAfterMs)
       }
-      signal.throwIfAborted()
-      await new Promise<void>((resolve, reject) => {
-        const onAbort = (): void => {
-          const i = waiters.indexOf(w)
-          if (i >= 0) waiters.splice(i, 1)
-          reject(abortReason(signal))
-        }
-        const w = {
-          tokens: progress.left,
-          // The slot passes straight from the finished request to this one.
-          grant: () => { signal.removeEventListener('abort', onAbort); running.add(progress); resolve() },
-          fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
-        }
-        signal.addEventListener('abort', onAbort, { once: true })
-        waiters.push(w)
-      })
+      // The slot passes straight from the finished request to this one.
+      await waitTurn(waiters, { tokens: progress.left }, signal, () => { running.add(progress) })
     },
     release (progress) {
       if (!running.delete(progress)) return
@@ -101,4 +87,34 @@ export function createSlots (init: SlotsInit): Slots {
     get waiting () { return waiters.length },
     state,
   }
+}
+
+/** A place in a wait queue: `grant` or `fail` settles its wait, once. */
+export interface Turn {
+  grant: () => void
+  fail: (err: Error) => void
+}
+
+/**
+ * Waits in `queue` (arrival order; the caller shifts and grants) for a turn: resolves once granted
+ * (`onGrant` runs synchronously with the grant, so what the turn hands over is taken at once),
+ * rejects with `fail`'s error, or with the abort reason when `signal` aborts first (the place is
+ * then left). `fields` are kept beside the place (e.g. what the waiter may generate).
+ */
+export async function waitTurn<F extends object> (queue: Array<Turn & F>, fields: F, signal: AbortSignal, onGrant: () => void): Promise<void> {
+  signal.throwIfAborted()
+  await new Promise<void>((resolve, reject) => {
+    const onAbort = (): void => {
+      const i = queue.indexOf(turn)
+      if (i >= 0) queue.splice(i, 1)
+      reject(abortReason(signal))
+    }
+    const turn: Turn & F = {
+      ...fields,
+      grant: () => { signal.removeEventListener('abort', onAbort); onGrant(); resolve() },
+      fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
+    }
+    signal.addEventListener('abort', onAbort, { once: true })
+    queue.push(turn)
+  })
 }

@@ -25,10 +25,10 @@ import type { Registry } from 'prom-client'
 import { ShoalError, ShuttingDownError } from '../errors.ts'
 import { blockHashes, createPrefixCache, createPrefixMetrics, DEFAULT_BLOCK_SIZE, prefixScope, summaryHashes } from '../kv/index.ts'
 import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
-import { OverloadedError, abortReason, createGenerationService, updatePrefillRate } from '../engine/index.ts'
+import { OverloadedError, createGenerationService, updatePrefillRate, waitTurn } from '../engine/index.ts'
 import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
-import type { PrefixSummary, RequestTicket, TokenSource } from '../engine/index.ts'
+import type { PrefixSummary, RequestTicket, TokenSource, Turn } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary } from '../service.ts'
 import { loadTextCodec } from '../text/index.ts'
@@ -151,7 +151,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
    * it waits until the request's deadline (as the local service's slots do: admission.ts
    * `ownWaitBudget`).
    */
-  const waiters: Array<{ grant: () => void, fail: (err: Error) => void }> = []
+  const waiters: Turn[] = []
   /** The index of what this coordinator's chains keep (set at start when stage 0 keeps prefixes). */
   let prefix: {
     cache: PrefixCache
@@ -357,21 +357,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     if (holding) active++
     /** Waits for a slot until `signal` (the request's scope: its deadline or its client) aborts. */
     const slot = async (signal: AbortSignal): Promise<void> => {
-      if (holding) return
-      signal.throwIfAborted()
-      await new Promise<void>((resolve, reject) => {
-        const onAbort = (): void => {
-          const i = waiters.indexOf(w)
-          if (i >= 0) waiters.splice(i, 1)
-          reject(abortReason(signal))
-        }
-        const w = {
-          grant: () => { signal.removeEventListener('abort', onAbort); holding = true; resolve() },
-          fail: (err: Error) => { signal.removeEventListener('abort', onAbort); reject(err) },
-        }
-        signal.addEventListener('abort', onAbort, { once: true })
-        waiters.push(w)
-      })
+      if (!holding) await waitTurn(waiters, {}, signal, () => { holding = true })
     }
     /** Tokens fed to the chain so far: the prompt, then each generated id. */
     const fed = [...promptIds]
