@@ -17,6 +17,8 @@ export interface KvBlock {
   layers: Array<[HostTensor, HostTensor]>
   rows: number
   total: number
+  /** The one buffer every tensor views, when the block was adopted from a run's output (`adoptColumns`). */
+  owner?: ArrayBuffer
 }
 
 /** Where a sequence's cache lives: a row of a block (its last `length` columns, `length` kept on the sequence). */
@@ -173,14 +175,40 @@ export function createScratch (): (slot: number, length: number) => Float32Array
 }
 
 /**
+ * A one-row block made of views of a run's `new_key_values` output [1, 2·n·kvH, s, hd], whose
+ * layer i key is its (2i)th group of kvH heads and the value the next — [kvH, s, hd] each,
+ * contiguous: a new sequence's first columns without allocating or copying a block. It is exactly
+ * `s` columns wide, so the sequence's next step moves it to a block with room (kv-block
+ * `blockCapacity`: one copy, as writing it into such a block now would have been), after this
+ * step's token has been posted. Why: a 128-token prefill's new block (allocated zeroed) and its
+ * columns copied in took ~0.5–0.7 ms between the run's end and the token (60m int4;
+ * docs/engine-notes.md, wave 16), and a max_tokens-1 request never needs them moved at all.
+ */
+export function adoptColumns (data: Float32Array, layerCount: number, s: number, kvH: number, hd: number): KvBlock {
+  const size = kvH * s * hd
+  const view = (j: number): HostTensor => ({ type: 'float32', data: data.subarray(j * size, (j + 1) * size), dims: [1, kvH, s, hd] })
+  return {
+    rows: 1,
+    total: s,
+    layers: Array.from({ length: layerCount }, (_, i) => [view(2 * i), view(2 * i + 1)] as [HostTensor, HostTensor]),
+    ...(data.buffer instanceof ArrayBuffer && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? { owner: data.buffer } : {}),
+  }
+}
+
+/**
  * Gives a block's memory back now instead of at some later garbage collection: each tensor that
- * owns its whole ArrayBuffer has it detached (`transfer(0)` frees the backing store). V8 sees
+ * owns its whole ArrayBuffer has it detached (`transfer(0)` frees the backing store), or an
+ * adopted block's one buffer. V8 sees
  * onnxruntime's outputs as small objects, so a 2,000-token prefill left ~300 MB of replaced caches
  * (each chunk's present is the whole cache so far) waiting for a GC that did not come soon; the
  * process kept that high-water mark. Only for blocks nothing reads any more: no sequence or kept
  * prefix refers to it and no run that was fed it is still in flight (the runner checks both).
  */
 export function freeBlock (block: KvBlock): void {
+  if (block.owner !== undefined) {
+    if (!block.owner.detached) block.owner.transfer(0)
+    return
+  }
   for (const pair of block.layers) {
     for (const t of pair) {
       const buf = t.data.buffer

@@ -11,13 +11,15 @@
  * step's new columns are written into the row after the run (from the graph's `new_key_values`
  * outputs: onnxruntime-node copies every fetched output, and a present would be the whole cache). A rollback is a shorter length; a block is copied only when its
  * rows change or it runs out of room (kv-block.ts `blockCapacity`), or to move a sequence off a kept
- * prefix's block, which is never written.
+ * prefix's block, which is never written. A new sequence's first chunk allocates nothing: its
+ * block is that run's new_key_values as they came (kv-block.ts `adoptColumns`), exactly as wide
+ * as its columns, so its next step moves it to a block with room — after the token went out.
  */
 import { GREEDY_TOKEN, HIDDEN_OUT, LOGITS, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName } from '../../shards/contract.ts'
 import { EngineError } from './errors.ts'
 import { stepMark } from '../step-trace.ts'
 import type { TensorMap } from './backend/types.ts'
-import { blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
+import { adoptColumns, blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import { chunkFeeds, groupBlock, groupFeeds, groupOutputs } from './runner-io.ts'
 import { isGreedy } from './sampling.ts'
@@ -108,6 +110,14 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
       if (seq.kv === undefined) {
         // Dropped while it ran (drop lets go of the KV first): nothing to keep.
         if (seq.dropped !== undefined) return out
+        // A new sequence's first columns: the run's new_key_values as they came (kv-block.ts
+        // adoptColumns), moved to a block with room by its next step, after this token is out.
+        const t = out[NEW_KV]
+        if (packed && seq.length === 0 && t?.type === 'float32' && t.dims[0] === 1 && t.dims[1] === 2 * layers.length * kvH && t.dims[2] === s && t.dims[3] === hd) {
+          seq.kv = { block: adoptColumns(t.data, layers.length, s, kvH, hd), row: 0 }
+          seq.length = total
+          return out
+        }
         seq.kv = { block: packRows([{ ref: undefined, length: 0 }], blockCapacity(total, stage.maxPositions), layers.length, kvH, hd), row: 0 }
       }
       // Written even when the sequence was retained meanwhile: retain keeps what whole chunks left.

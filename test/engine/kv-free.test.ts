@@ -28,6 +28,8 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
   const fetched: Array<readonly string[] | undefined> = []
   /** The width (columns) of each run's first past tensor. */
   const widths: number[] = []
+  /** The buffer of each run's new_key_values output, in run order. */
+  const outs: Array<ArrayBuffer | undefined> = []
 
   beforeAll(async () => {
     model = await buildTinyModel('llama')
@@ -39,7 +41,9 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
         fed.push(past.length === 0 ? undefined : past.buffer as ArrayBuffer)
         fetched.push(fetches)
         widths.push(feeds[PAST]!.dims[2]!)
-        return await real.run(feeds, fetches)
+        const out = await real.run(feeds, fetches)
+        outs.push(out[NEW_KV]?.data.buffer as ArrayBuffer | undefined)
+        return out
       },
     }
     runner = createStageRunner({ session, stage: stageInfoOf(model.manifest), chunkSize: 8 })
@@ -86,6 +90,25 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     expect(detached(bBlock)).toBe(false)
     await runner.drop('b', 'free')
     expect(detached(bBlock)).toBe(true)
+  })
+
+  it('a new sequence keeps its first columns as the run output them; its next step moves them to a block with room and frees that output', async () => {
+    runner.open('n')
+    await step('n', ids(5, 4), 0) // one chunk: no block allocated, nothing copied
+    const first = outs.at(-1)!
+    expect(detached(first)).toBe(false)
+    await step('n', [7], 5) // fed a block of its own with room, never the 5-column output
+    expect(fed.at(-1)).not.toBe(first)
+    expect(widths.at(-1)! % 16).toBe(0)
+    expect(detached(first)).toBe(true)
+    await runner.drop('n', 'free')
+    // A sequence dropped after its prefill (a max_tokens-1 request) frees the output at once.
+    runner.open('m')
+    await step('m', ids(3, 5), 0)
+    const only = outs.at(-1)!
+    await runner.drop('m', 'free')
+    expect(detached(only)).toBe(true)
+    expect(runner.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
   })
 
   it('keeps a block two batched sequences share until both moved on', async () => {
