@@ -81,9 +81,10 @@ const isEntryPoint = (m: Served): boolean => isWhole(m) || m.layers![0] === 0
 /**
  * This node's live load: the local engines' batcher readings summed (their slots are the sequences
  * they admit; their queues and expected waits are what a new request would meet), plus requests
- * this node coordinates as pipeline chains (running: in flight; waiting for a chain slot: queued). The decode rate is each engine's capacity at its
- * current concurrency + 1, not its recent throughput: throughput decays while a node idles, and an
- * idle node must not look slow (routing divides by this rate).
+ * this node coordinates as pipeline chains (running ones in flight, those waiting for a chain slot
+ * queued). The decode rate is each engine's capacity at its current concurrency + 1, not its
+ * recent throughput: throughput decays while a node idles, and an idle node must not look slow
+ * (routing divides by this rate).
  */
 export function aggregateLoad (engines: LocalServiceLoad[], chainRequests: number, prefixes: readonly string[] = [], prefillRates: ReadonlyArray<number | undefined> = [], chainWaiting = 0): LoadRecord {
   let queueDepth = chainWaiting
