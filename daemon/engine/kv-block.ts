@@ -187,12 +187,18 @@ export function createScratch (): (slot: number, length: number) => Float32Array
 export function adoptColumns (data: Float32Array, layerCount: number, s: number, kvH: number, hd: number): KvBlock {
   const size = kvH * s * hd
   const view = (j: number): HostTensor => ({ type: 'float32', data: data.subarray(j * size, (j + 1) * size), dims: [1, kvH, s, hd] })
+  const owner = wholeBuffer(data)
   return {
     rows: 1,
     total: s,
     layers: Array.from({ length: layerCount }, (_, i) => [view(2 * i), view(2 * i + 1)] as [HostTensor, HostTensor]),
-    ...(data.buffer instanceof ArrayBuffer && data.byteOffset === 0 && data.byteLength === data.buffer.byteLength ? { owner: data.buffer } : {}),
+    ...(owner === undefined ? {} : { owner }),
   }
+}
+
+/** The ArrayBuffer `a` spans whole (one that can be detached for it alone), or undefined. */
+function wholeBuffer (a: Float32Array | BigInt64Array): ArrayBuffer | undefined {
+  return a.buffer instanceof ArrayBuffer && a.byteOffset === 0 && a.byteLength === a.buffer.byteLength ? a.buffer : undefined
 }
 
 /**
@@ -205,16 +211,8 @@ export function adoptColumns (data: Float32Array, layerCount: number, s: number,
  * prefix refers to it and no run that was fed it is still in flight (the runner checks both).
  */
 export function freeBlock (block: KvBlock): void {
-  if (block.owner !== undefined) {
-    if (!block.owner.detached) block.owner.transfer(0)
-    return
-  }
-  for (const pair of block.layers) {
-    for (const t of pair) {
-      const buf = t.data.buffer
-      if (buf instanceof ArrayBuffer && !buf.detached && t.data.byteOffset === 0 && t.data.byteLength === buf.byteLength) buf.transfer(0)
-    }
-  }
+  const owned = block.owner !== undefined ? [block.owner] : block.layers.flatMap(pair => pair.map(t => wholeBuffer(t.data)))
+  for (const buf of owned) if (buf !== undefined && !buf.detached) buf.transfer(0)
 }
 
 export function blockBytes (block: KvBlock): number {

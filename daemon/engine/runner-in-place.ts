@@ -51,18 +51,26 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
    * columns at its sequence's length (from new_key_values, or from present's same columns for
    * graphs without them).
    */
+  /**
+   * A run's new_key_values [rows, 2·n·kvH, s, hd]: row b's layer i key is its (2i)th group of kvH
+   * heads, the value the next — as a [rows·2n, kvH, s, hd] tensor, the source row b·2n + 2i + kind.
+   */
+  function packedNew (out: TensorMap, rows: number, s: number): Float32Array {
+    const t = out[NEW_KV]
+    const n = layers.length
+    if (t?.type !== 'float32' || t.dims[0] !== rows || t.dims[1] !== 2 * n * kvH || t.dims[2] !== s || t.dims[3] !== hd) throw new EngineError(`stage graph returned no float32 ${NEW_KV} of [${rows}, ${2 * n * kvH}, ${s}, ${hd}]`)
+    return t.data
+  }
+
   function writeNew (out: TensorMap, targets: ReadonlyArray<{ ref: KvRef, at: number } | undefined>, s: number): void {
     if (packed) {
-      // [B, 2·n·kvH, s, hd]: row b's layer i key is its (2i)th group of kvH heads, the value the next —
-      // as a [B·2n, kvH, s, hd] tensor, the source row b·2n + 2i + kind.
-      const t = out[NEW_KV]
+      const data = packedNew(out, targets.length, s)
       const n = layers.length
-      if (t?.type !== 'float32' || t.dims[0] !== targets.length || t.dims[1] !== 2 * n * kvH || t.dims[2] !== s || t.dims[3] !== hd) throw new EngineError(`stage graph returned no float32 ${NEW_KV} of [${targets.length}, ${2 * n * kvH}, ${s}, ${hd}]`)
       targets.forEach((target, b) => {
         if (target === undefined) return
         const { ref, at } = target
         for (let i = 0; i < n; i++) {
-          for (let kind = 0; kind < 2; kind++) writeColumns(t.data, b * 2 * n + 2 * i + kind, s, 0, ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, at, s, kvH, hd)
+          for (let kind = 0; kind < 2; kind++) writeColumns(data, b * 2 * n + 2 * i + kind, s, 0, ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, at, s, kvH, hd)
         }
       })
       return
@@ -112,9 +120,8 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
         if (seq.dropped !== undefined) return out
         // A new sequence's first columns: the run's new_key_values as they came (kv-block.ts
         // adoptColumns), moved to a block with room by its next step, after this token is out.
-        const t = out[NEW_KV]
-        if (packed && seq.length === 0 && t?.type === 'float32' && t.dims[0] === 1 && t.dims[1] === 2 * layers.length * kvH && t.dims[2] === s && t.dims[3] === hd) {
-          seq.kv = { block: adoptColumns(t.data, layers.length, s, kvH, hd), row: 0 }
+        if (packed && seq.length === 0) {
+          seq.kv = { block: adoptColumns(packedNew(out, 1, s), layers.length, s, kvH, hd), row: 0 }
           seq.length = total
           return out
         }

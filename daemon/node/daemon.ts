@@ -138,12 +138,13 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     // One summary per engine per poll: its hashes and its prefill rate; a chain coordinator's too
     // (what its chains keep, in the model's whole scope).
     const summaries = [...locals.map(s => s.prefixSummary(LOAD_MAX_PREFIXES)), ...coordinators.map(c => c.prefixSummary?.(LOAD_MAX_PREFIXES))]
+    const chains = coordinators.map(c => c.stats())
     return aggregateLoad(
       locals.map(s => s.load()),
-      coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+      chains.reduce((n, c) => n + c.activeRequests, 0),
       mergeSummaries(summaries.map(p => p?.hashes ?? []), LOAD_MAX_PREFIXES),
       summaries.map(p => p?.prefillTokensPerSecond),
-      coordinators.reduce((n, c) => n + c.stats().waitingRequests, 0),
+      chains.reduce((n, c) => n + c.waitingRequests, 0),
     )
   }
 
