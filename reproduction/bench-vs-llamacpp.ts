@@ -33,16 +33,15 @@
  *     [--temperature T]  (timed requests sample at T over the whole vocabulary; default 0, greedy)
  * Models, shards and GGUF files are made once under .cache/bench-vs-llamacpp/ and reused.
  */
-import { existsSync } from 'node:fs'
-import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from 'node:fs/promises'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { checkpointToGguf } from './gguf.ts'
 import { gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
+import { ensureModel } from './lib/bench-models.ts'
+import type { ModelFiles } from './lib/bench-models.ts'
 import { complete, greedyIds, refusedCount } from './lib/completions.ts'
 import { ensureLlamaCpp, kvArgs, llamaBench, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
 import type { BenchRow, LlamaShape } from './lib/llamacpp.ts'
@@ -85,44 +84,11 @@ const LONG = Number(args.long)
 const WARMUP = Number(args.warmup)
 const THREADS = Number(args.threads)
 const REPO = resolve(import.meta.dirname, '..')
-const WORK = join(REPO, '.cache', 'bench-vs-llamacpp')
 
 /** What llama-server and llama-bench are sized for: this run's threads, streams and prompt lengths. */
 const SHAPE: LlamaShape = { threads: THREADS, streams: STREAMS, prompt: PROMPT, tokens: TOKENS, long: LONG }
 
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
-
-// ---------------------------------------------------------------------------------------------
-// Models: one checkpoint per size; shoal shards per quant; GGUF per quant.
-
-interface ModelFiles { size: string, quant: 'none' | 'int4', shards: string, modelId: string, gguf: string, shoalWeightBytes: number, ggufWeightBytes: number }
-
-async function once (target: string, make: (tmp: string) => Promise<unknown>): Promise<void> {
-  if (existsSync(target)) return
-  const tmp = `${target}.tmp-${process.pid}`
-  const t = performance.now()
-  await make(tmp)
-  await rename(tmp, target)
-  log(`made ${target} in ${((performance.now() - t) / 1000).toFixed(1)} s`)
-}
-
-async function ensureModel (size: TestModelSize, quant: 'none' | 'int4'): Promise<ModelFiles> {
-  await mkdir(WORK, { recursive: true })
-  const ckpt = join(WORK, `llama-${size}`)
-  await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) })
-  const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
-  // Named by compiler version: shards compiled by an older shoal are never measured as the newest.
-  const shards = join(WORK, `${modelId}-c${COMPILER_VERSION}`)
-  await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId }))
-  const gguf = join(WORK, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
-  await once(gguf, async tmp => {
-    const bytes = await checkpointToGguf(ckpt, tmp, quant === 'none' ? 'f32' : 'q4_0')
-    await writeFile(`${gguf}.bytes`, `${bytes}\n`)
-  })
-  const manifest = await loadManifest(shards)
-  const shoalWeightBytes = manifest.stages[0]!.files.reduce((a, f) => a + f.bytes, 0)
-  return { size, quant, shards, modelId, gguf, shoalWeightBytes, ggufWeightBytes: Number(await readFile(`${gguf}.bytes`, 'utf8')) }
-}
 
 // ---------------------------------------------------------------------------------------------
 // One server run: the timed requests, then (first rep) the untimed ones for the ids.
@@ -278,7 +244,7 @@ async function main (): Promise<void> {
   const sizes = args.sizes.split(',') as TestModelSize[]
   const quants = args.quants.split(',') as Array<'none' | 'int4'>
   const models: ModelFiles[] = []
-  for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q))
+  for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q, log))
   if (args['prepare-only'] === true) return
   const bin = await ensureLlamaCpp(args['llama-dir'])
   const policy = schedulingPolicy()

@@ -22,6 +22,7 @@ import type { Ledger, LedgerSigner } from '../ledger/index.ts'
 import { createMesh, DEFAULT_TIMINGS, LOAD_MAX_PREFIXES } from '../mesh/index.ts'
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
+import { dumpStepTrace } from '../step-trace.ts'
 import type { PipelineService } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
 import { ConfigError, DEFAULT_BUDGETS } from './config.ts'
@@ -437,6 +438,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
       // Announce first: peers polling the load hear `accepting: false` while in-flight requests finish.
       draining = true
       await startup.stop()
+      // The main thread's step marks, when SHOAL_TRACE_DIR asks for them (the engine workers write their own).
+      dumpStepTrace()
     },
     inFlight: () => ingress?.inFlight ?? 0,
     drain (on = true) { draining = on },

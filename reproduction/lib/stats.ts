@@ -53,3 +53,22 @@ export function floorRank (xs: readonly number[], q: number): number {
   const s = ascending(xs)
   return s.length === 0 ? NaN : s[Math.min(s.length - 1, Math.floor(q * s.length))]!
 }
+
+/**
+ * A distribution-free interval for the median, at confidence ≥ 0.95: [s[k − 1], s[n − k]] for the
+ * largest k with P(Binomial(n, ½) < k) ≤ 0.025 — the median lies below the kth smallest value
+ * only if fewer than k values fall below it. NaNs when n < 6 (no such k).
+ */
+export function medianInterval (xs: readonly number[]): [number, number] {
+  const s = ascending(xs)
+  const n = s.length
+  let k = 0
+  let below = 0 // P(Binomial(n, ½) ≤ k − 1), built up term by term
+  let term = 0.5 ** n // P(Binomial(n, ½) = k)
+  while (k < n && below + term <= 0.025) {
+    below += term
+    term = term * (n - k) / (k + 1)
+    k++
+  }
+  return k === 0 ? [NaN, NaN] : [s[k - 1]!, s[n - k]!]
+}

@@ -3,7 +3,7 @@
  * that the result files' numbers stay reproducible and no one merges two medians into one.
  */
 import { describe, expect, it } from 'vitest'
-import { floorRank, lcgTokens, lowerMedian, median, nearestRank, promptIds, upperMedian, upperMedianBy } from '../../reproduction/lib/index.ts'
+import { floorRank, lcgTokens, lowerMedian, median, medianInterval, nearestRank, promptIds, upperMedian, upperMedianBy } from '../../reproduction/lib/index.ts'
 
 describe('reproduction summaries', () => {
   const even = [40, 10, 30, 20]
@@ -25,6 +25,14 @@ describe('reproduction summaries', () => {
     expect(nearestRank(ten, 0.25)).toBe(3)
     expect(floorRank(ten, 0.25)).toBe(3)
     expect(floorRank(even, 0.5)).toBe(upperMedian(even))
+  })
+
+  it('bounds the median by order statistics at ≥ 95 % (binomial tables: n 6 → 1st and 6th, n 20 → 6th and 15th, n 40 → 14th and 27th)', () => {
+    const ranks = (n: number): [number, number] => medianInterval(Array.from({ length: n }, (_, i) => n - i))
+    expect(ranks(6)).toEqual([1, 6])
+    expect(ranks(20)).toEqual([6, 15])
+    expect(ranks(40)).toEqual([14, 27])
+    expect(ranks(5)).toEqual([NaN, NaN])
   })
 
   it('gives NaN for no values', () => {

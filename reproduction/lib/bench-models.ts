@@ -1,0 +1,45 @@
+/**
+ * The models shoal is measured against llama.cpp on (bench-vs-llamacpp.ts, paired-vs-llamacpp.ts):
+ * one generated Llama checkpoint per size (random weights, real shapes; seed 1), shoal shards
+ * compiled from it per quant, and a GGUF written from the same tensors (F32, or Q4_0 with ggml's
+ * reference quantizer). Each is made once under .cache/bench-vs-llamacpp/ and reused; shards are
+ * named by compiler version, so shards compiled by an older shoal are never measured as the newest.
+ */
+import { existsSync } from 'node:fs'
+import { mkdir, readFile, rename, writeFile } from 'node:fs/promises'
+import { join, resolve } from 'node:path'
+import { performance } from 'node:perf_hooks'
+import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from '../../shards/index.ts'
+import type { TestModelSize } from '../../shards/index.ts'
+import { checkpointToGguf } from '../gguf.ts'
+
+export const BENCH_MODELS_DIR = join(resolve(import.meta.dirname, '..', '..'), '.cache', 'bench-vs-llamacpp')
+
+export interface ModelFiles { size: string, quant: 'none' | 'int4', shards: string, modelId: string, gguf: string, shoalWeightBytes: number, ggufWeightBytes: number }
+
+/** Makes `target` with `make` (into a temporary path, renamed when done) unless it exists. */
+async function once (target: string, make: (tmp: string) => Promise<unknown>, log: (s: string) => void): Promise<void> {
+  if (existsSync(target)) return
+  const tmp = `${target}.tmp-${process.pid}`
+  const t = performance.now()
+  await make(tmp)
+  await rename(tmp, target)
+  log(`made ${target} in ${((performance.now() - t) / 1000).toFixed(1)} s`)
+}
+
+export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', log: (s: string) => void = () => {}): Promise<ModelFiles> {
+  await mkdir(BENCH_MODELS_DIR, { recursive: true })
+  const ckpt = join(BENCH_MODELS_DIR, `llama-${size}`)
+  await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) }, log)
+  const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
+  const shards = join(BENCH_MODELS_DIR, `${modelId}-c${COMPILER_VERSION}`)
+  await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId }), log)
+  const gguf = join(BENCH_MODELS_DIR, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
+  await once(gguf, async tmp => {
+    const bytes = await checkpointToGguf(ckpt, tmp, quant === 'none' ? 'f32' : 'q4_0')
+    await writeFile(`${gguf}.bytes`, `${bytes}\n`)
+  }, log)
+  const manifest = await loadManifest(shards)
+  const shoalWeightBytes = manifest.stages[0]!.files.reduce((a, f) => a + f.bytes, 0)
+  return { size, quant, shards, modelId, gguf, shoalWeightBytes, ggufWeightBytes: Number(await readFile(`${gguf}.bytes`, 'utf8')) }
+}

@@ -1,0 +1,196 @@
+/**
+ * shoal and llama-server side by side, up at the same time, request for request: issue 11's
+ * aims where one server at a time cannot tell them apart from this VM's drift. bench-vs-llamacpp.ts
+ * runs one server at a time, best of two runs a side, and a ratio near 1 (TTFT of a 128-token
+ * prompt on 60m int4: 0.94–1.13 over a day's runs, with llama-server's own TTFT at 36–74 ms in
+ * one run) moves with the minute each side happened to run in. Here both servers are started on
+ * the same model, warmed, and then asked in pairs: the same fresh prompt to each, one right after
+ * the other, the order alternating, so both sides of a pair see the same minute of the machine.
+ * An idle server takes no CPU from the other (checked and printed: each one's CPU over an idle
+ * second). Per model and metric it prints each side's median, the median of the pairs' ratios
+ * (shoal ÷ llama-server) with a distribution-free 95 % interval, and in how many pairs shoal was
+ * ahead.
+ *
+ * Metrics (token-id prompts, greedy, streamed; as bench-vs-llamacpp.ts asks them, so its figures
+ * and these are the same measurements):
+ *  - TTFT: a max_tokens-1 request's whole time on a fresh --prompt-token prompt (cold on both
+ *    sides: llama-server without prompt cache, shoal with --kv-cache-mb 0), and on a --long one;
+ *  - decode: one stream of --tokens tokens after a --prompt-token prompt, tok/s from its first
+ *    token chunk to its last (the end-to-end figure of bench-vs-llamacpp.ts subtracts a TTFT
+ *    measured apart; here each request's own first chunk stands for it).
+ *
+ *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4] [--pairs 40]
+ *     [--decode-pairs 12] [--long-pairs 6] [--prompt 128] [--long 2000] [--tokens 128] [--llama-dir DIR]
+ *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
+ *     [--arms '{"llama-server":"llama","shoal":{}}']
+ * Run it as bench-vs-llamacpp.ts is run (`chrt -r 10 node …` with nothing else on the machine):
+ * both servers are spawned under the same realtime policy as this process.
+ *
+ * The same pairing tells two builds or settings of shoal apart (a change worth a few per cent,
+ * which runs one server at a time cannot show here): `--arms` names two servers, the reference
+ * first — "llama" for llama-server, or a shoal arm as ab-serve-env.ts takes it: its environment's
+ * variables, or `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`. Ratios are the second ÷ the first.
+ */
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { availableParallelism, tmpdir, totalmem } from 'node:os'
+import { join, resolve } from 'node:path'
+import { parseArgs } from 'node:util'
+import { setTimeout as sleep } from 'node:timers/promises'
+import type { TestModelSize } from '../shards/index.ts'
+import { ensureModel } from './lib/bench-models.ts'
+import type { ModelFiles } from './lib/bench-models.ts'
+import { complete } from './lib/completions.ts'
+import type { Completion } from './lib/completions.ts'
+import { gitDescribe, loadAverage, lscpuModel, median, medianInterval, promptIds } from './lib/index.ts'
+import { ensureLlamaCpp, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
+import { rtPrefix, schedulingPolicy } from './lib/realtime.ts'
+import { startLlama, startShoal, stop } from './lib/servers.ts'
+import type { Server } from './lib/servers.ts'
+
+const { values: args } = parseArgs({
+  options: {
+    'llama-dir': { type: 'string' },
+    sizes: { type: 'string', default: '60m,250m' },
+    quants: { type: 'string', default: 'int4' },
+    pairs: { type: 'string', default: '40' },
+    'decode-pairs': { type: 'string', default: '12' },
+    'long-pairs': { type: 'string', default: '6' },
+    prompt: { type: 'string', default: '128' },
+    long: { type: 'string', default: '2000' },
+    tokens: { type: 'string', default: '128' },
+    threads: { type: 'string', default: String(availableParallelism()) },
+    // llama-server's slots (-np), as bench-vs-llamacpp.ts sizes it for its concurrent streams: the same server.
+    streams: { type: 'string', default: '8' },
+    arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
+  },
+})
+/** A server to pair: llama-server, or `shoal serve` with variables set, from a checkout, on a shard. */
+type Arm = 'llama' | Record<string, string> | { env?: Record<string, string>, dir?: string, shard?: string }
+const ARMS = Object.entries(JSON.parse(args.arms) as Record<string, Arm>)
+if (ARMS.length !== 2) throw new Error('--arms names two servers: the reference, then the one measured against it')
+const PAIRS = Number(args.pairs)
+const DECODE_PAIRS = Number(args['decode-pairs'])
+const LONG_PAIRS = Number(args['long-pairs'])
+const PROMPT = Number(args.prompt)
+const LONG = Number(args.long)
+const TOKENS = Number(args.tokens)
+const REPO = resolve(import.meta.dirname, '..')
+const SHAPE = { threads: Number(args.threads), streams: Number(args.streams), prompt: PROMPT, tokens: TOKENS, long: LONG }
+const log = (s: string): void => { process.stderr.write(`${s}\n`) }
+
+/** One metric's pairs: the reference's value (`a`) and the other arm's (`b`) in each. */
+interface Paired { name: string, unit: string, higherIsBetter: boolean, a: number[], b: number[] }
+
+/** CPU time (ms) a process has used so far: utime + stime from /proc/PID/stat. */
+async function cpuMs (pid: number): Promise<number> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8')
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+  return (Number(fields[11]) + Number(fields[12])) * 10 // clock ticks of 10 ms (USER_HZ 100)
+}
+
+/** Each server's CPU over one idle second: what an idle server could take from the measured one. */
+async function idleCpu (servers: Server[]): Promise<string> {
+  const before = await Promise.all(servers.map(async s => await cpuMs(s.child.pid!)))
+  await sleep(1000)
+  const after = await Promise.all(servers.map(async s => await cpuMs(s.child.pid!)))
+  return servers.map((s, i) => `${ARMS[i]![0]} ${after[i]! - before[i]!} ms`).join(', ')
+}
+
+/** Asks both servers the same thing, `a` first or `b` first; returns [a's, b's]. */
+async function pair (a: Server, b: Server, aFirst: boolean, ask: (s: Server) => Promise<Completion>): Promise<[Completion, Completion]> {
+  if (aFirst) {
+    const x = await ask(a)
+    return [x, await ask(b)]
+  }
+  const y = await ask(b)
+  return [await ask(a), y]
+}
+
+async function start (arm: Arm, m: ModelFiles, bin: string, cache: string): Promise<Server> {
+  if (arm === 'llama') return await startLlama(bin, m.modelId, port => llamaServerArgs(m.gguf, port, SHAPE), llamaEnv(undefined))
+  const spec = 'env' in arm || 'dir' in arm || 'shard' in arm ? arm as { env?: Record<string, string>, dir?: string, shard?: string } : { env: arm as Record<string, string> }
+  const shoalBin = spec.dir === undefined ? undefined : join(resolve(spec.dir), 'scripts', 'shoal.mjs')
+  return await startShoal(spec.shard ?? m.shards, m.modelId, cache, [], { env: spec.env ?? {}, ...(shoalBin === undefined ? {} : { bin: shoalBin }) })
+}
+
+async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ idle: string, metrics: Paired[] }> {
+  const servers: Server[] = []
+  try {
+    // Each shoal its own data directory: two daemons cannot share one ledger.
+    for (const [name, arm] of ARMS) servers.push(await start(arm, m, bin, join(cache, name)))
+    const [a, b] = servers as [Server, Server]
+    // Warm-up on each: the first run, JIT and thread pools, then requests shaped like the timed ones.
+    for (const s of servers) {
+      await complete(s, promptIds(16, 999), 8, 0)
+      await complete(s, promptIds(PROMPT, 998), TOKENS, 0)
+      if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, 0)
+    }
+    const idle = await idleCpu(servers)
+    const ttft: Paired = { name: `TTFT ${PROMPT}`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
+    const long: Paired = { name: `TTFT ${LONG}`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
+    const decode: Paired = { name: 'decode, 1 stream', unit: 'tok/s', higherIsBetter: true, a: [], b: [] }
+    const ms = (c: Completion): number => c.end - c.t0
+    const tokS = (c: Completion): number => (c.count - 1) / ((c.last - c.first) / 1000)
+    const add = (p: Paired, [x, y]: [Completion, Completion], f: (c: Completion) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
+    // The metrics interleave (a decode pair after each TTFT pair, while they last) so that each spans the run.
+    const rounds = Math.max(PAIRS, DECODE_PAIRS, LONG_PAIRS)
+    for (let i = 0; i < rounds; i++) {
+      const aFirst = i % 2 === 0
+      if (i < PAIRS) add(ttft, await pair(a, b, aFirst, async s => await complete(s, promptIds(PROMPT, 1000 + i), 1, 0)), ms)
+      if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, 0)), tokS)
+      if (LONG > 0 && i < LONG_PAIRS) add(long, await pair(a, b, aFirst, async s => await complete(s, promptIds(LONG, 5000 + i), 1, 0)), ms)
+    }
+    return { idle, metrics: [ttft, ...(LONG > 0 && LONG_PAIRS > 0 ? [long] : []), ...(DECODE_PAIRS > 0 ? [decode] : [])] }
+  } finally {
+    for (const s of servers) await stop(s)
+  }
+}
+
+const f = (x: number, digits: number): string => Number.isFinite(x) ? x.toFixed(digits) : '–'
+
+function row (m: ModelFiles, p: Paired): string {
+  const ratios = p.b.map((x, i) => x / p.a[i]!)
+  const [lo, hi] = medianInterval(ratios)
+  const ahead = ratios.filter(r => p.higherIsBetter ? r > 1 : r < 1).length
+  const digits = p.unit === 'ms' ? 1 : 0
+  return `| ${m.modelId} | ${p.name} (${p.unit}) | ${ratios.length} | ${f(median(p.a), digits)} | ${f(median(p.b), digits)} | **${f(median(ratios), 3)}** | ${f(lo, 3)}–${f(hi, 3)} | ${ahead}/${ratios.length} |`
+}
+
+async function main (): Promise<void> {
+  const began = Date.now()
+  const models: ModelFiles[] = []
+  for (const size of args.sizes.split(',') as TestModelSize[]) for (const q of args.quants.split(',') as Array<'none' | 'int4'>) models.push(await ensureModel(size, q, log))
+  const bin = ARMS.some(([, arm]) => arm === 'llama') ? await ensureLlamaCpp(args['llama-dir']) : ''
+  const loadStart = loadAverage(2)
+  const cache = await mkdtemp(join(tmpdir(), 'shoal-paired-'))
+  const rows: string[] = []
+  const idles: string[] = []
+  try {
+    for (const m of models) {
+      log(`${m.modelId}: starting both servers`)
+      const { idle, metrics } = await measure(m, bin, cache)
+      idles.push(`${m.modelId}: ${idle}`)
+      for (const p of metrics) { rows.push(row(m, p)); log(rows.at(-1)!) }
+    }
+  } finally {
+    await rm(cache, { recursive: true, force: true })
+  }
+  const rt = rtPrefix()
+  console.log([
+    `command: node reproduction/paired-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
+    `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${schedulingPolicy()}${rt.length > 0 ? `; servers under \`${rt.join(' ')}\`` : ''}`,
+    `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]})`,
+    ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
+    `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
+    `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)`,
+    `idle CPU of each server over one second before the pairs: ${idles.join('; ')}`,
+    `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
+  ].map(l => `- ${l}`).join('\n'))
+  console.log('')
+  const [[ref], [other]] = ARMS as [[string, Arm], [string, Arm]]
+  console.log(`| model | metric | pairs | ${ref} median | ${other} median | median of ${other} ÷ ${ref} | 95 % interval | ${other} ahead |`)
+  console.log('|---|---|---:|---:|---:|---:|---:|---:|')
+  for (const r of rows) console.log(r)
+}
+
+await main()
