@@ -22,12 +22,20 @@ export function openSse (res: ServerResponse, headers: Record<string, string>): 
     // Proxies such as nginx buffer responses unless told not to.
     'x-accel-buffering': 'no',
   })
-  res.flushHeaders()
   const closed = (): boolean => res.destroyed || res.writableEnded
+  // The headers leave with the first event, in one write: a stream opens once its prefill is done,
+  // so that event follows within the same turn of the event loop, and a write of their own cost
+  // a syscall and a wake-up of the client before the first token (~0.3 ms of a 128-token TTFT;
+  // docs/engine-notes.md, wave 17). A first event that takes longer (its text held back) does
+  // not hold them: they go at the next turn.
+  // (headersSent is no help: it is true from writeHead on.)
+  let wrote = false
+  setImmediate(() => { if (!wrote && !closed()) res.flushHeaders() })
   return {
     get closed () { return closed() },
     async send (data, signal) {
       if (closed()) return false
+      wrote = true
       if (!res.write(`data: ${JSON.stringify(data)}\n\n`)) {
         try {
           await once(res, 'drain', { signal })
@@ -38,6 +46,7 @@ export function openSse (res: ServerResponse, headers: Record<string, string>): 
       return !closed()
     },
     done () {
+      wrote = true
       if (!closed()) res.end('data: [DONE]\n\n')
     },
   }
