@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import {
-  buildReceiptInput, createLedger, createReceiptPart, GENESIS_HASH, requestHash, responseHash, verifyReceiptPart,
+  buildReceiptInput, createLedger, createReceiptPart, entryHash, GENESIS_HASH, requestHash, responseHash, verifyReceiptPart,
 } from '../../daemon/ledger/index.ts'
 import { checkEntry } from '../../daemon/ledger/receipt.ts'
 import type { Ledger, SignedReceipt } from '../../daemon/ledger/index.ts'
@@ -224,6 +224,22 @@ describe('ledger', () => {
     expect(await ledger.verify()).toMatchObject({ ok: true, entries: 1 })
     await ledger.stop()
     await expect(ledger.append(sampleInput('late'))).rejects.toMatchObject({ code: 'SHOAL_ERR_LEDGER_CLOSED' })
+  })
+
+  it('leaves out of a group an id already stored, and chains the rest without a gap', async () => {
+    const node = makeSigner()
+    ledger = createLedger({ dataDir: dir, signer: node })
+    await ledger.start()
+    await ledger.append(sampleInput('a'))
+    // 'b' starts a group of its own; 'a' and 'c' queue behind it as one group, in which 'a' is
+    // found stored and left out, and 'c' follows 'b' as index 2.
+    const [b, a, c] = await Promise.allSettled([ledger.append(sampleInput('b')), ledger.append(sampleInput('a')), ledger.append(sampleInput('c'))])
+    expect(a).toMatchObject({ status: 'rejected', reason: { code: 'SHOAL_ERR_LEDGER_INVALID', message: /already/ } })
+    expect(b).toMatchObject({ status: 'fulfilled', value: { body: { index: 1, id: 'b' } } })
+    expect(c).toMatchObject({ status: 'fulfilled', value: { body: { index: 2, id: 'c', prevHash: entryHash((b as PromiseFulfilledResult<SignedReceipt>).value) } } })
+    expect(independentVerify((c as PromiseFulfilledResult<SignedReceipt>).value, node.publicKey)).toBe(true)
+    expect(await ledger.verify()).toMatchObject({ ok: true, entries: 3 })
+    expect((await ledger.get('c'))?.receipt.body.index).toBe(2)
   })
 
   it('bounds its queue', async () => {
