@@ -19,12 +19,12 @@
  * Prints every round and each server's peak RSS (VmHWM), each arm's medians and ranges, in how
  * many reps each arm beat the first, the command, the machine and the load.
  */
-import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { complete } from './lib/completions.ts'
 import { gitDescribe, loadAverage, lscpuModel, mean, median, promptIds } from './lib/index.ts'
-import { peakRss, startShoal, stop } from './lib/servers.ts'
+import { peakRss, shoalArm, startShoalArm, stop } from './lib/servers.ts'
+import type { ShoalArm } from './lib/servers.ts'
 import { loadManifest } from '../shards/index.ts'
 
 const { values: args } = parseArgs({
@@ -46,10 +46,8 @@ const TOKENS = Number(args.tokens)
 /** Timed rounds per server (each: STREAMS streams, then one). */
 const ROUNDS = 2
 const LONG = Number(args.long)
-interface Arm { env?: Record<string, string>, dir?: string, shard?: string }
-const given = JSON.parse(args.arms) as Record<string, Record<string, string> | Arm>
-const structured = (a: object): boolean => ['env', 'dir', 'shard'].some(k => k in a)
-const arms: Record<string, Arm> = Object.fromEntries(Object.entries(given).map(([k, a]) => [k, structured(a) ? a as Arm : { env: a as Record<string, string> }]))
+const given = JSON.parse(args.arms) as Record<string, Record<string, string> | ShoalArm>
+const arms: Record<string, ShoalArm> = Object.fromEntries(Object.entries(given).map(([k, a]) => [k, shoalArm(a)]))
 const names = Object.keys(arms)
 if (names.length < 2) throw new Error('--arms needs at least two arms')
 
@@ -60,8 +58,7 @@ const loadStart = loadAverage(2)
 for (let rep = 0; rep < REPS; rep++) {
   for (const name of rep % 2 === 0 ? names : [...names].reverse()) {
     const arm = arms[name]!
-    const bin = arm.dir === undefined ? undefined : join(resolve(arm.dir), 'scripts', 'shoal.mjs')
-    const server = await startShoal(arm.shard ?? shard, manifest.modelId, args.cache, [], { env: arm.env ?? {}, ...(bin === undefined ? {} : { bin }) })
+    const server = await startShoalArm(arm, shard, manifest.modelId, args.cache)
     const ep = { kind: 'shoal' as const, url: server.url, model: manifest.modelId }
     try {
       await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(ep, promptIds(128, 900 + i), 64, 0)))

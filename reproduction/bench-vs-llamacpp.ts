@@ -38,9 +38,8 @@ import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import type { TestModelSize } from '../shards/index.ts'
 import { gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
-import { ensureModel } from './lib/bench-models.ts'
+import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { complete, greedyIds, refusedCount } from './lib/completions.ts'
 import { ensureLlamaCpp, kvArgs, llamaBench, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
@@ -241,10 +240,7 @@ function report (rows: ModelRun[]): string {
 
 async function main (): Promise<void> {
   const began = Date.now()
-  const sizes = args.sizes.split(',') as TestModelSize[]
-  const quants = args.quants.split(',') as Array<'none' | 'int4'>
-  const models: ModelFiles[] = []
-  for (const size of sizes) for (const q of quants) models.push(await ensureModel(size, q, log))
+  const models = await ensureModels(args.sizes, args.quants, log)
   if (args['prepare-only'] === true) return
   const bin = await ensureLlamaCpp(args['llama-dir'])
   const policy = schedulingPolicy()

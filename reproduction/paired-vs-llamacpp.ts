@@ -36,16 +36,15 @@ import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
-import type { TestModelSize } from '../shards/index.ts'
-import { ensureModel } from './lib/bench-models.ts'
+import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { complete } from './lib/completions.ts'
 import type { Completion } from './lib/completions.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, medianInterval, promptIds } from './lib/index.ts'
 import { ensureLlamaCpp, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
 import { rtPrefix, schedulingPolicy } from './lib/realtime.ts'
-import { startLlama, startShoal, stop } from './lib/servers.ts'
-import type { Server } from './lib/servers.ts'
+import { shoalArm, startLlama, startShoalArm, stop } from './lib/servers.ts'
+import type { Server, ShoalArm } from './lib/servers.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -64,9 +63,10 @@ const { values: args } = parseArgs({
     arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
   },
 })
-/** A server to pair: llama-server, or `shoal serve` with variables set, from a checkout, on a shard. */
-type Arm = 'llama' | Record<string, string> | { env?: Record<string, string>, dir?: string, shard?: string }
-const ARMS = Object.entries(JSON.parse(args.arms) as Record<string, Arm>)
+/** A server to pair: llama-server, or `shoal serve` as a ShoalArm (lib/servers.ts). */
+type Arm = 'llama' | ShoalArm
+const ARMS: Array<[string, Arm]> = Object.entries(JSON.parse(args.arms) as Record<string, 'llama' | Record<string, string> | ShoalArm>)
+  .map(([name, a]) => [name, a === 'llama' ? a : shoalArm(a)])
 if (ARMS.length !== 2) throw new Error('--arms names two servers: the reference, then the one measured against it')
 const PAIRS = Number(args.pairs)
 const DECODE_PAIRS = Number(args['decode-pairs'])
@@ -108,9 +108,7 @@ async function pair (a: Server, b: Server, aFirst: boolean, ask: (s: Server) => 
 
 async function start (arm: Arm, m: ModelFiles, bin: string, cache: string): Promise<Server> {
   if (arm === 'llama') return await startLlama(bin, m.modelId, port => llamaServerArgs(m.gguf, port, SHAPE), llamaEnv(undefined))
-  const spec = 'env' in arm || 'dir' in arm || 'shard' in arm ? arm as { env?: Record<string, string>, dir?: string, shard?: string } : { env: arm as Record<string, string> }
-  const shoalBin = spec.dir === undefined ? undefined : join(resolve(spec.dir), 'scripts', 'shoal.mjs')
-  return await startShoal(spec.shard ?? m.shards, m.modelId, cache, [], { env: spec.env ?? {}, ...(shoalBin === undefined ? {} : { bin: shoalBin }) })
+  return await startShoalArm(arm, m.shards, m.modelId, cache)
 }
 
 async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ idle: string, metrics: Paired[] }> {
@@ -132,7 +130,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     const ms = (c: Completion): number => c.end - c.t0
     const tokS = (c: Completion): number => (c.count - 1) / ((c.last - c.first) / 1000)
     const add = (p: Paired, [x, y]: [Completion, Completion], f: (c: Completion) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
-    // The metrics interleave (a decode pair after each TTFT pair, while they last) so that each spans the run.
+    // The metrics interleave (a decode pair after each TTFT pair, while they last): the machine's drift reaches all of them.
     const rounds = Math.max(PAIRS, DECODE_PAIRS, LONG_PAIRS)
     for (let i = 0; i < rounds; i++) {
       const aFirst = i % 2 === 0
@@ -158,8 +156,7 @@ function row (m: ModelFiles, p: Paired): string {
 
 async function main (): Promise<void> {
   const began = Date.now()
-  const models: ModelFiles[] = []
-  for (const size of args.sizes.split(',') as TestModelSize[]) for (const q of args.quants.split(',') as Array<'none' | 'int4'>) models.push(await ensureModel(size, q, log))
+  const models = await ensureModels(args.sizes, args.quants, log)
   const bin = ARMS.some(([, arm]) => arm === 'llama') ? await ensureLlamaCpp(args['llama-dir']) : ''
   const loadStart = loadAverage(2)
   const cache = await mkdtemp(join(tmpdir(), 'shoal-paired-'))

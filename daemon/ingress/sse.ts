@@ -28,8 +28,7 @@ export function openSse (res: ServerResponse, headers: Record<string, string>): 
   // a syscall and a wake-up of the client before the first token (~0.3 ms of a 128-token TTFT;
   // docs/engine-notes.md, wave 17). A first event that takes longer (its text held back) does
   // not hold them: they go at the next turn.
-  // (headersSent is no help: it is true from writeHead on.)
-  let wrote = false
+  let wrote = false // res.headersSent cannot tell: it is true from writeHead on
   setImmediate(() => { if (!wrote && !closed()) res.flushHeaders() })
   return {
     get closed () { return closed() },

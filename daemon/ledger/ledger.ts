@@ -262,10 +262,11 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
       for (const item of group) if (item.onAbort !== undefined) item.signal?.removeEventListener('abort', item.onAbort)
       const d = db!
       try {
-        // Read synchronously: an id not in the log (the rule: they are fresh UUIDs) is a miss that
-        // LevelDB's bloom filters answer from memory in ~10 µs, where the asynchronous read's two
-        // thread hand-offs took 0.4–0.6 ms of a served 128-token request (docs/engine-notes.md,
-        // wave 17). A stored id (or a filter's false positive) reads one block, as a get would.
+        // Read synchronously: an id not in the log (the rule, request ids being fresh UUIDs) is a
+        // miss that LevelDB's bloom filters answer from memory in ~10–80 µs, where the asynchronous
+        // read's thread hand-offs took 0.4–0.6 ms of a served 128-token request
+        // (docs/engine-notes.md, wave 17). A stored id, or a filter's false positive, reads one
+        // block, from the page cache as a rule.
         const existing = group.map((g) => d.getSync(KEY.id(g.input.id)))
         const seen = new Set<string>()
         const ops: Array<{ type: 'put', key: string, value: string }> = []

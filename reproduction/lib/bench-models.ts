@@ -43,3 +43,10 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
   const shoalWeightBytes = manifest.stages[0]!.files.reduce((a, f) => a + f.bytes, 0)
   return { size, quant, shards, modelId, gguf, shoalWeightBytes, ggufWeightBytes: Number(await readFile(`${gguf}.bytes`, 'utf8')) }
 }
+
+/** Every size × quant of the command line's comma-separated lists, made when missing, in that order. */
+export async function ensureModels (sizes: string, quants: string, log: (s: string) => void = () => {}): Promise<ModelFiles[]> {
+  const models: ModelFiles[] = []
+  for (const size of sizes.split(',') as TestModelSize[]) for (const q of quants.split(',') as Array<'none' | 'int4'>) models.push(await ensureModel(size, q, log))
+  return models
+}

@@ -6,7 +6,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { createServer } from 'node:net'
-import { join } from 'node:path'
+import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -82,6 +82,24 @@ export async function startShoal (shards: string, model: string, cache: string, 
   })
   await waitHttp(`${url}/v1/models`, (s, body) => s === 200 && body.includes(model), child, tail, READY_BOUND_MS)
   return { kind: 'shoal', url, model, child, startMs: performance.now() - t }
+}
+
+/**
+ * One side of a shoal-against-shoal comparison (ab-serve-env.ts, paired-vs-llamacpp.ts): the
+ * server of a checkout (`dir`; this one when absent), on a shard (`shard`; the run's when absent),
+ * with variables added to its environment (`env`).
+ */
+export interface ShoalArm { env?: Record<string, string>, dir?: string, shard?: string }
+
+/** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
+export function shoalArm (given: Record<string, string> | ShoalArm): ShoalArm {
+  return ['env', 'dir', 'shard'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }
+}
+
+/** `shoal serve` for `arm` (see startShoal), on its own shard or `shard`. */
+export async function startShoalArm (arm: ShoalArm, shard: string, model: string, cache: string): Promise<Server> {
+  const bin = arm.dir === undefined ? undefined : join(resolve(arm.dir), 'scripts', 'shoal.mjs')
+  return await startShoal(arm.shard ?? shard, model, cache, [], { env: arm.env ?? {}, ...(bin === undefined ? {} : { bin }) })
 }
 
 /** The child's peak resident set (VmHWM) in bytes; NaN once it is gone, so read it before `stop`. */
