@@ -15,12 +15,15 @@
  * and these are the same measurements):
  *  - TTFT: a max_tokens-1 request's whole time on a fresh --prompt-token prompt (cold on both
  *    sides: llama-server without prompt cache, shoal with --kv-cache-mb 0), and on a --long one;
+ *  - N streams (--stream-pairs > 0): --streams concurrent requests of --tokens tokens each, all
+ *    tokens over the time from the first request to the last response's end, as
+ *    bench-vs-llamacpp.ts times them;
  *  - decode: one stream of --tokens tokens after a --prompt-token prompt, tok/s from its first
  *    token chunk to its last (the end-to-end figure of bench-vs-llamacpp.ts subtracts a TTFT
  *    measured apart; here each request's own first chunk stands for it).
  *
  *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4] [--pairs 40]
- *     [--decode-pairs 12] [--long-pairs 6] [--prompt 128] [--long 2000] [--tokens 128] [--llama-dir DIR]
+ *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--llama-dir DIR]
  *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
  *     [--arms '{"llama-server":"llama","shoal":{}}']
  * Run it as bench-vs-llamacpp.ts is run (`chrt -r 10 node …` with nothing else on the machine):
@@ -34,6 +37,7 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
+import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { ensureModels } from './lib/bench-models.ts'
@@ -54,6 +58,7 @@ const { values: args } = parseArgs({
     pairs: { type: 'string', default: '40' },
     'decode-pairs': { type: 'string', default: '12' },
     'long-pairs': { type: 'string', default: '6' },
+    'stream-pairs': { type: 'string', default: '0' },
     prompt: { type: 'string', default: '128' },
     long: { type: 'string', default: '2000' },
     tokens: { type: 'string', default: '128' },
@@ -71,11 +76,13 @@ if (ARMS.length !== 2) throw new Error('--arms names two servers: the reference,
 const PAIRS = Number(args.pairs)
 const DECODE_PAIRS = Number(args['decode-pairs'])
 const LONG_PAIRS = Number(args['long-pairs'])
+const STREAM_PAIRS = Number(args['stream-pairs'])
+const STREAMS = Number(args.streams)
 const PROMPT = Number(args.prompt)
 const LONG = Number(args.long)
 const TOKENS = Number(args.tokens)
 const REPO = resolve(import.meta.dirname, '..')
-const SHAPE = { threads: Number(args.threads), streams: Number(args.streams), prompt: PROMPT, tokens: TOKENS, long: LONG }
+const SHAPE = { threads: Number(args.threads), streams: STREAMS, prompt: PROMPT, tokens: TOKENS, long: LONG }
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
 
 /** One metric's pairs: the reference's value (`a`) and the other arm's (`b`) in each. */
@@ -97,13 +104,20 @@ async function idleCpu (servers: Server[]): Promise<string> {
 }
 
 /** Asks both servers the same thing, `a` first or `b` first; returns [a's, b's]. */
-async function pair (a: Server, b: Server, aFirst: boolean, ask: (s: Server) => Promise<Completion>): Promise<[Completion, Completion]> {
+async function pair<T> (a: Server, b: Server, aFirst: boolean, ask: (s: Server) => Promise<T>): Promise<[T, T]> {
   if (aFirst) {
     const x = await ask(a)
     return [x, await ask(b)]
   }
   const y = await ask(b)
   return [await ask(a), y]
+}
+
+/** STREAMS concurrent requests (fresh prompts from `salt` on): all their tokens a second, first request sent to last response ended. */
+async function streams (s: Server, salt: number): Promise<number> {
+  const t0 = performance.now()
+  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, 0)))
+  return all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000)
 }
 
 async function start (arm: Arm, m: ModelFiles, bin: string, cache: string): Promise<Server> {
@@ -122,23 +136,26 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
       await complete(s, promptIds(16, 999), 8, 0)
       await complete(s, promptIds(PROMPT, 998), TOKENS, 0)
       if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, 0)
+      if (STREAM_PAIRS > 0) await streams(s, 980)
     }
     const idle = await idleCpu(servers)
     const ttft: Paired = { name: `TTFT ${PROMPT}`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
     const long: Paired = { name: `TTFT ${LONG}`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
     const decode: Paired = { name: 'decode, 1 stream', unit: 'tok/s', higherIsBetter: true, a: [], b: [] }
+    const many: Paired = { name: `${STREAMS} streams`, unit: 'tok/s', higherIsBetter: true, a: [], b: [] }
     const ms = (c: Completion): number => c.end - c.t0
     const tokS = (c: Completion): number => (c.count - 1) / ((c.last - c.first) / 1000)
-    const add = (p: Paired, [x, y]: [Completion, Completion], f: (c: Completion) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
+    const add = <T>(p: Paired, [x, y]: [T, T], f: (c: T) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
     // The metrics interleave (a decode pair after each TTFT pair, while they last): the machine's drift reaches all of them.
-    const rounds = Math.max(PAIRS, DECODE_PAIRS, LONG_PAIRS)
+    const rounds = Math.max(PAIRS, DECODE_PAIRS, LONG_PAIRS, STREAM_PAIRS)
     for (let i = 0; i < rounds; i++) {
       const aFirst = i % 2 === 0
       if (i < PAIRS) add(ttft, await pair(a, b, aFirst, async s => await complete(s, promptIds(PROMPT, 1000 + i), 1, 0)), ms)
       if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, 0)), tokS)
       if (LONG > 0 && i < LONG_PAIRS) add(long, await pair(a, b, aFirst, async s => await complete(s, promptIds(LONG, 5000 + i), 1, 0)), ms)
+      if (i < STREAM_PAIRS) add(many, await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS)), x => x)
     }
-    return { idle, metrics: [ttft, ...(LONG > 0 && LONG_PAIRS > 0 ? [long] : []), ...(DECODE_PAIRS > 0 ? [decode] : [])] }
+    return { idle, metrics: [...(PAIRS > 0 ? [ttft] : []), ...(LONG > 0 && LONG_PAIRS > 0 ? [long] : []), ...(DECODE_PAIRS > 0 ? [decode] : []), ...(STREAM_PAIRS > 0 ? [many] : [])] }
   } finally {
     for (const s of servers) await stop(s)
   }
@@ -179,7 +196,7 @@ async function main (): Promise<void> {
     `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]})`,
     ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
-    `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)`,
+    `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)${STREAM_PAIRS > 0 ? `, ${STREAM_PAIRS} pairs of ${STREAMS} concurrent streams (${TOKENS} tokens each, after an untimed round)` : ''}`,
     `idle CPU of each server over one second before the pairs: ${idles.join('; ')}`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ].map(l => `- ${l}`).join('\n'))
