@@ -27,8 +27,17 @@ export function refusedCount (s: Endpoint): number {
  * whole seconds.
  */
 async function post (s: Endpoint, path: string, body: unknown): Promise<Response> {
-  for (let attempt = 0; ; attempt++) {
-    const res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
+  for (let attempt = 0, reused = 0; ; attempt++) {
+    let res: Response
+    try {
+      res = await fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal: AbortSignal.timeout(600_000) })
+    } catch (err) {
+      // A kept-alive connection the server closed as it was reused (it idled past the server's
+      // keep-alive timeout while the other server of a pair was measured): nothing was answered,
+      // so a benchmark's request is sent again, on a new connection.
+      if ((err as { cause?: { code?: string } }).cause?.code !== 'UND_ERR_SOCKET' || ++reused > 2) throw err
+      continue
+    }
     if (res.status === 200) return res
     const text = await res.text()
     if (res.status !== 429 || attempt >= 30) throw new Error(`${s.kind}: HTTP ${res.status}: ${text}`)
