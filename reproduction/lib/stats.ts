@@ -64,10 +64,10 @@ export function medianInterval (xs: readonly number[]): [number, number] {
   const n = s.length
   let k = 0
   let below = 0 // P(Binomial(n, ½) ≤ k − 1), built up term by term
-  let term = 0.5 ** n // P(Binomial(n, ½) = k)
-  while (k < n && below + term <= 0.025) {
-    below += term
-    term = term * (n - k) / (k + 1)
+  let logTerm = -n * Math.LN2 // log P(Binomial(n, ½) = k): in logs, as 0.5 ** n underflows past n ≈ 1,074
+  while (k < n && below + Math.exp(logTerm) <= 0.025) {
+    below += Math.exp(logTerm)
+    logTerm += Math.log((n - k) / (k + 1))
     k++
   }
   return k === 0 ? [NaN, NaN] : [s[k - 1]!, s[n - k]!]

@@ -33,6 +33,8 @@ describe('reproduction summaries', () => {
     expect(ranks(20)).toEqual([6, 15])
     expect(ranks(40)).toEqual([14, 27])
     expect(ranks(5)).toEqual([NaN, NaN])
+    // Past 0.5 ** n's underflow (n ≈ 1,074): n/2 ∓ 1.96·√n/2, as the normal approximation has it.
+    expect(ranks(2000)).toEqual([956, 1045])
   })
 
   it('gives NaN for no values', () => {
