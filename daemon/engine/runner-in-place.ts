@@ -47,11 +47,6 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
   const greedyFetches = packed && stage.hasHead && session.outputNames.includes(GREEDY_TOKEN) ? [GREEDY_TOKEN, NEW_KV] : fetches
 
   /**
-   * Writes a run's new KV columns into the rows' blocks, in place: row b of the run gets `s`
-   * columns at its sequence's length (from new_key_values, or from present's same columns for
-   * graphs without them).
-   */
-  /**
    * A run's new_key_values [rows, 2·n·kvH, s, hd]: row b's layer i key is its (2i)th group of kvH
    * heads, the value the next — as a [rows·2n, kvH, s, hd] tensor, the source row b·2n + 2i + kind.
    */
@@ -62,6 +57,11 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
     return t.data
   }
 
+  /**
+   * Writes a run's new KV columns into the rows' blocks, in place: row b of the run gets `s`
+   * columns at its sequence's length (from new_key_values, or from present's same columns for
+   * graphs without them).
+   */
   function writeNew (out: TensorMap, targets: ReadonlyArray<{ ref: KvRef, at: number } | undefined>, s: number): void {
     if (packed) {
       const data = packedNew(out, targets.length, s)
