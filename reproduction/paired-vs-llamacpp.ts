@@ -22,7 +22,7 @@
  *    token chunk to its last (the end-to-end figure of bench-vs-llamacpp.ts subtracts a TTFT
  *    measured apart; here each request's own first chunk stands for it).
  *
- *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4] [--pairs 40]
+ *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4 (or none,int4; none = fp32)] [--pairs 40]
  *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--llama-dir DIR]
  *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
  *     [--arms '{"llama-server":"llama","shoal":{}}']

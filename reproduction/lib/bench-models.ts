@@ -44,9 +44,21 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
   return { size, quant, shards, modelId, gguf, shoalWeightBytes, ggufWeightBytes: Number(await readFile(`${gguf}.bytes`, 'utf8')) }
 }
 
+/**
+ * A command line's quant name: 'none' (alias 'fp32', as the model ids print it) or 'int4'.
+ * Anything else is refused: 'fp32' used to be taken for a quant of its own, which served shoal's
+ * f32 shard against llama-server on the Q4_0 GGUF.
+ */
+export function parseQuant (name: string): 'none' | 'int4' {
+  if (name === 'none' || name === 'fp32') return 'none'
+  if (name === 'int4') return 'int4'
+  throw new Error(`unknown quant ${JSON.stringify(name)}: none (or fp32), int4`)
+}
+
 /** Every size × quant of the command line's comma-separated lists, made when missing, in that order. */
 export async function ensureModels (sizes: string, quants: string, log: (s: string) => void = () => {}): Promise<ModelFiles[]> {
+  const qs = quants.split(',').map(parseQuant) // all checked before anything is made
   const models: ModelFiles[] = []
-  for (const size of sizes.split(',') as TestModelSize[]) for (const q of quants.split(',') as Array<'none' | 'int4'>) models.push(await ensureModel(size, q, log))
+  for (const size of sizes.split(',') as TestModelSize[]) for (const q of qs) models.push(await ensureModel(size, q, log))
   return models
 }

@@ -61,3 +61,14 @@ describe('reproduction prompts', () => {
     expect(Math.max(...small)).toBeLessThan(64)
   })
 })
+
+describe('parseQuant (the benchmarks\' --quants)', () => {
+  it('takes none, its alias fp32, and int4, and refuses any other name', async () => {
+    const { parseQuant } = await import('../../reproduction/lib/bench-models.ts')
+    expect(parseQuant('none')).toBe('none')
+    expect(parseQuant('fp32')).toBe('none')
+    expect(parseQuant('int4')).toBe('int4')
+    expect(() => parseQuant('q4_0')).toThrow(/unknown quant "q4_0"/)
+    expect(() => parseQuant('')).toThrow(/unknown quant/)
+  })
+})
