@@ -31,8 +31,9 @@
  *
  * The same pairing tells two builds or settings of shoal apart (a change worth a few per cent,
  * which runs one server at a time cannot show here): `--arms` names two servers, the reference
- * first — "llama" for llama-server, or a shoal arm as ab-serve-env.ts takes it: its environment's
- * variables, or `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`. Ratios are the second ÷ the first.
+ * first — "llama" for llama-server (`{"llama": ["--spec-type", "ngram-simple"]}`: with arguments
+ * added), or a shoal arm as ab-serve-env.ts takes it: its environment's variables, or
+ * `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`. Ratios are the second ÷ the first.
  */
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
@@ -68,10 +69,21 @@ const { values: args } = parseArgs({
     arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
   },
 })
-/** A server to pair: llama-server, or `shoal serve` as a ShoalArm (lib/servers.ts). */
-type Arm = 'llama' | ShoalArm
-const ARMS: Array<[string, Arm]> = Object.entries(JSON.parse(args.arms) as Record<string, 'llama' | Record<string, string> | ShoalArm>)
-  .map(([name, a]) => [name, a === 'llama' ? a : shoalArm(a)])
+/**
+ * A server to pair: llama-server (`{"llama": [ARGS]}`: with arguments added to its command line, as
+ * `--spec-type ngram-simple`), or `shoal serve` as a ShoalArm (lib/servers.ts).
+ */
+type Arm = { llama: string[] } | ShoalArm
+const isLlama = (a: Arm): a is { llama: string[] } => 'llama' in a
+const ARMS: Array<[string, Arm]> = Object.entries(JSON.parse(args.arms) as Record<string, 'llama' | { llama: string[] } | Record<string, string> | ShoalArm>)
+  .map(([name, a]): [string, Arm] => {
+    if (a === 'llama') return [name, { llama: [] }]
+    if (typeof a === 'object' && 'llama' in a) {
+      if (!Array.isArray(a.llama) || !a.llama.every(x => typeof x === 'string')) throw new Error(`arm ${name}: "llama" takes an array of llama-server arguments`)
+      return [name, { llama: a.llama }]
+    }
+    return [name, shoalArm(a as Record<string, string> | ShoalArm)]
+  })
 if (ARMS.length !== 2) throw new Error('--arms names two servers: the reference, then the one measured against it')
 const PAIRS = Number(args.pairs)
 const DECODE_PAIRS = Number(args['decode-pairs'])
@@ -121,7 +133,7 @@ async function streams (s: Server, salt: number): Promise<number> {
 }
 
 async function start (arm: Arm, m: ModelFiles, bin: string, cache: string): Promise<Server> {
-  if (arm === 'llama') return await startLlama(bin, m.modelId, port => llamaServerArgs(m.gguf, port, SHAPE), llamaEnv(undefined))
+  if (isLlama(arm)) return await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, SHAPE), ...arm.llama], llamaEnv(undefined))
   return await startShoalArm(arm, m.shards, m.modelId, cache)
 }
 
@@ -174,7 +186,7 @@ function row (m: ModelFiles, p: Paired): string {
 async function main (): Promise<void> {
   const began = Date.now()
   const models = await ensureModels(args.sizes, args.quants, log)
-  const bin = ARMS.some(([, arm]) => arm === 'llama') ? await ensureLlamaCpp(args['llama-dir']) : ''
+  const bin = ARMS.some(([, arm]) => isLlama(arm)) ? await ensureLlamaCpp(args['llama-dir']) : ''
   const loadStart = loadAverage(2)
   const cache = await mkdtemp(join(tmpdir(), 'shoal-paired-'))
   const rows: string[] = []

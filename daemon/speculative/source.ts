@@ -153,6 +153,13 @@ export interface SpeculativeSource extends TokenSource {
   close (): Promise<void>
 }
 
+/**
+ * Plain steps after a proposal that hand the worker no picks to run ahead: drafts come in runs
+ * where text repeats, a few tokens apart, and a proposal is verified at once only when the worker
+ * holds no picks (see round). Where nothing was proposed for longer, plain steps run ahead again.
+ */
+const PROPOSAL_QUIET_STEPS = 8
+
 export function createSpeculativeSource (init: SpeculativeSourceInit): SpeculativeSource {
   const now = init.now ?? (() => performance.now())
   const sampling: SamplerParams = { temperature: init.sampling.temperature, topP: init.sampling.topP }
@@ -188,13 +195,13 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   let plainSinceRound = 0
   // Run-ahead between rounds (greedy, or sampled without a seed: a seeded request's draws must
   // not depend on how many picks a discarded run-ahead took). Picks handed over ahead are used
-  // in order by the plain steps that follow; a verify round discards them (the engine rolls back
-  // what it ran ahead before any other step).
+  // in order by the plain steps that follow, and a round waits until they are (see round).
   // Only a whole model's target runs ahead (a chain's verifier ignores the picks).
   const runAhead = init.target !== undefined && init.verifier === undefined && (greedy || init.sampling.seed === undefined) ? Math.max(0, init.runAhead ?? RUN_AHEAD_STEPS) : 0
+  /** Picks drawn for the plain steps after the last one; with run-ahead, the worker holds them. */
   const drawn: TokenPick[] = []
-  /** A plain step's result may have been computed ahead: its time is not a step's cost. */
-  let aheadHanded = false
+  /** The position of the last round whose drafter proposed something (see round). */
+  let proposedAt = -Infinity
 
   const dropDrafter = (err: unknown): void => {
     counts.drafterFailures = 1
@@ -204,18 +211,19 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     void d?.close().catch(() => {})
   }
 
-  async function plainStep (token: number, position: number, signal: AbortSignal, remaining: number): Promise<number> {
+  /** `handAhead` false: the worker gets no picks past those it holds (see round). */
+  async function plainStep (token: number, position: number, signal: AbortSignal, remaining: number, handAhead = true): Promise<number> {
     const t0 = now()
+    // This step's pick handed over before: the worker may have computed it ahead, so its time is not a step's cost.
+    const ran = drawn.length === 0
     const pick = drawn.shift() ?? nextPick(sampling, rng)
-    const ahead = Math.min(runAhead, remaining)
+    const ahead = handAhead ? Math.min(runAhead, remaining) : 0
     while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
-    const ran = !aheadHanded
     const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
     // Every plain step tells what plain decoding costs as it runs (one taken from the run-ahead may
     // have been ready at once: that is its real cost); only a step that surely ran tells what a
     // verify's single position costs (a round runs alone, nothing computed ahead).
     tracker.plain(now() - t0, ran)
-    aheadHanded = ahead > 0
     counts.plainSteps++
     plainSinceRound++
     return next
@@ -240,7 +248,10 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   async function round (token: number, position: number, signal: AbortSignal, remaining: number): Promise<number> {
     probing = false
     const k = pickK(position)
-    if (k === 0 || drafter === undefined) return await plainStep(token, position, signal, remaining)
+    // An adaptive source's first plain step measures a step (the cost model's base), and rounds at
+    // the initial K follow it: picks handed to the worker there would only be drained (below).
+    const measuring = fixedK === undefined && counts.plainSteps === 0
+    if (k === 0 || drafter === undefined) return await plainStep(token, position, signal, remaining, !measuring)
     let proposal: Proposal
     const t0 = now()
     try {
@@ -256,10 +267,18 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       dropDrafter(new EngineError('the drafter proposed token ids outside the vocabulary'))
       return await plainStep(token, position, signal, remaining)
     }
-    if (drafts.length === 0) return await plainStep(token, position, signal, remaining)
-    // The verify step replaces whatever the target ran ahead: the picks handed over go unused.
-    drawn.length = 0
-    aheadHanded = false
+    if (drafts.length === 0) return await plainStep(token, position, signal, remaining, position - proposedAt > PROPOSAL_QUIET_STEPS)
+    proposedAt = position
+    // The worker still holds picks of plain steps: it is computing this position's step ahead, or
+    // has. A verify now would wait for that run and then throw it away (the worker rolls back what
+    // it ran ahead before any other step of the sequence): most of a step lost on every round that
+    // follows plain steps. On 250m fp32 (30 ms steps) that made rounds dearer than plain decoding
+    // in adaptive K's books, and the default lookup gave 30 tok/s where it gave 45 with run-ahead
+    // off (docs/engine-notes.md, wave 18). So take the tokens the worker computes, handing it no
+    // more picks (nor for PROPOSAL_QUIET_STEPS after a proposal), and verify once it holds none;
+    // the drafts are proposed again then (prompt lookup: microseconds; a draft model: a proposal
+    // per step taken, only at a switch from plain steps to rounds).
+    if (drawn.length > 0) return await plainStep(token, position, signal, remaining, false)
     const t1 = now()
     const n = drafts.length
     const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)

@@ -9,7 +9,7 @@
 import { describe, expect, it } from 'vitest'
 import { createRng, pickToken } from '../../daemon/engine/index.ts'
 import type { StepOptions, StepOutput } from '../../daemon/engine/index.ts'
-import { createSpeculativeSource, distribution, draftModelDrafter } from '../../daemon/speculative/index.ts'
+import { createPromptLookupDrafter, createSpeculativeSource, distribution, draftModelDrafter } from '../../daemon/speculative/index.ts'
 import type { DraftSteps, TargetSequence } from '../../daemon/speculative/index.ts'
 
 const V = 6
@@ -206,6 +206,41 @@ describe('speculative token source', () => {
     const recovers = await rounds(undefined, 150)
     expect(recovers.out).toEqual(plain)
     expect(recovers.accepted).toBeGreaterThan(100)
+  })
+
+  it('with run-ahead, a round waits until the worker holds no picks: it never throws away a step computed ahead', async () => {
+    const rows = table(1, { 1: 2 })
+    const plain: number[] = []
+    for (let i = 0, t = 1; i < 60; i++) { let b = 0; for (let v = 1; v < V; v++) if (rows[t]![v]! > rows[t]![b]!) b = v; plain.push(b); t = b }
+    const target = fakeSequence(rows, 1000)
+    // As the engine's worker: a plain step's picks let it run the next steps before they are asked
+    // for (up to `heldTo`); a verify at a position it holds a pick for discards what it ran.
+    let heldTo = -1
+    const discarded: number[] = []
+    let rounds = 0
+    const t: TargetSequence = {
+      step: async (_kind, ids, pos, opts) => {
+        if (ids.length > 1) { rounds++; if (pos[0]! <= heldTo) discarded.push(pos[0]!) }
+        if (opts.ahead !== undefined) heldTo = Math.max(heldTo, pos[0]! + opts.ahead.length)
+        return await target.step(ids, pos, opts)
+      },
+      rollback: target.rollback,
+    }
+    const source = createSpeculativeSource({
+      seqId: 's',
+      target: t,
+      drafter: createPromptLookupDrafter({ minNgram: 1 }),
+      sampling: { temperature: 0, topP: 1 },
+      maxTokens: undefined,
+      maxPositions: 1000,
+      vocabSize: V,
+      runAhead: 4,
+    })
+    expect(await run(source, [0, 1], 60)).toEqual(plain)
+    expect(rounds).toBeGreaterThan(3) // the argmax chain of a 6-token table cycles: lookup drafts
+    expect(discarded).toEqual([])
+    expect(source.counts().accepted).toBeGreaterThan(5)
+    await source.close()
   })
 
   it('a seeded sampled run reproduces, adaptive K or not', async () => {
