@@ -101,9 +101,11 @@ export interface CostTracker {
   /**
    * Records a plain (K = 0) step: how long the source waited for its token. `ran` (default
    * true): it surely ran in that time, not taken from the run-ahead — only those measure a
-   * verify's base; every plain step counts towards plain decoding's own cost (plainTokenMs).
+   * verify's base. Plain steps count towards plain decoding's own cost (plainTokenMs), except with
+   * `asPlain` false: a step the source ran without run-ahead only because a round was expected
+   * next (source.ts), which plain decoding would not pay.
    */
-  plain (stepMs: number, ran?: boolean): void
+  plain (stepMs: number, ran?: boolean, asPlain?: boolean): void
   costs (hopMs: number, hops: number, batchPeers?: number): SpeculationCosts
   /** Rounds recorded so far. */
   readonly rounds: number
@@ -139,8 +141,9 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
       const b = base ?? verifyMs / (drafted + 1)
       perToken = ewma(perToken, Math.max(0, (verifyMs - b) / drafted))
     },
-    plain (stepMs, ran = true) {
+    plain (stepMs, ran = true, asPlain = true) {
       if (ran) base = ewma(base, stepMs)
+      if (!asPlain) return
       plainSteps.push(stepMs)
       if (plainSteps.length > PLAIN_WINDOW) plainSteps.shift()
     },

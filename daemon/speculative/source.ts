@@ -221,9 +221,11 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
     const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
     // Every plain step tells what plain decoding costs as it runs (one taken from the run-ahead may
-    // have been ready at once: that is its real cost); only a step that surely ran tells what a
-    // verify's single position costs (a round runs alone, nothing computed ahead).
-    tracker.plain(now() - t0, ran)
+    // have been ready at once: that is its real cost), but one run without run-ahead only because a
+    // round was expected: plain decoding would have run it ahead, and counting it would make rounds
+    // look better than they are. Only a step that surely ran tells what a verify's single position
+    // costs (a round runs alone, nothing computed ahead).
+    tracker.plain(now() - t0, ran, runAhead === 0 || handAhead || !ran)
     counts.plainSteps++
     plainSinceRound++
     return next

@@ -89,17 +89,18 @@ export async function startShoal (shards: string, model: string, cache: string, 
  * server of a checkout (`dir`; this one when absent), on a shard (`shard`; the run's when absent),
  * with variables added to its environment (`env`).
  */
-export interface ShoalArm { env?: Record<string, string>, dir?: string, shard?: string }
+/** `args`: added to `shoal serve`'s command line (e.g. ["--draft", "none"]). */
+export interface ShoalArm { env?: Record<string, string>, dir?: string, shard?: string, args?: string[] }
 
 /** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
 export function shoalArm (given: Record<string, string> | ShoalArm): ShoalArm {
-  return ['env', 'dir', 'shard'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }
+  return ['env', 'dir', 'shard', 'args'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }
 }
 
 /** `shoal serve` for `arm` (see startShoal), on its own shard or `shard`. */
 export async function startShoalArm (arm: ShoalArm, shard: string, model: string, cache: string): Promise<Server> {
   const bin = arm.dir === undefined ? undefined : join(resolve(arm.dir), 'scripts', 'shoal.mjs')
-  return await startShoal(arm.shard ?? shard, model, cache, [], { env: arm.env ?? {}, ...(bin === undefined ? {} : { bin }) })
+  return await startShoal(arm.shard ?? shard, model, cache, arm.args ?? [], { env: arm.env ?? {}, ...(bin === undefined ? {} : { bin }) })
 }
 
 /** The child's peak resident set (VmHWM) in bytes; NaN once it is gone, so read it before `stop`. */

@@ -212,6 +212,13 @@ describe('plain decoding\'s cost with the engine running ahead', () => {
     for (let i = 0; i < PLAIN_WINDOW; i++) t.plain(2, false)
     expect(t.costs(0, 0).plainTokenMs).toBe(2)
     expect(t.costs(0, 0).verifyBaseMs).toBe(3)
+    // A step run without run-ahead only because a round was expected: a verify's base, not plain decoding's cost.
+    t.plain(5, true, false)
+    expect(t.costs(0, 0).plainTokenMs).toBe(2)
+    const u = createCostTracker()
+    u.plain(5, true, false)
+    expect(u.costs(0, 0).plainTokenMs).toBeUndefined()
+    expect(u.costs(0, 0).verifyBaseMs).toBe(5)
   })
 
   it('stops speculating where run-ahead plain decoding is faster than the rounds, not where it still pays', () => {
