@@ -33,7 +33,8 @@
  * which runs one server at a time cannot show here): `--arms` names two servers, the reference
  * first — "llama" for llama-server (`{"llama": ["--spec-type", "ngram-simple"]}`: with arguments
  * added), or a shoal arm as ab-serve-env.ts takes it: its environment's variables, or
- * `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`. Ratios are the second ÷ the first.
+ * `{"env": {…}, "dir": CHECKOUT, "shard": DIR, "args": ["--draft", "none"]}` (any of the four).
+ * Ratios are the second ÷ the first.
  */
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import { availableParallelism, tmpdir, totalmem } from 'node:os'
