@@ -87,9 +87,9 @@ export async function startShoal (shards: string, model: string, cache: string, 
 /**
  * One side of a shoal-against-shoal comparison (ab-serve-env.ts, paired-vs-llamacpp.ts): the
  * server of a checkout (`dir`; this one when absent), on a shard (`shard`; the run's when absent),
- * with variables added to its environment (`env`).
+ * with variables added to its environment (`env`) and arguments to its command line (`args`,
+ * e.g. ["--draft", "none"]).
  */
-/** `args`: added to `shoal serve`'s command line (e.g. ["--draft", "none"]). */
 export interface ShoalArm { env?: Record<string, string>, dir?: string, shard?: string, args?: string[] }
 
 /** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
