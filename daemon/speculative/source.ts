@@ -153,13 +153,6 @@ export interface SpeculativeSource extends TokenSource {
   close (): Promise<void>
 }
 
-/**
- * Plain steps after a proposal that hand the worker no picks to run ahead: drafts come in runs
- * where text repeats, a few tokens apart, and a proposal is verified at once only when the worker
- * holds no picks (see round). Where nothing was proposed for longer, plain steps run ahead again.
- */
-const PROPOSAL_QUIET_STEPS = 8
-
 export function createSpeculativeSource (init: SpeculativeSourceInit): SpeculativeSource {
   const now = init.now ?? (() => performance.now())
   const sampling: SamplerParams = { temperature: init.sampling.temperature, topP: init.sampling.topP }
@@ -200,8 +193,8 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   const runAhead = init.target !== undefined && init.verifier === undefined && (greedy || init.sampling.seed === undefined) ? Math.max(0, init.runAhead ?? RUN_AHEAD_STEPS) : 0
   /** Picks drawn for the plain steps after the last one; with run-ahead, the worker holds them. */
   const drawn: TokenPick[] = []
-  /** The position of the last round whose drafter proposed something (see round). */
-  let proposedAt = -Infinity
+  /** Drafts came while the worker held picks: it gets no more until it holds none (see round). */
+  let draining = false
 
   const dropDrafter = (err: unknown): void => {
     counts.drafterFailures = 1
@@ -217,6 +210,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // This step's pick handed over before: the worker may have computed it ahead, so its time is not a step's cost.
     const ran = drawn.length === 0
     const pick = drawn.shift() ?? nextPick(sampling, rng)
+    if (drawn.length === 0) draining = false
     const ahead = handAhead ? Math.min(runAhead, remaining) : 0
     while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
     const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
@@ -269,18 +263,22 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       dropDrafter(new EngineError('the drafter proposed token ids outside the vocabulary'))
       return await plainStep(token, position, signal, remaining)
     }
-    if (drafts.length === 0) return await plainStep(token, position, signal, remaining, position - proposedAt > PROPOSAL_QUIET_STEPS)
-    proposedAt = position
+    if (drafts.length === 0) return await plainStep(token, position, signal, remaining, !draining)
     // The worker still holds picks of plain steps: it is computing this position's step ahead, or
     // has. A verify now would wait for that run and then throw it away (the worker rolls back what
     // it ran ahead before any other step of the sequence): most of a step lost on every round that
     // follows plain steps. On 250m fp32 (30 ms steps) that made rounds dearer than plain decoding
     // in adaptive K's books, and the default lookup gave 30 tok/s where it gave 45 with run-ahead
     // off (docs/engine-notes.md, wave 18). So take the tokens the worker computes, handing it no
-    // more picks (nor for PROPOSAL_QUIET_STEPS after a proposal), and verify once it holds none;
-    // the drafts are proposed again then (prompt lookup: microseconds; a draft model: a proposal
-    // per step taken, only at a switch from plain steps to rounds).
-    if (drawn.length > 0) return await plainStep(token, position, signal, remaining, false)
+    // more picks until it holds none (`draining`, drafts or not), and verify then if the drafter
+    // still proposes (prompt lookup: microseconds; a draft model: a proposal per step taken, only
+    // at a switch from plain steps to rounds). Drafts that come only now and then are not worth
+    // more: holding run-ahead back for a few steps after each proposal cost the tiny model 5 % and
+    // gained nothing on the others (wave 18).
+    if (drawn.length > 0) {
+      draining = true
+      return await plainStep(token, position, signal, remaining, false)
+    }
     const t1 = now()
     const n = drafts.length
     const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)

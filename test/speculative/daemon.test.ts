@@ -78,8 +78,10 @@ describe('shoal serve with --draft', () => {
     const on = await serve(undefined)
     const off = await serve('none')
     const prompt = 'one two three one two three one two'
-    const greedy = await complete(on.client, { prompt, max_tokens: 32, temperature: 0 })
-    expect(greedy.tokens).toEqual(await referenceGreedy(pair.target.graphPath, pair.target.manifest.shape, greedy.prompt, 32))
+    // 96 tokens: this random target repeats only now and then (two-token matches, one step at a
+    // time), and a round comes where a match meets an engine worker holding no run-ahead picks.
+    const greedy = await complete(on.client, { prompt, max_tokens: 96, temperature: 0 })
+    expect(greedy.tokens).toEqual(await referenceGreedy(pair.target.graphPath, pair.target.manifest.shape, greedy.prompt, 96))
     const spec = await speculationOf(on.url, greedy.receiptId)
     expect(spec?.drafter).toBe('prompt-lookup (default)')
     expect(spec!.drafted).toBeGreaterThan(0)
@@ -94,7 +96,7 @@ describe('shoal serve with --draft', () => {
     expect(await speculationOf(on.url, a.receiptId)).toBeUndefined()
     expect(a.tokens).toEqual(b.tokens)
     // --draft none: nothing speculates, nothing is declared.
-    const plain = await complete(off.client, { prompt, max_tokens: 32, temperature: 0 })
+    const plain = await complete(off.client, { prompt, max_tokens: 96, temperature: 0 })
     expect(plain.tokens).toEqual(greedy.tokens)
     expect(await speculationOf(off.url, plain.receiptId)).toBeUndefined()
     expect(await (await fetch(`${off.url}/metrics`)).text()).not.toMatch(/shoal_speculative_drafted_tokens_total\{/)
