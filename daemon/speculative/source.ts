@@ -271,9 +271,9 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // Text that has just repeated (the latest round's drafts stood) pauses for a token or two where
     // it differs, then repeats again: the plain steps in that gap hand the worker no picks, so the
     // next proposal is verified at once rather than after the worker's picks drain (a copy task:
-    // 5.6× plain decoding with the pause, 4.8× without). Drafts that did not stand get no pause:
+    // 5.45× plain decoding with the pause, 4.8× without). Drafts that did not stand get no pause:
     // on a model whose text repeats only in stray matches, serial steps cost more than rounds gain
-    // (tiny fp32: 5 %; docs/engine-notes.md, wave 18).
+    // (a pause after every proposal cost tiny fp32 5 %; docs/engine-notes.md, wave 18).
     const pause = lastStood && plainSinceRound < PAUSE_AFTER_STOOD
     if (drafts.length === 0) return await plainStep(token, position, signal, remaining, !draining && !pause)
     // The worker still holds picks of plain steps: it is computing this position's step ahead, or
@@ -284,9 +284,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // off (docs/engine-notes.md, wave 18). So take the tokens the worker computes, handing it no
     // more picks until it holds none (`draining`, drafts or not), and verify then if the drafter
     // still proposes (prompt lookup: microseconds; a draft model: a proposal per step taken, only
-    // at a switch from plain steps to rounds). Drafts that come only now and then are not worth
-    // more: holding run-ahead back for a few steps after each proposal cost the tiny model 5 % and
-    // gained nothing on the others (wave 18).
+    // at a switch from plain steps to rounds).
     if (drawn.length > 0) {
       draining = true
       return await plainStep(token, position, signal, remaining, false)
