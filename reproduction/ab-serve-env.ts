@@ -8,9 +8,9 @@
  *   node reproduction/ab-serve-env.ts --shard DIR [--reps 4] [--streams 8] [--tokens 128] [--long 0]
  *     [--arms '{"with":{},"without":{"GLIBC_TUNABLES":"glibc.malloc.check=0"}}']
  *
- * An arm is its environment's variables, or `{"env": {…}, "dir": CHECKOUT, "shard": DIR}`: the
- * server of another checkout (a `git worktree` of the base commit), on a shard of its own (one its
- * compiler built, when the change is the graph's).
+ * An arm is its environment's variables, or `{"env": {…}, "dir": CHECKOUT, "shard": DIR, "args": [...]}`:
+ * the server of another checkout (a `git worktree` of the base commit), on a shard of its own (one
+ * its compiler built, when the change is the graph's), with arguments added to `shoal serve`.
  *
  * Per server: an untimed round of STREAMS requests (64 tokens) and one of a single stream (the
  * first steps after start are slower: wave 8/9), then two timed rounds, each STREAMS streams at once

@@ -76,6 +76,20 @@ function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositi
   return { source, target, targetRows, draftSeqs }
 }
 
+/** A table model's greedy next token after `t` (lowest id on ties). */
+function argmaxAfter (rows: Float32Array[], t: number): number {
+  let b = 0
+  for (let v = 1; v < V; v++) if (rows[t]![v]! > rows[t]![b]!) b = v
+  return b
+}
+
+/** Its greedy tokens after `t`, `n` of them: what plain decoding gives. */
+function argmaxChain (rows: Float32Array[], t: number, n: number): number[] {
+  const out: number[] = []
+  for (let i = 0; i < n; i++) out.push(t = argmaxAfter(rows, t))
+  return out
+}
+
 const signal = new AbortController().signal
 
 /** Runs the source like the decode loop: prefill, then decode until `count` tokens or the context end. */
@@ -87,10 +101,7 @@ async function run (source: ReturnType<typeof setup>['source'], prompt: number[]
 
 describe('speculative token source', () => {
   it('greedy output equals the plain argmax chain for every K, with the cache kept exact', async () => {
-    const plain: number[] = []
-    const rowsOf = table(1, { 1: 2 })
-    let t = 1
-    for (let i = 0; i < 30; i++) { let b = 0; for (let v = 1; v < V; v++) if (rowsOf[t]![v]! > rowsOf[t]![b]!) b = v; plain.push(b); t = b }
+    const plain = argmaxChain(table(1, { 1: 2 }), 1, 30)
     for (const k of [1, 2, 4, 8, 'adaptive'] as const) {
       for (const draftSeed of [1, 2]) {
         const { source, target } = setup({ k, draftSeed })
@@ -153,10 +164,9 @@ describe('speculative token source', () => {
 
   it('adaptive K drops to 0 where drafts never stand, and backs its probes off until one stands again', async () => {
     const rows = table(1, { 1: 2 })
-    const best = (t: number): number => { let b = 0; for (let v = 1; v < V; v++) if (rows[t]![v]! > rows[t]![b]!) b = v; return b }
+    const best = (t: number): number => argmaxAfter(rows, t)
     const steps = 400
-    const plain: number[] = []
-    for (let i = 0, t = 1; i < steps; i++) { t = best(t); plain.push(t) }
+    const plain = argmaxChain(rows, 1, steps)
     /** Rounds over `steps` tokens: a drafter wrong at every token (right from `rightFrom` generated tokens on). */
     async function rounds (maxProbeEvery: number | undefined, rightFrom = Infinity): Promise<{ out: number[], rounds: number[], accepted: number }> {
       const target = fakeSequence(rows, 10_000)
@@ -210,8 +220,7 @@ describe('speculative token source', () => {
 
   it('with run-ahead, a round waits until the worker holds no picks: it never throws away a step computed ahead', async () => {
     const rows = table(1, { 1: 2 })
-    const plain: number[] = []
-    for (let i = 0, t = 1; i < 60; i++) { let b = 0; for (let v = 1; v < V; v++) if (rows[t]![v]! > rows[t]![b]!) b = v; plain.push(b); t = b }
+    const plain = argmaxChain(rows, 1, 60)
     const target = fakeSequence(rows, 1000)
     // As the engine's worker: a plain step's picks let it run the next steps before they are asked
     // for (up to `heldTo`); a verify at a position it holds a pick for discards what it ran.
