@@ -8,7 +8,7 @@ import { copyFile, mkdir, open, writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { normalizeConfig } from './architectures.ts'
 import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
-import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
+import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type DecodeAttentionForm, type ModelShape, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { OP_TABLES, type OpTable } from './graph/ops.ts'
 import type { GraphBuilder } from './graph/builder.ts'
@@ -33,9 +33,11 @@ import { planStages } from './split.ts'
  * (Reshapes for size-1 transposes; the several-position branch builds its own column index).
  * 10: the last stage also outputs each kept position's greedy token (`greedy_token`). 11: int4
  * shards look the token embedding up in standard ops (its 4-bit bytes gathered and unpacked) instead
- * of GatherBlockQuantized: the same bytes and bits, faster past one row.
+ * of GatherBlockQuantized: the same bytes and bits, faster past one row. 12: the one-position
+ * attention's form is a compile option ('per-head' as in 7–11, or 'grouped'), recorded as
+ * `decodeAttention`; the daemon and `shoal shard` take the one this CPU runs faster.
  */
-export const COMPILER_VERSION = 11
+export const COMPILER_VERSION = 12
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'
@@ -80,6 +82,14 @@ export interface CompileOptions {
    */
   embedding?: 'int4' | 'f32'
   /**
+   * 'ort-contrib' only: the one-position attention's form (DecodeAttentionForm; default
+   * 'per-head'), or a function that picks it from the model's shape, called once the shape is
+   * known and only for 'ort-contrib' graphs. A speed choice, not an accuracy one: which form is
+   * faster depends on the CPU (daemon/engine/kernel-probe.ts `decodeAttentionForm` times both).
+   * Recorded as `decodeAttention`.
+   */
+  decodeAttention?: DecodeAttentionForm | ((shape: ModelShape) => Promise<DecodeAttentionForm>)
+  /**
    * Also write fixed-shape graphs per stage (`--static CTX[,CHUNK]`, for NPUs): a [1, chunk]
    * prefill and a [1, 1] decode graph over a KV buffer of contextLength slots, 'standard' ops.
    */
@@ -107,6 +117,10 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
         ...(quantKind === 'int4' ? { embedding: embeddingStorage(quantKind, options.embedding ?? 'int4', spec.shape.hiddenSize, options.blockSize ?? 32) } : {}),
       }
   const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
+  if (typeof options.decodeAttention === 'string' && ops.name !== 'ort-contrib') throw new CheckpointError(`decodeAttention ${options.decodeAttention}: only 'ort-contrib' graphs have the one-position attention it shapes`)
+  const decodeAttention = ops.name !== 'ort-contrib'
+    ? undefined
+    : typeof options.decodeAttention === 'function' ? await options.decodeAttention(spec.shape) : options.decodeAttention ?? 'per-head'
   const staticShapes = options.static === undefined ? undefined : staticShapesOf(options.static, spec.shape.maxPositions)
   const weights = await openWeights(modelDir)
   const { shape } = spec
@@ -169,6 +183,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     const hasHead = index === ranges.length - 1
     const g = await buildStage(src, {
       spec, layers, hasEmbedding, hasHead, ops, quant, accuracyLevel: options.accuracyLevel ?? 4, dataFile: STAGE_DATA_FILE,
+      ...(decodeAttention === undefined ? {} : { decodeAttention }),
     })
     const graphPath = join(outDir, dir, STAGE_GRAPH_FILE)
     const dataPath = join(outDir, dir, STAGE_DATA_FILE)
@@ -216,6 +231,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     compilerVersion: COMPILER_VERSION,
     batchPadding: ops.batchPadding,
     batchedPrefillWithPast: ops.batchedPrefillWithPast,
+    ...(decodeAttention === undefined ? {} : { decodeAttention }),
     ...(staticShapes !== undefined ? { static: staticShapes } : {}),
   }
   await writeManifest(outDir, manifest)

@@ -191,6 +191,16 @@ export interface GenerationDefaults {
   tokenizerAddsBos?: boolean
 }
 
+/**
+ * How an 'ort-contrib' graph's one-position steps attend over the past buffer
+ * (shards/graph/attention.ts `decodeAttentionNodes`): 'per-head' (one query head a product, on
+ * MLAS's one-row kernels that read the past in place) or 'grouped' (a kv head's query heads as
+ * the rows of one product, the past packed first). The same tokens either way, to float
+ * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
+ */
+export type DecodeAttentionForm = 'per-head' | 'grouped'
+export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped']
+
 export interface ShardManifest {
   format: typeof MANIFEST_FORMAT
   /** Model id served over the API (defaults to the checkpoint directory's name). */
@@ -226,6 +236,8 @@ export interface ShardManifest {
    * takes S > 1 after a past only at batch 1.
    */
   batchedPrefillWithPast?: boolean
+  /** 'ort-contrib' graphs (compiler ≥ 12): the one-position attention's form. Absent: 'per-head'. */
+  decodeAttention?: DecodeAttentionForm
   /** Present when the stages also carry fixed-shape graphs (StageManifest.static). */
   static?: StaticShapes
 }

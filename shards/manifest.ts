@@ -5,7 +5,7 @@ import { createHash } from 'node:crypto'
 import { createReadStream } from 'node:fs'
 import { readFile, stat, writeFile, rename } from 'node:fs/promises'
 import { join, relative, sep } from 'node:path'
-import { MANIFEST_FILE, MANIFEST_FORMAT, type ShardFile, type ShardManifest } from './contract.ts'
+import { DECODE_ATTENTION_FORMS, MANIFEST_FILE, MANIFEST_FORMAT, type ShardFile, type ShardManifest } from './contract.ts'
 import { ManifestError, ShardIntegrityError } from './errors.ts'
 
 export async function sha256File (file: string): Promise<string> {
@@ -66,6 +66,7 @@ export function validateManifest (m: unknown): ShardManifest {
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
   if (q.kind !== 'none' && q.activations !== undefined && q.activations !== 'int8' && q.activations !== 'f32') fail('quantization.activations must be int8 or f32')
   if (q.kind !== 'none' && q.embedding !== undefined && q.embedding !== 'f32' && !(q.embedding === 'int4' && q.kind === 'int4')) fail('quantization.embedding must be f32, or int4 in int4 shards')
+  if (o.decodeAttention !== undefined && !DECODE_ATTENTION_FORMS.includes(o.decodeAttention)) fail(`decodeAttention must be ${DECODE_ATTENTION_FORMS.join(' or ')}`)
   if (!isObj(o.generation) || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
   checkFiles(o.tokenizerFiles, 'tokenizerFiles')
   if (!Array.isArray(o.stages) || o.stages.length === 0) fail('no stages')

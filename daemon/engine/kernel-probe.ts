@@ -1,4 +1,6 @@
 /**
+ * What this CPU's onnxruntime kernels do, asked by running them: two probes.
+ *
  * Whether this CPU's onnxruntime MatMulNBits gives a row of an M-row run exactly the bits of its
  * one-row run. On AVX-512 VNNI it does; on AVX2-only CPUs MLAS computes one-row int4 runs with a
  * kernel of their own (blocks of 32–128, either accuracy level), whose rounding differs from the
@@ -7,12 +9,17 @@
  * daemon asks once when it serves an int4 model and says which holds in its 'model loaded' line;
  * the tests that promise bit-exact batching of int4 shards ask too.
  *
- * The probe runs on a session worker (off-thread-sessions.ts), never on the caller's event loop.
+ * Which form of the one-position attention (shards/contract.ts DecodeAttentionForm) runs faster
+ * here, timed: the daemon and `shoal shard` compile 'ort-contrib' shards with it.
+ *
+ * Both probes run on a session worker (off-thread-sessions.ts), never on the caller's event loop.
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
+import { availableParallelism, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import * as ort from 'onnxruntime-node'
+import type { DecodeAttentionForm, ModelShape } from '../../shards/contract.ts'
+import { decodeAttentionNodes } from '../../shards/graph/attention.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
 import { quantizeMatrix } from '../../shards/quant.ts'
 import { createOffThreadSessions } from './off-thread-sessions.ts'
@@ -73,4 +80,102 @@ async function probe (accuracyLevel: number, blockSize: number): Promise<RowInva
     await host.close()
     await rm(dir, { recursive: true, force: true })
   }
+}
+
+export interface DecodeAttentionChoice {
+  form: DecodeAttentionForm
+  /** The grouped form's time over the per-head form's (geometric mean over the probe's cases): below 1, grouped is faster. */
+  ratio: number
+}
+
+/** The grouped form is taken only this much faster: a near tie keeps 'per-head', the form of compilers 7–11. */
+export const GROUPED_MARGIN = 0.97
+/** The cases timed: one row over 128 columns (one stream), four rows over 256 (a few streams). */
+const ATTENTION_CASES: ReadonlyArray<{ rows: number, width: number }> = [{ rows: 1, width: 128 }, { rows: 4, width: 256 }]
+const PROBE_LAYERS = 4
+const ROUNDS = 12
+const RUNS_A_ROUND = 8
+
+const formMemo = new Map<string, Promise<DecodeAttentionChoice>>()
+
+/**
+ * Times both forms of the one-position attention at the model's head shape — the compiler's own
+ * nodes (decodeAttentionNodes), four layers in a row, with the engine's thread count — and picks
+ * the faster. Why a timing, not a rule: on wave 18's AVX-512 Xeon the grouped form ran ~15 %
+ * faster (2 % a served step), on wave 12's Zen 4 the per-head form ~8 %. The two alternate in
+ * rounds, so load from elsewhere falls on both; each case's median run decides. Memoized per
+ * process and shape.
+ */
+export async function decodeAttentionForm (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>, options: { threads?: number } = {}): Promise<DecodeAttentionChoice> {
+  const threads = options.threads ?? availableParallelism()
+  const key = `${shape.numHeads}/${shape.numKvHeads}/${shape.headDim}/${threads}`
+  let p = formMemo.get(key)
+  if (p === undefined) {
+    formMemo.set(key, p = timeForms(shape, threads))
+    p.catch(() => { formMemo.delete(key) })
+  }
+  return await p
+}
+
+/** The decision alone (pure): grouped only when it is faster by GROUPED_MARGIN. */
+export function chooseDecodeAttention (ratio: number): DecodeAttentionForm {
+  return ratio <= GROUPED_MARGIN ? 'grouped' : 'per-head'
+}
+
+async function timeForms (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>, threads: number): Promise<DecodeAttentionChoice> {
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = shape
+  const forms: DecodeAttentionForm[] = ['per-head', 'grouped']
+  let s = 4242
+  const rand = (): number => { s = (s * 1103515245 + 12345) % 2147483648; return s / 2147483648 - 0.5 }
+  const dir = await mkdtemp(join(tmpdir(), 'shoal-attention-probe-'))
+  const host = createOffThreadSessions()
+  try {
+    const sessions = []
+    for (const form of forms) {
+      const g = new GraphBuilder('model.onnx.data')
+      const k = g.input('k', DT.FLOAT, ['b', 1, kvH * hd])
+      const v = g.input('v', DT.FLOAT, ['b', 1, kvH * hd])
+      const bias = g.input('bias', DT.FLOAT, ['b', 1, 1, 'w'])
+      const ones = g.input('ones', DT.FLOAT, ['w', 1])
+      let x = g.input('q', DT.FLOAT, ['b', 1, H * hd])
+      for (let l = 0; l < PROBE_LAYERS; l++) {
+        const pk = g.input(`past_key.${l}`, DT.FLOAT, ['b', kvH, 'w', hd])
+        const pv = g.input(`past_value.${l}`, DT.FLOAT, ['b', kvH, 'w', hd])
+        const [context] = decodeAttentionNodes(g, shape, form, `/l${l}`, { q: x, k, v }, pk, pv, { bias, ones })
+        // Each layer's query from the last one's output, as a stage's layers follow one another.
+        x = g.op('Add', `/l${l}/Add`, [x, context!])
+      }
+      g.output('y', x, DT.FLOAT, ['b', 1, H * hd])
+      const path = join(dir, `${form}.onnx`)
+      await writeFile(path, g.encode('probe', `one-position attention, ${form}`))
+      await writeFile(join(dir, 'model.onnx.data'), Buffer.concat(g.data()))
+      sessions.push(await host.create(path, { threads }))
+    }
+    const ratios: number[] = []
+    for (const { rows: b, width: w } of ATTENTION_CASES) {
+      const f32 = (dims: number[], fill?: number): ort.Tensor => {
+        const n = dims.reduce((a, d) => a * d, 1)
+        return new ort.Tensor('float32', Float32Array.from({ length: n }, () => fill ?? rand()), dims)
+      }
+      const feeds: Record<string, ort.Tensor> = { q: f32([b, 1, H * hd]), k: f32([b, 1, kvH * hd]), v: f32([b, 1, kvH * hd]), bias: f32([b, 1, 1, w], 0), ones: f32([w, 1], 1) }
+      for (let l = 0; l < PROBE_LAYERS; l++) { feeds[`past_key.${l}`] = f32([b, kvH, w, hd]); feeds[`past_value.${l}`] = f32([b, kvH, w, hd]) }
+      const times: number[][] = [[], []]
+      for (const session of sessions) await session.time(feeds, 2) // warm-up: first runs allocate
+      for (let round = 0; round < ROUNDS; round++) {
+        for (const i of round % 2 === 0 ? [0, 1] : [1, 0]) times[i]!.push(...await sessions[i]!.time(feeds, RUNS_A_ROUND))
+      }
+      ratios.push(low(times[1]!) / low(times[0]!))
+    }
+    const ratio = Math.exp(ratios.reduce((a, r) => a + Math.log(r), 0) / ratios.length)
+    return { form: chooseDecodeAttention(ratio), ratio }
+  } finally {
+    await host.close()
+    await rm(dir, { recursive: true, force: true })
+  }
+}
+
+/** The tenth percentile: what a form takes when nothing else interferes (load from elsewhere only ever adds). */
+function low (xs: number[]): number {
+  const sorted = [...xs].sort((a, b) => a - b)
+  return sorted[Math.floor(sorted.length / 10)]!
 }

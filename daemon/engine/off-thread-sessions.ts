@@ -23,11 +23,14 @@ export type HostMessage =
   | { type: 'load', id: number, path: string, threads: number }
   | { type: 'run', id: number, handle: number, feeds: WireTensor[] }
   | { type: 'release', id: number, handle: number }
+  /** `runs` runs of the same feeds, each timed on the worker (kernel-probe.ts): no copies between them. */
+  | { type: 'time', id: number, handle: number, feeds: WireTensor[], runs: number }
 
 export type HostReply =
   | { id: number, error: string }
   | { id: number, handle: number, inputNames: string[], outputNames: string[], threadId: number }
   | { id: number, outputs: WireTensor[] }
+  | { id: number, ms: number[] }
   | { id: number }
 
 export interface OffThreadSession {
@@ -36,6 +39,8 @@ export interface OffThreadSession {
   /** The worker thread that runs it (never the caller's). */
   readonly threadId: number
   run (feeds: Record<string, ort.Tensor>): Promise<Record<string, ort.Tensor>>
+  /** Runs the same feeds `runs` times on the worker; each run's milliseconds, outputs dropped. */
+  time (feeds: Record<string, ort.Tensor>, runs: number): Promise<number[]>
   release (): Promise<void>
 }
 
@@ -95,19 +100,18 @@ export function createOffThreadSessions (): OffThreadSessions {
         outputNames: r.outputNames,
         threadId: r.threadId,
         async run (feeds) {
-          const wire: WireTensor[] = []
-          const transfer: ArrayBuffer[] = []
-          for (const [name, t] of Object.entries(feeds)) {
-            // A copy owning its buffer: the caller's array (often a view of a frame) stays usable.
-            const data = (t.data as Float32Array | BigInt64Array | Int32Array).slice()
-            wire.push({ name, type: t.type as WireTensor['type'], data, dims: [...t.dims] })
-            transfer.push(data.buffer as ArrayBuffer)
-          }
+          const { wire, transfer } = toWire(feeds)
           const reply = await call({ type: 'run', id: nextId++, handle, feeds: wire }, transfer)
           if (!('outputs' in reply)) throw new EngineError('session worker answered a run with no outputs')
           const out: Record<string, ort.Tensor> = {}
           for (const o of reply.outputs) out[o.name] = new ort.Tensor(o.type, o.data, o.dims)
           return out
+        },
+        async time (feeds, runs) {
+          const { wire, transfer } = toWire(feeds)
+          const reply = await call({ type: 'time', id: nextId++, handle, feeds: wire, runs }, transfer)
+          if (!('ms' in reply)) throw new EngineError('session worker answered a timing with no times')
+          return reply.ms
         },
         async release () {
           if (worker === undefined) return
@@ -123,4 +127,16 @@ export function createOffThreadSessions (): OffThreadSessions {
       await w.terminate()
     },
   }
+}
+
+/** Feeds as wire tensors, each a copy owning its buffer (transferred): the caller's arrays (often views of a frame) stay usable. */
+function toWire (feeds: Record<string, ort.Tensor>): { wire: WireTensor[], transfer: ArrayBuffer[] } {
+  const wire: WireTensor[] = []
+  const transfer: ArrayBuffer[] = []
+  for (const [name, t] of Object.entries(feeds)) {
+    const data = (t.data as Float32Array | BigInt64Array | Int32Array).slice()
+    wire.push({ name, type: t.type as WireTensor['type'], data, dims: [...t.dims] })
+    transfer.push(data.buffer as ArrayBuffer)
+  }
+  return { wire, transfer }
 }

@@ -53,6 +53,20 @@ async function handle (m: HostMessage): Promise<void> {
         post({ id: m.id, outputs }, [...transfer])
         return
       }
+      case 'time': {
+        const s = sessions.get(m.handle)
+        if (s === undefined) throw new Error(`no session ${m.handle} on this worker`)
+        const feeds: Record<string, ort.Tensor> = {}
+        for (const t of m.feeds) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims)
+        const ms: number[] = []
+        for (let i = 0; i < m.runs; i++) {
+          const t0 = performance.now()
+          await s.run(feeds)
+          ms.push(performance.now() - t0)
+        }
+        post({ id: m.id, ms })
+        return
+      }
       case 'release': {
         await sessions.get(m.handle)?.release()
         sessions.delete(m.handle)

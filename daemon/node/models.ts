@@ -5,7 +5,7 @@
  */
 import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
-import type { CompileCacheProgress, ShardManifest } from '../../shards/index.ts'
+import type { CompileCacheHooks, ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelEntry } from './config.ts'
 
@@ -22,8 +22,8 @@ export interface ResolvedModel {
   localChain?: boolean
 }
 
-/** What preparing a model reports; only work that actually happens (a cache miss) is reported. */
-export interface ModelProgress extends CompileCacheProgress {
+/** What preparing a model reports and asks; only work that actually happens (a cache miss) calls these. */
+export interface ModelProgress extends CompileCacheHooks {
   onGenerate?: (dir: string) => void
 }
 

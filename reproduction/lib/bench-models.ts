@@ -11,6 +11,7 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from '../../shards/index.ts'
 import type { TestModelSize } from '../../shards/index.ts'
+import { decodeAttentionForm } from '../../daemon/engine/index.ts'
 import { checkpointToGguf } from '../gguf.ts'
 
 export const BENCH_MODELS_DIR = join(resolve(import.meta.dirname, '..', '..'), '.cache', 'bench-vs-llamacpp')
@@ -33,7 +34,8 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
   await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) }, log)
   const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
   const shards = join(BENCH_MODELS_DIR, `${modelId}-c${COMPILER_VERSION}`)
-  await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId }), log)
+  // The one-position attention's form this CPU runs faster, as `shoal shard` and `shoal serve` choose it.
+  await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId, decodeAttention: async shape => (await decodeAttentionForm(shape)).form }), log)
   const gguf = join(BENCH_MODELS_DIR, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
   await once(gguf, async tmp => {
     const bytes = await checkpointToGguf(ckpt, tmp, quant === 'none' ? 'f32' : 'q4_0')

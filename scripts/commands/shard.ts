@@ -56,11 +56,20 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       return
     }
     const layers = opts.layers !== undefined ? parseLayerRanges(opts.layers) : undefined
+    let timed = ''
     const m = await compileShards({
       modelDir: opts.model,
       outDir: opts.out,
       quant,
       opSet: ops,
+      // The one-position attention's form this CPU runs faster (kernel-probe.ts): shards compiled
+      // here for other machines take this machine's choice; both forms give the same tokens.
+      decodeAttention: async (shape) => {
+        const { decodeAttentionForm } = await import('../../daemon/engine/index.ts')
+        const c = await decodeAttentionForm(shape)
+        timed = `, ${c.form} one-position attention (grouped/per-head ${c.ratio.toFixed(2)} here)`
+        return c.form
+      },
       onProgress: createProgress((line) => { process.stderr.write(`shoal: ${line}\n`) }, `compiling ${opts.model}`),
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
       ...(opts.f32Embedding === true ? { embedding: 'f32' as const } : {}),
@@ -70,7 +79,7 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
     })
     const ranges = m.stages.map(s => `${s.layers[0]}-${s.layers[1]}`).join(', ')
     const fixedNote = m.static === undefined ? '' : `, static graphs ctx ${m.static.contextLength} chunk ${m.static.chunk}`
-    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind}${fixedNote} → ${opts.out}\n`)
+    process.stdout.write(`${m.modelId}: ${m.shape.architecture}, ${m.shape.numLayers} layers, ${m.stages.length} stage(s) [${ranges}], quant ${m.quantization.kind}${timed}${fixedNote} → ${opts.out}\n`)
   } catch (err) {
     const code = (err as { code?: unknown }).code
     // Expected failures (bad checkpoint, unsupported architecture, bad split) are the user's to fix: exit 2 with the reason.

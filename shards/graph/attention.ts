@@ -6,11 +6,12 @@
  * Both take the projected q/k/v as [B, S, heads·hd] and return the context [B, S, H·hd] and the
  * present KV [B, kvH, T, hd], with the same masking rule (contract.ts), so the I/O is identical.
  */
+import type { DecodeAttentionForm, ModelShape } from '../contract.ts'
 import { CheckpointError } from '../errors.ts'
 import { invFreqAt } from '../rope.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import type { AttentionIo, AttentionOut, BuildContext, StageTables } from './types.ts'
-import { DT, MS_DOMAIN } from './builder.ts'
+import { DT, MS_DOMAIN, type GraphBuilder } from './builder.ts'
 
 /** Lowest finite f32: masked scores become this (not −∞), so a fully padded row stays finite. */
 export const F32_LOWEST = -3.4028234663852886e38
@@ -279,9 +280,17 @@ function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' 
  * Returns the context [B, 1, H·hd] and the new key and value [B, kvH, 1, hd].
  */
 function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: { bias: string, ones: string }): string[] {
-  const { g } = ctx
-  const { numHeads: H, numKvHeads: kvH, headDim: hd } = ctx.spec.shape
-  const m = `${n}/decode`
+  return decodeAttentionNodes(ctx.g, ctx.spec.shape, ctx.decodeAttention ?? 'per-head', `${n}/decode`, parts, pastK, pastV, d)
+}
+
+/**
+ * decodeAttention's nodes, in either form (DecodeAttentionForm): built from the graph builder
+ * and the shape alone, so the kernel probe that chooses the form (daemon/engine/kernel-probe.ts)
+ * times these very nodes.
+ */
+export function decodeAttentionNodes (g: GraphBuilder, shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>, form: DecodeAttentionForm,
+  m: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: { bias: string, ones: string }): string[] {
+  const { numHeads: H, numKvHeads: kvH, headDim: hd } = shape
   // One position: [B, 1, kvH·hd] holds [B, kvH, 1, hd] (and k's transpose [B, kvH, hd, 1]) in
   // the same order, so Reshapes — views, no copy — stand where Transposes of a size-1 axis copied.
   const k = g.op('Reshape', `${m}/k/Reshape`, [parts.k, g.i64([0, kvH, 1, hd])])
@@ -290,23 +299,37 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
   const group = H / kvH
   const scaled = g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))])
   const q = g.op('Reshape', `${m}/q/Reshape`, [scaled, g.i64([0, kvH, group, hd])])
-  // The past's products take one query head each ([1, hd] · [hd, W] and [1, W] · [W, hd], the
-  // past broadcast over the group): MLAS runs one-row products on kernels that read the past where
-  // it lies, where a product of `group` rows would first copy (pack) every past key and value,
-  // every layer, every step. Those kernels group columns by four, so a row's bits stay the same
-  // whatever the batch and the buffer's width only while widths are multiples of four (the
-  // engine's blocks are of 16: kv-block.ts `alignColumns`; docs/engine-notes.md, wave 12).
-  const perHead = g.op('Reshape', `${m}/q_rows/Reshape`, [scaled, g.i64([0, kvH, group, 1, hd])])
-  const past = (name: string, y: string): string => g.op('Unsqueeze', `${m}/${name}/Unsqueeze`, [y, g.i64([2])])
-  const scores = g.op('MatMul', `${m}/past/MatMul`, [perHead, g.op('Transpose', `${m}/past_k/Transpose`, [past('past_k', pastK)], { perm: [0, 1, 2, 4, 3] })])
-  const sp = g.op('Add', `${m}/past/Add`, [g.op('Reshape', `${m}/scores/Reshape`, [scores, g.i64([0, kvH, group, -1])]), d.bias])
+  let sp: string
+  let pastV4: (ep: string) => string
+  if (form === 'per-head') {
+    // The past's products take one query head each ([1, hd] · [hd, W] and [1, W] · [W, hd], the
+    // past broadcast over the group): MLAS runs one-row products on kernels that read the past
+    // where it lies, where a product of `group` rows first copies (packs) every past key and
+    // value, every layer, every step. Those kernels group columns by four, so a row's bits stay
+    // the same whatever the batch and the buffer's width only while widths are multiples of four
+    // (the engine's blocks are of 16: kv-block.ts `alignColumns`; docs/engine-notes.md, wave 12).
+    const perHead = g.op('Reshape', `${m}/q_rows/Reshape`, [scaled, g.i64([0, kvH, group, 1, hd])])
+    const past = (name: string, y: string): string => g.op('Unsqueeze', `${m}/${name}/Unsqueeze`, [y, g.i64([2])])
+    const scores = g.op('MatMul', `${m}/past/MatMul`, [perHead, g.op('Transpose', `${m}/past_k/Transpose`, [past('past_k', pastK)], { perm: [0, 1, 2, 4, 3] })])
+    sp = g.op('Add', `${m}/past/Add`, [g.op('Reshape', `${m}/scores/Reshape`, [scores, g.i64([0, kvH, group, -1])]), d.bias])
+    pastV4 = (ep) => g.op('Reshape', `${m}/pv/Reshape`, [
+      g.op('MatMul', `${m}/num/MatMul`, [g.op('Reshape', `${m}/p_rows/Reshape`, [ep, g.i64([0, kvH, group, 1, -1])]), past('past_v', pastV)]),
+      g.i64([0, kvH, group, hd])])
+  } else {
+    // A kv head's query heads as the rows of one product: MLAS packs the past into its panels
+    // (a copy every layer, every step) and runs its many-row kernels, which on some CPUs (the
+    // AVX-512 Xeon of wave 18) beat the one-row kernels by more than the copy costs, with six
+    // fewer nodes a layer. Packed kernels sum each output along W in order, in chunks whose
+    // bounds do not depend on W, so masked zero columns leave a row's bits alone here too.
+    sp = g.op('Add', `${m}/past/Add`, [g.op('MatMul', `${m}/past/MatMul`, [q, g.op('Transpose', `${m}/past_k/Transpose`, [pastK], { perm: [0, 1, 3, 2] })]), d.bias])
+    pastV4 = (ep) => g.op('MatMul', `${m}/num/MatMul`, [ep, pastV])
+  }
   const sn = g.op('MatMul', `${m}/new/MatMul`, [q, g.op('Reshape', `${m}/new_k/Reshape`, [parts.k, g.i64([0, kvH, hd, 1])])])
   const top = g.op('Max', `${m}/top/Max`, [g.op('ReduceMax', `${m}/top/ReduceMax`, [sp], { axes: [-1], keepdims: 1 }), sn])
   const ep = g.op('Exp', `${m}/past/Exp`, [g.op('Sub', `${m}/past/Sub`, [sp, top])])
   const en = g.op('Exp', `${m}/new/Exp`, [g.op('Sub', `${m}/new/Sub`, [sn, top])])
   const sum = g.op('Add', `${m}/sum/Add`, [g.op('MatMul', `${m}/sum/MatMul`, [ep, d.ones]), en])
-  const pv = g.op('MatMul', `${m}/num/MatMul`, [g.op('Reshape', `${m}/p_rows/Reshape`, [ep, g.i64([0, kvH, group, 1, -1])]), past('past_v', pastV)])
-  const num = g.op('Add', `${m}/num/Add`, [g.op('Reshape', `${m}/pv/Reshape`, [pv, g.i64([0, kvH, group, hd])]), g.op('Mul', `${m}/num/Mul`, [en, v])])
+  const num = g.op('Add', `${m}/num/Add`, [pastV4(ep), g.op('Mul', `${m}/num/Mul`, [en, v])])
   const context = g.op('Reshape', `${m}/context/Reshape`, [g.op('Div', `${m}/context/Div`, [num, sum]), g.i64([0, 1, H * hd])])
   return [context, k, v]
 }

@@ -5,7 +5,7 @@
 import type { LayerWeights, ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  GREEDY_TOKEN, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+  GREEDY_TOKEN, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type DecodeAttentionForm, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
@@ -29,13 +29,15 @@ export interface StageOptions {
   quant: Quantization
   accuracyLevel: number
   dataFile: string
+  /** 'ort-contrib' stages: the one-position attention's form (default 'per-head'). */
+  decodeAttention?: DecodeAttentionForm
 }
 
 export async function buildStage (src: StageSource, o: StageOptions): Promise<GraphBuilder> {
   const g = new GraphBuilder(o.dataFile)
   // 'ort-contrib' stages are run by an engine that keeps its KV in place (daemon/engine
   // runner-in-place.ts): one-position steps attend over the past buffer where it is.
-  const ctx: BuildContext = { g, spec: o.spec, ops: o.ops, quant: o.quant, accuracyLevel: o.accuracyLevel, decodeInPlace: o.ops.name === 'ort-contrib' }
+  const ctx: BuildContext = { g, spec: o.spec, ops: o.ops, quant: o.quant, accuracyLevel: o.accuracyLevel, decodeInPlace: o.ops.name === 'ort-contrib', ...(o.decodeAttention === undefined ? {} : { decodeAttention: o.decodeAttention }) }
   const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = o.spec.shape
   let x: string
   let embedShared: F32Tensor | undefined

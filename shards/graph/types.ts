@@ -4,7 +4,7 @@
  * attention and the op tables depend on these types, not on each other.
  */
 import type { ModelSpec, MoeWeights } from '../architectures.ts'
-import type { Quantization } from '../contract.ts'
+import type { DecodeAttentionForm, Quantization } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import type { GraphBuilder } from './builder.ts'
 
@@ -20,6 +20,8 @@ export interface BuildContext {
    * over the past buffer in place (no present), every step outputs only its new columns.
    */
   decodeInPlace?: boolean
+  /** With decodeInPlace: the one-position attention's form (default 'per-head'). */
+  decodeAttention?: DecodeAttentionForm
 }
 
 export interface OpTable {

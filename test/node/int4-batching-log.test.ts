@@ -36,6 +36,8 @@ describe('the daemon says whether int4 batching is bit-exact on this CPU', () =>
     expect(loaded('tiny-int4')?.int4Batching).toBe(rows.rowInvariant ? 'bit-exact' : 'exact to rounding')
     expect(loaded('tiny-fp32')).toBeDefined()
     expect(loaded('tiny-fp32')).not.toHaveProperty('int4Batching')
+    // Both lines say which one-position attention their shards were compiled with.
+    expect(loaded('tiny-int4')?.decodeAttention).toBe('per-head')
     const warnings = lines.filter(l => typeof l.msg === 'string' && l.msg.includes('exact to rounding, not to the bit'))
     expect(warnings).toHaveLength(rows.rowInvariant ? 0 : 1)
     if (!rows.rowInvariant) console.warn(`this CPU: int4 batching exact to rounding (max difference ${rows.maxDiff})`)

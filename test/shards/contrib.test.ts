@@ -4,7 +4,9 @@
  * graphs — one stage and every 2- and 3-stage split — produce the same 64 greedy tokens as the
  * float64 reference, every split is bit-identical to its unsplit graph, and its logits stay within
  * float rounding of the 'standard' graphs, also for chunked prefill; right-padded batches of any
- * mix of lengths decode bit-identically to each row alone (per-row attention lengths). One
+ * mix of lengths decode bit-identically to each row alone (per-row attention lengths). Both forms
+ * of the one-position attention (DecodeAttentionForm: per-head, the default, and grouped) keep
+ * the reference's tokens and batched decode's bits. One
  * documented limit: a step with batch > 1, S > 1 and a non-empty past is rejected by
  * onnxruntime (manifest.batchedPrefillWithPast = false).
  */
@@ -56,6 +58,8 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
   let contribDir: string
   let contrib: ShardManifest
   let unsplit: Float32Array[]
+  let groupedDir: string
+  let grouped: ShardManifest
 
   beforeAll(async () => {
     modelDir = join(root, arch)
@@ -66,12 +70,15 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
     standard = await compileShards({ modelDir, outDir: standardDir, opSet: 'standard' })
     contribDir = join(root, `${arch}-contrib`)
     contrib = await compileShards({ modelDir, outDir: contribDir, opSet: 'ort-contrib' })
+    groupedDir = join(root, `${arch}-grouped`)
+    grouped = await compileShards({ modelDir, outDir: groupedDir, opSet: 'ort-contrib', decodeAttention: 'grouped' })
   })
 
   it('one stage matches the float64 reference token for token', async () => {
     expect(contrib.opSet).toBe('ort-contrib')
     expect(contrib.batchPadding).toBe('right')
     expect(contrib.batchedPrefillWithPast).toBe(false)
+    expect(contrib.decodeAttention).toBe('per-head')
     expect(standard.batchPadding).toBe('left')
     expect(standard.batchedPrefillWithPast).toBe(true)
     const r = await withPipeline(contribDir, contrib, async p => await greedyDecode(p, prompt, N))
@@ -97,15 +104,23 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
     }
   })
 
-  it('right-padded batches of any mix of lengths: batched decode is bit-identical to each row alone', async () => {
+  it('the grouped one-position attention matches the reference token for token, within rounding of per-head', async () => {
+    expect(grouped.decodeAttention).toBe('grouped')
+    const r = await withPipeline(groupedDir, grouped, async p => await greedyDecode(p, prompt, N))
+    expect(r.tokens).toEqual(ref.tokens)
+    expect(Math.max(...r.logits.map((l, i) => maxDiff(l, unsplit[i]!)))).toBeLessThan(1e-4)
+  })
+
+  it.each(['per-head', 'grouped'] as const)('right-padded batches of any mix of lengths: batched decode is bit-identical to each row alone (%s)', async (form) => {
+    const [dir, manifest] = form === 'grouped' ? [groupedDir, grouped] : [contribDir, contrib]
     const rows = [prompt.slice(0, 4), prompt.slice(0, 9), prompt, prompt.slice(0, 1)]
     const steps = 4
-    await withPipeline(contribDir, contrib, async p => {
+    await withPipeline(dir, manifest, async p => {
       // Each row alone: prefill, then `steps` decode steps feeding a fixed token.
       const alone: Float32Array[][] = []
       const prefilled: Array<Map<string, ort.Tensor>> = []
       for (const row of rows) {
-        let r = await step(p, [row], [row.map((_, j) => j)], [row.map(() => 1)], emptyPast(contrib, 1))
+        let r = await step(p, [row], [row.map((_, j) => j)], [row.map(() => 1)], emptyPast(manifest, 1))
         prefilled.push(r.present)
         const logits: Float32Array[] = []
         for (let k = 0; k < steps; k++) {
@@ -116,7 +131,7 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
       }
       // Together: caches packed left-aligned into one [B, kvH, W, hd] block, rows right-padded,
       // wider than any row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts).
-      const { numKvHeads: kvH, headDim: hd } = contrib.shape
+      const { numKvHeads: kvH, headDim: hd } = manifest.shape
       const P = Math.max(...rows.map(r => r.length))
       const W = alignColumns(P + steps) + 16
       let past = new Map<string, ort.Tensor>()
@@ -130,7 +145,7 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
         })
         past.set(name, new ort.Tensor('float32', data, [rows.length, kvH, W, hd]))
       }
-      const V = contrib.shape.vocabSize
+      const V = manifest.shape.vocabSize
       for (let k = 0; k < steps; k++) {
         const T = P + k + 1
         const r = await step(p, rows.map(() => [7 + k]), rows.map(row => [row.length + k]),

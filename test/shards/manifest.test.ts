@@ -11,6 +11,7 @@ import {
   compileCached, compileShards, ensureDemoModel, generateTestModel, isShardDir, loadManifest,
   parseLayerRanges, planStages, verifyShardFiles, validateManifest,
 } from '../../shards/index.ts'
+import { decodeAttentionForm } from '../../daemon/engine/index.ts'
 import { main } from '../../scripts/cli.ts'
 
 let root: string
@@ -58,8 +59,12 @@ describe('manifest', () => {
       { ...m, quantization: { kind: 'int3' } },
       { ...m, quantization: { kind: 'int8', blockSize: 32, embedding: 'int4' } },
       { ...m, quantization: { kind: 'int4', blockSize: 32, embedding: 'int2' } },
+      { ...m, decodeAttention: 'sideways' },
     ]
     for (const b of bad) expect(() => validateManifest(b)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_MANIFEST' }))
+    // Manifests before compiler 12 have no decodeAttention (per-head); they still load.
+    const { decodeAttention: _, ...before12 } = m
+    expect(validateManifest(before12)).not.toHaveProperty('decodeAttention')
     // Manifests before compiler 5 have no quantization.embedding (f32); they still load.
     expect(validateManifest({ ...m, quantization: { kind: 'int4', blockSize: 32, activations: 'int8' } }).quantization).not.toHaveProperty('embedding')
     await writeFile(join(out, 'manifest.json'), '{nope')
@@ -92,6 +97,8 @@ describe('shoal shard (CLI)', () => {
     const m = await loadManifest(out)
     expect(m.stages.map(s => s.layers)).toEqual([[0, 0], [1, 3]])
     expect(m.quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8', embedding: 'int4' })
+    // The one-position attention's form is the one this CPU's probe timed faster (kernel-probe.ts).
+    expect(m.decodeAttention).toBe((await decodeAttentionForm(m.shape)).form)
     await verifyShardFiles(out, m)
     const errs: string[] = []
     const orig = process.stderr.write.bind(process.stderr)
@@ -128,6 +135,26 @@ describe('caches', () => {
     const before = (await stat(join(a, 'manifest.json'))).mtimeMs
     expect(await compileCached(modelDir, cache)).toBe(a)
     expect((await stat(join(a, 'manifest.json'))).mtimeMs).toBe(before)
+  })
+
+  it("compileCached asks for the one-position attention's form on a miss only, and records it", async () => {
+    const cache = join(root, 'form-cache')
+    const asked: number[] = []
+    const hooks = { decodeAttention: async (shape: { numHeads: number }) => { asked.push(shape.numHeads); return 'grouped' as const } }
+    const a = await compileCached(modelDir, cache, hooks)
+    expect((await loadManifest(a)).decodeAttention).toBe('grouped')
+    expect(asked).toEqual([(await loadManifest(a)).shape.numHeads])
+    expect(await compileCached(modelDir, cache, hooks)).toBe(a)
+    expect(asked).toHaveLength(1)
+  })
+
+  it("decodeAttention: a form for 'standard' graphs is refused; a chooser is not asked", async () => {
+    await expect(compileShards({ modelDir, outDir: join(root, 'std-grouped'), opSet: 'standard', decodeAttention: 'grouped' }))
+      .rejects.toMatchObject({ code: 'SHOAL_ERR_CHECKPOINT' })
+    let asked = 0
+    const m = await compileShards({ modelDir, outDir: join(root, 'std-chooser'), opSet: 'standard', decodeAttention: async () => { asked++; return 'grouped' } })
+    expect(asked).toBe(0)
+    expect(m).not.toHaveProperty('decodeAttention')
   })
 
   it('ensureDemoModel generates once, atomically, labelled as random weights', async () => {
