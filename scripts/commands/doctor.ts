@@ -112,6 +112,25 @@ export async function compiledCache (root: string): Promise<Finding> {
   return { level: 'ok', check: 'compiled', detail: `${dir}: ${count} compiled model${count === 1 ? '' : 's'} (${(bytes / 1048576).toFixed(1)} MiB), loaded at start without recompiling` }
 }
 
+/**
+ * What this CPU's onnxruntime kernels decide (daemon/engine/kernel-probe.ts, ~1 s): whether int4
+ * batching keeps every sequence's bits, and which one-position attention shards compiled here
+ * take — timed at a common head shape (8 query heads, 2 kv heads, head dim 64); `shoal shard`
+ * times the model's own. A fleet of mixed CPUs that copies shards between machines serves them at
+ * the compiling machine's choice: this line says what each machine would choose.
+ */
+export async function kernels (): Promise<Finding> {
+  try {
+    const { decodeAttentionForm, matMulNBitsRowInvariance } = await import('../../daemon/engine/index.ts')
+    const rows = await matMulNBitsRowInvariance(4, 32)
+    const form = await decodeAttentionForm({ numHeads: 8, numKvHeads: 2, headDim: 64 })
+    const int4 = rows.rowInvariant ? 'int4 batching bit-exact' : `int4 batching exact to rounding (max difference ${rows.maxDiff.toExponential(1)})`
+    return { level: 'ok', check: 'kernels', detail: `${int4}; one-position attention: grouped takes ${form.ratio.toFixed(2)}× per-head's time here, so shards compiled here take ${form.form}` }
+  } catch (err) {
+    return { level: 'warn', check: 'kernels', detail: `kernel probes failed: ${(err as Error).message}`, fix: 'check that the temporary directory is writable (the probes write small graphs there)' }
+  }
+}
+
 async function identity (dir: string): Promise<Finding> {
   try {
     const certs = await import('../../certs/index.ts')
@@ -129,7 +148,7 @@ async function identity (dir: string): Promise<Finding> {
 }
 
 export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
-  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot())]
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot()), await kernels()]
   if (opts.identity !== undefined) findings.push(await identity(opts.identity))
   return findings
 }
