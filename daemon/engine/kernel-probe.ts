@@ -101,10 +101,11 @@ const formMemo = new Map<string, Promise<DecodeAttentionChoice>>()
 /**
  * Times both forms of the one-position attention at the model's head shape — the compiler's own
  * nodes (decodeAttentionNodes), four layers in a row, with the engine's thread count — and picks
- * the faster. Why a timing, not a rule: on wave 18's AVX-512 Xeon the grouped form ran ~15 %
- * faster (2 % a served step), on wave 12's Zen 4 the per-head form ~8 %. The two alternate in
- * rounds, so load from elsewhere falls on both; each case's median run decides. Memoized per
- * process and shape.
+ * the faster. Why a timing, not a rule: on waves 18–19's AVX-512 Xeon the grouped form ran
+ * 12–16 % faster (3.8 % a served 60m int4 token), on wave 12's Zen 4 the per-head form ~8 %. The
+ * two alternate in rounds, so load from elsewhere falls on both, and each case's tenth-percentile
+ * run decides (medians moved with load; docs/engine-notes.md, wave 19). Memoized per process and
+ * shape.
  */
 export async function decodeAttentionForm (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>, options: { threads?: number } = {}): Promise<DecodeAttentionChoice> {
   const threads = options.threads ?? availableParallelism()
