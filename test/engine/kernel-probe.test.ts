@@ -4,12 +4,9 @@
  * CPU gives a form that decision takes from its own ratio, once per process and shape. No timed
  * assertions: which form wins is the CPU's (docs/engine-notes.md, wave 19).
  */
-import * as ort from 'onnxruntime-node'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { chooseDecodeAttention, decodeAttentionForm } from '../../daemon/engine/index.ts'
 import { GROUPED_MARGIN } from '../../daemon/engine/kernel-probe.ts'
-import { createOffThreadSessions } from '../../daemon/engine/off-thread-sessions.ts'
-import { buildTinyModel, type TinyModel } from './tiny-model.ts'
 
 describe('decode attention probe', () => {
   it('takes grouped only when it is faster by the margin', () => {
@@ -30,35 +27,5 @@ describe('decode attention probe', () => {
     // One kv head per query head (no grouping) is a shape the probe takes too.
     const b = await decodeAttentionForm({ numHeads: 4, numKvHeads: 4, headDim: 32 })
     expect(b.form).toBe(chooseDecodeAttention(b.ratio))
-  })
-})
-
-describe('off-thread session timing', () => {
-  let model: TinyModel
-  beforeAll(async () => { model = await buildTinyModel('llama', 'standard') })
-  afterAll(async () => { await model?.cleanup() })
-
-  it('runs the same feeds the asked number of times on the worker, leaving the caller its arrays', async () => {
-    const host = createOffThreadSessions()
-    try {
-      const session = await host.create(model.graphPath, { threads: 1 })
-      const s = model.manifest.shape
-      const ids = BigInt64Array.from([5n, 17n])
-      const feeds: Record<string, ort.Tensor> = {
-        input_ids: new ort.Tensor('int64', ids, [1, 2]),
-        position_ids: new ort.Tensor('int64', BigInt64Array.from([0n, 1n]), [1, 2]),
-        attention_mask: new ort.Tensor('int64', BigInt64Array.from([1n, 1n]), [1, 2]),
-        num_logits_to_keep: new ort.Tensor('int64', BigInt64Array.of(1n), []),
-      }
-      for (const name of session.inputNames) {
-        if (name.startsWith('past_key_values')) feeds[name] = new ort.Tensor('float32', new Float32Array(0), [1, s.numKvHeads, 0, s.headDim])
-      }
-      const ms = await session.time(feeds, 3)
-      expect(ms).toHaveLength(3)
-      expect(ms.every(t => Number.isFinite(t) && t >= 0)).toBe(true)
-      expect([...ids]).toEqual([5n, 17n])
-    } finally {
-      await host.close()
-    }
   })
 })

@@ -2,7 +2,7 @@
  * Off-thread sessions (the MoE stage's and the expert holders' graphs): runs happen on a worker
  * thread, never the caller's (onnxruntime-node computes on the thread that calls `run`), with
  * exactly the outputs of a session run in place, the caller's feeds left intact, and a clean
- * error after close.
+ * error after close; timed runs (the kernel probe's) likewise.
  */
 import { threadId } from 'node:worker_threads'
 import * as ort from 'onnxruntime-node'
@@ -53,5 +53,29 @@ describe('off-thread sessions', () => {
     await host.close()
     await expect(host.create(model.graphPath)).resolves.toMatchObject({ inputNames: local.inputNames })
     await host.close()
+  })
+
+  it('time the same feeds the asked number of times on the worker (the kernel probe), leaving the caller its arrays', async () => {
+    const host = createOffThreadSessions()
+    try {
+      const session = await host.create(model.graphPath, { threads: 1 })
+      const s = model.manifest.shape
+      const ids = BigInt64Array.from([5n, 17n])
+      const feeds: Record<string, ort.Tensor> = {
+        input_ids: new ort.Tensor('int64', ids, [1, 2]),
+        position_ids: new ort.Tensor('int64', BigInt64Array.from([0n, 1n]), [1, 2]),
+        attention_mask: new ort.Tensor('int64', BigInt64Array.from([1n, 1n]), [1, 2]),
+        num_logits_to_keep: new ort.Tensor('int64', BigInt64Array.of(1n), []),
+      }
+      for (const name of session.inputNames) {
+        if (name.startsWith('past_key_values')) feeds[name] = new ort.Tensor('float32', new Float32Array(0), [1, s.numKvHeads, 0, s.headDim])
+      }
+      const ms = await session.time(Object.fromEntries(Object.entries(feeds).filter(([n]) => session.inputNames.includes(n))), 3)
+      expect(ms).toHaveLength(3)
+      expect(ms.every(t => Number.isFinite(t) && t >= 0)).toBe(true)
+      expect([...ids]).toEqual([5n, 17n])
+    } finally {
+      await host.close()
+    }
   })
 })
