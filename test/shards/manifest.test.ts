@@ -117,6 +117,24 @@ describe('shoal shard (CLI)', () => {
     // Opting into f32 activations is written into the manifest (the engine then batches any mix of context lengths).
     expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli5'), '--quant', 'int4', '--f32-activations'])).toBe(0)
     expect((await loadManifest(join(root, 'cli5'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'f32', embedding: 'int4' })
+    // A failed attention probe costs speed, not the compile: per-head, and the last line says why.
+    // (A head shape this process has not probed: the probe's answers are memoized by shape.)
+    const small = join(root, 'small')
+    await generateTestModel({ architecture: 'llama', size: 'small', outDir: small })
+    const tmp = process.env.TMPDIR
+    const out8: string[] = []
+    const origOut = process.stdout.write.bind(process.stdout)
+    process.env.TMPDIR = join(small, 'config.json') // a file: no temporary directory can be made in it
+    process.stdout.write = ((s: string) => { out8.push(String(s)); return true }) as typeof process.stdout.write
+    try {
+      expect(await main(['shard', '--model', small, '--out', join(root, 'cli8')])).toBe(0)
+    } finally {
+      process.stdout.write = origOut
+      if (tmp === undefined) delete process.env.TMPDIR
+      else process.env.TMPDIR = tmp
+    }
+    expect((await loadManifest(join(root, 'cli8'))).decodeAttention).toBe('per-head')
+    expect(out8.join('')).toMatch(/per-head one-position attention \(the probe failed: /)
     // --f32-embedding keeps the token embedding f32, and says so.
     expect(await main(['shard', '--model', modelDir, '--out', join(root, 'cli7'), '--quant', 'int4', '--f32-embedding'])).toBe(0)
     expect((await loadManifest(join(root, 'cli7'))).quantization).toEqual({ kind: 'int4', blockSize: 32, activations: 'int8', embedding: 'f32' })
