@@ -130,10 +130,11 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
         alone.push(logits)
       }
       // Together: caches packed left-aligned into one [B, kvH, W, hd] block, rows right-padded,
-      // wider than any row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts).
+      // wider than any row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts; the
+      // grouped form's packed products need no such width, so it gets an odd one).
       const { numKvHeads: kvH, headDim: hd } = manifest.shape
       const P = Math.max(...rows.map(r => r.length))
-      const W = alignColumns(P + steps) + 16
+      const W = alignColumns(P + steps) + (form === 'grouped' ? 19 : 16)
       let past = new Map<string, ort.Tensor>()
       for (const name of prefilled[0]!.keys()) {
         // Padding must be finite: a one-position step reads it and masks it to exact zeros.
