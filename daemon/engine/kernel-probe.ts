@@ -118,6 +118,18 @@ export async function decodeAttentionForm (shape: Pick<ModelShape, 'numHeads' | 
   return await p
 }
 
+/**
+ * decodeAttentionForm for a compile: a failed probe (no temporary directory, say) costs speed,
+ * not the compile — the per-head form of compilers 7–11, with the reason.
+ */
+export async function decodeAttentionOrPerHead (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>): Promise<DecodeAttentionChoice & { error?: string }> {
+  try {
+    return await decodeAttentionForm(shape)
+  } catch (err) {
+    return { form: 'per-head', ratio: Number.NaN, error: err instanceof Error ? err.message : String(err) }
+  }
+}
+
 /** The decision alone (pure): grouped only when it is faster by GROUPED_MARGIN. */
 export function chooseDecodeAttention (ratio: number): DecodeAttentionForm {
   return ratio <= GROUPED_MARGIN ? 'grouped' : 'per-head'

@@ -10,7 +10,7 @@ import { freemem } from 'node:os'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, decodeAttentionForm, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -105,17 +105,9 @@ function modelProgress (logger: Logger): ModelProgress {
       layers = createProgress(line => { logger.info(line) }, 'compiling')
     },
     onProgress: (done, total) => { layers?.(done, total) },
-    // A compile takes the one-position attention's form this CPU runs faster (a timing of both,
-    // ~0.5 s). A failed probe costs speed, not the compile: the per-head form of compilers 7–11.
-    decodeAttention: async (shape) => {
-      try {
-        const { form, ratio } = await decodeAttentionForm(shape)
-        logger.info({ form, groupedOverPerHead: Number(ratio.toFixed(3)) }, 'one-position attention: timed both forms on this CPU')
-        return form
-      } catch (err) {
-        logger.warn({ err: (err as Error).message }, 'one-position attention probe failed: compiling the per-head form')
-        return 'per-head'
-      }
+    onAttentionForm: ({ form, ratio, error }) => {
+      if (error === undefined) logger.info({ form, groupedOverPerHead: Number(ratio.toFixed(3)) }, 'one-position attention: timed both forms on this CPU')
+      else logger.warn({ err: error }, 'one-position attention probe failed: compiling the per-head form')
     },
   }
 }

@@ -6,6 +6,8 @@
 import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
 import type { CompileCacheHooks, ShardManifest } from '../../shards/index.ts'
+import { decodeAttentionOrPerHead } from '../engine/index.ts'
+import type { DecodeAttentionChoice } from '../engine/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelEntry } from './config.ts'
 
@@ -22,9 +24,27 @@ export interface ResolvedModel {
   localChain?: boolean
 }
 
-/** What preparing a model reports and asks; only work that actually happens (a cache miss) calls these. */
-export interface ModelProgress extends CompileCacheHooks {
+/** What preparing a model reports; only work that actually happens (a cache miss) calls these. */
+export interface ModelProgress extends Omit<CompileCacheHooks, 'decodeAttention'> {
   onGenerate?: (dir: string) => void
+  /** The one-position attention's form a compile took (timed on this CPU), or why the probe failed. */
+  onAttentionForm?: (choice: DecodeAttentionChoice & { error?: string }) => void
+}
+
+/**
+ * The cache's hooks: a compile takes the one-position attention's form this CPU runs faster
+ * (daemon/engine/kernel-probe.ts, ~0.4 s; per-head when the probe fails), and says which.
+ */
+function cacheHooks (progress: ModelProgress): CompileCacheHooks {
+  const { onGenerate: _, onAttentionForm, ...hooks } = progress
+  return {
+    ...hooks,
+    decodeAttention: async (shape) => {
+      const choice = await decodeAttentionOrPerHead(shape)
+      onAttentionForm?.(choice)
+      return choice.form
+    },
+  }
 }
 
 export async function resolveModel (spec: ModelEntry, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
@@ -33,7 +53,7 @@ export async function resolveModel (spec: ModelEntry, cacheRoot: string, progres
   if (spec.dir === 'demo') shardDir = await ensureDemoReady(cacheRoot, progress)
   else if (isShardDir(spec.dir)) shardDir = spec.dir
   else if (spec.layers !== undefined) throw new ConfigError('--model', `${spec.dir}@${spec.layers.join('-')}: a layer range needs a shard directory (make one with shoal shard)`)
-  else shardDir = await compileCached(spec.dir, cacheRoot, progress)
+  else shardDir = await compileCached(spec.dir, cacheRoot, cacheHooks(progress))
 
   const manifest = await loadManifest(shardDir)
   let stageIndex = 0
@@ -55,5 +75,5 @@ export async function resolveModel (spec: ModelEntry, cacheRoot: string, progres
 /** Generates and compiles the demo model once, so N daemons starting together don't race to. */
 export async function ensureDemoReady (cacheRoot: string, progress: ModelProgress = {}): Promise<string> {
   const demo = await ensureDemoModel(cacheRoot, progress.onGenerate === undefined ? {} : { onGenerate: progress.onGenerate })
-  return await compileCached(demo, cacheRoot, progress)
+  return await compileCached(demo, cacheRoot, cacheHooks(progress))
 }

@@ -66,15 +66,12 @@ export async function shard (opts: ShardCommandOptions): Promise<void> {
       // here for other machines take this machine's choice; both forms give the same tokens. A
       // failed probe costs speed, not the compile: the per-head form of compilers 7–11.
       decodeAttention: async (shape) => {
-        try {
-          const { decodeAttentionForm } = await import('../../daemon/engine/index.ts')
-          const c = await decodeAttentionForm(shape)
-          timed = `, ${c.form} one-position attention (grouped/per-head ${c.ratio.toFixed(2)} here)`
-          return c.form
-        } catch (err) {
-          timed = `, per-head one-position attention (the probe failed: ${(err as Error).message})`
-          return 'per-head'
-        }
+        const { decodeAttentionOrPerHead } = await import('../../daemon/engine/index.ts')
+        const c = await decodeAttentionOrPerHead(shape)
+        timed = c.error === undefined
+          ? `, ${c.form} one-position attention (grouped/per-head ${c.ratio.toFixed(2)} here)`
+          : `, per-head one-position attention (the probe failed: ${c.error})`
+        return c.form
       },
       onProgress: createProgress((line) => { process.stderr.write(`shoal: ${line}\n`) }, `compiling ${opts.model}`),
       ...(opts.f32Activations === true ? { accuracyLevel: 0 as const } : {}),
