@@ -35,7 +35,7 @@ import { planStages } from './split.ts'
  * shards look the token embedding up in standard ops (its 4-bit bytes gathered and unpacked) instead
  * of GatherBlockQuantized: the same bytes and bits, faster past one row. 12: the one-position
  * attention's form is a compile option ('per-head' as in 7–11, or 'grouped'), recorded as
- * `decodeAttention`; the daemon and `shoal shard` take the one this CPU runs faster.
+ * `decodeAttention`; `shoal shard` takes the one this CPU runs faster, the daemon's cache per-head.
  */
 export const COMPILER_VERSION = 12
 

@@ -10,7 +10,8 @@
  * the tests that promise bit-exact batching of int4 shards ask too.
  *
  * Which form of the one-position attention (shards/contract.ts DecodeAttentionForm) runs faster
- * here, timed: the daemon and `shoal shard` compile 'ort-contrib' shards with it.
+ * here, timed: `shoal shard` and the benchmarks compile 'ort-contrib' shards with it (the daemon's
+ * own cache compile does not: daemon/node/models.ts).
  *
  * Both probes run on a session worker (off-thread-sessions.ts), never on the caller's event loop.
  */

@@ -105,10 +105,6 @@ function modelProgress (logger: Logger): ModelProgress {
       layers = createProgress(line => { logger.info(line) }, 'compiling')
     },
     onProgress: (done, total) => { layers?.(done, total) },
-    onAttentionForm: ({ form, ratio, error }) => {
-      if (error === undefined) logger.info({ form, groupedOverPerHead: Number(ratio.toFixed(3)) }, 'one-position attention: timed both forms on this CPU')
-      else logger.warn({ err: error }, 'one-position attention probe failed: compiling the per-head form')
-    },
   }
 }
 

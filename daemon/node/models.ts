@@ -6,8 +6,6 @@
 import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
 import type { CompileCacheHooks, ShardManifest } from '../../shards/index.ts'
-import { decodeAttentionOrPerHead } from '../engine/index.ts'
-import type { DecodeAttentionChoice } from '../engine/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelEntry } from './config.ts'
 
@@ -24,27 +22,16 @@ export interface ResolvedModel {
   localChain?: boolean
 }
 
-/** What preparing a model reports; only work that actually happens (a cache miss) calls these. */
+/**
+ * What preparing a model reports; only work that actually happens (a cache miss) calls these.
+ * A checkpoint compiled into the cache takes the per-head one-position attention whatever the
+ * CPU, not the form a timing would pick: the form is in the manifest, whose hash names the model
+ * to chains and scopes KV prefixes, so nodes compiling the same checkpoint must arrive at the same
+ * manifest — a timing near its margin could split even identical machines (shards/DESIGN.md).
+ * `shoal shard` times this CPU's faster form for a shard directory made once and copied.
+ */
 export interface ModelProgress extends Omit<CompileCacheHooks, 'decodeAttention'> {
   onGenerate?: (dir: string) => void
-  /** The one-position attention's form a compile took (timed on this CPU), or why the probe failed. */
-  onAttentionForm?: (choice: DecodeAttentionChoice & { error?: string }) => void
-}
-
-/**
- * The cache's hooks: a compile takes the one-position attention's form this CPU runs faster
- * (daemon/engine/kernel-probe.ts, ~0.4 s; per-head when the probe fails), and says which.
- */
-function cacheHooks (progress: ModelProgress): CompileCacheHooks {
-  const { onGenerate: _, onAttentionForm, ...hooks } = progress
-  return {
-    ...hooks,
-    decodeAttention: async (shape) => {
-      const choice = await decodeAttentionOrPerHead(shape)
-      onAttentionForm?.(choice)
-      return choice.form
-    },
-  }
 }
 
 export async function resolveModel (spec: ModelEntry, cacheRoot: string, progress: ModelProgress = {}): Promise<ResolvedModel> {
@@ -53,7 +40,7 @@ export async function resolveModel (spec: ModelEntry, cacheRoot: string, progres
   if (spec.dir === 'demo') shardDir = await ensureDemoReady(cacheRoot, progress)
   else if (isShardDir(spec.dir)) shardDir = spec.dir
   else if (spec.layers !== undefined) throw new ConfigError('--model', `${spec.dir}@${spec.layers.join('-')}: a layer range needs a shard directory (make one with shoal shard)`)
-  else shardDir = await compileCached(spec.dir, cacheRoot, cacheHooks(progress))
+  else shardDir = await compileCached(spec.dir, cacheRoot, progress)
 
   const manifest = await loadManifest(shardDir)
   let stageIndex = 0
@@ -75,5 +62,5 @@ export async function resolveModel (spec: ModelEntry, cacheRoot: string, progres
 /** Generates and compiles the demo model once, so N daemons starting together don't race to. */
 export async function ensureDemoReady (cacheRoot: string, progress: ModelProgress = {}): Promise<string> {
   const demo = await ensureDemoModel(cacheRoot, progress.onGenerate === undefined ? {} : { onGenerate: progress.onGenerate })
-  return await compileCached(demo, cacheRoot, cacheHooks(progress))
+  return await compileCached(demo, cacheRoot, progress)
 }

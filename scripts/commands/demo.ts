@@ -56,9 +56,6 @@ export async function demo (opts: { nodes: string, port: string, logFormat?: str
         layers = createProgress(say, 'compiling')
       },
       onProgress: (done, total) => { layers?.(done, total) },
-      onAttentionForm: ({ form, ratio, error }) => {
-        say(error === undefined ? `${form} one-position attention (timed on this CPU: grouped/per-head ${ratio.toFixed(2)})` : `per-head one-position attention (the probe failed: ${error})`)
-      },
     })
     const identities = await demoIdentities(work, count)
     let bootstrap: string[] = []

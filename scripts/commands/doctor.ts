@@ -114,8 +114,8 @@ export async function compiledCache (root: string): Promise<Finding> {
 
 /**
  * What this CPU's onnxruntime kernels decide (daemon/engine/kernel-probe.ts, ~1 s): whether int4
- * batching keeps every sequence's bits, and which one-position attention shards compiled here
- * take — timed at a common head shape (8 query heads, 2 kv heads, head dim 64); `shoal shard`
+ * batching keeps every sequence's bits, and which one-position attention `shoal shard` here
+ * takes — timed at a common head shape (8 query heads, 2 kv heads, head dim 64); `shoal shard`
  * times the model's own. A fleet of mixed CPUs that copies shards between machines serves them at
  * the compiling machine's choice: this line says what each machine would choose.
  */
@@ -125,7 +125,7 @@ export async function kernels (): Promise<Finding> {
     const rows = await matMulNBitsRowInvariance(4, 32)
     const form = await decodeAttentionForm({ numHeads: 8, numKvHeads: 2, headDim: 64 })
     const int4 = rows.rowInvariant ? 'int4 batching bit-exact' : `int4 batching exact to rounding (max difference ${rows.maxDiff.toExponential(1)})`
-    return { level: 'ok', check: 'kernels', detail: `${int4}; one-position attention: grouped takes ${form.ratio.toFixed(2)}× per-head's time here, so shards compiled here take ${form.form}` }
+    return { level: 'ok', check: 'kernels', detail: `${int4}; one-position attention: grouped takes ${form.ratio.toFixed(2)}× per-head's time here, so shoal shard here takes ${form.form}` }
   } catch (err) {
     return { level: 'warn', check: 'kernels', detail: `kernel probes failed: ${(err as Error).message}`, fix: 'check that the temporary directory is writable (the probes write small graphs there)' }
   }

@@ -18,9 +18,9 @@ describe('shoal doctor', () => {
       expect(['ok', 'warn']).toContain(by.openvino!.level)
       if (by.openvino!.level === 'warn') expect(by.openvino!.fix).toBeDefined()
       expect(by.identity).toMatchObject({ level: 'ok' })
-      // The kernel probes' verdicts: int4 batching and the one-position attention shards compiled here take.
+      // The kernel probes' verdicts: int4 batching and the one-position attention `shoal shard` takes here.
       expect(by.kernels!.level).toBe('ok')
-      expect(by.kernels!.detail).toMatch(/int4 batching (bit-exact|exact to rounding).*shards compiled here take (per-head|grouped)/)
+      expect(by.kernels!.detail).toMatch(/int4 batching (bit-exact|exact to rounding).*shoal shard here takes (per-head|grouped)/)
       expect(by.identity!.detail).toContain(ca.identities[0]!.peerId)
       for (const f of findings) if (f.level !== 'ok') expect(f.fix, f.check).toBeDefined()
 

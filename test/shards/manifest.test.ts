@@ -150,6 +150,8 @@ describe('caches', () => {
     const m = await loadManifest(a)
     expect(a.endsWith(m.sourceHash)).toBe(true)
     expect(m.stages).toHaveLength(1)
+    // Without a chooser, per-head: the same checkpoint compiles to the same manifest on every CPU.
+    expect(m.decodeAttention).toBe('per-head')
     const before = (await stat(join(a, 'manifest.json'))).mtimeMs
     expect(await compileCached(modelDir, cache)).toBe(a)
     expect((await stat(join(a, 'manifest.json'))).mtimeMs).toBe(before)
