@@ -146,6 +146,7 @@ async function timeForms (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'h
   try {
     const sessions = []
     for (const form of forms) {
+      // Shapes and scalars only: inline constants, no external data to write.
       const g = new GraphBuilder('model.onnx.data')
       const k = g.input('k', DT.FLOAT, ['b', 1, kvH * hd])
       const v = g.input('v', DT.FLOAT, ['b', 1, kvH * hd])
@@ -162,7 +163,6 @@ async function timeForms (shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'h
       g.output('y', x, DT.FLOAT, ['b', 1, H * hd])
       const path = join(dir, `${form}.onnx`)
       await writeFile(path, g.encode('probe', `one-position attention, ${form}`))
-      await writeFile(join(dir, 'model.onnx.data'), Buffer.concat(g.data()))
       sessions.push(await host.create(path, { threads }))
     }
     const ratios: number[] = []
