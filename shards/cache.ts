@@ -9,7 +9,7 @@ import { mkdir, rename, rm } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { checkpointHash } from './checkpoint.ts'
 import { compileShards, COMPILER_VERSION } from './compile.ts'
-import { MANIFEST_FILE, type DecodeAttentionForm, type ModelShape } from './contract.ts'
+import { MANIFEST_FILE } from './contract.ts'
 import { loadManifest } from './manifest.ts'
 import { generateTestModel, type TestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 
@@ -41,10 +41,8 @@ export interface DemoOptions {
   onGenerate?: (dir: string) => void
 }
 
-/** What a cache fill reports and asks: only a cache miss calls these. */
-export interface CompileCacheHooks {
-  /** Picks the one-position attention's form for the compile (CompileOptions.decodeAttention; default 'per-head'). */
-  decodeAttention?: (shape: ModelShape) => Promise<DecodeAttentionForm>
+/** What a cache fill reports: only a cache miss calls these. */
+export interface CompileCacheProgress {
   /** The compile starts (the checkpoint, the cache entry it fills). */
   onCompile?: (modelDir: string, dest: string) => void
   /** Layers compiled so far, of all. */
@@ -85,7 +83,7 @@ export async function ensureDemoModel (cacheRoot: string, options: DemoOptions =
  * One-stage fp32 shards of an HF checkpoint, compiled once into cacheRoot/shards/<sourceHash>
  * and reused while the checkpoint's content and the compiler version are unchanged.
  */
-export async function compileCached (modelDir: string, cacheRoot: string, hooks: CompileCacheHooks = {}): Promise<string> {
+export async function compileCached (modelDir: string, cacheRoot: string, progress: CompileCacheProgress = {}): Promise<string> {
   const hash = await checkpointHash(modelDir)
   const parent = join(resolve(cacheRoot), 'shards')
   const dest = join(parent, hash)
@@ -97,14 +95,9 @@ export async function compileCached (modelDir: string, cacheRoot: string, hooks:
   }
   await mkdir(parent, { recursive: true })
   const tmp = tmpName(parent, hash.slice(0, 12))
-  hooks.onCompile?.(modelDir, dest)
+  progress.onCompile?.(modelDir, dest)
   try {
-    await compileShards({
-      modelDir,
-      outDir: tmp,
-      ...(hooks.onProgress === undefined ? {} : { onProgress: hooks.onProgress }),
-      ...(hooks.decodeAttention === undefined ? {} : { decodeAttention: hooks.decodeAttention }),
-    })
+    await compileShards({ modelDir, outDir: tmp, ...(progress.onProgress === undefined ? {} : { onProgress: progress.onProgress }) })
     if (existsSync(dest)) {
       // A stale entry from another compiler version: move it aside, then publish ours.
       const old = tmpName(parent, 'stale')

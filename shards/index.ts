@@ -17,7 +17,7 @@ export {
 export { copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle, type CopyTaskOptions, TEST_ARCHITECTURES, MOE_TEST_ARCHITECTURES, type DraftPairOptions, type GenerateOptions, type TestArchitecture, type MoeTestArchitecture, type TestModelSize } from './testmodel/generate.ts'
 export { createProgress } from './progress.ts'
 export type { ProgressOptions } from './progress.ts'
-export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions, type CompileCacheHooks } from './cache.ts'
+export { ensureDemoModel, compileCached, isShardDir, DEMO_MODEL_ID, type DemoOptions, type CompileCacheProgress } from './cache.ts'
 export {
   UnsupportedArchitectureError, CheckpointError, LayerSplitError, ManifestError, ShardIntegrityError,
 } from './errors.ts'

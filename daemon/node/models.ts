@@ -5,7 +5,7 @@
  */
 import { existsSync } from 'node:fs'
 import { compileCached, ensureDemoModel, isShardDir, loadManifest, manifestHash } from '../../shards/index.ts'
-import type { CompileCacheHooks, ShardManifest } from '../../shards/index.ts'
+import type { CompileCacheProgress, ShardManifest } from '../../shards/index.ts'
 import { ConfigError } from './config.ts'
 import type { ModelEntry } from './config.ts'
 
@@ -23,14 +23,14 @@ export interface ResolvedModel {
 }
 
 /**
- * What preparing a model reports; only work that actually happens (a cache miss) calls these.
+ * What preparing a model reports; only work that actually happens (a cache miss) is reported.
  * A checkpoint compiled into the cache takes the per-head one-position attention whatever the
  * CPU, not the form a timing would pick: the form is in the manifest, whose hash names the model
  * to chains and scopes KV prefixes, so nodes compiling the same checkpoint must arrive at the same
  * manifest — a timing near its margin could split even identical machines (shards/DESIGN.md).
  * `shoal shard` times this CPU's faster form for a shard directory made once and copied.
  */
-export interface ModelProgress extends Omit<CompileCacheHooks, 'decodeAttention'> {
+export interface ModelProgress extends CompileCacheProgress {
   onGenerate?: (dir: string) => void
 }
 

@@ -34,7 +34,7 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
   await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) }, log)
   const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
   const shards = join(BENCH_MODELS_DIR, `${modelId}-c${COMPILER_VERSION}`)
-  // The one-position attention's form this CPU runs faster, as `shoal shard` and `shoal serve` choose it.
+  // The one-position attention's form this CPU runs faster, as `shoal shard` chooses it.
   await once(shards, async tmp => await compileShards({ modelDir: ckpt, outDir: tmp, quant, modelId, decodeAttention: async shape => (await decodeAttentionForm(shape)).form }), log)
   const gguf = join(BENCH_MODELS_DIR, `llama-${size}-${quant === 'none' ? 'f32' : 'q4_0'}.gguf`)
   await once(gguf, async tmp => {
