@@ -21,14 +21,15 @@ export const ENGINE_COMMANDS = new Set(['serve', 'node', 'demo'])
 /**
  * Blocks under 32 MiB from the heap; up to 1 GiB of freed heap kept for reuse; and malloc's memory
  * marked for transparent huge pages (`hugetlb=1`: madvise, which a kernel whose THP mode is
- * `madvise` (this project's Debian VMs) honours, `always` does anyway and `never` ignores). glibc
- * marks the main thread's heap and the blocks it maps alone (past the 32 MiB threshold), not a
- * thread's own arena, where the engine worker's onnxruntime packs most weights: of the 60m fp32
- * model's 162 MB, the LM head's 65 MB block is in huge pages (/proc/PID/smaps, wave 20). Measured
- * (reproduction/ab-serve-env.ts, docs/engine-notes.md, wave 15): 60m fp32 +7 % one stream and
- * eight streams, ahead in 10/10 (one stream) and 9/10 (eight) reps over two sessions; 250m fp32,
- * 60m and 250m int4 unchanged within their noise; peak RSS +0–1 %. Every thread on the main heap
- * (`arena_max=1`, all weights in huge pages) added nothing measurable (wave 20).
+ * `madvise` (this project's Debian VMs) honours, `always` does anyway and `never` ignores).
+ * Measured (reproduction/ab-serve-env.ts, docs/engine-notes.md, wave 15): 60m fp32 +7 % one
+ * stream and eight streams, ahead in 10/10 (one stream) and 9/10 (eight) reps over two sessions;
+ * 250m fp32, 60m and 250m int4 unchanged within their noise; peak RSS +0–1 %. glibc marks the main
+ * thread's heap and the blocks it maps alone (past the 32 MiB threshold), not a thread's own
+ * arena, where the engine worker's onnxruntime packs most weights: of the 60m fp32 model's 162 MB,
+ * only the LM head's 65 MB block is in huge pages (/proc/PID/smaps, wave 20). Every thread on the
+ * main heap (`arena_max=1`, all weights in huge pages) added nothing measurable (wave 20), so the
+ * arenas are left as they are.
  * glibc before 2.35 ignores the key.
  */
 export const MALLOC_TUNABLES = 'glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824:glibc.malloc.hugetlb=1'
