@@ -47,5 +47,5 @@ export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.
 export type { RequestScope } from './request-scope.ts'
 export { createOffThreadSessions } from './off-thread-sessions.ts'
 export type { OffThreadSession, OffThreadSessions } from './off-thread-sessions.ts'
-export { chooseDecodeAttention, decodeAttentionForm, decodeAttentionOrPerHead, matMulNBitsRowInvariance } from './kernel-probe.ts'
+export { chooseDecodeAttention, decodeAttentionForm, decodeAttentionOrPerHead, int4BatchingVerdict, matMulNBitsRowInvariance } from './kernel-probe.ts'
 export type { DecodeAttentionChoice, RowInvariance } from './kernel-probe.ts'

@@ -32,6 +32,15 @@ export interface RowInvariance {
   maxDiff: number
 }
 
+/**
+ * What batching promises int4 sequences on this CPU, as the daemon's 'model loaded' line and
+ * `shoal doctor` both say it: every row's own bits, or its bits to rounding (ARCHITECTURE.md,
+ * "Exactness under batching").
+ */
+export function int4BatchingVerdict (rows: RowInvariance): 'bit-exact' | 'exact to rounding' {
+  return rows.rowInvariant ? 'bit-exact' : 'exact to rounding'
+}
+
 const memo = new Map<string, Promise<RowInvariance>>()
 
 /**

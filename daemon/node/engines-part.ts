@@ -10,7 +10,7 @@ import { freemem } from 'node:os'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
 import type { LocalService } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -192,10 +192,11 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return {}
     try {
       const rows = await matMulNBitsRowInvariance(q.activations === 'f32' ? 0 : 4, q.blockSize)
-      if (rows.rowInvariant) return { int4Batching: 'bit-exact' }
+      const verdict = int4BatchingVerdict(rows)
+      if (verdict === 'bit-exact') return { int4Batching: verdict }
       if (!warnedRounding) logger.warn({ maxDiff: rows.maxDiff }, "this CPU's int4 kernel rounds a one-row run differently from a batched one: batched int4 sequences are exact to rounding, not to the bit (ARCHITECTURE.md, \"Exactness under batching\")")
       warnedRounding = true
-      return { int4Batching: 'exact to rounding' }
+      return { int4Batching: verdict }
     } catch (err) {
       return { int4Batching: `unknown (kernel probe failed: ${(err as Error).message})` }
     }

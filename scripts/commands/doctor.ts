@@ -121,10 +121,10 @@ export async function compiledCache (root: string): Promise<Finding> {
  */
 export async function kernels (): Promise<Finding> {
   try {
-    const { decodeAttentionForm, matMulNBitsRowInvariance } = await import('../../daemon/engine/index.ts')
+    const { decodeAttentionForm, int4BatchingVerdict, matMulNBitsRowInvariance } = await import('../../daemon/engine/index.ts')
     const rows = await matMulNBitsRowInvariance(4, 32)
     const form = await decodeAttentionForm({ numHeads: 8, numKvHeads: 2, headDim: 64 })
-    const int4 = rows.rowInvariant ? 'int4 batching bit-exact' : `int4 batching exact to rounding (max difference ${rows.maxDiff.toExponential(1)})`
+    const int4 = `int4 batching ${int4BatchingVerdict(rows)}${rows.rowInvariant ? '' : ` (max difference ${rows.maxDiff.toExponential(1)})`}`
     return { level: 'ok', check: 'kernels', detail: `${int4}; one-position attention: grouped takes ${form.ratio.toFixed(2)}× per-head's time here, so shoal shard here takes ${form.form}` }
   } catch (err) {
     return { level: 'warn', check: 'kernels', detail: `kernel probes failed: ${(err as Error).message}`, fix: 'check that the temporary directory is writable (the probes write small graphs there)' }

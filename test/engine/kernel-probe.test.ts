@@ -5,8 +5,15 @@
  * assertions: which form wins is the CPU's (docs/engine-notes.md, wave 19).
  */
 import { describe, expect, it } from 'vitest'
-import { chooseDecodeAttention, decodeAttentionForm } from '../../daemon/engine/index.ts'
+import { chooseDecodeAttention, decodeAttentionForm, int4BatchingVerdict } from '../../daemon/engine/index.ts'
 import { GROUPED_MARGIN } from '../../daemon/engine/kernel-probe.ts'
+
+describe('int4 batching verdict', () => {
+  it('says bit-exact only for row-invariant kernels', () => {
+    expect(int4BatchingVerdict({ rowInvariant: true, maxDiff: 0 })).toBe('bit-exact')
+    expect(int4BatchingVerdict({ rowInvariant: false, maxDiff: 2e-6 })).toBe('exact to rounding')
+  })
+})
 
 describe('decode attention probe', () => {
   it('takes grouped only when it is faster by the margin', () => {
