@@ -65,6 +65,25 @@ export interface RunAheadTracker {
   failAll (err: Error): void
 }
 
+/**
+ * Turns shorter than this hold their run-ahead tokens for one more turn (aheadPostDue).
+ * Why: each 'ahead' message wakes the main thread, and waking a sleeping thread costs the thread
+ * that posts it 20–50 µs on the 2-core VMs measured (docs/engine-notes.md, wave 21) — paid by the
+ * engine worker between two runs, 3 % of a 1.5 ms one-row step. Below 2 ms a step, posting every
+ * other turn halves that; above it the wake-up is under ~2 % of a step and tokens go at once.
+ */
+export const AHEAD_HOLD_MS = 2
+
+/**
+ * Whether the worker posts the run-ahead tokens it holds now (else it holds them over its next
+ * turn). `turnMs`: the turn just run; `heldTurns`: the turns whose tokens are held, that one
+ * included; `waiting`: some sequence can take no further step without the main thread (its picks
+ * ran out, or a step of it failed). A token is held at most one turn, and only after a short one.
+ */
+export function aheadPostDue ({ turnMs, heldTurns, waiting }: { turnMs: number, heldTurns: number, waiting: boolean }): boolean {
+  return waiting || heldTurns >= 2 || !(turnMs < AHEAD_HOLD_MS)
+}
+
 export interface RunAheadOptions {
   /** The stage's context length: no pick is handed the worker for a position at or past it. */
   maxPositions: number

@@ -9,11 +9,12 @@
  * main thread sends it (a worker→main→worker round trip and the main thread's per-token work off
  * the critical path). Each loop turn runs, in one stepBatch, every step that arrived meanwhile and
  * one step of every continuation that still has a pick, and posts the continuations' tokens as
- * 'ahead' messages. The main thread keeps control: it hands out picks a few steps at a time (the
+ * 'ahead' messages (after a short turn, with the next turn's: run-ahead.ts aheadPostDue). The main thread keeps control: it hands out picks a few steps at a time (the
  * bound), and a free, cancel, retain or rollback ends a continuation; the positions computed
  * beyond what the main thread used are never emitted (retain keeps only those it names; a new
  * step for the sequence rolls its KV back first).
  */
+import { performance } from 'node:perf_hooks'
 import { parentPort, workerData } from 'node:worker_threads'
 import { serializeError } from '../errors.ts'
 import { loadBackend } from './backend/index.ts'
@@ -22,6 +23,7 @@ import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
 import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
+import { aheadPostDue } from './run-ahead.ts'
 import { createStageRunner } from './stage-runner.ts'
 import { dumpStepTrace, stepMark } from '../step-trace.ts'
 import { createStaticStageRunner } from './static-runner.ts'
@@ -89,6 +91,20 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
   const continuations = new Map<string, Continuation>()
   const waiting: Ordered[] = []
   let looping = false
+  /**
+   * Tokens run ahead and not yet posted, and over how many turns (aheadPostDue). Posted before
+   * anything the main thread sends about sequences is handled, so an 'ahead' message never
+   * arrives after the main thread stepped, rolled back or ended a sequence it speaks of.
+   */
+  let held: AheadResult[] = []
+  let heldTurns = 0
+  const flush = (): void => {
+    if (held.length === 0) return
+    stepMark('w.ahead')
+    post({ type: 'ahead', results: held })
+    held = []
+    heldTurns = 0
+  }
 
   const kick = (): void => { if (!looping) void loop() }
 
@@ -98,6 +114,7 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
     try {
       for (;;) {
         const msgs = waiting.splice(0)
+        if (msgs.length > 0) flush()
         batches = []
         for (const msg of msgs) {
           if (msg.type === 'step-batch') { batches.push(msg); continue }
@@ -120,7 +137,8 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
           items.push({ seqId, input: { kind: 'tokens', ids: BigInt64Array.of(BigInt(c.token)) }, positions: BigInt64Array.of(BigInt(c.position)), logitsToKeep: 1, pick })
           c.position++
         }
-        if (items.length === 0) return
+        if (items.length === 0) { flush(); return }
+        const started = performance.now()
         let results: Awaited<ReturnType<StageRunner['stepBatch']>>
         try {
           results = await runner.stepBatch(items)
@@ -149,12 +167,19 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
           continuations.delete(seqId)
           return { seqId, position, error: serializeError('error' in r ? r.error : new EngineError(`a step run ahead returned ${r.output.kind}`)) }
         })
-        if (out.length > 0) { stepMark('w.ahead'); post({ type: 'ahead', results: out }) }
+        if (out.length > 0) {
+          held.push(...out)
+          heldTurns++
+          // A sequence that cannot run its next step without the main thread gets its tokens now.
+          const stalled = out.some(r => 'error' in r || continuations.get(r.seqId)?.picks.length === 0)
+          if (aheadPostDue({ turnMs: performance.now() - started, heldTurns, waiting: stalled })) flush()
+        }
         batches = []
       }
     } catch (err) {
       // Not expected (the runner reports failures per item): nobody is left waiting — batches get
       // the error, and so do callers waiting for a step run ahead.
+      flush()
       const error = serializeError(err)
       for (const b of batches) post({ type: 'error', id: b.id, error })
       if (continuations.size > 0) post({ type: 'ahead', results: [...continuations].map(([seqId, c]) => ({ seqId, position: c.position, error })) })
@@ -189,8 +214,8 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
       }
       kick()
     },
-    end (seqId) { continuations.delete(seqId) },
-    endAll () { continuations.clear() },
+    end (seqId) { flush(); continuations.delete(seqId) },
+    endAll () { flush(); continuations.clear() },
   }
 }
 

@@ -6,14 +6,15 @@
  * otherwise; seeded sampling draws handed over in advance give the same tokens. Through the local
  * service, a stop string that lands while the worker is ahead gives the same completion, and the
  * next turn on the kept prefix the same tokens and the same reuse, as a service without run-ahead.
- * No timings.
+ * When the worker posts what it ran ahead (a short turn's tokens held for one more) is a pure
+ * decision, checked apart. No timings.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
-import { createRunAheadTracker } from '../../daemon/engine/run-ahead.ts'
+import { AHEAD_HOLD_MS, aheadPostDue, createRunAheadTracker } from '../../daemon/engine/run-ahead.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
 import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
 import type { TinyEngine, TinyModel } from './tiny-model.ts'
@@ -226,6 +227,21 @@ describe('run-ahead in the engine worker', () => {
     expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: 9, picks: [GREEDY] }] })).toMatchObject({ type: 'ahead-picks' })
     expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: '', from: 9, picks: [] }] })).toMatch(/seqId/)
     expect(parseToWorker({ type: 'ahead-picks', id: 2, items: [{ seqId: 's', from: -1, picks: [] }] })).toMatch(/from/)
+  })
+})
+
+describe('when the worker posts the tokens it ran ahead (aheadPostDue)', () => {
+  it('holds a short turn\'s tokens for one more turn, never two', () => {
+    expect(aheadPostDue({ turnMs: 1.4, heldTurns: 1, waiting: false })).toBe(false)
+    expect(aheadPostDue({ turnMs: 1.4, heldTurns: 2, waiting: false })).toBe(true)
+    expect(aheadPostDue({ turnMs: 0, heldTurns: 3, waiting: false })).toBe(true)
+  })
+
+  it('posts at once after a long turn, or when a sequence cannot go on without the main thread', () => {
+    expect(aheadPostDue({ turnMs: AHEAD_HOLD_MS, heldTurns: 1, waiting: false })).toBe(true)
+    expect(aheadPostDue({ turnMs: 40, heldTurns: 1, waiting: false })).toBe(true)
+    expect(aheadPostDue({ turnMs: 0.3, heldTurns: 1, waiting: true })).toBe(true)
+    expect(aheadPostDue({ turnMs: Number.NaN, heldTurns: 1, waiting: false })).toBe(true)
   })
 })
 
