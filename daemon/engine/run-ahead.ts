@@ -70,7 +70,7 @@ export interface RunAheadTracker {
  * Why: each 'ahead' message wakes the main thread, and waking a sleeping thread costs the thread
  * that posts it 20–50 µs on the 2-core VMs measured (docs/engine-notes.md, wave 21) — paid by the
  * engine worker between two runs, 3 % of a 1.5 ms one-row step. Below 2 ms a step, posting every
- * other turn halves that; above it the wake-up is under ~2 % of a step and tokens go at once.
+ * other turn halves that; above it the wake-up is at most ~2.5 % of a step and tokens go at once.
  */
 export const AHEAD_HOLD_MS = 2
 

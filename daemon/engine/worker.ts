@@ -9,10 +9,11 @@
  * main thread sends it (a worker→main→worker round trip and the main thread's per-token work off
  * the critical path). Each loop turn runs, in one stepBatch, every step that arrived meanwhile and
  * one step of every continuation that still has a pick, and posts the continuations' tokens as
- * 'ahead' messages (after a short turn, with the next turn's: run-ahead.ts aheadPostDue). The main thread keeps control: it hands out picks a few steps at a time (the
- * bound), and a free, cancel, retain or rollback ends a continuation; the positions computed
- * beyond what the main thread used are never emitted (retain keeps only those it names; a new
- * step for the sequence rolls its KV back first).
+ * 'ahead' messages (a short turn's with the next turn's: run-ahead.ts aheadPostDue). The main
+ * thread keeps control: it hands out picks a few steps at a time (the bound), and a free,
+ * cancel, retain or rollback ends a continuation; the positions computed beyond what the main
+ * thread used are never emitted (retain keeps only those it names; a new step for the sequence
+ * rolls its KV back first).
  */
 import { performance } from 'node:perf_hooks'
 import { parentPort, workerData } from 'node:worker_threads'
