@@ -21,6 +21,15 @@ function owned (data: ort.Tensor['data']): WireTensor['data'] {
   return d.byteOffset === 0 && d.byteLength === d.buffer.byteLength ? d : d.slice()
 }
 
+/** The session a run or timing names, and its feeds as onnxruntime tensors over the wire arrays. */
+function sessionAndFeeds (m: Extract<HostMessage, { type: 'run' | 'time' }>): { s: ort.InferenceSession, feeds: Record<string, ort.Tensor> } {
+  const s = sessions.get(m.handle)
+  if (s === undefined) throw new Error(`no session ${m.handle} on this worker`)
+  const feeds: Record<string, ort.Tensor> = {}
+  for (const t of m.feeds) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims)
+  return { s, feeds }
+}
+
 async function handle (m: HostMessage): Promise<void> {
   try {
     switch (m.type) {
@@ -34,10 +43,7 @@ async function handle (m: HostMessage): Promise<void> {
         return
       }
       case 'run': {
-        const s = sessions.get(m.handle)
-        if (s === undefined) throw new Error(`no session ${m.handle} on this worker`)
-        const feeds: Record<string, ort.Tensor> = {}
-        for (const t of m.feeds) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims)
+        const { s, feeds } = sessionAndFeeds(m)
         const out = await s.run(feeds)
         const outputs: WireTensor[] = []
         const transfer = new Set<ArrayBuffer>()
@@ -54,10 +60,7 @@ async function handle (m: HostMessage): Promise<void> {
         return
       }
       case 'time': {
-        const s = sessions.get(m.handle)
-        if (s === undefined) throw new Error(`no session ${m.handle} on this worker`)
-        const feeds: Record<string, ort.Tensor> = {}
-        for (const t of m.feeds) feeds[t.name] = new ort.Tensor(t.type, t.data, t.dims)
+        const { s, feeds } = sessionAndFeeds(m)
         const ms: number[] = []
         for (let i = 0; i < m.runs; i++) {
           const t0 = performance.now()
