@@ -55,6 +55,12 @@ export interface GenerateRequest {
    * elsewhere, and with nowhere else it only makes the client wait and retry.
    */
   soleServer?: true
+  /**
+   * Set only by the node's own start-up warm-up (daemon/node/warm-up.ts), never from a client or
+   * a peer: the engine runs it like any request but keeps none of its KV as a prefix and notes
+   * nothing of its speed, so it leaves nothing a later request or a router could see.
+   */
+  warmUp?: true
 }
 
 /** Prompt tokens whose KV a node took from its prefix cache instead of prefilling them. */

@@ -47,10 +47,12 @@ import type { ModelFiles } from './lib/bench-models.ts'
 import { complete } from './lib/completions.ts'
 import type { Completion } from './lib/completions.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, medianInterval, promptIds } from './lib/index.ts'
-import { ensureLlamaCpp, llamaEnv, llamaServerArgs } from './lib/llamacpp.ts'
+import { ensureLlamaCpp, llamaServerArgs } from './lib/llamacpp.ts'
+import { isLlama, parseArms, startArm } from './lib/arms.ts'
+import type { Arm } from './lib/arms.ts'
 import { rtPrefix, schedulingPolicy } from './lib/realtime.ts'
-import { shoalArm, startLlama, startShoalArm, stop } from './lib/servers.ts'
-import type { Server, ShoalArm } from './lib/servers.ts'
+import { stop } from './lib/servers.ts'
+import type { Server } from './lib/servers.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -70,22 +72,7 @@ const { values: args } = parseArgs({
     arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
   },
 })
-/**
- * A server to pair: llama-server (`{"llama": [ARGS]}`: with arguments added to its command line, as
- * `--spec-type ngram-simple`), or `shoal serve` as a ShoalArm (lib/servers.ts).
- */
-type Arm = { llama: string[] } | ShoalArm
-const isLlama = (a: Arm): a is { llama: string[] } => 'llama' in a
-const ARMS: Array<[string, Arm]> = Object.entries(JSON.parse(args.arms) as Record<string, 'llama' | { llama: string[] } | Record<string, string> | ShoalArm>)
-  .map(([name, a]): [string, Arm] => {
-    if (a === 'llama') return [name, { llama: [] }]
-    if (typeof a === 'object' && 'llama' in a) {
-      if (!Array.isArray(a.llama) || !a.llama.every(x => typeof x === 'string')) throw new Error(`arm ${name}: "llama" takes an array of llama-server arguments`)
-      return [name, { llama: a.llama }]
-    }
-    return [name, shoalArm(a as Record<string, string> | ShoalArm)]
-  })
-if (ARMS.length !== 2) throw new Error('--arms names two servers: the reference, then the one measured against it')
+const ARMS = parseArms(args.arms)
 const PAIRS = Number(args.pairs)
 const DECODE_PAIRS = Number(args['decode-pairs'])
 const LONG_PAIRS = Number(args['long-pairs'])
@@ -133,16 +120,11 @@ async function streams (s: Server, salt: number): Promise<number> {
   return all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000)
 }
 
-async function start (arm: Arm, m: ModelFiles, bin: string, cache: string): Promise<Server> {
-  if (isLlama(arm)) return await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, SHAPE), ...arm.llama], llamaEnv(undefined))
-  return await startShoalArm(arm, m.shards, m.modelId, cache)
-}
-
 async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ idle: string, metrics: Paired[] }> {
   const servers: Server[] = []
   try {
     // Each shoal its own data directory: two daemons cannot share one ledger.
-    for (const [name, arm] of ARMS) servers.push(await start(arm, m, bin, join(cache, name)))
+    for (const [name, arm] of ARMS) servers.push(await startArm(arm, m, bin, SHAPE, join(cache, name)))
     const [a, b] = servers as [Server, Server]
     // Warm-up on each: the first run, JIT and thread pools, then requests shaped like the timed ones.
     for (const s of servers) {

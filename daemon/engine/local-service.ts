@@ -292,6 +292,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
     /** For a slot and for its prefill's turn (admission.ts `ownWaitBudget`). */
     const ownBudget = (): number | undefined => ownWaitBudget(request, budgetMs, Date.now())
+    /** The node's start-up warm-up: it neither reuses nor keeps a prefix, nor counts as a prefill rate. */
+    const warmUp = request.warmUp === true
     return {
       async open (signal) {
         await slots.acquire(progress, signal, ownBudget())
@@ -300,7 +302,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           ? await prefixes.maybePull(request.prefixHolder, promptIds, signal).catch((err: unknown) => { if (signal.aborted) throw err; return false })
           : false
         // Looked up once the slot is ours: a request that waited may find what the one before it kept.
-        lease = prefixes.acquire(promptIds)
+        lease = warmUp ? undefined : prefixes.acquire(promptIds)
         if (lease !== undefined) {
           try {
             seqId = await e.openFrom(request.requestId, lease.key, lease.length, signal)
@@ -344,7 +346,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           prefilled: () => {
             lease?.release()
             // This service's prefill speed, for the pull decision (long prefills only: short ones are mostly overhead).
-            prefixes.notePrefill(request, promptIds.length - reused, performance.now() - began)
+            if (!warmUp) prefixes.notePrefill(request, promptIds.length - reused, performance.now() - began)
           },
           start: () => ({
             route: init.nodeId === undefined ? [] : [init.nodeId],
@@ -372,7 +374,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
           const id = seqId
           b?.release(id)
           // Keeps the prompt's KV as a prefix when the cache takes it, frees it otherwise.
-          await prefixes.finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
+          if (warmUp) await e.free(id).catch(() => {})
+          else await prefixes.finish(e, id, init.reuseGenerated === true ? fed : promptIds).catch(async () => { await e.free(id).catch(() => {}) })
         }
         // After the free: the next sequence's open must find the engine's slot empty.
         slots.release(progress)

@@ -107,6 +107,13 @@ export interface DaemonConfig {
    * (default true); false: routing ignores what nodes keep (for comparison, e.g. benchmarks).
    */
   prefixRouting?: boolean
+  /**
+   * Warm the whole-model engines up before the API listens (daemon/node/warm-up.ts: a few
+   * requests, at most 2 s, leaving no receipt, metric or kept prefix), so that the first client
+   * request runs as fast as the ones after it. `shoal serve`, `shoal node` and `shoal demo` set it;
+   * absent: no warm-up.
+   */
+  warmUp?: boolean
 }
 
 export class ConfigError extends ShoalError {

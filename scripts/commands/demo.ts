@@ -73,6 +73,7 @@ export async function demo (opts: { nodes: string, port: string, logFormat?: str
         listen: LOOPBACK_LISTEN,
         bootstrap,
         mdns: false,
+        warmUp: true,
       })
       const daemon = createDaemon(config, { logger: logger.child({ node: id.name }) })
       daemons.push(daemon)

@@ -57,6 +57,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     ...(opts.requireKeys === true ? { requireKeys: true } : {}),
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
+    warmUp: true,
     ...(opts.holdExperts === undefined ? {} : { holdExperts: { dir: opts.holdExperts, ...(expertMemoryMb === undefined ? {} : { memoryMb: expertMemoryMb }) } }),
     ...(opts.activations === undefined || opts.activations === 'f32' ? {} : { activations: opts.activations }),
   })

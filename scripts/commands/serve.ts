@@ -52,6 +52,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
+    warmUp: true,
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

@@ -1,0 +1,108 @@
+/**
+ * The start-up warm-up (daemon/node/warm-up.ts): a real daemon on the tiny model warms up before
+ * it listens, and leaves no receipt, no request metric and no kept prefix behind; its answers are
+ * token for token those of a daemon that did not warm up.
+ */
+import { join } from 'node:path'
+import { Writable } from 'node:stream'
+import { pino } from 'pino'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { WARM_UP, warmUpGoesOn, warmUpRequests } from '../../daemon/node/warm-up.ts'
+import { makeTinyCheckpoint, MODEL_ID, startDaemon } from '../e2e/daemon.ts'
+import type { RunningDaemon, TinyCheckpoint } from '../e2e/daemon.ts'
+
+describe('warmUpRequests', () => {
+  it('asks for the completions of WARM_UP, a chat second, all streamed and greedy', () => {
+    const requests = warmUpRequests({ id: 'm', contextLength: 4096 })
+    expect(requests.map(r => r.url)).toEqual(['/v1/completions', '/v1/chat/completions', '/v1/completions', '/v1/completions'])
+    for (const r of requests) expect(r.body).toMatchObject({ model: 'm', stream: true, temperature: 0 })
+    const completions = requests.filter(r => r.url === '/v1/completions')
+    expect(completions.map(r => [(r.body.prompt as number[]).length, r.body.max_tokens])).toEqual(WARM_UP.completions)
+    expect(requests[1]!.body.max_tokens).toBe(WARM_UP.chatTokens)
+    const ids = completions.flatMap(r => r.body.prompt as number[])
+    expect(Math.min(...ids)).toBeGreaterThanOrEqual(3)
+    expect(Math.max(...ids)).toBeLessThan(259)
+  })
+
+  it('fits a short context: each prompt and each answer within a quarter of it', () => {
+    const requests = warmUpRequests({ id: 'm', contextLength: 64 })
+    expect(requests.filter(r => r.url === '/v1/completions').map(r => [(r.body.prompt as number[]).length, r.body.max_tokens])).toEqual([[16, 8], [16, 16], [16, 16]])
+    expect(requests[1]!.body.max_tokens).toBe(16)
+  })
+})
+
+describe('warmUpGoesOn', () => {
+  it('goes on within the budget', () => {
+    expect(warmUpGoesOn(0, undefined)).toBe(true)
+    expect(warmUpGoesOn(WARM_UP.budgetMs - 1, 10)).toBe(true)
+  })
+  it('stops at the budget', () => {
+    expect(warmUpGoesOn(WARM_UP.budgetMs, 10)).toBe(false)
+  })
+  it('stops after a first request slower than slowFirstMs', () => {
+    expect(warmUpGoesOn(WARM_UP.slowFirstMs, WARM_UP.slowFirstMs)).toBe(true)
+    expect(warmUpGoesOn(WARM_UP.slowFirstMs + 1, WARM_UP.slowFirstMs + 1)).toBe(false)
+  })
+})
+
+interface Completion { ids: number[], reused: string | null, receipt: string | null }
+
+async function complete (d: RunningDaemon, prompt: number[]): Promise<Completion> {
+  const res = await fetch(`${d.url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: MODEL_ID, prompt, max_tokens: 16, temperature: 0, return_token_ids: true }),
+    signal: AbortSignal.timeout(60_000),
+  })
+  const body = await res.json() as { choices: Array<{ token_ids: number[] }> }
+  expect(res.status).toBe(200)
+  return { ids: body.choices[0]!.token_ids, reused: res.headers.get('x-shoal-prefix-reused'), receipt: res.headers.get('x-shoal-receipt') }
+}
+
+describe('a daemon with warmUp', () => {
+  let ckpt: TinyCheckpoint
+  let warm: RunningDaemon
+  let plain: RunningDaemon
+  const logs: Array<{ msg?: string, completed?: number, failed?: number }> = []
+
+  beforeAll(async () => {
+    ckpt = await makeTinyCheckpoint({ compile: true })
+    const sink = new Writable({ write (chunk: Buffer, _enc, done) { logs.push(JSON.parse(chunk.toString())); done() } })
+    warm = await startDaemon(ckpt.shardDir, join(ckpt.root, 'warm'), { warmUp: true }, pino({ level: 'info' }, sink))
+    plain = await startDaemon(ckpt.shardDir, join(ckpt.root, 'plain'))
+  }, 120_000)
+
+  afterAll(async () => {
+    await warm?.stop()
+    await plain?.stop()
+    await ckpt?.cleanup()
+  })
+
+  it('ran every warm-up request before it started listening', () => {
+    expect(logs.filter(l => l.msg === 'warmed up')).toEqual([expect.objectContaining({ completed: warmUpRequests({ id: MODEL_ID, contextLength: 4096 }).length, failed: 0 })])
+  })
+
+  it('left no receipt, no request metric and no kept prefix', async () => {
+    const state = await (await fetch(`${warm.url}/dashboard/state`)).json() as { requests: unknown[] }
+    expect(state.requests).toEqual([])
+    const metrics = await (await fetch(`${warm.url}/metrics`)).text()
+    expect(metrics).not.toMatch(/^shoal_http_requests_total\{[^}]*completions/m)
+    expect(metrics).not.toMatch(/^shoal_tokens_generated_total\{[^}]*\} [1-9]/m)
+    expect(metrics).not.toMatch(/^shoal_kv_prefix_(bytes|miss_tokens_total)\{[^}]*\} [1-9]/m)
+  })
+
+  it('answers token for token as a daemon that did not warm up, reusing nothing of the warm-up', async () => {
+    const models = await (await fetch(`${warm.url}/v1/models`)).json() as { data: Array<{ id: string, context_length: number }> }
+    const request = warmUpRequests({ id: MODEL_ID, contextLength: models.data[0]!.context_length }).at(-1)
+    // The warm-up's own prompt and more: a kept warm-up prefix would be reused here.
+    const prompt = [...request!.body.prompt as number[], 7, 8, 9]
+    const a = await complete(warm, prompt)
+    const b = await complete(plain, prompt)
+    expect(a.ids).toEqual(b.ids)
+    expect(a.ids.length).toBeGreaterThan(0)
+    expect(a.reused).toBeNull()
+    expect(a.receipt).not.toBeNull()
+    const state = await (await fetch(`${warm.url}/dashboard/state`)).json() as { requests: unknown[] }
+    expect(state.requests).toHaveLength(1)
+  })
+})
