@@ -10,6 +10,7 @@ import { DEFAULT_TIMINGS } from '../mesh/index.ts'
 import type { MeshTimings } from '../mesh/index.ts'
 import { DEFAULT_CHAIN_POLICY, DEFAULT_POLICY, DEFAULT_PREFIX_ROUTE_POLICY } from '../routing/index.ts'
 import type { ChainPolicy, PrefixRoutePolicy, RoutingPolicy } from '../routing/index.ts'
+import type { WarmUpPlan } from './warm-up.ts'
 
 /** One `--model` of the node (not shards' `ModelSpec`, the normalised checkpoint config). */
 export interface ModelEntry {
@@ -109,11 +110,12 @@ export interface DaemonConfig {
   prefixRouting?: boolean
   /**
    * Warm the whole-model engines up before the API listens (daemon/node/warm-up.ts: a few
-   * requests, at most 2 s, leaving no receipt, metric or kept prefix), so that the first client
-   * request runs as fast as the ones after it. `shoal serve`, `shoal node` and `shoal demo` set it;
-   * absent: no warm-up.
+   * requests, at most 1 s, leaving no receipt, metric or kept prefix), so that the first client
+   * request runs as fast as the ones after it. `shoal serve`, `shoal node` and `shoal demo` set it
+   * (`true`: WARM_UP's plan); a plan of its own is for tests, whose timing a loaded machine skews.
+   * Absent: no warm-up.
    */
-  warmUp?: boolean
+  warmUp?: boolean | WarmUpPlan
 }
 
 export class ConfigError extends ShoalError {

@@ -41,7 +41,7 @@ import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageSt
 import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
-import { warmUp } from './warm-up.ts'
+import { WARM_UP, warmUp } from './warm-up.ts'
 import pkg from '../../package.json' with { type: 'json' }
 import { createClientAuth } from './client-auth.ts'
 import { createWitness } from '../witness/index.ts'
@@ -343,7 +343,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         )
         started = i
         // Before listening: no client waits behind the warm-up, and the first one finds it done.
-        if (config.warmUp === true) await warmUp(locals, logger)
+        if (config.warmUp !== undefined && config.warmUp !== false) await warmUp(locals, logger, config.warmUp === true ? WARM_UP : config.warmUp)
         const url = (await i.start()).url
         apiUrl = url
         if (m !== undefined) publishCapabilities(m, served, experts, url)

@@ -35,16 +35,24 @@ import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from
  * int4, the first client request still ran ~5 ms slower when only two full requests came before it
  * (the optimising of the last one's code ran into it).
  */
-export const WARM_UP = Object.freeze({
+export interface WarmUpPlan {
   /** [prompt tokens, new tokens] of each completion; the chat comes second. */
-  completions: Object.freeze([[16, 8], [128, 32], [128, 32]] as const),
-  chatTokens: 32,
+  readonly completions: ReadonlyArray<readonly [number, number]>
+  readonly chatTokens: number
   /** The whole warm-up's bound, every engine's included. */
-  budgetMs: 1_000,
+  readonly budgetMs: number
   /**
    * A first request slower than this (~10 ms a token: the 250m shapes on two cores) marks a model
    * whose steps dwarf what a warm-up saves (~15 ms once, tens of µs a token): it stops there.
    */
+  readonly slowFirstMs: number
+}
+
+export const WARM_UP: WarmUpPlan = Object.freeze({
+  /** [prompt tokens, new tokens] of each completion; the chat comes second. */
+  completions: Object.freeze([[16, 8], [128, 32], [128, 32]] as const),
+  chatTokens: 32,
+  budgetMs: 1_000,
   slowFirstMs: 100,
 })
 
@@ -59,7 +67,7 @@ export interface WarmUpRequest {
  * every vocabulary has) and, second, a chat. Each prompt and each answer fits a quarter of the
  * model's context.
  */
-export function warmUpRequests (card: Pick<ModelCard, 'id' | 'contextLength'>, plan = WARM_UP): WarmUpRequest[] {
+export function warmUpRequests (card: Pick<ModelCard, 'id' | 'contextLength'>, plan: WarmUpPlan = WARM_UP): WarmUpRequest[] {
   const fit = (n: number): number => Math.max(1, Math.min(n, Math.floor(card.contextLength / 4)))
   const common = { model: card.id, temperature: 0, stream: true }
   // Ids 3–258: past the usual special tokens, inside any vocabulary of at least 259.
@@ -78,7 +86,7 @@ export function warmUpRequests (card: Pick<ModelCard, 'id' | 'contextLength'>, p
  * Whether the warm-up sends another request: not past the budget, and not after a first request
  * slower than `slowFirstMs` (the start-up time it would cost buys nothing a client would notice).
  */
-export function warmUpGoesOn (elapsedMs: number, firstMs: number | undefined, plan = WARM_UP): boolean {
+export function warmUpGoesOn (elapsedMs: number, firstMs: number | undefined, plan: WarmUpPlan = WARM_UP): boolean {
   return elapsedMs < plan.budgetMs && (firstMs === undefined || firstMs <= plan.slowFirstMs)
 }
 
@@ -104,7 +112,7 @@ export interface WarmUpReport {
 }
 
 /** Runs the warm-up on `engines`; resolves when done or at the budget, never rejects. */
-export async function warmUp (engines: readonly LocalService[], logger: Logger, plan = WARM_UP): Promise<WarmUpReport> {
+export async function warmUp (engines: readonly LocalService[], logger: Logger, plan: WarmUpPlan = WARM_UP): Promise<WarmUpReport> {
   const began = performance.now()
   const report: WarmUpReport = { completed: 0, failed: 0, ms: 0 }
   if (engines.length === 0) return report
