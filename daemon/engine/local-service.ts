@@ -193,6 +193,8 @@ export interface LocalService extends InferenceService {
   stats (): Promise<LocalServiceStats>
   /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
   load (): LocalServiceLoad
+  /** One sequence's decode step in ms, from the step-time model; 0 before the engine's first decode. */
+  decodeStepMs (): number
   /**
    * What this node's prefix cache holds, compact and bounded (PrefixCache.summary), with the scope
    * and block size a router needs to hash a prompt the same way; undefined when reuse is off.
@@ -474,6 +476,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: slots.active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
+    decodeStepMs: () => batcher?.estimateStepMs(1) ?? 0,
     async promptTokens (request, signal) {
       if (codec === undefined) throw new ShuttingDownError('local engine is not running')
       return await codec.encodePromptAsync(request.prompt, signal)

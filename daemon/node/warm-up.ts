@@ -20,8 +20,8 @@
  * The engines' own metrics (batches, steps, speculation) do count its steps: they ran.
  *
  * Bounded: the requests run one at a time; the whole warm-up stops at WARM_UP.budgetMs, and after
- * its first, small request on a model too slow for a warm-up to matter (warmUpGoesOn). A request
- * that fails is logged and the warm-up goes on to the next.
+ * its first, small request on a model whose decode steps are too slow for a warm-up to matter
+ * (warmUpGoesOn). A request that fails is logged and the warm-up goes on to the next.
  */
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
@@ -42,10 +42,13 @@ export interface WarmUpPlan {
   /** The whole warm-up's bound, every engine's included. */
   readonly budgetMs: number
   /**
-   * A first request slower than this (~10 ms a token: the 250m shapes on two cores) marks a model
-   * whose steps dwarf what a warm-up saves (~15 ms once, tens of µs a token): it stops there.
+   * A model whose one-sequence decode step, as its engine measured it over the first request, is
+   * slower than this (250m fp32 on two cores: ~22 ms) gets only that first request: its steps
+   * dwarf the warm-up's saving (tens of µs a token) and the rest would only delay the start.
+   * Judged by the step, not the first request's time: that request is the cold one, and on a
+   * slower machine took over 100 ms on 60m int4 (2.4 ms a step).
    */
-  readonly slowFirstMs: number
+  readonly slowStepMs: number
 }
 
 export const WARM_UP: WarmUpPlan = Object.freeze({
@@ -53,7 +56,7 @@ export const WARM_UP: WarmUpPlan = Object.freeze({
   completions: Object.freeze([[16, 8], [128, 32], [128, 32]] as const),
   chatTokens: 32,
   budgetMs: 1_000,
-  slowFirstMs: 100,
+  slowStepMs: 10,
 })
 
 /** One warm-up request: the route and its JSON body. */
@@ -83,11 +86,12 @@ export function warmUpRequests (card: Pick<ModelCard, 'id' | 'contextLength'>, p
 }
 
 /**
- * Whether the warm-up sends another request: not past the budget, and not after a first request
- * slower than `slowFirstMs` (the start-up time it would cost buys nothing a client would notice).
+ * Whether the warm-up sends another request: not past the budget, and not to a model whose decode
+ * step (`stepMs`, unknown before its first request) is slower than `slowStepMs`: the start-up
+ * time it would cost buys nothing a client would notice.
  */
-export function warmUpGoesOn (elapsedMs: number, firstMs: number | undefined, plan: WarmUpPlan = WARM_UP): boolean {
-  return elapsedMs < plan.budgetMs && (firstMs === undefined || firstMs <= plan.slowFirstMs)
+export function warmUpGoesOn (elapsedMs: number, stepMs: number | undefined, plan: WarmUpPlan = WARM_UP): boolean {
+  return elapsedMs < plan.budgetMs && (stepMs === undefined || stepMs <= plan.slowStepMs)
 }
 
 /** The engines by model id, with every request marked as the warm-up's. */
@@ -119,11 +123,10 @@ export async function warmUp (engines: readonly LocalService[], logger: Logger, 
   const budget = AbortSignal.timeout(plan.budgetMs)
   const ingress = createIngress({ logger: false, requestTimeoutMs: plan.budgetMs }, { service: warmUpService(engines), metrics: new Registry() })
   try {
-    for (const card of engines.flatMap(e => e.models())) {
-      const modelBegan = performance.now()
-      let firstMs: number | undefined
+    for (const [engine, card] of engines.flatMap(e => e.models().map(c => [e, c] as const))) {
+      let stepMs: number | undefined
       for (const request of warmUpRequests(card, plan)) {
-        if (!warmUpGoesOn(performance.now() - began, firstMs, plan)) break
+        if (!warmUpGoesOn(performance.now() - began, stepMs, plan)) break
         try {
           const res = await ingress.app.inject({ method: 'POST', url: request.url, payload: request.body, signal: budget })
           // A stream that failed after its start ends with an error event, still under 200.
@@ -136,7 +139,8 @@ export async function warmUp (engines: readonly LocalService[], logger: Logger, 
           report.failed++
           logger.debug({ err, model: card.id, url: request.url }, 'warm-up request cut')
         }
-        firstMs ??= performance.now() - modelBegan
+        const measured = engine.decodeStepMs()
+        if (measured > 0) stepMs = measured
       }
     }
   } finally {

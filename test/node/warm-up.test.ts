@@ -39,9 +39,9 @@ describe('warmUpGoesOn', () => {
   it('stops at the budget', () => {
     expect(warmUpGoesOn(WARM_UP.budgetMs, 10)).toBe(false)
   })
-  it('stops after a first request slower than slowFirstMs', () => {
-    expect(warmUpGoesOn(WARM_UP.slowFirstMs, WARM_UP.slowFirstMs)).toBe(true)
-    expect(warmUpGoesOn(WARM_UP.slowFirstMs + 1, WARM_UP.slowFirstMs + 1)).toBe(false)
+  it('stops on a model whose decode step is slower than slowStepMs', () => {
+    expect(warmUpGoesOn(0, WARM_UP.slowStepMs)).toBe(true)
+    expect(warmUpGoesOn(0, WARM_UP.slowStepMs + 1)).toBe(false)
   })
 })
 
@@ -63,25 +63,35 @@ describe('a daemon with warmUp', () => {
   let ckpt: TinyCheckpoint
   let warm: RunningDaemon
   let plain: RunningDaemon
-  const logs: Array<{ msg?: string, completed?: number, failed?: number }> = []
+  let brief: RunningDaemon
+  type Line = { msg?: string, completed?: number, failed?: number }
+  const logs: Line[] = []
+  const briefLogs: Line[] = []
+  const logTo = (lines: Line[]): Writable => new Writable({ write (chunk: Buffer, _enc, done) { lines.push(JSON.parse(chunk.toString())); done() } })
 
   beforeAll(async () => {
     ckpt = await makeTinyCheckpoint({ compile: true })
-    const sink = new Writable({ write (chunk: Buffer, _enc, done) { logs.push(JSON.parse(chunk.toString())); done() } })
     // WARM_UP's requests with bounds no loaded machine reaches: every request runs (the bounds
     // themselves are warmUpGoesOn's, above).
-    warm = await startDaemon(ckpt.shardDir, join(ckpt.root, 'warm'), { warmUp: { ...WARM_UP, budgetMs: 60_000, slowFirstMs: Infinity } }, pino({ level: 'info' }, sink))
+    warm = await startDaemon(ckpt.shardDir, join(ckpt.root, 'warm'), { warmUp: { ...WARM_UP, budgetMs: 60_000, slowStepMs: Infinity } }, pino({ level: 'info' }, logTo(logs)))
     plain = await startDaemon(ckpt.shardDir, join(ckpt.root, 'plain'))
+    // Every step is slower than 0 ms: the engine's measured step stops it after the first request.
+    brief = await startDaemon(ckpt.shardDir, join(ckpt.root, 'brief'), { warmUp: { ...WARM_UP, budgetMs: 60_000, slowStepMs: 0 } }, pino({ level: 'info' }, logTo(briefLogs)))
   }, 120_000)
 
   afterAll(async () => {
     await warm?.stop()
     await plain?.stop()
+    await brief?.stop()
     await ckpt?.cleanup()
   })
 
   it('ran every warm-up request before it started listening', () => {
     expect(logs.filter(l => l.msg === 'warmed up')).toEqual([expect.objectContaining({ completed: warmUpRequests({ id: MODEL_ID, contextLength: 4096 }).length, failed: 0 })])
+  })
+
+  it('stops after the first request on a model whose measured step is slower than slowStepMs', () => {
+    expect(briefLogs.filter(l => l.msg === 'warmed up')).toEqual([expect.objectContaining({ completed: 1, failed: 0 })])
   })
 
   it('left no receipt, no request metric and no kept prefix', async () => {
