@@ -6,8 +6,7 @@
  * verifies against our CA and revocations, its signature verifies with that certificate's key,
  * it is newer than what we hold. Everything else is dropped and counted.
  */
-import { TopicValidatorResult } from '@libp2p/gossipsub'
-import type { Message } from '@libp2p/gossipsub'
+import type { Message, TopicValidatorResult } from '@libp2p/gossipsub'
 import type { PeerId } from '@libp2p/interface'
 import { CLOCK_SKEW_MS, fromBase64url, signDocument, verifyDocument, verifyNodeCertificate } from '../../certs/index.ts'
 import type { Admission, NodeCertificate, NodeIdentity, RevocationList } from '../../certs/index.ts'
@@ -20,6 +19,18 @@ import { CAPS_MAX_MESSAGE, CAPS_TOPIC, capabilityBody, decodeCapsMessage, encode
 import type { Capabilities, CapabilityRecord, CapabilityRecordBody } from './wire/caps.ts'
 import { REVOCATIONS_MAX_MESSAGE, REVOCATIONS_TOPIC, decodeRevocationsMessage, encodeRevocationsMessage } from './wire/revocations.ts'
 import { WireError } from './errors.ts'
+
+/**
+ * gossipsub's validator verdicts, by value. Importing its TopicValidatorResult enum loads all of
+ * gossipsub (~50 modules, ~100 ms of every start), `shoal serve` included, which runs no mesh;
+ * the mesh loads it when it starts (libp2p-node.ts). test/mesh/gossip-verdicts.test.ts holds
+ * these to the enum.
+ */
+export const VERDICTS: Readonly<Record<'Accept' | 'Ignore' | 'Reject', TopicValidatorResult>> = Object.freeze({
+  Accept: 'accept' as TopicValidatorResult,
+  Ignore: 'ignore' as TopicValidatorResult,
+  Reject: 'reject' as TopicValidatorResult,
+})
 
 export interface GossipDeps {
   identity: NodeIdentity
@@ -152,17 +163,17 @@ export class Gossip {
 
   private drop (topic: string, peer: PeerId, reason: string, result: TopicValidatorResult): TopicValidatorResult {
     this.deps.metrics.gossipDropped.inc({ topic, reason })
-    if (result === TopicValidatorResult.Reject) this.deps.log.warn({ peerId: peer.toString(), topic, reason }, 'mesh: gossip message rejected')
+    if (result === VERDICTS.Reject) this.deps.log.warn({ peerId: peer.toString(), topic, reason }, 'mesh: gossip message rejected')
     return result
   }
 
   private validateCaps (peer: PeerId, msg: Message): TopicValidatorResult {
     const verdict = this.checkCaps(peer, msg)
-    return verdict.ok ? TopicValidatorResult.Accept : this.drop(CAPS_TOPIC, peer, verdict.reason, verdict.result)
+    return verdict.ok ? VERDICTS.Accept : this.drop(CAPS_TOPIC, peer, verdict.reason, verdict.result)
   }
 
   private checkCaps (peer: PeerId, msg: Message): Verdict {
-    const Reject = TopicValidatorResult.Reject
+    const Reject = VERDICTS.Reject
     if (!this.deps.isAdmitted(peer.toString())) return { ok: false, reason: 'source-not-admitted', result: Reject }
     if (msg.type !== 'signed') return { ok: false, reason: 'unsigned', result: Reject }
     if (msg.data.byteLength > CAPS_MAX_MESSAGE) return { ok: false, reason: 'oversized', result: Reject }
@@ -175,18 +186,18 @@ export class Gossip {
     const body = message.record.body
     const author = msg.from.toString()
     if (body.peerId !== author) return { ok: false, reason: 'other-peer', result: Reject }
-    if (author === this.deps.identity.peerId) return { ok: false, reason: 'own', result: TopicValidatorResult.Ignore }
+    if (author === this.deps.identity.peerId) return { ok: false, reason: 'own', result: VERDICTS.Ignore }
     const admission = this.verifyCertificate(message.certificate, author)
     if (!admission.admitted) return { ok: false, reason: `certificate-${admission.reason}`, result: Reject }
     if (body.name !== admission.certificate.body.name) return { ok: false, reason: 'name-mismatch', result: Reject }
     // Cheap checks first: a record we would not take anyway is not worth a signature check.
     const held = this.deps.peers.get(author)?.record
-    if (held !== undefined && body.seq <= held.seq) return { ok: false, reason: 'stale', result: TopicValidatorResult.Ignore }
+    if (held !== undefined && body.seq <= held.seq) return { ok: false, reason: 'stale', result: VERDICTS.Ignore }
     const publicKey = fromBase64url(admission.certificate.body.publicKey)
     if (publicKey === undefined || !verifyDocument(message.record, publicKey)) return { ok: false, reason: 'bad-signature', result: Reject }
     const choice = this.deps.peers.offerRecord(body, this.now())
     if (choice === 'future') return { ok: false, reason: 'future', result: Reject }
-    if (choice !== 'take') return { ok: false, reason: 'stale', result: TopicValidatorResult.Ignore }
+    if (choice !== 'take') return { ok: false, reason: 'stale', result: VERDICTS.Ignore }
     if (!this.deps.isAdmitted(author)) this.deps.onForeignRecord(body)
     return { ok: true }
   }
@@ -211,17 +222,17 @@ export class Gossip {
 
   private validateRevocations (peer: PeerId, msg: Message): TopicValidatorResult {
     const topic = REVOCATIONS_TOPIC
-    if (!this.deps.isAdmitted(peer.toString())) return this.drop(topic, peer, 'source-not-admitted', TopicValidatorResult.Reject)
-    if (msg.data.byteLength > REVOCATIONS_MAX_MESSAGE) return this.drop(topic, peer, 'oversized', TopicValidatorResult.Reject)
+    if (!this.deps.isAdmitted(peer.toString())) return this.drop(topic, peer, 'source-not-admitted', VERDICTS.Reject)
+    if (msg.data.byteLength > REVOCATIONS_MAX_MESSAGE) return this.drop(topic, peer, 'oversized', VERDICTS.Reject)
     let list: unknown
     try {
       list = decodeRevocationsMessage(msg.data).list
     } catch {
-      return this.drop(topic, peer, 'malformed', TopicValidatorResult.Reject)
+      return this.drop(topic, peer, 'malformed', VERDICTS.Reject)
     }
     const outcome = this.deps.offerRevocations(list, peer.toString())
-    if (outcome === 'adopted') return TopicValidatorResult.Accept
-    if (outcome === 'not-newer') return this.drop(topic, peer, 'stale', TopicValidatorResult.Ignore)
-    return this.drop(topic, peer, 'invalid', TopicValidatorResult.Reject)
+    if (outcome === 'adopted') return VERDICTS.Accept
+    if (outcome === 'not-newer') return this.drop(topic, peer, 'stale', VERDICTS.Ignore)
+    return this.drop(topic, peer, 'invalid', VERDICTS.Reject)
   }
 }

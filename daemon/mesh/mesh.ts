@@ -13,7 +13,6 @@ import { MeshNotRunningError, PeerNotAdmittedError } from './errors.ts'
 import { Gossip } from './gossip.ts'
 import { LoadExchange } from './load.ts'
 import { createMeshMetrics } from './metrics.ts'
-import { createMeshLibp2p } from './libp2p-node.ts'
 import type { MeshLibp2p } from './libp2p-node.ts'
 import { PeerTable } from './peer-table.ts'
 import { RevocationState } from './revocations.ts'
@@ -151,6 +150,9 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
       if (running) return
       try {
         await revocations.load()
+        // Loaded here, not at the top: libp2p and its transports are ~300 modules that a daemon
+        // without a mesh (`shoal serve`) never needs, and ~0.3 s of its start.
+        const { createMeshLibp2p } = await import('./libp2p-node.ts')
         node = await createMeshLibp2p({
           privateKey: identity.privateKey,
           listen: init.listen,

@@ -7,11 +7,7 @@
  * throwaway keys; each stage accepts streams only from its sibling stages' peer ids, which Noise
  * authenticates, so no other local process can feed it frames.
  */
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import type { Registry } from 'prom-client'
 import type { BatchLimits } from '../batcher/index.ts'
 import type { BackendName, GraphMode } from '../engine/index.ts'
@@ -23,6 +19,15 @@ import { createPipelineService } from './service.ts'
 import type { PipelineService } from './service.ts'
 import { createPipelineStage } from './stage.ts'
 import type { PipelineStage } from './stage.ts'
+
+/**
+ * libp2p and its loopback transport stack, loaded when a local chain starts: a whole-model
+ * `shoal serve` imports this module and never runs a chain, and these cost ~0.1 s of its start.
+ */
+async function loopbackLibp2p () {
+  const [{ createLibp2p }, { tcp }, { noise }, { yamux }] = await Promise.all([import('libp2p'), import('@libp2p/tcp'), import('@chainsafe/libp2p-noise'), import('@chainsafe/libp2p-yamux')])
+  return { createLibp2p, tcp, noise, yamux }
+}
 
 export interface LocalChainInit {
   shardDir: string
@@ -107,6 +112,7 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
         throw new StageConfigError(`${init.shardDir} has ${n} stages but ${init.engines.length} devices were given (give one, or one per stage)`)
       }
       try {
+        const { createLibp2p, tcp, noise, yamux } = await loopbackLibp2p()
         for (let i = 0; i < n; i++) {
           const host = await createLibp2p({
             addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] },
