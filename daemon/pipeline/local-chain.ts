@@ -22,7 +22,7 @@ import type { PipelineStage } from './stage.ts'
 
 /**
  * libp2p and its loopback transport stack, loaded when a local chain starts: a whole-model
- * `shoal serve` imports this module and never runs a chain, and these cost ~0.1 s of its start.
+ * `shoal serve` imports this module and never runs a chain (mesh.ts says what this saves).
  */
 async function loopbackLibp2p () {
   const [{ createLibp2p }, { tcp }, { noise }, { yamux }] = await Promise.all([import('libp2p'), import('@libp2p/tcp'), import('@chainsafe/libp2p-noise'), import('@chainsafe/libp2p-yamux')])
