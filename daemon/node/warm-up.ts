@@ -29,12 +29,7 @@ import type { LocalService } from '../engine/index.ts'
 import { createIngress } from '../ingress/index.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard } from '../service.ts'
 
-/**
- * Four requests, growing: the first small (a slow model's warm-up stops after it, below), a chat
- * so the tokenizer and the chat template run, then two of a 128-token prompt. As measured on 60m
- * int4, the first client request still ran ~5 ms slower when only two full requests came before it
- * (the optimising of the last one's code ran into it).
- */
+/** What the warm-up sends and its bounds (WARM_UP below; tests pass their own). */
 export interface WarmUpPlan {
   /** [prompt tokens, new tokens] of each completion; the chat comes second. */
   readonly completions: ReadonlyArray<readonly [number, number]>
@@ -51,8 +46,13 @@ export interface WarmUpPlan {
   readonly slowStepMs: number
 }
 
+/**
+ * Four requests, growing: the first small (a slow model's warm-up stops after it, below), a chat
+ * so the tokenizer and the chat template run, then two of a 128-token prompt. As measured on 60m
+ * int4, the first client request still ran ~5 ms slower when only two full requests came before it
+ * (the optimising of the last one's code ran into it).
+ */
 export const WARM_UP: WarmUpPlan = Object.freeze({
-  /** [prompt tokens, new tokens] of each completion; the chat comes second. */
   completions: Object.freeze([[16, 8], [128, 32], [128, 32]] as const),
   chatTokens: 32,
   budgetMs: 1_000,
