@@ -50,11 +50,14 @@ export interface WarmUpPlan {
  * Four requests, growing: the first small (a slow model's warm-up stops after it, below), a chat
  * so the tokenizer and the chat template run, then two of a 128-token prompt. As measured on 60m
  * int4, the first client request still ran ~5 ms slower when only two full requests came before it
- * (the optimising of the last one's code ran into it).
+ * (the optimising of the last one's code ran into it). Few new tokens each: with 8 / 32 / 32 / 32
+ * a fresh server started 11–15 % later (60m fp32: ~2.1 against ~1.8 s) for the same first TTFT,
+ * and its first decode was not resolvably faster (0.965–1.003 of it, ±5 %; docs/engine-notes.md,
+ * wave 23).
  */
 export const WARM_UP: WarmUpPlan = Object.freeze({
-  completions: Object.freeze([[16, 8], [128, 32], [128, 32]] as const),
-  chatTokens: 32,
+  completions: Object.freeze([[16, 4], [128, 12], [128, 12]] as const),
+  chatTokens: 12,
   budgetMs: 1_000,
   slowStepMs: 10,
 })

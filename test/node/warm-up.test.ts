@@ -25,9 +25,9 @@ describe('warmUpRequests', () => {
   })
 
   it('fits a short context: each prompt and each answer within a quarter of it', () => {
-    const requests = warmUpRequests({ id: 'm', contextLength: 64 })
-    expect(requests.filter(r => r.url === '/v1/completions').map(r => [(r.body.prompt as number[]).length, r.body.max_tokens])).toEqual([[16, 8], [16, 16], [16, 16]])
-    expect(requests[1]!.body.max_tokens).toBe(16)
+    const requests = warmUpRequests({ id: 'm', contextLength: 32 })
+    expect(requests.filter(r => r.url === '/v1/completions').map(r => [(r.body.prompt as number[]).length, r.body.max_tokens])).toEqual([[8, 4], [8, 8], [8, 8]])
+    expect(requests[1]!.body.max_tokens).toBe(8)
   })
 })
 
