@@ -5,7 +5,7 @@
  * business (`conclude`): this file only speaks the protocol.
  */
 import type { Connection, Stream } from '@libp2p/interface'
-import { lpStream } from '@libp2p/utils'
+import { lengthPrefixed } from './lp-stream.ts'
 import type { NodeCertificate } from '../../certs/index.ts'
 import type { CertificateCheck } from './admission-certs.ts'
 import type { RemoteVerdict, Verification } from './decisions.ts'
@@ -46,7 +46,7 @@ export async function dialHandshake (connection: Connection, party: HandshakePar
     }
     throw err
   }
-  const lp = lpStream(stream, { maxDataLength: ADMIT_MAX_FRAME })
+  const lp = await lengthPrefixed(stream, ADMIT_MAX_FRAME)
   await lp.write(party.hello(), { signal })
   const reply = await readFrame(lp, signal)
   if (reply.type === 'refused' || reply.type === 'error') {
@@ -71,7 +71,7 @@ export async function dialHandshake (connection: Connection, party: HandshakePar
 export async function answerHandshake (stream: Stream, connection: Connection, party: HandshakeParty): Promise<void> {
   const peerId = connection.remotePeer.toString()
   const signal = AbortSignal.timeout(party.deadlineMs())
-  const lp = lpStream(stream, { maxDataLength: ADMIT_MAX_FRAME })
+  const lp = await lengthPrefixed(stream, ADMIT_MAX_FRAME)
   try {
     const hello = await readFrame(lp, signal)
     if (hello.type !== 'hello') throw new WireError('SHOAL_ERR_MESH_UNEXPECTED_FRAME', `expected hello, got ${hello.type}`)

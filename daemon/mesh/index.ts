@@ -15,3 +15,5 @@ export type {
 } from './types.ts'
 export { LOAD_PROTOCOL, LOAD_MAX_PREFIXES } from './wire/load.ts'
 export { CAPS_TOPIC } from './wire/caps.ts'
+export { lengthPrefixed } from './lp-stream.ts'
+export type { LengthPrefixed } from './lp-stream.ts'

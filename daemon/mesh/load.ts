@@ -7,7 +7,8 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { Connection, Stream } from '@libp2p/interface'
-import { lpStream } from '@libp2p/utils'
+import { lengthPrefixed } from './lp-stream.ts'
+import type { LengthPrefixed } from './lp-stream.ts'
 import { WireError } from './errors.ts'
 import type { MeshMetrics } from './metrics.ts'
 import type { PeerTable } from './peer-table.ts'
@@ -24,9 +25,8 @@ export interface LoadDeps {
   openStream: (peerId: string, protocol: string, signal: AbortSignal) => Promise<Stream>
 }
 
-type Lp = ReturnType<typeof lpStream<Stream>>
 
-async function readLoadFrame (lp: Lp, signal: AbortSignal): Promise<LoadFrame | undefined> {
+async function readLoadFrame (lp: LengthPrefixed, signal: AbortSignal): Promise<LoadFrame | undefined> {
   let bytes: Uint8Array
   try {
     bytes = (await lp.read({ signal })).subarray()
@@ -102,7 +102,7 @@ export class LoadExchange {
       let stream: Stream | undefined
       try {
         stream = await this.deps.openStream(peerId, LOAD_PROTOCOL, AbortSignal.any([signal, AbortSignal.timeout(replyTimeout)]))
-        const lp = lpStream(stream, { maxDataLength: LOAD_MAX_FRAME })
+        const lp = await lengthPrefixed(stream, LOAD_MAX_FRAME)
         while (!signal.aborted) {
           const id = this.nextId = (this.nextId + 1) % 0xffffffff
           const started = performance.now()
@@ -130,7 +130,7 @@ export class LoadExchange {
   /** Serves load requests on an inbound stream, at most one per quarter interval. */
   readonly handler = async (stream: Stream, connection: Connection): Promise<void> => {
     const asker = connection.remotePeer.toString()
-    const lp = lpStream(stream, { maxDataLength: LOAD_MAX_FRAME })
+    const lp = await lengthPrefixed(stream, LOAD_MAX_FRAME)
     const minGap = this.deps.timings.loadIntervalMs / 4
     let last = -Infinity
     // The stream lives as long as the poller keeps it; each read waits at most the gone bound.

@@ -151,8 +151,9 @@ export function createMesh (init: MeshInit, components: MeshComponents = {}): Me
       try {
         await revocations.load()
         // Loaded here, not at the top: a daemon without a mesh (`shoal serve`) never needs libp2p's
-        // node and transports. With local-chain.ts and gossip.ts doing the same, loading the
-        // daemon takes 367 fewer modules: ~460 ms instead of ~620 on two cores (test/node/lazy-mesh).
+        // node and transports. With local-chain.ts, gossip.ts and lp-stream.ts doing the same,
+        // loading the daemon takes 475 fewer modules: ~400 ms instead of ~620 on two cores
+        // (test/node/lazy-mesh.test.ts).
         const { createMeshLibp2p } = await import('./libp2p-node.ts')
         node = await createMeshLibp2p({
           privateKey: identity.privateKey,

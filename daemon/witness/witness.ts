@@ -8,11 +8,11 @@
  * uses.
  */
 import type { Connection, Stream } from '@libp2p/interface'
-import { lpStream } from '@libp2p/utils'
 import { join } from 'node:path'
 import { fromBase64url } from '../../certs/index.ts'
 import { createLogHead, verifyLogHead } from '../ledger/index.ts'
 import type { SignedLogHead } from '../ledger/index.ts'
+import { lengthPrefixed } from '../mesh/index.ts'
 import type { Mesh } from '../mesh/index.ts'
 import { createHeadStore, WITNESSED_HEADS_FILE } from './store.ts'
 import type { HeadOffer, HeadStore } from './store.ts'
@@ -77,7 +77,7 @@ export function createWitness (init: WitnessInit, components: WitnessComponents)
     try {
       const signal = AbortSignal.timeout(STREAM_TIMEOUT_MS)
       stream = await mesh.openStream(peerId, HEADS_PROTOCOL, signal)
-      await lpStream(stream, { maxDataLength: MAX_HEAD_FRAME }).write(encodeHeadFrame(head), { signal })
+      await (await lengthPrefixed(stream, MAX_HEAD_FRAME)).write(encodeHeadFrame(head), { signal })
       await stream.close({ signal })
     } catch (err) {
       stream?.abort(err instanceof Error ? err : new Error(String(err)))
@@ -107,7 +107,7 @@ export function createWitness (init: WitnessInit, components: WitnessComponents)
       return
     }
     try {
-      const bytes = (await lpStream(stream, { maxDataLength: MAX_HEAD_FRAME }).read({ signal: AbortSignal.timeout(STREAM_TIMEOUT_MS) })).subarray()
+      const bytes = (await (await lengthPrefixed(stream, MAX_HEAD_FRAME)).read({ signal: AbortSignal.timeout(STREAM_TIMEOUT_MS) })).subarray()
       const head = decodeHeadFrame(bytes)
       const outcome = receive(from, head)
       if (outcome === 'shrunk' || outcome === 'forked') {

@@ -1,14 +1,15 @@
 /**
- * `shoal serve` runs no mesh, so loading the daemon must not load libp2p's node, its transports or
- * gossipsub: 367 modules, ~0.16 s of the ~0.62 s its loading took on two cores (2026-12-06). The
- * mesh and a local chain import them when they start (mesh.ts, local-chain.ts).
+ * `shoal serve` runs no mesh, so loading the daemon must not load libp2p's node, its transports,
+ * gossipsub or @libp2p/utils: 475 modules, ~0.2 s of the ~0.62 s its loading took on two cores
+ * (2026-12-06). The mesh, a local chain and a mesh stream's first frame import them
+ * (mesh.ts, local-chain.ts, lp-stream.ts).
  */
 import { execFileSync } from 'node:child_process'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
 import { describe, expect, it } from 'vitest'
 
-const MESH_ONLY = ['libp2p', '@libp2p/gossipsub', '@chainsafe/libp2p-quic', '@libp2p/tcp', '@chainsafe/libp2p-noise', '@chainsafe/libp2p-yamux', '@libp2p/mdns', '@libp2p/identify']
+const MESH_ONLY = ['libp2p', '@libp2p/utils', '@libp2p/gossipsub', '@chainsafe/libp2p-quic', '@libp2p/tcp', '@chainsafe/libp2p-noise', '@chainsafe/libp2p-yamux', '@libp2p/mdns', '@libp2p/identify']
 
 /** The bare package names a fresh process resolves while it imports `entry`. */
 function packagesLoadedBy (entry: string): string[] {
