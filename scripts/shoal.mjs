@@ -12,8 +12,9 @@ import { isNewEnough, modernNode, runWith } from './toolchain.mjs'
 /**
  * Node's on-disk compile cache (each module's V8 code, and a TypeScript file's stripped source,
  * keyed by content; Node's default directory under the temp dir, or NODE_COMPILE_CACHE): a later
- * start strips and compiles none of the ~1,500 modules again. Set in the environment too, so the malloc re-execution and the engine's worker
- * threads use it. NODE_DISABLE_COMPILE_CACHE=1 turns it off.
+ * start strips and compiles none of the ~1,500 modules again. Set in the environment too, so the
+ * malloc re-execution and the engine's worker threads use it. NODE_DISABLE_COMPILE_CACHE=1 turns
+ * it off.
  */
 function enableCompileCache () {
   const { directory } = module.enableCompileCache?.() ?? {}

@@ -25,7 +25,6 @@ export interface LoadDeps {
   openStream: (peerId: string, protocol: string, signal: AbortSignal) => Promise<Stream>
 }
 
-
 async function readLoadFrame (lp: LengthPrefixed, signal: AbortSignal): Promise<LoadFrame | undefined> {
   let bytes: Uint8Array
   try {

@@ -24,7 +24,7 @@ function packagesLoadedBy (entry: string): string[] {
 }
 
 describe('loading the daemon', () => {
-  it('loads no libp2p node, transport or gossipsub (a mesh loads them when it starts)', () => {
+  it('loads no libp2p node, transport, gossipsub or @libp2p/utils (a mesh loads them when it starts)', () => {
     const loaded = packagesLoadedBy(join(import.meta.dirname, '../../daemon/node/index.ts'))
     expect(loaded).toContain('fastify')
     expect(loaded.filter(p => MESH_ONLY.some(m => p === m || p.startsWith(`${m}/`)))).toEqual([])
