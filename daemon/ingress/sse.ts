@@ -4,6 +4,7 @@
  */
 import type { ServerResponse } from 'node:http'
 import { once } from 'node:events'
+import { stepMark } from '../step-trace.ts'
 
 export interface SseWriter {
   /** Writes one event; resolves once the socket can take more. False when the client is gone. */
@@ -35,7 +36,15 @@ export function openSse (res: ServerResponse, headers: Record<string, string>): 
     async send (data, signal) {
       if (closed()) return false
       wrote = true
-      if (!res.write(`data: ${JSON.stringify(data)}\n\n`)) {
+      const flushed = res.write(`data: ${JSON.stringify(data)}\n\n`)
+      // Node's http corks the socket at a response's write and uncorks it on the next tick (the
+      // chunk's framing and data in one syscall). The next tick comes only when the microtasks run
+      // out, and a generation runs in microtasks: after a stream's token, its receipt was built
+      // and signed before anything yielded, so the client got the token 1.4–2.5 ms after this
+      // write (60m int4, docs/engine-notes.md, wave 24). Uncorked here, the event leaves now.
+      if (res.writableCorked > 0) res.uncork()
+      stepMark('i.write')
+      if (!flushed) {
         try {
           await once(res, 'drain', { signal })
         } catch {

@@ -1,7 +1,8 @@
 /**
  * openSse on a real HTTP server and a real socket: the headers leave with the first event in one
- * write (no write of their own before the first token), and still leave promptly when no event
- * follows in the same turn (a first token whose text is held back).
+ * write (no write of their own before the first token), each event reaches the socket as it is
+ * sent (not at the next tick, which a sender busy in microtasks delays), and the headers still
+ * leave promptly when no event follows in the same turn (a first token whose text is held back).
  */
 import { createServer, request } from 'node:http'
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
@@ -45,6 +46,28 @@ describe('openSse', () => {
     expect(body).toBe('data: {"n":1}\n\ndata: [DONE]\n\n')
     // The headers and the first event in one write; the end ([DONE]) in another.
     expect(writes()).toBe(2)
+  })
+
+  it('hands an event to the socket as it is sent, while the sender goes on in microtasks', async () => {
+    let pendingAfterSend = -1
+    const { url } = await serve(res => {
+      const sse = openSse(res, {})
+      void (async () => {
+        await Promise.resolve() // from here on in microtasks, as a generation runs
+        await sse.send({ n: 1 }, AbortSignal.timeout(5_000))
+        // Still in this turn's microtasks (as a generation is, building its receipt): the event
+        // must not wait in the response's buffer for the next tick.
+        pendingAfterSend = res.writableLength
+        await Promise.resolve()
+        await sse.send({ n: 2 }, AbortSignal.timeout(5_000))
+        sse.done()
+      })()
+    })
+    const res = await get(url)
+    let body = ''
+    for await (const chunk of res) body += String(chunk)
+    expect(body).toBe('data: {"n":1}\n\ndata: {"n":2}\n\ndata: [DONE]\n\n')
+    expect(pendingAfterSend).toBe(0)
   })
 
   it('sends the headers at the next turn when no event comes in this one', async () => {
