@@ -48,7 +48,11 @@ export interface StageEngine {
   readonly stage: StageInfo
   start (): Promise<void>
   stop (): Promise<void>
-  /** Opens a sequence (id generated when not given); SHOAL_ERR_OVERLOADED past maxSequences. */
+  /**
+   * Opens a sequence (id generated when not given). An id already open is refused here; the
+   * worker's refusal past maxSequences (SHOAL_ERR_OVERLOADED) is what the sequence's first step
+   * reports.
+   */
   open (seqId?: string, signal?: AbortSignal): Promise<string>
   step (seqId: string, input: StageStepInput, positions: number[], options?: StepOptions, signal?: AbortSignal): Promise<StepOutput>
   free (seqId: string): Promise<void>
@@ -117,6 +121,33 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     maxPositions: init.stage.maxPositions,
     post: (items) => { if (worker !== undefined && dead === undefined) worker.postMessage({ type: 'ahead-picks', id: nextId++, items } satisfies ToWorker) },
   })
+
+  /**
+   * Sequences opened here and not yet freed or retained. An open is posted and not awaited: the
+   * worker handles it on arrival, before any step posted after it, so a request's prefill does
+   * not wait a worker round trip first (~0.5 ms of a served 128-token TTFT on 60m int4,
+   * docs/engine-notes.md, wave 24). What the worker's reply told is kept here instead: a second
+   * open of a live id is refused at once (its steps would run on the first one's cache), and an
+   * open the worker refused (`refused`) is the error its sequence's first step reports, in place
+   * of the worker's "unknown sequence".
+   */
+  const live = new Set<string>()
+  const refused = new Map<string, Error>()
+  const claim = (seqId: string): Worker => {
+    if (dead !== undefined) throw dead
+    if (worker === undefined) throw new EngineError('stage engine is not started')
+    if (live.has(seqId)) throw new EngineError(`sequence ${seqId} is already open`)
+    live.add(seqId)
+    return worker
+  }
+  const release = (seqId: string): void => { live.delete(seqId); refused.delete(seqId) }
+  /** A step's error, or the refusal of its sequence's open that caused it. */
+  const stepError = (seqId: string, err: Error): Error => {
+    const r = refused.get(seqId)
+    if (r === undefined) return err
+    refused.delete(seqId)
+    return r
+  }
 
   const fail = (err: Error): void => {
     dead ??= err
@@ -215,7 +246,11 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     },
     async open (seqId = randomUUID(), signal) {
       signal?.throwIfAborted()
-      await withSignal(call({ type: 'open', id: nextId++, seqId }), signal, () => call({ type: 'free', id: nextId++, seqId }))
+      const w = claim(seqId)
+      // Not through call(): the refusal is noted as its reply is handled, before any later reply.
+      const id = nextId++
+      pending.set(id, { resolve: () => {}, reject: (err) => { if (live.has(seqId)) refused.set(seqId, err) } })
+      w.postMessage({ type: 'open', id, seqId } satisfies ToWorker)
       return seqId
     },
     async step (seqId, input, positions, options = {}, signal) {
@@ -236,7 +271,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
       const reply = await withSignal(call(msg, transfer), signal, async () => {
         pending.delete(msg.id)
         await call({ type: 'cancel', id: nextId++, seqId })
-      })
+      }).catch((err: unknown) => { throw stepError(seqId, err as Error) })
       if (reply.type !== 'stepped') throw new EngineError(`unexpected reply ${reply.type} to step`)
       return reply.output
     },
@@ -286,7 +321,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         entries.forEach(({ item, index, signals }, j) => {
           const r = reply.results[j]!
           const s = firstAborted(signals)
-          results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: deserializeError(r.error) } : r
+          results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: stepError(item.seqId, deserializeError(r.error)) } : r
           if ('error' in results[index]) runAhead.drop(item.seqId)
         })
       }
@@ -321,18 +356,26 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     },
     async free (seqId) {
       runAhead.drop(seqId)
+      release(seqId)
       await call({ type: 'free', id: nextId++, seqId })
     },
     async retain (seqId, key, maxLength) {
       // Positions the worker computed ahead but nobody took are not the sequence's: keep at most those fed.
       const fedTo = runAhead.drop(seqId)
+      release(seqId)
       const reply = await call({ type: 'retain', id: nextId++, seqId, key, maxLength: fedTo === undefined ? maxLength : Math.min(maxLength, fedTo) })
       if (reply.type !== 'retained') throw new EngineError(`unexpected reply ${reply.type} to retain`)
       return { length: reply.length, bytes: reply.bytes }
     },
     async openFrom (seqId, key, length, signal) {
       signal?.throwIfAborted()
-      await withSignal(call({ type: 'open-from', id: nextId++, seqId, key, length }), signal, () => call({ type: 'free', id: nextId++, seqId }))
+      claim(seqId)
+      try {
+        await withSignal(call({ type: 'open-from', id: nextId++, seqId, key, length }), signal, () => call({ type: 'free', id: nextId++, seqId }))
+      } catch (err) {
+        release(seqId)
+        throw err
+      }
       return seqId
     },
     async evict (keys) {

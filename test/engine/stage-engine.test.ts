@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import {
   createOnnxruntimeBackend, createStageEngine, createStageRunner, DeadlineError, ENGINE_PROTOCOL_VERSION,
 } from '../../daemon/engine/index.ts'
-import type { StageEngine, StageInfo } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StageInfo } from '../../daemon/engine/index.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { FromWorker, WorkerInit } from '../../daemon/engine/protocol.ts'
 import { startTinyEngine } from './tiny-model.ts'
@@ -35,7 +35,7 @@ describe('stage engine in a worker', () => {
   let tiny: TinyEngine | undefined
   let model: TinyModel
   let stage: StageInfo
-  let engine: StageEngine
+  let engine: BatchingStageEngine
 
   beforeAll(async () => {
     tiny = await startTinyEngine({ threads: 1, maxSequences: 2, chunkSize: 64 })
@@ -71,7 +71,10 @@ describe('stage engine in a worker', () => {
     const a = await engine.open('a')
     await expect(engine.open('a')).rejects.toMatchObject({ code: 'SHOAL_ERR_ENGINE' })
     const b = await engine.open('b')
-    await expect(engine.open('c')).rejects.toMatchObject({ name: 'OverloadedError', code: 'SHOAL_ERR_OVERLOADED' })
+    // The worker holds its maximum: the open is not waited for, so the sequence's first step says so.
+    const third = await engine.open('c')
+    await expect(engine.step(third, { tokenIds: [1] }, [0])).rejects.toMatchObject({ name: 'OverloadedError', code: 'SHOAL_ERR_OVERLOADED' })
+    await engine.free(third)
     await expect(engine.step(a, { hidden: new Float32Array(stage.hiddenSize) }, [0])).rejects.toMatchObject({ code: 'SHOAL_ERR_ENGINE' })
     await expect(engine.step(b, { tokenIds: [1, 2] }, [0])).rejects.toMatchObject({ code: 'SHOAL_ERR_ENGINE' })
     // a failed step ends its sequence (its cache state is unknown)
@@ -80,6 +83,32 @@ describe('stage engine in a worker', () => {
     await expect(engine.step(c, { tokenIds: range(stage.maxPositions + 1, 0).map(i => i % 500) }, range(stage.maxPositions + 1)))
       .rejects.toMatchObject({ name: 'ContextLengthError', code: 'SHOAL_ERR_CONTEXT_LENGTH' })
     expect((await engine.stats()).liveSequences).toBe(0)
+  })
+
+  it('opens without waiting for the worker: a live id is refused at once, a refused open fails only its own first step', async () => {
+    const x = await engine.open('x')
+    const y = await engine.open('y')
+    await expect(engine.open('x')).rejects.toMatchObject({ name: 'EngineError', message: expect.stringMatching(/already open/) })
+    // Past the worker's maximum of two: 'z' opens here, and its step in a batch fails alone.
+    const z = await engine.open('z')
+    const prefill = (seqId: string) => ({ seqId, input: { tokenIds: prompt }, positions: range(prompt.length) })
+    const first = await engine.stepBatch([prefill(x), prefill(z), prefill(y)])
+    expect(first[1]).toMatchObject({ error: { name: 'OverloadedError', code: 'SHOAL_ERR_OVERLOADED' } })
+    expect(first[0]).toEqual(first[2])
+    // The refused id is the caller's until freed; then it opens (and runs) like any other.
+    await expect(engine.open('z')).rejects.toMatchObject({ message: expect.stringMatching(/already open/) })
+    await engine.free(z)
+    await engine.free(y)
+    const again = await engine.open('z')
+    const [viaX, viaZ] = await engine.stepBatch([
+      { seqId: x, input: { tokenIds: [5] }, positions: [prompt.length] },
+      prefill(again),
+    ])
+    expect(viaX).not.toHaveProperty('error')
+    expect(viaZ).toEqual(first[0])
+    await engine.free(x)
+    await engine.free(again)
+    expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
   })
 
   it('cancel mid-prefill rejects with the signal\'s reason and frees the KV', async () => {
