@@ -1,9 +1,11 @@
 /**
  * Timestamps on the per-token path, for profiling only (reproduction/profile-engine.ts): where a
  * decode step's time goes between the main thread (batcher, decode loop, stage engine) and the
- * engine worker (feeds, onnxruntime, outputs). Off unless SHOAL_TRACE_DIR names a directory; then
- * each thread keeps its marks in memory and `dumpStepTrace` writes them there as JSON. Wall-clock
- * times (timeOrigin + now) so marks of different threads line up. When off, a mark is one branch.
+ * engine worker (feeds, onnxruntime, outputs); and on a request's way to its first token
+ * (reproduction/profile-ttft.ts: the ingress's `i.*` marks). Off unless SHOAL_TRACE_DIR names a
+ * directory; then each thread keeps its marks in memory and `dumpStepTrace` writes them there as
+ * JSON. Wall-clock times (timeOrigin + now) so marks of different threads line up. When off, a
+ * mark is one branch.
  */
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'

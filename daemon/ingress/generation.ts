@@ -12,6 +12,7 @@ import type { IngressMetrics } from './metrics.ts'
 import type { ParsedRequest } from './params.ts'
 import { clientOf } from './auth.ts'
 import { raceAbort } from '../abort.ts'
+import { stepMark } from '../step-trace.ts'
 
 export type StartEvent = Extract<GenerateEvent, { type: 'start' }>
 export type BodyEvent = Exclude<GenerateEvent, { type: 'start' }>
@@ -73,8 +74,10 @@ export async function beginGeneration (ctx: GenerationContext, requestId: string
 
   let start: StartEvent
   try {
+    stepMark('i.gen')
     iterator = ctx.service.generate(request, signal)[Symbol.asyncIterator]()
     const first = await nextOrAbort(iterator, signal)
+    stepMark('i.start')
     if (first.done === true) throw new ShoalError('SHOAL_ERR_INTERNAL', 'Generation ended before it started')
     if (first.value.type !== 'start') throw new ShoalError('SHOAL_ERR_INTERNAL', `Expected a start event, got '${first.value.type}'`)
     start = first.value

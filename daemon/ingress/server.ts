@@ -19,6 +19,7 @@ import { registerDashboardRoutes } from './routes/dashboard.ts'
 import { registerInfoRoutes } from './routes/info.ts'
 import { registerAuth } from './auth.ts'
 import type { Ingress, IngressComponents, IngressInit, IngressLimits } from './types.ts'
+import { stepMark } from '../step-trace.ts'
 
 export const DEFAULT_INGRESS_LIMITS: Readonly<IngressLimits> = Object.freeze({
   bodyLimitBytes: 8 * 1024 * 1024,
@@ -96,6 +97,7 @@ export function createIngress (init: IngressInit, components: IngressComponents)
   const routeOf = (request: FastifyRequest): string => request.routeOptions.url ?? 'unmatched'
 
   app.addHook('onRequest', async (request, reply) => {
+    stepMark('i.req')
     const route = routeOf(request)
     metrics.inFlight.inc({ route })
     // 'close' fires for every response, also hijacked (SSE) ones and aborted ones.
