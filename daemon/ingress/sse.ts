@@ -40,7 +40,7 @@ export function openSse (res: ServerResponse, headers: Record<string, string>): 
       // Node's http corks the socket at a response's write and uncorks it on the next tick (the
       // chunk's framing and data in one syscall). The next tick comes only when the microtasks run
       // out, and a generation runs in microtasks: after a stream's token, its receipt was built
-      // and signed before anything yielded, so the client got the token 1.4–2.5 ms after this
+      // and signed before anything yielded, so the client got the token 1.3–3.5 ms after this
       // write (60m int4, docs/engine-notes.md, wave 24). Uncorked here, the event leaves now.
       if (res.writableCorked > 0) res.uncork()
       stepMark('i.write')
