@@ -19,16 +19,20 @@ export function findLoneSurrogate (value: unknown, path = ''): string | undefine
     if (typeof v === 'string') {
       if (!v.isWellFormed()) return at
     } else if (Array.isArray(v)) {
-      for (let i = v.length - 1; i >= 0; i--) stack.push([v[i], `${at}[${i}]`])
+      // Only what can hold a string is visited (and given its path): a token-id prompt's numbers
+      // are skipped, where each cost a path string and a stack entry (three scans a request).
+      for (let i = v.length - 1; i >= 0; i--) if (mayHoldText(v[i])) stack.push([v[i], `${at}[${i}]`])
     } else if (typeof v === 'object' && v !== null) {
       const entries = Object.entries(v)
       for (let i = entries.length - 1; i >= 0; i--) {
         const [k, x] = entries[i]!
         const child = at === '' ? k : `${at}.${k}`
         if (!k.isWellFormed()) return child
-        stack.push([x, child])
+        if (mayHoldText(x)) stack.push([x, child])
       }
     }
   }
   return undefined
 }
+
+const mayHoldText = (v: unknown): boolean => typeof v === 'string' || (typeof v === 'object' && v !== null)
