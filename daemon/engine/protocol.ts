@@ -251,6 +251,17 @@ function checkPick (pick: unknown, what: string): string | undefined {
   return undefined
 }
 
+/**
+ * Integers (token ids, positions) as the int64 the graphs take. A plain loop: `BigInt64Array.from(xs,
+ * BigInt)` goes through the iterator protocol and took ~10 µs for a 128-token prompt's ids and
+ * ~120 µs for 2,000 (3.4 and 15 this way), twice a prefill on the thread that answers requests.
+ */
+export function int64Of (xs: readonly number[]): BigInt64Array {
+  const out = new BigInt64Array(xs.length)
+  for (let i = 0; i < xs.length; i++) out[i] = BigInt(xs[i]!)
+  return out
+}
+
 /** The buffers to transfer with a message (a view over a larger buffer is copied first). */
 export function ownBuffer<T extends Float32Array | BigInt64Array> (a: T): T {
   return a.byteOffset === 0 && a.byteLength === a.buffer.byteLength && a.buffer instanceof ArrayBuffer ? a : a.slice() as T

@@ -10,7 +10,7 @@ import { Worker } from 'node:worker_threads'
 import { deserializeError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
 import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
-import { ENGINE_PROTOCOL_VERSION, ownBuffer } from './protocol.ts'
+import { ENGINE_PROTOCOL_VERSION, int64Of, ownBuffer } from './protocol.ts'
 import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { createRunAheadTracker } from './run-ahead.ts'
@@ -256,14 +256,14 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
     async step (seqId, input, positions, options = {}, signal) {
       runAhead.drop(seqId) // the worker rolls back what it ran ahead before this step
       const stepInput: StepInput = 'tokenIds' in input
-        ? { kind: 'tokens', ids: BigInt64Array.from(input.tokenIds, BigInt) }
+        ? { kind: 'tokens', ids: int64Of(input.tokenIds) }
         : { kind: 'hidden', data: ownBuffer(input.hidden) }
       const msg: ToWorker = {
         type: 'step',
         id: nextId++,
         seqId,
         input: stepInput,
-        positions: BigInt64Array.from(positions, BigInt),
+        positions: int64Of(positions),
         logitsToKeep: options.logitsToKeep ?? 1,
         ...(options.pick === undefined ? {} : { pick: options.pick }),
       }
@@ -294,9 +294,9 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         for (const { item } of entries) {
           const ahead = runAhead.start(item)
           const input: StepInput = 'tokenIds' in item.input
-            ? { kind: 'tokens', ids: BigInt64Array.from(item.input.tokenIds, BigInt) }
+            ? { kind: 'tokens', ids: int64Of(item.input.tokenIds) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
-          const positions = BigInt64Array.from(item.positions, BigInt)
+          const positions = int64Of(item.positions)
           wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(ahead === undefined ? {} : { ahead }) })
           const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
           if (!transfer.includes(buf)) transfer.push(buf)

@@ -10,7 +10,7 @@ import {
   createOnnxruntimeBackend, createStageEngine, createStageRunner, DeadlineError, ENGINE_PROTOCOL_VERSION,
 } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, StageInfo } from '../../daemon/engine/index.ts'
-import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import { int64Of, parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { FromWorker, WorkerInit } from '../../daemon/engine/protocol.ts'
 import { startTinyEngine } from './tiny-model.ts'
 import type { TinyEngine, TinyModel } from './tiny-model.ts'
@@ -28,6 +28,12 @@ describe('engine worker protocol (pure)', () => {
     expect(parseToWorker({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(2) }, positions: [0, 1], logitsToKeep: 1 })).toMatch(/positions/)
     expect(parseToWorker({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(2) }, positions: new BigInt64Array(2), logitsToKeep: 0 })).toMatch(/logitsToKeep/)
     expect(parseToWorker({ type: 'stats', id: 3 })).toEqual({ type: 'stats', id: 3 })
+  })
+
+  it('writes ids and positions as int64, exactly, and refuses what is not an integer', () => {
+    expect(int64Of([0, 5, -3, 2 ** 40, Number.MAX_SAFE_INTEGER])).toEqual(BigInt64Array.of(0n, 5n, -3n, 2n ** 40n, 9007199254740991n))
+    expect(int64Of([])).toEqual(new BigInt64Array(0))
+    expect(() => int64Of([1.5])).toThrow(RangeError)
   })
 })
 
