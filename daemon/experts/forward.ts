@@ -10,7 +10,7 @@
  */
 import { join } from 'node:path'
 import ort from 'onnxruntime-node'
-import { createOffThreadSessions } from '../engine/index.ts'
+import { createOffThreadSessions, int64Of } from '../engine/index.ts'
 import type { OffThreadSession } from '../engine/index.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, MOE_BASE, MOE_EXPERTS, MOE_INPUT, MOE_WEIGHTS,
@@ -42,7 +42,7 @@ export interface ExpertForward {
   run: (items: Array<{ seq: ExpertSequence, ids: number[], requestId?: string }>, experts: ExpertsOfLayer) => Promise<Float32Array[]>
 }
 
-const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', BigInt64Array.from(v.map(BigInt)), dims)
+const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', int64Of(v), dims)
 
 export function createExpertForward (init: { dir: string, layout: ExpertShardLayout, threads?: number }): ExpertForward {
   const { layout } = init
