@@ -60,7 +60,11 @@ try {
   marks.sort((a, b) => a[1] - b[1])
 
   const segments = new Map<string, number[]>()
-  const add = (name: string, ms: number): void => { segments.set(name, [...(segments.get(name) ?? []), ms]) }
+  const add = (name: string, ms: number): void => {
+    const seen = segments.get(name)
+    if (seen === undefined) segments.set(name, [ms])
+    else seen.push(ms)
+  }
   for (const r of requests) {
     let prev: [string, number] = ['client sends', r.sent]
     const seen = new Set<string>()
