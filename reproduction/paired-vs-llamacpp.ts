@@ -151,21 +151,19 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     const firstMs = (c: Completion): number => c.first - c.t0
     const tokS = (c: Completion): number => (c.count - 1) / ((c.last - c.first) / 1000)
     const add = <T>(p: Paired, [x, y]: [T, T], f: (c: T) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
+    /** One max_tokens-1 pair on a fresh `length`-token prompt, read both ways. */
+    const ttftPair = async (toEnd: Paired, toToken: Paired, length: number, salt: number, aFirst: boolean): Promise<void> => {
+      const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(length, salt), 1, 0))
+      add(toEnd, p, ms)
+      add(toToken, p, firstMs)
+    }
     // The metrics interleave (a decode pair after each TTFT pair, while they last): the machine's drift reaches all of them.
     const rounds = Math.max(PAIRS, DECODE_PAIRS, LONG_PAIRS, STREAM_PAIRS)
     for (let i = 0; i < rounds; i++) {
       const aFirst = i % 2 === 0
-      if (i < PAIRS) {
-        const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(PROMPT, 1000 + i), 1, 0))
-        add(ttft, p, ms)
-        add(ttftFirst, p, firstMs)
-      }
+      if (i < PAIRS) await ttftPair(ttft, ttftFirst, PROMPT, 1000 + i, aFirst)
       if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, 0)), tokS)
-      if (LONG > 0 && i < LONG_PAIRS) {
-        const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(LONG, 5000 + i), 1, 0))
-        add(long, p, ms)
-        add(longFirst, p, firstMs)
-      }
+      if (LONG > 0 && i < LONG_PAIRS) await ttftPair(long, longFirst, LONG, 5000 + i, aFirst)
       if (i < STREAM_PAIRS) add(many, await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS)), x => x)
     }
     return { idle, metrics: [...(PAIRS > 0 ? [ttft, ttftFirst] : []), ...(LONG > 0 && LONG_PAIRS > 0 ? [long, longFirst] : []), ...(DECODE_PAIRS > 0 ? [decode] : []), ...(STREAM_PAIRS > 0 ? [many] : [])] }
