@@ -4,14 +4,15 @@
  * each server anew every round and times its start (spawn to the API answering: the process, the
  * model's load and any warm-up) and then its first --requests TTFTs (a fresh --prompt-token
  * prompt each, max_tokens 1, no prompt cache on either side) and one decode of --tokens tokens.
- * Rounds alternate which server goes first; one server runs at a time.
+ * Rounds alternate which server goes first; one server runs at a time. --idle waits that long
+ * after a server answers before its first request: a user who starts a server and asks later.
  *
  * This process's own first requests are slow too (its fetch and SSE code compiling: ~30 ms of
  * client CPU landed in a fresh server's second request), so before the rounds it asks one server
  * of each kind a few untimed requests.
  *
  *   node reproduction/cold-start.ts [--sizes 60m] [--quants int4] [--rounds 6] [--requests 3]
- *     [--prompt 128] [--tokens 128] [--llama-dir DIR] [--arms '{"llama-server":"llama","shoal":{}}']
+ *     [--prompt 128] [--tokens 128] [--idle 0] [--llama-dir DIR] [--arms '{"llama-server":"llama","shoal":{}}']
  * Run it as paired-vs-llamacpp.ts is run (`chrt -r 10 node …`, nothing else on the machine).
  * `--arms` as there (lib/arms.ts): two shoal checkouts compare a change to the start.
  */
@@ -37,6 +38,8 @@ const { values: args } = parseArgs({
     requests: { type: 'string', default: '3' },
     prompt: { type: 'string', default: '128' },
     tokens: { type: 'string', default: '128' },
+    // A user who starts a server and asks it a little later: ms after it answers before the first request.
+    idle: { type: 'string', default: '0' },
     threads: { type: 'string', default: String(availableParallelism()) },
     arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
   },
@@ -46,6 +49,7 @@ const ROUNDS = Number(args.rounds)
 const REQUESTS = Number(args.requests)
 const PROMPT = Number(args.prompt)
 const TOKENS = Number(args.tokens)
+const IDLE = Number(args.idle)
 // llama-server as paired-vs-llamacpp.ts starts it (its default eight slots), so the figures compare.
 const SHAPE = { threads: Number(args.threads), streams: 8, prompt: PROMPT, tokens: TOKENS, long: 0 }
 const REPO = resolve(import.meta.dirname, '..')
@@ -57,6 +61,7 @@ interface Fresh { startMs: number, ttft: number[], decode: number }
 async function fresh (arm: (typeof ARMS)[number][1], m: ModelFiles, bin: string, cache: string, salt: number): Promise<Fresh> {
   const s = await startArm(arm, m, bin, SHAPE, cache)
   try {
+    if (IDLE > 0) await new Promise(resolve => setTimeout(resolve, IDLE))
     const ttft: number[] = []
     for (let i = 0; i < REQUESTS; i++) {
       const c = await complete(s, promptIds(PROMPT, salt + i), 1, 0)
@@ -118,7 +123,7 @@ async function main (): Promise<void> {
     `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]}, per round)`,
     ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
-    `${ROUNDS} rounds, each server started fresh in each, order alternating; ${REQUESTS} requests of a fresh ${PROMPT}-token prompt (max_tokens 1), then one of ${TOKENS} tokens`,
+    `${ROUNDS} rounds, each server started fresh in each, order alternating; ${IDLE > 0 ? `idle ${IDLE} ms after it answers, then ` : ''}${REQUESTS} requests of a fresh ${PROMPT}-token prompt (max_tokens 1), then one of ${TOKENS} tokens`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ].map(l => `- ${l}`).join('\n'))
   console.log('')

@@ -52,6 +52,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
   const decodeRate = createRateMeter()
   let observedRuns = 0
   let observedDecodes = 0
+  let fastestDecode = Infinity
   const metrics = createBatcherMetrics(components.metrics)
 
   let queue: Entry[] = []
@@ -175,6 +176,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           if (ranTokens === ran) {
             decodeEstimator.observe(ran, ranTokens, end - now)
             observedDecodes++
+            if (ran === 1) fastestDecode = Math.min(fastestDecode, end - now)
           }
         }
         decodeRate.add(decodeTokens, end)
@@ -317,5 +319,6 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       if (tokens === sequences && observedDecodes > 0) return decodeEstimator.estimate(sequences, tokens)
       return observedRuns === 0 ? 0 : estimator.estimate(sequences, tokens)
     },
+    fastestDecodeMs: () => Number.isFinite(fastestDecode) ? fastestDecode : 0,
   }
 }

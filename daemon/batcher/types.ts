@@ -193,4 +193,12 @@ export interface Batcher {
    * step-time model, which never decays); 0 before any run.
    */
   estimateStepMs (sequences: number, tokens?: number): number
+  /**
+   * The fastest run of one sequence's one position timed so far (ms; 0 before any): a bound the
+   * engine's decode step cannot beat. Runs timed here are the ones the executor had not computed
+   * ahead — the first after a prefill, a cold engine's first — so their model (estimateStepMs)
+   * reads 3–5× the step on a fresh 60m int4 engine (6.5–10.9 against ~2 ms), and their fastest
+   * does not.
+   */
+  fastestDecodeMs (): number
 }

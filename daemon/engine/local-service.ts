@@ -193,7 +193,13 @@ export interface LocalService extends InferenceService {
   stats (): Promise<LocalServiceStats>
   /** Queue, wait estimate, decode rate and slots (cheap; no worker round trip). */
   load (): LocalServiceLoad
-  /** One sequence's decode step in ms, from the step-time model; 0 before the engine's first decode. */
+  /**
+   * Calls `listener` (synchronously, before anything of the request runs) each time a request that
+   * is not the node's own warm-up asks this service to generate; returns the unsubscribe. The
+   * node's settle (daemon/node/warm-up.ts) stops on it, before the request's first step is sent.
+   */
+  onRequest (listener: () => void): () => void
+  /** One sequence's decode step in ms: the fastest the batcher has timed (Batcher.fastestDecodeMs); 0 before the engine's first decode. */
   decodeStepMs (): number
   /**
    * What this node's prefix cache holds, compact and bounded (PrefixCache.summary), with the scope
@@ -385,6 +391,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     }
   }
 
+  /** onRequest's listeners. */
+  const arrivals = new Set<() => void>()
   const { generate } = createGenerationService<Running>({
     current: () => stopping || engine === undefined || manifest === undefined || codec === undefined || modelId === undefined
       ? undefined
@@ -462,7 +470,15 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         servedBy: [init.nodeId ?? 'local'],
       }]
     },
-    generate,
+    generate (request, signal) {
+      if (request.warmUp !== true) for (const listener of arrivals) listener()
+      return generate(request, signal)
+    },
+    onRequest (listener) {
+      const own = (): void => { listener() } // one subscription per call, even of the same function
+      arrivals.add(own)
+      return () => { arrivals.delete(own) }
+    },
     load () {
       const b = batcher?.load() ?? { queueDepth: 0, inFlight: 0, expectedWaitMs: 0, decodeTokensPerSecond: 0 }
       // Requests waiting for a sequence slot are queued work too, and their wait is what a new one meets.
@@ -476,7 +492,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       const stepMs = batcher?.estimateStepMs(next) ?? 0
       return { ...l, slots: maxSequences, activeSequences: slots.active, capacityTokensPerSecond: stepMs > 0 ? next * 1000 / stepMs : 0 }
     },
-    decodeStepMs: () => batcher?.estimateStepMs(1) ?? 0,
+    decodeStepMs: () => batcher?.fastestDecodeMs() ?? 0,
     async promptTokens (request, signal) {
       if (codec === undefined) throw new ShuttingDownError('local engine is not running')
       return await codec.encodePromptAsync(request.prompt, signal)

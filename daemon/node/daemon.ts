@@ -41,7 +41,7 @@ import { aggregateLoad, meshModelCards, replicaCandidates, servedModels, stageSt
 import type { ResolvedModel } from './models.ts'
 import { withReceipts } from './receipted-service.ts'
 import { withReceiptPart } from './receipt-part.ts'
-import { WARM_UP, warmUp } from './warm-up.ts'
+import { settle, WARM_UP, warmUp } from './warm-up.ts'
 import pkg from '../../package.json' with { type: 'json' }
 import { createClientAuth } from './client-auth.ts'
 import { createWitness } from '../witness/index.ts'
@@ -289,6 +289,9 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
 
   function ingressPart (api: { host: string, port: number }, signed: Signed, meshed: Meshed | undefined, served: Served, experts: ExpertsPart): Part<{ ingress: Ingress, apiUrl: string }> {
     let started: Ingress | undefined
+    /** The settle after listening (warm-up.ts), and how to end it. */
+    const settling = new AbortController()
+    let settled: Promise<unknown> | undefined
     return {
       name: 'ingress',
       async start () {
@@ -343,14 +346,28 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
         )
         started = i
         // Before listening: no client waits behind the warm-up, and the first one finds it done.
-        if (config.warmUp !== undefined && config.warmUp !== false) await warmUp(locals, logger, config.warmUp === true ? WARM_UP : config.warmUp)
+        const plan = config.warmUp === true ? WARM_UP : config.warmUp === false ? undefined : config.warmUp
+        if (plan !== undefined) await warmUp(locals, logger, plan)
         const url = (await i.start()).url
         apiUrl = url
+        // After it: decode steps while the node has nothing else to do, until any request comes.
+        if (plan !== undefined) settled = settle(locals, busy, logger, settling.signal, plan).catch((err: unknown) => { logger.warn({ err }, 'settle failed') })
         if (m !== undefined) publishCapabilities(m, served, experts, url)
         return { ingress: i, apiUrl: url }
       },
-      async stop () { await started?.stop() },
+      async stop () {
+        settling.abort()
+        await settled
+        await started?.stop()
+      },
     }
+  }
+
+  /** Requests in flight on this node's engines: whole models, chains it coordinates, stages it serves. */
+  function busy (): number {
+    return locals.reduce((n, s) => n + s.load().activeSequences, 0) +
+      coordinators.reduce((n, c) => n + c.stats().activeRequests, 0) +
+      [...stages, ...localChains.flatMap(c => c.stages)].reduce((n, s) => n + s.node.stats().served, 0)
   }
 
   /**

@@ -23,6 +23,8 @@
  * its first, small request on a model whose decode steps are too slow for a warm-up to matter
  * (warmUpGoesOn). A request that fails is logged and the warm-up goes on to the next.
  */
+import { randomUUID } from 'node:crypto'
+import { setTimeout as sleep } from 'node:timers/promises'
 import type { Logger } from 'pino'
 import { Registry } from 'prom-client'
 import type { LocalService } from '../engine/index.ts'
@@ -44,6 +46,13 @@ export interface WarmUpPlan {
    * slower machine took over 100 ms on 60m int4 (2.4 ms a step).
    */
   readonly slowStepMs: number
+  /** The settle after the API listens (settle() below); tokens 0: none. */
+  readonly settle: {
+    /** Decode tokens per engine. */
+    readonly tokens: number
+    /** The whole settle's bound, every engine's included. */
+    readonly budgetMs: number
+  }
 }
 
 /**
@@ -60,6 +69,8 @@ export const WARM_UP: WarmUpPlan = Object.freeze({
   chatTokens: 12,
   budgetMs: 1_000,
   slowStepMs: 10,
+  // 60m int4 on two cores: ~2 s of a 2 ms step; 60m fp32 (~4 ms) stops at the budget.
+  settle: Object.freeze({ tokens: 1_024, budgetMs: 3_000 }),
 })
 
 /** One warm-up request: the route and its JSON body. */
@@ -152,4 +163,131 @@ export async function warmUp (engines: readonly LocalService[], logger: Logger, 
   report.ms = Math.round(performance.now() - began)
   logger.info({ ...report }, 'warmed up')
   return report
+}
+
+/**
+ * Why a settle ended: its tokens decoded on every engine, its budget spent, another request came,
+ * the node stopping. (An engine whose step is slower than slowStepMs is skipped, as the warm-up
+ * skips it.)
+ */
+export type SettleEnd = 'done' | 'budget' | 'request' | 'stopping'
+
+/** What settle() decides at each of its tokens, as a pure function. */
+export interface SettleState {
+  elapsedMs: number
+  /** Tokens this engine's settle has decoded so far. */
+  tokens: number
+  /** Requests in flight on this node other than the settle's own. */
+  others: number
+  /** The engine's measured one-sequence decode step; 0 while unknown. */
+  stepMs: number
+}
+
+/**
+ * 'next' moves on to the next engine (this one has its tokens, or its steps are too slow for a
+ * settle to matter); undefined goes on. Another request ends the settle at once: it is there only
+ * for a node with nothing else to do.
+ */
+export function settleVerdict (s: SettleState, plan: WarmUpPlan = WARM_UP): Exclude<SettleEnd, 'stopping' | 'done'> | 'next' | undefined {
+  if (s.others > 0) return 'request'
+  if (s.elapsedMs >= plan.settle.budgetMs) return 'budget'
+  if (s.tokens >= plan.settle.tokens || s.stepMs > plan.slowStepMs) return 'next'
+  return undefined
+}
+
+export interface SettleReport {
+  tokens: number
+  ms: number
+  ended: SettleEnd
+}
+
+/**
+ * After the API listens: each whole-model engine in turn decodes a throwaway greedy sequence
+ * (a `warmUp` request: no receipt, no request metric, no kept prefix) while the node has nothing
+ * else to do, up to plan.settle.tokens, within plan.settle.budgetMs; it stops at its next token
+ * once any other request is in flight (`busy`: every request on the node, its own included).
+ *
+ * Why: a fresh engine decodes ~20 % slower over its first thousand-odd tokens, and it is the
+ * engine's own decode steps that warm it, not time (60m int4, the first 256-token decode of a
+ * fresh server: 397–422 tok/s; with 600 more tokens in the warm-up 476–511, 1.20–1.21× over eight
+ * fresh starts; 1.4 s of idle time instead: 1.05, inside the noise; docs/engine-notes.md, wave 25;
+ * the cause is not known, wave 24). Before listening those steps would double a start (1.4 →
+ * 2.7 s); after it, a client that asks at once costs the settle the rest of its tokens and waits
+ * at most the step in flight. While it runs the node's load shows one sequence, as it is.
+ */
+export async function settle (engines: readonly LocalService[], busy: () => number, logger: Logger, signal: AbortSignal, plan: WarmUpPlan = WARM_UP): Promise<SettleReport> {
+  const began = performance.now()
+  const report: SettleReport = { tokens: 0, ms: 0, ended: 'done' }
+  /** Aborted by a client's request to any of the engines, before anything of it runs. */
+  const arrived = new AbortController()
+  const unsubscribe = engines.map(e => e.onRequest(() => { arrived.abort() }))
+  const end = (ended: SettleEnd): SettleReport => {
+    for (const u of unsubscribe) u()
+    report.ended = signal.aborted ? 'stopping' : arrived.signal.aborted ? 'request' : ended
+    report.ms = Math.round(performance.now() - began)
+    if (report.tokens > 0 || report.ended !== 'done') logger.info({ ...report }, 'settled')
+    return report
+  }
+  if (plan.settle.tokens <= 0) return end('done')
+  // Stopped by either: the settle's sequence is freed at once, so the request's first step runs
+  // without the settle's steps beside it (a request seen only at the settle's next token waited
+  // for the worker's run ahead: a fresh server's first TTFT 35 → 42 ms, 60m int4).
+  const stop = AbortSignal.any([signal, arrived.signal])
+  // The warm-up's last sequence is freed just after its response ends (the free goes through the
+  // engine's worker); one still busy after that is a client's (a chain's, a stage's: busy()).
+  for (let waited = 0; busy() > 0 && waited < SETTLE_START_WAIT_MS && !stop.aborted; waited += 5) await sleep(5)
+  for (const [engine, card] of engines.flatMap(e => e.models().map(c => [e, c] as const))) {
+    let tokens = 0
+    /** Its own sequence: 1 while it holds one. */
+    let own = 0
+    const verdict = (): ReturnType<typeof settleVerdict> => settleVerdict({ elapsedMs: performance.now() - began, tokens, others: busy() - own, stepMs: engine.decodeStepMs() }, plan)
+    for (let salt = 0; ; salt++) {
+      if (stop.aborted) return end('stopping')
+      const v = verdict()
+      if (v === 'next') break
+      if (v !== undefined) return end(v)
+      const cut = new AbortController()
+      try {
+        for await (const event of engine.generate(settleRequest(card, plan.settle.tokens - tokens, began + plan.settle.budgetMs, salt), AbortSignal.any([stop, cut.signal]))) {
+          if (event.type === 'start') own = 1
+          if (event.type !== 'delta') continue
+          tokens += event.tokenIds.length
+          report.tokens += event.tokenIds.length
+          if (verdict() !== undefined) { cut.abort(); break }
+        }
+      } catch (err) {
+        // Its own abort, the node's, a request's, or the budget's deadline: the checks above say
+        // which. Else (an engine that fails) nothing is worth retrying for a warm-up.
+        if (!cut.signal.aborted && !stop.aborted && performance.now() - began < plan.settle.budgetMs) {
+          logger.debug({ err, model: card.id }, 'settle request failed')
+          break
+        }
+      } finally {
+        own = 0
+      }
+    }
+  }
+  return end('done')
+}
+
+/** How long a settle waits for the warm-up's last sequence to be freed before it starts. */
+const SETTLE_START_WAIT_MS = 100
+
+/**
+ * A settle's request: greedy, after a one-token prompt (an id as the warm-up's, another each
+ * time). One token, because a client that asks while the settle prefills waits for that run: a
+ * 128-token prompt made a fresh server's first TTFT 67 ms instead of 37 (60m int4, cold-start.ts).
+ */
+function settleRequest (card: Pick<ModelCard, 'id' | 'contextLength'>, tokens: number, deadline: number, salt: number): GenerateRequest {
+  return {
+    requestId: `settle-${randomUUID()}`,
+    model: card.id,
+    prompt: { kind: 'tokens', ids: [3 + (salt * 101) % 256] },
+    maxTokens: Math.max(1, Math.min(tokens, Math.floor(card.contextLength / 2))),
+    sampling: { temperature: 0, topP: 1 },
+    stop: [],
+    // Epoch milliseconds, from the settle's own start on the performance clock.
+    deadline: Date.now() + Math.max(0, deadline - performance.now()),
+    warmUp: true,
+  }
 }

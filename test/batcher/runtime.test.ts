@@ -328,4 +328,30 @@ describe('batcher runtime', () => {
     // The whole-run model still prices prefills.
     expect(b.estimateStepMs(1, 48)).toBeGreaterThan(200)
   })
+
+  it('keeps the fastest one-sequence decode run it timed, not the runs computed ahead', async () => {
+    // One sequence: a cold first decode run of 30 ms, then 4 ms runs, then results computed ahead
+    // (the executor had them: no time, not a run). The clock is the executor's, as above.
+    let now = 0
+    let runs = 0
+    const executor: BatchExecutor = {
+      async run (items) {
+        runs++
+        const ahead = runs > 8
+        if (!ahead) now += items[0]!.kind === 'prefill' ? 50 : runs === 2 ? 30 : 4
+        return items.map(() => ahead ? { output: { kind: 'token', id: 5 }, ranAhead: true as const } : { output: { kind: 'token', id: 5 } })
+      },
+    }
+    const pick = { temperature: 0, topP: 1, u: 0 }
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
+    await b.start()
+    started.push(b)
+    expect(b.fastestDecodeMs()).toBe(0)
+    await b.submit({ seqId: 's', kind: 'prefill', input: { tokenIds: range(1, 16) }, positions: range(0, 16), pick })
+    expect(b.fastestDecodeMs()).toBe(0) // a prefill is not a decode step
+    for (let i = 0; i < 12; i++) await b.submit({ seqId: 's', kind: 'decode', input: { tokenIds: [5] }, positions: [16 + i], pick })
+    expect(b.fastestDecodeMs()).toBe(4)
+    // The model of those runs reads the cold one too.
+    expect(b.estimateStepMs(1)).toBeGreaterThan(4)
+  })
 })
