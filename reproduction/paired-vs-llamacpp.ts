@@ -24,7 +24,7 @@
  *    measured apart; here each request's own first chunk stands for it).
  *
  *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4 (or none,int4; none = fp32)] [--pairs 40]
- *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--llama-dir DIR]
+ *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--warm-tokens 0] [--llama-dir DIR]
  *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
  *     [--arms '{"llama-server":"llama","shoal":{}}']
  * Run it as bench-vs-llamacpp.ts is run (`chrt -r 10 node …` with nothing else on the machine):
@@ -67,6 +67,9 @@ const { values: args } = parseArgs({
     prompt: { type: 'string', default: '128' },
     long: { type: 'string', default: '2000' },
     tokens: { type: 'string', default: '128' },
+    // More decode before anything is timed, on each server: a fresh shoal engine decodes faster
+    // over its first few thousand tokens (docs/engine-notes.md, wave 25).
+    'warm-tokens': { type: 'string', default: '0' },
     threads: { type: 'string', default: String(availableParallelism()) },
     // llama-server's slots (-np), as bench-vs-llamacpp.ts sizes it for its concurrent streams: the same server.
     streams: { type: 'string', default: '8' },
@@ -78,6 +81,7 @@ const PAIRS = Number(args.pairs)
 const DECODE_PAIRS = Number(args['decode-pairs'])
 const LONG_PAIRS = Number(args['long-pairs'])
 const STREAM_PAIRS = Number(args['stream-pairs'])
+const WARM_TOKENS = Number(args['warm-tokens'])
 const STREAMS = Number(args.streams)
 const PROMPT = Number(args.prompt)
 const LONG = Number(args.long)
@@ -128,11 +132,14 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     for (const [name, arm] of ARMS) servers.push(await startArm(arm, m, bin, SHAPE, join(cache, name)))
     const [a, b] = servers as [Server, Server]
     // Warm-up on each: the first run, JIT and thread pools, then requests shaped like the timed ones.
+    // A fresh shoal decodes while idle after it listens (its settle, up to 3 s); its first request
+    // here ends that, so nothing timed runs beside it.
     for (const s of servers) {
       await complete(s, promptIds(16, 999), 8, 0)
       await complete(s, promptIds(PROMPT, 998), TOKENS, 0)
       if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, 0)
       if (STREAM_PAIRS > 0) await streams(s, 980)
+      for (let left = WARM_TOKENS, i = 0; left > 0; left -= 512, i++) await complete(s, promptIds(PROMPT, 960 - i), Math.min(512, left), 0)
     }
     const idle = await idleCpu(servers)
     // Two readings of each max_tokens-1 request: its whole time (what every earlier wave reported),
@@ -207,7 +214,7 @@ async function main (): Promise<void> {
     `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]})`,
     ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
-    `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)${STREAM_PAIRS > 0 ? `, ${STREAM_PAIRS} pairs of ${STREAMS} concurrent streams (${TOKENS} tokens each, after an untimed round)` : ''}`,
+    `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)${STREAM_PAIRS > 0 ? `, ${STREAM_PAIRS} pairs of ${STREAMS} concurrent streams (${TOKENS} tokens each, after an untimed round)` : ''}${WARM_TOKENS > 0 ? `; each server decoded ${WARM_TOKENS} more tokens before (--warm-tokens)` : ''}`,
     `idle CPU of each server over one second before the pairs: ${idles.join('; ')}`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
   ].map(l => `- ${l}`).join('\n'))
