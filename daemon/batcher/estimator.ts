@@ -76,6 +76,54 @@ function solve3 (a: Mat3, b: Vec3): Vec3 | undefined {
   return out
 }
 
+/**
+ * Decode-run time by row count: one average for each count seen, read at the count asked, else
+ * interpolated between the nearest counts measured on either side, else carried on along the line
+ * through the two nearest measured counts (never below 0, never past the nearest one downwards).
+ *
+ * Why not the linear model above for decodes: after a burst of eight streams its data are
+ * eight-row runs and a few runs of 2–7 rows that repack their KV as the batch changes (15–30 ms
+ * where eight rows take 5), and the line it fits, carried to one row, swung between 2 and 28 ms
+ * for a 1.7 ms step (docs/engine-notes.md, wave 25). A count's own average moves only with its own
+ * runs, and a run past OUTLIER_FACTOR × its count's average (after SETTLED runs) counts as that.
+ */
+export interface DecodeTimeTable {
+  observe (rows: number, ms: number): void
+  /** Expected ms of a decode run of `rows` rows; undefined until two counts (or `rows` itself) are measured. */
+  estimate (rows: number): number | undefined
+}
+
+const OUTLIER_FACTOR = 2
+const SETTLED = 4
+
+export function createDecodeTimeTable (alpha = 0.1): DecodeTimeTable {
+  const cells = new Map<number, { avg: number, n: number }>()
+  return {
+    observe (rows, ms) {
+      if (!(rows >= 1) || !Number.isFinite(ms) || ms < 0) return
+      const c = cells.get(rows)
+      if (c === undefined) { cells.set(rows, { avg: ms, n: 1 }); return }
+      const x = c.n >= SETTLED ? Math.min(ms, OUTLIER_FACTOR * c.avg) : ms
+      // A plain mean over the first runs, then exponentially weighted.
+      c.avg += Math.max(alpha, 1 / (c.n + 1)) * (x - c.avg)
+      c.n++
+    },
+    estimate (rows) {
+      const own = cells.get(rows)
+      if (own !== undefined) return own.avg
+      const counts = [...cells.keys()].sort((a, b) => a - b)
+      const below = counts.filter(r => r < rows)
+      const above = counts.filter(r => r > rows)
+      const at = (r: number): number => cells.get(r)!.avg
+      const line = (a: number, b: number): number => at(a) + (at(b) - at(a)) * (rows - a) / (b - a)
+      if (below.length > 0 && above.length > 0) return line(below.at(-1)!, above[0]!)
+      if (below.length >= 2) return Math.max(at(below.at(-1)!), line(below.at(-2)!, below.at(-1)!))
+      if (above.length >= 2) return Math.max(0, Math.min(at(above[0]!), line(above[0]!, above[1]!)))
+      return undefined
+    },
+  }
+}
+
 /** Events per second over the recent past: a counter that decays with time constant `tauMs`. */
 export interface RateMeter {
   add (count: number, now: number): void

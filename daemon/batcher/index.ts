@@ -18,11 +18,11 @@ export { PROMISE_HORIZON_MS } from './refusal.ts'
 export { planBatch } from './policy.ts'
 export type { PlanHints } from './policy.ts'
 export { DEFAULTS } from './defaults.ts'
-export { createStepTimeEstimator, createRateMeter } from './estimator.ts'
-export type { StepTimeEstimator, EstimatorOptions, RateMeter } from './estimator.ts'
+export { createDecodeTimeTable, createStepTimeEstimator, createRateMeter } from './estimator.ts'
+export type { DecodeTimeTable, StepTimeEstimator, EstimatorOptions, RateMeter } from './estimator.ts'
 export { createSequentialExecutor } from './executor.ts'
 export type { StepEngine } from './executor.ts'
 export type {
-  Batcher, BatcherInit, BatcherComponents, BatcherLoad, BatchExecutor, BatchItem, BatchItemResult,
+  Batcher, BatcherInit, BatcherComponents, BatcherLoad, BatchExecutor, BatchItem, BatchItemResult, ExecutorRun,
   BatchLimits, BatchPlan, Chunk, Clock, PendingStep, StepCostModel, StepInput, StepKind, StepRequest, StepResult,
 } from './types.ts'

@@ -6,13 +6,13 @@
 import { DEFAULTS, resolveLimits } from './defaults.ts'
 import { OverloadedError } from '../errors.ts'
 import { BadStepError, BatchFailedError, ShuttingDownError, abortReason, asCoded } from './errors.ts'
-import { createRateMeter, createStepTimeEstimator } from './estimator.ts'
+import { createDecodeTimeTable, createRateMeter, createStepTimeEstimator } from './estimator.ts'
 import { createBatcherMetrics, recordConfig } from './metrics.ts'
 import { planBatch } from './policy.ts'
 import { refusalTurn } from './refusal.ts'
 import { StepAssembly, checkStep, logitsWindow, sliceInput } from './steps.ts'
 import { stepMark } from '../step-trace.ts'
-import type { Batcher, BatcherComponents, BatcherInit, BatcherLoad, BatchItem, BatchItemResult, Chunk, PendingStep, StepRequest, StepResult } from './types.ts'
+import type { Batcher, BatcherComponents, BatcherInit, BatcherLoad, BatchItem, BatchItemResult, Chunk, ExecutorRun, PendingStep, StepRequest, StepResult } from './types.ts'
 
 interface Entry extends PendingStep {
   tokens: number
@@ -49,10 +49,24 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
   // those (60m fp32: 154 ms for a batch of eight steps that took 17, the slots then telling
   // refused requests to come back 18 s later instead of 1: docs/engine-notes.md, wave 12).
   const decodeEstimator = createStepTimeEstimator(init.prior ?? DEFAULTS.prior)
+  // And by row count, each count on its own (estimator.ts): read first, the fit where it cannot say.
+  const decodeTable = createDecodeTimeTable()
   const decodeRate = createRateMeter()
   let observedRuns = 0
   let observedDecodes = 0
   let fastestDecode = Infinity
+  /** The newest ExecutorRun learnt from. */
+  let lastRun = -Infinity
+  /** One run's time into the step-time models. */
+  const learn = (sequences: number, positions: number, ms: number): void => {
+    estimator.observe(sequences, positions, ms)
+    observedRuns++
+    if (positions !== sequences) return
+    decodeEstimator.observe(sequences, positions, ms)
+    decodeTable.observe(sequences, ms)
+    observedDecodes++
+    if (sequences === 1) fastestDecode = Math.min(fastestDecode, ms)
+  }
   const metrics = createBatcherMetrics(components.metrics)
 
   let queue: Entry[] = []
@@ -163,21 +177,26 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
       end = clock.now()
       metrics.stepTime.observe(label, Math.max(0, end - now) / 1000)
       if (failure === undefined) {
-        // Steps the executor had computed ahead took no run now: the model learns from the others.
         let ahead = 0
         let aheadTokens = 0
-        results!.forEach((r, i) => { if ('output' in r && r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length } })
+        /** The runs the executor timed itself, each once (one run's results may come in several batches). */
+        const timed: ExecutorRun[] = []
+        results!.forEach((r, i) => {
+          if (!('output' in r)) return
+          if (r.ranAhead === true) { ahead++; aheadTokens += items[i]!.positions.length }
+          if (r.run !== undefined && r.run.id > lastRun && !timed.some(t => t.id === r.run!.id)) timed.push(r.run)
+        })
         if (ahead > 0) metrics.ranAhead.inc(label, ahead)
-        const ran = items.length - ahead
-        const ranTokens = tokens - aheadTokens
-        if (ran > 0) {
-          estimator.observe(ran, ranTokens, end - now)
-          observedRuns++
-          if (ranTokens === ran) {
-            decodeEstimator.observe(ran, ranTokens, end - now)
-            observedDecodes++
-            if (ran === 1) fastestDecode = Math.min(fastestDecode, end - now)
-          }
+        if (timed.length > 0) {
+          // Where the engine ran them: a batch's wall time is a round trip with whatever ran
+          // beside it, and most decode steps are computed ahead, where it sees no time at all
+          // (its model of the rest read 2.3× a 60m int4 step; docs/engine-notes.md, wave 25).
+          for (const t of timed.sort((a, b) => a.id - b.id)) learn(t.rows, t.positions, t.ms)
+          lastRun = timed.at(-1)!.id
+        } else if (items.length > ahead) {
+          // An executor that does not time its runs: this batch's wall time, less the steps it had
+          // computed ahead (they took no run now).
+          learn(items.length - ahead, tokens - aheadTokens, end - now)
         }
         decodeRate.add(decodeTokens, end)
       }
@@ -316,7 +335,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
     },
     estimateStepMs (sequences: number, tokens: number = sequences): number {
       // The prior is a guess for another model: say "unknown" (0) until this engine has run.
-      if (tokens === sequences && observedDecodes > 0) return decodeEstimator.estimate(sequences, tokens)
+      if (tokens === sequences && observedDecodes > 0) return decodeTable.estimate(sequences) ?? decodeEstimator.estimate(sequences, tokens)
       return observedRuns === 0 ? 0 : estimator.estimate(sequences, tokens)
     },
     fastestDecodeMs: () => Number.isFinite(fastestDecode) ? fastestDecode : 0,

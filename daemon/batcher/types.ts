@@ -107,12 +107,20 @@ export interface BatchItem {
   signal: AbortSignal
 }
 
-/** Per-item outcome, so one bad sequence does not fail its batch-mates. */
 /**
- * `ranAhead`: the executor had the result already (computed ahead of the step's submission); its
- * run time is not this batch's, so the step-time model does not learn from it.
+ * The run an executor computed a result in, timed where it ran (a stage engine's worker turn):
+ * `rows` sequences' steps of `positions` positions in all took `ms`. Results of one run share its
+ * `id` (ids grow run by run).
  */
-export type BatchItemResult = { output: StepResult, ranAhead?: boolean } | { error: Error }
+export interface ExecutorRun { id: number, rows: number, positions: number, ms: number }
+
+/**
+ * Per-item outcome, so one bad sequence does not fail its batch-mates.
+ * `ranAhead`: the executor had the result already (computed ahead of the step's submission); its
+ * run time is not this batch's. `run`: the run that computed it, when the executor timed it: the
+ * step-time models learn from those runs (ahead or not) instead of the batch's wall time.
+ */
+export type BatchItemResult = { output: StepResult, ranAhead?: boolean, run?: ExecutorRun } | { error: Error }
 
 /**
  * What the batcher drives: one session, one run at a time. Results come back in item order.
@@ -189,16 +197,15 @@ export interface Batcher {
   load (): BatcherLoad
   /**
    * Estimated time of one run over `sequences` sequences and `tokens` positions (default: one per
-   * sequence, a decode run, estimated from decode runs alone once there have been any; the
-   * step-time model, which never decays); 0 before any run.
+   * sequence, a decode run, estimated from decode runs alone once there have been any: by row
+   * count, DecodeTimeTable); 0 before any run. Learnt from the runs as the executor timed them
+   * (ExecutorRun), else from this batcher's wall time around the runs not computed ahead.
    */
   estimateStepMs (sequences: number, tokens?: number): number
   /**
-   * The fastest run of one sequence's one position timed so far (ms; 0 before any): a bound the
-   * engine's decode step cannot beat. Runs timed here are the ones the executor had not computed
-   * ahead — the first after a prefill, a cold engine's first — so their model (estimateStepMs)
-   * reads 3–5× the step on a fresh 60m int4 engine (6.5–10.9 against ~2 ms), and their fastest
-   * does not.
+   * The fastest run of one sequence's one position learnt so far (ms; 0 before any): a bound the
+   * engine's decode step cannot beat, which a cold engine's first, slow runs do not move (the
+   * warm-up's gate on a model too slow to warm up; daemon/node/warm-up.ts).
    */
   fastestDecodeMs (): number
 }

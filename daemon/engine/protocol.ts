@@ -11,9 +11,10 @@ import type { TokenPick } from './sampling.ts'
  * 2: steps may carry a TokenPick and then return a token id instead of logits. 3: rollback.
  * 4: kept prefixes: retain, open-from, evict. 5: kept prefixes move between nodes: export-prefix,
  * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0). 6: run-ahead: a batch item's
- * `ahead` picks, ahead-picks, and the worker's 'ahead' results.
+ * `ahead` picks, ahead-picks, and the worker's 'ahead' results. 7: the worker's turn (WorkerTurn) on
+ * 'stepped-batch' replies and 'ahead' results.
  */
-export const ENGINE_PROTOCOL_VERSION = 6
+export const ENGINE_PROTOCOL_VERSION = 7
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -106,8 +107,16 @@ export interface BatchStepItem {
   ahead?: TokenPick[]
 }
 
-/** A token the worker computed running ahead: `fed` was fed at `position`, and `token` picked from it. */
-export type AheadResult = { seqId: string, position: number, fed: number, token: number } | { seqId: string, position: number, error: SerializedError }
+/**
+ * One turn of the worker's loop: a stepBatch over `rows` items (a step-batch's and the rows it ran
+ * ahead beside them) of `positions` positions in all, which took `ms` (its session runs and what
+ * the runner does around them; no messages). `id` grows by one a turn, so a result computed ahead
+ * and one computed in the same turn name the same run.
+ */
+export interface WorkerTurn { id: number, rows: number, positions: number, ms: number }
+
+/** A token the worker computed running ahead: `fed` was fed at `position`, and `token` picked from it in `turn`. */
+export type AheadResult = { seqId: string, position: number, fed: number, token: number, turn?: WorkerTurn } | { seqId: string, position: number, error: SerializedError }
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
@@ -147,7 +156,7 @@ export type FromWorker =
   | { type: 'init-error', error: SerializedError }
   | { type: 'done', id: number }
   | { type: 'stepped', id: number, output: StepOutput }
-  | { type: 'stepped-batch', id: number, results: Array<{ output: StepOutput } | { error: SerializedError }> }
+  | { type: 'stepped-batch', id: number, results: Array<{ output: StepOutput } | { error: SerializedError }>, turn?: WorkerTurn }
   | { type: 'stats', id: number, stats: EngineStats }
   | { type: 'retained', id: number, length: number, bytes: number }
   /** A kept prefix's KV, laid out as import-prefix's `layers` (fresh buffers, transferred). */

@@ -22,7 +22,7 @@ import { deserializeError } from '../errors.ts'
 import { codedAbortReason, firstAborted } from '../abort.ts'
 import { stepMark } from '../step-trace.ts'
 import { AbortedError, EngineError } from './errors.ts'
-import type { FromWorker, StepOutput } from './protocol.ts'
+import type { FromWorker, StepOutput, WorkerTurn } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 
 /** The fields of a batch step the tracker reads (StageBatchItem in stage-engine.ts). */
@@ -37,8 +37,8 @@ export interface RunAheadItem {
 /** One ahead-picks entry: `picks[0]` is for the step that feeds position `from`. */
 export interface MorePicks { seqId: string, from: number, picks: TokenPick[] }
 
-/** A step taken from the run-ahead: the worker's token, or the error that ended the sequence. */
-export type TakenStep = { output: StepOutput, ranAhead: true } | { error: Error }
+/** A step taken from the run-ahead: the worker's token (and the turn that computed it), or the error that ended the sequence. */
+export type TakenStep = { output: StepOutput, ranAhead: true, run?: WorkerTurn } | { error: Error }
 
 export interface RunAheadTracker {
   /** Whether `seqId` is running ahead (its next step may be taken rather than run). */
@@ -94,7 +94,7 @@ export interface RunAheadOptions {
 /** Main-thread view of a sequence running ahead in the worker. */
 interface Ahead {
   /** Tokens computed ahead by the position they were fed at. */
-  tokens: Map<number, { fed: number, token: number }>
+  tokens: Map<number, { fed: number, token: number, turn: WorkerTurn | undefined }>
   /** The highest position the worker has a pick for (it will compute up to it unless ended). */
   pickedTo: number
   /** Positions the caller has fed (taken results included): what retain may keep. */
@@ -140,7 +140,7 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
           a.tokens.delete(position)
           a.fedTo = position + 1
           stepMark('e.took')
-          return { output: { kind: 'token', id: got.token }, ranAhead: true }
+          return { output: { kind: 'token', id: got.token }, ranAhead: true, ...(got.turn === undefined ? {} : { run: got.turn }) }
         }
         if (a.failed !== undefined) { aheads.delete(item.seqId); return { error: a.failed } }
         if (aheads.get(item.seqId) !== a) return { error: new EngineError(`sequence ${item.seqId} ended while a step ran ahead`) }
@@ -170,7 +170,7 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
         const a = aheads.get(r.seqId)
         if (a === undefined) continue // ended here meanwhile
         if ('error' in r) a.failed ??= deserializeError(r.error)
-        else a.tokens.set(r.position, { fed: r.fed, token: r.token })
+        else a.tokens.set(r.position, { fed: r.fed, token: r.token, turn: r.turn })
         a.wake?.()
       }
     },

@@ -11,7 +11,7 @@ import { deserializeError } from '../errors.ts'
 import type { BackendName } from './backend/types.ts'
 import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, int64Of, ownBuffer } from './protocol.ts'
-import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
+import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { createRunAheadTracker } from './run-ahead.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
@@ -79,8 +79,11 @@ export interface StageBatchItem {
   signal?: AbortSignal
 }
 
-/** `ranAhead`: the worker had computed it running ahead (no run of this call: not a step time). */
-export type StageBatchResult = { output: StepOutput, ranAhead?: true } | { error: Error }
+/**
+ * `ranAhead`: the worker had computed it running ahead (no run of this call: not a step time).
+ * `run`: the worker's turn that computed it, ahead or not (its rows, positions and time).
+ */
+export type StageBatchResult = { output: StepOutput, ranAhead?: true, run?: WorkerTurn } | { error: Error }
 
 /** Kept prefixes of finished sequences' KV (left-aligned graphs; see stage-runner.ts). */
 export interface PrefixKeepingEngine {
@@ -321,7 +324,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         entries.forEach(({ item, index, signals }, j) => {
           const r = reply.results[j]!
           const s = firstAborted(signals)
-          results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: stepError(item.seqId, deserializeError(r.error)) } : r
+          results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: stepError(item.seqId, deserializeError(r.error)) } : reply.turn === undefined ? r : { ...r, run: reply.turn }
           if ('error' in results[index]) runAhead.drop(item.seqId)
         })
       }

@@ -22,7 +22,7 @@ import { loadBackend } from './backend/index.ts'
 import type { BackendSession } from './backend/types.ts'
 import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
-import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit } from './protocol.ts'
+import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { aheadPostDue } from './run-ahead.ts'
 import { createStageRunner } from './stage-runner.ts'
@@ -98,6 +98,8 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
    * arrives after the main thread stepped, rolled back or ended a sequence it speaks of.
    */
   let held: AheadResult[] = []
+  /** WorkerTurn ids. */
+  let turns = 0
   let heldTurns = 0
   const flush = (): void => {
     if (held.length === 0) return
@@ -146,6 +148,9 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
         } catch (err) {
           results = items.map(() => ({ error: err instanceof Error ? err : new EngineError(String(err)) }))
         }
+        // What this turn cost, for the main thread's step-time model: it sees a result computed
+        // ahead only when it takes it, and a step's round trip with whatever ran beside it.
+        const turn: WorkerTurn = { id: ++turns, rows: items.length, positions: items.reduce((n, it) => n + it.positions.length, 0), ms: performance.now() - started }
         let at = 0
         for (const b of batches) {
           const mine = results.slice(at, at + b.items.length)
@@ -156,14 +161,14 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
             }
           })
           at += b.items.length
-          postBatch(b.id, mine)
+          postBatch(b.id, mine, turn)
         }
         const out: AheadResult[] = ahead.map(({ seqId, position, fed }, i) => {
           const r = results[at + i]!
           const c = continuations.get(seqId)
           if ('output' in r && r.output.kind === 'token') {
             if (c !== undefined) c.token = r.output.id
-            return { seqId, position, fed, token: r.output.id }
+            return { seqId, position, fed, token: r.output.id, turn }
           }
           continuations.delete(seqId)
           return { seqId, position, error: serializeError('error' in r ? r.error : new EngineError(`a step run ahead returned ${r.output.kind}`)) }
@@ -221,7 +226,7 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
 }
 
 /** Posts a batch's results (logits and hidden rows transferred, each buffer once). */
-function postBatch (id: number, results: Awaited<ReturnType<StageRunner['stepBatch']>>): void {
+function postBatch (id: number, results: Awaited<ReturnType<StageRunner['stepBatch']>>, turn?: WorkerTurn): void {
   const transfer = new Set<ArrayBuffer>()
   const wire = results.map(r => {
     if ('error' in r) return { error: serializeError(r.error) }
@@ -232,7 +237,7 @@ function postBatch (id: number, results: Awaited<ReturnType<StageRunner['stepBat
     return { output: { ...r.output, data } }
   })
   stepMark('w.post')
-  post({ type: 'stepped-batch', id, results: wire }, [...transfer])
+  post({ type: 'stepped-batch', id, results: wire, ...(turn === undefined ? {} : { turn }) }, [...transfer])
 }
 
 async function handle (msg: ToWorker, runner: StageRunner, session: BackendSession): Promise<void> {

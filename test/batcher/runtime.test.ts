@@ -329,6 +329,38 @@ describe('batcher runtime', () => {
     expect(b.estimateStepMs(1, 48)).toBeGreaterThan(200)
   })
 
+  it('learns from the runs the executor timed, once each, ahead or not, instead of its own wall time', async () => {
+    // Each batch takes 30 ms of the batcher's clock (a round trip beside other work); the run that
+    // computed its result took 2 ms where it ran. Later, two rows' runs whose results come in two
+    // batches each (as a run ahead's do): the second batch names the same run, with a time that
+    // must not count again.
+    let now = 0
+    let batches = 0
+    let rows = 1
+    const executor: BatchExecutor = {
+      async run (items) {
+        now += 30
+        batches++
+        const run = rows === 1
+          ? { id: batches, rows: 1, positions: 1, ms: 2 }
+          : { id: 1000 + Math.ceil(batches / 2), rows: 2, positions: 2, ms: batches % 2 === 1 ? 4 : 400 }
+        return items.map(() => ({ output: { kind: 'token', id: 5 }, ranAhead: true, run }))
+      },
+    }
+    const pick = { temperature: 0, topP: 1, u: 0 }
+    const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
+    await b.start()
+    started.push(b)
+    for (let i = 0; i < 10; i++) await b.submit({ seqId: 's', kind: 'decode', input: { tokenIds: [5] }, positions: [16 + i], pick })
+    expect(b.estimateStepMs(1)).toBeCloseTo(2, 9)
+    expect(b.fastestDecodeMs()).toBe(2)
+    rows = 2
+    batches = 0
+    for (let i = 0; i < 10; i++) await b.submit({ seqId: 's', kind: 'decode', input: { tokenIds: [5] }, positions: [26 + i], pick })
+    expect(b.estimateStepMs(2)).toBeCloseTo(4, 9)
+    expect(b.estimateStepMs(1)).toBeCloseTo(2, 9)
+  })
+
   it('keeps the fastest one-sequence decode run it timed, not the runs computed ahead', async () => {
     // One sequence: a cold first decode run of 30 ms, then 4 ms runs, then results computed ahead
     // (the executor had them: no time, not a run). The clock is the executor's, as above.

@@ -14,6 +14,7 @@ import { createLocalService } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
+import type { WorkerTurn } from '../../daemon/engine/protocol.ts'
 import { AHEAD_HOLD_MS, aheadPostDue, createRunAheadTracker } from '../../daemon/engine/run-ahead.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
 import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
@@ -52,8 +53,11 @@ describe('run-ahead in the engine worker', () => {
     const item: StageBatchItem = { seqId, input: { tokenIds: fed }, positions: fed.map((_, i) => at + i), pick, ...(ahead === undefined ? {} : { ahead }) }
     const [r] = await engine.stepBatch([item])
     if (r === undefined || 'error' in r) throw r?.error ?? new Error('no result')
+    runs.push(r.run)
     return { id: idOf(r.output), ranAhead: r.ranAhead === true }
   }
+  /** Every step's worker turn, in order (`run` on its result). */
+  const runs: Array<WorkerTurn | undefined> = []
 
   /** Prefill `prompt`, then `count` decode steps, each with the picks of the `ahead` steps after it (none: plain steps). */
   async function decode (seqId: string, prompt: number[], count: number, picks: (i: number) => TokenPick, ahead: number): Promise<{ ids: number[], ranAhead: number }> {
@@ -90,6 +94,12 @@ describe('run-ahead in the engine worker', () => {
     // The first decode step is a plain one (it starts the run-ahead); the worker may fall behind
     // the caller, never ahead of its picks.
     expect(ahead.ranAhead).toBeGreaterThan(30)
+    // Each result names the worker turn that computed it, ahead or not: one row each here (one
+    // sequence stepping), a prefill of 20 positions first, ids growing.
+    const mine = runs.slice(-41)
+    expect(mine.every(t => t !== undefined && t.ms > 0)).toBe(true)
+    expect(mine.map(t => [t!.rows, t!.positions])).toEqual([[1, 20], ...Array.from({ length: 40 }, () => [1, 1])])
+    expect(mine.every((t, i) => i === 0 || t!.id > mine[i - 1]!.id)).toBe(true)
     await engine.free(plainSeq)
     await engine.free(aheadSeq)
     expect((await engine.stats()).liveSequences).toBe(0)
