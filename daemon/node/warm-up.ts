@@ -204,8 +204,10 @@ export interface SettleReport {
 /**
  * After the API listens: each whole-model engine in turn decodes a throwaway greedy sequence
  * (a `warmUp` request: no receipt, no request metric, no kept prefix) while the node has nothing
- * else to do, up to plan.settle.tokens, within plan.settle.budgetMs; it stops at its next token
- * once any other request is in flight (`busy`: every request on the node, its own included).
+ * else to do, up to plan.settle.tokens, within plan.settle.budgetMs. It stops as another request
+ * enters one of `engines` (LocalService.onRequest, before that request's first step), and at its
+ * next token once `busy` (every request on the node, its own included: chains', stages') counts
+ * another.
  *
  * Why: a fresh engine decodes ~20 % slower over its first thousand-odd tokens, and it is the
  * engine's own decode steps that warm it, not time (60m int4, the first 256-token decode of a
@@ -222,52 +224,55 @@ export async function settle (engines: readonly LocalService[], busy: () => numb
   const arrived = new AbortController()
   const unsubscribe = engines.map(e => e.onRequest(() => { arrived.abort() }))
   const end = (ended: SettleEnd): SettleReport => {
-    for (const u of unsubscribe) u()
     report.ended = signal.aborted ? 'stopping' : arrived.signal.aborted ? 'request' : ended
     report.ms = Math.round(performance.now() - began)
     if (report.tokens > 0 || report.ended !== 'done') logger.info({ ...report }, 'settled')
     return report
   }
-  if (plan.settle.tokens <= 0) return end('done')
-  // Stopped by either: the settle's sequence is freed at once, so the request's first step runs
-  // without the settle's steps beside it (a request seen only at the settle's next token waited
-  // for the worker's run ahead: a fresh server's first TTFT 35 → 42 ms, 60m int4).
-  const stop = AbortSignal.any([signal, arrived.signal])
-  // The warm-up's last sequence is freed just after its response ends (the free goes through the
-  // engine's worker); one still busy after that is a client's (a chain's, a stage's: busy()).
-  for (let waited = 0; busy() > 0 && waited < SETTLE_START_WAIT_MS && !stop.aborted; waited += 5) await sleep(5)
-  for (const [engine, card] of engines.flatMap(e => e.models().map(c => [e, c] as const))) {
-    let tokens = 0
-    /** Its own sequence: 1 while it holds one. */
-    let own = 0
-    const verdict = (): ReturnType<typeof settleVerdict> => settleVerdict({ elapsedMs: performance.now() - began, tokens, others: busy() - own, stepMs: engine.decodeStepMs() }, plan)
-    for (let salt = 0; ; salt++) {
-      if (stop.aborted) return end('stopping')
-      const v = verdict()
-      if (v === 'next') break
-      if (v !== undefined) return end(v)
-      const cut = new AbortController()
-      try {
-        for await (const event of engine.generate(settleRequest(card, plan.settle.tokens - tokens, began + plan.settle.budgetMs, salt), AbortSignal.any([stop, cut.signal]))) {
-          if (event.type === 'start') own = 1
-          if (event.type !== 'delta') continue
-          tokens += event.tokenIds.length
-          report.tokens += event.tokenIds.length
-          if (verdict() !== undefined) { cut.abort(); break }
+  try {
+    if (plan.settle.tokens <= 0) return end('done')
+    // Stopped by either: the settle's sequence is freed at once, so the request's first step runs
+    // without the settle's steps beside it (a request seen only at the settle's next token waited
+    // for the worker's run ahead: a fresh server's first TTFT 35 → 42 ms, 60m int4).
+    const stop = AbortSignal.any([signal, arrived.signal])
+    // The warm-up's last sequence is freed just after its response ends (the free goes through the
+    // engine's worker); one still busy after that is a client's (a chain's, a stage's: busy()).
+    for (let waited = 0; busy() > 0 && waited < SETTLE_START_WAIT_MS && !stop.aborted; waited += 5) await sleep(5)
+    for (const [engine, card] of engines.flatMap(e => e.models().map(c => [e, c] as const))) {
+      let tokens = 0
+      /** Its own sequence: 1 while it holds one. */
+      let own = 0
+      const verdict = (): ReturnType<typeof settleVerdict> => settleVerdict({ elapsedMs: performance.now() - began, tokens, others: busy() - own, stepMs: engine.decodeStepMs() }, plan)
+      for (let salt = 0; ; salt++) {
+        if (stop.aborted) return end('stopping')
+        const v = verdict()
+        if (v === 'next') break
+        if (v !== undefined) return end(v)
+        const cut = new AbortController()
+        try {
+          for await (const event of engine.generate(settleRequest(card, plan.settle.tokens - tokens, began + plan.settle.budgetMs, salt), AbortSignal.any([stop, cut.signal]))) {
+            if (event.type === 'start') own = 1
+            if (event.type !== 'delta') continue
+            tokens += event.tokenIds.length
+            report.tokens += event.tokenIds.length
+            if (verdict() !== undefined) { cut.abort(); break }
+          }
+        } catch (err) {
+          // Its own abort, the node's, a request's, or the budget's deadline: the checks above say
+          // which. Else (an engine that fails) nothing is worth retrying for a warm-up.
+          if (!cut.signal.aborted && !stop.aborted && performance.now() - began < plan.settle.budgetMs) {
+            logger.debug({ err, model: card.id }, 'settle request failed')
+            break
+          }
+        } finally {
+          own = 0
         }
-      } catch (err) {
-        // Its own abort, the node's, a request's, or the budget's deadline: the checks above say
-        // which. Else (an engine that fails) nothing is worth retrying for a warm-up.
-        if (!cut.signal.aborted && !stop.aborted && performance.now() - began < plan.settle.budgetMs) {
-          logger.debug({ err, model: card.id }, 'settle request failed')
-          break
-        }
-      } finally {
-        own = 0
       }
     }
+    return end('done')
+  } finally {
+    for (const u of unsubscribe) u()
   }
-  return end('done')
 }
 
 /** How long a settle waits for the warm-up's last sequence to be freed before it starts. */
