@@ -32,19 +32,32 @@ export function createStepTimeEstimator (prior: StepCostModel, options: Estimato
   const xty: Vec3 = [0, 0, 0]
   const priorXtx: Mat3 = [[0, 0, 0], [0, 0, 0], [0, 0, 0]]
   const priorXty: Vec3 = [0, 0, 0]
+  // The system solved at each run, and its solution: kept, not rebuilt, since a batcher observes
+  // every run it times (one a decoded token for one stream) and this runs on the event loop.
+  const a: Mat3 = [[0, 0, 0], [0, 0, 0], [0, 0, 0]]
+  const b: Vec3 = [0, 0, 0]
+  const theta: Vec3 = [0, 0, 0]
   const predict = (m: StepCostModel, s: number, t: number): number => m.fixedMs + m.perSequenceMs * s + m.perTokenMs * t
-  for (const [s, t] of [[1, 1], [8, 8], [1, 256]] as const) accumulate(priorXtx, priorXty, [1, s, t], predict(prior, s, t), priorWeight)
-  let fitted: StepCostModel = { ...prior }
+  for (const [s, t] of [[1, 1], [8, 8], [1, 256]] as const) accumulate(priorXtx, priorXty, s, t, predict(prior, s, t), priorWeight)
+  const fitted: StepCostModel = { ...prior }
 
   return {
     observe (sequences, tokens, ms) {
       if (!Number.isFinite(ms) || ms < 0) return
-      for (const row of xtx) for (let j = 0; j < 3; j++) row[j]! *= 1 - alpha
-      for (let j = 0; j < 3; j++) xty[j]! *= 1 - alpha
-      accumulate(xtx, xty, [1, sequences, tokens], ms, 1)
-      const a = xtx.map((row, i) => row.map((v, j) => v + priorXtx[i]![j]!)) as Mat3
-      const theta = solve3(a, xty.map((v, i) => v + priorXty[i]!) as Vec3)
-      if (theta !== undefined) fitted = { fixedMs: theta[0], perSequenceMs: theta[1], perTokenMs: theta[2] }
+      for (let i = 0; i < 3; i++) {
+        xty[i]! *= 1 - alpha
+        for (let j = 0; j < 3; j++) xtx[i]![j]! *= 1 - alpha
+      }
+      accumulate(xtx, xty, sequences, tokens, ms, 1)
+      for (let i = 0; i < 3; i++) {
+        b[i] = xty[i]! + priorXty[i]!
+        for (let j = 0; j < 3; j++) a[i]![j] = xtx[i]![j]! + priorXtx[i]![j]!
+      }
+      if (solve3(a, b, theta)) {
+        fitted.fixedMs = theta[0]
+        fitted.perSequenceMs = theta[1]
+        fitted.perTokenMs = theta[2]
+      }
     },
     estimate (sequences, tokens) {
       return sequences <= 0 ? 0 : Math.max(0, predict(fitted, sequences, tokens))
@@ -53,27 +66,32 @@ export function createStepTimeEstimator (prior: StepCostModel, options: Estimato
   }
 }
 
-function accumulate (m: Mat3, v: Vec3, x: Vec3, y: number, w: number): void {
+/** Adds one run, x = [1, sequences, tokens], of weight w to the normal equations. */
+function accumulate (m: Mat3, v: Vec3, sequences: number, tokens: number, y: number, w: number): void {
   for (let i = 0; i < 3; i++) {
-    v[i]! += w * x[i]! * y
-    for (let j = 0; j < 3; j++) m[i]![j]! += w * x[i]! * x[j]!
+    const xi = i === 0 ? 1 : i === 1 ? sequences : tokens
+    v[i]! += w * xi * y
+    for (let j = 0; j < 3; j++) m[i]![j]! += w * xi * (j === 0 ? 1 : j === 1 ? sequences : tokens)
   }
 }
 
-/** Cramer's rule; undefined when (numerically) singular. */
-function solve3 (a: Mat3, b: Vec3): Vec3 | undefined {
-  const det = (m: Mat3): number =>
-    m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) -
-    m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
-    m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-  const d = det(a)
-  if (!Number.isFinite(d) || Math.abs(d) < 1e-12) return undefined
-  const out: Vec3 = [0, 0, 0]
-  for (let c = 0; c < 3; c++) {
-    const m = a.map((row, i) => row.map((v, j) => (j === c ? b[i]! : v))) as Mat3
-    out[c] = det(m) / d
-  }
-  return out
+function det3 (a00: number, a01: number, a02: number, a10: number, a11: number, a12: number, a20: number, a21: number, a22: number): number {
+  return a00 * (a11 * a22 - a12 * a21) - a01 * (a10 * a22 - a12 * a20) + a02 * (a10 * a21 - a11 * a20)
+}
+
+/** Cramer's rule into `out`; false (out untouched) when (numerically) singular. */
+function solve3 (a: Mat3, b: Vec3, out: Vec3): boolean {
+  const r0 = a[0]; const r1 = a[1]; const r2 = a[2]
+  const a00 = r0[0]; const a01 = r0[1]; const a02 = r0[2]
+  const a10 = r1[0]; const a11 = r1[1]; const a12 = r1[2]
+  const a20 = r2[0]; const a21 = r2[1]; const a22 = r2[2]
+  const b0 = b[0]; const b1 = b[1]; const b2 = b[2]
+  const d = det3(a00, a01, a02, a10, a11, a12, a20, a21, a22)
+  if (!Number.isFinite(d) || Math.abs(d) < 1e-12) return false
+  out[0] = det3(b0, a01, a02, b1, a11, a12, b2, a21, a22) / d
+  out[1] = det3(a00, b0, a02, a10, b1, a12, a20, b2, a22) / d
+  out[2] = det3(a00, a01, b0, a10, a11, b1, a20, a21, b2) / d
+  return true
 }
 
 /**
