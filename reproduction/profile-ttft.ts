@@ -7,7 +7,9 @@
  * requests. The marks: `i.req` (the ingress's onRequest hook), `i.gen` / `i.start` (the service
  * asked, its start event back: the prefill is inside), the batcher's `b.*`, the stage engine's
  * `e.sb` / `m.post` / `m.recv`, the worker's `w.recv` / `ort.*` / `w.post`, the first token's
- * `g.pushed`, each SSE write's `i.write`.
+ * `g.pushed`, each SSE write's `i.write`, and the receipt's: `r.end` (the end event reached the
+ * receipting layer), `r.built` (its input hashed), `l.batch` / `l.synced` (the ledger's synced
+ * level batch), `r.appended`.
  *
  *   node reproduction/profile-ttft.ts [--size 60m] [--quant int4] [--prompt 128] [--requests 60]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine). The models

@@ -7,6 +7,7 @@
 import { canonicalBytes, publicKeyOf, signDocument } from '../../certs/signed.ts'
 import { InvalidReceiptError, LedgerBusyError, LedgerClosedError, LedgerCorruptError, SignerMismatchError } from './errors.ts'
 import { AbortedError } from '../errors.ts'
+import { stepMark } from '../step-trace.ts'
 import { certificateKey, publicKeyFromPeerId, resolveKey, sameBytes } from './keys.ts'
 import { checkReceiptInput, entryHash, GENESIS_HASH, RECEIPT_FORMAT, verifyReceiptPart } from './receipt.ts'
 import type { ReceiptBody, ReceiptInput, SignedReceipt } from './receipt.ts'
@@ -294,7 +295,9 @@ export function createLedger (init: LedgerInit, components: LedgerComponents = {
         })
         if (next === undefined) continue
         ops.push({ type: 'put', key: KEY.head, value: JSON.stringify(next) })
+        stepMark('l.batch')
         await d.batch(ops, { sync: true })
+        stepMark('l.synced')
         for (const op of ops) if (op.key.startsWith(KEY.cert(''))) storedCerts.set(op.key.slice(KEY.cert('').length), op.value)
         head = next
         for (const [item, entry] of done) item.resolve(entry)

@@ -6,6 +6,7 @@
  */
 import type { Ledger } from '../ledger/index.ts'
 import { buildReceiptInput } from '../ledger/index.ts'
+import { stepMark } from '../step-trace.ts'
 import { acceptedParts, checkHashable } from './receipt-part.ts'
 import type { GenerateEvent, GenerateRequest, InferenceService, ModelCard, PrefixReuse, RouteHop } from '../service.ts'
 
@@ -41,6 +42,7 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           text += event.text
           tokenIds.push(...event.tokenIds)
         } else {
+          stepMark('r.end')
           const parts = acceptedParts(event.receiptParts, request.requestId)
           if (parts.rejected > 0) options.onRejectedParts?.(request.requestId, parts.rejected)
           const input = buildReceiptInput(request, { text, tokenIds, finishReason: event.finishReason }, {
@@ -55,7 +57,9 @@ export function withReceipts (service: InferenceService, ledger: Ledger, options
           const certificates = [...new Set(parts.accepted.map(p => p.body.peerId))]
             .map(peerId => options.certificateOf?.(peerId))
             .filter(c => c !== undefined)
+          stepMark('r.built')
           await ledger.append(input, { signal, certificates })
+          stepMark('r.appended')
         }
         yield event
       }
