@@ -14,7 +14,7 @@
  *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head] [--contexts 16,192]
  *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine). Prints each
- * cell's median µs a run (each round's median of --runs runs after as many warm-up runs / 2), as
+ * cell's median µs a run (each round's median of --runs runs, after --runs / 2 untimed ones), as
  * the range over the rounds.
  */
 import { execFileSync } from 'node:child_process'
