@@ -23,7 +23,7 @@ import { createMesh, DEFAULT_TIMINGS, LOAD_MAX_PREFIXES } from '../mesh/index.ts
 import type { LoadRecord, Mesh } from '../mesh/index.ts'
 import { INFER_PROTOCOL, createRoutedService, forwardGenerate } from '../routing/index.ts'
 import { dumpStepTrace } from '../step-trace.ts'
-import type { PipelineService } from '../pipeline/index.ts'
+import type { PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
 import { ConfigError, DEFAULT_BUDGETS } from './config.ts'
 import type { Budgets, DaemonConfig } from './config.ts'
@@ -129,6 +129,10 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
   /** What the engines part runs (engines-part.ts): filled as it starts, read by every part after it. */
   const engines: Engines = { models: [], locals: [], coordinators: [], stages: [], localChains: [] }
   const { models, locals, coordinators, stages, localChains } = engines
+  /** Every pipeline stage this node serves: its own, and those of the chains it runs whole. */
+  const allStages = (): PipelineStage[] => [...stages, ...localChains.flatMap(c => c.stages)]
+  /** Requests the chains this node coordinates are serving. */
+  const chainRequests = (): number => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0)
   /** What the Daemon object shows while running (tests and `shoal demo` read them). */
   let mesh: Mesh | undefined
   let witness: Witness | undefined
@@ -335,8 +339,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
               models: () => servedModels(models, drafterName(served.draft)),
               mesh: () => m,
               locals: () => locals,
-              stages: () => [...stages, ...localChains.flatMap(c => c.stages)],
-              chainRequests: () => coordinators.reduce((n, c) => n + c.stats().activeRequests, 0),
+              stages: allStages,
+              chainRequests,
               nodeLoad: load,
               ledger: () => ledger,
               experts: () => experts.view(),
@@ -365,9 +369,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
 
   /** Requests in flight on this node's engines: whole models, chains it coordinates, stages it serves. */
   function busy (): number {
-    return locals.reduce((n, s) => n + s.load().activeSequences, 0) +
-      coordinators.reduce((n, c) => n + c.stats().activeRequests, 0) +
-      [...stages, ...localChains.flatMap(c => c.stages)].reduce((n, s) => n + s.node.stats().served, 0)
+    return locals.reduce((n, s) => n + s.load().activeSequences, 0) + chainRequests() +
+      allStages().reduce((n, s) => n + s.node.stats().served, 0)
   }
 
   /**
