@@ -4,12 +4,13 @@
  * after another cannot show on these VMs (the same graph in two processes a minute apart: ±20 %),
  * shows here to about ±1 %. Both sessions are made as the engine makes them (graph optimisation
  * 'all', sequential, intra-op threads spinning only within a run) and run the same one-position
- * step — B rows at context C over a past buffer with the engine's room (masked zeros past each
- * row's live columns), greedy_token and new_key_values fetched as the engine fetches them —
- * alternately, A B A B …; each pair's ratio B ÷ A is kept. The session run second in a pair
- * comes out ~2 % faster with two copies of the same shard, so every cell runs twice, in two
- * processes, once each way round, and the two medians' geometric mean is the figure. Bits: each
- * cell also says whether both graphs gave the same greedy tokens and the same new KV columns.
+ * step — B rows at context C over a past buffer as wide as the engine's block for it
+ * (kv-block.ts `blockCapacity`; zeros past each row's live columns), greedy_token and
+ * new_key_values fetched as the engine fetches them — alternately, A B A B …; each pair's ratio
+ * B ÷ A is kept. The session run second in a pair comes out ~2 % faster with two copies of the
+ * same shard, so every cell runs twice, in two processes, once each way round, and the two
+ * medians' geometric mean is the figure (the same shard twice: 0.999). Bits: each cell also says
+ * whether both graphs gave the same greedy tokens and the same new KV columns.
  *
  *   node reproduction/ab-graph-steps.ts --a SHARD_DIR --b SHARD_DIR [--contexts 16,192] [--rows 1,8] [--runs 1000]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine). Single-stage
@@ -22,6 +23,7 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { spinning } from '../daemon/engine/backend/onnxruntime.ts'
+import { blockCapacity } from '../daemon/engine/kv-block.ts'
 import { GREEDY_TOKEN, NEW_KV, pastKeyName, pastValueName } from '../shards/contract.ts'
 import { loadManifest } from '../shards/index.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
@@ -42,7 +44,7 @@ interface Cell { first: string, second: string, context: number, rows: number }
 interface CellResult { firstMs: number, secondMs: number, ratio: number, sameTokens: boolean, sameKv: boolean }
 
 /** A stage-0 session of `dir`, as the engine's backend makes one (daemon/engine/backend/onnxruntime.ts). */
-async function open (dir: string): Promise<{ session: ort.InferenceSession, layers: number, kvH: number, hd: number }> {
+async function open (dir: string): Promise<{ session: ort.InferenceSession, layers: number, kvH: number, hd: number, maxPositions: number }> {
   const m = await loadManifest(dir)
   const stage = m.stages[0]!
   if (m.stages.length !== 1 || !stage.hasEmbedding || !stage.hasHead || m.opSet !== 'ort-contrib') throw new Error(`${dir}: a single-stage 'ort-contrib' shard is needed`)
@@ -50,16 +52,16 @@ async function open (dir: string): Promise<{ session: ort.InferenceSession, laye
     executionProviders: ['cpu'], graphOptimizationLevel: 'all', intraOpNumThreads: 2, interOpNumThreads: 1, executionMode: 'sequential', logSeverityLevel: 3, extra: spinning(false),
   } as ort.InferenceSession.SessionOptions)
   for (const name of [GREEDY_TOKEN, NEW_KV]) if (!session.outputNames.includes(name)) throw new Error(`${dir}: its graph has no ${name} output (compiler ≥ 10 writes it)`)
-  return { session, layers: m.shape.numLayers, kvH: m.shape.numKvHeads, hd: m.shape.headDim }
+  return { session, layers: m.shape.numLayers, kvH: m.shape.numKvHeads, hd: m.shape.headDim, maxPositions: m.shape.maxPositions }
 }
 
 /** One cell in this process: `first` and `second` alternating, `second` run second in each pair. */
 async function timeCell ({ first, second, context: C, rows: B }: Cell): Promise<CellResult> {
   const [x, y] = [await open(first), await open(second)]
   if (x.layers !== y.layers || x.kvH !== y.kvH || x.hd !== y.hd) throw new Error('the two shards are of different models')
-  const { layers, kvH, hd } = x
-  // The engine's blocks: C live columns plus room, a multiple of 16 (daemon/engine/kv-block.ts).
-  const W = Math.ceil((C + 17) / 16) * 16
+  const { layers, kvH, hd, maxPositions } = x
+  // The past buffer the engine would feed: a block with room for the new column (kv-block.ts).
+  const W = blockCapacity(C + 1, maxPositions)
   let seed = 12345
   const next = (): number => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return ((seed >>> 8) / 16777216 - 0.5) * 0.2 }
   const feeds: Record<string, ort.Tensor> = {
@@ -101,7 +103,7 @@ if (args.cell !== undefined) {
   const self = fileURLToPath(import.meta.url)
   const loadBefore = loadAverage(2)
   const run = (cell: Cell): CellResult => JSON.parse(execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8' }).trim().split('\n').at(-1)!) as CellResult
-  console.log('| context | rows | A ms (median) | B ms | B ÷ A, A run first | B ÷ A, B run first | geometric mean | same greedy tokens / new KV bits |')
+  console.log('| context | rows | A ms (mean of its two medians) | B ms | B ÷ A, A run first | B ÷ A, B run first | geometric mean | same greedy tokens / new KV bits |')
   console.log('|---:|---:|---:|---:|---:|---:|---:|---|')
   for (const context of args.contexts.split(',').map(Number)) {
     for (const rows of args.rows.split(',').map(Number)) {
