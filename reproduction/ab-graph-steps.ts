@@ -24,7 +24,7 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { spinning } from '../daemon/engine/backend/onnxruntime.ts'
 import { blockCapacity } from '../daemon/engine/kv-block.ts'
-import { GREEDY_TOKEN, NEW_KV, pastKeyName, pastValueName } from '../shards/contract.ts'
+import { ATTENTION_MASK, GREEDY_TOKEN, INPUT_IDS, NEW_KV, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName } from '../shards/contract.ts'
 import { loadManifest } from '../shards/index.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
 
@@ -65,10 +65,10 @@ async function timeCell ({ first, second, context: C, rows: B }: Cell): Promise<
   let seed = 12345
   const next = (): number => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return ((seed >>> 8) / 16777216 - 0.5) * 0.2 }
   const feeds: Record<string, ort.Tensor> = {
-    input_ids: new ort.Tensor('int64', BigInt64Array.from({ length: B }, (_, i) => BigInt(5 + i)), [B, 1]),
-    position_ids: new ort.Tensor('int64', new BigInt64Array(B).fill(BigInt(C)), [B, 1]),
-    attention_mask: new ort.Tensor('int64', new BigInt64Array(B * (C + 1)).fill(1n), [B, C + 1]),
-    num_logits_to_keep: new ort.Tensor('int64', BigInt64Array.of(1n), []),
+    [INPUT_IDS]: new ort.Tensor('int64', BigInt64Array.from({ length: B }, (_, i) => BigInt(5 + i)), [B, 1]),
+    [POSITION_IDS]: new ort.Tensor('int64', new BigInt64Array(B).fill(BigInt(C)), [B, 1]),
+    [ATTENTION_MASK]: new ort.Tensor('int64', new BigInt64Array(B * (C + 1)).fill(1n), [B, C + 1]),
+    [NUM_LOGITS_TO_KEEP]: new ort.Tensor('int64', BigInt64Array.of(1n), []),
   }
   for (let l = 0; l < layers; l++) {
     for (const name of [pastKeyName(l), pastValueName(l)]) {
