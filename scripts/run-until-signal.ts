@@ -23,6 +23,10 @@ export interface DrainControl {
   readonly draining: boolean
 }
 
+/**
+ * Catches the signals from the call on (the handlers are in place when it returns its promise),
+ * which resolves once the daemon has stopped: call it before saying the process is up.
+ */
 export async function runUntilSignal (stop: () => Promise<void>, inFlight: () => number = () => 0, drain?: DrainControl): Promise<void> {
   const onUsr2 = (): void => {
     if (drain === undefined) return

@@ -47,6 +47,7 @@ export async function demo (opts: { nodes: string, port: string, logFormat?: str
     for (const d of [...daemons].reverse()) await d.stop().catch(() => {})
   }
   const say = (line: string): void => { process.stdout.write(`shoal: ${line}\n`) }
+  let stopped: Promise<void> | undefined
   try {
     let layers: ((done: number, total: number) => void) | undefined
     await ensureDemoReady(cacheRoot(), {
@@ -82,6 +83,8 @@ export async function demo (opts: { nodes: string, port: string, logFormat?: str
       dataDirs.push(dataDir)
       if (i === 0) bootstrap = daemon.mesh!.libp2p.getMultiaddrs().map(a => a.toString())
     }
+    // Signals are caught before the lines that say it is up: whoever reads them may stop it at once.
+    stopped = runUntilSignal(stopAll, () => daemons.reduce((n, d) => n + d.inFlight(), 0))
     say(`demo mesh of ${count} node(s) is up; the demo model has random weights, so its text is noise`)
     process.stdout.write(`API: ${urls[0]}/v1   (model "shoal-demo"; every node answers: ${urls.join(' ')})\n`)
     process.stdout.write(`data: ${work} (CA, identities, receipt logs data-1…; kept after Ctrl-C)\n`)
@@ -91,5 +94,5 @@ export async function demo (opts: { nodes: string, port: string, logFormat?: str
     await stopAll()
     startFailure(err)
   }
-  await runUntilSignal(stopAll, () => daemons.reduce((n, d) => n + d.inFlight(), 0))
+  await stopped
 }

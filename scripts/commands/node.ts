@@ -63,9 +63,11 @@ export async function node (opts: NodeOptions): Promise<void> {
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
+  // Signals are caught before the lines that say it is up: whoever reads them may stop it at once.
+  const stopped = runUntilSignal(daemon.stop, daemon.inFlight, daemon)
   const addrs = daemon.mesh?.libp2p.getMultiaddrs().map(a => a.toString()) ?? []
   process.stdout.write(`shoal: node ${started.peerId} up${started.apiUrl === undefined ? '' : `, API at ${started.apiUrl}/v1`}\n`)
   for (const a of addrs) process.stdout.write(`  listening on ${a}\n`)
   process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
-  await runUntilSignal(daemon.stop, daemon.inFlight, daemon)
+  await stopped
 }

@@ -56,7 +56,9 @@ export async function serve (opts: ServeOptions): Promise<void> {
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)
+  // Signals are caught before the lines that say it is up: whoever reads them may stop it at once.
+  const stopped = runUntilSignal(daemon.stop, daemon.inFlight, daemon)
   process.stdout.write(`shoal: serving ${opts.model} at ${started.apiUrl}/v1 (node ${started.peerId})\n`)
   process.stdout.write(`  data in ${config.dataDir} (check the receipts: shoal receipts verify --data ${config.dataDir})\n`)
-  await runUntilSignal(daemon.stop, daemon.inFlight, daemon)
+  await stopped
 }

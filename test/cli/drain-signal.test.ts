@@ -6,7 +6,7 @@
 import { spawn } from 'node:child_process'
 import { join } from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { drainingLine } from '../../scripts/run-until-signal.ts'
+import { drainingLine, runUntilSignal } from '../../scripts/run-until-signal.ts'
 
 const SCRIPT = `
 import { runUntilSignal } from ${JSON.stringify(join(import.meta.dirname, '../../scripts/run-until-signal.ts'))}
@@ -53,5 +53,23 @@ describe('SIGUSR2 and SIGTERM on a running node', () => {
     expect(err).toContain(drainingLine(true) + '\n' + drainingLine(false) + '\n')
     expect(drainingLine(true)).toBe('shoal: draining: on')
     expect(err).toMatch(/shoal: SIGTERM, stopping/)
+  })
+
+  // `shoal serve`, `node` and `demo` print their "up" lines after this call: a script or supervisor
+  // that signals the moment it reads them must meet the graceful stop, not the default action
+  // (a CI run once saw the demo killed by a SIGINT sent on its last line: exit code null).
+  it('catches SIGINT and SIGTERM from the call on, before its promise is awaited', () => {
+    const before = { SIGINT: process.listeners('SIGINT'), SIGTERM: process.listeners('SIGTERM') }
+    void runUntilSignal(async () => {})
+    const added = (signal: 'SIGINT' | 'SIGTERM'): Array<(...args: unknown[]) => void> =>
+      process.listeners(signal).filter(l => !before[signal].includes(l)) as Array<(...args: unknown[]) => void>
+    const [onInt, onTerm] = [added('SIGINT'), added('SIGTERM')]
+    try {
+      expect(onInt).toHaveLength(1)
+      expect(onTerm).toHaveLength(1)
+    } finally {
+      for (const l of onInt) process.off('SIGINT', l)
+      for (const l of onTerm) process.off('SIGTERM', l)
+    }
   })
 })
