@@ -22,7 +22,7 @@ import { performance } from 'node:perf_hooks'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
-import { spinning } from '../daemon/engine/backend/onnxruntime.ts'
+import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { blockCapacity } from '../daemon/engine/kv-block.ts'
 import { ATTENTION_MASK, GREEDY_TOKEN, INPUT_IDS, NEW_KV, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName } from '../shards/contract.ts'
 import { loadManifest } from '../shards/index.ts'
@@ -48,9 +48,7 @@ async function open (dir: string): Promise<{ session: ort.InferenceSession, laye
   const m = await loadManifest(dir)
   const stage = m.stages[0]!
   if (m.stages.length !== 1 || !stage.hasEmbedding || !stage.hasHead || m.opSet !== 'ort-contrib') throw new Error(`${dir}: a single-stage 'ort-contrib' shard is needed`)
-  const session = await ort.InferenceSession.create(join(dir, stage.graph), {
-    executionProviders: ['cpu'], graphOptimizationLevel: 'all', intraOpNumThreads: 2, interOpNumThreads: 1, executionMode: 'sequential', logSeverityLevel: 3, extra: spinning(false),
-  } as ort.InferenceSession.SessionOptions)
+  const session = await ort.InferenceSession.create(join(dir, stage.graph), sessionOptions({ threads: 2 }))
   for (const name of [GREEDY_TOKEN, NEW_KV]) if (!session.outputNames.includes(name)) throw new Error(`${dir}: its graph has no ${name} output (compiler ≥ 10 writes it)`)
   return { session, layers: m.shape.numLayers, kvH: m.shape.numKvHeads, hd: m.shape.headDim, maxPositions: m.shape.maxPositions }
 }

@@ -25,7 +25,7 @@ import { performance } from 'node:perf_hooks'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
-import { spinning } from '../daemon/engine/backend/onnxruntime.ts'
+import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { DECODE_ATTENTION_FORMS, type DecodeAttentionForm } from '../shards/contract.ts'
 import { decodeAttentionNodes } from '../shards/graph/attention.ts'
 import { DT, GraphBuilder } from '../shards/graph/builder.ts'
@@ -70,9 +70,7 @@ async function timeCell ({ form, context, batch: B, threads }: Cell): Promise<nu
   try {
     writeFileSync(join(dir, 'a.onnx'), g.encode('decode-attention', 'the 8 layers\' one-position attention alone'))
     writeFileSync(join(dir, 'a.onnx.data'), Buffer.concat(g.data()))
-    const session = await ort.InferenceSession.create(join(dir, 'a.onnx'), {
-      graphOptimizationLevel: 'all', intraOpNumThreads: threads, interOpNumThreads: 1, executionMode: 'sequential', extra: spinning(false),
-    } as ort.InferenceSession.SessionOptions)
+    const session = await ort.InferenceSession.create(join(dir, 'a.onnx'), sessionOptions({ threads }))
     const filled = (n: number, phase: number): Float32Array => Float32Array.from({ length: n }, (_, i) => Math.sin(i * 0.37 + phase) * 0.1)
     const biasData = new Float32Array(B * W)
     for (let b = 0; b < B; b++) biasData.fill(-Infinity, b * W + context, (b + 1) * W)

@@ -26,7 +26,8 @@ export function createOnnxruntimeBackend (): Backend {
   }
 }
 
-function sessionOptions (options: LoadOptions): ort.InferenceSession.SessionOptions {
+/** The options every engine session is made with (benchmarks and the kernel probe's sessions too, so they time what serves). */
+export function sessionOptions (options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): ort.InferenceSession.SessionOptions {
   return {
     executionProviders: ['cpu'],
     graphOptimizationLevel: 'all',
