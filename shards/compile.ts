@@ -8,10 +8,11 @@ import { copyFile, mkdir, open, writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { normalizeConfig } from './architectures.ts'
 import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
-import { MANIFEST_FORMAT, STAGE_GRAPH_FILE, type DecodeAttentionForm, type ModelShape, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
+import { MANIFEST_FORMAT, STAGE_DATA_FILE, STAGE_DECODE_GRAPH_FILE, STAGE_GRAPH_FILE, type DecodeAttentionForm, type ModelShape, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { OP_TABLES, type OpTable } from './graph/ops.ts'
 import type { GraphBuilder } from './graph/builder.ts'
+import { inlineDecodeBranches } from './graph/decode-graph.ts'
 import { buildStage, type StageSource } from './graph/stage.ts'
 import { buildStaticStage } from './graph/static.ts'
 import { describeFile, writeManifest } from './manifest.ts'
@@ -36,12 +37,13 @@ import { planStages } from './split.ts'
  * of GatherBlockQuantized: the same bytes and bits, faster past one row. 12: the one-position
  * attention's form is a compile option ('per-head' as in 7–11, or 'grouped'), recorded as
  * `decodeAttention`; `shoal shard` takes the one this CPU runs faster, the daemon's cache per-head.
+ * 13: 'ort-contrib' stages also get a one-position graph, the stage graph with its one-position
+ * Ifs inline (`decodeGraph`, shards/graph/decode-graph.ts), reading the same weights file.
  */
-export const COMPILER_VERSION = 12
+export const COMPILER_VERSION = 13
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'
-export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
 export const STATIC_PREFILL_FILE = 'static-prefill.onnx'
 export const STATIC_DECODE_FILE = 'static-decode.onnx'
 /** One weights file for both static graphs of a stage (they write the same weights in the same order). */
@@ -191,6 +193,12 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     await writeGraph(g, graphPath, `shoal-stage-${index}`, doc, dataPath)
     const files = [await describeFile(outDir, graphPath), await describeFile(outDir, dataPath)]
     const stage: StageManifest = { index, layers, hasEmbedding, hasHead, dir, graph: `${dir}/${STAGE_GRAPH_FILE}`, files }
+    if (ops.name === 'ort-contrib') {
+      const decodePath = join(outDir, dir, STAGE_DECODE_GRAPH_FILE)
+      await writeFile(decodePath, g.encode(`shoal-stage-${index}-decode`, `${doc}, one-position steps over a past`, inlineDecodeBranches))
+      files.push(await describeFile(outDir, decodePath))
+      stage.decodeGraph = `${dir}/${STAGE_DECODE_GRAPH_FILE}`
+    }
     if (staticShapes !== undefined) {
       const common = { spec, layers, hasEmbedding, hasHead, quant, accuracyLevel: options.accuracyLevel ?? 4, dataFile: STATIC_DATA_FILE, contextLength: staticShapes.contextLength }
       const prefillPath = join(outDir, dir, STATIC_PREFILL_FILE)

@@ -59,6 +59,10 @@
 export const MANIFEST_FORMAT = 'shoal-shards/1'
 export const MANIFEST_FILE = 'manifest.json'
 export const STAGE_GRAPH_FILE = 'model.onnx'
+/** A stage's weights: one external data file, read by its graphs. */
+export const STAGE_DATA_FILE = `${STAGE_GRAPH_FILE}.data`
+/** A stage's one-position graph (StageManifest.decodeGraph), beside STAGE_GRAPH_FILE and reading its weights file. */
+export const STAGE_DECODE_GRAPH_FILE = 'decode.onnx'
 
 export const INPUT_IDS = 'input_ids'
 export const HIDDEN_IN = 'hidden_states'
@@ -155,6 +159,13 @@ export interface StageManifest {
   dir: string
   /** The stage's ONNX graph, relative to the shard directory. */
   graph: string
+  /**
+   * The stage graph with its one-position Ifs inline (shards/graph/decode-graph.ts; compiler ≥ 13,
+   * 'ort-contrib' only), relative to the shard directory: for steps of one position over a
+   * non-empty past buffer, where it gives the stage graph's bits without its Ifs' cost. It reads
+   * the stage graph's weights file.
+   */
+  decodeGraph?: string
   /** Every file of the stage (static graphs and their weights included). */
   files: ShardFile[]
   /** Fixed-shape graphs (ShardManifest.static), relative to the shard directory; absent without --static. */

@@ -83,6 +83,10 @@ export function validateManifest (m: unknown): ShardManifest {
     if (typeof st.graph !== 'string' || typeof st.dir !== 'string') fail(`stage ${i}: graph/dir missing`)
     checkFiles(st.files, `stage ${i}`)
     if (!st.files.some(f => f.path === st.graph)) fail(`stage ${i}: graph ${st.graph} not among its files`)
+    if (st.decodeGraph !== undefined) {
+      if (typeof st.decodeGraph !== 'string' || !st.files.some(f => f.path === st.decodeGraph)) fail(`stage ${i}: decodeGraph ${JSON.stringify(st.decodeGraph)} not among its files`)
+      if (o.opSet !== 'ort-contrib') fail(`stage ${i}: a decodeGraph belongs to 'ort-contrib' shards only`)
+    }
     if (st.static !== undefined || o.static !== undefined) {
       if (o.static === undefined) fail(`stage ${i}: static graphs without a top-level static`)
       for (const g of [st.static?.prefill, st.static?.decode]) {

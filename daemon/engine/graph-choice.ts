@@ -5,7 +5,8 @@
  * tested without a backend.
  */
 import { join } from 'node:path'
-import type { ShardManifest } from '../../shards/contract.ts'
+import { STAGE_DATA_FILE, type ShardManifest, type StageManifest } from '../../shards/contract.ts'
+import type { BackendName } from './backend/types.ts'
 import { EngineError } from './errors.ts'
 import type { StageInfo } from './protocol.ts'
 import { staticContextLimit } from './static-runner.ts'
@@ -28,13 +29,32 @@ export interface StaticGraphChoice {
   chunk: number
 }
 
-export type GraphChoice = { kind: 'dynamic', graph: string } | ({ kind: 'static' } & StaticGraphChoice)
+/** The dynamic graph, and its one-position graph beside it where that is worth a second session (decodeGraphWanted). */
+export type GraphChoice = { kind: 'dynamic', graph: string, decodeGraph?: string } | ({ kind: 'static' } & StaticGraphChoice)
 
-export function chooseStageGraphs (manifest: ShardManifest, stageIndex: number, device: string, mode: GraphMode = 'auto'): GraphChoice {
+/**
+ * Stages whose weights are at most this many bytes run one-position steps on their own graph
+ * (StageManifest.decodeGraph) where the backend is onnxruntime. Why: it spares every layer's If,
+ * ~7 µs each — 3–5 % of a one-row 60m int4 step, 1–3 % at eight rows, bit-identical — but the
+ * second session packs every weight again (onnxruntime-node shares no prepacked weights between
+ * sessions). Small weights are where the Ifs are a visible share of a step and the copy is cheap
+ * (60m int4, 35 MiB: +~40 MB); bigger models gain ~0.5–2 % (60m fp32, 250m int4) for 150–220 MiB
+ * more, and 250m must stay within 1.5× its weights (docs/engine-notes.md, wave 28).
+ */
+export const DECODE_GRAPH_MAX_WEIGHT_BYTES = 64 * 1024 * 1024
+
+/** Whether a stage runs one-position steps on its one-position graph (a pure decision over the manifest and the backend). */
+export function decodeGraphWanted (stage: StageManifest, backend: BackendName): boolean {
+  if (stage.decodeGraph === undefined || backend !== 'onnxruntime') return false
+  const weights = stage.files.find(f => f.path === `${stage.dir}/${STAGE_DATA_FILE}`)
+  return weights !== undefined && weights.bytes <= DECODE_GRAPH_MAX_WEIGHT_BYTES
+}
+
+export function chooseStageGraphs (manifest: ShardManifest, stageIndex: number, device: string, mode: GraphMode = 'auto', backend: BackendName = 'onnxruntime'): GraphChoice {
   const st = manifest.stages[stageIndex]
   if (st === undefined) throw new EngineError(`shard manifest has no stage ${stageIndex}`)
   const wantStatic = mode === 'static' || (mode === 'auto' && needsStaticShapes(device))
-  if (!wantStatic) return { kind: 'dynamic', graph: st.graph }
+  if (!wantStatic) return decodeGraphWanted(st, backend) ? { kind: 'dynamic', graph: st.graph, decodeGraph: st.decodeGraph } : { kind: 'dynamic', graph: st.graph }
   if (st.static === undefined || manifest.static === undefined) {
     const why = mode === 'static' ? 'static graphs were asked for' : `device ${device} compiles only static shapes`
     throw new EngineError(`${why}, but stage ${stageIndex} of ${manifest.modelId} has none: compile it with shoal shard --static CTX[,CHUNK]`)
@@ -43,9 +63,9 @@ export function chooseStageGraphs (manifest: ShardManifest, stageIndex: number, 
 }
 
 /** Absolute paths of a choice, for the engine worker. */
-export function resolveGraphChoice (shardDir: string, choice: GraphChoice): { graphPath: string, staticGraphs?: StaticGraphChoice } {
+export function resolveGraphChoice (shardDir: string, choice: GraphChoice): { graphPath: string, decodeGraphPath?: string, staticGraphs?: StaticGraphChoice } {
   const abs = (p: string): string => join(shardDir, ...p.split('/'))
-  if (choice.kind === 'dynamic') return { graphPath: abs(choice.graph) }
+  if (choice.kind === 'dynamic') return choice.decodeGraph === undefined ? { graphPath: abs(choice.graph) } : { graphPath: abs(choice.graph), decodeGraphPath: abs(choice.decodeGraph) }
   return { graphPath: abs(choice.prefill), staticGraphs: { prefill: abs(choice.prefill), decode: abs(choice.decode), contextLength: choice.contextLength, chunk: choice.chunk } }
 }
 

@@ -417,7 +417,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
       // The source wrapper first: it may refuse this model, or load a draft model (undone if the engine fails).
       await init.sourceWrapper?.start?.({ modelId, manifest })
       const device = init.device ?? 'CPU'
-      const choice = chooseStageGraphs(manifest, 0, device, init.graphs)
+      const choice = chooseStageGraphs(manifest, 0, device, init.graphs, init.backend ?? 'onnxruntime')
       const info = stageInfoFor(stageInfoOf(manifest), choice)
       // Prompts and completions end at the context the chosen graphs hold (static: the KV budget).
       manifest = { ...manifest, shape: { ...manifest.shape, maxPositions: info.maxPositions } }

@@ -45,6 +45,11 @@ export interface WorkerInit {
   version: typeof ENGINE_PROTOCOL_VERSION
   backend: BackendName
   graphPath: string
+  /**
+   * The stage's one-position graph (StageManifest.decodeGraph, absolute): loaded as a second
+   * session that runs the steps graphPath would run down its one-position Ifs. Absent: none.
+   */
+  decodeGraphPath?: string
   device: string
   threads?: number
   exclusiveCores?: boolean

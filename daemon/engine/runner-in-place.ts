@@ -90,6 +90,13 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
     })
   }
 
+  /**
+   * The session for a run of `s` positions over a past buffer `width` columns wide: the
+   * one-position graph exactly where the stage graph's one-position Ifs would take their
+   * then-branch (their condition: S = 1 and a non-empty past; shards/graph/attention.ts).
+   */
+  const sessionFor = (s: number, width: number): typeof session => s === 1 && width > 0 ? ctx.decodeSession ?? session : session
+
   /** Whether a sequence may write `need` columns into its block as it is (its own row, room, not a kept prefix). */
   const writable = (ref: KvRef, need: number): boolean => ref.block.total >= need && !isKept(ref.block)
 
@@ -114,7 +121,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
       if (seq.kv !== undefined && !writable(seq.kv, total)) moveToRoom(seq, total)
       const mask = new BigInt64Array(total).fill(1n)
       const feeds = chunkFeeds(ctx, input, a, b, positions, mask, keep, i => seq.kv === undefined ? undefined : rowView(seq.kv, i, kvH, hd))
-      const out = await session.run(feeds, greedy ? greedyFetches : fetches)
+      const out = await sessionFor(s, seq.kv?.block.total ?? 0).run(feeds, greedy ? greedyFetches : fetches)
       if (seq.kv === undefined) {
         // Dropped while it ran (drop lets go of the KV first): nothing to keep.
         if (seq.dropped !== undefined) return out
@@ -162,7 +169,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
         feeds[pastKeyName(l)] = block.layers[i]![0]
         feeds[pastValueName(l)] = block.layers[i]![1]
       })
-      const out = await session.run(feeds, group.every(({ item }) => isGreedy(item.pick)) ? greedyFetches : fetches)
+      const out = await sessionFor(s, block.total).run(feeds, group.every(({ item }) => isGreedy(item.pick)) ? greedyFetches : fetches)
       // A row dropped meanwhile (drop lets go of its KV first) is skipped; the others are written.
       writeNew(out, group.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
       return groupOutputs(stage, group, s, out, () => {})

@@ -28,6 +28,8 @@ export interface Live { index: number, seqId: string, seq: KvSequence, item: Bat
 /** The stage a runner runs, as its layouts need it. */
 export interface RunContext {
   session: BackendSession
+  /** The one-position graph's session (StageRunnerInit.decodeSession), for in-place layouts. */
+  decodeSession?: BackendSession
   stage: StageInfo
   /** The stage's model layers, in order (index i is the block's layer i). */
   layers: readonly number[]

@@ -27,6 +27,8 @@ export interface StageEngineInit {
   exclusiveCores?: boolean
   maxSequences?: number
   chunkSize?: number
+  /** The stage's one-position graph, run for one-position steps over a past (graph-choice.ts decodeGraphWanted); absent: graphPath runs every step. */
+  decodeGraphPath?: string
   /** Run the stage's static graphs instead of graphPath (graph-choice.ts resolveGraphChoice). */
   staticGraphs?: WorkerInit['staticGraphs']
   /** The node's compiled-model cache (LoadOptions.cacheDir); absent: none. */
@@ -214,6 +216,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         chunkSize: init.chunkSize ?? DEFAULT_CHUNK_SIZE,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
+        ...(init.decodeGraphPath === undefined ? {} : { decodeGraphPath: init.decodeGraphPath }),
         ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
         ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
       }

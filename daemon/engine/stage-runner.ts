@@ -42,6 +42,12 @@ export const DEFAULT_MAX_SEQUENCES = 8
 
 export interface StageRunnerInit {
   session: BackendSession
+  /**
+   * The stage's one-position graph (StageManifest.decodeGraph; in-place caches only): run instead
+   * of `session` for steps of one position over a non-empty past buffer, the steps `session`'s
+   * graph runs down its one-position Ifs — the same nodes, so the same bits, without the Ifs.
+   */
+  decodeSession?: BackendSession
   stage: StageInfo
   maxSequences?: number
   chunkSize?: number
@@ -122,7 +128,13 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
   // Kept prefixes refer to blocks as sequences do, so they decide when a replaced block is freed.
   const prefixes = createKeptPrefixes({ sequences, stage, layerCount: layers.length, kvH, hd, leftAligned, checkOpen })
   const { release } = prefixes
-  const ctx: RunContext = { session, stage, layers, kvH, hd, feedsLogitsToKeep }
+  const { decodeSession } = init
+  if (decodeSession !== undefined) {
+    const same = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every(n => b.includes(n))
+    if (!leftAligned) throw new EngineError('a one-position graph needs a stage graph that keeps its KV in place')
+    if (!same(decodeSession.inputNames, session.inputNames) || !same(decodeSession.outputNames, session.outputNames)) throw new EngineError('the one-position graph\'s inputs or outputs are not the stage graph\'s')
+  }
+  const ctx: RunContext = { session, ...(decodeSession === undefined ? {} : { decodeSession }), stage, layers, kvH, hd, feedsLogitsToKeep }
   const layout = leftAligned ? createInPlaceLayout(ctx, prefixes) : createPaddedLayout(ctx, release)
 
   /** Throws what is wrong with a step for this sequence. */

@@ -47,8 +47,10 @@ async function main (init: WorkerInit): Promise<void> {
   let session: BackendSession
   let runner: StageRunner
   if (init.staticGraphs === undefined) {
-    session = await backend.load(init.graphPath, options)
-    runner = createStageRunner({ session, stage: init.stage, maxSequences: init.maxSequences, chunkSize: init.chunkSize })
+    const main = await backend.load(init.graphPath, options)
+    const decodeSession = init.decodeGraphPath === undefined ? undefined : await backend.load(init.decodeGraphPath, options).catch(async (err: unknown) => { await main.close(); throw err })
+    session = decodeSession === undefined ? main : { ...main, close: async () => { await main.close(); await decodeSession.close() } }
+    runner = createStageRunner({ session: main, ...(decodeSession === undefined ? {} : { decodeSession }), stage: init.stage, maxSequences: init.maxSequences, chunkSize: init.chunkSize })
   } else {
     const { prefill: prefillPath, decode: decodePath, contextLength, chunk } = init.staticGraphs
     const prefill = await backend.load(prefillPath, options)

@@ -84,7 +84,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
   }
   const st = manifest.stages[stageIndex]!
   const device = init.device ?? 'CPU'
-  const choice = chooseStageGraphs(manifest, stageIndex, device, init.graphs)
+  const choice = chooseStageGraphs(manifest, stageIndex, device, init.graphs, init.backend ?? 'onnxruntime')
   const stageInfo = stageInfoFor(stageInfoOf(manifest, stageIndex), choice)
   const engine = createStageEngine({
     ...resolveGraphChoice(init.shardDir, choice),

@@ -6,11 +6,10 @@
  * tokens one step each — greedily, or with sampling drawn from the draft's distribution q (which
  * speculative sampling needs).
  */
-import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher } from '../batcher/index.ts'
-import { createBatchedExecutor, createStageEngine, EngineError, stageInfoOf } from '../engine/index.ts'
+import { chooseStageGraphs, createBatchedExecutor, createStageEngine, EngineError, resolveGraphChoice, stageInfoOf } from '../engine/index.ts'
 import type { BackendName, BatchingStageEngine, StepOptions, StepOutput } from '../engine/index.ts'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -122,11 +121,15 @@ export function createDraftModel (init: DraftModelInit): DraftModel {
       if (m.stages.length !== 1 || stage === undefined || !stage.hasEmbedding || !stage.hasHead) {
         throw new EngineError(`${init.shardDir}: a draft model must be a whole-model (1-stage) shard directory`)
       }
+      const backend = init.backend ?? 'onnxruntime'
+      const device = init.device ?? 'CPU'
+      // The dynamic graph (a drafter steps one sequence at a time), with its one-position graph
+      // where that pays: a draft model is small, and drafting is one-position steps.
       const e = createStageEngine({
-        graphPath: join(init.shardDir, ...stage.graph.split('/')),
+        ...resolveGraphChoice(init.shardDir, chooseStageGraphs(m, 0, device, 'dynamic', backend)),
         stage: stageInfoOf(m),
-        backend: init.backend ?? 'onnxruntime',
-        device: init.device ?? 'CPU',
+        backend,
+        device,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
       })

@@ -159,8 +159,8 @@ export class GraphBuilder {
     return this.dataBytes
   }
 
-  /** Serialised ModelProto. */
-  encode (graphName: string, docString: string): Uint8Array {
+  /** Serialised ModelProto; `derive` may rewrite the graph first (decode-graph.ts: the same initializers, another graph). */
+  encode (graphName: string, docString: string, derive: (graph: IGraphProto) => IGraphProto = g => g): Uint8Array {
     const opsetImport = [{ domain: '', version: OPSET }]
     if (this.usesMsDomain) opsetImport.push({ domain: MS_DOMAIN, version: 1 })
     return onnx.ModelProto.encode({
@@ -169,7 +169,7 @@ export class GraphBuilder {
       producerName: 'shoal',
       producerVersion: '1',
       docString,
-      graph: { name: graphName, node: this.nodes, initializer: this.initializers, input: this.inputs, output: this.outputs },
+      graph: derive({ name: graphName, node: this.nodes, initializer: this.initializers, input: this.inputs, output: this.outputs }),
     }).finish()
   }
 }

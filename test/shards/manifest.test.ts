@@ -28,7 +28,7 @@ describe('manifest', () => {
     const out = join(root, 'two')
     const m = await compileShards({ modelDir, outDir: out, stages: 2 })
     expect(m.stages.map(s => [s.layers, s.hasEmbedding, s.hasHead])).toEqual([[[0, 1], true, false], [[2, 3], false, true]])
-    expect(m.stages[0]!.files.map(f => f.path)).toEqual(['stage-0/model.onnx', 'stage-0/model.onnx.data'])
+    expect(m.stages[0]!.files.map(f => f.path)).toEqual(['stage-0/model.onnx', 'stage-0/model.onnx.data', 'stage-0/decode.onnx'])
     const loaded = await loadManifest(out)
     expect(loaded).toEqual(m)
     await verifyShardFiles(out, loaded)
