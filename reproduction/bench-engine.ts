@@ -23,7 +23,7 @@ import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
 import OpenAI from 'openai'
-import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
@@ -164,7 +164,7 @@ async function runChild (shardDir: string): Promise<ChildResult> {
     const peakRss = process.resourceUsage().maxRSS * 1024
 
     // The bare engine on the same graph, alongside (idle ORT sessions do not spin), reps alternating.
-    engine = createStageEngine({ graphPath: join(shardDir, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
+    engine = createStageEngine({ ...resolveGraphChoice(shardDir, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
     await engine.start()
     await rawRun(engine, promptIds(SHORT_PROMPT), 8) // warm-up
     let sameTokens = true

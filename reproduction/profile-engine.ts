@@ -22,7 +22,7 @@ import { parseArgs } from 'node:util'
 import { Session } from 'node:inspector/promises'
 import { writeFile } from 'node:fs/promises'
 import OpenAI from 'openai'
-import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
@@ -74,7 +74,7 @@ if (args.mode === 'http') {
   await daemon.stop()
 } else {
   const stage = manifest.stages[0]!
-  const engine = createStageEngine({ graphPath: join(args.shard, ...stage.graph.split('/')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }) })
+  const engine = createStageEngine({ ...resolveGraphChoice(args.shard, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }) })
   await engine.start()
   const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
     const from = wall()

@@ -6,7 +6,7 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { createStageEngine, stageInfoOf } from '../../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, StageEngineInit, StageInfo } from '../../daemon/engine/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -49,7 +49,8 @@ export interface TinyEngine {
 export async function startTinyEngine (init: Omit<StageEngineInit, 'graphPath' | 'stage'>, model?: TinyModel): Promise<TinyEngine> {
   const m = model ?? await buildTinyModel()
   const stage = stageInfoOf(m.manifest)
-  const engine = createStageEngine({ graphPath: m.graphPath, stage, ...init })
+  // The graphs a node would run: with 'ort-contrib' shards, the one-position graph beside the stage graph.
+  const engine = createStageEngine({ ...resolveGraphChoice(m.shardDir, chooseStageGraphs(m.manifest, 0, 'CPU', 'dynamic', init.backend ?? 'onnxruntime')), stage, ...init })
   const stop = async (): Promise<void> => {
     try { await engine.stop() } finally { await m.cleanup() }
   }
