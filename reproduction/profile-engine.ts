@@ -73,7 +73,6 @@ if (args.mode === 'http') {
   if (inspector !== undefined) { const { profile } = await inspector.post('Profiler.stop'); await writeFile(args['main-prof']!, JSON.stringify(profile)) }
   await daemon.stop()
 } else {
-  const stage = manifest.stages[0]!
   const engine = createStageEngine({ ...resolveGraphChoice(args.shard, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }) })
   await engine.start()
   const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {

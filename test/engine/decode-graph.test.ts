@@ -30,6 +30,7 @@ describe.each(['llama', 'qwen3'] as const)('the one-position graph (%s)', (archi
   let split: PrefixKeepingRunner
   const decodeRuns: number[] = []
   const mainRuns: number[] = []
+  const sessions: BackendSession[] = []
 
   beforeAll(async () => {
     model = await buildTinyModel(architecture)
@@ -39,11 +40,16 @@ describe.each(['llama', 'qwen3'] as const)('the one-position graph (%s)', (archi
     const count = (s: BackendSession, runs: number[]): BackendSession => ({ ...s, async run (feeds, fetches): Promise<TensorMap> { runs.push(feeds.position_ids!.dims[1]!); return await s.run(feeds, fetches) } })
     const main = await backend.load(model.graphPath, { device: 'CPU', threads: 1 })
     const decode = await backend.load(join(model.shardDir, ...stage.decodeGraph!.split('/')), { device: 'CPU', threads: 1 })
+    const reference = await backend.load(model.graphPath, { device: 'CPU', threads: 1 })
+    sessions.push(main, decode, reference)
     const info = stageInfoOf(model.manifest)
-    plain = createStageRunner({ session: await backend.load(model.graphPath, { device: 'CPU', threads: 1 }), stage: info, chunkSize: 8 })
+    plain = createStageRunner({ session: reference, stage: info, chunkSize: 8 })
     split = createStageRunner({ session: count(main, mainRuns), decodeSession: count(decode, decodeRuns), stage: info, chunkSize: 8 })
   })
-  afterAll(async () => { await model?.cleanup() })
+  afterAll(async () => {
+    for (const s of sessions) await s.close()
+    await model?.cleanup()
+  })
 
   it('has no If, and reads the stage graph\'s weights file', async () => {
     const stage = model.manifest.stages[0]!
