@@ -38,7 +38,7 @@ export type GraphChoice = { kind: 'dynamic', graph: string, decodeGraph?: string
  * ~7 µs each — 3–5 % of a one-row 60m int4 step, 1–3 % at eight rows, bit-identical — but the
  * second session packs every weight again (onnxruntime-node shares no prepacked weights between
  * sessions). Small weights are where the Ifs are a visible share of a step and the copy is cheap
- * (60m int4, 35 MiB: +~40 MB); bigger models gain ~0.5–2 % (60m fp32, 250m int4) for 150–220 MiB
+ * (60m int4, 35 MiB: +45 MB of RSS); bigger models gain ~0.5–2 % (60m fp32, 250m int4) for 150–220 MiB
  * more, and 250m must stay within 1.5× its weights (docs/engine-notes.md, wave 28).
  */
 export const DECODE_GRAPH_MAX_WEIGHT_BYTES = 64 * 1024 * 1024
