@@ -80,14 +80,14 @@ async function completeStreaming (params: Omit<TokenParams, 'model' | 'stream'>)
 }
 
 /** GET /v1/receipts/{id}: the status and the raw JSON. */
-async function fetchReceipt (id: string): Promise<{ status: number, json: Record<string, any> }> {
-  const res = await fetch(`${d.url}/v1/receipts/${encodeURIComponent(id)}`)
+async function fetchReceipt (id: string, at: RunningDaemon = d): Promise<{ status: number, json: Record<string, any> }> {
+  const res = await fetch(`${at.url}/v1/receipts/${encodeURIComponent(id)}`)
   return { status: res.status, json: await res.json() as Record<string, any> }
 }
 
 /** The signed receipt document behind GET /v1/receipts/{id}. */
-async function getReceipt (id: string): Promise<{ status: number, doc: SignedDocument<Record<string, any>> }> {
-  const { status, json } = await fetchReceipt(id)
+async function getReceipt (id: string, at: RunningDaemon = d): Promise<{ status: number, doc: SignedDocument<Record<string, any>> }> {
+  const { status, json } = await fetchReceipt(id, at)
   return { status, doc: json as SignedDocument<Record<string, any>> }
 }
 
@@ -300,45 +300,59 @@ describe('shoal serve: the openai client against the real daemon', () => {
   })
 
   it('aborting streams mid-way frees their sequences: a burst up to the concurrency bound then succeeds', async () => {
-    // Fill every sequence slot with long streams and read a little of each.
-    const long = { prompt: promptIds, max_tokens: 2048 - promptIds.length - 1, temperature: 0 }
-    const held = await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-      const { data: stream, response } = await d.client.completions.create({ model: MODEL_ID, ...long, stream: true }).withResponse()
-      const it = stream[Symbol.asyncIterator]()
-      for (let i = 0; i < 2; i++) {
-        const r = await it.next()
-        expect(r.done).toBe(false)
-        expect(r.value!.choices[0]!.finish_reason).toBeNull()
+    // A request that finds every slot busy waits when the wait expected from measured step times
+    // (the held streams' remaining ~2,040 tokens at a full batch's step) is within the batch
+    // budget, and only beyond it gets a 429. At the default 1 s that is a race with the engine's
+    // speed: a tiny model's eight-row step under ~0.49 ms makes the wait fit (a CI run after
+    // compiler 13's faster one-position steps waited instead of refusing). So this test runs on a
+    // daemon whose budget no such step fits (150 ms: a step would have to be under 0.074 ms), and
+    // whose eight short prefills after the aborts still fit it many times over.
+    const root = await mkdtemp(join(tmpdir(), 'shoal-serve-abort-'))
+    const narrow = await startDaemon(ck.shardDir, root, { budgets: { batchBudgetMs: 150 } })
+    try {
+      // Fill every sequence slot with long streams and read a little of each.
+      const long = { prompt: promptIds, max_tokens: 2048 - promptIds.length - 1, temperature: 0 }
+      const held = await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
+        const { data: stream, response } = await narrow.client.completions.create({ model: MODEL_ID, ...long, stream: true }).withResponse()
+        const it = stream[Symbol.asyncIterator]()
+        for (let i = 0; i < 2; i++) {
+          const r = await it.next()
+          expect(r.done).toBe(false)
+          expect(r.value!.choices[0]!.finish_reason).toBeNull()
+        }
+        return { stream, it, receipt: response.headers.get('x-shoal-receipt')! }
+      }))
+      // Every slot is taken: one more is refused with OpenAI's 429.
+      const refused = await narrow.client.completions.create({ model: MODEL_ID, prompt: promptIds, max_tokens: 4 }).then(() => undefined, (err: unknown) => err)
+      expect(refused).toBeInstanceOf(RateLimitError)
+      expect((refused as RateLimitError).status).toBe(429)
+
+      const busy = await (await fetch(`${narrow.url}/dashboard/state`)).json() as { load: { engines: Array<{ activeSequences?: number }> } }
+      expect(busy.load.engines.map(e => e.activeSequences)).toEqual([CONCURRENCY])
+
+      for (const h of held) h.stream.controller.abort()
+      // After abort the client's iterator ends (or fails with APIUserAbortError), never with a finish.
+      for (const h of held) {
+        const r = await h.it.next().catch((err: unknown) => { expect(err).toBeInstanceOf(APIUserAbortError); return { done: true as const, value: undefined } })
+        expect(r.done).toBe(true)
       }
-      return { stream, it, receipt: response.headers.get('x-shoal-receipt')! }
-    }))
-    // Every slot is taken: one more is refused with OpenAI's 429.
-    const refused = await d.client.completions.create({ model: MODEL_ID, prompt: promptIds, max_tokens: 4 }).then(() => undefined, (err: unknown) => err)
-    expect(refused).toBeInstanceOf(RateLimitError)
-    expect((refused as RateLimitError).status).toBe(429)
-
-    const busy = await (await fetch(`${d.url}/dashboard/state`)).json() as { load: { engines: Array<{ activeSequences?: number }> } }
-    expect(busy.load.engines.map(e => e.activeSequences)).toEqual([CONCURRENCY])
-
-    for (const h of held) h.stream.controller.abort()
-    // After abort the client's iterator ends (or fails with APIUserAbortError), never with a finish.
-    for (const h of held) {
-      const r = await h.it.next().catch((err: unknown) => { expect(err).toBeInstanceOf(APIUserAbortError); return { done: true as const, value: undefined } })
-      expect(r.done).toBe(true)
+      // The daemon sees the disconnects (bounded wait), then a burst up to the bound must be taken
+      // at once. A slot comes back only after its sequence's KV is freed in the engine worker, which
+      // can trail the HTTP reply's end on a loaded machine (a CI run found all eight still held and
+      // refused the burst for 2,040 tokens each that the aborted requests would never make): an
+      // aborted request counts as finishing, so the burst waits for those slots instead.
+      await waitFor('the aborted requests to end', async () => {
+        const text = await (await fetch(`${narrow.url}/metrics`)).text()
+        return /shoal_http_requests_in_flight\{route="\/v1\/completions"\} 0\b/.test(text)
+      })
+      const burst = await Promise.all(Array.from({ length: CONCURRENCY }, async () => await complete({ prompt: promptIds, max_tokens: 8, temperature: 0 }, narrow.client)))
+      for (const r of burst) expect(r.choice.finish_reason).toBe('length')
+      // Cancelled completions get no receipt.
+      for (const h of held) expect((await getReceipt(h.receipt, narrow)).status).toBe(404)
+    } finally {
+      await narrow.stop()
+      await rm(root, { recursive: true, force: true })
     }
-    // The daemon sees the disconnects (bounded wait), then a burst up to the bound must be taken
-    // at once. A slot comes back only after its sequence's KV is freed in the engine worker, which
-    // can trail the HTTP reply's end on a loaded machine (a CI run found all eight still held and
-    // refused the burst for 2,040 tokens each that the aborted requests would never make): an
-    // aborted request counts as finishing, so the burst waits for those slots instead.
-    await waitFor('the aborted requests to end', async () => {
-      const text = await (await fetch(`${d.url}/metrics`)).text()
-      return /shoal_http_requests_in_flight\{route="\/v1\/completions"\} 0\b/.test(text)
-    })
-    const burst = await Promise.all(Array.from({ length: CONCURRENCY }, async () => await complete({ prompt: promptIds, max_tokens: 8, temperature: 0 })))
-    for (const r of burst) expect(r.choice.finish_reason).toBe('length')
-    // Cancelled completions get no receipt.
-    for (const h of held) expect((await getReceipt(h.receipt)).status).toBe(404)
   })
 
   it('a burst of twice the sequences (16 × 48 tokens) all complete: those beyond the free sequences wait within the budget (issue 13 #1)', async () => {
