@@ -10,7 +10,7 @@ import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import onnxProto from 'onnx-proto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { chooseStageGraphs, createOnnxruntimeBackend, createStageRunner, resolveGraphChoice, stageInfoOf } from '../../daemon/engine/index.ts'
+import { argmax, chooseStageGraphs, createOnnxruntimeBackend, createStageRunner, resolveGraphChoice, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, StepOutput, TensorMap } from '../../daemon/engine/index.ts'
 import { DECODE_GRAPH_MAX_WEIGHT_BYTES, decodeGraphWanted } from '../../daemon/engine/graph-choice.ts'
 import { STAGE_DATA_FILE, STAGE_DECODE_GRAPH_FILE, validateManifest } from '../../shards/index.ts'
@@ -21,7 +21,8 @@ import type { TinyModel } from './tiny-model.ts'
 const ids = (n: number, salt: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt((i * 37 + salt * 101 + 5) % 500))
 const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
 const logitsOf = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data }
-const argmaxOf = (o: StepOutput): number => { const l = logitsOf(o).subarray(-((o as { vocab: number }).vocab)); let best = 0; for (let i = 1; i < l.length; i++) if (l[i]! > l[best]!) best = i; return best }
+/** The engine's own greedy rule over the last position's logits. */
+const argmaxOf = (o: StepOutput): number => { const l = logitsOf(o); const vocab = (o as { vocab: number }).vocab; return argmax(l, l.length - vocab, vocab) }
 const bitsOf = (a: Float32Array): Uint32Array => new Uint32Array(a.buffer, a.byteOffset, a.length)
 
 describe.each(['llama', 'qwen3'] as const)('the one-position graph (%s)', (architecture) => {
