@@ -19,6 +19,7 @@ import type { Completion, CompletionCreateParams } from 'openai/resources/comple
 import { verifyDocument } from '../../certs/signed.ts'
 import type { SignedDocument } from '../../certs/signed.ts'
 import { DEFAULT_MAX_SEQUENCES } from '../../daemon/engine/index.ts'
+import type { Budgets } from '../../daemon/node/config.ts'
 import { main } from '../../scripts/cli.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
@@ -89,6 +90,18 @@ async function fetchReceipt (id: string, at: RunningDaemon = d): Promise<{ statu
 async function getReceipt (id: string, at: RunningDaemon = d): Promise<{ status: number, doc: SignedDocument<Record<string, any>> }> {
   const { status, json } = await fetchReceipt(id, at)
   return { status, doc: json as SignedDocument<Record<string, any>> }
+}
+
+/** `use` on a daemon of its own over the same shard with these budgets, stopped and removed after. */
+async function withOwnDaemon (name: string, budgets: Partial<Budgets>, use: (daemon: RunningDaemon) => Promise<void>): Promise<void> {
+  const root = await mkdtemp(join(tmpdir(), `shoal-serve-${name}-`))
+  const own = await startDaemon(ck.shardDir, root, { budgets })
+  try {
+    await use(own)
+  } finally {
+    await own.stop()
+    await rm(root, { recursive: true, force: true })
+  }
 }
 
 describe('shoal serve: the openai client against the real daemon', () => {
@@ -307,9 +320,7 @@ describe('shoal serve: the openai client against the real daemon', () => {
     // compiler 13's faster one-position steps waited instead of refusing). So this test runs on a
     // daemon whose budget no such step fits (150 ms: a step would have to be under 0.074 ms), and
     // whose eight short prefills after the aborts still fit it many times over.
-    const root = await mkdtemp(join(tmpdir(), 'shoal-serve-abort-'))
-    const narrow = await startDaemon(ck.shardDir, root, { budgets: { batchBudgetMs: 150 } })
-    try {
+    await withOwnDaemon('abort', { batchBudgetMs: 150 }, async (narrow) => {
       // Fill every sequence slot with long streams and read a little of each.
       const long = { prompt: promptIds, max_tokens: 2048 - promptIds.length - 1, temperature: 0 }
       const held = await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
@@ -349,10 +360,7 @@ describe('shoal serve: the openai client against the real daemon', () => {
       for (const r of burst) expect(r.choice.finish_reason).toBe('length')
       // Cancelled completions get no receipt.
       for (const h of held) expect((await getReceipt(h.receipt, narrow)).status).toBe(404)
-    } finally {
-      await narrow.stop()
-      await rm(root, { recursive: true, force: true })
-    }
+    })
   })
 
   it('a burst of twice the sequences (16 × 48 tokens) all complete: those beyond the free sequences wait within the budget (issue 13 #1)', async () => {
@@ -362,9 +370,7 @@ describe('shoal serve: the openai client against the real daemon', () => {
     // a daemon whose budget no loaded machine exceeds: what is under test is the queueing path.
     // (test/mesh-e2e/regressions.test.ts sends the same burst through a mesh, to a replica given
     // the same wide budget for the same reason.)
-    const root = await mkdtemp(join(tmpdir(), 'shoal-serve-burst-'))
-    const wide = await startDaemon(ck.shardDir, root, { budgets: { batchBudgetMs: 60_000 } })
-    try {
+    await withOwnDaemon('burst', { batchBudgetMs: 60_000 }, async (wide) => {
       const burst = await Promise.all(Array.from({ length: 2 * CONCURRENCY }, async () => await complete({ prompt: promptIds, max_tokens: 48, temperature: 0 }, wide.client)))
       for (const r of burst) {
         expect(r.choice.finish_reason).toBe('length')
@@ -373,10 +379,7 @@ describe('shoal serve: the openai client against the real daemon', () => {
       }
       // Greedy: every one of them, queued or not, gave the same text.
       expect(new Set(burst.map(r => r.choice.text)).size).toBe(1)
-    } finally {
-      await wide.stop()
-      await rm(root, { recursive: true, force: true })
-    }
+    })
   })
 
   it('an 8 MB and a 1 MB prompt are refused from their length; /healthz answers throughout (issue 13 #2)', async () => {
