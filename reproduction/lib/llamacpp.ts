@@ -53,6 +53,21 @@ export async function ensureLlamaCpp (llamaDir: string | undefined): Promise<str
 }
 
 /**
+ * One more llama.cpp tool beside llama-server and llama-bench (say `llama-batched-bench`): built
+ * into `bin` on first use when `bin` is a build tree this project made or may add to (a CMake
+ * cache above it), else an error that names the target. Seconds: the libraries are already built.
+ */
+export function ensureLlamaTool (bin: string, tool: string): string {
+  const path = join(bin, tool)
+  if (existsSync(path)) return path
+  const dir = resolve(bin, '..', '..')
+  if (!existsSync(join(dir, 'build', 'CMakeCache.txt'))) throw new Error(`${path} is missing and ${dir}/build is no CMake build tree: build the ${tool} target there`)
+  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', tool], dir)
+  if (!existsSync(path)) throw new Error(`building ${tool} left no ${path}`)
+  return path
+}
+
+/**
  * GGML_NATIVE, except on CPUs that report AMX: some VMs (this project's 2-core Xeon among them)
  * list amx_tile in cpuid, grant the permission, and still fault on the first tileloadd, so
  * llama.cpp's Q4_0 matmul dies with SIGILL. There every ISA extension ggml uses is named instead,
@@ -105,4 +120,40 @@ export function llamaBench (bin: string, gguf: string, shape: LlamaShape, reps: 
   if (r.status !== 0) throw new Error(`llama-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
   const rows = JSON.parse(r.stdout) as Array<{ n_prompt: number, n_gen: number, avg_ts: number, stddev_ts: number }>
   return rows.map(x => ({ test: x.n_gen > 0 ? `tg${x.n_gen}` : `pp${x.n_prompt}`, tokS: x.avg_ts, sd: x.stddev_ts }))
+}
+
+/** One llama-batched-bench row: `pl` sequences of `pp` prompt tokens, then `tg` steps of `pl` tokens; seconds. */
+export interface BatchedRow { pl: number, pp: number, tg: number, tPp: number, tTg: number }
+
+/**
+ * llama-batched-bench's flags over `batches` (its -npl): each row prefills that many prompts of
+ * `prompt` tokens as one batch (-b 2048 / -ub 512, llama-server's defaults), then decodes `tokens`
+ * steps of one token a sequence; one unified KV buffer big enough for the largest row, llama.cpp's
+ * default f16 cache and attention, as llamaServerArgs' server. It samples nothing.
+ */
+export function llamaBatchedBenchArgs (gguf: string, threads: number, prompt: number, tokens: number, batches: readonly number[]): string[] {
+  const ctx = Math.max(...batches) * (prompt + tokens) + 16
+  return ['-m', gguf, '-c', String(ctx), '-b', '2048', '-ub', '512', '-npp', String(prompt), '-ntg', String(tokens),
+    '-npl', batches.join(','), '-t', String(threads), '-tb', String(threads), '--kv-unified', '-ngl', '0', '--output-format', 'jsonl']
+}
+
+/** The rows of llama-batched-bench's `--output-format jsonl` (its other lines are not JSON). */
+export function parseBatchedBench (stdout: string): BatchedRow[] {
+  return stdout.split('\n').filter(l => l.startsWith('{')).map(l => {
+    const x = JSON.parse(l) as Record<string, unknown>
+    const num = (k: string): number => {
+      const v = x[k]
+      if (typeof v !== 'number' || !Number.isFinite(v)) throw new Error(`llama-batched-bench row without a number ${k}: ${l}`)
+      return v
+    }
+    return { pl: num('pl'), pp: num('pp'), tg: num('tg'), tPp: num('t_pp'), tTg: num('t_tg') }
+  })
+}
+
+/** llama-batched-bench (`tool`) under RT when this process is realtime; its rows. */
+export function llamaBatchedBench (tool: string, gguf: string, threads: number, prompt: number, tokens: number, batches: readonly number[], env: NodeJS.ProcessEnv): BatchedRow[] {
+  const [cmd, argv] = underRt(tool, llamaBatchedBenchArgs(gguf, threads, prompt, tokens, batches))
+  const r = spawnSync(cmd, argv, { encoding: 'utf8', maxBuffer: 64 << 20, env })
+  if (r.status !== 0) throw new Error(`llama-batched-bench failed (${r.status ?? r.signal}): ${r.stderr.slice(-2000)}`)
+  return parseBatchedBench(r.stdout)
 }

@@ -1,10 +1,10 @@
 /**
  * The llama.cpp flags that decide what the comparison compares (reproduction/lib/llamacpp.ts):
  * the attention precision per side, the server's context for every prompt of a run, and the
- * ISA flags that keep AMX out where the CPU claims it.
+ * ISA flags that keep AMX out where the CPU claims it; llama-batched-bench's flags and rows.
  */
 import { describe, expect, it } from 'vitest'
-import { isaFlags, kvArgs, llamaServerArgs } from '../../reproduction/lib/llamacpp.ts'
+import { isaFlags, kvArgs, llamaBatchedBenchArgs, llamaServerArgs, parseBatchedBench } from '../../reproduction/lib/llamacpp.ts'
 
 describe('llama.cpp flags', () => {
   it('keeps llama.cpp defaults unless asked, and f32 attention only beside F32 weights', () => {
@@ -35,5 +35,16 @@ describe('llama.cpp flags', () => {
     expect(amx).toContain('-DGGML_AVX512=ON')
     expect(amx).toContain('-DGGML_AVX512_VNNI=OFF')
     expect(amx.filter(f => f.startsWith('-DGGML_AMX'))).toEqual(['-DGGML_AMX_TILE=OFF', '-DGGML_AMX_INT8=OFF', '-DGGML_AMX_BF16=OFF'])
+  })
+
+  it('sizes llama-batched-bench for its largest row and reads its JSON rows among its other lines', () => {
+    const a = llamaBatchedBenchArgs('m.gguf', 2, 128, 128, [1, 8])
+    expect(a[a.indexOf('-c') + 1]).toBe(String(8 * 256 + 16))
+    expect(a).toEqual(expect.arrayContaining(['-npl', '1,8', '-npp', '128', '-ntg', '128', '--kv-unified', '--output-format', 'jsonl']))
+    // A row as llama.cpp de3ff81 prints it, after a log line.
+    const out = 'main: n_kv_max = 2304\n' +
+      '{"n_kv_max": 2304, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": 0, "n_gpu_layers": 0, "n_threads": 2, "n_threads_batch": 2, "pp": 128, "tg": 128, "pl": 8, "n_kv": 2048, "t_pp": 0.015832, "speed_pp": 64679.132812, "t_tg": 0.122451, "speed_tg": 8362.528320, "t": 0.138283, "speed": 14810.208008}\n\n'
+    expect(parseBatchedBench(out)).toEqual([{ pl: 8, pp: 128, tg: 128, tPp: 0.015832, tTg: 0.122451 }])
+    expect(() => parseBatchedBench('{"pl": 8, "pp": 128, "tg": 128, "t_pp": null, "t_tg": 1}')).toThrow(/t_pp/)
   })
 })
