@@ -30,6 +30,7 @@
 import { fork } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
+import { setTimeout as sleep } from 'node:timers/promises'
 import { availableParallelism, totalmem } from 'node:os'
 import { resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
@@ -92,9 +93,10 @@ async function shoalRound (engine: Engine, b: number, salt: number): Promise<Tim
     }))
     const t1 = performance.now()
     let tokens = first.map(tokenOf)
-    // TOKENS tokens a sequence as llama-batched-bench's -ntg: the prefill gave the first.
-    for (let t = 0; t < TOKENS - 1; t++) {
-      const left = TOKENS - 2 - t
+    // TOKENS decode steps, as llama-batched-bench's -ntg: each feeds a sequence's last token (the
+    // prefill picked the first); the last step's pick is not used, as llama.cpp's last logits.
+    for (let t = 0; t < TOKENS; t++) {
+      const left = TOKENS - 1 - t
       const out = await engine.stepBatch(seqs.map((seqId, i) => ({
         seqId, input: { tokenIds: [tokens[i]!] }, positions: [PROMPT + t], pick: GREEDY,
         ...(left > 0 && RUN_AHEAD_STEPS > 0 ? { ahead: Array<TokenPick>(Math.min(left, RUN_AHEAD_STEPS)).fill(GREEDY) } : {}),
@@ -126,20 +128,23 @@ async function engineChild (shards: string): Promise<void> {
   process.send!('ready')
 }
 
-/** One round in the child: its timing, or an error when the child died first. */
-async function askChild (child: ChildProcess, b: number, salt: number): Promise<Timing> {
-  const reply = once(child, 'message') as Promise<[Timing]>
-  const exit = once(child, 'exit').then(([code]) => { throw new Error(`engine child exited (${String(code)})`) })
-  child.send({ b, salt })
-  return (await Promise.race([reply, exit]))[0]
+/** The child's next message (after sending `msg`, if any), or an error once `died` settles first. */
+async function ask<T> (child: ChildProcess, died: Promise<never>, msg?: { b: number, salt: number } | 'stop'): Promise<T> {
+  const reply = once(child, 'message') as Promise<[T]>
+  if (msg !== undefined) child.send(msg)
+  return (await Promise.race([reply, died]))[0]
 }
 
 async function measure (m: ModelFiles, tool: string): Promise<Cell[]> {
   const tunables = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === '' ? MALLOC_TUNABLES : `${process.env.GLIBC_TUNABLES}:${MALLOC_TUNABLES}`
   const child = fork(import.meta.filename, [...process.argv.slice(2), '--engine-child', m.shards], { env: { ...process.env, GLIBC_TUNABLES: tunables }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
   const cells: Cell[] = BATCHES.map(b => ({ b, llama: [], shoal: [] }))
+  // One watcher for the child's whole life (a listener a request would pile up); its rejection at
+  // the expected exit below is read by nobody, hence the catch.
+  const died = once(child, 'exit').then(([code, signal]) => { throw new Error(`engine child exited (${String(code ?? signal)})`) })
+  died.catch(() => {})
   try {
-    const [ready] = await Promise.race([once(child, 'message'), once(child, 'exit').then(([code]) => { throw new Error(`engine child exited (${String(code)}) before it was ready`) })]) as [unknown]
+    const ready = await ask<unknown>(child, died)
     if (ready !== 'ready') throw new Error(`engine child said ${JSON.stringify(ready)}`)
     for (let rep = 0; rep < REPS; rep++) {
       const llama = (): void => {
@@ -156,12 +161,13 @@ async function measure (m: ModelFiles, tool: string): Promise<Cell[]> {
           log(`llama-batched-bench printed rows for ${rows.map(x => x.pl).join(', ') || 'none'} of ${BATCHES.join(', ')} sequences: again`)
         }
       }
-      const shoal = async (): Promise<void> => { for (const c of cells) c.shoal.push(await askChild(child, c.b, 1000 * rep + 100 * c.b)) }
+      const shoal = async (): Promise<void> => { for (const c of cells) c.shoal.push(await ask<Timing>(child, died, { b: c.b, salt: 1000 * rep + 100 * c.b })) }
       if (rep % 2 === 0) { llama(); await shoal() } else { await shoal(); llama() }
       log(`${m.modelId} rep ${rep + 1}: ${cells.map(c => `B ${c.b} llama ${c.llama.at(-1)!.prefill.toFixed(3)}+${c.llama.at(-1)!.decode.toFixed(3)} s, shoal ${c.shoal.at(-1)!.prefill.toFixed(3)}+${c.shoal.at(-1)!.decode.toFixed(3)} s`).join('; ')}`)
     }
     child.send('stop')
-    await once(child, 'exit')
+    // Bounded: a child that does not stop is killed below.
+    await Promise.race([died.catch(() => {}), sleep(30_000, undefined, { ref: false })])
   } finally {
     if (child.exitCode === null && child.signalCode === null) child.kill()
   }
@@ -186,7 +192,7 @@ async function main (): Promise<void> {
   const began = Date.now()
   const models = await ensureModels(args.sizes, args.quants, log)
   const bin = await ensureLlamaCpp(args['llama-dir'])
-  const tool = ensureLlamaTool(bin, 'llama-batched-bench')
+  const tool = ensureLlamaTool(bin, 'llama-batched-bench', args['llama-dir'] === undefined)
   const loadStart = loadAverage(2)
   const out: string[] = []
   for (const m of models) for (const c of await measure(m, tool)) out.push(...rows(m, c))

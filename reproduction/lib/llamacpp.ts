@@ -53,15 +53,16 @@ export async function ensureLlamaCpp (llamaDir: string | undefined): Promise<str
 }
 
 /**
- * One more llama.cpp tool beside llama-server and llama-bench (say `llama-batched-bench`): built
- * into `bin` on first use when `bin` is a build tree this project made or may add to (a CMake
- * cache above it), else an error that names the target. Seconds: the libraries are already built.
+ * One more llama.cpp tool beside llama-server and llama-bench (say `llama-batched-bench`), from
+ * ensureLlamaCpp's `bin`: built there on first use when `mayBuild` (the checkout ensureLlamaCpp
+ * made; seconds, its libraries are built), else an error that names the target (someone else's
+ * checkout, as --llama-dir gives it, is never built here).
  */
-export function ensureLlamaTool (bin: string, tool: string): string {
+export function ensureLlamaTool (bin: string, tool: string, mayBuild: boolean): string {
   const path = join(bin, tool)
   if (existsSync(path)) return path
   const dir = resolve(bin, '..', '..')
-  if (!existsSync(join(dir, 'build', 'CMakeCache.txt'))) throw new Error(`${path} is missing and ${dir}/build is no CMake build tree: build the ${tool} target there`)
+  if (!mayBuild || !existsSync(join(dir, 'build', 'CMakeCache.txt'))) throw new Error(`${path} is missing: build the ${tool} target in ${dir}/build`)
   sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', tool], dir)
   if (!existsSync(path)) throw new Error(`building ${tool} left no ${path}`)
   return path
@@ -137,16 +138,22 @@ export function llamaBatchedBenchArgs (gguf: string, threads: number, prompt: nu
     '-npl', batches.join(','), '-t', String(threads), '-tb', String(threads), '--kv-unified', '-ngl', '0', '--output-format', 'jsonl']
 }
 
-/** The rows of llama-batched-bench's `--output-format jsonl` (its other lines are not JSON). */
+/**
+ * The rows of llama-batched-bench's `--output-format jsonl` (its other lines are not JSON). A line
+ * cut short is skipped: llama.cpp's log thread can lose the end of its output at exit, and the
+ * caller, who knows which rows it asked for, sees the row missing. A whole row without a number
+ * it needs is an error (another llama.cpp's format).
+ */
 export function parseBatchedBench (stdout: string): BatchedRow[] {
-  return stdout.split('\n').filter(l => l.startsWith('{')).map(l => {
-    const x = JSON.parse(l) as Record<string, unknown>
+  return stdout.split('\n').filter(l => l.startsWith('{')).flatMap(l => {
+    let x: Record<string, unknown>
+    try { x = JSON.parse(l) as Record<string, unknown> } catch { return [] }
     const num = (k: string): number => {
       const v = x[k]
       if (typeof v !== 'number' || !Number.isFinite(v)) throw new Error(`llama-batched-bench row without a number ${k}: ${l}`)
       return v
     }
-    return { pl: num('pl'), pp: num('pp'), tg: num('tg'), tPp: num('t_pp'), tTg: num('t_tg') }
+    return [{ pl: num('pl'), pp: num('pp'), tg: num('tg'), tPp: num('t_pp'), tTg: num('t_tg') }]
   })
 }
 

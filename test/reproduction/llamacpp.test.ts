@@ -46,5 +46,7 @@ describe('llama.cpp flags', () => {
       '{"n_kv_max": 2304, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, "is_pp_shared": 0, "n_gpu_layers": 0, "n_threads": 2, "n_threads_batch": 2, "pp": 128, "tg": 128, "pl": 8, "n_kv": 2048, "t_pp": 0.015832, "speed_pp": 64679.132812, "t_tg": 0.122451, "speed_tg": 8362.528320, "t": 0.138283, "speed": 14810.208008}\n\n'
     expect(parseBatchedBench(out)).toEqual([{ pl: 8, pp: 128, tg: 128, tPp: 0.015832, tTg: 0.122451 }])
     expect(() => parseBatchedBench('{"pl": 8, "pp": 128, "tg": 128, "t_pp": null, "t_tg": 1}')).toThrow(/t_pp/)
+    // Cut short at exit: skipped, so the caller sees the row missing and runs it again.
+    expect(parseBatchedBench(out + '{"n_kv_max": 2304, "pp": 128, "tg": 128, "pl": 1, "n_')).toHaveLength(1)
   })
 })
