@@ -32,7 +32,7 @@ import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { availableParallelism, totalmem } from 'node:os'
-import { resolve } from 'node:path'
+import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { chooseStageGraphs, createStageEngine, resolveGraphChoice, RUN_AHEAD_STEPS, stageInfoOf } from '../daemon/engine/index.ts'
@@ -41,7 +41,7 @@ import { loadManifest } from '../shards/index.ts'
 import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
-import { ensureLlamaCpp, ensureLlamaTool, llamaBatchedBench } from './lib/llamacpp.ts'
+import { ensureLlamaCpp, llamaBatchedBench } from './lib/llamacpp.ts'
 import { schedulingPolicy } from './lib/realtime.ts'
 import { MALLOC_TUNABLES } from '../scripts/malloc.mjs'
 
@@ -194,8 +194,8 @@ async function main (): Promise<void> {
   if (args['engine-child'] !== undefined) { await engineChild(args['engine-child']); return }
   const began = Date.now()
   const models = await ensureModels(args.sizes, args.quants, log)
-  const bin = await ensureLlamaCpp(args['llama-dir'])
-  const tool = ensureLlamaTool(bin, 'llama-batched-bench', args['llama-dir'] === undefined)
+  const bin = await ensureLlamaCpp(args['llama-dir'], ['llama-batched-bench'])
+  const tool = join(bin, 'llama-batched-bench')
   const loadStart = loadAverage(2)
   const out: string[] = []
   for (const m of models) for (const c of await measure(m, tool)) out.push(...rows(m, c))

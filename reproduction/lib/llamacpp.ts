@@ -25,16 +25,21 @@ function sh (cmd: string, argv: string[], cwd: string): void {
   if (r.status !== 0) throw new Error(`${cmd} ${argv.join(' ')} failed (${r.status ?? r.signal})`)
 }
 
+/** The llama.cpp programs every benchmark here needs; a benchmark names any others it runs. */
+const BASE_TOOLS = ['llama-bench', 'llama-server']
+
 /**
- * The bin/ folder with llama-server and llama-bench: `llamaDir`'s build/bin when given (never
- * built here: someone else's checkout), else $SHOAL_CACHE/llama.cpp/llama.cpp, cloned and built
- * on first use (minutes).
+ * The bin/ folder with llama-server, llama-bench and `extra` tools (say `llama-batched-bench`):
+ * `llamaDir`'s build/bin when given (never built here: someone else's checkout), else
+ * $SHOAL_CACHE/llama.cpp/llama.cpp, cloned and built on first use (minutes); a tool it lacks is
+ * built into it when first asked for (seconds once the libraries are built).
  */
-export async function ensureLlamaCpp (llamaDir: string | undefined): Promise<string> {
+export async function ensureLlamaCpp (llamaDir: string | undefined, extra: readonly string[] = []): Promise<string> {
   const dir = llamaDir ?? join(cacheRoot(), 'llama.cpp', 'llama.cpp')
   const bin = join(dir, 'build', 'bin')
-  if (existsSync(join(bin, 'llama-server')) && existsSync(join(bin, 'llama-bench'))) return bin
-  if (llamaDir !== undefined) throw new Error(`${bin}: no llama-server and llama-bench (build them, or drop --llama-dir)`)
+  const missing = [...BASE_TOOLS, ...extra].filter(t => !existsSync(join(bin, t)))
+  if (missing.length === 0) return bin
+  if (llamaDir !== undefined) throw new Error(`${bin}: no ${missing.join(', ')} (build them, or drop --llama-dir)`)
   const cache = join(cacheRoot(), 'llama.cpp')
   await mkdir(cache, { recursive: true })
   if (!existsSync(join(dir, 'CMakeLists.txt'))) {
@@ -48,24 +53,8 @@ export async function ensureLlamaCpp (llamaDir: string | undefined): Promise<str
     sh('git', ['clone', '--quiet', bundle, dir], cache)
   }
   sh('cmake', ['-B', 'build', '-DCMAKE_BUILD_TYPE=Release', '-DLLAMA_CURL=OFF', ...isaFlags(), '-DLLAMA_BUILD_TESTS=OFF', '-DLLAMA_BUILD_EXAMPLES=OFF'], dir)
-  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', 'llama-bench', 'llama-server'], dir)
+  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', ...missing], dir)
   return bin
-}
-
-/**
- * One more llama.cpp tool beside llama-server and llama-bench (say `llama-batched-bench`), from
- * ensureLlamaCpp's `bin`: built there on first use when `mayBuild` (the checkout ensureLlamaCpp
- * made; seconds, its libraries are built), else an error that names the target (someone else's
- * checkout, as --llama-dir gives it, is never built here).
- */
-export function ensureLlamaTool (bin: string, tool: string, mayBuild: boolean): string {
-  const path = join(bin, tool)
-  if (existsSync(path)) return path
-  const dir = resolve(bin, '..', '..')
-  if (!mayBuild || !existsSync(join(dir, 'build', 'CMakeCache.txt'))) throw new Error(`${path} is missing: build the ${tool} target in ${dir}/build`)
-  sh('cmake', ['--build', 'build', `-j${availableParallelism()}`, '--target', tool], dir)
-  if (!existsSync(path)) throw new Error(`building ${tool} left no ${path}`)
-  return path
 }
 
 /**
