@@ -43,7 +43,7 @@ import type { ModelFiles } from './lib/bench-models.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
 import { ensureLlamaCpp, llamaBatchedBench } from './lib/llamacpp.ts'
 import { schedulingPolicy } from './lib/realtime.ts'
-import { MALLOC_TUNABLES } from '../scripts/malloc.mjs'
+import { glibcVersion, mallocTunables } from '../scripts/malloc.mjs'
 
 const { values: args } = parseArgs({
   options: {
@@ -136,8 +136,10 @@ async function ask<T> (child: ChildProcess, died: Promise<never>, msg?: { b: num
 }
 
 async function measure (m: ModelFiles, tool: string): Promise<Cell[]> {
-  const tunables = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === '' ? MALLOC_TUNABLES : `${process.env.GLIBC_TUNABLES}:${MALLOC_TUNABLES}`
-  const child = fork(import.meta.filename, [...process.argv.slice(2), '--engine-child', m.shards], { env: { ...process.env, GLIBC_TUNABLES: tunables }, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+  // The engine child runs under `shoal serve`'s malloc tunables, chosen as its launcher chooses them.
+  const tunables = mallocTunables(['serve'], process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
+  const env = tunables === undefined ? process.env : { ...process.env, GLIBC_TUNABLES: tunables }
+  const child = fork(import.meta.filename, [...process.argv.slice(2), '--engine-child', m.shards], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
   const cells: Cell[] = BATCHES.map(b => ({ b, llama: [], shoal: [] }))
   // One watcher for the child's whole life (a listener a request would pile up); its rejection at
   // the expected exit below is read by nobody, hence the catch.
