@@ -35,7 +35,7 @@ import { availableParallelism, totalmem } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import { chooseStageGraphs, createStageEngine, resolveGraphChoice, RUN_AHEAD_STEPS, stageInfoOf } from '../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, GREEDY_PICK as GREEDY, resolveGraphChoice, RUN_AHEAD_STEPS, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageBatchResult, TokenPick } from '../daemon/engine/index.ts'
 import { loadManifest } from '../shards/index.ts'
 import { ensureModels } from './lib/bench-models.ts'
@@ -68,7 +68,6 @@ const THREADS = Number(args.threads)
 const WARM_STEPS = Number(args['warm-steps'])
 if (!BATCHES.every(b => Number.isInteger(b) && b >= 1) || !(REPS >= 1) || !(PROMPT >= 2) || !(TOKENS >= 2)) throw new Error('--batches (integers ≥ 1), --reps ≥ 1, --prompt ≥ 2, --tokens ≥ 2')
 const REPO = resolve(import.meta.dirname, '..')
-const GREEDY: TokenPick = { temperature: 0, topP: 1, u: 0 }
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
 
 /** One side's seconds for one B: the B prefills, then the decode steps. */

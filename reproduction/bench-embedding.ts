@@ -21,7 +21,7 @@ import { mkdir, readFile, rename } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import { createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { createStageEngine, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest, type TestModelSize } from '../shards/index.ts'
 // The test suite's direct onnxruntime pipeline: logits of every step, no engine in between.
@@ -180,7 +180,7 @@ async function residency (dataFile: string): Promise<Pick<MemResult, 'rssAnon' |
   return { rssAnon: kb(status, 'RssAnon'), rssFile: kb(status, 'RssFile'), dataMapped, dataMappedRss }
 }
 
-const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
+const GREEDY = { pick: GREEDY_PICK }
 function tokenOf (out: StepOutput): number {
   if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
   return out.id

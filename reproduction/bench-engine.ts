@@ -23,7 +23,7 @@ import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
 import OpenAI from 'openai'
-import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, GREEDY_PICK, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
 import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
@@ -67,7 +67,7 @@ interface ChildResult {
 // ---------------------------------------------------------------- child: one model
 
 /** Greedy, picked in the engine worker as the daemon does: only the token id comes back. */
-const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
+const GREEDY = { pick: GREEDY_PICK }
 
 function tokenOf (out: StepOutput): number {
   if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)

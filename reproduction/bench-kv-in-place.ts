@@ -19,7 +19,7 @@ import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageRunner, GREEDY_PICK as GREEDY, stageInfoOf } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import { loadAverage, lowerMedian } from './lib/index.ts'
 
@@ -49,7 +49,6 @@ interface Side { name: string, runner: Runner }
 const baseEngine = await import(join(BASE, 'daemon/engine/index.ts')) as typeof import('../daemon/engine/index.ts')
 const baseShards = await import(join(BASE, 'shards/index.ts')) as typeof import('../shards/index.ts')
 
-const GREEDY = { temperature: 0, topP: 1, u: 0 }
 
 await mkdir(WORK, { recursive: true })
 const SIZE = args.size as '60m' | 'tiny' | '250m'

@@ -23,7 +23,7 @@ import { tcp } from '@libp2p/tcp'
 import { createLibp2p } from 'libp2p'
 import { createBatcher } from '../daemon/batcher/index.ts'
 import type { Batcher } from '../daemon/batcher/index.ts'
-import { createBatchedExecutor, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
+import { createBatchedExecutor, createStageEngine, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
 import type { BatchingStageEngine, StageEngine, TokenSource } from '../daemon/engine/index.ts'
 import { createChainTokenSource, createStageNode, manifestHashOf } from '../daemon/pipeline/index.ts'
 import type { StageNode } from '../daemon/pipeline/index.ts'
@@ -134,7 +134,7 @@ async function main (): Promise<void> {
       const seq = `local-${i}-${Math.random()}`
       let opened = false
       // Greedy, picked in the worker as the chain's last stage does.
-      const greedy = { pick: { temperature: 0, topP: 1, u: 0 } }
+      const greedy = { pick: GREEDY_PICK }
       const token = (o: Awaited<ReturnType<StageEngine['step']>>): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }
       return {
         async prefill (ids, signal) { await w.engine.open(seq, signal); opened = true; return token(await w.engine.step(seq, { tokenIds: ids }, ids.map((_, j) => j), greedy, signal)) },

@@ -21,7 +21,7 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import * as ort from 'onnxruntime-node'
-import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, stageInfoOf } from '../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
 import type { BackendSession, StageRunner } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 
@@ -98,7 +98,7 @@ try {
   const info = stageInfoOf(manifest)
   const dynamic = createStageRunner({ session: dynSession, stage: info, chunkSize: CHUNK })
   const fixed = createStaticStageRunner({ prefill: pre, decode: dec, stage: info, contextLength: CTX, chunk: CHUNK })
-  const greedy = { temperature: 0, topP: 1, u: 0 }
+  const greedy = GREEDY_PICK
   const rows: string[] = []
   let agree = 0
   let compared = 0

@@ -22,7 +22,7 @@ import { parseArgs } from 'node:util'
 import { Session } from 'node:inspector/promises'
 import { writeFile } from 'node:fs/promises'
 import OpenAI from 'openai'
-import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
+import { chooseStageGraphs, createStageEngine, GREEDY_PICK, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
@@ -41,7 +41,7 @@ if (!(STREAMS >= 1) || (STREAMS > 1 && args.mode !== 'http')) throw new Error('-
 const WARMUP = Number(args.warmup)
 const WARMUP_PROMPT = args['warmup-prompt'] === undefined ? PROMPT : Number(args['warmup-prompt'])
 const wall = (): number => performance.timeOrigin + performance.now()
-const GREEDY = { pick: { temperature: 0, topP: 1, u: 0 } }
+const GREEDY = { pick: GREEDY_PICK }
 
 const manifest = await loadManifest(args.shard)
 const windows: Array<{ from: number, to: number, arrivals: number[] }> = []

@@ -219,6 +219,9 @@ export interface TokenPick extends SamplerParams {
   u: number
 }
 
+/** The greedy pick (argmax), for callers that always decode greedily: drafts, benchmarks, tests. */
+export const GREEDY_PICK: Readonly<TokenPick> = Object.freeze({ temperature: 0, topP: 1, u: 0 })
+
 /** The TokenPick for the next step: draws from `rng` only when sampling needs it, as sampleToken does. */
 export function nextPick (params: SamplerParams, rng: Rng): TokenPick {
   return { temperature: params.temperature, topP: params.topP, u: params.temperature <= 0 ? 0 : rng() }

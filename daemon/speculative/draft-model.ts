@@ -9,7 +9,7 @@
 import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher } from '../batcher/index.ts'
-import { chooseStageGraphs, createBatchedExecutor, createStageEngine, EngineError, resolveGraphChoice, stageInfoOf } from '../engine/index.ts'
+import { chooseStageGraphs, createBatchedExecutor, createStageEngine, EngineError, GREEDY_PICK, resolveGraphChoice, stageInfoOf } from '../engine/index.ts'
 import type { BackendName, BatchingStageEngine, StepOptions, StepOutput } from '../engine/index.ts'
 import { loadManifest } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -38,7 +38,7 @@ export function draftModelDrafter (name: string, steps: DraftSteps): Drafter {
         // The whole prompt but its last token: the first proposal feeds that one and drafts from it.
         if (promptIds.length > 1) {
           const head = promptIds.slice(0, -1)
-          await steps.step(id, head, head.map((_, i) => i), { logitsToKeep: 1, pick: { temperature: 0, topP: 1, u: 0 } }, signal)
+          await steps.step(id, head, head.map((_, i) => i), { logitsToKeep: 1, pick: GREEDY_PICK }, signal)
           cached.push(...head)
         }
       } catch (err) {
@@ -59,7 +59,7 @@ export function draftModelDrafter (name: string, steps: DraftSteps): Drafter {
           let feed = context.slice(common)
           for (let i = 0; i < k; i++) {
             const positions = feed.map((_, j) => cached.length + j)
-            const out = await steps.step(id, feed, positions, greedy ? { logitsToKeep: 1, pick: { temperature: 0, topP: 1, u: 0 } } : { logitsToKeep: 1 }, signal)
+            const out = await steps.step(id, feed, positions, greedy ? { logitsToKeep: 1, pick: GREEDY_PICK } : { logitsToKeep: 1 }, signal)
             cached.push(...feed)
             let t: number
             if (out.kind === 'token') t = out.id

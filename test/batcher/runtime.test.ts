@@ -7,6 +7,7 @@ import { Registry } from 'prom-client'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createBatcher, createSequentialExecutor } from '../../daemon/batcher/index.ts'
 import type { BatchExecutor, Batcher, BatcherInit, StepEngine, StepRequest, StepResult } from '../../daemon/batcher/index.ts'
+import { GREEDY_PICK } from '../../daemon/engine/index.ts'
 import { ShoalError } from '../../daemon/errors.ts'
 import { SIM_VOCAB, SimulatedExecutor, rowsOf, seqHash } from './simulated-executor.ts'
 
@@ -121,7 +122,7 @@ describe('batcher runtime', () => {
     const sim = new SimulatedExecutor()
     const b = await make(sim)
     const positions = range(0, 40)
-    const pick = { temperature: 0, topP: 1, u: 0 }
+    const pick = GREEDY_PICK
     const [long, decode] = await Promise.all([
       b.submit({ seqId: 'long', kind: 'prefill', input: { tokenIds: tokensOf(3, positions) }, positions, pick }),
       b.submit({ seqId: 'd', kind: 'decode', input: { tokenIds: [5] }, positions: [12], pick }),
@@ -216,7 +217,7 @@ describe('batcher runtime', () => {
       { seqId: 'a', kind: 'decode', input: { tokenIds: [] }, positions: [] },
       { seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [-1] },
       { seqId: 'a', kind: 'prefill', input: { tokenIds: [1] }, positions: [0], logitsToKeep: 2 },
-      { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], logitsToKeep: 2, pick: { temperature: 0, topP: 1, u: 0 } },
+      { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], logitsToKeep: 2, pick: GREEDY_PICK },
     ]
     for (const step of bad) expect(await codeOf(b.submit(step as StepRequest))).toBe('SHOAL_ERR_BAD_REQUEST')
     const ok = b.submit({ seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [0] })
@@ -278,7 +279,7 @@ describe('batcher runtime', () => {
     expect(calls.filter(c => c.seqId === 'long').map(c => [c.positions.length, c.logitsToKeep])).toEqual([[8, 2], [4, 4]])
   })
   it('passes a decode step\'s ahead picks to the executor, and its step-time model learns nothing from results computed ahead', async () => {
-    const pick = { temperature: 0, topP: 1, u: 0 }
+    const pick = GREEDY_PICK
     const seen: Array<{ kind: string, ahead: number | undefined }> = []
     // A stand-in executor: prefills "run" (wall time passes), decodes come back computed ahead.
     const executor: BatchExecutor = {
@@ -314,7 +315,7 @@ describe('batcher runtime', () => {
         return items.map(() => ({ output: { kind: 'token', id: 5 } }))
       },
     }
-    const pick = { temperature: 0, topP: 1, u: 0 }
+    const pick = GREEDY_PICK
     const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
     await b.start()
     started.push(b)
@@ -347,7 +348,7 @@ describe('batcher runtime', () => {
         return items.map(() => ({ output: { kind: 'token', id: 5 }, ranAhead: true, run }))
       },
     }
-    const pick = { temperature: 0, topP: 1, u: 0 }
+    const pick = GREEDY_PICK
     const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
     await b.start()
     started.push(b)
@@ -374,7 +375,7 @@ describe('batcher runtime', () => {
         return items.map(() => ahead ? { output: { kind: 'token', id: 5 }, ranAhead: true as const } : { output: { kind: 'token', id: 5 } })
       },
     }
-    const pick = { temperature: 0, topP: 1, u: 0 }
+    const pick = GREEDY_PICK
     const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 64, maxQueueDelayMs: 0 } }, { executor, clock: { now: () => now } })
     await b.start()
     started.push(b)

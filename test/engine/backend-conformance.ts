@@ -13,7 +13,7 @@ import {
   newKeyName, newValueName, pastKeyName, pastValueName,
 } from '../../shards/contract.ts'
 import { nextPast } from '../kv-append.ts'
-import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, GREEDY_PICK, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { StageRunner } from '../../daemon/engine/index.ts'
 import type { Backend, HostTensor, TensorMap } from '../../daemon/engine/index.ts'
 import { buildTinyModel } from './tiny-model.ts'
@@ -153,7 +153,7 @@ export function backendConformance (label: string, factory: () => Promise<Backen
           let at = 0
           // The last token is picked, never fed: the buffer ends full.
           while (out.length < STATIC_SHAPES.contextLength - prompt.length + 1) {
-            const o = await r.step('g', { kind: 'tokens', ids: BigInt64Array.from(input, BigInt) }, BigInt64Array.from(input, (_, i) => BigInt(at + i)), 1, { temperature: 0, topP: 1, u: 0 })
+            const o = await r.step('g', { kind: 'tokens', ids: BigInt64Array.from(input, BigInt) }, BigInt64Array.from(input, (_, i) => BigInt(at + i)), 1, GREEDY_PICK)
             if (o.kind !== 'token') throw new Error('token expected')
             at += input.length
             out.push(o.id)

@@ -20,14 +20,13 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createOnnxruntimeBackend, createStageEngine, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
+import { createOnnxruntimeBackend, createStageEngine, createStageRunner, GREEDY_PICK as GREEDY, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { INPUT_IDS } from '../../shards/contract.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { matMulNBitsRowInvariance } from '../../daemon/engine/index.ts'
 
 const TOKENS = 64
-const GREEDY = { temperature: 0, topP: 1, u: 0 }
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
 const tokenOf = (out: StepOutput): number => {
   if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)

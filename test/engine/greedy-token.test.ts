@@ -9,14 +9,13 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { argmax, createOnnxruntimeBackend, createStageRunner, pickToken, stageInfoOf } from '../../daemon/engine/index.ts'
+import { argmax, createOnnxruntimeBackend, createStageRunner, GREEDY_PICK as GREEDY, pickToken, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, StepOutput, TensorMap } from '../../daemon/engine/index.ts'
 import { GREEDY_TOKEN, LOGITS, NEW_KV } from '../../shards/contract.ts'
 import { DT, GraphBuilder } from '../../shards/graph/builder.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
-const GREEDY = { temperature: 0, topP: 1, u: 0 }
 const ids = (n: number, salt: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt((i * 37 + salt * 101 + 5) % 500))
 const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
 const tokenOf = (o: StepOutput): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }

@@ -10,7 +10,7 @@
  * decision, checked apart. No timings.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createLocalService } from '../../daemon/engine/index.ts'
+import { createLocalService, GREEDY_PICK as GREEDY } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
@@ -20,7 +20,6 @@ import type { TokenPick } from '../../daemon/engine/sampling.ts'
 import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
 import type { TinyEngine, TinyModel } from './tiny-model.ts'
 
-const GREEDY: TokenPick = { temperature: 0, topP: 1, u: 0 }
 const AHEAD = 4
 
 /** Deterministic pseudo-random token ids in [3, vocab). */

@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import {
   chooseStageGraphs, createLocalService, createOnnxruntimeBackend, createStageRunner, createStaticStageRunner,
-  needsStaticShapes, stageInfoFor, stageInfoOf,
+  GREEDY_PICK as greedy, needsStaticShapes, stageInfoFor, stageInfoOf,
 } from '../../daemon/engine/index.ts'
 import type { BackendSession, StageRunner } from '../../daemon/engine/index.ts'
 import type { GenerateEvent } from '../../daemon/service.ts'
@@ -19,7 +19,6 @@ import { referenceGreedy } from './reference-greedy.ts'
 
 const CTX = 48
 const CHUNK = 8
-const greedy = { temperature: 0, topP: 1, u: 0 }
 const tokens = (ids: number[]): { kind: 'tokens', ids: BigInt64Array } => ({ kind: 'tokens', ids: BigInt64Array.from(ids, BigInt) })
 const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
 
