@@ -2,7 +2,8 @@
  * Which of a stage's graphs the engine runs: the dynamic graph (any shape, the default) or the
  * static pair (`shoal shard --static`), which devices that compile only fixed shapes (NPUs) need
  * and any device may be told to use. A pure decision over the manifest and the device, so it is
- * tested without a backend.
+ * tested without a backend. Also what a stage's engine is told of it (StageInfo): the manifest's
+ * shape and batching rule (stageInfoOf), narrowed to the chosen graphs (stageInfoFor).
  */
 import { join } from 'node:path'
 import { STAGE_DATA_FILE, type ShardManifest, type StageManifest } from '../../shards/contract.ts'
@@ -73,4 +74,39 @@ export function resolveGraphChoice (shardDir: string, choice: GraphChoice): { gr
 export function stageInfoFor (info: StageInfo, choice: GraphChoice): StageInfo {
   if (choice.kind === 'dynamic') return info
   return { ...info, maxPositions: staticContextLimit(info, choice), batchPadding: 'none' }
+}
+
+/** A stage of a manifest as its engine sees it: which ends it holds, the model's shape, and how its rows may batch. */
+export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
+  const st = manifest.stages[index]
+  if (st === undefined) throw new EngineError(`shard manifest has no stage ${index}`)
+  const s = manifest.shape
+  return {
+    hasEmbedding: st.hasEmbedding,
+    hasHead: st.hasHead,
+    layers: st.layers,
+    hiddenSize: s.hiddenSize,
+    numKvHeads: s.numKvHeads,
+    headDim: s.headDim,
+    vocabSize: s.vocabSize,
+    maxPositions: s.maxPositions,
+    batchPadding: batchPaddingOf(manifest),
+  }
+}
+
+/**
+ * Graphs with per-row attention lengths ('right', the compiler's default since version 4) batch
+ * any mix of lengths bit-exactly, whatever their activations. Standard-op graphs are exact under
+ * left padding up to float rounding (masked scores become the lowest f32, whose softmax weight is
+ * exactly 0). Other op tables batch only when their manifest says so. Left-padded graphs with int8
+ * activations turn that rounding into different tokens, so they batch only sequences whose caches
+ * are equally long (no padding at all).
+ */
+function batchPaddingOf (manifest: ShardManifest): 'left' | 'right' | 'equal' | 'none' {
+  if ((manifest as { batchPadding?: unknown }).batchPadding === 'right') return 'right'
+  const padded = manifest.opSet === 'standard' || (manifest as { batchPadding?: unknown }).batchPadding === 'left'
+  if (!padded) return 'none'
+  const q = manifest.quantization
+  // Absent (compilers before version 3): int8, then the only kind.
+  return q.kind !== 'none' && q.activations !== 'f32' ? 'equal' : 'left'
 }

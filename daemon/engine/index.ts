@@ -11,7 +11,7 @@
  *  - the local InferenceService for a whole-model shard directory, with sequence admission that
  *    queues within a wait budget (`decideAdmission`, pure).
  */
-export { createLocalService, stageInfoOf } from './local-service.ts'
+export { createLocalService } from './local-service.ts'
 export { decideAdmission, expectedSlotWaitMs, ownWaitBudget } from './admission.ts'
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
 export { createSlots, waitTurn } from './slots.ts'
@@ -27,7 +27,7 @@ export { createStageRunner, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 export type { PrefixKeepingRunner, StageRunner, StageRunnerInit } from './stage-runner.ts'
 export { createStaticStageRunner } from './static-runner.ts'
 export type { StaticStageRunnerInit, StaticShapesInit } from './static-runner.ts'
-export { chooseStageGraphs, needsStaticShapes, resolveGraphChoice, stageInfoFor } from './graph-choice.ts'
+export { chooseStageGraphs, needsStaticShapes, resolveGraphChoice, stageInfoFor, stageInfoOf } from './graph-choice.ts'
 export type { GraphChoice, GraphMode, StaticGraphChoice } from './graph-choice.ts'
 export { ENGINE_PROTOCOL_VERSION, int64Of } from './protocol.ts'
 export type { StageInfo, StepOutput } from './protocol.ts'

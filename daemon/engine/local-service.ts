@@ -50,7 +50,7 @@ import type { RequestTicket, RunningModel } from './generation-service.ts'
 import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { createLocalPrefixes } from './local-prefixes.ts'
-import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, type GraphMode } from './graph-choice.ts'
+import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, stageInfoOf, type GraphMode } from './graph-choice.ts'
 import { createStageEngine } from './stage-engine.ts'
 import type { BatchingStageEngine, StepOptions } from './stage-engine.ts'
 import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
@@ -215,40 +215,6 @@ export interface LocalService extends InferenceService {
   readonly engine: BatchingStageEngine | undefined
   /** This service's kept prefixes as a store KV mobility moves (after start; undefined when reuse is off). */
   readonly kvStore: KvStore | undefined
-}
-
-export function stageInfoOf (manifest: ShardManifest, index = 0): StageInfo {
-  const st = manifest.stages[index]
-  if (st === undefined) throw new EngineError(`shard manifest has no stage ${index}`)
-  const s = manifest.shape
-  return {
-    hasEmbedding: st.hasEmbedding,
-    hasHead: st.hasHead,
-    layers: st.layers,
-    hiddenSize: s.hiddenSize,
-    numKvHeads: s.numKvHeads,
-    headDim: s.headDim,
-    vocabSize: s.vocabSize,
-    maxPositions: s.maxPositions,
-    batchPadding: batchPaddingOf(manifest),
-  }
-}
-
-/**
- * Graphs with per-row attention lengths ('right', the compiler's default since version 4) batch
- * any mix of lengths bit-exactly, whatever their activations. Standard-op graphs are exact under
- * left padding up to float rounding (masked scores become the lowest f32, whose softmax weight is
- * exactly 0). Other op tables batch only when their manifest says so. Left-padded graphs with int8
- * activations turn that rounding into different tokens, so they batch only sequences whose caches
- * are equally long (no padding at all).
- */
-function batchPaddingOf (manifest: ShardManifest): 'left' | 'right' | 'equal' | 'none' {
-  if ((manifest as { batchPadding?: unknown }).batchPadding === 'right') return 'right'
-  const padded = manifest.opSet === 'standard' || (manifest as { batchPadding?: unknown }).batchPadding === 'left'
-  if (!padded) return 'none'
-  const q = manifest.quantization
-  // Absent (compilers before version 3): int8, then the only kind.
-  return q.kind !== 'none' && q.activations !== 'f32' ? 'equal' : 'left'
 }
 
 export function createLocalService (init: LocalServiceInit): LocalService {
