@@ -8,6 +8,7 @@ import { createInterface } from 'node:readline'
 import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { Registry } from 'prom-client'
+import { afterAll, beforeAll } from 'vitest'
 import { createThrowawayCa } from '../../certs/index.ts'
 import type { NodeIdentity } from '../../certs/index.ts'
 import { createMesh } from '../../daemon/mesh/index.ts'
@@ -96,4 +97,46 @@ export async function spawnFixtureNode (identityDir: string, bootstrap: string, 
     child.once('exit', code => { clearTimeout(timer); reject(new Error(`fixture exited with ${code}`)) })
   })
   return { child, peerId: (JSON.parse(first) as { peerId: string }).peerId }
+}
+
+/** A suite's two in-process nodes and the identity of a third, run as a child so that it can be killed. */
+export interface KillableThird {
+  /** The two in-process nodes, the second bootstrapped to the first. */
+  readonly nodes: TestNode[]
+  /** Children the test spawned (spawnFixtureNode): SIGKILLed after the suite if still running. */
+  readonly children: ChildProcess[]
+  /** The third identity's directory (after beforeAll). */
+  readonly killedDir: string
+  /** Whether `n` holds `peerId` admitted, alive, and serving the fixture's model. */
+  seenBy (n: TestNode, peerId: string): boolean
+}
+
+/** Registers a suite's hooks: the two nodes and the third identity before it, everything stopped after it. */
+export function withKillableThird (prefix: string, names: [string, string, string]): KillableThird {
+  let cleanup: (() => Promise<void>) | undefined
+  let killedDir: string | undefined
+  const nodes: TestNode[] = []
+  const children: ChildProcess[] = []
+  beforeAll(async () => {
+    const t = await tempDir(prefix)
+    cleanup = t.cleanup
+    const ca = await createThrowawayCa(t.dir, names)
+    nodes.push(await startNode(ca.identities[0]!, 'quic'))
+    nodes.push(await startNode(ca.identities[1]!, 'quic', [addrOf(nodes[0]!.mesh)]))
+    killedDir = ca.identities[2]!.dir
+  })
+  afterAll(async () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL')
+    for (const n of nodes) await n.mesh.stop().catch(() => {})
+    await cleanup?.()
+  })
+  return {
+    nodes,
+    children,
+    get killedDir () {
+      if (killedDir === undefined) throw new Error('withKillableThird: killedDir is set in beforeAll')
+      return killedDir
+    },
+    seenBy: (n, peerId) => n.mesh.snapshot().peers.some(p => p.peerId === peerId && p.admitted && p.state === 'alive' && p.models.some(m => m.id === 'fixture-model')),
+  }
 }
