@@ -47,7 +47,7 @@ import { batchedTokenSource, engineTokenSource, prefillBudget, RUN_AHEAD_STEPS }
 import type { TokenSource } from './generate.ts'
 import { createGenerationService } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
-import type { EngineStats, StageInfo, StepOutput } from './protocol.ts'
+import type { EngineStats, StepOutput } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
 import { createLocalPrefixes } from './local-prefixes.ts'
 import { chooseStageGraphs, resolveGraphChoice, stageInfoFor, stageInfoOf, type GraphMode } from './graph-choice.ts'
