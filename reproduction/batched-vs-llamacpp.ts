@@ -9,7 +9,9 @@
  * Each side as it serves:
  *  - llama.cpp: the B prompts as one batch (its -b 2048 / -ub 512, llama-server's defaults), then
  *    one token a sequence a step; one unified KV buffer with llama.cpp's default f16 cache and
- *    attention, as paired-vs-llamacpp.ts's server; no sampling.
+ *    attention, as paired-vs-llamacpp.ts's server; no sampling. Each call first runs an untimed
+ *    row of the largest B, as shoal's side is warmed (a fresh process's first row is cold: 60m
+ *    Q4_0's one-row prefill 30 ms, against 19.5 ms after a row).
  *  - shoal: the stage engine `shoal serve` runs (its worker thread, the graphs graph-choice picks,
  *    the launcher's malloc tunables), in a child process of its own, the B prompts a run each as
  *    its batcher runs prefills, then one stepBatch of B rows a step, greedy in the graph, with
@@ -41,7 +43,7 @@ import { loadManifest } from '../shards/index.ts'
 import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
-import { ensureLlamaCpp, llamaBatchedBench } from './lib/llamacpp.ts'
+import { ensureLlamaCpp, llamaBatchedBench, timedBatchedRows } from './lib/llamacpp.ts'
 import { schedulingPolicy } from './lib/realtime.ts'
 import { glibcVersion, mallocTunables } from '../scripts/malloc.mjs'
 
@@ -149,13 +151,14 @@ async function measure (m: ModelFiles, tool: string): Promise<Cell[]> {
     if (ready !== 'ready') throw new Error(`engine child said ${JSON.stringify(ready)}`)
     for (let rep = 0; rep < REPS; rep++) {
       const llama = (): void => {
-        // llama.cpp prints its rows through a log thread that can lose (or repeat) the last ones
-        // at exit: the tiny model's under a realtime policy always, a lone row often, 60m's 1,8
-        // not in 40 runs. A repeat is read once; a loss runs it again, with one more row of the
-        // smallest B after the rest, whose loss costs nothing.
+        // First an untimed row of the largest B: llama.cpp's first row in a fresh process is cold
+        // (timedBatchedRows). Its rows come through a log thread that can lose (or repeat) the
+        // last ones at exit: the tiny model's under a realtime policy always, a lone row often,
+        // 60m's 1,8 not in 40 runs. A repeat is read once; a loss runs it again, with one more
+        // row of the smallest B after the rest, whose loss costs nothing.
         for (let attempt = 1; ; attempt++) {
-          const asked = attempt === 1 ? BATCHES : [...BATCHES, Math.min(...BATCHES)]
-          const rows = llamaBatchedBench(tool, m.gguf, THREADS, PROMPT, TOKENS, asked, process.env)
+          const asked = [Math.max(...BATCHES), ...BATCHES, ...(attempt === 1 ? [] : [Math.min(...BATCHES)])]
+          const rows = timedBatchedRows(llamaBatchedBench(tool, m.gguf, THREADS, PROMPT, TOKENS, asked, process.env))
           const found = cells.map(c => rows.find(x => x.pl === c.b))
           if (found.every(r => r !== undefined)) {
             cells.forEach((c, i) => c.llama.push({ prefill: found[i]!.tPp, decode: found[i]!.tTg }))

@@ -146,6 +146,18 @@ export function parseBatchedBench (stdout: string): BatchedRow[] {
   })
 }
 
+/**
+ * The timed rows of a llama-batched-bench call asked for one untimed row first. A fresh process's
+ * first row runs on cold caches and pages (60m Q4_0, one row: a 30 ms prefill, against 19.5 ms for
+ * the same row later in the same process), while shoal's side is timed warm; so the caller asks for
+ * a warm-up row ahead of the rows it times and this drops it. A row that llama.cpp's log thread
+ * printed twice (the same numbers, one after the other) counts once.
+ */
+export function timedBatchedRows (rows: readonly BatchedRow[]): BatchedRow[] {
+  const same = (a: BatchedRow, b: BatchedRow): boolean => a.pl === b.pl && a.tPp === b.tPp && a.tTg === b.tTg
+  return rows.filter((r, i) => i === 0 || !same(r, rows[i - 1]!)).slice(1)
+}
+
 /** llama-batched-bench (`tool`) under RT when this process is realtime; its rows. */
 export function llamaBatchedBench (tool: string, gguf: string, threads: number, prompt: number, tokens: number, batches: readonly number[], env: NodeJS.ProcessEnv): BatchedRow[] {
   const [cmd, argv] = underRt(tool, llamaBatchedBenchArgs(gguf, threads, prompt, tokens, batches))

@@ -4,7 +4,8 @@
  * ISA flags that keep AMX out where the CPU claims it; llama-batched-bench's flags and rows.
  */
 import { describe, expect, it } from 'vitest'
-import { isaFlags, kvArgs, llamaBatchedBenchArgs, llamaServerArgs, parseBatchedBench } from '../../reproduction/lib/llamacpp.ts'
+import { isaFlags, kvArgs, llamaBatchedBenchArgs, llamaServerArgs, parseBatchedBench, timedBatchedRows } from '../../reproduction/lib/llamacpp.ts'
+import type { BatchedRow } from '../../reproduction/lib/llamacpp.ts'
 
 describe('llama.cpp flags', () => {
   it('keeps llama.cpp defaults unless asked, and f32 attention only beside F32 weights', () => {
@@ -48,5 +49,14 @@ describe('llama.cpp flags', () => {
     expect(() => parseBatchedBench('{"pl": 8, "pp": 128, "tg": 128, "t_pp": null, "t_tg": 1}')).toThrow(/t_pp/)
     // Cut short at exit: skipped, so the caller sees the row missing and runs it again.
     expect(parseBatchedBench(out + '{"n_kv_max": 2304, "pp": 128, "tg": 128, "pl": 1, "n_')).toHaveLength(1)
+  })
+
+  it('drops the warm-up row ahead of the timed ones, and reads a row printed twice once', () => {
+    const row = (pl: number, tPp: number): BatchedRow => ({ pl, pp: 128, tg: 128, tPp, tTg: 10 * tPp })
+    const warm = row(8, 0.19)
+    expect(timedBatchedRows([warm, row(1, 0.02), row(8, 0.18)])).toEqual([row(1, 0.02), row(8, 0.18)])
+    // The warm-up row and a timed row of the same B are different rows; a repeat is the same numbers.
+    expect(timedBatchedRows([warm, warm, row(1, 0.02), row(1, 0.02), row(8, 0.19)])).toEqual([row(1, 0.02), row(8, 0.19)])
+    expect(timedBatchedRows([])).toEqual([])
   })
 })
