@@ -206,7 +206,7 @@ async function main (): Promise<void> {
   console.log([
     `command: node reproduction/batched-vs-llamacpp.ts ${process.argv.slice(2).join(' ')}`,
     `machine: ${lscpuModel()}, ${availableParallelism()} CPUs, ${(totalmem() / 2 ** 30).toFixed(0)} GiB; Node ${process.version}; scheduling of this process: ${schedulingPolicy()}`,
-    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-batched-bench -c <B·(prompt+tokens)> -b 2048 -ub 512 -npp ${PROMPT} -ntg ${TOKENS} -npl ${BATCHES.join(',')} -t ${THREADS} -tb ${THREADS} --kv-unified -ngl 0`,
+    `llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-batched-bench -c <B·(prompt+tokens)> -b 2048 -ub 512 -npp ${PROMPT} -ntg ${TOKENS} -npl ${[Math.max(...BATCHES), ...BATCHES].join(',')} (its first row untimed, a warm-up) -t ${THREADS} -tb ${THREADS} --kv-unified -ngl 0`,
     `shoal: the bare stage engine in a child process (${THREADS} threads, run-ahead ${RUN_AHEAD_STEPS}, the launcher's malloc tunables), greedy, warmed by ${WARM_STEPS} decode steps; git ${gitDescribe(REPO)}`,
     `${REPS} reps a model, the two sides back to back, order alternating; each B's prompts fresh`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
