@@ -38,11 +38,11 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { chooseStageGraphs, createStageEngine, GREEDY_PICK as GREEDY, resolveGraphChoice, RUN_AHEAD_STEPS, stageInfoOf } from '../daemon/engine/index.ts'
-import type { StageBatchResult, TokenPick } from '../daemon/engine/index.ts'
+import type { TokenPick } from '../daemon/engine/index.ts'
 import { loadManifest } from '../shards/index.ts'
 import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
-import { gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
+import { batchTokenOf, gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
 import { ensureLlamaCpp, llamaBatchedBench, timedBatchedRows } from './lib/llamacpp.ts'
 import { schedulingPolicy } from './lib/realtime.ts'
 import { glibcVersion, mallocTunables } from '../scripts/malloc.mjs'
@@ -77,12 +77,6 @@ interface Timing { prefill: number, decode: number }
 
 type Engine = ReturnType<typeof createStageEngine>
 
-function tokenOf (r: StageBatchResult): number {
-  if ('error' in r) throw r.error
-  if (r.output.kind !== 'token') throw new Error(`expected a token, got ${r.output.kind}`)
-  return r.output.id
-}
-
 /** llama-batched-bench's workload on shoal's engine: B fresh prompts (from `salt`), then TOKENS steps of B rows. */
 async function shoalRound (engine: Engine, b: number, salt: number): Promise<Timing> {
   const seqs = await Promise.all(Array.from({ length: b }, async () => await engine.open()))
@@ -93,7 +87,7 @@ async function shoalRound (engine: Engine, b: number, salt: number): Promise<Tim
       return { seqId, input: { tokenIds: ids }, positions: ids.map((_, j) => j), pick: GREEDY }
     }))
     const t1 = performance.now()
-    let tokens = first.map(tokenOf)
+    let tokens = first.map(batchTokenOf)
     // TOKENS decode steps, as llama-batched-bench's -ntg: each feeds a sequence's last token (the
     // prefill picked the first); the last step's pick is not used, as llama.cpp's last logits.
     for (let t = 0; t < TOKENS; t++) {
@@ -102,7 +96,7 @@ async function shoalRound (engine: Engine, b: number, salt: number): Promise<Tim
         seqId, input: { tokenIds: [tokens[i]!] }, positions: [PROMPT + t], pick: GREEDY,
         ...(left > 0 && RUN_AHEAD_STEPS > 0 ? { ahead: Array<TokenPick>(Math.min(left, RUN_AHEAD_STEPS)).fill(GREEDY) } : {}),
       })))
-      tokens = out.map(tokenOf)
+      tokens = out.map(batchTokenOf)
     }
     return { prefill: (t1 - t0) / 1000, decode: (performance.now() - t1) / 1000 }
   } finally {

@@ -22,11 +22,10 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { createStageEngine, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
-import type { StepOutput } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest, type TestModelSize } from '../shards/index.ts'
 // The test suite's direct onnxruntime pipeline: logits of every step, no engine in between.
 import { greedyDecode, openPipeline, prefill } from '../test/shards/pipeline.ts'
-import { promptIds } from './lib/index.ts'
+import { promptIds, tokenOf } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -181,10 +180,6 @@ async function residency (dataFile: string): Promise<Pick<MemResult, 'rssAnon' |
 }
 
 const GREEDY = { pick: GREEDY_PICK }
-function tokenOf (out: StepOutput): number {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
 
 async function memoryChild (dir: string): Promise<MemResult> {
   const manifest = await loadManifest(dir)

@@ -24,10 +24,10 @@ import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
 import OpenAI from 'openai'
 import { chooseStageGraphs, createStageEngine, GREEDY_PICK, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
-import type { StageEngine, StepOutput } from '../daemon/engine/index.ts'
+import type { StageEngine } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
-import { benchDaemon, loadAverage, lowerMedian, nearestRank, promptIds } from './lib/index.ts'
+import { benchDaemon, loadAverage, lowerMedian, nearestRank, promptIds, tokenOf } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -68,11 +68,6 @@ interface ChildResult {
 
 /** Greedy, picked in the engine worker as the daemon does: only the token id comes back. */
 const GREEDY = { pick: GREEDY_PICK }
-
-function tokenOf (out: StepOutput): number {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
 
 /** The bare engine: open, prefill, greedy decode (picked in the worker), free — what the daemon does minus HTTP, text and receipts. */
 async function rawRun (engine: StageEngine, prompt: number[], maxTokens: number): Promise<RunResult> {

@@ -28,7 +28,7 @@ import type { BatchingStageEngine, StageEngine, TokenSource } from '../daemon/en
 import { createChainTokenSource, createStageNode, manifestHashOf } from '../daemon/pipeline/index.ts'
 import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
-import { streamPromptIds, upperMedianBy } from './lib/index.ts'
+import { streamPromptIds, tokenOf, upperMedianBy } from './lib/index.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -135,10 +135,9 @@ async function main (): Promise<void> {
       let opened = false
       // Greedy, picked in the worker as the chain's last stage does.
       const greedy = { pick: GREEDY_PICK }
-      const token = (o: Awaited<ReturnType<StageEngine['step']>>): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }
       return {
-        async prefill (ids, signal) { await w.engine.open(seq, signal); opened = true; return token(await w.engine.step(seq, { tokenIds: ids }, ids.map((_, j) => j), greedy, signal)) },
-        async decode (id, pos, signal) { return token(await w.engine.step(seq, { tokenIds: [id] }, [pos], greedy, signal)) },
+        async prefill (ids, signal) { await w.engine.open(seq, signal); opened = true; return tokenOf(await w.engine.step(seq, { tokenIds: ids }, ids.map((_, j) => j), greedy, signal)) },
+        async decode (id, pos, signal) { return tokenOf(await w.engine.step(seq, { tokenIds: [id] }, [pos], greedy, signal)) },
         async close () { if (opened) await w.engine.free(seq) },
       }
     }

@@ -1,6 +1,7 @@
 /** What the benchmark scripts share: summaries, deterministic prompts, the machine's header lines, shoal child daemons and in-process ones, the SSE reader. */
 export { floorRank, lowerMedian, mean, median, medianInterval, nearestRank, upperMedian, upperMedianBy } from './stats.ts'
 export { lcgTokens, promptIds, raggedPromptIds, streamPromptIds } from './prompts.ts'
+export { batchTokenOf, tokenOf } from './steps.ts'
 export { formatLoad, gitDescribe, loadAverage, lscpuModel } from './machine.ts'
 export { createShoalProcesses, SHOAL_BIN } from './processes.ts'
 export type { ShoalProcesses } from './processes.ts'
