@@ -25,6 +25,7 @@
  *
  *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4 (or none,int4; none = fp32)] [--pairs 40]
  *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--warm-tokens 0] [--llama-dir DIR]
+ *     [--temperature 0]   (every request samples at T over the whole vocabulary, seeded; 0: greedy)
  *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
  *     [--arms '{"llama-server":"llama","shoal":{}}']
  * Run it as bench-vs-llamacpp.ts is run (`chrt -r 10 node …` with nothing else on the machine):
@@ -74,6 +75,9 @@ const { values: args } = parseArgs({
     // llama-server's slots (-np), as bench-vs-llamacpp.ts sizes it for its concurrent streams: the same server.
     streams: { type: 'string', default: '8' },
     arms: { type: 'string', default: '{"llama-server":"llama","shoal":{}}' },
+    // Every request (warm-ups included) samples at this temperature over the whole vocabulary, as
+    // bench-vs-llamacpp.ts's --temperature (lib/completions.ts: both servers' filters off); 0: greedy.
+    temperature: { type: 'string', default: '0' },
   },
 })
 const ARMS = parseArms(args.arms)
@@ -86,6 +90,8 @@ const STREAMS = Number(args.streams)
 const PROMPT = Number(args.prompt)
 const LONG = Number(args.long)
 const TOKENS = Number(args.tokens)
+const TEMPERATURE = Number(args.temperature)
+if (!(TEMPERATURE >= 0)) throw new Error(`--temperature must be a number ≥ 0, not ${args.temperature}`)
 const REPO = resolve(import.meta.dirname, '..')
 const SHAPE = { threads: Number(args.threads), streams: STREAMS, prompt: PROMPT, tokens: TOKENS, long: LONG }
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
@@ -121,7 +127,7 @@ async function pair<T> (a: Server, b: Server, aFirst: boolean, ask: (s: Server) 
 /** STREAMS concurrent requests (fresh prompts from `salt` on): all their tokens a second, first request sent to last response ended. */
 async function streams (s: Server, salt: number): Promise<number> {
   const t0 = performance.now()
-  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, 0)))
+  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, TEMPERATURE)))
   return all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000)
 }
 
@@ -135,11 +141,11 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     // A fresh shoal decodes while idle after it listens (its settle, up to 3 s); its first request
     // here ends that, so nothing timed runs beside it.
     for (const s of servers) {
-      await complete(s, promptIds(16, 999), 8, 0)
-      await complete(s, promptIds(PROMPT, 998), TOKENS, 0)
-      if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, 0)
+      await complete(s, promptIds(16, 999), 8, TEMPERATURE)
+      await complete(s, promptIds(PROMPT, 998), TOKENS, TEMPERATURE)
+      if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, TEMPERATURE)
       if (STREAM_PAIRS > 0) await streams(s, 980)
-      for (let left = WARM_TOKENS, i = 0; left > 0; left -= 512, i++) await complete(s, promptIds(PROMPT, 960 - i), Math.min(512, left), 0)
+      for (let left = WARM_TOKENS, i = 0; left > 0; left -= 512, i++) await complete(s, promptIds(PROMPT, 960 - i), Math.min(512, left), TEMPERATURE)
     }
     const idle = await idleCpu(servers)
     // Two readings of each max_tokens-1 request: its whole time (what every earlier wave reported),
@@ -160,7 +166,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     const add = <T>(p: Paired, [x, y]: [T, T], f: (c: T) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
     /** One max_tokens-1 pair on a fresh `length`-token prompt, read both ways. */
     const ttftPair = async (toEnd: Paired, toToken: Paired, length: number, salt: number, aFirst: boolean): Promise<void> => {
-      const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(length, salt), 1, 0))
+      const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(length, salt), 1, TEMPERATURE))
       add(toEnd, p, ms)
       add(toToken, p, firstMs)
     }
@@ -169,7 +175,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     for (let i = 0; i < rounds; i++) {
       const aFirst = i % 2 === 0
       if (i < PAIRS) await ttftPair(ttft, ttftFirst, PROMPT, 1000 + i, aFirst)
-      if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, 0)), tokS)
+      if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, TEMPERATURE)), tokS)
       if (LONG > 0 && i < LONG_PAIRS) await ttftPair(long, longFirst, LONG, 5000 + i, aFirst)
       if (i < STREAM_PAIRS) add(many, await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS)), x => x)
     }
@@ -214,6 +220,7 @@ async function main (): Promise<void> {
     `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]})`,
     ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
+    `requests: ${TEMPERATURE > 0 ? `sampled at temperature ${TEMPERATURE} over the whole vocabulary (top_p 1, seeded; llama-server also top_k 0, min_p 0, typical_p 1)` : 'greedy (temperature 0)'}, streamed, token-id prompts`,
     `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)${STREAM_PAIRS > 0 ? `, ${STREAM_PAIRS} pairs of ${STREAMS} concurrent streams (${TOKENS} tokens each, after an untimed round)` : ''}${WARM_TOKENS > 0 ? `; each server decoded ${WARM_TOKENS} more tokens before (--warm-tokens)` : ''}`,
     `idle CPU of each server over one second before the pairs: ${idles.join('; ')}`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,
