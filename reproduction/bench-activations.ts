@@ -25,18 +25,15 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import { createChainTokenSource, createPipelineStage, createStageNode, encodedBytes } from '../daemon/pipeline/index.ts'
-import type { ActivationEncoding, ChainHop, LinkComponents, PipelineStage, StageNode } from '../daemon/pipeline/index.ts'
+import type { ActivationEncoding, ChainHop, PipelineStage, StageNode } from '../daemon/pipeline/index.ts'
 import type { StageEngine, StageInfo, StepOutput } from '../daemon/engine/index.ts'
 import { Prng } from '../shards/testmodel/prng.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { ShardManifest, TestModelSize } from '../shards/index.ts'
 import { loadAverage, median } from './lib/index.ts'
+import { linkComponents, loopbackNode } from './lib/loopback.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -71,14 +68,9 @@ async function prepare (): Promise<{ dir: string, manifest: ShardManifest }> {
 
 const book = new Map<string, Libp2p>()
 async function host (dir: string, layers: [number, number], mbps: number): Promise<{ libp2p: Libp2p, stage: PipelineStage }> {
-  const libp2p = await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
+  const libp2p = await loopbackNode()
   book.set(libp2p.peerId.toString(), libp2p)
-  const components: LinkComponents = {
-    peerId: libp2p.peerId.toString(),
-    handle: async (p, h) => { await libp2p.handle(p, h) },
-    unhandle: async (p) => { await libp2p.unhandle(p) },
-    openStream: async (peerId, p, signal) => await libp2p.dialProtocol(book.get(peerId)!.getMultiaddrs(), p, { signal }),
-  }
+  const components = linkComponents(libp2p, book)
   const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, bandwidthMbps: mbps, delayMs: LATENCY }, components)
   await stage.start()
   return { libp2p, stage }
@@ -144,13 +136,9 @@ async function simulated (width: number): Promise<void> {
   for (const mbps of args.mbps.split(',').map(Number)) {
     const hosts: Array<{ libp2p: Libp2p, stage: { node: StageNode } }> = []
     for (let i = 0; i < 2; i++) {
-      const libp2p = await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
+      const libp2p = await loopbackNode()
       book.set(libp2p.peerId.toString(), libp2p)
-      const node = createStageNode({ engine: simulatedEngine(info(i), ms, perPos), modelId: 'sim', manifestHash: 'sim', bandwidthMbps: mbps, delayMs: LATENCY }, {
-        peerId: libp2p.peerId.toString(),
-        handle: async (p, h) => { await libp2p.handle(p, h) },
-        openStream: async (peerId, p, signal) => await libp2p.dialProtocol(book.get(peerId)!.getMultiaddrs(), p, { signal }),
-      })
+      const node = createStageNode({ engine: simulatedEngine(info(i), ms, perPos), modelId: 'sim', manifestHash: 'sim', bandwidthMbps: mbps, delayMs: LATENCY }, linkComponents(libp2p, book))
       await node.start()
       hosts.push({ libp2p, stage: { node } })
     }

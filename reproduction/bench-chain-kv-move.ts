@@ -18,11 +18,7 @@ import { cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import { Registry } from 'prom-client'
 import { pullCost, serveKv, shouldPull } from '../daemon/kv/index.ts'
 import type { KvStore, PullCostInput } from '../daemon/kv/index.ts'
@@ -32,6 +28,7 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { lcgTokens, loadAverage } from './lib/index.ts'
+import { linkComponents, loopbackNode } from './lib/loopback.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -50,13 +47,9 @@ const book = new Map<string, Libp2p>()
 interface Host { libp2p: Libp2p, stage: PipelineStage, peerId: string, registry: Registry }
 
 async function host (dir: string, layers: [number, number], extra: Partial<PipelineStageInit> = {}): Promise<Host> {
-  const libp2p = await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
+  const libp2p = await loopbackNode()
   book.set(libp2p.peerId.toString(), libp2p)
-  const components = {
-    peerId: libp2p.peerId.toString(),
-    handle: async (p: string, h: Parameters<Libp2p['handle']>[1]) => { await libp2p.handle(p, h) },
-    openStream: async (peerId: string, protocol: string, signal: AbortSignal) => await libp2p.dialProtocol(book.get(peerId)!.getMultiaddrs(), protocol, { signal }),
-  }
+  const components = linkComponents(libp2p, book)
   const registry = new Registry()
   const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, kvCacheBytes: 512 * 1024 * 1024, metrics: registry, ...extra }, components)
   await stage.start()

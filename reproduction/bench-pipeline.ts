@@ -16,11 +16,6 @@ import { mkdtemp, rm } from 'node:fs/promises'
 import { cpus, loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
-import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import { createBatcher } from '../daemon/batcher/index.ts'
 import type { Batcher } from '../daemon/batcher/index.ts'
 import { createBatchedExecutor, createStageEngine, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
@@ -29,6 +24,7 @@ import { createChainTokenSource, createStageNode, manifestHashOf } from '../daem
 import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import { streamPromptIds, tokenOf, upperMedianBy } from './lib/index.ts'
+import { linkComponents, loopbackNode } from './lib/loopback.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -76,10 +72,6 @@ function timed (engine: BatchingStageEngine): Timed {
     },
   }
   return { engine: wrapped, raw: engine, bySeq }
-}
-
-async function node (): Promise<Libp2p> {
-  return await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
 }
 
 interface RunResult { label: string, tokS: number, compute: number, wait: number, transfer: number, perToken: number }
@@ -147,15 +139,11 @@ async function main (): Promise<void> {
     const teardown: Array<() => Promise<void>> = [async () => { await w.engine.stop() }]
     for (const delayMs of DELAYS) {
       for (const batching of BATCHING) {
-        const libp2ps = [await node(), await node()]
+        const libp2ps = [await loopbackNode(), await loopbackNode()]
         const byId = new Map(libp2ps.map(n => [n.peerId.toString(), n]))
         const engines = [engineFor(join(root, 'two'), two, 0), engineFor(join(root, 'two'), two, 1)]
         const batchers: Batcher[] = batching ? engines.map((e, i) => createBatcher({ name: `stage-${i}` }, { executor: createBatchedExecutor(e.raw), batchCap: () => nodes[i]!.waveCap() })) : []
-        const nodes: StageNode[] = libp2ps.map((n, i) => createStageNode({ engine: engines[i]!.engine, ...(batching ? { batcher: batchers[i]! } : {}), modelId: 'bench', manifestHash: hash, delayMs }, {
-          peerId: n.peerId.toString(),
-          handle: async (p, h) => { await n.handle(p, h) },
-          openStream: async (peer, p, signal) => await n.dialProtocol(byId.get(peer)!.getMultiaddrs(), p, { signal }),
-        }))
+        const nodes: StageNode[] = libp2ps.map((n, i) => createStageNode({ engine: engines[i]!.engine, ...(batching ? { batcher: batchers[i]! } : {}), modelId: 'bench', manifestHash: hash, delayMs }, linkComponents(n, byId)))
         for (const [i, nd] of nodes.entries()) { await engines[i]!.engine.start(); await batchers[i]?.start(); await nd.start() }
         const chain = [{ peerId: nodes[0]!.peerId, layers: two.stages[0]!.layers }, { peerId: nodes[1]!.peerId, layers: two.stages[1]!.layers }]
         let k = 0

@@ -15,19 +15,16 @@ import { cpus } from 'node:os'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs } from 'node:util'
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import { createPipelineService, createPipelineStage } from '../daemon/pipeline/index.ts'
-import type { ChainSourceWrapper, LinkComponents, PipelineService, PipelineStage } from '../daemon/pipeline/index.ts'
+import type { ChainSourceWrapper, PipelineService, PipelineStage } from '../daemon/pipeline/index.ts'
 import type { StageHolder } from '../daemon/routing/index.ts'
 import { createSpeculation } from '../daemon/speculative/index.ts'
 import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
 import { compileShards, generateDraftPair } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage } from './lib/index.ts'
+import { linkComponents, loopbackNode } from './lib/loopback.ts'
 
 const { values: args } = parseArgs({
   options: {
@@ -64,14 +61,9 @@ async function prepare (epsilon: string): Promise<{ chain: string, draft: string
 
 const book = new Map<string, Libp2p>()
 async function host (dir: string, layers: [number, number], delayMs: number): Promise<{ libp2p: Libp2p, stage: PipelineStage }> {
-  const libp2p = await createLibp2p({ addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] }, transports: [tcp()], connectionEncrypters: [noise()], streamMuxers: [yamux()], connectionMonitor: { enabled: false } })
+  const libp2p = await loopbackNode()
   book.set(libp2p.peerId.toString(), libp2p)
-  const components: LinkComponents = {
-    peerId: libp2p.peerId.toString(),
-    handle: async (p, h) => { await libp2p.handle(p, h) },
-    unhandle: async (p) => { await libp2p.unhandle(p) },
-    openStream: async (peerId, p, signal) => await libp2p.dialProtocol(book.get(peerId)!.getMultiaddrs(), p, { signal }),
-  }
+  const components = linkComponents(libp2p, book)
   const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, delayMs }, components)
   await stage.start()
   return { libp2p, stage }
