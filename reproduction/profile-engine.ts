@@ -1,6 +1,7 @@
 /**
- * Where one decoded token's time goes, end to end: one streamed greedy request through the daemon
- * (createDaemon + the openai client, as bench-engine.ts) or the bare engine loop (rawRun), with
+ * Where one decoded token's time goes, end to end: one streamed request (greedy unless
+ * --temperature) through the daemon (createDaemon + the openai client, as bench-engine.ts) or the
+ * bare engine loop (rawRun), with
  * timestamps on the per-step path (SHOAL_TRACE_DIR: daemon/step-trace.ts) — main thread posts the
  * step, the worker receives it, builds feeds, onnxruntime runs, outputs are taken, the worker posts,
  * the main thread receives — and the client's arrival time of each token.
@@ -8,6 +9,8 @@
  * Run: SHOAL_TRACE_DIR=/tmp/tr node reproduction/profile-engine.ts --shard .cache/bench/llama-tiny-int4
  *        [--mode http|raw] [--prompt 128] [--tokens 160] [--reps 3]
  *        [--streams N]   (http mode: N concurrent requests a window, so decode runs batch up to N rows)
+ *        [--temperature T]   (http mode: the requests sample at T over the whole vocabulary, seeded, so no prompt
+ *        lookup; the step then fetches the logits and draws in the worker: 0, greedy, by default)
  *        [--threads N]   (raw mode: onnxruntime's intra-op threads; default one per core)
  *        [--warmup 16] [--warmup-prompt N]   (the untimed first request: its tokens and prompt length, default --prompt;
  *        a fresh session runs its first few hundred steps slower, so a short warm-up times that too)
@@ -30,7 +33,7 @@ import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } fro
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
   tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' }, warmup: { type: 'string', default: '16' }, 'warmup-prompt': { type: 'string' },
-  'main-prof': { type: 'string' }, threads: { type: 'string' }, streams: { type: 'string', default: '1' },
+  'main-prof': { type: 'string' }, threads: { type: 'string' }, streams: { type: 'string', default: '1' }, temperature: { type: 'string', default: '0' },
 } })
 const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
@@ -38,6 +41,10 @@ const PROMPT = Number(args.prompt)
 const TOKENS = Number(args.tokens)
 const STREAMS = Number(args.streams)
 if (!(STREAMS >= 1) || (STREAMS > 1 && args.mode !== 'http')) throw new Error('--streams N (≥ 1) is for --mode http')
+const TEMPERATURE = Number(args.temperature)
+if (!(TEMPERATURE >= 0) || (TEMPERATURE > 0 && args.mode !== 'http')) throw new Error('--temperature T (≥ 0) is for --mode http')
+/** A sampled request's fields: the whole vocabulary, and a seed (a seeded request decodes plainly, without prompt lookup). */
+const sampling = (salt: number): object => TEMPERATURE > 0 ? { temperature: TEMPERATURE, top_p: 1, seed: salt } : { temperature: 0 }
 const WARMUP = Number(args.warmup)
 const WARMUP_PROMPT = args['warmup-prompt'] === undefined ? PROMPT : Number(args['warmup-prompt'])
 const wall = (): number => performance.timeOrigin + performance.now()
@@ -51,7 +58,7 @@ if (args.mode === 'http') {
   const { apiUrl } = await daemon.start()
   const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
   const one = async (salt: number, n: number, promptLength: number, arrivals: number[]): Promise<void> => {
-    const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(promptLength, salt), max_tokens: n, temperature: 0, stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
+    const stream = await client.completions.create({ model: manifest.modelId, prompt: promptIds(promptLength, salt), max_tokens: n, ...sampling(salt), stream: true, return_token_ids: true } as OpenAI.CompletionCreateParamsStreaming)
     for await (const chunk of stream) {
       const got = (chunk.choices[0] as { token_ids?: number[] } | undefined)?.token_ids ?? []
       const t = wall()
@@ -144,7 +151,7 @@ for (const w of windows) {
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
-console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
+console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} temperature=${TEMPERATURE} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
 // The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
 console.log(`| segment | median ms | mean | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|---|')
