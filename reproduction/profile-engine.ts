@@ -29,6 +29,10 @@ import { chooseStageGraphs, createStageEngine, GREEDY_PICK, resolveGraphChoice, 
 import { dumpStepTrace } from '../daemon/step-trace.ts'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The daemon and engine run in this process: with `shoal serve`'s malloc settings, as served.
+execWithServeMalloc()
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
@@ -151,7 +155,7 @@ for (const w of windows) {
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
-console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} temperature=${TEMPERATURE} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)}`)
+console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} temperature=${TEMPERATURE} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)} malloc: ${mallocSettings()}`)
 // The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
 console.log(`| segment | median ms | mean | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|---|')
