@@ -44,8 +44,8 @@ import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { batchTokenOf, gitDescribe, loadAverage, lscpuModel, median, promptIds } from './lib/index.ts'
 import { ensureLlamaCpp, llamaBatchedBench, timedBatchedRows } from './lib/llamacpp.ts'
+import { serveMallocEnv } from './lib/malloc.ts'
 import { schedulingPolicy } from './lib/realtime.ts'
-import { glibcVersion, mallocTunables } from '../scripts/malloc.mjs'
 
 const { values: args } = parseArgs({
   options: {
@@ -132,8 +132,7 @@ async function ask<T> (child: ChildProcess, died: Promise<never>, msg?: { b: num
 
 async function measure (m: ModelFiles, tool: string): Promise<Cell[]> {
   // The engine child runs under `shoal serve`'s malloc tunables, chosen as its launcher chooses them.
-  const tunables = mallocTunables(['serve'], process.env.GLIBC_TUNABLES, { platform: process.platform, glibc: glibcVersion() })
-  const env = tunables === undefined ? process.env : { ...process.env, GLIBC_TUNABLES: tunables }
+  const env = serveMallocEnv() ?? process.env
   const child = fork(import.meta.filename, [...process.argv.slice(2), '--engine-child', m.shards], { env, stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
   const cells: Cell[] = BATCHES.map(b => ({ b, llama: [], shoal: [] }))
   // One watcher for the child's whole life (a listener a request would pile up); its rejection at
