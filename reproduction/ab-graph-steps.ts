@@ -27,6 +27,11 @@ import { blockCapacity } from '../daemon/engine/kv-block.ts'
 import { ATTENTION_MASK, GREEDY_TOKEN, INPUT_IDS, NEW_KV, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName } from '../shards/contract.ts'
 import { loadManifest } from '../shards/index.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -114,6 +119,6 @@ if (args.cell !== undefined) {
   }
   console.log(`\n- command: node reproduction/ab-graph-steps.ts ${process.argv.slice(2).join(' ')}`)
   console.log(`- A: ${a}; B: ${b}`)
-  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; git ${gitDescribe(join(self, '..', '..'))}`)
+  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; malloc: ${mallocSettings()}; git ${gitDescribe(join(self, '..', '..'))}`)
   console.log(`- load average: before ${loadBefore}, after ${loadAverage(2)}`)
 }

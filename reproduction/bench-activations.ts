@@ -34,6 +34,11 @@ import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { ShardManifest, TestModelSize } from '../shards/index.ts'
 import { loadAverage, median } from './lib/index.ts'
 import { linkComponents, loopbackNode } from './lib/loopback.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

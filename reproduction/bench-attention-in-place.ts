@@ -29,6 +29,11 @@ import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { createRng } from '../daemon/engine/index.ts'
 import { loadAverage, upperMedian } from './lib/index.ts'
 import { DIM, GROUP, H, HD, KVH, LAYERS, SCALE } from './lib/attention-shape.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values } = parseArgs({
   options: {

@@ -29,6 +29,11 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { floorRank, loadAverage } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -128,7 +133,7 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     }
     if (manifest === undefined) throw new Error('no --activations given')
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
-    console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadAverage()}`)
+    console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadAverage()}, malloc: ${mallocSettings()}`)
     const vocab = manifest.shape.vocabSize
     if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest))
     const services = new Map<string, LocalService>()

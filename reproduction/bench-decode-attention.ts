@@ -31,6 +31,11 @@ import { decodeAttentionNodes } from '../shards/graph/attention.ts'
 import { DT, GraphBuilder } from '../shards/graph/builder.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
 import { H, HD, KVH, LAYERS } from './lib/attention-shape.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 interface Cell { form: DecodeAttentionForm, context: number, batch: number, threads: number }
 
@@ -124,6 +129,6 @@ if (args.cell !== undefined) {
     console.log(`| ${c.form} | ${c.context} | ${c.batch} | ${c.threads} | ${Math.min(...us).toFixed(0)}–${Math.max(...us).toFixed(0)} |`)
   }
   console.log(`\n- command: node reproduction/bench-decode-attention.ts ${process.argv.slice(2).join(' ')}`)
-  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; git ${gitDescribe(join(self, '..', '..'))}`)
+  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; malloc: ${mallocSettings()}; git ${gitDescribe(join(self, '..', '..'))}`)
   console.log(`- load average: before ${loadBefore}, after ${loadAverage(2)}`)
 }

@@ -26,6 +26,11 @@ import { compileShards, generateTestModel, loadManifest, type TestModelSize } fr
 // The test suite's direct onnxruntime pipeline: logits of every step, no engine in between.
 import { greedyDecode, openPipeline, prefill } from '../test/shards/pipeline.ts'
 import { promptIds, tokenOf } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

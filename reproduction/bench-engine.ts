@@ -28,6 +28,11 @@ import type { StageEngine } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { benchDaemon, loadAverage, lowerMedian, nearestRank, promptIds, tokenOf } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -284,7 +289,7 @@ if (args.child !== undefined) {
   const skip = new Set(args.skip.split(',').filter(s => s !== ''))
   console.log(`bench-engine: node ${process.version}, ${availableParallelism()} CPUs (${cpus()[0]?.model ?? '?'}), ${(totalmem() / 2 ** 30).toFixed(0)} GiB; onnxruntime CPU, 1 engine worker`)
   console.log(`decode: greedy, ${SHORT_PROMPT}-token prompt, ${TOKENS} tokens, ${REPS} reps alternating raw/HTTP; prefill: ${PREFILL}-token prompt, max_tokens 1`)
-  console.log(`load average at start: ${loadAverage()} (other work on this machine shows up as noise)`)
+  console.log(`load average at start: ${loadAverage()} (other work on this machine shows up as noise); malloc: ${mallocSettings()}`)
   const rows: ChildResult[] = []
   const failed: string[] = []
   const started = performance.now()

@@ -32,6 +32,11 @@ import {
   pastKeyName, pastValueName, POSITION_IDS, presentKeyName, presentValueName, type MoeTestArchitecture, type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
 import { raggedPromptIds } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values } = parseArgs({
   options: {

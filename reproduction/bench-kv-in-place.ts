@@ -22,6 +22,11 @@ import { parseArgs } from 'node:util'
 import { createOnnxruntimeBackend, createStageRunner, GREEDY_PICK as GREEDY, stageInfoOf } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import { loadAverage, lowerMedian } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

@@ -43,6 +43,11 @@ import { compileShards, generateTestModel, manifestHash } from '../shards/index.
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { tokenChunks } from './sse.ts'
 import { benchDaemon, lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -259,7 +264,7 @@ try {
   const info = holder.kvStore!.info()
   const bytesPerToken = kvBytesPerToken(info)
   const vocab = manifest.shape.vocabSize
-  console.log(`## ${args.size} ${args.quant}: follow-up after a ${HISTORY}-token history (+8-token reply, +${NEW} new); ${bytesPerToken} KV bytes/token; threads ${threads}; bandwidth ${BANDWIDTH === undefined ? 'uncapped' : `${BANDWIDTH} B/s`}; ${cpus().length} cores (${cpus()[0]?.model ?? '?'}); load average ${loadAverage()}`)
+  console.log(`## ${args.size} ${args.quant}: follow-up after a ${HISTORY}-token history (+8-token reply, +${NEW} new); ${bytesPerToken} KV bytes/token; threads ${threads}; bandwidth ${BANDWIDTH === undefined ? 'uncapped' : `${BANDWIDTH} B/s`}; ${cpus().length} cores (${cpus()[0]?.model ?? '?'}); load average ${loadAverage()}; malloc: ${mallocSettings()}`)
   console.log('\n| one-way delay per hop (ms) | local hit TTFT p50 (ms) | pulled TTFT p50 (ms) | recomputed TTFT p50 (ms) | moved (MB) | pull time p50 (ms) | link (MB/s) | shouldPull (measured rates) | tokens identical |')
   console.log('|---|---|---|---|---|---|---|---|---|')
   // A mesh keeps its connections up: dial once, and warm every path (JIT, sessions) with one untimed round.

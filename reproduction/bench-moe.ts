@@ -29,6 +29,11 @@ import { OP_TABLES } from '../shards/graph/ops.ts'
 import type { BuildContext, OpTable } from '../shards/graph/types.ts'
 import { hash32, Prng } from '../shards/testmodel/prng.ts'
 import { upperMedian } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values } = parseArgs({
   options: {

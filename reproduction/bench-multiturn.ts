@@ -38,6 +38,11 @@ import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { tokenChunks } from './sse.ts'
 import { benchDaemon, lcgTokens, loadAverage, nearestRank } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -170,7 +175,7 @@ try {
   await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), modelId: MODEL, quant: args.quant as 'none' | 'int8' | 'int4' })
   console.log(`# multi-turn: ${CONVERSATIONS} conversations × ${TURNS} turns, ${NODES} replicas (one process), model ${args.size} ${args.quant}`)
   console.log(`system ${SYSTEM} + user ${USER} tokens per turn, ${MAX_TOKENS} generated; entry node drawn at random per turn (seed ${SEED})`)
-  console.log(`machine: ${cpus()[0]?.model ?? '?'} × ${availableParallelism()}; load average before: ${loadAverage()}`)
+  console.log(`machine: ${cpus()[0]?.model ?? '?'} × ${availableParallelism()}; load average before: ${loadAverage()}; malloc: ${mallocSettings()}`)
   const out: ModeResult[] = []
   // A mode may be named more than once (e.g. none,prefix,none,prefix): runs alternate so that the
   // machine's load drifts over both; every prefix run is compared with the runs beside it.

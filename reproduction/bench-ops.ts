@@ -28,6 +28,11 @@ import {
   type ShardManifest, type TestModelSize,
 } from '../shards/index.ts'
 import { upperMedian } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values } = parseArgs({
   options: {

@@ -25,6 +25,11 @@ import type { StageNode } from '../daemon/pipeline/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import { streamPromptIds, tokenOf, upperMedianBy } from './lib/index.ts'
 import { linkComponents, loopbackNode } from './lib/loopback.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

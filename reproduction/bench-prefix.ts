@@ -21,6 +21,11 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { lcgTokens, loadAverage, lowerMedian } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -59,7 +64,7 @@ try {
   const hit = createLocalService({ ...common, kvCacheBytes: 1024 * 1024 * 1024, reuseGenerated: args['reuse-generated'] })
   await cold.start()
   await hit.start()
-  console.log(`## ${args.size} ${args.quant}: follow-up turn after a ${HISTORY}-token history, +${NEW} new tokens; threads ${threads ?? 'all'}; ${args['reuse-generated'] ? 'reply KV kept too' : 'prompt KV kept (bit-exact)'}; load average ${loadAverage()}`)
+  console.log(`## ${args.size} ${args.quant}: follow-up turn after a ${HISTORY}-token history, +${NEW} new tokens; threads ${threads ?? 'all'}; ${args['reuse-generated'] ? 'reply KV kept too' : 'prompt KV kept (bit-exact)'}; load average ${loadAverage()}; malloc: ${mallocSettings()}`)
   const vocab = manifest.shape.vocabSize
   const coldMs: number[] = []
   const hitMs: number[] = []

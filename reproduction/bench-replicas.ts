@@ -47,6 +47,11 @@ import { createSimulatedEngine } from './simulated-engine.ts'
 import { sseEvents } from './sse.ts'
 import type { SimulatedEngine } from './simulated-engine.ts'
 import { formatLoad, loadAverage, nearestRank } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values } = parseArgs({
   options: {

@@ -20,6 +20,11 @@ import { parseArgs } from 'node:util'
 import OpenAI from 'openai'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, formatLoad, lowerMedian, promptIds } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, reps: { type: 'string', default: '6' }, tokens: { type: 'string', default: '128' },
@@ -97,7 +102,7 @@ if (args.child) {
   const f0 = (x: number): string => x.toFixed(0)
   const row = (side: string, measure: string, xs: number[]): string => `| ${side} | ${measure} | ${f0(lowerMedian(xs))} | ${f0(Math.min(...xs))}–${f0(Math.max(...xs))} | ${xs.map(f0).join(' ')} |`
   const same = ids.off.every((x, r) => JSON.stringify(x) === JSON.stringify(ids.on[r]))
-  console.log(`${manifest.modelId}: prompt ${PROMPT}, ${TOKENS} tokens, ${REPS} reps alternating; load average ${formatLoad(loadStart)} → ${formatLoad(loadEnd)}`)
+  console.log(`${manifest.modelId}: prompt ${PROMPT}, ${TOKENS} tokens, ${REPS} reps alternating; load average ${formatLoad(loadStart)} → ${formatLoad(loadEnd)}; malloc: ${mallocSettings()}`)
   console.log('| run-ahead | measure | median tok/s | range | reps |')
   console.log('|---|---|---|---|---|')
   console.log(row('off', '1 stream', single.off))

@@ -25,6 +25,11 @@ import { compileShards, generateDraftPair } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage } from './lib/index.ts'
 import { linkComponents, loopbackNode } from './lib/loopback.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

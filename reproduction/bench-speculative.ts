@@ -41,6 +41,11 @@ import type { Drafter, SpeculationCounts } from '../daemon/speculative/index.ts'
 import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage, lowerMedian } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -155,7 +160,7 @@ function rejectedDrafter (): Drafter {
 async function main (): Promise<void> {
   if (copyTask && TOKENS > 299) throw new Error('--task copy: at most 299 tokens (the prompt text is 300)')
   const { target, draft } = copyTask ? { target: await prepareCopy(), draft: '' } : await prepare()
-  process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadAverage()}\n`)
+  process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadAverage()}, malloc: ${mallocSettings()}\n`)
   const configs: Array<{ label: string, svc: LocalService, counts: SpeculationCounts[] }> = []
   const plain = createLocalService({ shardDir: target })
   await plain.start()

@@ -24,6 +24,11 @@ import * as ort from 'onnxruntime-node'
 import { createOnnxruntimeBackend, createStageRunner, createStaticStageRunner, GREEDY_PICK, stageInfoOf } from '../daemon/engine/index.ts'
 import type { BackendSession, StageRunner } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

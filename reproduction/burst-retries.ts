@@ -20,6 +20,11 @@ import { parseArgs } from 'node:util'
 import OpenAI from 'openai'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, gitDescribe, loadAverage, lscpuModel, promptIds } from './lib/index.ts'
+import { execWithServeMalloc } from './lib/malloc.ts'
+
+// The engine runs in this process, and in any child that inherits its environment: with `shoal
+// serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {

@@ -1,9 +1,10 @@
 /**
  * reproduction/lib/malloc.ts: a benchmark that hosts an engine re-executes itself once with `shoal
- * serve`'s malloc settings (same PID), and leaves an operator's own malloc tunables alone.
+ * serve`'s malloc settings (same PID), and leaves an operator's own malloc tunables alone; and every
+ * benchmark that hosts an engine does so.
  */
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { pathToFileURL } from 'node:url'
@@ -46,5 +47,30 @@ describe('execWithServeMalloc', () => {
     const out = probe({ GLIBC_TUNABLES: 'glibc.malloc.check=0' })
     expect(out.tunables).toBe('glibc.malloc.check=0')
     expect(out.settings).toBe('GLIBC_TUNABLES=glibc.malloc.check=0')
+  })
+})
+
+// A benchmark hosts an engine when it makes one of these: then it times an engine under glibc's
+// malloc defaults unless it asks for serve's settings (wave 32: +0.1–0.3 ms a sampled step).
+const HOSTS_AN_ENGINE = /\b(createStageEngine|createLocalService|createStageRunner|createOnnxruntimeBackend|benchDaemon|loopbackNode|openPipeline|createExpertHolder|createDaemon|InferenceSession)\b/
+// Scripts that make one and need not ask, and why.
+const EXEMPT: Record<string, string> = {
+  'check-batch-bits.ts': 'compares bits, which malloc cannot change, and times nothing',
+  'check-verify-rounding.ts': 'compares bits, which malloc cannot change, and times nothing',
+  'expert-holder-process.ts': "a child of bench-experts.ts, which inherits that script's settings",
+}
+
+describe('benchmarks that host an engine', () => {
+  const dir = join(import.meta.dirname, '../../reproduction')
+  const hosts = readdirSync(dir).filter(f => f.endsWith('.ts') && HOSTS_AN_ENGINE.test(readFileSync(join(dir, f), 'utf8')))
+
+  it('are found (the pattern still matches the benchmarks)', () => {
+    expect(hosts).toContain('bench-engine.ts')
+    expect(hosts).toContain('bench-batching.ts')
+  })
+
+  it.each(hosts.filter(f => EXEMPT[f] === undefined))('%s runs it under shoal serve\'s malloc settings', f => {
+    const src = readFileSync(join(dir, f), 'utf8')
+    expect(/^execWithServeMalloc\(\)$/m.test(src) || /\bserveMallocEnv\(\)/.test(src)).toBe(true)
   })
 })
