@@ -8,7 +8,7 @@ import { copyFile, mkdir, open, writeFile } from 'node:fs/promises'
 import { basename, join, resolve } from 'node:path'
 import { normalizeConfig } from './architectures.ts'
 import { checkpointHash, readConfig, readGenerationDefaults, TOKENIZER_FILES } from './checkpoint.ts'
-import { MANIFEST_FORMAT, STAGE_DATA_FILE, STAGE_DECODE_GRAPH_FILE, STAGE_GRAPH_FILE, type DecodeAttentionForm, type ModelShape, type Quantization, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
+import { MANIFEST_FORMAT, STAGE_DATA_FILE, STAGE_DECODE_GRAPH_FILE, STAGE_GRAPH_FILE, type DecodeAttentionForm, type ModelShape, type ShardManifest, type StageManifest, type StaticShapes } from './contract.ts'
 import { CheckpointError } from './errors.ts'
 import { OP_TABLES, type OpTable } from './graph/ops.ts'
 import type { GraphBuilder } from './graph/builder.ts'
@@ -16,7 +16,7 @@ import { inlineDecodeBranches } from './graph/decode-graph.ts'
 import { buildStage, type StageSource } from './graph/stage.ts'
 import { buildStaticStage } from './graph/static.ts'
 import { describeFile, writeManifest } from './manifest.ts'
-import { embeddingStorage } from './quant.ts'
+import { quantizationOf } from './quant.ts'
 import { openWeights, type F32Tensor } from './safetensors.ts'
 import { planStages } from './split.ts'
 
@@ -109,15 +109,7 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
     ...(options.stages !== undefined ? { stages: options.stages } : {}),
     ...(options.layers !== undefined ? { layers: options.layers } : {}),
   })
-  const quantKind = options.quant ?? 'none'
-  const quant: Quantization = quantKind === 'none'
-    ? { kind: 'none' }
-    : {
-        kind: quantKind,
-        blockSize: options.blockSize ?? 32,
-        activations: options.accuracyLevel === 0 ? 'f32' : 'int8',
-        ...(quantKind === 'int4' ? { embedding: embeddingStorage(quantKind, options.embedding ?? 'int4', spec.shape.hiddenSize, options.blockSize ?? 32) } : {}),
-      }
+  const quant = quantizationOf(options, spec.shape.hiddenSize)
   const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
   if (typeof options.decodeAttention === 'string' && ops.name !== 'ort-contrib') throw new CheckpointError(`decodeAttention ${options.decodeAttention}: only 'ort-contrib' graphs have the one-position attention it shapes`)
   const decodeAttention = ops.name !== 'ort-contrib'

@@ -29,7 +29,7 @@ import { DT, GraphBuilder } from './graph/builder.ts'
 import { OP_TABLES } from './graph/ops.ts'
 import type { BuildContext } from './graph/types.ts'
 import { openWeights } from './safetensors.ts'
-import { embeddingStorage } from './quant.ts'
+import { quantizationOf } from './quant.ts'
 
 export const EXPERT_SHARDS_FORMAT = 'shoal-expert-shards/0'
 export const MOE_BASE = 'moe_base'
@@ -88,16 +88,8 @@ export async function compileExpertShards (options: ExpertShardOptions): Promise
   if (moe === undefined) throw new CheckpointError(`${modelDir}: not a mixture-of-experts model`)
   const w = await openWeights(modelDir)
   const ops = OP_TABLES.standard
-  const quantKind = options.quant ?? 'none'
-  const quant: Quantization = quantKind === 'none'
-    ? { kind: 'none' }
-    : {
-        kind: quantKind,
-        blockSize: options.blockSize ?? 32,
-        activations: options.accuracyLevel === 0 ? 'f32' : 'int8',
-        // The same embedding as compileShards' int4 shards, so expert-parallel and one-graph int4 pick the same tokens.
-        ...(quantKind === 'int4' ? { embedding: embeddingStorage(quantKind, options.embedding ?? 'int4', shape.hiddenSize, options.blockSize ?? 32) } : {}),
-      }
+  // compileShards' quantization, so expert-parallel and one-graph int4 pick the same tokens.
+  const quant = quantizationOf(options, shape.hiddenSize)
   const context = (g: GraphBuilder): BuildContext => ({ g, spec, ops, quant, accuracyLevel: options.accuracyLevel ?? 4 })
   const { hiddenSize: D, numKvHeads: kvH, headDim: hd } = shape
   await mkdir(outDir, { recursive: true })

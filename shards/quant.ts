@@ -5,6 +5,8 @@
  * Dequantised weight = (q - 2^(bits-1)) · scale. Symmetric-without-zero-points is the form every
  * OpenVINO ONNX-frontend version we checked reads (see DESIGN.md).
  */
+import type { Quantization } from './contract.ts'
+
 export interface QuantizedMatrix {
   bits: 4 | 8
   blockSize: number
@@ -77,4 +79,29 @@ export function dequantizeMatrix (q: QuantizedMatrix): Float32Array {
  */
 export function embeddingStorage (kind: 'none' | 'int8' | 'int4', requested: 'int4' | 'f32', hiddenSize: number, blockSize: number): 'int4' | 'f32' {
   return kind === 'int4' && requested === 'int4' && hiddenSize % blockSize === 0 ? 'int4' : 'f32'
+}
+
+/** What a compile is asked for: the quantization options compileShards and compileExpertShards share. */
+export interface QuantizationRequest {
+  quant?: 'none' | 'int8' | 'int4'
+  blockSize?: 32 | 128
+  accuracyLevel?: 0 | 4
+  embedding?: 'int4' | 'f32'
+}
+
+/**
+ * The manifest's `quantization` for a compile request, with the defaults filled in (block 32,
+ * int8 activations, the 4-bit embedding where it fits). One function for both compilers, so
+ * expert-parallel and one-graph shards of one checkpoint quantize alike and pick the same tokens.
+ */
+export function quantizationOf (request: QuantizationRequest, hiddenSize: number): Quantization {
+  const kind = request.quant ?? 'none'
+  if (kind === 'none') return { kind: 'none' }
+  const blockSize = request.blockSize ?? 32
+  return {
+    kind,
+    blockSize,
+    activations: request.accuracyLevel === 0 ? 'f32' : 'int8',
+    ...(kind === 'int4' ? { embedding: embeddingStorage(kind, request.embedding ?? 'int4', hiddenSize, blockSize) } : {}),
+  }
 }
