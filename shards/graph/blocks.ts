@@ -6,9 +6,10 @@
  * GraphBuilder; op choice comes from the OpTable.
  */
 import type { LayerWeights, MoeWeights, SwiGluWeights } from '../architectures.ts'
+import { pastKeyName, pastValueName } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { dequantizeMatrix, quantizeMatrix } from '../quant.ts'
-import { DT, MS_DOMAIN } from './builder.ts'
+import { DT, MS_DOMAIN, type Dim } from './builder.ts'
 import type { BuildContext, StageTables } from './types.ts'
 
 export function transpose (w: F32Tensor): Float32Array {
@@ -161,6 +162,23 @@ export function makeLayer (ctx: BuildContext, l: number, x: string, w: LayerWeig
   const ffn = w.moe !== undefined ? makeMoe(ctx, l, h2, w.moe) : makeMlp(ctx, l, h2, w)
   const out = g.op('Add', `${n}/mlp_residual/Add`, [r1, ffn])
   return { out, presentK: attn.presentK, presentV: attn.presentV }
+}
+
+/**
+ * Layers first..last over `x`, each reading its past keys and values from graph inputs of `kvDims`:
+ * the last layer's output and each layer's present names, for the caller's outputs. The one loop
+ * for the dynamic and the static stage graphs (stage.ts, static.ts).
+ */
+export async function makeLayers (ctx: BuildContext, layers: readonly [number, number], x: string, weights: (l: number) => Promise<LayerWeights>, t: StageTables, kvDims: readonly Dim[]): Promise<{ out: string, presents: Array<[number, string, string]> }> {
+  const presents: Array<[number, string, string]> = []
+  for (let l = layers[0]; l <= layers[1]; l++) {
+    const pk = ctx.g.input(pastKeyName(l), DT.FLOAT, [...kvDims])
+    const pv = ctx.g.input(pastValueName(l), DT.FLOAT, [...kvDims])
+    const r = makeLayer(ctx, l, x, await weights(l), t, pk, pv)
+    x = r.out
+    presents.push([l, r.presentK, r.presentV])
+  }
+  return { out: x, presents }
 }
 
 /**

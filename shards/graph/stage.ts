@@ -5,11 +5,11 @@
 import type { LayerWeights, ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  GREEDY_TOKEN, NEW_KV, newKeyName, newValueName, pastKeyName, pastValueName, presentKeyName, presentValueName, type DecodeAttentionForm, type Quantization,
+  GREEDY_TOKEN, NEW_KV, newKeyName, newValueName, presentKeyName, presentValueName, type DecodeAttentionForm, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { DT, GraphBuilder } from './builder.ts'
-import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
+import { makeEmbedding, makeLayers, makeLmHead } from './blocks.ts'
 import type { BuildContext, OpTable } from './types.ts'
 
 export interface StageSource {
@@ -53,14 +53,8 @@ export async function buildStage (src: StageSource, o: StageOptions): Promise<Gr
   const tables = o.ops.stageTables(ctx, positionIds, mask, o.hasEmbedding ? INPUT_IDS : HIDDEN_IN)
   const kvDims = ['batch_size', kvH, 'past_sequence_length', hd]
   const presentDims = ['batch_size', kvH, 'total_sequence_length', hd]
-  const presents: Array<[number, string, string]> = []
-  for (let l = o.layers[0]; l <= o.layers[1]; l++) {
-    const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
-    const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
-    const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
-    x = r.out
-    presents.push([l, r.presentK, r.presentV])
-  }
+  const { out, presents } = await makeLayers(ctx, o.layers, x, src.layer, tables, kvDims)
+  x = out
   if (o.hasHead) {
     const keep = g.input(NUM_LOGITS_TO_KEEP, DT.INT64, [])
     const tied = o.spec.shape.tieWordEmbeddings

@@ -9,12 +9,12 @@
 import type { ModelSpec } from '../architectures.ts'
 import {
   ATTENTION_MASK, CACHE_POSITION, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, POSITION_IDS,
-  pastKeyName, pastValueName, presentKeyName, presentValueName, type Quantization,
+  presentKeyName, presentValueName, type Quantization,
 } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { groupedAttention, rotaryCosSin } from './attention.ts'
 import { DT, GraphBuilder } from './builder.ts'
-import { makeEmbedding, makeLayer, makeLmHead } from './blocks.ts'
+import { makeEmbedding, makeLayers, makeLmHead } from './blocks.ts'
 import { OP_TABLES } from './ops.ts'
 import type { StageSource } from './stage.ts'
 import type { AttentionIo, AttentionOut, BuildContext, OpTable, StageTables } from './types.ts'
@@ -93,14 +93,8 @@ export async function buildStaticStage (src: StageSource, o: StaticStageOptions)
   const mask = g.input(ATTENTION_MASK, DT.INT64, [1, C])
   const tables = ops.stageTables(ctx, positionIds, mask, '')
   const kvDims = [1, kvH, C, hd]
-  const presents: Array<[number, string, string]> = []
-  for (let l = o.layers[0]; l <= o.layers[1]; l++) {
-    const pk = g.input(pastKeyName(l), DT.FLOAT, kvDims)
-    const pv = g.input(pastValueName(l), DT.FLOAT, kvDims)
-    const r = makeLayer(ctx, l, x, await src.layer(l), tables, pk, pv)
-    x = r.out
-    presents.push([l, r.presentK, r.presentV])
-  }
+  const { out, presents } = await makeLayers(ctx, o.layers, x, src.layer, tables, kvDims)
+  x = out
   if (o.hasHead) {
     const tied = o.spec.shape.tieWordEmbeddings && embedShared !== undefined
     const head = tied ? embedShared! : await src.lmHead()

@@ -160,6 +160,16 @@ const moeLayer = (family: MoeTestArchitecture) => (p: string, s: SizeSpec, hd: n
 }
 
 /** The Qwen families' special tokens, chat template and tied head (Qwen2 and Qwen3 alike). */
+const LLAMA_TOKENS = {
+  specials: ['<unk>', '<s>', '</s>'],
+  bos: '<s>',
+  eos: '</s>',
+  genEos: ['</s>'],
+  addBosToken: true,
+  chatTemplate: LLAMA_TEMPLATE,
+  tiedByDefault: false,
+} satisfies Partial<ArchProfile>
+
 const QWEN_TOKENS = {
   specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
   eos: '<|im_end|>',
@@ -174,13 +184,7 @@ const PROFILES: Record<TestArchitecture, ArchProfile> = {
   llama: {
     hfArchitecture: 'LlamaForCausalLM',
     modelType: 'llama',
-    specials: ['<unk>', '<s>', '</s>'],
-    bos: '<s>',
-    eos: '</s>',
-    genEos: ['</s>'],
-    addBosToken: true,
-    chatTemplate: LLAMA_TEMPLATE,
-    tiedByDefault: false,
+    ...LLAMA_TOKENS,
     extraConfig: () => ({ attention_bias: false, mlp_bias: false, hidden_act: 'silu', pretraining_tp: 1 }),
     layer: llamaLayer(false, false),
   },
@@ -201,13 +205,7 @@ const PROFILES: Record<TestArchitecture, ArchProfile> = {
   mixtral: {
     hfArchitecture: 'MixtralForCausalLM',
     modelType: 'mixtral',
-    specials: ['<unk>', '<s>', '</s>'],
-    bos: '<s>',
-    eos: '</s>',
-    genEos: ['</s>'],
-    addBosToken: true,
-    chatTemplate: LLAMA_TEMPLATE,
-    tiedByDefault: false,
+    ...LLAMA_TOKENS,
     extraConfig: () => ({
       hidden_act: 'silu', sliding_window: null, num_local_experts: MOE_EXPERTS, num_experts_per_tok: MOE_TOP_K,
       output_router_logits: false, router_aux_loss_coef: 0.02, router_jitter_noise: 0,
