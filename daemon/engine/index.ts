@@ -16,7 +16,7 @@ export { decideAdmission, expectedSlotWaitMs, ownWaitBudget } from './admission.
 export type { AdmissionDecision, AdmissionPolicy, SlotState } from './admission.ts'
 export { createSlots, waitTurn } from './slots.ts'
 export type { Turn } from './slots.ts'
-export type { LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
+export type { EngineHostOptions, LocalService, LocalServiceInit, LocalServiceLoad, LocalServiceStats, PrefixSummary, TokenSourceWrapper, WrapContext } from './local-service.ts'
 export { createBatchedExecutor } from './batched-executor.ts'
 export { createStageEngine, abortReason } from './stage-engine.ts'
 export type {

@@ -58,7 +58,18 @@ import { DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 /** Requests that may wait for a sequence slot at once, by default. */
 export const DEFAULT_MAX_WAITING = 64
 
-export interface LocalServiceInit {
+/** Where and how a node runs its engine: the same for a whole-model service and a pipeline stage. */
+export interface EngineHostOptions {
+  backend?: BackendName
+  device?: string
+  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
+  graphs?: GraphMode
+  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
+  cacheDir?: string
+  threads?: number
+}
+
+export interface LocalServiceInit extends EngineHostOptions {
   shardDir: string
   /** Served model id; defaults to the manifest's. */
   modelId?: string
@@ -67,13 +78,6 @@ export interface LocalServiceInit {
   nodeId?: string
   /** Names the exact weights (sha256 of the manifest), passed through on `start` for receipts. */
   manifestHash?: string
-  backend?: BackendName
-  device?: string
-  /** Dynamic or static graphs (graph-choice.ts); 'auto' (default): static where the device needs them (NPU). */
-  graphs?: GraphMode
-  /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
-  cacheDir?: string
-  threads?: number
   /** Concurrent sequences; more wait for a slot while the expected wait is within `budgetMs`. */
   maxSequences?: number
   /** Requests that may wait for a sequence slot at once (default DEFAULT_MAX_WAITING); more get SHOAL_ERR_OVERLOADED. */

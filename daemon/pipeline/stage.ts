@@ -9,7 +9,7 @@ import type { Registry } from 'prom-client'
 import { createBatcher } from '../batcher/index.ts'
 import type { Batcher, BatcherLoad, BatchLimits } from '../batcher/index.ts'
 import { chooseStageGraphs, createBatchedExecutor, createStageEngine, resolveGraphChoice, stageInfoFor, stageInfoOf } from '../engine/index.ts'
-import type { BackendName, GraphMode } from '../engine/index.ts'
+import type { EngineHostOptions } from '../engine/index.ts'
 import { loadManifest, manifestHash } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { StageConfigError } from './errors.ts'
@@ -26,16 +26,9 @@ export interface StageSpec {
 /** The shard directory's manifest hash (one definition for the whole daemon: shards' manifestHash). */
 export const manifestHashOf = manifestHash
 
-export interface PipelineStageInit extends StageSpec, LinkOptions {
+export interface PipelineStageInit extends StageSpec, LinkOptions, EngineHostOptions {
   /** Served model id; default the manifest's. */
   modelId?: string
-  backend?: BackendName
-  device?: string
-  /** Dynamic or static graphs; 'auto' (default): static where the device needs them (NPU). */
-  graphs?: GraphMode
-  /** The node's compiled-model cache (compiledCacheDir). */
-  cacheDir?: string
-  threads?: number
   maxSequences?: number
   idleTimeoutMs?: number
   /** Signs this stage's receipt part for each completed request. */
