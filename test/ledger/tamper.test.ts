@@ -3,16 +3,17 @@
  * entry it touched, by index and a typed reason — through the library and through
  * `shoal receipts verify` (exit 1), with misuse of the command exiting 2.
  */
-import { cp, mkdtemp, rm } from 'node:fs/promises'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Level } from 'level'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { signDocument } from '../../certs/signed.ts'
-import { createLedger, createReceiptPart, verifyLog, VERIFY_REASONS } from '../../daemon/ledger/index.ts'
+import { verifyLog, VERIFY_REASONS } from '../../daemon/ledger/index.ts'
 import type { SignedReceipt, VerifyReport } from '../../daemon/ledger/index.ts'
 import { receiptsShow, receiptsVerify } from '../../scripts/commands/receipts.ts'
-import { hex64, makeSigner, sampleInput } from './fixtures/keys.ts'
+import { hex64, makeSigner } from './fixtures/keys.ts'
+import { entryKey, openLogCopy, writeTemplateLog } from './fixtures/template-log.ts'
 
 const N = 10
 const node = makeSigner()
@@ -25,18 +26,7 @@ let cases = 0
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), 'shoal-tamper-'))
   template = join(root, 'template')
-  const ledger = createLedger({ dataDir: template, signer: node })
-  await ledger.start()
-  for (let i = 0; i < N; i++) {
-    const input = sampleInput(`r${i}`, i, [node.peerId, stage.peerId])
-    if (i % 3 === 0) {
-      input.parts = [createReceiptPart({
-        requestId: `r${i}`, peerId: stage.peerId, model: 'demo-tiny', layers: [2, 3], inputHash: hex64(i), outputHash: hex64(i + 1),
-        tokens: { input: 12, output: 5 }, timing: { startedAt: 1_700_000_000_000, durationMs: 4 },
-      }, stage.secretKey)]
-    }
-    await ledger.append(input)
-  }
+  const ledger = await writeTemplateLog(template, node, stage, N, i => i % 3 === 0)
   expect(await ledger.verify()).toMatchObject({ ok: true, entries: N })
   await ledger.stop()
 })
@@ -45,12 +35,9 @@ afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 /** A fresh copy of the template log, opened directly with level. */
 async function copy (): Promise<{ dir: string, db: Level<string, string> }> {
   const dir = join(root, `case-${cases++}`)
-  await cp(template, dir, { recursive: true })
-  const db = new Level<string, string>(join(dir, 'receipts'), { valueEncoding: 'utf8' })
-  await db.open()
-  return { dir, db }
+  return { dir, db: await openLogCopy(template, dir) }
 }
-const key = (i: number): string => `e/${String(i).padStart(16, '0')}`
+const key = entryKey
 
 function expectBad (report: VerifyReport, index: number, reason: string, entriesBefore = index): void {
   expect(report.ok).toBe(false)

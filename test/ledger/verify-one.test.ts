@@ -4,15 +4,16 @@
  * body (signature), a forged embedded part (parts), a broken link to the entry before
  * (previous-link), and an edited next entry (next-link of this one).
  */
-import { cp, mkdtemp, rm } from 'node:fs/promises'
+import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Level } from 'level'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { signDocument } from '../../certs/signed.ts'
-import { createLedger, createReceiptPart, verifyReceipt } from '../../daemon/ledger/index.ts'
+import { verifyReceipt } from '../../daemon/ledger/index.ts'
 import type { SignedReceipt } from '../../daemon/ledger/index.ts'
-import { hex64, makeSigner, sampleInput } from './fixtures/keys.ts'
+import { hex64, makeSigner } from './fixtures/keys.ts'
+import { entryKey, openLogCopy, writeTemplateLog } from './fixtures/template-log.ts'
 
 const node = makeSigner()
 const stage = makeSigner()
@@ -24,18 +25,7 @@ let cases = 0
 beforeAll(async () => {
   root = await mkdtemp(join(tmpdir(), 'shoal-verify-one-'))
   template = join(root, 'template')
-  const ledger = createLedger({ dataDir: template, signer: node })
-  await ledger.start()
-  for (let i = 0; i < 4; i++) {
-    const input = sampleInput(`r${i}`, i, [node.peerId, stage.peerId])
-    if (i === 2) {
-      input.parts = [createReceiptPart({
-        requestId: 'r2', peerId: stage.peerId, model: 'demo-tiny', layers: [2, 3], inputHash: hex64(1), outputHash: hex64(2),
-        tokens: { input: 12, output: 5 }, timing: { startedAt: 1_700_000_000_000, durationMs: 4 },
-      }, stage.secretKey)]
-    }
-    await ledger.append(input)
-  }
+  const ledger = await writeTemplateLog(template, node, stage, 4, i => i === 2)
   // Through the running ledger too: what the dashboard calls.
   expect(await ledger.verifyOne('r1')).toMatchObject({ ok: true, index: 1 })
   expect(await ledger.verifyOne('missing')).toBeUndefined()
@@ -43,13 +33,10 @@ beforeAll(async () => {
 })
 afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 
-const key = (i: number): string => `e/${String(i).padStart(16, '0')}`
+const key = entryKey
 
 async function withCopy<T> (edit: (db: Level<string, string>) => Promise<void>, check: (db: Level<string, string>) => Promise<T>): Promise<T> {
-  const dir = join(root, `case-${cases++}`)
-  await cp(template, dir, { recursive: true })
-  const db = new Level<string, string>(join(dir, 'receipts'), { valueEncoding: 'utf8' })
-  await db.open()
+  const db = await openLogCopy(template, join(root, `case-${cases++}`))
   try {
     await edit(db)
     return await check(db)
