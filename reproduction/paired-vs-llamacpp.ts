@@ -18,7 +18,8 @@
  *    twice: to the response's end (the request's whole time) and to the token's chunk;
  *  - N streams (--stream-pairs > 0): --streams concurrent requests of --tokens tokens each, all
  *    tokens over the time from the first request to the last response's end, as
- *    bench-vs-llamacpp.ts times them;
+ *    bench-vs-llamacpp.ts times them; and the same run's p99 inter-token latency (over every
+ *    stream's gaps between token chunks, a chunk of two tokens counted as two half gaps);
  *  - decode: one stream of --tokens tokens after a --prompt-token prompt, tok/s from its first
  *    token chunk to its last (the end-to-end figure of bench-vs-llamacpp.ts subtracts a TTFT
  *    measured apart; here each request's own first chunk stands for it).
@@ -48,7 +49,7 @@ import { ensureModels } from './lib/bench-models.ts'
 import type { ModelFiles } from './lib/bench-models.ts'
 import { complete } from './lib/completions.ts'
 import type { Completion } from './lib/completions.ts'
-import { gitDescribe, loadAverage, lscpuModel, median, medianInterval, promptIds } from './lib/index.ts'
+import { floorRank, gitDescribe, loadAverage, lscpuModel, median, medianInterval, promptIds } from './lib/index.ts'
 import { ensureLlamaCpp, llamaServerArgs } from './lib/llamacpp.ts'
 import { isLlama, parseArms, startArm } from './lib/arms.ts'
 import type { Arm } from './lib/arms.ts'
@@ -124,11 +125,18 @@ async function pair<T> (a: Server, b: Server, aFirst: boolean, ask: (s: Server) 
   return [await ask(a), y]
 }
 
-/** STREAMS concurrent requests (fresh prompts from `salt` on): all their tokens a second, first request sent to last response ended. */
-async function streams (s: Server, salt: number): Promise<number> {
+/**
+ * STREAMS concurrent requests (fresh prompts from `salt` on): all their tokens a second, first
+ * request sent to last response ended; and the p99 inter-token latency over every stream's gaps (a
+ * user's view of the same run: the stalls, such as a step that waits for another request's
+ * prefill). No p50: the client reads chunks in bursts on this 2-core VM, so half its gaps can be
+ * ~0 on either side, and a pair's ratio of them means nothing.
+ */
+async function streams (s: Server, salt: number): Promise<{ tokS: number, itlP99: number }> {
   const t0 = performance.now()
   const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, TEMPERATURE)))
-  return all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000)
+  const gaps = all.flatMap(c => c.gaps)
+  return { tokS: all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000), itlP99: floorRank(gaps, 0.99) }
 }
 
 async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ idle: string, metrics: Paired[] }> {
@@ -160,6 +168,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     const longFirst: Paired = { name: `TTFT ${LONG}, token's chunk`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
     const decode: Paired = { name: 'decode, 1 stream', unit: 'tok/s', higherIsBetter: true, a: [], b: [] }
     const many: Paired = { name: `${STREAMS} streams`, unit: 'tok/s', higherIsBetter: true, a: [], b: [] }
+    const manyItl99: Paired = { name: `${STREAMS} streams, inter-token p99`, unit: 'ms', higherIsBetter: false, a: [], b: [] }
     const ms = (c: Completion): number => c.end - c.t0
     const firstMs = (c: Completion): number => c.first - c.t0
     const tokS = (c: Completion): number => (c.count - 1) / ((c.last - c.first) / 1000)
@@ -177,9 +186,13 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
       if (i < PAIRS) await ttftPair(ttft, ttftFirst, PROMPT, 1000 + i, aFirst)
       if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, TEMPERATURE)), tokS)
       if (LONG > 0 && i < LONG_PAIRS) await ttftPair(long, longFirst, LONG, 5000 + i, aFirst)
-      if (i < STREAM_PAIRS) add(many, await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS)), x => x)
+      if (i < STREAM_PAIRS) {
+        const p = await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS))
+        add(many, p, x => x.tokS)
+        add(manyItl99, p, x => x.itlP99)
+      }
     }
-    return { idle, metrics: [...(PAIRS > 0 ? [ttft, ttftFirst] : []), ...(LONG > 0 && LONG_PAIRS > 0 ? [long, longFirst] : []), ...(DECODE_PAIRS > 0 ? [decode] : []), ...(STREAM_PAIRS > 0 ? [many] : [])] }
+    return { idle, metrics: [...(PAIRS > 0 ? [ttft, ttftFirst] : []), ...(LONG > 0 && LONG_PAIRS > 0 ? [long, longFirst] : []), ...(DECODE_PAIRS > 0 ? [decode] : []), ...(STREAM_PAIRS > 0 ? [many, manyItl99] : [])] }
   } finally {
     for (const s of servers) await stop(s)
   }

@@ -10,8 +10,12 @@ import { sseEvents } from './sse.ts'
 /** Where a request goes: the server's kind picks the request's dialect. */
 export interface Endpoint { kind: 'llama' | 'shoal', url: string, model: string }
 
-/** One streamed completion's token count and times (performance.now()): sent, first and last token chunk, response ended. */
-export interface Completion { count: number, t0: number, first: number, last: number, end: number }
+/**
+ * One streamed completion's token count and times (performance.now()): sent, first and last token
+ * chunk, response ended; and the gap before each later token (ms), a chunk's gap shared evenly by
+ * the tokens it carried (a server that holds a token back inside a UTF-8 character sends two at once).
+ */
+export interface Completion { count: number, t0: number, first: number, last: number, end: number, gaps: number[] }
 
 /** 429s answered (and retried after their Retry-After, as the openai client does) per server run. */
 const refused = new WeakMap<Endpoint, number>()
@@ -70,6 +74,7 @@ export async function complete (s: Endpoint, prompt: number[], maxTokens: number
   let count = 0
   let first = NaN
   let last = NaN
+  const gaps: number[] = []
   for await (const event of sseEvents(res.body)) {
     const line = event.split('\n').find(l => l.startsWith('data: {'))
     if (line === undefined) continue
@@ -80,11 +85,12 @@ export async function complete (s: Endpoint, prompt: number[], maxTokens: number
     if (n === count && !(finished && Number.isNaN(first))) continue
     const now = performance.now()
     if (Number.isNaN(first)) first = now
+    else if (n > count) for (let k = count; k < n; k++) gaps.push((now - last) / (n - count))
     if (n > count) last = now
     count = n
   }
   if (count === 0) throw new Error(`${s.kind}: no tokens came back`)
-  return { count, t0, first, last, end: performance.now() }
+  return { count, t0, first, last, end: performance.now(), gaps }
 }
 
 /**
