@@ -159,7 +159,7 @@ const moeLayer = (family: MoeTestArchitecture) => (p: string, s: SizeSpec, hd: n
   return out
 }
 
-/** The Qwen families' special tokens, chat template and tied head (Qwen2 and Qwen3 alike). */
+/** The Llama families' special tokens, chat template and untied head (Llama and Mixtral alike). */
 const LLAMA_TOKENS = {
   specials: ['<unk>', '<s>', '</s>'],
   bos: '<s>',
@@ -170,6 +170,7 @@ const LLAMA_TOKENS = {
   tiedByDefault: false,
 } satisfies Partial<ArchProfile>
 
+/** The Qwen families' special tokens, chat template and tied head (Qwen2 and Qwen3 alike). */
 const QWEN_TOKENS = {
   specials: ['<|endoftext|>', '<|im_start|>', '<|im_end|>'],
   eos: '<|im_end|>',
