@@ -10,9 +10,12 @@
  * What it answers: how much of this attention is fixed cost (a short context) against reading the
  * past (a long one), and what a second intra-op thread does to it (at one row it makes it slower
  * here: each batched MatMul hands its kv heads to the pool however small each product is).
+ * `--native` adds the same work as one fused C loop on one thread (reproduction/native/
+ * fused-attention.c, built here with `cc -O3 -march=native -ffast-math`): what a custom kernel
+ * would be worth, which onnxruntime-node cannot load (wave 33).
  *
  *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head] [--contexts 16,192]
- *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000]
+ *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000] [--native]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine). Prints each
  * cell's median µs a run (each round's median of --runs runs, after --runs / 2 untimed ones), as
  * the range over the rounds.
@@ -20,7 +23,7 @@
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { join } from 'node:path'
+import { dirname, join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -37,7 +40,8 @@ import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 // serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
 execWithServeMalloc()
 
-interface Cell { form: DecodeAttentionForm, context: number, batch: number, threads: number }
+/** 'native': reproduction/native/fused-attention.c on one thread, beside onnxruntime's forms. */
+interface Cell { form: DecodeAttentionForm | 'native', context: number, batch: number, threads: number }
 
 const { values: args } = parseArgs({
   options: {
@@ -48,6 +52,7 @@ const { values: args } = parseArgs({
     rounds: { type: 'string', default: '3' },
     runs: { type: 'string', default: '1000' },
     cell: { type: 'string' },
+    native: { type: 'boolean', default: false },
   },
 })
 const RUNS = Number(args.runs)
@@ -57,7 +62,7 @@ const numbers = (s: string): number[] => s.split(',').map(Number)
 const ROOM = 16
 
 /** One cell, timed in this process: the median µs of a run. */
-async function timeCell ({ form, context, batch: B, threads }: Cell): Promise<number> {
+async function timeCell ({ form, context, batch: B, threads }: Cell & { form: DecodeAttentionForm }): Promise<number> {
   const W = context + ROOM
   const g = new GraphBuilder('a.onnx.data')
   let q = g.input('q', DT.FLOAT, ['b', 1, H * HD])
@@ -104,13 +109,28 @@ async function timeCell ({ form, context, batch: B, threads }: Cell): Promise<nu
   }
 }
 
+/** Builds reproduction/native/fused-attention.c into `dir`; its path. */
+function buildNative (dir: string): string {
+  const bin = join(dir, 'fused-attention')
+  const source = join(dirname(fileURLToPath(import.meta.url)), 'native', 'fused-attention.c')
+  try {
+    execFileSync('cc', ['-O3', '-march=native', '-ffast-math', '-o', bin, source, '-lm'], { stdio: ['ignore', 'ignore', 'inherit'] })
+  } catch (err) {
+    throw new Error(`--native needs a C compiler as \`cc\`: ${(err as Error).message}`)
+  }
+  return bin
+}
+
 if (args.cell !== undefined) {
-  process.stdout.write(`${JSON.stringify({ us: await timeCell(JSON.parse(args.cell) as Cell) })}\n`)
+  process.stdout.write(`${JSON.stringify({ us: await timeCell(JSON.parse(args.cell) as Cell & { form: DecodeAttentionForm }) })}\n`)
 } else {
   const forms = args.forms.split(',') as DecodeAttentionForm[]
   for (const f of forms) if (!DECODE_ATTENTION_FORMS.includes(f)) throw new Error(`--forms: ${f} is not one of ${DECODE_ATTENTION_FORMS.join(', ')}`)
   const cells: Cell[] = []
   for (const form of forms) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) for (const threads of numbers(args.threads)) cells.push({ form, context, batch, threads })
+  if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'native', context, batch, threads: 1 })
+  const buildDir = mkdtempSync(join(tmpdir(), 'shoal-fused-attention-'))
+  const native = args.native ? buildNative(buildDir) : undefined
   const loadBefore = loadAverage(2)
   const results = new Map<Cell, number[]>(cells.map(c => [c, []]))
   const self = fileURLToPath(import.meta.url)
@@ -118,7 +138,9 @@ if (args.cell !== undefined) {
     // A different order each round: a cell's neighbours in time change.
     const order = round % 2 === 0 ? cells : [...cells].reverse()
     for (const cell of order) {
-      const out = execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8' })
+      const out = cell.form === 'native'
+        ? execFileSync(native!, [String(cell.batch), String(cell.context), String(RUNS)], { encoding: 'utf8' })
+        : execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8' })
       results.get(cell)!.push((JSON.parse(out.trim().split('\n').at(-1)!) as { us: number }).us)
     }
   }
@@ -131,4 +153,5 @@ if (args.cell !== undefined) {
   console.log(`\n- command: node reproduction/bench-decode-attention.ts ${process.argv.slice(2).join(' ')}`)
   console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; malloc: ${mallocSettings()}; git ${gitDescribe(join(self, '..', '..'))}`)
   console.log(`- load average: before ${loadBefore}, after ${loadAverage(2)}`)
+  rmSync(buildDir, { recursive: true, force: true })
 }
