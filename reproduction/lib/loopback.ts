@@ -1,9 +1,9 @@
 /**
  * Plain libp2p nodes on loopback for the benchmarks that run pipeline stages in one process
- * (bench-pipeline, bench-activations, bench-speculative-chain, bench-chain-kv-move). TCP, noise,
- * yamux and nothing else: no CA admission and no connection monitor, whose pings would share the
- * cores being timed; what these benchmarks time is the stage protocol, not the mesh
- * (test/pipeline/fixture.ts builds the same nodes for the tests).
+ * (bench-pipeline, bench-activations, bench-speculative-chain, bench-chain-kv-move), and for the
+ * tests that do the same (test/pipeline/fixture.ts, test/kv/move.test.ts). TCP, noise, yamux and
+ * nothing else: no CA admission and no connection monitor, whose pings would share the cores being
+ * timed; what these time and test is the stage and KV protocols, not the mesh.
  */
 import { noise } from '@chainsafe/libp2p-noise'
 import { yamux } from '@chainsafe/libp2p-yamux'
@@ -20,6 +20,8 @@ export async function loopbackNode (): Promise<Libp2p> {
 /**
  * What a stage (or a KV server) needs of `node`: its handlers registered there, and streams to the
  * other nodes of `book` (peer id → node), dialled at their listen addresses (no peer discovery).
+ * A node of the book that is stopped is refused at once, as a peer gone from a mesh is, rather
+ * than dialled at addresses nothing listens on.
  */
 export function linkComponents (node: Libp2p, book: ReadonlyMap<string, Libp2p>): LinkComponents {
   return {
@@ -28,7 +30,7 @@ export function linkComponents (node: Libp2p, book: ReadonlyMap<string, Libp2p>)
     unhandle: async (protocol) => { await node.unhandle(protocol) },
     openStream: async (peerId, protocol, signal) => {
       const peer = book.get(peerId)
-      if (peer === undefined) throw new Error(`no loopback node ${peerId} in this benchmark's book`)
+      if (peer === undefined || peer.status !== 'started') throw new Error(`no started loopback node ${peerId} in the book`)
       return await node.dialProtocol(peer.getMultiaddrs(), protocol, { signal })
     },
   }

@@ -21,6 +21,7 @@ import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { buildTinyModel } from '../engine/tiny-model.ts'
 import type { TinyModel } from '../engine/tiny-model.ts'
 import { createTestNode } from '../routing/nodes.ts'
+import { linkComponents } from '../../reproduction/lib/loopback.ts'
 
 const BLOCK = 8
 let counter = 0
@@ -56,17 +57,7 @@ function tokens (n: number, seed: number, vocab: number): number[] {
 
 /** Nodes by peer id, so any test node can dial any other by id (no discovery here). */
 const book = new Map<string, Libp2p>()
-function componentsOf (node: Libp2p): KvTransportComponents {
-  return {
-    handle: async (protocol, handler) => { await node.handle(protocol, handler) },
-    unhandle: async (protocol) => { await node.unhandle(protocol) },
-    openStream: async (peerId, protocol, signal) => {
-      const target = book.get(peerId)
-      if (target === undefined) throw new Error(`no address for ${peerId}`)
-      return await node.dialProtocol(target.getMultiaddrs(), protocol, { signal })
-    },
-  }
-}
+const componentsOf = (node: Libp2p): KvTransportComponents => linkComponents(node, book)
 
 interface Host { node: Libp2p, peerId: string, service: LocalService, registry: Registry, puller: KvPuller }
 

@@ -6,11 +6,7 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { noise } from '@chainsafe/libp2p-noise'
-import { yamux } from '@chainsafe/libp2p-yamux'
 import type { Libp2p } from '@libp2p/interface'
-import { tcp } from '@libp2p/tcp'
-import { createLibp2p } from 'libp2p'
 import { createRng, createStageEngine, sampleToken, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { StageEngine, TokenSource } from '../../daemon/engine/index.ts'
 import { createPipelineStage } from '../../daemon/pipeline/index.ts'
@@ -20,6 +16,7 @@ import type { StageHolder } from '../../daemon/routing/index.ts'
 import type { GenerateRequest, SamplingParams } from '../../daemon/service.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
+import { linkComponents, loopbackNode } from '../../reproduction/lib/loopback.ts'
 
 /** The model id every shard directory of `buildModels` serves. */
 export const MODEL_ID = 'chain-test'
@@ -66,28 +63,13 @@ export function chainRequest (requestId: string, prompt: number[] | GenerateRequ
 const addressBook = new Map<string, Libp2p>()
 
 export async function createNode (): Promise<Libp2p> {
-  const node = await createLibp2p({
-    addresses: { listen: ['/ip4/127.0.0.1/tcp/0'] },
-    transports: [tcp()],
-    connectionEncrypters: [noise()],
-    streamMuxers: [yamux()],
-    connectionMonitor: { enabled: false },
-  })
+  const node = await loopbackNode()
   addressBook.set(node.peerId.toString(), node)
   return node
 }
 
 export function componentsOf (node: Libp2p): Parameters<typeof createPipelineStage>[1] {
-  return {
-    peerId: node.peerId.toString(),
-    handle: async (protocol, handler) => { await node.handle(protocol, handler) },
-    unhandle: async (protocol) => { await node.unhandle(protocol) },
-    openStream: async (peerId, protocol, signal) => {
-      const target = addressBook.get(peerId)
-      if (target === undefined || target.status !== 'started') throw new Error(`no address for ${peerId}`)
-      return await node.dialProtocol(target.getMultiaddrs(), protocol, { signal })
-    },
-  }
+  return linkComponents(node, addressBook)
 }
 
 export interface StageHost { libp2p: Libp2p, stage: PipelineStage, peerId: string }
