@@ -129,8 +129,8 @@ if (args.cell !== undefined) {
   const cells: Cell[] = []
   for (const form of forms) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) for (const threads of numbers(args.threads)) cells.push({ form, context, batch, threads })
   if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'native', context, batch, threads: 1 })
-  const buildDir = mkdtempSync(join(tmpdir(), 'shoal-fused-attention-'))
-  const native = args.native ? buildNative(buildDir) : undefined
+  const buildDir = args.native ? mkdtempSync(join(tmpdir(), 'shoal-fused-attention-')) : undefined
+  const native = buildDir === undefined ? undefined : buildNative(buildDir)
   const loadBefore = loadAverage(2)
   const results = new Map<Cell, number[]>(cells.map(c => [c, []]))
   const self = fileURLToPath(import.meta.url)
@@ -153,5 +153,5 @@ if (args.cell !== undefined) {
   console.log(`\n- command: node reproduction/bench-decode-attention.ts ${process.argv.slice(2).join(' ')}`)
   console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; malloc: ${mallocSettings()}; git ${gitDescribe(join(self, '..', '..'))}`)
   console.log(`- load average: before ${loadBefore}, after ${loadAverage(2)}`)
-  rmSync(buildDir, { recursive: true, force: true })
+  if (buildDir !== undefined) rmSync(buildDir, { recursive: true, force: true })
 }
