@@ -13,12 +13,10 @@
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { alignColumns } from '../../daemon/engine/kv-block.ts'
 import { compileShards, generateTestModel, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, runStages, type Pipeline } from './pipeline.ts'
+import { allSplits, batchedAgainstAlone, emptyPast, encodePrompt, greedyDecode, openPipeline, stepRows as step, type Pipeline } from './pipeline.ts'
 
 const N = 64
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
@@ -42,11 +40,6 @@ async function withPipeline<T> (dir: string, m: ShardManifest, f: (p: Pipeline) 
   try { return await f(p) } finally { await p.release() }
 }
 
-/** One step through every stage for B rows (nested arrays), keeping the last position's logits. */
-async function step (p: Pipeline, ids: number[][], pos: number[][], mask: number[][], past: Map<string, ort.Tensor>): Promise<{ logits: Float32Array, present: Map<string, ort.Tensor> }> {
-  const r = await runStages(p, { ids: ids.flat(), pos: pos.flat(), mask: mask.flat(), B: ids.length, S: ids[0]!.length, T: mask[0]!.length, keep: 1 }, past)
-  return { logits: r.logits.data as Float32Array, present: r.present }
-}
 
 
 describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchitecture) => {
@@ -114,47 +107,9 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
   it.each(['per-head', 'grouped'] as const)('right-padded batches of any mix of lengths: batched decode is bit-identical to each row alone (%s)', async (form) => {
     const [dir, manifest] = form === 'grouped' ? [groupedDir, grouped] : [contribDir, contrib]
     const rows = [prompt.slice(0, 4), prompt.slice(0, 9), prompt, prompt.slice(0, 1)]
-    const steps = 4
-    await withPipeline(dir, manifest, async p => {
-      // Each row alone: prefill, then `steps` decode steps feeding a fixed token.
-      const alone: Float32Array[][] = []
-      const prefilled: Array<Map<string, ort.Tensor>> = []
-      for (const row of rows) {
-        let r = await step(p, [row], [row.map((_, j) => j)], [row.map(() => 1)], emptyPast(manifest, 1))
-        prefilled.push(r.present)
-        const logits: Float32Array[] = []
-        for (let k = 0; k < steps; k++) {
-          r = await step(p, [[7 + k]], [[row.length + k]], [new Array<number>(row.length + k + 1).fill(1)], r.present)
-          logits.push(r.logits)
-        }
-        alone.push(logits)
-      }
-      // Together: caches packed left-aligned into one [B, kvH, W, hd] block, rows right-padded,
-      // wider than any row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts; the
-      // grouped form's packed products need no such width, so it gets an odd one).
-      const { numKvHeads: kvH, headDim: hd } = manifest.shape
-      const P = Math.max(...rows.map(r => r.length))
-      const W = alignColumns(P + steps) + (form === 'grouped' ? 19 : 16)
-      let past = new Map<string, ort.Tensor>()
-      for (const name of prefilled[0]!.keys()) {
-        // Padding must be finite: a one-position step reads it and masks it to exact zeros.
-        const data = new Float32Array(rows.length * kvH * W * hd)
-        rows.forEach((row, b) => {
-          const src = prefilled[b]!.get(name)!
-          const width = src.dims[2]!
-          for (let h = 0; h < kvH; h++) data.set((src.data as Float32Array).subarray(h * width * hd, (h * width + row.length) * hd), (b * kvH + h) * W * hd)
-        })
-        past.set(name, new ort.Tensor('float32', data, [rows.length, kvH, W, hd]))
-      }
-      const V = manifest.shape.vocabSize
-      for (let k = 0; k < steps; k++) {
-        const T = P + k + 1
-        const r = await step(p, rows.map(() => [7 + k]), rows.map(row => [row.length + k]),
-          rows.map(row => Array.from({ length: T }, (_, j) => (j < row.length + k + 1 ? 1 : 0))), past)
-        rows.forEach((_, b) => expect(sameBytes(r.logits.subarray(b * V, (b + 1) * V), alone[b]![k]!), `row ${b} step ${k}`).toBe(true))
-        past = r.present
-      }
-    })
+    // The grouped form's packed products need no width of a multiple of 16, so it gets an odd one.
+    const mismatches = await withPipeline(dir, manifest, async p => await batchedAgainstAlone(p, rows, 4, form === 'grouped' ? 19 : 16))
+    expect(mismatches).toEqual([])
   })
 
   it('chunked prefill (batch 1, S > 1 after a past) agrees with the standard graph', async () => {

@@ -4,6 +4,7 @@
  */
 import ort from 'onnxruntime-node'
 import { nextPast } from '../kv-append.ts'
+import { alignColumns } from '../../daemon/engine/kv-block.ts'
 import { readFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { Tokenizer } from '@huggingface/tokenizers'
@@ -83,6 +84,62 @@ export async function runStages (p: Pipeline, x: StageStep, past: Map<string, or
     else hidden = out[HIDDEN_OUT]
   }
   return { logits: logits!, present }
+}
+
+/** One step through every stage for B rows (nested arrays), keeping the last position's logits. */
+export async function stepRows (p: Pipeline, ids: number[][], pos: number[][], mask: number[][], past: Map<string, ort.Tensor>): Promise<{ logits: Float32Array, present: Map<string, ort.Tensor> }> {
+  const r = await runStages(p, { ids: ids.flat(), pos: pos.flat(), mask: mask.flat(), B: ids.length, S: ids[0]!.length, T: mask[0]!.length, keep: 1 }, past)
+  return { logits: r.logits.data as Float32Array, present: r.present }
+}
+
+const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
+  Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
+
+/**
+ * Right-padded batched decode against each row alone, for an in-place ('ort-contrib') graph: each
+ * row prefilled and then decoded `steps` steps alone (feeding a fixed token), and all rows
+ * together with their caches packed left-aligned into one [B, kvH, W, hd] block wider than any
+ * row alone had (W a multiple of 16, as an engine's blocks: kv-block.ts, plus `extraWidth`).
+ * Returns the "row b step k" whose logits were not bit-identical (none: batch-invariant).
+ */
+export async function batchedAgainstAlone (p: Pipeline, rows: number[][], steps: number, extraWidth: number): Promise<string[]> {
+  const manifest = p.manifest
+  const alone: Float32Array[][] = []
+  const prefilled: Array<Map<string, ort.Tensor>> = []
+  for (const row of rows) {
+    let r = await stepRows(p, [row], [row.map((_, j) => j)], [row.map(() => 1)], emptyPast(manifest, 1))
+    prefilled.push(r.present)
+    const logits: Float32Array[] = []
+    for (let k = 0; k < steps; k++) {
+      r = await stepRows(p, [[7 + k]], [[row.length + k]], [new Array<number>(row.length + k + 1).fill(1)], r.present)
+      logits.push(r.logits)
+    }
+    alone.push(logits)
+  }
+  const { numKvHeads: kvH, headDim: hd } = manifest.shape
+  const P = Math.max(...rows.map(r => r.length))
+  const W = alignColumns(P + steps) + extraWidth
+  let past = new Map<string, ort.Tensor>()
+  for (const name of prefilled[0]!.keys()) {
+    // Padding must be finite: a one-position step reads it and masks it to exact zeros.
+    const data = new Float32Array(rows.length * kvH * W * hd)
+    rows.forEach((row, b) => {
+      const src = prefilled[b]!.get(name)!
+      const width = src.dims[2]!
+      for (let h = 0; h < kvH; h++) data.set((src.data as Float32Array).subarray(h * width * hd, (h * width + row.length) * hd), (b * kvH + h) * W * hd)
+    })
+    past.set(name, new ort.Tensor('float32', data, [rows.length, kvH, W, hd]))
+  }
+  const V = manifest.shape.vocabSize
+  const mismatches: string[] = []
+  for (let k = 0; k < steps; k++) {
+    const T = P + k + 1
+    const r = await stepRows(p, rows.map(() => [7 + k]), rows.map(row => [row.length + k]),
+      rows.map(row => Array.from({ length: T }, (_, j) => (j < row.length + k + 1 ? 1 : 0))), past)
+    rows.forEach((_, b) => { if (!sameBytes(r.logits.subarray(b * V, (b + 1) * V), alone[b]![k]!)) mismatches.push(`row ${b} step ${k}`) })
+    past = r.present
+  }
+  return mismatches
 }
 
 /** Greedy decode: prefill the prompt in one call, then one token per step. Returns tokens and each step's logits. */
