@@ -208,9 +208,14 @@ export interface GenerationDefaults {
  * MLAS's one-row kernels that read the past in place) or 'grouped' (a kv head's query heads as
  * the rows of one product, the past packed first). The same tokens either way, to float
  * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
+ * 'native' is a benchmark's form, never chosen by shoal: one DecodeAttention node a layer, a
+ * kernel onnxruntime does not have — only a process with reproduction/native/ort-fused-attention.c
+ * preloaded can run it (reproduction/bench-native-attention.ts).
  */
-export type DecodeAttentionForm = 'per-head' | 'grouped'
-export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped']
+export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'
+export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped', 'native']
+/** The op domain of the 'native' form's node. */
+export const NATIVE_ATTENTION_DOMAIN = 'ai.shoal.bench'
 
 export interface ShardManifest {
   format: typeof MANIFEST_FORMAT

@@ -6,11 +6,11 @@
  * Both take the projected q/k/v as [B, S, heads·hd] and return the context [B, S, H·hd] and the
  * present KV [B, kvH, T, hd], with the same masking rule (contract.ts), so the I/O is identical.
  */
-import type { DecodeAttentionForm, ModelShape } from '../contract.ts'
+import { NATIVE_ATTENTION_DOMAIN, type DecodeAttentionForm, type ModelShape } from '../contract.ts'
 import { CheckpointError } from '../errors.ts'
 import { invFreqAt } from '../rope.ts'
 import type { F32Tensor } from '../safetensors.ts'
-import type { AttentionIo, AttentionOut, BuildContext, StageTables } from './types.ts'
+import type { AttentionIo, AttentionOut, BuildContext, DecodeTables, StageTables } from './types.ts'
 import { DT, MS_DOMAIN, type GraphBuilder } from './builder.ts'
 
 /** Lowest finite f32: masked scores become this (not −∞), so a fully padded row stays finite. */
@@ -252,7 +252,7 @@ export function gqaAttention (ctx: BuildContext, n: string, wn: string, io: Atte
  * live ones — its first seqlens_k, the new position being the one past them — and −∞ after) and
  * a [W, 1] column of ones for the sums.
  */
-function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' }>, pastK: string): { cond: string, bias: string, ones: string } {
+function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' }>, pastK: string): DecodeTables {
   const { g } = ctx
   const c = '/model/decode'
   const w = g.op('Shape', `${c}/W/Shape`, [pastK], { start: 2, end: 3 })
@@ -267,7 +267,7 @@ function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' 
   const bias = g.op('Reshape', `${c}/bias/Reshape`, [
     g.op('Where', `${c}/bias/Where`, [live, g.f32(0), g.f32(-Infinity)]), g.i64([0, 1, 1, -1])])
   const ones = g.op('Expand', `${c}/ones/Expand`, [g.constant(DT.FLOAT, [1, 1], [1]), g.op('Concat', `${c}/ones/dims/Concat`, [w, g.i64([1])], { axis: 0 })])
-  return { cond, bias, ones }
+  return { cond, bias, ones, seqlensK: t.seqlensK }
 }
 
 /**
@@ -279,7 +279,7 @@ function decodeTables (ctx: BuildContext, t: Extract<StageTables, { kind: 'gqa' 
  * (~1e-7), and one-position steps only: steps of several positions keep GroupQueryAttention.
  * Returns the context [B, 1, H·hd] and the new key and value [B, kvH, 1, hd].
  */
-function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: { bias: string, ones: string }): string[] {
+function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: DecodeTables): string[] {
   return decodeAttentionNodes(ctx.g, ctx.spec.shape, ctx.decodeAttention ?? 'per-head', `${n}/decode`, parts, pastK, pastV, d)
 }
 
@@ -289,12 +289,20 @@ function decodeAttention (ctx: BuildContext, n: string, parts: { q: string, k: s
  * times these very nodes.
  */
 export function decodeAttentionNodes (g: GraphBuilder, shape: Pick<ModelShape, 'numHeads' | 'numKvHeads' | 'headDim'>, form: DecodeAttentionForm,
-  m: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: { bias: string, ones: string }): string[] {
+  m: string, parts: { q: string, k: string, v: string }, pastK: string, pastV: string, d: Omit<DecodeTables, 'cond'>): string[] {
   const { numHeads: H, numKvHeads: kvH, headDim: hd } = shape
-  // One position: [B, 1, kvH·hd] holds [B, kvH, 1, hd] (and k's transpose [B, kvH, hd, 1]) in
-  // the same order, so Reshapes — views, no copy — stand where Transposes of a size-1 axis copied.
   const k = g.op('Reshape', `${m}/k/Reshape`, [parts.k, g.i64([0, kvH, 1, hd])])
   const v = g.op('Reshape', `${m}/v/Reshape`, [parts.v, g.i64([0, kvH, 1, hd])])
+  if (form === 'native') {
+    if (d.seqlensK === undefined) throw new Error("the 'native' decode attention needs each row's seqlens_k")
+    // The benchmark's kernel (reproduction/native/ort-fused-attention.c): the same work in one node.
+    const context = g.op('DecodeAttention', `${m}/DecodeAttention`, [parts.q, parts.k, parts.v, pastK, pastV, d.seqlensK],
+      { num_heads: H, kv_num_heads: kvH }, NATIVE_ATTENTION_DOMAIN)
+    return [context, k, v]
+  }
+  // One position: [B, 1, kvH·hd] holds [B, kvH, 1, hd] (and k's transpose [B, kvH, hd, 1]) in
+  // the same order, so Reshapes — views, no copy — stand where Transposes of a size-1 axis copied
+  // (k and v above).
   // Head h is kv head ⌊h / group⌋: q as [B, kvH, group, hd], scaled once.
   const group = H / kvH
   const scaled = g.op('Mul', `${m}/q/Mul`, [parts.q, g.f32(1 / Math.sqrt(hd))])

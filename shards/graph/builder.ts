@@ -39,6 +39,8 @@ export class GraphBuilder {
   private readonly constCache = new Map<string, string>()
   private readonly names = new Set<string>()
   usesMsDomain = false
+  /** Op domains other than ONNX's and com.microsoft that some node uses (each imported at version 1). */
+  readonly otherDomains = new Set<string>()
 
   constructor (dataFile: string) {
     this.dataFile = dataFile
@@ -49,6 +51,7 @@ export class GraphBuilder {
     if (this.names.has(name)) throw new Error(`duplicate node name ${name}`)
     this.names.add(name)
     if (domain === MS_DOMAIN) this.usesMsDomain = true
+    else if (domain !== '') this.otherDomains.add(domain)
     const outputs = Array.from({ length: outputCount }, (_, i) => `${name}/output_${i}`)
     this.sink.push({ name, opType, domain, input: inputs, output: outputs, attribute: Object.entries(attrs).map(([k, v]) => attr(k, v)) })
     return outputs
@@ -163,6 +166,7 @@ export class GraphBuilder {
   encode (graphName: string, docString: string, derive: (graph: IGraphProto) => IGraphProto = g => g): Uint8Array {
     const opsetImport = [{ domain: '', version: OPSET }]
     if (this.usesMsDomain) opsetImport.push({ domain: MS_DOMAIN, version: 1 })
+    for (const domain of this.otherDomains) opsetImport.push({ domain, version: 1 })
     return onnx.ModelProto.encode({
       irVersion: IR_VERSION,
       opsetImport,

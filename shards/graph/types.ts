@@ -77,7 +77,7 @@ export type StageTables =
     /** int32 [1]: T. */
     totalLength: string
     /** One-position steps' tables over the past buffer, made with the first layer that needs them (decodeInPlace). */
-    decode?: { cond: string, bias: string, ones: string }
+    decode?: DecodeTables
     /**
      * int64 [B, kvH, S, 1]: the columns of GroupQueryAttention's present that hold each row's new
      * positions (L_b − S .. L_b − 1), for GatherND with batch_dims 2 (the new_key_values outputs;
@@ -104,3 +104,11 @@ export interface AttentionOut {
   presentK: string
   presentV: string
 }
+
+/**
+ * What a stage's one-position attentions share (shards/graph/attention.ts decodeTables): the
+ * condition, the additive mask over the past buffer, a column of ones for the sums, and each
+ * row's live past columns (int32 [B]; optional for callers that build the nodes alone, which the
+ * 'native' form needs).
+ */
+export interface DecodeTables { cond: string, bias: string, ones: string, seqlensK?: string }

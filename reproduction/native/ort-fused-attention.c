@@ -1,0 +1,391 @@
+/*
+ * The fused one-position attention of fused-attention.c as an onnxruntime kernel, to measure what
+ * it is worth served (issue 11; docs/engine-notes.md, wave 34). A benchmark instrument, not a part
+ * of shoal: onnxruntime-node gives no way to register a custom op, so this library is preloaded
+ * (LD_PRELOAD) in front of onnxruntime and stands in for its one exported entry, OrtGetApiBase. It
+ * hands out onnxruntime's own API table with CreateSession / CreateSessionFromArray wrapped so
+ * that every session's options get one more op domain, `ai.shoal.bench`, holding the op below.
+ * Nothing else changes; a process without the preload sees onnxruntime as shipped.
+ *
+ *   cc -O3 -march=native -shared -fPIC -o libshoal-fused-attention.so ort-fused-attention.c -ldl -lm
+ *   (reproduction/lib/native-attention.ts builds it so, once per source)
+ *
+ * DecodeAttention (domain ai.shoal.bench), attributes num_heads, kv_num_heads:
+ *   q [B, 1, H·hd] (rotated, unscaled), k, v [B, 1, kvH·hd] (the new position's, k rotated),
+ *   past_k, past_v [B, kvH, W, hd], seqlens_k int32 [B] (row b's live past columns: its first
+ *   seqlens_k[b]) -> context [B, 1, H·hd].
+ * The same sums as the graph's decode attention (shards/graph/attention.ts, decodeAttentionNodes):
+ * q scaled by 1/√hd, scores over the live past and the new key, their max, exp, the sum and the
+ * weighted values over the past then the new position, divided. Each row reads only its own live
+ * columns, in order, and every sum has a fixed order (dot products in four running sums of 16
+ * lanes and a fixed fold; the weights' sum in 16 lanes over whole blocks, then the rest), so a
+ * row's bits depend neither on the buffer's width nor on the batch around it. Its order of sums is
+ * not MLAS's, so its bits are not the shipped graph's. A shape it cannot take ends the process
+ * with a message (an op of this ABI version has no error return): the graphs it serves are the
+ * compiler's own.
+ *
+ * The OrtApi slots and the OrtCustomOp layout below are onnxruntime's C ABI (onnxruntime_c_api.h,
+ * append-only across versions); the header itself is not in this repository.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef void OrtStatus;
+typedef struct { const void *(*GetApi)(uint32_t version); const char *(*GetVersionString)(void); } OrtApiBase;
+
+/* Slots of the OrtApi table this library calls (their index is their place in the C ABI). */
+enum {
+  API_GET_ERROR_MESSAGE = 2, API_CREATE_SESSION = 7, API_CREATE_SESSION_FROM_ARRAY = 8,
+  API_CREATE_CUSTOM_OP_DOMAIN = 26, API_CUSTOM_OP_DOMAIN_ADD = 27, API_ADD_CUSTOM_OP_DOMAIN = 28,
+  API_GET_TENSOR_MUTABLE_DATA = 51, API_GET_DIMENSIONS_COUNT = 61, API_GET_DIMENSIONS = 62,
+  API_GET_TENSOR_TYPE_AND_SHAPE = 65, API_KERNEL_INFO_GET_ATTRIBUTE_INT64 = 86,
+  API_KERNEL_CONTEXT_GET_INPUT = 90, API_KERNEL_CONTEXT_GET_OUTPUT = 91, API_RELEASE_STATUS = 93,
+  API_RELEASE_TENSOR_TYPE_AND_SHAPE = 99, API_KERNEL_CONTEXT_PARALLEL_FOR = 274,
+};
+#define SLOT(api, i) (((void *const *)(api))[i])
+
+typedef OrtStatus *(*CreateSessionFn)(const void *env, const char *path, const void *options, void **out);
+typedef OrtStatus *(*CreateSessionFromArrayFn)(const void *env, const void *data, size_t len, const void *options, void **out);
+typedef OrtStatus *(*CreateCustomOpDomainFn)(const char *domain, void **out);
+typedef OrtStatus *(*CustomOpDomainAddFn)(void *domain, const void *op);
+typedef OrtStatus *(*AddCustomOpDomainFn)(void *options, void *domain);
+typedef OrtStatus *(*GetTensorMutableDataFn)(void *value, void **out);
+typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const void *value, void **out);
+typedef OrtStatus *(*GetDimensionsCountFn)(const void *info, size_t *out);
+typedef OrtStatus *(*GetDimensionsFn)(const void *info, int64_t *dims, size_t n);
+typedef void (*ReleaseFn)(void *);
+typedef OrtStatus *(*KernelInfoGetAttributeInt64Fn)(const void *info, const char *name, int64_t *out);
+typedef const void *(*KernelContextGetInputFn)(const void *context, size_t index, const void **out);
+typedef OrtStatus *(*KernelContextGetOutputFn)(void *context, size_t index, const int64_t *dims, size_t n, void **out);
+typedef OrtStatus *(*KernelContextParallelForFn)(const void *context, void (*fn)(void *, size_t), size_t total, size_t batches, void *data);
+typedef const char *(*GetErrorMessageFn)(const OrtStatus *status);
+
+/* OrtCustomOp as of ABI version 14 (the fields a version-14 op must fill). */
+typedef struct OrtCustomOp {
+  uint32_t version;
+  void *(*CreateKernel)(const struct OrtCustomOp *op, const void *api, const void *info);
+  const char *(*GetName)(const struct OrtCustomOp *op);
+  const char *(*GetExecutionProviderType)(const struct OrtCustomOp *op);
+  int (*GetInputType)(const struct OrtCustomOp *op, size_t index);
+  size_t (*GetInputTypeCount)(const struct OrtCustomOp *op);
+  int (*GetOutputType)(const struct OrtCustomOp *op, size_t index);
+  size_t (*GetOutputTypeCount)(const struct OrtCustomOp *op);
+  void (*KernelCompute)(void *kernel, void *context);
+  void (*KernelDestroy)(void *kernel);
+  int (*GetInputCharacteristic)(const struct OrtCustomOp *op, size_t index);
+  int (*GetOutputCharacteristic)(const struct OrtCustomOp *op, size_t index);
+  int (*GetInputMemoryType)(const struct OrtCustomOp *op, size_t index);
+  int (*GetVariadicInputMinArity)(const struct OrtCustomOp *op);
+  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp *op);
+  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp *op);
+  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp *op);
+} OrtCustomOp;
+
+enum { TYPE_FLOAT = 1, TYPE_INT32 = 6, INPUT_REQUIRED = 0, MEM_DEFAULT = 0, LANES = 16 };
+
+static const OrtApiBase *real_base;
+static OrtApiBase shim_base;
+static const void *api; /* onnxruntime's table, once patched */
+static CreateSessionFn real_create_session;
+static CreateSessionFromArrayFn real_create_session_from_array;
+static void *domain;
+
+/* ---- the kernel ---- */
+
+typedef struct { int64_t heads, kv_heads; } Kernel;
+
+/* 16 floats as one value (one AVX-512 register, two AVX ones, four SSE ones: the compiler's
+ * choice for the CPU it builds for); loads and stores through memcpy, so no alignment is assumed. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+static inline v16 load16 (const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16 (float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+/* The 16 lanes' sum, folded in halves in a fixed order: the same bits for the same lanes. */
+static inline float fold16 (v16 a) {
+  v8 h = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
+/* q·k over hd (a multiple of 16): four running sums over the blocks of 16 (block i into sum
+ * i mod 4, in order), added pairwise, then fold16 — a fixed order, and four independent chains
+ * where one would wait on each multiply-add. */
+static inline float dot (const float *q, const float *k, int hd) {
+  v16 a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
+  int d = 0;
+  for (; d + 64 <= hd; d += 64) {
+    a[0] += load16(q + d) * load16(k + d); a[1] += load16(q + d + 16) * load16(k + d + 16);
+    a[2] += load16(q + d + 32) * load16(k + d + 32); a[3] += load16(q + d + 48) * load16(k + d + 48);
+  }
+  for (int i = 0; d < hd; d += 16, i++) a[i] += load16(q + d) * load16(k + d);
+  return fold16((a[0] + a[1]) + (a[2] + a[3]));
+}
+
+/* e^x for x ≤ 0, within 2.7 ulp of exp over [−87, 0]: 2^n · p(r) with x = n·ln2 + r, |r| ≤ ln2/2, p a degree-6 Taylor
+ * polynomial. Branch-free, so a loop of it vectorises; below −87 (a weight under 1e-38 of the
+ * top one's) it gives 0, where expf would take its slow path into denormals. */
+static inline float exp_neg (float x) {
+  const float y = x < -88.0f ? -88.0f : x; /* keeps n in range; such x give 0 below */
+  const float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5·2^23 */
+  const float r = (y - n * 0.693145752f) - n * 1.42860677e-6f;
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666672e-1f + r * (4.16666679e-2f + r * (8.33333377e-3f + r * 1.38888892e-3f)))));
+  const int32_t e = ((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &e, sizeof scale);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+/* The largest of s[0..n), n ≥ 1: max is exact in any order, so 16 lanes at a time. */
+static inline float max_of (const float *s, int n) {
+  float top = s[0];
+  int t = 0;
+  if (n >= 16) {
+    v16 m = load16(s);
+    for (t = 16; t + 16 <= n; t += 16) { const v16 x = load16(s + t); for (int i = 0; i < 16; i++) m[i] = x[i] > m[i] ? x[i] : m[i]; }
+    for (int i = 0; i < 16; i++) top = m[i] > top ? m[i] : top;
+  }
+  for (; t < n; t++) top = s[t] > top ? s[t] : top;
+  return top;
+}
+
+/* s[t] = exp(s[t] − top) for t < n, and their sum: lane i of 16 sums t ≡ i (mod 16) in order over
+ * the whole blocks, fold16, then the rest in order — a fixed order for each n. */
+static inline float exp_and_sum (float *s, int n, float top) {
+  v16 lanes = { 0 };
+  int t = 0;
+  for (; t + 16 <= n; t += 16) {
+    v16 e;
+    for (int i = 0; i < 16; i++) e[i] = exp_neg(s[t + i] - top);
+    store16(s + t, e);
+    lanes += e;
+  }
+  float sum = fold16(lanes);
+  for (; t < n; t++) { s[t] = exp_neg(s[t] - top); sum += s[t]; }
+  return sum;
+}
+
+/* acc[j·hd + d] = Σ_t p[j·S + t] · v[t·hd + d] for the G query heads, t < T in order. Four heads
+ * and 64 lanes at a time where the shape allows (16 running sums in registers: each step's 16
+ * multiply-adds are independent), else one head and 16 lanes at a time; each lane's sum runs over t
+ * in order either way, so the bits are the same. */
+static void weighted_values (int G, int hd, int T, int S, const float *p, const float *v, float *acc) {
+  int j = 0;
+  if (hd % 64 == 0) {
+    for (; j + 4 <= G; j += 4) {
+      const float *p0 = p + (size_t)j * S, *p1 = p0 + S, *p2 = p1 + S, *p3 = p2 + S;
+      for (int d = 0; d < hd; d += 64) {
+        v16 a[4][4] = { { { 0 } } };
+        for (int t = 0; t < T; t++) {
+          const float *vt = v + (size_t)t * hd + d;
+          const v16 x0 = load16(vt), x1 = load16(vt + 16), x2 = load16(vt + 32), x3 = load16(vt + 48);
+          const float w[4] = { p0[t], p1[t], p2[t], p3[t] };
+          for (int h = 0; h < 4; h++) { a[h][0] += w[h] * x0; a[h][1] += w[h] * x1; a[h][2] += w[h] * x2; a[h][3] += w[h] * x3; }
+        }
+        for (int h = 0; h < 4; h++) for (int b = 0; b < 4; b++) store16(acc + (size_t)(j + h) * hd + d + 16 * b, a[h][b]);
+      }
+    }
+  }
+  for (; j < G; j++) {
+    const float *pj = p + (size_t)j * S;
+    for (int d = 0; d < hd; d += 16) {
+      v16 a0 = { 0 };
+      for (int t = 0; t < T; t++) a0 += pj[t] * load16(v + (size_t)t * hd + d);
+      store16(acc + (size_t)j * hd + d, a0);
+    }
+  }
+}
+
+/* One row's kv head: G query heads over T live past columns (rows of `pk`, `pv`) and the new
+ * position (nk, nv). scores: G × (T + 1); qs, acc: G × hd. */
+static void attend_head (int G, int hd, int T, float scale, const float *q, const float *pk, const float *pv,
+  const float *nk, const float *nv, float *out, float *scores, float *qs, float *acc) {
+  const int S = T + 1;
+  for (int i = 0; i < G * hd; i++) qs[i] = q[i] * scale;
+  for (int t = 0; t < T; t++) {
+    const float *kt = pk + (size_t)t * hd;
+    for (int j = 0; j < G; j++) scores[j * S + t] = dot(qs + j * hd, kt, hd);
+  }
+  float sums[G];
+  for (int j = 0; j < G; j++) {
+    float *s = scores + (size_t)j * S;
+    s[T] = dot(qs + j * hd, nk, hd);
+    /* The past's weights and sum, then the new position's: the order the graph's forms use too. */
+    const float top = max_of(s, S);
+    sums[j] = exp_and_sum(s, T, top);
+    s[T] = exp_neg(s[T] - top);
+    sums[j] += s[T];
+  }
+  weighted_values(G, hd, T, S, scores, pv, acc);
+  for (int j = 0; j < G; j++) {
+    const float e = scores[(size_t)j * S + T];
+    for (int d = 0; d < hd; d++) out[j * hd + d] = (acc[j * hd + d] + e * nv[d]) / sums[j];
+  }
+}
+
+static void *create_kernel (const OrtCustomOp *op, const void *ort, const void *info) {
+  (void)op;
+  Kernel *k = calloc(1, sizeof(Kernel));
+  KernelInfoGetAttributeInt64Fn get = (KernelInfoGetAttributeInt64Fn)SLOT(ort, API_KERNEL_INFO_GET_ATTRIBUTE_INT64);
+  ReleaseFn release = (ReleaseFn)SLOT(ort, API_RELEASE_STATUS);
+  OrtStatus *a = get(info, "num_heads", &k->heads), *b = get(info, "kv_num_heads", &k->kv_heads);
+  if (a != NULL || b != NULL || k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads != 0) {
+    fprintf(stderr, "shoal DecodeAttention: num_heads and kv_num_heads must be positive, heads a multiple of kv heads\n");
+    abort();
+  }
+  release(a); release(b);
+  return k;
+}
+
+static void dims_of (const void *value, int64_t *dims, size_t want) {
+  void *info;
+  size_t n;
+  ((GetTensorTypeAndShapeFn)SLOT(api, API_GET_TENSOR_TYPE_AND_SHAPE))(value, &info);
+  ((GetDimensionsCountFn)SLOT(api, API_GET_DIMENSIONS_COUNT))(info, &n);
+  if (n != want) { fprintf(stderr, "shoal DecodeAttention: an input of rank %zu where %zu was expected\n", n, want); abort(); }
+  ((GetDimensionsFn)SLOT(api, API_GET_DIMENSIONS))(info, dims, n);
+  ((ReleaseFn)SLOT(api, API_RELEASE_TENSOR_TYPE_AND_SHAPE))(info);
+}
+
+static const void *input (void *context, size_t i) {
+  const void *v = NULL;
+  ((KernelContextGetInputFn)SLOT(api, API_KERNEL_CONTEXT_GET_INPUT))(context, i, &v);
+  return v;
+}
+
+static void *data_of (const void *value) {
+  void *p = NULL;
+  ((GetTensorMutableDataFn)SLOT(api, API_GET_TENSOR_MUTABLE_DATA))((void *)value, &p);
+  return p;
+}
+
+/* One compute's shared view: unit u is row u / kvH, kv head u % kvH; its scratch at u · stride. */
+typedef struct {
+  int G, hd, KVH, H, W;
+  float scale;
+  const float *q, *nk, *nv, *pk, *pv;
+  const int32_t *lens;
+  float *out, *scratch;
+  size_t stride;
+} Work;
+
+static void run_unit (void *data, size_t u) {
+  const Work *w = data;
+  const int b = (int)(u / w->KVH), h = (int)(u % w->KVH);
+  const int T = w->lens[b] < 0 ? 0 : w->lens[b] > w->W ? w->W : w->lens[b];
+  float *scores = w->scratch + u * w->stride, *qs = scores + w->G * (w->W + 1), *acc = qs + w->G * w->hd;
+  attend_head(w->G, w->hd, T, w->scale, w->q + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, w->pk + u * w->W * w->hd, w->pv + u * w->W * w->hd,
+    w->nk + u * w->hd, w->nv + u * w->hd, w->out + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, scores, qs, acc);
+}
+
+static void fail (const char *what, OrtStatus *status);
+
+static void compute (void *kernel, void *context) {
+  const Kernel *k = kernel;
+  const int H = (int)k->heads, KVH = (int)k->kv_heads, G = H / KVH;
+  int64_t qd[3], pd[4];
+  dims_of(input(context, 0), qd, 3);
+  dims_of(input(context, 3), pd, 4);
+  const int B = (int)qd[0], W = (int)pd[2], hd = (int)pd[3];
+  if (qd[2] != (int64_t)H * hd || pd[1] != KVH || hd % LANES != 0) { fprintf(stderr, "shoal DecodeAttention: shapes do not agree\n"); abort(); }
+  const float *q = data_of(input(context, 0)), *nk = data_of(input(context, 1)), *nv = data_of(input(context, 2));
+  const float *pk = data_of(input(context, 3)), *pv = data_of(input(context, 4));
+  const int32_t *lens = data_of(input(context, 5));
+  void *outv = NULL;
+  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 0, qd, 3, &outv);
+  float *out = data_of(outv);
+  Work w = { G, hd, KVH, H, W, 1.0f / sqrtf((float)hd), q, nk, nv, pk, pv, lens, out, NULL, G * (W + 1) + 2 * G * hd };
+  const size_t units = (size_t)B * KVH;
+  w.scratch = malloc(sizeof(float) * w.stride * units);
+  if (w.scratch == NULL) { fprintf(stderr, "shoal DecodeAttention: out of memory\n"); abort(); }
+  /* The (row, kv head) units on the session's intra-op threads, as onnxruntime's own kernels
+   * share them; each unit's sums are the same on whichever thread runs it. */
+  OrtStatus *st = units < 2 ? NULL : ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, run_unit, units, units, &w);
+  if (units < 2) run_unit(&w, 0);
+  else if (st != NULL) fail("KernelContext_ParallelFor", st);
+  free(w.scratch);
+}
+
+static void destroy_kernel (void *kernel) { free(kernel); }
+static const char *op_name (const OrtCustomOp *op) { (void)op; return "DecodeAttention"; }
+static const char *op_provider (const OrtCustomOp *op) { (void)op; return NULL; }
+static int input_type (const OrtCustomOp *op, size_t i) { (void)op; return i == 5 ? TYPE_INT32 : TYPE_FLOAT; }
+static size_t input_count (const OrtCustomOp *op) { (void)op; return 6; }
+static int output_type (const OrtCustomOp *op, size_t i) { (void)op; (void)i; return TYPE_FLOAT; }
+static size_t output_count (const OrtCustomOp *op) { (void)op; return 1; }
+static int required (const OrtCustomOp *op, size_t i) { (void)op; (void)i; return INPUT_REQUIRED; }
+static int memory_default (const OrtCustomOp *op, size_t i) { (void)op; (void)i; return MEM_DEFAULT; }
+static int one (const OrtCustomOp *op) { (void)op; return 1; }
+
+static const OrtCustomOp decode_attention = {
+  14, create_kernel, op_name, op_provider, input_type, input_count, output_type, output_count, compute, destroy_kernel,
+  required, required, memory_default, one, one, one, one,
+};
+
+/* ---- the stand-in entry ---- */
+
+static void fail (const char *what, OrtStatus *status) {
+  fprintf(stderr, "shoal fused attention: %s: %s\n", what, status == NULL ? "" : ((GetErrorMessageFn)SLOT(api, API_GET_ERROR_MESSAGE))(status));
+  abort();
+}
+
+static void add_domain (const void *options) {
+  OrtStatus *s;
+  if (domain == NULL) {
+    if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal.bench", &domain)) != NULL) fail("CreateCustomOpDomain", s);
+    if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
+  }
+  if ((s = ((AddCustomOpDomainFn)SLOT(api, API_ADD_CUSTOM_OP_DOMAIN))((void *)options, domain)) != NULL) fail("AddCustomOpDomain", s);
+}
+
+static OrtStatus *create_session (const void *env, const char *path, const void *options, void **out) {
+  add_domain(options);
+  return real_create_session(env, path, options, out);
+}
+
+static OrtStatus *create_session_from_array (const void *env, const void *data, size_t len, const void *options, void **out) {
+  add_domain(options);
+  return real_create_session_from_array(env, data, len, options, out);
+}
+
+/* onnxruntime's table is read-only data in its library: made writable for the two stores, then
+ * read-only again. Every caller of the table (the binding, onnxruntime itself) then gets the
+ * wrapped entries. */
+static const void *get_api (uint32_t version) {
+  const void *table = real_base->GetApi(version);
+  if (table == NULL || api != NULL) return table;
+  const long page = sysconf(_SC_PAGESIZE);
+  void **slots = (void **)table;
+  uintptr_t lo = (uintptr_t)&slots[API_CREATE_SESSION] & ~(uintptr_t)(page - 1);
+  uintptr_t hi = ((uintptr_t)&slots[API_CREATE_SESSION_FROM_ARRAY + 1] + page - 1) & ~(uintptr_t)(page - 1);
+  if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) { perror("shoal fused attention: mprotect"); abort(); }
+  real_create_session = (CreateSessionFn)slots[API_CREATE_SESSION];
+  real_create_session_from_array = (CreateSessionFromArrayFn)slots[API_CREATE_SESSION_FROM_ARRAY];
+  slots[API_CREATE_SESSION] = (void *)create_session;
+  slots[API_CREATE_SESSION_FROM_ARRAY] = (void *)create_session_from_array;
+  mprotect((void *)lo, hi - lo, PROT_READ);
+  api = table;
+  return table;
+}
+
+const OrtApiBase *OrtGetApiBase (void) {
+  if (real_base == NULL) {
+    /* The binding loads onnxruntime as its own dependency before it asks for the table, so the
+     * library is in the process by now: found by its soname, not loaded a second time. */
+    void *lib = dlopen("libonnxruntime.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    const OrtApiBase *(*real)(void) = lib == NULL ? NULL : (const OrtApiBase *(*)(void))dlsym(lib, "OrtGetApiBase");
+    if (real == NULL) { fprintf(stderr, "shoal fused attention: libonnxruntime.so.1 is not loaded (%s)\n", dlerror()); abort(); }
+    real_base = real();
+    shim_base.GetApi = get_api;
+    shim_base.GetVersionString = real_base->GetVersionString;
+  }
+  return &shim_base;
+}

@@ -1,0 +1,51 @@
+/**
+ * The 'native' decode-attention form (shards/contract.ts DecodeAttentionForm): one DecodeAttention
+ * node a layer, run by the fused kernel of reproduction/native/ort-fused-attention.c, which a
+ * benchmark preloads (issue 11: what a custom kernel is worth served). It must be exact as the
+ * shipped forms are: every test architecture's 64 greedy tokens equal the float64 reference's,
+ * its logits stay within float rounding of the per-head form's, and right-padded batches decode
+ * bit-identically to each row alone. The kernel is built with the machine's C compiler; without
+ * one (`cc`) the test is skipped, as the form is then out of reach anyway. Also checked here: a
+ * process without the kernel refuses the form's graph with onnxruntime's own error.
+ */
+import { execFile } from 'node:child_process'
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { promisify } from 'node:util'
+import ort from 'onnxruntime-node'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { buildNativeAttention, hasCompiler, nativeAttentionEnv } from '../../reproduction/lib/native-attention.ts'
+import { compileShards, generateTestModel, NATIVE_ATTENTION_DOMAIN } from '../../shards/index.ts'
+
+const compiler = await hasCompiler()
+
+let root: string
+beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-native-test-')) })
+afterAll(async () => { await rm(root, { recursive: true, force: true }) })
+
+describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)', () => {
+  it('keeps every architecture\'s reference tokens and batched decode\'s bits', async () => {
+    const lib = await buildNativeAttention(join(root, 'lib'))
+    const { stdout } = await promisify(execFile)(process.execPath, [join(import.meta.dirname, 'native-attention.child.ts')],
+      { env: { ...process.env, ...nativeAttentionEnv(lib) }, maxBuffer: 16 << 20 })
+    const results = stdout.trim().split('\n').map(l => JSON.parse(l) as { arch: string, tokens: number[], reference: number[], vsPerHead: number, vsReference: number, batchedMismatches: string[] })
+    expect(results.length).toBeGreaterThanOrEqual(4)
+    for (const r of results) {
+      console.log(`${r.arch} native: max |logit − per-head| ${r.vsPerHead.toExponential(2)}, max |logit − reference| ${r.vsReference.toExponential(2)}`)
+      expect(r.tokens, r.arch).toEqual(r.reference)
+      expect(r.vsPerHead, r.arch).toBeLessThan(1e-4)
+      expect(r.batchedMismatches, r.arch).toEqual([])
+    }
+  }, 240_000)
+})
+
+describe('the native decode attention without the kernel', () => {
+  it('is refused when the session is made, naming the op', async () => {
+    const modelDir = join(root, 'model')
+    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
+    const m = await compileShards({ modelDir, outDir: join(root, 'shards'), opSet: 'ort-contrib', decodeAttention: 'native' })
+    expect(m.decodeAttention).toBe('native')
+    await expect(ort.InferenceSession.create(join(root, 'shards', m.stages[0]!.graph))).rejects.toThrow(new RegExp(`DecodeAttention|${NATIVE_ATTENTION_DOMAIN.replaceAll('.', '\\.')}`))
+  })
+})
