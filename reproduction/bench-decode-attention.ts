@@ -11,10 +11,12 @@
  * past (a long one), and what a second intra-op thread does to it (at one row it makes it slower
  * here: each batched MatMul hands its kv heads to the pool however small each product is).
  * `--native` adds the same work as one fused C loop on one thread (reproduction/native/
- * fused-attention.c, built here with `cc -O3 -march=native -ffast-math`): what a custom kernel
- * would be worth, which onnxruntime-node cannot load (wave 33).
+ * fused-attention.c, built here with `cc -O3 -march=native -ffast-math`; cells 'c-loop'): what a
+ * custom kernel would be worth bare (wave 33). The form 'native' (in --forms) is such a kernel
+ * inside onnxruntime: its cells' processes get reproduction/native/ort-fused-attention.c
+ * preloaded (lib/native-attention.ts, wave 34).
  *
- *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head] [--contexts 16,192]
+ *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head(,native)] [--contexts 16,192]
  *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000] [--native]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine). Prints each
  * cell's median µs a run (each round's median of --runs runs, after --runs / 2 untimed ones), as
@@ -30,6 +32,7 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { DECODE_ATTENTION_FORMS, type DecodeAttentionForm } from '../shards/contract.ts'
+import { buildNativeAttention, nativeAttentionEnv } from './lib/native-attention.ts'
 import { decodeAttentionNodes } from '../shards/graph/attention.ts'
 import { DT, GraphBuilder } from '../shards/graph/builder.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
@@ -40,8 +43,8 @@ import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 // serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
 execWithServeMalloc()
 
-/** 'native': reproduction/native/fused-attention.c on one thread, beside onnxruntime's forms. */
-interface Cell { form: DecodeAttentionForm | 'native', context: number, batch: number, threads: number }
+/** 'c-loop': reproduction/native/fused-attention.c on one thread, beside onnxruntime's forms. */
+interface Cell { form: DecodeAttentionForm | 'c-loop', context: number, batch: number, threads: number }
 
 const { values: args } = parseArgs({
   options: {
@@ -70,10 +73,11 @@ async function timeCell ({ form, context, batch: B, threads }: Cell & { form: De
   const v = g.input('v', DT.FLOAT, ['b', 1, KVH * HD])
   const bias = g.input('bias', DT.FLOAT, ['b', 1, 1, 'w'])
   const ones = g.input('ones', DT.FLOAT, ['w', 1])
+  const seqlensK = g.input('seqlens_k', DT.INT32, ['b'])
   for (let l = 0; l < LAYERS; l++) {
     const pastK = g.input(`past_k${l}`, DT.FLOAT, ['b', KVH, 'w', HD])
     const pastV = g.input(`past_v${l}`, DT.FLOAT, ['b', KVH, 'w', HD])
-    q = decodeAttentionNodes(g, { numHeads: H, numKvHeads: KVH, headDim: HD }, form, `/l${l}`, { q, k, v }, pastK, pastV, { bias, ones })[0]!
+    q = decodeAttentionNodes(g, { numHeads: H, numKvHeads: KVH, headDim: HD }, form, `/l${l}`, { q, k, v }, pastK, pastV, { bias, ones, seqlensK })[0]!
   }
   g.output('out', q, DT.FLOAT, ['b', 1, H * HD])
   const dir = mkdtempSync(join(tmpdir(), 'shoal-decode-attention-'))
@@ -90,6 +94,7 @@ async function timeCell ({ form, context, batch: B, threads }: Cell & { form: De
       v: new ort.Tensor('float32', filled(B * KVH * HD, 3), [B, 1, KVH * HD]),
       bias: new ort.Tensor('float32', biasData, [B, 1, 1, W]),
       ones: new ort.Tensor('float32', new Float32Array(W).fill(1), [W, 1]),
+      seqlens_k: new ort.Tensor('int32', new Int32Array(B).fill(context), [B]),
     }
     for (let l = 0; l < LAYERS; l++) {
       feeds[`past_k${l}`] = new ort.Tensor('float32', filled(B * KVH * W * HD, 4 + l), [B, KVH, W, HD])
@@ -128,7 +133,9 @@ if (args.cell !== undefined) {
   for (const f of forms) if (!DECODE_ATTENTION_FORMS.includes(f)) throw new Error(`--forms: ${f} is not one of ${DECODE_ATTENTION_FORMS.join(', ')}`)
   const cells: Cell[] = []
   for (const form of forms) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) for (const threads of numbers(args.threads)) cells.push({ form, context, batch, threads })
-  if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'native', context, batch, threads: 1 })
+  if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'c-loop', context, batch, threads: 1 })
+  // The 'native' form's cells run with the fused kernel preloaded; the others as shipped.
+  const kernelEnv = forms.includes('native') ? { ...process.env, ...nativeAttentionEnv(await buildNativeAttention()) } : process.env
   const buildDir = args.native ? mkdtempSync(join(tmpdir(), 'shoal-fused-attention-')) : undefined
   const native = buildDir === undefined ? undefined : buildNative(buildDir)
   const loadBefore = loadAverage(2)
@@ -138,9 +145,9 @@ if (args.cell !== undefined) {
     // A different order each round: a cell's neighbours in time change.
     const order = round % 2 === 0 ? cells : [...cells].reverse()
     for (const cell of order) {
-      const out = cell.form === 'native'
+      const out = cell.form === 'c-loop'
         ? execFileSync(native!, [String(cell.batch), String(cell.context), String(RUNS)], { encoding: 'utf8' })
-        : execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8' })
+        : execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8', env: cell.form === 'native' ? kernelEnv : process.env })
       results.get(cell)!.push((JSON.parse(out.trim().split('\n').at(-1)!) as { us: number }).us)
     }
   }

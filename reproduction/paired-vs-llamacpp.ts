@@ -36,7 +36,9 @@
  * which runs one server at a time cannot show here): `--arms` names two servers, the reference
  * first — "llama" for llama-server (`{"llama": ["--spec-type", "ngram-simple"]}`: with arguments
  * added), or a shoal arm as ab-serve-env.ts takes it: its environment's variables, or
- * `{"env": {…}, "dir": CHECKOUT, "shard": DIR, "args": ["--draft", "none"]}` (any of the four).
+ * `{"env": {…}, "dir": CHECKOUT, "shard": DIR, "args": ["--draft", "none"], "native": true}` (any
+ * of them; `"native": true` serves the model compiled with the 'native' one-position attention,
+ * the fused kernel of reproduction/native/ort-fused-attention.c preloaded: wave 34).
  * Ratios are the second ÷ the first.
  */
 import { mkdtemp, readFile, rm } from 'node:fs/promises'

@@ -4,7 +4,9 @@
  * added, as `--spec-type ngram-simple`), or `shoal serve` as a ShoalArm (lib/servers.ts: its
  * environment's variables alone, or `{"env", "dir", "shard", "args"}`). The reference comes first.
  */
+import { ensureNativeShards } from './bench-models.ts'
 import type { ModelFiles } from './bench-models.ts'
+import { buildNativeAttention, nativeAttentionEnv } from './native-attention.ts'
 import { llamaEnv, llamaServerArgs } from './llamacpp.ts'
 import type { LlamaShape } from './llamacpp.ts'
 import { shoalArm, startLlama, startShoalArm } from './servers.ts'
@@ -29,8 +31,16 @@ export function parseArms (json: string): Array<[string, Arm]> {
   return arms
 }
 
-/** Starts `arm` on model `m`: llama-server from `bin` sized by `shape`, or shoal with its state under `cache`. */
+/**
+ * Starts `arm` on model `m`: llama-server from `bin` sized by `shape`, or shoal with its state
+ * under `cache` — an arm with `native: true` on `m`'s shards compiled with the 'native'
+ * one-position attention, the fused kernel preloaded (lib/native-attention.ts).
+ */
 export async function startArm (arm: Arm, m: ModelFiles, bin: string, shape: LlamaShape, cache: string): Promise<Server> {
   if (isLlama(arm)) return await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, shape), ...arm.llama], llamaEnv(undefined))
+  if (arm.native === true) {
+    const env = { ...arm.env, ...nativeAttentionEnv(await buildNativeAttention()) }
+    return await startShoalArm({ ...arm, env, shard: arm.shard ?? await ensureNativeShards(m) }, m.shards, m.modelId, cache)
+  }
   return await startShoalArm(arm, m.shards, m.modelId, cache)
 }

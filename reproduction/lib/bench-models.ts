@@ -47,6 +47,17 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
 }
 
 /**
+ * `m`'s checkpoint compiled again with the 'native' one-position attention (the fused kernel of
+ * reproduction/native/ort-fused-attention.c, which only a process with it preloaded can run:
+ * lib/native-attention.ts): beside `m`'s shards, under the same model id; its directory.
+ */
+export async function ensureNativeShards (m: ModelFiles, log: (s: string) => void = () => {}): Promise<string> {
+  const shards = join(BENCH_MODELS_DIR, `${m.modelId}-native-c${COMPILER_VERSION}`)
+  await once(shards, async tmp => await compileShards({ modelDir: join(BENCH_MODELS_DIR, `llama-${m.size}`), outDir: tmp, quant: m.quant, modelId: m.modelId, decodeAttention: 'native' }), log)
+  return shards
+}
+
+/**
  * A command line's quant name: 'none' (alias 'fp32', as the model ids print it) or 'int4'.
  * Anything else is refused: 'fp32' used to be taken for a quant of its own, which served shoal's
  * f32 shard against llama-server on the Q4_0 GGUF.

@@ -90,11 +90,18 @@ export async function startShoal (shards: string, model: string, cache: string, 
  * with variables added to its environment (`env`) and arguments to its command line (`args`,
  * e.g. ["--draft", "none"]).
  */
-export interface ShoalArm { env?: Record<string, string>, dir?: string, shard?: string, args?: string[] }
+export interface ShoalArm {
+  env?: Record<string, string>
+  dir?: string
+  shard?: string
+  args?: string[]
+  /** The 'native' one-position attention: the fused kernel preloaded, on shards compiled for it (lib/arms.ts startArm). */
+  native?: boolean
+}
 
 /** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
 export function shoalArm (given: Record<string, string> | ShoalArm): ShoalArm {
-  return ['env', 'dir', 'shard', 'args'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }
+  return ['env', 'dir', 'shard', 'args', 'native'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }
 }
 
 /** `shoal serve` for `arm` (see startShoal), on its own shard or `shard`. */
