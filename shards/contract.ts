@@ -210,7 +210,8 @@ export interface GenerationDefaults {
  * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
  * 'native' is a benchmark's form, never chosen by shoal: one DecodeAttention node a layer, a
  * kernel onnxruntime does not have — only a process with reproduction/native/ort-fused-attention.c
- * preloaded can run it (reproduction/bench-native-attention.ts).
+ * preloaded can run it (reproduction/lib/native-attention.ts; paired-vs-llamacpp.ts arms with
+ * `"native": true`).
  */
 export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'
 export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped', 'native']
