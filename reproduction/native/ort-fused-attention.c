@@ -5,7 +5,9 @@
  * (LD_PRELOAD) in front of onnxruntime and stands in for its one exported entry, OrtGetApiBase. It
  * hands out onnxruntime's own API table with CreateSession / CreateSessionFromArray wrapped so
  * that every session's options get one more op domain, `ai.shoal.bench`, holding the op below.
- * Nothing else changes; a process without the preload sees onnxruntime as shipped.
+ * Nothing else changes; a process without the preload sees onnxruntime as shipped. Loaded into a
+ * running process with `process.dlopen` instead (napi_register_module_v1, at the end), it makes
+ * the same change there.
  *
  *   cc -O3 -march=native -shared -fPIC -o libshoal-fused-attention.so ort-fused-attention.c -ldl -lm
  *   (reproduction/lib/native-attention.ts builds it so, once per source)
@@ -388,4 +390,15 @@ const OrtApiBase *OrtGetApiBase (void) {
     shim_base.GetVersionString = real_base->GetVersionString;
   }
   return &shim_base;
+}
+
+/* The same patch from inside a running process, without a preload: Node calls this when
+ * `process.dlopen` loads the library as an addon, which must come after onnxruntime-node (so that
+ * libonnxruntime is loaded). The table is onnxruntime's one, so every session made after, in any
+ * thread, gets the op; `exports` comes back untouched. The way a shipped kernel could come in
+ * (docs/engine-notes.md, wave 34). */
+void *napi_register_module_v1 (void *env, void *exports) {
+  (void)env;
+  OrtGetApiBase()->GetApi(14);
+  return exports;
 }

@@ -5,8 +5,10 @@
  * shipped forms are: every test architecture's 64 greedy tokens equal the float64 reference's,
  * its logits stay within float rounding of the per-head form's, and right-padded batches decode
  * bit-identically to each row alone. The kernel is built with the machine's C compiler; without
- * one (`cc`) the test is skipped, as the form is then out of reach anyway. Also checked here: a
- * process without the kernel refuses the form's graph with onnxruntime's own error.
+ * one (`cc`) the test is skipped, as the form is then out of reach anyway. Also checked here: the
+ * library loaded into a running process (`process.dlopen`) rather than preloaded gives the op to
+ * later sessions too, and a process without the kernel refuses the form's graph with
+ * onnxruntime's own error.
  */
 import { execFile } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -38,6 +40,27 @@ describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)
       expect(r.batchedMismatches, r.arch).toEqual([])
     }
   }, 240_000)
+})
+
+describe.skipIf(!compiler)('the kernel loaded into a running process (process.dlopen, no preload)', () => {
+  it('gives the op to the sessions made after it', async () => {
+    const modelDir = join(root, 'model-dlopen')
+    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
+    const m = await compileShards({ modelDir, outDir: join(root, 'shards-dlopen'), opSet: 'ort-contrib', decodeAttention: 'native' })
+    const lib = await buildNativeAttention(join(root, 'lib'))
+    // A child of its own: the change stays with the process that loads the library.
+    const script = `import ort from 'onnxruntime-node'
+const path = process.argv[1]
+let before = 'loaded'
+try { await ort.InferenceSession.create(path) } catch { before = 'refused' }
+process.dlopen({ exports: {} }, process.argv[2])
+const s = await ort.InferenceSession.create(path)
+console.log(JSON.stringify({ before, after: s.inputNames.length }))`
+    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script, join(root, 'shards-dlopen', m.stages[0]!.graph), lib], { cwd: join(import.meta.dirname, '..', '..') })
+    const r = JSON.parse(stdout.trim()) as { before: string, after: number }
+    expect(r.before).toBe('refused')
+    expect(r.after).toBeGreaterThan(0)
+  })
 })
 
 describe('the native decode attention without the kernel', () => {
