@@ -6,7 +6,8 @@
  * float rounding of the 'standard' graphs, also for chunked prefill; right-padded batches of any
  * mix of lengths decode bit-identically to each row alone (per-row attention lengths). Both forms
  * of the one-position attention (DecodeAttentionForm: per-head, the default, and grouped) keep
- * the reference's tokens and batched decode's bits. One
+ * the reference's tokens and batched decode's bits (the benchmark's third form, 'native':
+ * native-attention.test.ts). One
  * documented limit: a step with batch > 1, S > 1 and a non-empty past is rejected by
  * onnxruntime (manifest.batchedPrefillWithPast = false).
  */
@@ -16,7 +17,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { compileShards, generateTestModel, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, batchedAgainstAlone, emptyPast, encodePrompt, greedyDecode, openPipeline, stepRows as step, type Pipeline } from './pipeline.ts'
+import { allSplits, batchedAgainstAlone, emptyPast, encodePrompt, greedyDecode, openPipeline, sameBytes, stepRows as step, type Pipeline } from './pipeline.ts'
 
 const N = 64
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
@@ -32,15 +33,11 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
   return m
 }
-const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
-  Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
 
 async function withPipeline<T> (dir: string, m: ShardManifest, f: (p: Pipeline) => Promise<T>): Promise<T> {
   const p = await openPipeline(dir, m)
   try { return await f(p) } finally { await p.release() }
 }
-
-
 
 describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchitecture) => {
   let modelDir: string

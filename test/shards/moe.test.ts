@@ -13,7 +13,7 @@ import { compileShards, generateTestModel, loadManifest, MOE_TEST_ARCHITECTURES,
 import { dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
 import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, prefill, runStages, type Pipeline } from './pipeline.ts'
+import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, prefill, runStages, sameBytes, type Pipeline } from './pipeline.ts'
 
 const N = 48
 const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
@@ -27,8 +27,6 @@ const maxError = (a: Float32Array[], b: Float64Array[]): number => {
   a.forEach((l, i) => l.forEach((v, j) => { m = Math.max(m, Math.abs(v - b[i]![j]!)) }))
   return m
 }
-const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
-  Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
 
 /**
  * Greedy decode of several prompts as one batch: left-padded prefill, then one token per row per

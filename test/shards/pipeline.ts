@@ -92,7 +92,8 @@ export async function stepRows (p: Pipeline, ids: number[][], pos: number[][], m
   return { logits: r.logits.data as Float32Array, present: r.present }
 }
 
-const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
+/** Whether two float arrays hold the same bits. */
+export const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
   Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
 
 /**
