@@ -5,10 +5,10 @@
  * shipped forms are: every test architecture's 64 greedy tokens equal the float64 reference's,
  * its logits stay within float rounding of the per-head form's, and right-padded batches decode
  * bit-identically to each row alone. The kernel is built with the machine's C compiler; without
- * one (`cc`) the test is skipped, as the form is then out of reach anyway. Also checked here: the
- * library loaded into a running process (`process.dlopen`) rather than preloaded gives the op to
- * later sessions too, and a process without the kernel refuses the form's graph with
- * onnxruntime's own error.
+ * one (`cc`), or off Linux, the test is skipped, as the form is then out of reach anyway. Also
+ * checked here: the library loaded into a running process (`process.dlopen`) rather than
+ * preloaded gives the op to later sessions too, and a process without the kernel refuses the
+ * form's graph with onnxruntime's own error.
  */
 import { execFile } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -20,7 +20,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { buildNativeAttention, hasCompiler, nativeAttentionEnv } from '../../reproduction/lib/native-attention.ts'
 import { compileShards, generateTestModel, NATIVE_ATTENTION_DOMAIN } from '../../shards/index.ts'
 
-const compiler = await hasCompiler()
+// The kernel is a Linux shared library (LD_PRELOAD, libonnxruntime.so.1) built with the machine's `cc`.
+const compiler = process.platform === 'linux' && await hasCompiler()
 
 let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-native-test-')) })
