@@ -11,10 +11,10 @@
  * past (a long one), and what a second intra-op thread does to it (at one row it makes it slower
  * here: each batched MatMul hands its kv heads to the pool however small each product is).
  * `--native` adds the same work as one fused C loop on one thread (reproduction/native/
- * fused-attention.c, built here with `cc -O3 -march=native -ffast-math`; cells 'c-loop'): what a
- * custom kernel would be worth bare (wave 33). The form 'native' (in --forms) is such a kernel
- * inside onnxruntime: its cells' processes get reproduction/native/ort-fused-attention.c
- * preloaded (lib/native-attention.ts, wave 34).
+ * fused-attention.c, built with `cc -O3 -march=native -ffast-math` by lib/native-attention.ts;
+ * cells 'c-loop'): what a custom kernel would be worth bare (wave 33). The form 'native' (in
+ * --forms) is such a kernel inside onnxruntime: its cells' processes get
+ * reproduction/native/ort-fused-attention.c preloaded (lib/native-attention.ts, wave 34).
  *
  *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head(,native)] [--contexts 16,192]
  *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000] [--native]
@@ -25,14 +25,14 @@
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
+import { join } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { DECODE_ATTENTION_FORMS, type DecodeAttentionForm } from '../shards/contract.ts'
-import { buildNativeAttention, nativeAttentionEnv } from './lib/native-attention.ts'
+import { buildFusedLoop, buildNativeAttention, nativeAttentionEnv } from './lib/native-attention.ts'
 import { decodeAttentionNodes } from '../shards/graph/attention.ts'
 import { DT, GraphBuilder } from '../shards/graph/builder.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
@@ -114,18 +114,6 @@ async function timeCell ({ form, context, batch: B, threads }: Cell & { form: De
   }
 }
 
-/** Builds reproduction/native/fused-attention.c into `dir`; its path. */
-function buildNative (dir: string): string {
-  const bin = join(dir, 'fused-attention')
-  const source = join(dirname(fileURLToPath(import.meta.url)), 'native', 'fused-attention.c')
-  try {
-    execFileSync('cc', ['-O3', '-march=native', '-ffast-math', '-o', bin, source, '-lm'], { stdio: ['ignore', 'ignore', 'inherit'] })
-  } catch (err) {
-    throw new Error(`--native needs a C compiler as \`cc\`: ${(err as Error).message}`)
-  }
-  return bin
-}
-
 if (args.cell !== undefined) {
   process.stdout.write(`${JSON.stringify({ us: await timeCell(JSON.parse(args.cell) as Cell & { form: DecodeAttentionForm }) })}\n`)
 } else {
@@ -136,8 +124,7 @@ if (args.cell !== undefined) {
   if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'c-loop', context, batch, threads: 1 })
   // The 'native' form's cells run with the fused kernel preloaded; the others as shipped.
   const kernelEnv = forms.includes('native') ? { ...process.env, ...nativeAttentionEnv(await buildNativeAttention()) } : process.env
-  const buildDir = args.native ? mkdtempSync(join(tmpdir(), 'shoal-fused-attention-')) : undefined
-  const native = buildDir === undefined ? undefined : buildNative(buildDir)
+  const loop = args.native ? await buildFusedLoop() : undefined
   const loadBefore = loadAverage(2)
   const results = new Map<Cell, number[]>(cells.map(c => [c, []]))
   const self = fileURLToPath(import.meta.url)
@@ -146,7 +133,7 @@ if (args.cell !== undefined) {
     const order = round % 2 === 0 ? cells : [...cells].reverse()
     for (const cell of order) {
       const out = cell.form === 'c-loop'
-        ? execFileSync(native!, [String(cell.batch), String(cell.context), String(RUNS)], { encoding: 'utf8' })
+        ? execFileSync(loop!, [String(cell.batch), String(cell.context), String(RUNS)], { encoding: 'utf8' })
         : execFileSync(process.execPath, [self, '--cell', JSON.stringify(cell), '--runs', String(RUNS)], { encoding: 'utf8', env: cell.form === 'native' ? kernelEnv : process.env })
       results.get(cell)!.push((JSON.parse(out.trim().split('\n').at(-1)!) as { us: number }).us)
     }
@@ -160,5 +147,4 @@ if (args.cell !== undefined) {
   console.log(`\n- command: node reproduction/bench-decode-attention.ts ${process.argv.slice(2).join(' ')}`)
   console.log(`- machine: ${lscpuModel()}; Node ${process.version}; onnxruntime-node ${ort.env.versions.common}; malloc: ${mallocSettings()}; git ${gitDescribe(join(self, '..', '..'))}`)
   console.log(`- load average: before ${loadBefore}, after ${loadAverage(2)}`)
-  if (buildDir !== undefined) rmSync(buildDir, { recursive: true, force: true })
 }

@@ -1,6 +1,7 @@
 /**
  * The fused one-position attention kernel (reproduction/native/ort-fused-attention.c), built for
- * the processes that measure or test the 'native' decode-attention form: a shared library that a
+ * the processes that measure or test the 'native' decode-attention form (and the bare C loop of
+ * the same work, buildFusedLoop): a shared library that a
  * process gets through LD_PRELOAD (nativeAttentionEnv), so that every onnxruntime session it makes
  * knows the DecodeAttention op. A benchmark instrument: `shoal serve` neither builds nor loads it.
  * Built with the machine's C compiler (`cc`), for this CPU (-march=native), once per source: the
@@ -14,10 +15,10 @@ import { join, resolve } from 'node:path'
 import { promisify } from 'node:util'
 
 const ROOT = resolve(import.meta.dirname, '..', '..')
-export const NATIVE_ATTENTION_SOURCE = join(ROOT, 'reproduction', 'native', 'ort-fused-attention.c')
-const LIBRARY = 'libshoal-fused-attention.so'
+const NATIVE = join(ROOT, 'reproduction', 'native')
+export const NATIVE_ATTENTION_SOURCE = join(NATIVE, 'ort-fused-attention.c')
 
-/** The compiler's flags: optimised for this CPU, with no fast-math (the kernel's sums keep their written order). */
+/** The kernel's flags: optimised for this CPU, with no fast-math (the kernel's sums keep their written order). */
 export const NATIVE_ATTENTION_CFLAGS = ['-O3', '-march=native', '-shared', '-fPIC']
 
 /** Whether this machine has a C compiler as `cc` (a test of the kernel is skipped without one). */
@@ -30,24 +31,40 @@ export async function hasCompiler (): Promise<boolean> {
   }
 }
 
-/** Builds the kernel library (once per source) under `cacheDir`; its absolute path. */
-export async function buildNativeAttention (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
-  const source = await readFile(NATIVE_ATTENTION_SOURCE)
-  const hash = createHash('sha256').update(source).update(NATIVE_ATTENTION_CFLAGS.join(' ')).digest('hex').slice(0, 16)
+/**
+ * `source` built by `cc` with `flags` into `name` (then `libs` linked), once per source and flags:
+ * under `cacheDir`, in a directory named by their hash. Its absolute path.
+ */
+async function buildC (source: string, name: string, flags: string[], libs: string[], cacheDir: string): Promise<string> {
+  const text = await readFile(source)
+  const hash = createHash('sha256').update(text).update(flags.join(' ')).digest('hex').slice(0, 16)
   const dir = join(cacheDir, hash)
-  const lib = join(dir, LIBRARY)
-  if (existsSync(lib)) return lib
+  const out = join(dir, name)
+  if (existsSync(out)) return out
   await mkdir(dir, { recursive: true })
-  // Built under a name of its own and renamed: a concurrent build never leaves a half-written library.
-  const tmp = `${lib}.tmp-${process.pid}`
+  // Built under a name of its own and renamed: a concurrent build never leaves a half-written file.
+  const tmp = `${out}.tmp-${process.pid}`
   try {
-    await promisify(execFile)('cc', [...NATIVE_ATTENTION_CFLAGS, '-o', tmp, NATIVE_ATTENTION_SOURCE, '-ldl', '-lm'])
-    await rename(tmp, lib)
+    await promisify(execFile)('cc', [...flags, '-o', tmp, source, ...libs])
+    await rename(tmp, out)
   } catch (err) {
     await rm(tmp, { force: true })
-    throw new Error(`building the fused attention kernel needs a C compiler as \`cc\`: ${(err as Error).message}`)
+    throw new Error(`building ${source} needs a C compiler as \`cc\`: ${(err as Error).message}`)
   }
-  return lib
+  return out
+}
+
+/** Builds the kernel library (once per source) under `cacheDir`; its absolute path. */
+export async function buildNativeAttention (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
+  return await buildC(NATIVE_ATTENTION_SOURCE, 'libshoal-fused-attention.so', NATIVE_ATTENTION_CFLAGS, ['-ldl', '-lm'], cacheDir)
+}
+
+/**
+ * Builds the bare C loop of the same work (reproduction/native/fused-attention.c, a program timing
+ * itself; bench-decode-attention.ts `--native`) with fast-math, as wave 33 timed it; its path.
+ */
+export async function buildFusedLoop (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
+  return await buildC(join(NATIVE, 'fused-attention.c'), 'fused-attention', ['-O3', '-march=native', '-ffast-math'], ['-lm'], cacheDir)
 }
 
 /** The environment that gives a child process the kernel (its onnxruntime sessions know DecodeAttention). */
