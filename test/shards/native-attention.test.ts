@@ -27,6 +27,19 @@ let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-native-test-')) })
 afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 
+/** A tiny llama compiled with the 'native' form, made once for the tests that only load it: its stage graph. */
+let nativeGraph: Promise<string> | undefined
+async function nativeStageGraph (): Promise<string> {
+  nativeGraph ??= (async () => {
+    const modelDir = join(root, 'model')
+    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
+    const m = await compileShards({ modelDir, outDir: join(root, 'shards'), opSet: 'ort-contrib', decodeAttention: 'native' })
+    expect(m.decodeAttention).toBe('native')
+    return join(root, 'shards', m.stages[0]!.graph)
+  })()
+  return await nativeGraph
+}
+
 describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)', () => {
   it('keeps every architecture\'s reference tokens and batched decode\'s bits', async () => {
     const lib = await buildNativeAttention(join(root, 'lib'))
@@ -45,9 +58,7 @@ describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)
 
 describe.skipIf(!compiler)('the kernel loaded into a running process (process.dlopen, no preload)', () => {
   it('gives the op to the sessions made after it', async () => {
-    const modelDir = join(root, 'model-dlopen')
-    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
-    const m = await compileShards({ modelDir, outDir: join(root, 'shards-dlopen'), opSet: 'ort-contrib', decodeAttention: 'native' })
+    const graph = await nativeStageGraph()
     const lib = await buildNativeAttention(join(root, 'lib'))
     // A child of its own: the change stays with the process that loads the library.
     const script = `import ort from 'onnxruntime-node'
@@ -57,7 +68,7 @@ try { await ort.InferenceSession.create(path) } catch { before = 'refused' }
 process.dlopen({ exports: {} }, process.argv[2])
 const s = await ort.InferenceSession.create(path)
 console.log(JSON.stringify({ before, after: s.inputNames.length }))`
-    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script, join(root, 'shards-dlopen', m.stages[0]!.graph), lib], { cwd: join(import.meta.dirname, '..', '..') })
+    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script, graph, lib], { cwd: join(import.meta.dirname, '..', '..') })
     const r = JSON.parse(stdout.trim()) as { before: string, after: number }
     expect(r.before).toBe('refused')
     expect(r.after).toBeGreaterThan(0)
@@ -66,10 +77,6 @@ console.log(JSON.stringify({ before, after: s.inputNames.length }))`
 
 describe('the native decode attention without the kernel', () => {
   it('is refused when the session is made, naming the op', async () => {
-    const modelDir = join(root, 'model')
-    await generateTestModel({ architecture: 'llama', outDir: modelDir, seed: 4 })
-    const m = await compileShards({ modelDir, outDir: join(root, 'shards'), opSet: 'ort-contrib', decodeAttention: 'native' })
-    expect(m.decodeAttention).toBe('native')
-    await expect(ort.InferenceSession.create(join(root, 'shards', m.stages[0]!.graph))).rejects.toThrow(new RegExp(`DecodeAttention|${NATIVE_ATTENTION_DOMAIN.replaceAll('.', '\\.')}`))
+    await expect(ort.InferenceSession.create(await nativeStageGraph())).rejects.toThrow(new RegExp(`DecodeAttention|${NATIVE_ATTENTION_DOMAIN.replaceAll('.', '\\.')}`))
   })
 })
