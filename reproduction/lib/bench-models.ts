@@ -28,9 +28,12 @@ async function once (target: string, make: (tmp: string) => Promise<unknown>, lo
   log(`made ${target} in ${((performance.now() - t) / 1000).toFixed(1)} s`)
 }
 
+/** The generated checkpoint of a size (ensureModel makes it). */
+const checkpointDir = (size: string): string => join(BENCH_MODELS_DIR, `llama-${size}`)
+
 export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', log: (s: string) => void = () => {}): Promise<ModelFiles> {
   await mkdir(BENCH_MODELS_DIR, { recursive: true })
-  const ckpt = join(BENCH_MODELS_DIR, `llama-${size}`)
+  const ckpt = checkpointDir(size)
   await once(ckpt, async tmp => { await generateTestModel({ architecture: 'llama', size, outDir: tmp, seed: 1 }) }, log)
   const modelId = `llama-${size}-${quant === 'none' ? 'fp32' : quant}`
   const shards = join(BENCH_MODELS_DIR, `${modelId}-c${COMPILER_VERSION}`)
@@ -53,7 +56,7 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
  */
 export async function ensureNativeShards (m: ModelFiles, log: (s: string) => void = () => {}): Promise<string> {
   const shards = join(BENCH_MODELS_DIR, `${m.modelId}-native-c${COMPILER_VERSION}`)
-  await once(shards, async tmp => await compileShards({ modelDir: join(BENCH_MODELS_DIR, `llama-${m.size}`), outDir: tmp, quant: m.quant, modelId: m.modelId, decodeAttention: 'native' }), log)
+  await once(shards, async tmp => await compileShards({ modelDir: checkpointDir(m.size), outDir: tmp, quant: m.quant, modelId: m.modelId, decodeAttention: 'native' }), log)
   return shards
 }
 
