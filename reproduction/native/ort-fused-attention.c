@@ -326,9 +326,12 @@ static void compute (void *kernel, void *context) {
   if (w.scratch == NULL) { fprintf(stderr, "shoal DecodeAttention: out of memory\n"); abort(); }
   /* The (row, kv head) units on the session's intra-op threads, as onnxruntime's own kernels
    * share them; each unit's sums are the same on whichever thread runs it. */
-  OrtStatus *st = units < 2 ? NULL : ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, run_unit, units, units, &w);
-  if (units < 2) run_unit(&w, 0);
-  else if (st != NULL) fail("KernelContext_ParallelFor", st);
+  if (units < 2) {
+    run_unit(&w, 0);
+  } else {
+    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, run_unit, units, units, &w);
+    if (st != NULL) fail("KernelContext_ParallelFor", st);
+  }
   free(w.scratch);
 }
 
