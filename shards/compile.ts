@@ -84,6 +84,12 @@ export interface CompileOptions {
    */
   embedding?: 'int4' | 'f32'
   /**
+   * int4 'ort-contrib' shards of block 32 at accuracy level 4 only: 'native' writes the benchmark's
+   * MatMulQ4 in place of every MatMulNBits (Quantization.kernel; never chosen by shoal). Recorded as
+   * `quantization.kernel`.
+   */
+  kernel?: 'native'
+  /**
    * 'ort-contrib' only: the one-position attention's form (DecodeAttentionForm; default
    * 'per-head'), or a function that picks it from the model's shape, called once the shape is
    * known and only for 'ort-contrib' graphs. A speed choice, not an accuracy one: which form is
@@ -111,6 +117,9 @@ export async function compileShards (options: CompileOptions): Promise<ShardMani
   })
   const quant = quantizationOf(options, spec.shape.hiddenSize)
   const ops = OP_TABLES[options.opSet ?? DEFAULT_OP_SET]
+  if (options.kernel !== undefined && (quant.kind !== 'int4' || quant.blockSize !== 32 || quant.activations !== 'int8' || ops.name !== 'ort-contrib' || options.static !== undefined)) {
+    throw new CheckpointError(`kernel ${options.kernel}: int4 'ort-contrib' shards of block 32 with int8 activations, without static graphs, only`)
+  }
   if (typeof options.decodeAttention === 'string' && ops.name !== 'ort-contrib') throw new CheckpointError(`decodeAttention ${options.decodeAttention}: only 'ort-contrib' graphs have the one-position attention it shapes`)
   const decodeAttention = ops.name !== 'ort-contrib'
     ? undefined

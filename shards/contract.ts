@@ -104,6 +104,13 @@ export type Quantization =
      * `embedding: 'f32'`, or a hidden size that is not a multiple of the block size): f32 Gather.
      */
     embedding?: 'int4' | 'f32'
+    /**
+     * int4, block 32, int8 activations only: 'native' is a benchmark's kernel, never chosen by
+     * shoal — every product is a MatMulQ4 node (NATIVE_KERNEL_DOMAIN) in place of MatMulNBits, which
+     * only a process with reproduction/native/ort-fused-attention.c preloaded can run (its int4
+     * kernel, reproduction/native/q4-matmul.h). Absent: MatMulNBits.
+     */
+    kernel?: 'native'
   }
 
 /** The architecture-independent shape of a model, after normalising its HF config. */
@@ -215,8 +222,11 @@ export interface GenerationDefaults {
  */
 export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'
 export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped', 'native']
-/** The op domain of the 'native' form's node. */
-export const NATIVE_ATTENTION_DOMAIN = 'ai.shoal.bench'
+/**
+ * The op domain of the benchmark kernels' nodes: the 'native' form's DecodeAttention and the
+ * 'native' int4 kernel's MatMulQ4 (Quantization.kernel).
+ */
+export const NATIVE_KERNEL_DOMAIN = 'ai.shoal.bench'
 
 export interface ShardManifest {
   format: typeof MANIFEST_FORMAT

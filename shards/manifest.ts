@@ -66,6 +66,9 @@ export function validateManifest (m: unknown): ShardManifest {
   if (q.kind !== 'none' && q.blockSize !== 32 && q.blockSize !== 128) fail('quantization.blockSize must be 32 or 128')
   if (q.kind !== 'none' && q.activations !== undefined && q.activations !== 'int8' && q.activations !== 'f32') fail('quantization.activations must be int8 or f32')
   if (q.kind !== 'none' && q.embedding !== undefined && q.embedding !== 'f32' && !(q.embedding === 'int4' && q.kind === 'int4')) fail('quantization.embedding must be f32, or int4 in int4 shards')
+  if (q.kind !== 'none' && q.kernel !== undefined && !(q.kernel === 'native' && q.kind === 'int4' && q.blockSize === 32 && q.activations !== 'f32')) {
+    fail("quantization.kernel must be 'native', in int4 shards of block 32 with int8 activations")
+  }
   if (o.decodeAttention !== undefined && !DECODE_ATTENTION_FORMS.includes(o.decodeAttention)) fail(`decodeAttention must be ${DECODE_ATTENTION_FORMS.join(' or ')}`)
   if (!isObj(o.generation) || !Array.isArray(o.generation.eosTokenIds)) fail('generation.eosTokenIds missing')
   checkFiles(o.tokenizerFiles, 'tokenizerFiles')

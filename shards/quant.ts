@@ -87,6 +87,8 @@ export interface QuantizationRequest {
   blockSize?: 32 | 128
   accuracyLevel?: 0 | 4
   embedding?: 'int4' | 'f32'
+  /** The benchmark's int4 kernel (Quantization.kernel): int4, block 32, accuracy level 4 only. */
+  kernel?: 'native'
 }
 
 /**
@@ -103,5 +105,6 @@ export function quantizationOf (request: QuantizationRequest, hiddenSize: number
     blockSize,
     activations: request.accuracyLevel === 0 ? 'f32' : 'int8',
     ...(kind === 'int4' ? { embedding: embeddingStorage(kind, request.embedding ?? 'int4', hiddenSize, blockSize) } : {}),
+    ...(request.kernel === undefined ? {} : { kernel: request.kernel }),
   }
 }

@@ -33,14 +33,15 @@ export function parseArms (json: string): Array<[string, Arm]> {
 
 /**
  * Starts `arm` on model `m`: llama-server from `bin` sized by `shape`, or shoal with its state
- * under `cache` — an arm with `native: true` on `m`'s shards compiled with the 'native'
- * one-position attention, the fused kernel preloaded (lib/native-attention.ts).
+ * under `cache` — an arm with `native` on `m`'s shards compiled for the benchmark kernels it
+ * names, their library preloaded (lib/native-attention.ts).
  */
 export async function startArm (arm: Arm, m: ModelFiles, bin: string, shape: LlamaShape, cache: string): Promise<Server> {
   if (isLlama(arm)) return await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, shape), ...arm.llama], llamaEnv(undefined))
-  if (arm.native === true) {
+  if (arm.native !== undefined && arm.native !== false) {
     const env = { ...arm.env, ...nativeAttentionEnv(await buildNativeAttention()) }
-    return await startShoalArm({ ...arm, env, shard: arm.shard ?? await ensureNativeShards(m) }, m.shards, m.modelId, cache)
+    const kernels = arm.native === true ? 'attention' : arm.native
+    return await startShoalArm({ ...arm, env, shard: arm.shard ?? await ensureNativeShards(m, kernels) }, m.shards, m.modelId, cache)
   }
   return await startShoalArm(arm, m.shards, m.modelId, cache)
 }

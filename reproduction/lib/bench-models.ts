@@ -13,6 +13,7 @@ import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from
 import type { TestModelSize } from '../../shards/index.ts'
 import { decodeAttentionForm } from '../../daemon/engine/index.ts'
 import { checkpointToGguf } from '../gguf.ts'
+import type { NativeKernels } from './native-attention.ts'
 
 export const BENCH_MODELS_DIR = join(resolve(import.meta.dirname, '..', '..'), '.cache', 'bench-vs-llamacpp')
 
@@ -50,13 +51,20 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
 }
 
 /**
- * `m`'s checkpoint compiled again with the 'native' one-position attention (the fused kernel of
- * reproduction/native/ort-fused-attention.c, which only a process with it preloaded can run:
- * lib/native-attention.ts): beside `m`'s shards, under the same model id; its directory.
+ * `m`'s checkpoint compiled again for the benchmark kernels of
+ * reproduction/native/ort-fused-attention.c, which only a process with that library preloaded can
+ * run (lib/native-attention.ts): 'attention' the 'native' one-position attention, 'int4' the
+ * int4 products as MatMulQ4 (int4 models only), 'both' the two. Beside `m`'s shards, under the
+ * same model id; its directory.
  */
-export async function ensureNativeShards (m: ModelFiles, log: (s: string) => void = () => {}): Promise<string> {
-  const shards = join(BENCH_MODELS_DIR, `${m.modelId}-native-c${COMPILER_VERSION}`)
-  await once(shards, async tmp => await compileShards({ modelDir: checkpointDir(m.size), outDir: tmp, quant: m.quant, modelId: m.modelId, decodeAttention: 'native' }), log)
+export async function ensureNativeShards (m: ModelFiles, kernels: NativeKernels = 'attention', log: (s: string) => void = () => {}): Promise<string> {
+  if (kernels !== 'attention' && m.quant !== 'int4') throw new Error(`the native int4 kernel needs an int4 model, not ${m.modelId}`)
+  const shards = join(BENCH_MODELS_DIR, `${m.modelId}-native${kernels === 'attention' ? '' : `-${kernels}`}-c${COMPILER_VERSION}`)
+  await once(shards, async tmp => await compileShards({
+    modelDir: checkpointDir(m.size), outDir: tmp, quant: m.quant, modelId: m.modelId,
+    decodeAttention: kernels === 'int4' ? async shape => (await decodeAttentionForm(shape)).form : 'native',
+    ...(kernels === 'attention' ? {} : { kernel: 'native' as const }),
+  }), log)
   return shards
 }
 

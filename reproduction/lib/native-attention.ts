@@ -1,11 +1,12 @@
 /**
- * The fused one-position attention kernel (reproduction/native/ort-fused-attention.c), built for
- * the processes that measure or test the 'native' decode-attention form (and the bare C loop of
- * the same work, buildFusedLoop): a shared library that a
- * process gets through LD_PRELOAD (nativeAttentionEnv), so that every onnxruntime session it makes
- * knows the DecodeAttention op. A benchmark instrument: `shoal serve` neither builds nor loads it.
- * Built with the machine's C compiler (`cc`), for this CPU (-march=native), once per source: the
- * library's directory is named by the source's hash.
+ * The benchmark kernels (reproduction/native/ort-fused-attention.c: the fused one-position
+ * attention, and the int4 products of q4-matmul.h), built for the processes that measure or test
+ * the 'native' decode-attention form and the 'native' int4 kernel (and the bare C loop of the
+ * attention, buildFusedLoop): a shared library that a process gets through LD_PRELOAD
+ * (nativeAttentionEnv), so that every onnxruntime session it makes knows the DecodeAttention and
+ * MatMulQ4 ops. A benchmark instrument: `shoal serve` neither builds nor loads it. Built with the
+ * machine's C compiler (`cc`), for this CPU (-march=native), once per source: the library's
+ * directory is named by the sources' hash.
  */
 import { execFile } from 'node:child_process'
 import { createHash } from 'node:crypto'
@@ -17,6 +18,11 @@ import { promisify } from 'node:util'
 const ROOT = resolve(import.meta.dirname, '..', '..')
 const NATIVE = join(ROOT, 'reproduction', 'native')
 export const NATIVE_ATTENTION_SOURCE = join(NATIVE, 'ort-fused-attention.c')
+/** The headers the library's source includes: part of its hash. */
+const NATIVE_ATTENTION_HEADERS = [join(NATIVE, 'q4-matmul.h')]
+
+/** Which benchmark kernels a model's shards use: the attention, the int4 products, or both. */
+export type NativeKernels = 'attention' | 'int4' | 'both'
 
 /** The kernel's flags: optimised for this CPU, with no fast-math (the kernel's sums keep their written order). */
 export const NATIVE_ATTENTION_CFLAGS = ['-O3', '-march=native', '-shared', '-fPIC']
@@ -32,12 +38,14 @@ export async function hasCompiler (): Promise<boolean> {
 }
 
 /**
- * `source` built by `cc` with `flags` into `name` (then `libs` linked), once per source and flags:
- * under `cacheDir`, in a directory named by their hash. Its absolute path.
+ * `source` built by `cc` with `flags` into `name` (then `libs` linked), once per source, the
+ * `headers` it includes and flags: under `cacheDir`, in a directory named by their hash. Its
+ * absolute path.
  */
-async function buildC (source: string, name: string, flags: string[], libs: string[], cacheDir: string): Promise<string> {
-  const text = await readFile(source)
-  const hash = createHash('sha256').update(text).update(flags.join(' ')).digest('hex').slice(0, 16)
+async function buildC (source: string, name: string, flags: string[], libs: string[], cacheDir: string, headers: string[] = []): Promise<string> {
+  const hasher = createHash('sha256')
+  for (const file of [source, ...headers]) hasher.update(await readFile(file))
+  const hash = hasher.update(flags.join(' ')).digest('hex').slice(0, 16)
   const dir = join(cacheDir, hash)
   const out = join(dir, name)
   if (existsSync(out)) return out
@@ -56,7 +64,7 @@ async function buildC (source: string, name: string, flags: string[], libs: stri
 
 /** Builds the kernel library (once per source) under `cacheDir`; its absolute path. */
 export async function buildNativeAttention (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
-  return await buildC(NATIVE_ATTENTION_SOURCE, 'libshoal-fused-attention.so', NATIVE_ATTENTION_CFLAGS, ['-ldl', '-lm'], cacheDir)
+  return await buildC(NATIVE_ATTENTION_SOURCE, 'libshoal-fused-attention.so', NATIVE_ATTENTION_CFLAGS, ['-ldl', '-lm', '-lpthread'], cacheDir, NATIVE_ATTENTION_HEADERS)
 }
 
 /**

@@ -10,6 +10,7 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
+import type { NativeKernels } from './native-attention.ts'
 import { SHOAL_BIN } from './processes.ts'
 import { spawnRt } from './realtime.ts'
 
@@ -95,9 +96,14 @@ export interface ShoalArm {
   dir?: string
   shard?: string
   args?: string[]
-  /** The 'native' one-position attention: the fused kernel preloaded, on shards compiled for it (lib/arms.ts startArm). */
-  native?: boolean
+  /**
+   * The benchmark kernels of reproduction/native/ort-fused-attention.c, preloaded, on shards
+   * compiled for them (lib/arms.ts startArm): true or 'attention' the 'native' one-position
+   * attention, 'int4' the int4 products (MatMulQ4), 'both' the two.
+   */
+  native?: boolean | NativeKernels
 }
+
 
 /** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
 export function shoalArm (given: Record<string, string> | ShoalArm): ShoalArm {

@@ -32,12 +32,15 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include "q4-matmul.h"
 
 typedef void OrtStatus;
 typedef struct { const void *(*GetApi)(uint32_t version); const char *(*GetVersionString)(void); } OrtApiBase;
@@ -90,7 +93,7 @@ typedef struct OrtCustomOp {
   int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp *op);
 } OrtCustomOp;
 
-enum { TYPE_FLOAT = 1, TYPE_INT32 = 6, INPUT_REQUIRED = 0, MEM_DEFAULT = 0, LANES = 16 };
+enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, INPUT_REQUIRED = 0, MEM_DEFAULT = 0, LANES = 16 };
 
 static const OrtApiBase *real_base;
 static OrtApiBase shim_base;
@@ -351,6 +354,104 @@ static const OrtCustomOp decode_attention = {
   required, required, memory_default, one, one, one, one,
 };
 
+/* ---- MatMulQ4: MatMulNBits' int4 product by q4-matmul.h ---- */
+
+/* The weights are repacked on the first run (they are initializers, so the same bytes every run)
+ * and kept by the kernel, as MLAS keeps its prepacked copy; the lock covers two runs of one
+ * session at once. */
+typedef struct { int64_t K, N; pthread_mutex_t lock; const void *source; Q4Packed packed; } MatMulKernel;
+
+static void *create_matmul (const OrtCustomOp *op, const void *ort, const void *info) {
+  (void)op;
+  MatMulKernel *k = calloc(1, sizeof(MatMulKernel));
+  KernelInfoGetAttributeInt64Fn get = (KernelInfoGetAttributeInt64Fn)SLOT(ort, API_KERNEL_INFO_GET_ATTRIBUTE_INT64);
+  int64_t bits = 0, block = 0;
+  OrtStatus *st[4] = { get(info, "K", &k->K), get(info, "N", &k->N), get(info, "bits", &bits), get(info, "block_size", &block) };
+  for (int i = 0; i < 4; i++) {
+    if (st[i] != NULL) { fprintf(stderr, "shoal MatMulQ4: attributes K, N, bits and block_size are required\n"); abort(); }
+  }
+  if (bits != 4 || block != Q4_BLOCK || k->K <= 0 || k->K % Q4_BLOCK != 0 || k->N <= 0) {
+    fprintf(stderr, "shoal MatMulQ4: 4-bit weights in blocks of 32 only (bits %lld, block_size %lld, K %lld, N %lld)\n",
+      (long long)bits, (long long)block, (long long)k->K, (long long)k->N);
+    abort();
+  }
+  pthread_mutex_init(&k->lock, NULL);
+  return k;
+}
+
+typedef struct { const Q4Packed *p; int M, per_unit; Q4Rows a; float *y; } MatMulWork;
+
+static void matmul_unit (void *data, size_t u) {
+  const MatMulWork *w = data;
+  const int end = (int)(u + 1) * w->per_unit < w->p->tiles ? (int)(u + 1) * w->per_unit : w->p->tiles;
+  for (int t = (int)u * w->per_unit; t < end; t++) q4_tile(w->p, t, w->M, w->a, w->y);
+}
+
+static void compute_matmul (void *kernel, void *context) {
+  MatMulKernel *k = kernel;
+  const void *av = input(context, 0);
+  int64_t dims[8];
+  size_t rank;
+  {
+    void *info;
+    ((GetTensorTypeAndShapeFn)SLOT(api, API_GET_TENSOR_TYPE_AND_SHAPE))(av, &info);
+    ((GetDimensionsCountFn)SLOT(api, API_GET_DIMENSIONS_COUNT))(info, &rank);
+    if (rank < 1 || rank > 8) { fprintf(stderr, "shoal MatMulQ4: A of rank %zu\n", rank); abort(); }
+    ((GetDimensionsFn)SLOT(api, API_GET_DIMENSIONS))(info, dims, rank);
+    ((ReleaseFn)SLOT(api, API_RELEASE_TENSOR_TYPE_AND_SHAPE))(info);
+  }
+  if (dims[rank - 1] != k->K) { fprintf(stderr, "shoal MatMulQ4: A's last dimension %lld is not K %lld\n", (long long)dims[rank - 1], (long long)k->K); abort(); }
+  int64_t M = 1;
+  for (size_t i = 0; i + 1 < rank; i++) M *= dims[i];
+  const uint8_t *B = data_of(input(context, 1));
+  pthread_mutex_lock(&k->lock);
+  if (k->source != B) {
+    q4_free(&k->packed);
+    if (!q4_pack(&k->packed, B, data_of(input(context, 2)), (int)k->N, (int)k->K)) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
+    k->source = B;
+  }
+  pthread_mutex_unlock(&k->lock);
+  dims[rank - 1] = k->N;
+  void *outv = NULL;
+  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 0, dims, rank, &outv);
+  if (M == 0) return;
+  const float *A = data_of(av);
+  const int K = (int)k->K, nb = K / Q4_BLOCK;
+  int8_t *q = malloc((size_t)M * K);
+  float *s = malloc(sizeof(float) * (size_t)M * nb);
+  int32_t *z = malloc(sizeof(int32_t) * (size_t)M * nb);
+  if (q == NULL || s == NULL || z == NULL) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
+  for (int64_t m = 0; m < M; m++) q4_quantize_row(A + m * K, K, q + m * K, s + m * nb, z + m * nb);
+  MatMulWork w = { &k->packed, (int)M, 0, { q, s, z }, data_of(outv) };
+  /* Tiles in up to 16 contiguous runs on the session's intra-op threads; a product too small to
+   * share (under ~1,000 tile-blocks of rows) runs on the calling thread. */
+  const int tiles = k->packed.tiles;
+  const int units = (int64_t)tiles * M * nb < 1024 ? 1 : tiles < 16 ? tiles : 16;
+  w.per_unit = (tiles + units - 1) / units;
+  if (units == 1) {
+    matmul_unit(&w, 0);
+  } else {
+    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, matmul_unit, (size_t)units, (size_t)units, &w);
+    if (st != NULL) fail("KernelContext_ParallelFor", st);
+  }
+  free(q); free(s); free(z);
+}
+
+static void destroy_matmul (void *kernel) {
+  MatMulKernel *k = kernel;
+  q4_free(&k->packed);
+  pthread_mutex_destroy(&k->lock);
+  free(k);
+}
+static const char *matmul_name (const OrtCustomOp *op) { (void)op; return "MatMulQ4"; }
+static int matmul_input_type (const OrtCustomOp *op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
+static size_t matmul_input_count (const OrtCustomOp *op) { (void)op; return 3; }
+
+static const OrtCustomOp matmul_q4 = {
+  14, create_matmul, matmul_name, op_provider, matmul_input_type, matmul_input_count, output_type, output_count, compute_matmul,
+  destroy_matmul, required, required, memory_default, one, one, one, one,
+};
+
 /* ---- the stand-in entry ---- */
 
 static void fail (const char *what, OrtStatus *status) {
@@ -358,13 +459,21 @@ static void fail (const char *what, OrtStatus *status) {
   abort();
 }
 
-static void add_domain (const void *options) {
+/* The domain is made once for the process: sessions are created on several threads at once (the
+ * engine's workers, its kernel probes), and two threads adding ops to one domain would race. */
+static pthread_once_t domain_once = PTHREAD_ONCE_INIT;
+
+static void make_domain (void) {
   OrtStatus *s;
-  if (domain == NULL) {
-    if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal.bench", &domain)) != NULL) fail("CreateCustomOpDomain", s);
-    if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
-  }
-  if ((s = ((AddCustomOpDomainFn)SLOT(api, API_ADD_CUSTOM_OP_DOMAIN))((void *)options, domain)) != NULL) fail("AddCustomOpDomain", s);
+  if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal.bench", &domain)) != NULL) fail("CreateCustomOpDomain", s);
+  if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
+  if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &matmul_q4)) != NULL) fail("CustomOpDomain_Add", s);
+}
+
+static void add_domain (const void *options) {
+  pthread_once(&domain_once, make_domain);
+  OrtStatus *s = ((AddCustomOpDomainFn)SLOT(api, API_ADD_CUSTOM_OP_DOMAIN))((void *)options, domain);
+  if (s != NULL) fail("AddCustomOpDomain", s);
 }
 
 static OrtStatus *create_session (const void *env, const char *path, const void *options, void **out) {
@@ -379,12 +488,14 @@ static OrtStatus *create_session_from_array (const void *env, const void *data, 
 
 /* onnxruntime's table is read-only data in its library: made writable for the two stores, then
  * read-only again. Every caller of the table (the binding, onnxruntime itself) then gets the
- * wrapped entries. */
-static const void *get_api (uint32_t version) {
-  const void *table = real_base->GetApi(version);
-  if (table == NULL || api != NULL) return table;
+ * wrapped entries. Once for the process (each worker thread's binding asks for the table): a
+ * second patch would take the wrappers for onnxruntime's own entries. */
+static pthread_once_t patch_once = PTHREAD_ONCE_INIT;
+static const void *table_to_patch;
+
+static void patch_table (void) {
   const long page = sysconf(_SC_PAGESIZE);
-  void **slots = (void **)table;
+  void **slots = (void **)table_to_patch;
   uintptr_t lo = (uintptr_t)&slots[API_CREATE_SESSION] & ~(uintptr_t)(page - 1);
   uintptr_t hi = ((uintptr_t)&slots[API_CREATE_SESSION_FROM_ARRAY + 1] + page - 1) & ~(uintptr_t)(page - 1);
   if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) { perror("shoal fused attention: mprotect"); abort(); }
@@ -393,21 +504,34 @@ static const void *get_api (uint32_t version) {
   slots[API_CREATE_SESSION] = (void *)create_session;
   slots[API_CREATE_SESSION_FROM_ARRAY] = (void *)create_session_from_array;
   mprotect((void *)lo, hi - lo, PROT_READ);
-  api = table;
+  api = table_to_patch;
+}
+
+static const void *get_api (uint32_t version) {
+  const void *table = real_base->GetApi(version);
+  if (table == NULL) return NULL;
+  /* Every version onnxruntime takes returns its one table, so whichever thread stores here last
+   * before the patch stores the same pointer. */
+  table_to_patch = table;
+  pthread_once(&patch_once, patch_table);
   return table;
 }
 
+static pthread_once_t base_once = PTHREAD_ONCE_INIT;
+
+static void find_base (void) {
+  /* The binding loads onnxruntime as its own dependency before it asks for the table, so the
+   * library is in the process by now: found by its soname, not loaded a second time. */
+  void *lib = dlopen("libonnxruntime.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  const OrtApiBase *(*real)(void) = lib == NULL ? NULL : (const OrtApiBase *(*)(void))dlsym(lib, "OrtGetApiBase");
+  if (real == NULL) { fprintf(stderr, "shoal fused attention: libonnxruntime.so.1 is not loaded (%s)\n", dlerror()); abort(); }
+  real_base = real();
+  shim_base.GetApi = get_api;
+  shim_base.GetVersionString = real_base->GetVersionString;
+}
+
 const OrtApiBase *OrtGetApiBase (void) {
-  if (real_base == NULL) {
-    /* The binding loads onnxruntime as its own dependency before it asks for the table, so the
-     * library is in the process by now: found by its soname, not loaded a second time. */
-    void *lib = dlopen("libonnxruntime.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    const OrtApiBase *(*real)(void) = lib == NULL ? NULL : (const OrtApiBase *(*)(void))dlsym(lib, "OrtGetApiBase");
-    if (real == NULL) { fprintf(stderr, "shoal fused attention: libonnxruntime.so.1 is not loaded (%s)\n", dlerror()); abort(); }
-    real_base = real();
-    shim_base.GetApi = get_api;
-    shim_base.GetVersionString = real_base->GetVersionString;
-  }
+  pthread_once(&base_once, find_base);
   return &shim_base;
 }
 

@@ -6,7 +6,7 @@
  * Both take the projected q/k/v as [B, S, heads·hd] and return the context [B, S, H·hd] and the
  * present KV [B, kvH, T, hd], with the same masking rule (contract.ts), so the I/O is identical.
  */
-import { NATIVE_ATTENTION_DOMAIN, type DecodeAttentionForm, type ModelShape } from '../contract.ts'
+import { NATIVE_KERNEL_DOMAIN, type DecodeAttentionForm, type ModelShape } from '../contract.ts'
 import { CheckpointError } from '../errors.ts'
 import { invFreqAt } from '../rope.ts'
 import type { F32Tensor } from '../safetensors.ts'
@@ -297,7 +297,7 @@ export function decodeAttentionNodes (g: GraphBuilder, shape: Pick<ModelShape, '
     if (d.seqlensK === undefined) throw new Error("the 'native' decode attention needs each row's seqlens_k")
     // The benchmark's kernel (reproduction/native/ort-fused-attention.c): the same work in one node.
     const context = g.op('DecodeAttention', `${m}/DecodeAttention`, [parts.q, parts.k, parts.v, pastK, pastV, d.seqlensK],
-      { num_heads: H, kv_num_heads: kvH }, NATIVE_ATTENTION_DOMAIN)
+      { num_heads: H, kv_num_heads: kvH }, NATIVE_KERNEL_DOMAIN)
     return [context, k, v]
   }
   // One position: [B, 1, kvH·hd] holds [B, kvH, 1, hd] (and k's transpose [B, kvH, hd, 1]) in

@@ -6,7 +6,7 @@
  * GraphBuilder; op choice comes from the OpTable.
  */
 import type { LayerWeights, MoeWeights, SwiGluWeights } from '../architectures.ts'
-import { pastKeyName, pastValueName } from '../contract.ts'
+import { NATIVE_KERNEL_DOMAIN, pastKeyName, pastValueName } from '../contract.ts'
 import type { F32Tensor } from '../safetensors.ts'
 import { dequantizeMatrix, quantizeMatrix } from '../quant.ts'
 import { DT, MS_DOMAIN, type Dim } from './builder.ts'
@@ -21,7 +21,10 @@ export function transpose (w: F32Tensor): Float32Array {
   return out
 }
 
-/** x · Wᵀ (+ b) for an HF-layout weight [out, in]: f32 MatMul, or MatMulNBits when quantized. */
+/**
+ * x · Wᵀ (+ b) for an HF-layout weight [out, in]: f32 MatMul, or MatMulNBits when quantized (the
+ * benchmark's MatMulQ4 under `quant.kernel: 'native'`: the same inputs and attributes).
+ */
 export function makeLinear (ctx: BuildContext, name: string, weightName: string, x: string, w: F32Tensor, bias?: F32Tensor): string {
   const { g, quant } = ctx
   const [n, k] = w.shape as [number, number]
@@ -34,8 +37,9 @@ export function makeLinear (ctx: BuildContext, name: string, weightName: string,
     const blocks = Math.ceil(k / quant.blockSize)
     const qw = g.weight(`${weightName}.q${bits}`, DT.UINT8, [n, blocks, quant.blockSize * bits / 8], q.data)
     const sc = g.f32Weight(`${weightName}.scales`, [n * blocks], q.scales)
-    y = g.op('MatMulNBits', `${name}/MatMulNBits`, [x, qw, sc],
-      { K: k, N: n, bits, block_size: quant.blockSize, accuracy_level: ctx.accuracyLevel }, MS_DOMAIN)
+    const op = quant.kernel === 'native' ? 'MatMulQ4' : 'MatMulNBits'
+    y = g.op(op, `${name}/${op}`, [x, qw, sc], { K: k, N: n, bits, block_size: quant.blockSize, accuracy_level: ctx.accuracyLevel },
+      quant.kernel === 'native' ? NATIVE_KERNEL_DOMAIN : MS_DOMAIN)
   }
   if (bias === undefined) return y
   return g.op('Add', `${name}/Add`, [y, g.f32Weight(weightName.replace(/weight$/, 'bias'), [n], bias.data)])

@@ -60,8 +60,14 @@ describe('manifest', () => {
       { ...m, quantization: { kind: 'int8', blockSize: 32, embedding: 'int4' } },
       { ...m, quantization: { kind: 'int4', blockSize: 32, embedding: 'int2' } },
       { ...m, decodeAttention: 'sideways' },
+      // The benchmark's int4 kernel: only in int4 shards of block 32 with int8 activations.
+      { ...m, quantization: { kind: 'int4', blockSize: 32, kernel: 'fast' } },
+      { ...m, quantization: { kind: 'int8', blockSize: 32, kernel: 'native' } },
+      { ...m, quantization: { kind: 'int4', blockSize: 128, kernel: 'native' } },
+      { ...m, quantization: { kind: 'int4', blockSize: 32, activations: 'f32', kernel: 'native' } },
     ]
     for (const b of bad) expect(() => validateManifest(b)).toThrow(expect.objectContaining({ code: 'SHOAL_ERR_MANIFEST' }))
+    expect(validateManifest({ ...m, quantization: { kind: 'int4', blockSize: 32, activations: 'int8', kernel: 'native' } }).quantization).toMatchObject({ kernel: 'native' })
     // Manifests before compiler 12 have no decodeAttention (per-head); they still load.
     const { decodeAttention: _, ...before12 } = m
     expect(validateManifest(before12)).not.toHaveProperty('decodeAttention')

@@ -18,7 +18,7 @@ import { promisify } from 'node:util'
 import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { buildNativeAttention, hasCompiler, nativeAttentionEnv } from '../../reproduction/lib/native-attention.ts'
-import { compileShards, generateTestModel, NATIVE_ATTENTION_DOMAIN } from '../../shards/index.ts'
+import { compileShards, generateTestModel, NATIVE_KERNEL_DOMAIN } from '../../shards/index.ts'
 
 // The kernel is a Linux shared library (LD_PRELOAD, libonnxruntime.so.1) built with the machine's `cc`.
 const compiler = process.platform === 'linux' && await hasCompiler()
@@ -77,6 +77,6 @@ console.log(JSON.stringify({ before, after: s.inputNames.length }))`
 
 describe('the native decode attention without the kernel', () => {
   it('is refused when the session is made, naming the op', async () => {
-    await expect(ort.InferenceSession.create(await nativeStageGraph())).rejects.toThrow(new RegExp(`DecodeAttention|${NATIVE_ATTENTION_DOMAIN.replaceAll('.', '\\.')}`))
+    await expect(ort.InferenceSession.create(await nativeStageGraph())).rejects.toThrow(new RegExp(`DecodeAttention|${NATIVE_KERNEL_DOMAIN.replaceAll('.', '\\.')}`))
   })
 })

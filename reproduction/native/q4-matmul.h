@@ -1,0 +1,169 @@
+/*
+ * An int4 matrix product for onnxruntime's MatMulNBits weights (4 bits, block 32, no zero points:
+ * the implicit zero point 8), the kernel of the MatMulQ4 op in ort-fused-attention.c. A benchmark
+ * instrument (issue 11; docs/engine-notes.md, wave 35): what a kernel made for a few rows is worth
+ * where MLAS's int4 kernel bounds eight streams.
+ *
+ * The same arithmetic as MatMulNBits at accuracy level 4: each row of A quantised to int8 per block
+ * of 32 (scale max|a|/127, round to nearest even), integer dot products with the 4-bit values, then
+ * per block (Σ q·a − 8·Σa) · (scale_w · scale_a), summed over the blocks in order with one fused
+ * multiply-add each. The integer sums are exact, so an output's bits depend only on its row and
+ * column: not on the batch around the row, the threads, or the vector width. Its rounding of A and
+ * its order of sums are not MLAS's, so its bits are not MatMulNBits'.
+ *
+ * Why it is faster at a few rows: the weights are repacked once into tiles of 16 columns, so that
+ * one AVX-512 VNNI instruction (vpdpbusd) takes four k of sixteen columns against one row's four
+ * int8 activations, broadcast; a block's 4-bit values are unpacked once per tile and used by up to
+ * eight rows. With neither AVX-512 VNNI nor AVX-512BW, the same sums in plain C.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define Q4_VNNI 1
+#endif
+
+enum { Q4_BLOCK = 32, Q4_TILE = 16, Q4_TILE_BLOCK_BYTES = Q4_TILE * Q4_BLOCK / 2, Q4_ROWS = 8 };
+
+/* The repacked weights: for tile t (columns 16t..16t+15) and block b, 256 bytes in 4 chunks of 64;
+ * byte 4c + j of chunk h holds column c's k = 8h + j (low nibble) and k = 8h + 4 + j (high nibble),
+ * k within the block. Then the tile's scales, 16 a block. Columns past N are zero weights with scale
+ * 0 (never stored). */
+typedef struct { int N, K, blocks, tiles; uint8_t *w; float *s; } Q4Packed;
+
+/* MatMulNBits' B [N, K/32, 16] (value 2i of a block in byte i's low nibble, 2i + 1 in its high one)
+ * and scales [N · K/32] into the tiles. 0 when out of memory. */
+static int q4_pack (Q4Packed *p, const uint8_t *B, const float *scales, int N, int K) {
+  p->N = N; p->K = K; p->blocks = K / Q4_BLOCK; p->tiles = (N + Q4_TILE - 1) / Q4_TILE;
+  const size_t wbytes = (size_t)p->tiles * p->blocks * Q4_TILE_BLOCK_BYTES, sbytes = (size_t)p->tiles * p->blocks * Q4_TILE * sizeof(float);
+  p->w = aligned_alloc(64, wbytes);
+  p->s = aligned_alloc(64, sbytes);
+  if (p->w == NULL || p->s == NULL) { free(p->w); free(p->s); p->w = NULL; p->s = NULL; return 0; }
+  memset(p->w, 0x88, wbytes);
+  memset(p->s, 0, sbytes);
+  for (int n = 0; n < N; n++) {
+    const int t = n / Q4_TILE, c = n % Q4_TILE;
+    for (int b = 0; b < p->blocks; b++) {
+      const uint8_t *src = B + ((size_t)n * p->blocks + b) * (Q4_BLOCK / 2);
+      uint8_t *dst = p->w + ((size_t)t * p->blocks + b) * Q4_TILE_BLOCK_BYTES;
+      for (int k = 0; k < Q4_BLOCK; k++) {
+        const int q = (src[k / 2] >> (4 * (k & 1))) & 15, high = (k / 4) & 1;
+        uint8_t *byte = dst + (k / 8) * 64 + 4 * c + k % 4;
+        *byte = high ? (uint8_t)((*byte & 0x0F) | (q << 4)) : (uint8_t)((*byte & 0xF0) | q);
+      }
+      p->s[((size_t)t * p->blocks + b) * Q4_TILE + c] = scales[(size_t)n * p->blocks + b];
+    }
+  }
+  return 1;
+}
+
+static void q4_free (Q4Packed *p) { free(p->w); free(p->s); p->w = NULL; p->s = NULL; }
+
+/* One row of A per block: q = round(a / s) with s = max|a| / 127 (0 for an all-zero block), and
+ * z = 8 · Σq, the zero point's share of the block's dot products. */
+static void q4_quantize_row (const float *a, int K, int8_t *q, float *s, int32_t *z) {
+  for (int b = 0; b < K / Q4_BLOCK; b++) {
+    const float *x = a + (size_t)b * Q4_BLOCK;
+    float amax = 0.0f;
+    for (int k = 0; k < Q4_BLOCK; k++) { const float v = fabsf(x[k]); amax = v > amax ? v : amax; }
+    const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    int32_t sum = 0;
+    for (int k = 0; k < Q4_BLOCK; k++) { const int v = (int)nearbyintf(x[k] * inv); q[(size_t)b * Q4_BLOCK + k] = (int8_t)v; sum += v; }
+    s[b] = scale;
+    z[b] = 8 * sum;
+  }
+}
+
+/* The quantised rows of A, as the tiles read them: row m's values at q + m·K, its block scales and
+ * zero-point shares at s + m·blocks, z + m·blocks. */
+typedef struct { const int8_t *q; const float *s; const int32_t *z; } Q4Rows;
+
+#define Q4_INLINE static inline __attribute__((always_inline))
+
+#ifdef Q4_VNNI
+/* Rows [0, MR) of one tile (MR ≤ 8, a constant where it is inlined): each row's 16 columns in one
+ * register of f32 sums, each block's integer dot products in one of int32. */
+Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
+  const float *ps = p->s + (size_t)t * nb * Q4_TILE;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[Q4_ROWS];
+  for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    __m512i w[8];
+    for (int h = 0; h < 4; h++) {
+      const __m512i v = _mm512_load_si512((const void *)(pw + (size_t)b * Q4_TILE_BLOCK_BYTES + h * 64));
+      w[2 * h] = _mm512_and_si512(v, low);
+      w[2 * h + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    const __m512 sw = _mm512_load_ps(ps + (size_t)b * Q4_TILE);
+    for (int m = 0; m < MR; m++) {
+      int32_t g4[8];
+      memcpy(g4, a.q + (size_t)m * K + (size_t)b * Q4_BLOCK, sizeof g4);
+      __m512i s0 = _mm512_setzero_si512();
+      if (MR <= 2) {
+        /* Few rows: two chains, so that each multiply-add need not wait for the one before. */
+        __m512i s1 = _mm512_setzero_si512();
+        for (int g = 0; g < 8; g += 2) {
+          s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(g4[g]));
+          s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(g4[g + 1]));
+        }
+        s0 = _mm512_add_epi32(s0, s1);
+      } else {
+        for (int g = 0; g < 8; g++) s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(g4[g]));
+      }
+      s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(a.z[(size_t)m * nb + b]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sw, _mm512_set1_ps(a.s[(size_t)m * nb + b])), acc[m]);
+    }
+  }
+  const int cols = p->N - t * Q4_TILE < Q4_TILE ? p->N - t * Q4_TILE : Q4_TILE;
+  const __mmask16 mask = (__mmask16)((1u << cols) - 1);
+  for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + (size_t)t * Q4_TILE, mask, acc[m]);
+}
+#else
+/* The same sums without AVX-512: per column, per block, the exact integer dot product, then the
+ * same multiply and fused multiply-add in the same order. */
+Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  const int cols = p->N - t * Q4_TILE < Q4_TILE ? p->N - t * Q4_TILE : Q4_TILE;
+  for (int m = 0; m < MR; m++) {
+    for (int c = 0; c < cols; c++) {
+      float acc = 0.0f;
+      for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = p->w + ((size_t)t * nb + b) * Q4_TILE_BLOCK_BYTES;
+        const int8_t *q = a.q + (size_t)m * K + (size_t)b * Q4_BLOCK;
+        int32_t s = 0;
+        for (int k = 0; k < Q4_BLOCK; k++) s += ((blk[(k / 8) * 64 + 4 * c + k % 4] >> (4 * ((k / 4) & 1))) & 15) * q[k];
+        s -= a.z[(size_t)m * nb + b];
+        acc = fmaf((float)s, p->s[((size_t)t * nb + b) * Q4_TILE + c] * a.s[(size_t)m * nb + b], acc);
+      }
+      y[(size_t)m * ldy + (size_t)t * Q4_TILE + c] = acc;
+    }
+  }
+}
+#endif
+
+/* Every row of one tile, eight at a time: y [M, N] gets the tile's columns. */
+static void q4_tile (const Q4Packed *p, int t, int M, Q4Rows a, float *y) {
+  const int nb = p->blocks, K = p->K, N = p->N;
+  int m = 0;
+  for (; m + Q4_ROWS <= M; m += Q4_ROWS) {
+    const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
+    q4_tile_rows(Q4_ROWS, p, t, r, y + (size_t)m * N, (size_t)N);
+  }
+  const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
+  float *o = y + (size_t)m * N;
+  switch (M - m) {
+    case 1: q4_tile_rows(1, p, t, r, o, (size_t)N); break;
+    case 2: q4_tile_rows(2, p, t, r, o, (size_t)N); break;
+    case 3: q4_tile_rows(3, p, t, r, o, (size_t)N); break;
+    case 4: q4_tile_rows(4, p, t, r, o, (size_t)N); break;
+    case 5: q4_tile_rows(5, p, t, r, o, (size_t)N); break;
+    case 6: q4_tile_rows(6, p, t, r, o, (size_t)N); break;
+    case 7: q4_tile_rows(7, p, t, r, o, (size_t)N); break;
+    default: break;
+  }
+}
