@@ -62,7 +62,7 @@ static int q4_pack (Q4Packed *p, const uint8_t *B, const float *scales, int N, i
 static void q4_free (Q4Packed *p) { free(p->w); free(p->s); p->w = NULL; p->s = NULL; }
 
 /* One row of A per block: q = round(a / s) with s = max|a| / 127 (0 for an all-zero block), and
- * z = 8 · Σq, the zero point's share of the block's dot products. */
+ * z = −8 · Σq, the zero point's share of the block's dot products (where a block's sum starts). */
 static void q4_quantize_row (const float *a, int K, int8_t *q, float *s, int32_t *z) {
   for (int b = 0; b < K / Q4_BLOCK; b++) {
     const float *x = a + (size_t)b * Q4_BLOCK;
@@ -72,7 +72,7 @@ static void q4_quantize_row (const float *a, int K, int8_t *q, float *s, int32_t
     int32_t sum = 0;
     for (int k = 0; k < Q4_BLOCK; k++) { const int v = (int)nearbyintf(x[k] * inv); q[(size_t)b * Q4_BLOCK + k] = (int8_t)v; sum += v; }
     s[b] = scale;
-    z[b] = 8 * sum;
+    z[b] = -8 * sum;
   }
 }
 
@@ -81,6 +81,11 @@ static void q4_quantize_row (const float *a, int K, int8_t *q, float *s, int32_t
 typedef struct { const int8_t *q; const float *s; const int32_t *z; } Q4Rows;
 
 #define Q4_INLINE static inline __attribute__((always_inline))
+
+/* Four int8 of a row read as one int32 where they lie (any alignment): so that the compiler folds
+ * the broadcast into vpdpbusd as a memory operand ({1to16}); a copy into a local array first
+ * made it broadcast each one from a general register, an extra instruction per multiply-add. */
+typedef int32_t q4_i32 __attribute__((aligned(1), may_alias));
 
 #ifdef Q4_VNNI
 /* Rows [0, MR) of one tile (MR ≤ 8, a constant where it is inlined): each row's 16 columns in one
@@ -101,9 +106,10 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
     }
     const __m512 sw = _mm512_load_ps(ps + (size_t)b * Q4_TILE);
     for (int m = 0; m < MR; m++) {
-      int32_t g4[8];
-      memcpy(g4, a.q + (size_t)m * K + (size_t)b * Q4_BLOCK, sizeof g4);
-      __m512i s0 = _mm512_setzero_si512();
+      const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)m * K + (size_t)b * Q4_BLOCK);
+      /* Each sum starts at the zero point's share: a broadcast load, where a subtraction after
+       * would take one more vector instruction. */
+      __m512i s0 = _mm512_set1_epi32(a.z[(size_t)m * nb + b]);
       if (MR <= 2) {
         /* Few rows: two chains, so that each multiply-add need not wait for the one before. */
         __m512i s1 = _mm512_setzero_si512();
@@ -115,7 +121,6 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
       } else {
         for (int g = 0; g < 8; g++) s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(g4[g]));
       }
-      s0 = _mm512_sub_epi32(s0, _mm512_set1_epi32(a.z[(size_t)m * nb + b]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(sw, _mm512_set1_ps(a.s[(size_t)m * nb + b])), acc[m]);
     }
   }
@@ -135,9 +140,8 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
       for (int b = 0; b < nb; b++) {
         const uint8_t *blk = p->w + ((size_t)t * nb + b) * Q4_TILE_BLOCK_BYTES;
         const int8_t *q = a.q + (size_t)m * K + (size_t)b * Q4_BLOCK;
-        int32_t s = 0;
+        int32_t s = a.z[(size_t)m * nb + b];
         for (int k = 0; k < Q4_BLOCK; k++) s += ((blk[(k / 8) * 64 + 4 * c + k % 4] >> (4 * ((k / 4) & 1))) & 15) * q[k];
-        s -= a.z[(size_t)m * nb + b];
         acc = fmaf((float)s, p->s[((size_t)t * nb + b) * Q4_TILE + c] * a.s[(size_t)m * nb + b], acc);
       }
       y[(size_t)m * ldy + (size_t)t * Q4_TILE + c] = acc;
