@@ -1,15 +1,17 @@
 /*
- * The fused one-position attention of fused-attention.c as an onnxruntime kernel, to measure what
- * it is worth served (issue 11; docs/engine-notes.md, wave 34). A benchmark instrument, not a part
- * of shoal: onnxruntime-node gives no way to register a custom op, so this library is preloaded
- * (LD_PRELOAD) in front of onnxruntime and stands in for its one exported entry, OrtGetApiBase. It
- * hands out onnxruntime's own API table with CreateSession / CreateSessionFromArray wrapped so
- * that every session's options get one more op domain, `ai.shoal.bench`, holding the op below.
+ * Two benchmark kernels inside onnxruntime, to measure what they are worth served (issue 11;
+ * docs/engine-notes.md, waves 34 and 35): the fused one-position attention of fused-attention.c
+ * (DecodeAttention, below) and an int4 product for MatMulNBits' weights (MatMulQ4, q4-matmul.h).
+ * Benchmark instruments, not a part of shoal: onnxruntime-node gives no way to register a custom
+ * op, so this library is preloaded (LD_PRELOAD) in front of onnxruntime and stands in for its one
+ * exported entry, OrtGetApiBase. It hands out onnxruntime's own API table with CreateSession /
+ * CreateSessionFromArray wrapped so that every session's options get one more op domain,
+ * `ai.shoal.bench`, holding the two ops.
  * Nothing else changes; a process without the preload sees onnxruntime as shipped. Loaded into a
  * running process with `process.dlopen` instead (napi_register_module_v1, at the end), it makes
  * the same change there.
  *
- *   cc -O3 -march=native -shared -fPIC -o libshoal-fused-attention.so ort-fused-attention.c -ldl -lm
+ *   cc -O3 -march=native -shared -fPIC -o libshoal-fused-attention.so ort-fused-attention.c -ldl -lm -lpthread
  *   (reproduction/lib/native-attention.ts builds it so, once per source)
  *
  * DecodeAttention (domain ai.shoal.bench), attributes num_heads, kv_num_heads:
@@ -25,6 +27,9 @@
  * not MLAS's, so its bits are not the shipped graph's. A shape it cannot take ends the process
  * with a message (an op of this ABI version has no error return): the graphs it serves are the
  * compiler's own.
+ *
+ * MatMulQ4 (domain ai.shoal.bench), MatMulNBits' inputs and attributes (A float [..., K], B uint8
+ * [N, K/32, 16], scales float [N·K/32]; K, N, bits 4, block_size 32) -> Y [..., N]: q4-matmul.h.
  *
  * The OrtApi slots and the OrtCustomOp layout below are onnxruntime's C ABI (onnxruntime_c_api.h,
  * append-only across versions); the header itself is not in this repository.
