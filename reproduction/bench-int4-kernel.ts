@@ -5,7 +5,7 @@
  * or the 250m shape's 65, random int4 weights in blocks of 32, int8 activations (accuracy level 4),
  * for M rows. Two sessions in one process, the same weights and feeds, timed alternately with the
  * engine's session options (graph optimisation 'all', sequential, intra-op threads spinning only
- * within a run). The kernel comes in by `process.dlopen` of the benchmarks' library after
+ * within a run) and `shoal serve`'s malloc settings. The kernel comes in by `process.dlopen` of the benchmarks' library after
  * onnxruntime-node is loaded (its Node addon entry: lib/native-attention.ts), so every session
  * made after knows MatMulQ4.
  *
@@ -30,7 +30,11 @@ import { NATIVE_KERNEL_DOMAIN } from '../shards/contract.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { quantizeMatrix } from '../shards/quant.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
+import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 import { buildNativeAttention } from './lib/native-attention.ts'
+
+// The sessions run in this process: with `shoal serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
+execWithServeMalloc()
 
 const { values: args } = parseArgs({
   options: {
@@ -130,7 +134,7 @@ try {
   }
   console.log(`# int4 products of the ${args.size} shape (${products.length}${args['no-head'] ? ', no head' : ''}), MatMulNBits against MatMulQ4`)
   console.log(`- command: node reproduction/bench-int4-kernel.ts ${process.argv.slice(2).join(' ')}`)
-  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; git ${gitDescribe(join(import.meta.dirname, '..'))}; load ${loadBefore} → ${loadAverage()}`)
+  console.log(`- machine: ${lscpuModel()}; Node ${process.version}; malloc: ${mallocSettings()}; git ${gitDescribe(join(import.meta.dirname, '..'))}; load ${loadBefore} → ${loadAverage()}`)
   console.log(`- reduced sums at M = 8: max |MatMulNBits − MatMulQ4| / max |MatMulNBits| = ${(diff / top).toExponential(2)}`)
   console.log('\n| rows | MatMulNBits ms | MatMulQ4 ms | MatMulNBits ÷ MatMulQ4 |')
   console.log('|---:|---:|---:|---:|')
