@@ -11,10 +11,10 @@
  * past (a long one), and what a second intra-op thread does to it (at one row it makes it slower
  * here: each batched MatMul hands its kv heads to the pool however small each product is).
  * `--native` adds the same work as one fused C loop on one thread (reproduction/native/
- * fused-attention.c, built with `cc -O3 -march=native -ffast-math` by lib/native-attention.ts;
+ * fused-attention.c, built with `cc -O3 -march=native -ffast-math` by lib/native-kernels.ts;
  * cells 'c-loop'): what a custom kernel would be worth bare (wave 33). The form 'native' (in
  * --forms) is such a kernel inside onnxruntime: its cells' processes get
- * reproduction/native/ort-fused-attention.c preloaded (lib/native-attention.ts, wave 34).
+ * reproduction/native/ort-kernels.c preloaded (lib/native-kernels.ts, wave 34).
  *
  *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head(,native)] [--contexts 16,192]
  *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000] [--native]
@@ -32,7 +32,7 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { DECODE_ATTENTION_FORMS, type DecodeAttentionForm } from '../shards/contract.ts'
-import { buildFusedLoop, buildNativeAttention, nativeAttentionEnv } from './lib/native-attention.ts'
+import { buildFusedLoop, buildNativeKernels, nativeKernelsEnv } from './lib/native-kernels.ts'
 import { decodeAttentionNodes } from '../shards/graph/attention.ts'
 import { DT, GraphBuilder } from '../shards/graph/builder.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
@@ -123,7 +123,7 @@ if (args.cell !== undefined) {
   for (const form of forms) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) for (const threads of numbers(args.threads)) cells.push({ form, context, batch, threads })
   if (args.native) for (const context of numbers(args.contexts)) for (const batch of numbers(args.batches)) cells.push({ form: 'c-loop', context, batch, threads: 1 })
   // The 'native' form's cells run with the fused kernel preloaded; the others as shipped.
-  const kernelEnv = forms.includes('native') ? { ...process.env, ...nativeAttentionEnv(await buildNativeAttention()) } : process.env
+  const kernelEnv = forms.includes('native') ? { ...process.env, ...nativeKernelsEnv(await buildNativeKernels()) } : process.env
   const loop = args.native ? await buildFusedLoop() : undefined
   const loadBefore = loadAverage(2)
   const results = new Map<Cell, number[]>(cells.map(c => [c, []]))

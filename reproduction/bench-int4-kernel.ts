@@ -6,7 +6,7 @@
  * for M rows. Two sessions in one process, the same weights and feeds, timed alternately with the
  * engine's session options (graph optimisation 'all', sequential, intra-op threads spinning only
  * within a run) and `shoal serve`'s malloc settings. The kernel comes in by `process.dlopen` of the benchmarks' library after
- * onnxruntime-node is loaded (its Node addon entry: lib/native-attention.ts), so every session
+ * onnxruntime-node is loaded (its Node addon entry: lib/native-kernels.ts), so every session
  * made after knows MatMulQ4.
  *
  * Each product's output is reduced to one number a row in the graph, so that the run returns a
@@ -31,7 +31,7 @@ import { DT, GraphBuilder, MS_DOMAIN } from '../shards/graph/builder.ts'
 import { quantizeMatrix } from '../shards/quant.ts'
 import { gitDescribe, loadAverage, lscpuModel, median } from './lib/index.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
-import { buildNativeAttention } from './lib/native-attention.ts'
+import { buildNativeKernels } from './lib/native-kernels.ts'
 
 // The sessions run in this process: with `shoal serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
 execWithServeMalloc()
@@ -92,7 +92,7 @@ function graph (dir: string, op: 'MatMulNBits' | 'MatMulQ4'): string {
   return join(dir, `${op}.onnx`)
 }
 
-const lib = await buildNativeAttention()
+const lib = await buildNativeKernels()
 process.dlopen({ exports: {} }, lib)
 const dir = mkdtempSync(join(tmpdir(), 'shoal-int4-kernel-'))
 try {

@@ -107,7 +107,7 @@ export type Quantization =
     /**
      * int4, block 32, int8 activations only: 'native' is a benchmark's kernel, never chosen by
      * shoal — every product is a MatMulQ4 node (NATIVE_KERNEL_DOMAIN) in place of MatMulNBits, which
-     * only a process with reproduction/native/ort-fused-attention.c preloaded can run (its int4
+     * only a process with reproduction/native/ort-kernels.c preloaded can run (its int4
      * kernel, reproduction/native/q4-matmul.h). Absent: MatMulNBits.
      */
     kernel?: 'native'
@@ -216,8 +216,8 @@ export interface GenerationDefaults {
  * the rows of one product, the past packed first). The same tokens either way, to float
  * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
  * 'native' is a benchmark's form, never chosen by shoal: one DecodeAttention node a layer, a
- * kernel onnxruntime does not have — only a process with reproduction/native/ort-fused-attention.c
- * preloaded can run it (reproduction/lib/native-attention.ts; paired-vs-llamacpp.ts arms with
+ * kernel onnxruntime does not have — only a process with reproduction/native/ort-kernels.c
+ * preloaded can run it (reproduction/lib/native-kernels.ts; paired-vs-llamacpp.ts arms with
  * `"native": true`).
  */
 export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'

@@ -6,7 +6,7 @@
  */
 import { ensureNativeShards } from './bench-models.ts'
 import type { ModelFiles } from './bench-models.ts'
-import { buildNativeAttention, nativeAttentionEnv } from './native-attention.ts'
+import { buildNativeKernels, nativeKernelsEnv } from './native-kernels.ts'
 import { llamaEnv, llamaServerArgs } from './llamacpp.ts'
 import type { LlamaShape } from './llamacpp.ts'
 import { shoalArm, startLlama, startShoalArm } from './servers.ts'
@@ -34,12 +34,12 @@ export function parseArms (json: string): Array<[string, Arm]> {
 /**
  * Starts `arm` on model `m`: llama-server from `bin` sized by `shape`, or shoal with its state
  * under `cache` — an arm with `native` on `m`'s shards compiled for the benchmark kernels it
- * names, their library preloaded (lib/native-attention.ts).
+ * names, their library preloaded (lib/native-kernels.ts).
  */
 export async function startArm (arm: Arm, m: ModelFiles, bin: string, shape: LlamaShape, cache: string): Promise<Server> {
   if (isLlama(arm)) return await startLlama(bin, m.modelId, port => [...llamaServerArgs(m.gguf, port, shape), ...arm.llama], llamaEnv(undefined))
   if (arm.native !== undefined && arm.native !== false) {
-    const env = { ...arm.env, ...nativeAttentionEnv(await buildNativeAttention()) }
+    const env = { ...arm.env, ...nativeKernelsEnv(await buildNativeKernels()) }
     const kernels = arm.native === true ? 'attention' : arm.native
     return await startShoalArm({ ...arm, env, shard: arm.shard ?? await ensureNativeShards(m, kernels) }, m.shards, m.modelId, cache)
   }

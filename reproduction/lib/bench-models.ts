@@ -13,7 +13,7 @@ import { COMPILER_VERSION, compileShards, generateTestModel, loadManifest } from
 import type { TestModelSize } from '../../shards/index.ts'
 import { decodeAttentionForm } from '../../daemon/engine/index.ts'
 import { checkpointToGguf } from '../gguf.ts'
-import type { NativeKernels } from './native-attention.ts'
+import type { NativeKernels } from './native-kernels.ts'
 
 export const BENCH_MODELS_DIR = join(resolve(import.meta.dirname, '..', '..'), '.cache', 'bench-vs-llamacpp')
 
@@ -52,8 +52,8 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
 
 /**
  * `m`'s checkpoint compiled again for the benchmark kernels of
- * reproduction/native/ort-fused-attention.c, which only a process with that library preloaded can
- * run (lib/native-attention.ts): 'attention' the 'native' one-position attention, 'int4' the
+ * reproduction/native/ort-kernels.c, which only a process with that library preloaded can
+ * run (lib/native-kernels.ts): 'attention' the 'native' one-position attention, 'int4' the
  * int4 products as MatMulQ4 (int4 models only), 'both' the two. Beside `m`'s shards, under the
  * same model id; its directory.
  */

@@ -10,7 +10,7 @@ import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { createInterface } from 'node:readline'
 import { setTimeout as sleep } from 'node:timers/promises'
-import type { NativeKernels } from './native-attention.ts'
+import type { NativeKernels } from './native-kernels.ts'
 import { SHOAL_BIN } from './processes.ts'
 import { spawnRt } from './realtime.ts'
 
@@ -97,7 +97,7 @@ export interface ShoalArm {
   shard?: string
   args?: string[]
   /**
-   * The benchmark kernels of reproduction/native/ort-fused-attention.c, preloaded, on shards
+   * The benchmark kernels of reproduction/native/ort-kernels.c, preloaded, on shards
    * compiled for them (lib/arms.ts startArm): true or 'attention' the 'native' one-position
    * attention, 'int4' the int4 products (MatMulQ4), 'both' the two.
    */

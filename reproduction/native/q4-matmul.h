@@ -1,6 +1,6 @@
 /*
  * An int4 matrix product for onnxruntime's MatMulNBits weights (4 bits, block 32, no zero points:
- * the implicit zero point 8), the kernel of the MatMulQ4 op in ort-fused-attention.c. A benchmark
+ * the implicit zero point 8), the kernel of the MatMulQ4 op in ort-kernels.c. A benchmark
  * instrument (issue 11; docs/engine-notes.md, wave 35): what a kernel made for a few rows is worth
  * where MLAS's int4 kernel bounds eight streams.
  *

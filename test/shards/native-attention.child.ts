@@ -1,6 +1,6 @@
 /**
  * Run by native-attention.test.ts in a process with the fused attention kernel preloaded
- * (reproduction/lib/native-attention.ts): for every test architecture (tiny, fp32, 'ort-contrib'),
+ * (reproduction/lib/native-kernels.ts): for every test architecture (tiny, fp32, 'ort-contrib'),
  * the 'native' decode-attention form's greedy tokens against the float64 reference and its logits
  * against the shipped per-head form, and its batched decode against each row alone. Prints one
  * JSON line per architecture.

@@ -1,6 +1,6 @@
 /**
  * The 'native' decode-attention form (shards/contract.ts DecodeAttentionForm): one DecodeAttention
- * node a layer, run by the fused kernel of reproduction/native/ort-fused-attention.c, which a
+ * node a layer, run by the fused kernel of reproduction/native/ort-kernels.c, which a
  * benchmark preloads (issue 11: what a custom kernel is worth served). It must be exact as the
  * shipped forms are: every test architecture's 64 greedy tokens equal the float64 reference's,
  * its logits stay within float rounding of the per-head form's, and right-padded batches decode
@@ -17,7 +17,7 @@ import { join } from 'node:path'
 import { promisify } from 'node:util'
 import ort from 'onnxruntime-node'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { buildNativeAttention, hasCompiler, nativeAttentionEnv } from '../../reproduction/lib/native-attention.ts'
+import { buildNativeKernels, hasCompiler, nativeKernelsEnv } from '../../reproduction/lib/native-kernels.ts'
 import { compileShards, generateTestModel, NATIVE_KERNEL_DOMAIN } from '../../shards/index.ts'
 
 // The kernel is a Linux shared library (LD_PRELOAD, libonnxruntime.so.1) built with the machine's `cc`.
@@ -42,9 +42,9 @@ async function nativeStageGraph (): Promise<string> {
 
 describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)', () => {
   it('keeps every architecture\'s reference tokens and batched decode\'s bits', async () => {
-    const lib = await buildNativeAttention(join(root, 'lib'))
+    const lib = await buildNativeKernels(join(root, 'lib'))
     const { stdout } = await promisify(execFile)(process.execPath, [join(import.meta.dirname, 'native-attention.child.ts')],
-      { env: { ...process.env, ...nativeAttentionEnv(lib) }, maxBuffer: 16 << 20 })
+      { env: { ...process.env, ...nativeKernelsEnv(lib) }, maxBuffer: 16 << 20 })
     const results = stdout.trim().split('\n').map(l => JSON.parse(l) as { arch: string, tokens: number[], reference: number[], vsPerHead: number, vsReference: number, batchedMismatches: string[] })
     expect(results.length).toBeGreaterThanOrEqual(4)
     for (const r of results) {
@@ -59,7 +59,7 @@ describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)
 describe.skipIf(!compiler)('the kernel loaded into a running process (process.dlopen, no preload)', () => {
   it('gives the op to the sessions made after it', async () => {
     const graph = await nativeStageGraph()
-    const lib = await buildNativeAttention(join(root, 'lib'))
+    const lib = await buildNativeKernels(join(root, 'lib'))
     // A child of its own: the change stays with the process that loads the library.
     const script = `import ort from 'onnxruntime-node'
 const path = process.argv[1]

@@ -1,6 +1,6 @@
 /**
  * Run by native-matmul.test.ts in a process with the benchmark kernels preloaded
- * (reproduction/lib/native-attention.ts): for every test architecture, int4 'ort-contrib' shards
+ * (reproduction/lib/native-kernels.ts): for every test architecture, int4 'ort-contrib' shards
  * with the native int4 kernel (MatMulQ4) against the same shards with onnxruntime's MatMulNBits,
  * both with int8 activations, and against MatMulNBits with f32 activations (accuracy level 0: the
  * int4 weights without the activations' rounding). Greedy tokens, logits while two sequences

@@ -1,7 +1,7 @@
 /**
  * The benchmark's native int4 kernel (shards/contract.ts Quantization.kernel 'native'): every int4
  * product a MatMulQ4 node, run by reproduction/native/q4-matmul.h inside the library that
- * benchmarks preload (reproduction/native/ort-fused-attention.c; issue 11: what a kernel made for
+ * benchmarks preload (reproduction/native/ort-kernels.c; issue 11: what a kernel made for
  * a few rows is worth where MLAS's int4 kernel bounds eight streams). Checked:
  * - the kernel against a plain reference that reads MatMulNBits' own layout, bit for bit, and its
  *   AVX-512 VNNI path against its plain-C one (a build without AVX-512), bit for bit;
@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { promisify } from 'node:util'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { buildNativeAttention, hasCompiler, nativeAttentionEnv } from '../../reproduction/lib/native-attention.ts'
+import { buildNativeKernels, hasCompiler, nativeKernelsEnv } from '../../reproduction/lib/native-kernels.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 
 const compiler = process.platform === 'linux' && await hasCompiler()
@@ -50,9 +50,9 @@ describe.skipIf(!compiler)('the native int4 kernel (q4-matmul.h)', () => {
   })
 
   it('serves every architecture as MatMulNBits does, to the int8 activations\' rounding, and batches bit-exactly', async () => {
-    const lib = await buildNativeAttention(join(root, 'lib'))
+    const lib = await buildNativeKernels(join(root, 'lib'))
     const { stdout } = await run(process.execPath, [join(import.meta.dirname, 'native-matmul.child.ts')],
-      { env: { ...process.env, ...nativeAttentionEnv(lib) }, maxBuffer: 16 << 20 })
+      { env: { ...process.env, ...nativeKernelsEnv(lib) }, maxBuffer: 16 << 20 })
     const results = stdout.trim().split('\n').map(l => JSON.parse(l) as {
       arch: string, kernel: string, tokens: number, agree: number, marginAtSplit: number | null,
       vsMatMulNBits: number, matMulNBitsVsF32: number, nativeVsF32: number, batchedMismatches: string[]

@@ -1,9 +1,9 @@
 /**
- * The benchmark kernels (reproduction/native/ort-fused-attention.c: the fused one-position
+ * The benchmark kernels (reproduction/native/ort-kernels.c: the fused one-position
  * attention, and the int4 products of q4-matmul.h), built for the processes that measure or test
  * the 'native' decode-attention form and the 'native' int4 kernel (and the bare C loop of the
  * attention, buildFusedLoop): a shared library that a process gets through LD_PRELOAD
- * (nativeAttentionEnv), so that every onnxruntime session it makes knows the DecodeAttention and
+ * (nativeKernelsEnv), so that every onnxruntime session it makes knows the DecodeAttention and
  * MatMulQ4 ops. A benchmark instrument: `shoal serve` neither builds nor loads it. Built with the
  * machine's C compiler (`cc`), for this CPU (-march=native), once per source: the library's
  * directory is named by the sources' hash.
@@ -17,15 +17,15 @@ import { promisify } from 'node:util'
 
 const ROOT = resolve(import.meta.dirname, '..', '..')
 const NATIVE = join(ROOT, 'reproduction', 'native')
-export const NATIVE_ATTENTION_SOURCE = join(NATIVE, 'ort-fused-attention.c')
+export const NATIVE_KERNELS_SOURCE = join(NATIVE, 'ort-kernels.c')
 /** The headers the library's source includes: part of its hash. */
-const NATIVE_ATTENTION_HEADERS = [join(NATIVE, 'q4-matmul.h')]
+const NATIVE_KERNELS_HEADERS = [join(NATIVE, 'q4-matmul.h')]
 
 /** Which benchmark kernels a model's shards use: the attention, the int4 products, or both. */
 export type NativeKernels = 'attention' | 'int4' | 'both'
 
 /** The kernel's flags: optimised for this CPU, with no fast-math (the kernel's sums keep their written order). */
-export const NATIVE_ATTENTION_CFLAGS = ['-O3', '-march=native', '-shared', '-fPIC']
+export const NATIVE_KERNELS_CFLAGS = ['-O3', '-march=native', '-shared', '-fPIC']
 
 /** Whether this machine has a C compiler as `cc` (a test of the kernel is skipped without one). */
 export async function hasCompiler (): Promise<boolean> {
@@ -63,19 +63,19 @@ async function buildC (source: string, name: string, flags: string[], libs: stri
 }
 
 /** Builds the kernel library (once per source) under `cacheDir`; its absolute path. */
-export async function buildNativeAttention (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
-  return await buildC(NATIVE_ATTENTION_SOURCE, 'libshoal-fused-attention.so', NATIVE_ATTENTION_CFLAGS, ['-ldl', '-lm', '-lpthread'], cacheDir, NATIVE_ATTENTION_HEADERS)
+export async function buildNativeKernels (cacheDir = join(ROOT, '.cache', 'native-kernels')): Promise<string> {
+  return await buildC(NATIVE_KERNELS_SOURCE, 'libshoal-kernels.so', NATIVE_KERNELS_CFLAGS, ['-ldl', '-lm', '-lpthread'], cacheDir, NATIVE_KERNELS_HEADERS)
 }
 
 /**
  * Builds the bare C loop of the same work (reproduction/native/fused-attention.c, a program timing
  * itself; bench-decode-attention.ts `--native`) with fast-math, as wave 33 timed it; its path.
  */
-export async function buildFusedLoop (cacheDir = join(ROOT, '.cache', 'native-attention')): Promise<string> {
+export async function buildFusedLoop (cacheDir = join(ROOT, '.cache', 'native-kernels')): Promise<string> {
   return await buildC(join(NATIVE, 'fused-attention.c'), 'fused-attention', ['-O3', '-march=native', '-ffast-math'], ['-lm'], cacheDir)
 }
 
 /** The environment that gives a child process the kernel (its onnxruntime sessions know DecodeAttention). */
-export function nativeAttentionEnv (lib: string): Record<string, string> {
+export function nativeKernelsEnv (lib: string): Record<string, string> {
   return { LD_PRELOAD: lib }
 }

@@ -11,8 +11,8 @@
  * running process with `process.dlopen` instead (napi_register_module_v1, at the end), it makes
  * the same change there.
  *
- *   cc -O3 -march=native -shared -fPIC -o libshoal-fused-attention.so ort-fused-attention.c -ldl -lm -lpthread
- *   (reproduction/lib/native-attention.ts builds it so, once per source)
+ *   cc -O3 -march=native -shared -fPIC -o libshoal-kernels.so ort-kernels.c -ldl -lm -lpthread
+ *   (reproduction/lib/native-kernels.ts builds it so, once per source)
  *
  * DecodeAttention (domain ai.shoal.bench), attributes num_heads, kv_num_heads:
  *   q [B, 1, H·hd] (rotated, unscaled), k, v [B, 1, kvH·hd] (the new position's, k rotated),
@@ -510,7 +510,7 @@ static const OrtCustomOp matmul_q4 = {
 /* ---- the stand-in entry ---- */
 
 static void fail (const char *what, OrtStatus *status) {
-  fprintf(stderr, "shoal fused attention: %s: %s\n", what, status == NULL ? "" : ((GetErrorMessageFn)SLOT(api, API_GET_ERROR_MESSAGE))(status));
+  fprintf(stderr, "shoal kernels: %s: %s\n", what, status == NULL ? "" : ((GetErrorMessageFn)SLOT(api, API_GET_ERROR_MESSAGE))(status));
   abort();
 }
 
@@ -553,7 +553,7 @@ static void patch_table (void) {
   void **slots = (void **)table_to_patch;
   uintptr_t lo = (uintptr_t)&slots[API_CREATE_SESSION] & ~(uintptr_t)(page - 1);
   uintptr_t hi = ((uintptr_t)&slots[API_CREATE_SESSION_FROM_ARRAY + 1] + page - 1) & ~(uintptr_t)(page - 1);
-  if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) { perror("shoal fused attention: mprotect"); abort(); }
+  if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) { perror("shoal kernels: mprotect"); abort(); }
   real_create_session = (CreateSessionFn)slots[API_CREATE_SESSION];
   real_create_session_from_array = (CreateSessionFromArrayFn)slots[API_CREATE_SESSION_FROM_ARRAY];
   slots[API_CREATE_SESSION] = (void *)create_session;
@@ -579,7 +579,7 @@ static void find_base (void) {
    * library is in the process by now: found by its soname, not loaded a second time. */
   void *lib = dlopen("libonnxruntime.so.1", RTLD_LAZY | RTLD_NOLOAD);
   const OrtApiBase *(*real)(void) = lib == NULL ? NULL : (const OrtApiBase *(*)(void))dlsym(lib, "OrtGetApiBase");
-  if (real == NULL) { fprintf(stderr, "shoal fused attention: libonnxruntime.so.1 is not loaded (%s)\n", dlerror()); abort(); }
+  if (real == NULL) { fprintf(stderr, "shoal kernels: libonnxruntime.so.1 is not loaded (%s)\n", dlerror()); abort(); }
   real_base = real();
   shim_base.GetApi = get_api;
   shim_base.GetVersionString = real_base->GetVersionString;
