@@ -104,7 +104,6 @@ export interface ShoalArm {
   native?: boolean | NativeKernels
 }
 
-
 /** An arm as the scripts take it in JSON: its environment's variables alone, or a ShoalArm. */
 export function shoalArm (given: Record<string, string> | ShoalArm): ShoalArm {
   return ['env', 'dir', 'shard', 'args', 'native'].some(k => k in given) ? given as ShoalArm : { env: given as Record<string, string> }

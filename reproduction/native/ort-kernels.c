@@ -362,13 +362,9 @@ static const OrtCustomOp decode_attention = {
 /* ---- MatMulQ4: MatMulNBits' int4 product by q4-matmul.h ---- */
 
 /* The weights are repacked on the first run (they are initializers, so the same bytes every run)
- * and kept, as MLAS keeps its prepacked copy. One copy per initializer, shared by every node that
- * reads it: a stage graph's prefill and one-position branches each have a node per product, and
- * onnxruntime's own prepacking likewise packs a weight once for both. The shared copies are
- * counted and found by the initializer's address, under one lock. */
-typedef struct Packing { const void *source; int64_t K, N; int users; Q4Packed packed; struct Packing *next; } Packing;
-static Packing *packings;
-static pthread_mutex_t packings_lock = PTHREAD_MUTEX_INITIALIZER;
+ * and kept by the node's kernel, as MLAS keeps its prepacked copy (the compiler's graphs have one
+ * node per weight); the lock covers two runs of one session at once. */
+typedef struct { int64_t K, N; pthread_mutex_t lock; const void *source; Q4Packed packed; } MatMulKernel;
 
 #ifndef MADV_PAGEOUT
 #define MADV_PAGEOUT 21
@@ -376,45 +372,14 @@ static pthread_mutex_t packings_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The whole pages inside [p, p + n), paged out: after packing, nothing reads the initializer
  * again, and where onnxruntime maps it from the weights file its pages would otherwise stay
- * resident beside the packed copy. A hint that keeps the contents (an anonymous page without swap
- * simply stays), so it is safe whatever memory onnxruntime gave. */
+ * resident beside the packed copy (MatMulNBits' prepacking releases them; a custom op cannot).
+ * A hint that keeps the contents (an anonymous page without swap simply stays), so it is safe
+ * whatever memory onnxruntime gave. */
 static void page_out (const void *p, size_t n) {
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
   const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
   if (hi > lo) madvise((void *)lo, hi - lo, MADV_PAGEOUT);
 }
-
-static Packing *packing_for (const void *B, const float *scales, int64_t K, int64_t N) {
-  pthread_mutex_lock(&packings_lock);
-  Packing *p = packings;
-  while (p != NULL && !(p->source == B && p->K == K && p->N == N)) p = p->next;
-  if (p == NULL) {
-    p = calloc(1, sizeof(Packing));
-    if (p == NULL || !q4_pack(&p->packed, B, scales, (int)N, (int)K)) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
-    p->source = B; p->K = K; p->N = N;
-    p->next = packings;
-    packings = p;
-    page_out(B, (size_t)N * (size_t)K / 2);
-    page_out(scales, sizeof(float) * (size_t)N * (size_t)(K / Q4_BLOCK));
-  }
-  p->users++;
-  pthread_mutex_unlock(&packings_lock);
-  return p;
-}
-
-static void packing_done (Packing *done) {
-  pthread_mutex_lock(&packings_lock);
-  if (--done->users == 0) {
-    Packing **at = &packings;
-    while (*at != done) at = &(*at)->next;
-    *at = done->next;
-    q4_free(&done->packed);
-    free(done);
-  }
-  pthread_mutex_unlock(&packings_lock);
-}
-
-typedef struct { int64_t K, N; pthread_mutex_t lock; Packing *packing; } MatMulKernel;
 
 static void *create_matmul (const OrtCustomOp *op, const void *ort, const void *info) {
   (void)op;
@@ -460,10 +425,13 @@ static void compute_matmul (void *kernel, void *context) {
   for (size_t i = 0; i + 1 < rank; i++) M *= dims[i];
   const uint8_t *B = data_of(input(context, 1));
   pthread_mutex_lock(&k->lock);
-  if (k->packing == NULL || k->packing->source != B) {
-    Packing *old = k->packing;
-    k->packing = packing_for(B, data_of(input(context, 2)), k->K, k->N);
-    if (old != NULL) packing_done(old);
+  if (k->source != B) {
+    const float *scales = data_of(input(context, 2));
+    q4_free(&k->packed);
+    if (!q4_pack(&k->packed, B, scales, (int)k->N, (int)k->K)) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
+    k->source = B;
+    page_out(B, (size_t)k->N * (size_t)k->K / 2);
+    page_out(scales, sizeof(float) * (size_t)k->N * (size_t)(k->K / Q4_BLOCK));
   }
   pthread_mutex_unlock(&k->lock);
   dims[rank - 1] = k->N;
@@ -477,10 +445,10 @@ static void compute_matmul (void *kernel, void *context) {
   int32_t *z = malloc(sizeof(int32_t) * (size_t)M * nb);
   if (q == NULL || s == NULL || z == NULL) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
   for (int64_t m = 0; m < M; m++) q4_quantize_row(A + m * K, K, q + m * K, s + m * nb, z + m * nb);
-  MatMulWork w = { &k->packing->packed, (int)M, 0, { q, s, z }, data_of(outv) };
+  MatMulWork w = { &k->packed, (int)M, 0, { q, s, z }, data_of(outv) };
   /* Tiles in up to 16 contiguous runs on the session's intra-op threads; a product too small to
    * share (under ~1,000 tile-blocks of rows) runs on the calling thread. */
-  const int tiles = k->packing->packed.tiles;
+  const int tiles = k->packed.tiles;
   const int units = (int64_t)tiles * M * nb < 1024 ? 1 : tiles < 16 ? tiles : 16;
   w.per_unit = (tiles + units - 1) / units;
   if (units == 1) {
@@ -494,7 +462,7 @@ static void compute_matmul (void *kernel, void *context) {
 
 static void destroy_matmul (void *kernel) {
   MatMulKernel *k = kernel;
-  if (k->packing != NULL) packing_done(k->packing);
+  q4_free(&k->packed);
   pthread_mutex_destroy(&k->lock);
   free(k);
 }
