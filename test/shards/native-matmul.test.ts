@@ -34,19 +34,22 @@ describe.skipIf(!compiler)('the native int4 kernel (q4-matmul.h)', () => {
   it('computes the reference\'s bits, with AVX-512 VNNI and without', async () => {
     const source = join(import.meta.dirname, 'native', 'q4-check.c')
     const results: Array<{ path: string, outputs: number, differ: number, hash: string }> = []
-    // -march=native takes the vector path where the CPU has it; -mno-avx512f always the plain C one.
-    for (const flags of [['-march=native'], ['-march=native', '-mno-avx512f']]) {
+    // -march=native takes the vector path where the CPU has it; -mno-avx512f (x86 only) always the plain C one.
+    const builds = process.arch === 'x64' ? [['-march=native'], ['-march=native', '-mno-avx512f']] : [['-march=native']]
+    for (const flags of builds) {
       const bin = join(root, `q4-check-${results.length}`)
       await run('cc', ['-O3', ...flags, '-o', bin, source, '-lm'])
       results.push(JSON.parse((await run(bin)).stdout) as { path: string, outputs: number, differ: number, hash: string })
     }
     console.log(`q4-matmul: ${results.map(r => `${r.path} ${r.outputs} outputs, ${r.differ} differ, hash ${r.hash}`).join('; ')}`)
-    expect(results[1]!.path).toBe('plain-c')
     for (const r of results) {
       expect(r.outputs).toBeGreaterThan(50_000)
       expect(r.differ).toBe(0)
     }
-    expect(results[0]!.hash).toBe(results[1]!.hash)
+    if (results.length === 2) {
+      expect(results[1]!.path).toBe('plain-c')
+      expect(results[0]!.hash).toBe(results[1]!.hash)
+    }
   })
 
   it('serves every architecture as MatMulNBits does, to the int8 activations\' rounding, and batches bit-exactly', async () => {
