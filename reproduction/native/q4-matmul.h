@@ -14,7 +14,10 @@
  * Why it is faster at a few rows: the weights are repacked once into tiles of 16 columns, so that
  * one AVX-512 VNNI instruction (vpdpbusd) takes four k of sixteen columns against one row's four
  * int8 activations, broadcast; a block's 4-bit values are unpacked once per tile and used by up to
- * eight rows. With neither AVX-512 VNNI nor AVX-512BW, the same sums in plain C.
+ * eight rows. Without AVX-512, the same in 256-bit halves of a tile (AVX-VNNI's vpdpbusd, or
+ * AVX2's vpmaddubsw and vpmaddwd, exact here: a pair of products is at most 2·15·127); without
+ * AVX2 and FMA, the same sums in plain C. Every path gives the same bits: the integer sums are
+ * exact and each output's floating-point steps are the same three in the same order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +26,9 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define Q4_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define Q4_AVX2 1
 #endif
 
 enum { Q4_BLOCK = 32, Q4_TILE = 16, Q4_TILE_BLOCK_BYTES = Q4_TILE * Q4_BLOCK / 2, Q4_ROWS = 8 };
@@ -128,8 +134,67 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
   const __mmask16 mask = (__mmask16)((1u << cols) - 1);
   for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + (size_t)t * Q4_TILE, mask, acc[m]);
 }
+#elif defined(Q4_AVX2)
+/* Four u8 × s8 products of each 32-bit lane, added into it: exact either way. */
+Q4_INLINE __m256i q4_dot4 (__m256i acc, __m256i w, __m256i a) {
+#ifdef __AVXVNNI__
+  return _mm256_dpbusd_avx_epi32(acc, w, a);
 #else
-/* The same sums without AVX-512: per column, per block, the exact integer dot product, then the
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* Rows [0, MR) (MR ≤ 4: sixteen 256-bit registers) of one half of a tile: columns
+ * 16t + 8·half .. + 8, the bytes 32·half .. + 32 of each 64-byte chunk. */
+Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  const int cols = p->N - t * Q4_TILE - 8 * half;
+  if (cols <= 0) return;
+  const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES + 32 * half;
+  const float *ps = p->s + (size_t)t * nb * Q4_TILE + 8 * half;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256 acc[4];
+  for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
+  for (int b = 0; b < nb; b++) {
+    __m256i w[8];
+    for (int h = 0; h < 4; h++) {
+      const __m256i v = _mm256_load_si256((const __m256i *)(pw + (size_t)b * Q4_TILE_BLOCK_BYTES + h * 64));
+      w[2 * h] = _mm256_and_si256(v, low);
+      w[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    const __m256 sw = _mm256_load_ps(ps + (size_t)b * Q4_TILE);
+    for (int m = 0; m < MR; m++) {
+      const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)m * K + (size_t)b * Q4_BLOCK);
+      __m256i s0 = _mm256_set1_epi32(a.z[(size_t)m * nb + b]);
+      for (int g = 0; g < 8; g++) s0 = q4_dot4(s0, w[g], _mm256_set1_epi32(g4[g]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(sw, _mm256_set1_ps(a.s[(size_t)m * nb + b])), acc[m]);
+    }
+  }
+  float *out = y + (size_t)t * Q4_TILE + 8 * half;
+  if (cols >= 8) {
+    for (int m = 0; m < MR; m++) _mm256_storeu_ps(out + (size_t)m * ldy, acc[m]);
+  } else {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int m = 0; m < MR; m++) _mm256_maskstore_ps(out + (size_t)m * ldy, mask, acc[m]);
+  }
+}
+
+/* Rows [0, MR) of one tile: each half, four rows at a time. */
+Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  for (int half = 0; half < 2; half++) {
+    for (int m = 0; m < MR; m += 4) {
+      const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
+      float *o = y + (size_t)m * ldy;
+      if (MR - m >= 4) q4_half_rows(4, p, t, half, r, o, ldy);
+      else if (MR - m == 3) q4_half_rows(3, p, t, half, r, o, ldy);
+      else if (MR - m == 2) q4_half_rows(2, p, t, half, r, o, ldy);
+      else q4_half_rows(1, p, t, half, r, o, ldy);
+    }
+  }
+}
+#else
+/* The same sums without AVX2: per column, per block, the exact integer dot product, then the
  * same multiply and fused multiply-add in the same order. */
 Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;

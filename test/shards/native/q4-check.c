@@ -62,8 +62,12 @@ int main (void) {
     q4_free(&p);
     free(B); free(scales);
   }
-#ifdef Q4_VNNI
+#if defined(Q4_VNNI)
   const char *path = "avx512-vnni";
+#elif defined(Q4_AVX2) && defined(__AVXVNNI__)
+  const char *path = "avx-vnni";
+#elif defined(Q4_AVX2)
+  const char *path = "avx2";
 #else
   const char *path = "plain-c";
 #endif
