@@ -401,6 +401,17 @@ static void *create_matmul (const OrtCustomOp *op, const void *ort, const void *
 
 typedef struct { const Q4Packed *p; int M, per_unit; Q4Rows a; float *y; } MatMulWork;
 
+/* Rows of A to quantise: unit u takes rows [u·per_unit, (u + 1)·per_unit). */
+typedef struct { const float *A; int M, K, per_unit; int8_t *q; float *s; int32_t *z; } QuantizeWork;
+
+static void quantize_unit (void *data, size_t u) {
+  const QuantizeWork *w = data;
+  const int nb = w->K / Q4_BLOCK, end = (int)(u + 1) * w->per_unit < w->M ? (int)(u + 1) * w->per_unit : w->M;
+  for (int m = (int)u * w->per_unit; m < end; m++) {
+    q4_quantize_row(w->A + (size_t)m * w->K, w->K, w->q + (size_t)m * w->K, w->s + (size_t)m * nb, w->z + (size_t)m * nb);
+  }
+}
+
 static void matmul_unit (void *data, size_t u) {
   const MatMulWork *w = data;
   const int end = (int)(u + 1) * w->per_unit < w->p->tiles ? (int)(u + 1) * w->per_unit : w->p->tiles;
@@ -444,7 +455,16 @@ static void compute_matmul (void *kernel, void *context) {
   float *s = malloc(sizeof(float) * (size_t)M * nb);
   int32_t *z = malloc(sizeof(int32_t) * (size_t)M * nb);
   if (q == NULL || s == NULL || z == NULL) { fprintf(stderr, "shoal MatMulQ4: out of memory\n"); abort(); }
-  for (int64_t m = 0; m < M; m++) q4_quantize_row(A + m * K, K, q + m * K, s + m * nb, z + m * nb);
+  /* A prefill's rows are quantised on the intra-op threads too (128 rows of 512: ~30 µs a
+   * product on one thread); a few rows on the calling thread. */
+  QuantizeWork qw = { A, (int)M, K, 8, q, s, z };
+  const int row_units = (int)((M + 7) / 8);
+  if (row_units < 2) {
+    quantize_unit(&qw, 0);
+  } else {
+    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, quantize_unit, (size_t)row_units, (size_t)(row_units < 16 ? row_units : 16), &qw);
+    if (st != NULL) fail("KernelContext_ParallelFor", st);
+  }
   MatMulWork w = { &k->packed, (int)M, 0, { q, s, z }, data_of(outv) };
   /* Tiles in up to 16 contiguous runs on the session's intra-op threads; a product too small to
    * share (under ~1,000 tile-blocks of rows) runs on the calling thread. */
