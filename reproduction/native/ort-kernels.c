@@ -271,14 +271,17 @@ static void *create_kernel (const OrtCustomOp *op, const void *ort, const void *
   return k;
 }
 
-static void dims_of (const void *value, int64_t *dims, size_t want) {
+/* An input's dimensions into dims (room for `most`) and its rank; a rank outside [least, most]
+ * ends the process, naming the op. */
+static size_t shape_of (const char *op, const void *value, int64_t *dims, size_t least, size_t most) {
   void *info;
   size_t n;
   ((GetTensorTypeAndShapeFn)SLOT(api, API_GET_TENSOR_TYPE_AND_SHAPE))(value, &info);
   ((GetDimensionsCountFn)SLOT(api, API_GET_DIMENSIONS_COUNT))(info, &n);
-  if (n != want) { fprintf(stderr, "shoal DecodeAttention: an input of rank %zu where %zu was expected\n", n, want); abort(); }
+  if (n < least || n > most) { fprintf(stderr, "shoal %s: an input of rank %zu where %zu to %zu was expected\n", op, n, least, most); abort(); }
   ((GetDimensionsFn)SLOT(api, API_GET_DIMENSIONS))(info, dims, n);
   ((ReleaseFn)SLOT(api, API_RELEASE_TENSOR_TYPE_AND_SHAPE))(info);
+  return n;
 }
 
 static const void *input (void *context, size_t i) {
@@ -314,12 +317,24 @@ static void run_unit (void *data, size_t u) {
 
 static void fail (const char *what, OrtStatus *status);
 
+/* fn over units [0, units): on the session's intra-op threads in `batches` runs, as onnxruntime's
+ * own kernels share them (a unit's sums are the same on whichever thread runs it), or on the
+ * calling thread where there is at most one unit. */
+static void run_units (void *context, void (*fn)(void *, size_t), size_t units, size_t batches, void *data) {
+  if (units < 2) {
+    for (size_t u = 0; u < units; u++) fn(data, u);
+    return;
+  }
+  OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, fn, units, batches, data);
+  if (st != NULL) fail("KernelContext_ParallelFor", st);
+}
+
 static void compute (void *kernel, void *context) {
   const Kernel *k = kernel;
   const int H = (int)k->heads, KVH = (int)k->kv_heads, G = H / KVH;
   int64_t qd[3], pd[4];
-  dims_of(input(context, 0), qd, 3);
-  dims_of(input(context, 3), pd, 4);
+  shape_of("DecodeAttention", input(context, 0), qd, 3, 3);
+  shape_of("DecodeAttention", input(context, 3), pd, 4, 4);
   const int B = (int)qd[0], W = (int)pd[2], hd = (int)pd[3];
   if (qd[2] != (int64_t)H * hd || pd[1] != KVH || hd % LANES != 0) { fprintf(stderr, "shoal DecodeAttention: shapes do not agree\n"); abort(); }
   const float *q = data_of(input(context, 0)), *nk = data_of(input(context, 1)), *nv = data_of(input(context, 2));
@@ -332,14 +347,8 @@ static void compute (void *kernel, void *context) {
   const size_t units = (size_t)B * KVH;
   w.scratch = malloc(sizeof(float) * w.stride * units);
   if (w.scratch == NULL) { fprintf(stderr, "shoal DecodeAttention: out of memory\n"); abort(); }
-  /* The (row, kv head) units on the session's intra-op threads, as onnxruntime's own kernels
-   * share them; each unit's sums are the same on whichever thread runs it. */
-  if (units < 2) {
-    run_unit(&w, 0);
-  } else {
-    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, run_unit, units, units, &w);
-    if (st != NULL) fail("KernelContext_ParallelFor", st);
-  }
+  /* One unit a (row, kv head). */
+  run_units(context, run_unit, units, units, &w);
   free(w.scratch);
 }
 
@@ -422,15 +431,7 @@ static void compute_matmul (void *kernel, void *context) {
   MatMulKernel *k = kernel;
   const void *av = input(context, 0);
   int64_t dims[8];
-  size_t rank;
-  {
-    void *info;
-    ((GetTensorTypeAndShapeFn)SLOT(api, API_GET_TENSOR_TYPE_AND_SHAPE))(av, &info);
-    ((GetDimensionsCountFn)SLOT(api, API_GET_DIMENSIONS_COUNT))(info, &rank);
-    if (rank < 1 || rank > 8) { fprintf(stderr, "shoal MatMulQ4: A of rank %zu\n", rank); abort(); }
-    ((GetDimensionsFn)SLOT(api, API_GET_DIMENSIONS))(info, dims, rank);
-    ((ReleaseFn)SLOT(api, API_RELEASE_TENSOR_TYPE_AND_SHAPE))(info);
-  }
+  const size_t rank = shape_of("MatMulQ4", av, dims, 1, 8);
   if (dims[rank - 1] != k->K) { fprintf(stderr, "shoal MatMulQ4: A's last dimension %lld is not K %lld\n", (long long)dims[rank - 1], (long long)k->K); abort(); }
   int64_t M = 1;
   for (size_t i = 0; i + 1 < rank; i++) M *= dims[i];
@@ -458,25 +459,15 @@ static void compute_matmul (void *kernel, void *context) {
   /* A prefill's rows are quantised on the intra-op threads too (128 rows of 512: ~30 µs a
    * product on one thread); a few rows on the calling thread. */
   QuantizeWork qw = { A, (int)M, K, 8, q, s, z };
-  const int row_units = (int)((M + 7) / 8);
-  if (row_units < 2) {
-    quantize_unit(&qw, 0);
-  } else {
-    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, quantize_unit, (size_t)row_units, (size_t)(row_units < 16 ? row_units : 16), &qw);
-    if (st != NULL) fail("KernelContext_ParallelFor", st);
-  }
+  const size_t row_units = (size_t)((M + 7) / 8);
+  run_units(context, quantize_unit, row_units, row_units < 16 ? row_units : 16, &qw);
   MatMulWork w = { &k->packed, (int)M, 0, { q, s, z }, data_of(outv) };
   /* Tiles in up to 16 contiguous runs on the session's intra-op threads; a product too small to
    * share (under ~1,000 tile-blocks of rows) runs on the calling thread. */
   const int tiles = k->packed.tiles;
   const int units = (int64_t)tiles * M * nb < 1024 ? 1 : tiles < 16 ? tiles : 16;
   w.per_unit = (tiles + units - 1) / units;
-  if (units == 1) {
-    matmul_unit(&w, 0);
-  } else {
-    OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, matmul_unit, (size_t)units, (size_t)units, &w);
-    if (st != NULL) fail("KernelContext_ParallelFor", st);
-  }
+  run_units(context, matmul_unit, (size_t)units, (size_t)units, &w);
   free(q); free(s); free(z);
 }
 
