@@ -37,9 +37,8 @@ export function makeLinear (ctx: BuildContext, name: string, weightName: string,
     const blocks = Math.ceil(k / quant.blockSize)
     const qw = g.weight(`${weightName}.q${bits}`, DT.UINT8, [n, blocks, quant.blockSize * bits / 8], q.data)
     const sc = g.f32Weight(`${weightName}.scales`, [n * blocks], q.scales)
-    const op = quant.kernel === 'native' ? 'MatMulQ4' : 'MatMulNBits'
-    y = g.op(op, `${name}/${op}`, [x, qw, sc], { K: k, N: n, bits, block_size: quant.blockSize, accuracy_level: ctx.accuracyLevel },
-      quant.kernel === 'native' ? NATIVE_KERNEL_DOMAIN : MS_DOMAIN)
+    const [op, domain] = quant.kernel === 'native' ? ['MatMulQ4', NATIVE_KERNEL_DOMAIN] : ['MatMulNBits', MS_DOMAIN]
+    y = g.op(op, `${name}/${op}`, [x, qw, sc], { K: k, N: n, bits, block_size: quant.blockSize, accuracy_level: ctx.accuracyLevel }, domain)
   }
   if (bias === undefined) return y
   return g.op('Add', `${name}/Add`, [y, g.f32Weight(weightName.replace(/weight$/, 'bias'), [n], bias.data)])

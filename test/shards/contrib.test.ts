@@ -17,27 +17,17 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { compileShards, generateTestModel, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture } from '../../shards/index.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, batchedAgainstAlone, emptyPast, encodePrompt, greedyDecode, openPipeline, sameBytes, stepRows as step, type Pipeline } from './pipeline.ts'
+import { allSplits, batchedAgainstAlone, emptyPast, encodePrompt, greedyDecode, maxDiff, raggedRows, sameBytes, stepRows as step, TEST_PROMPT, withPipeline } from './pipeline.ts'
 
 const N = 64
-const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
 
 let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-contrib-')) })
 afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 
-const promptIds = async (dir: string): Promise<number[]> => await encodePrompt(dir, PROMPT)
+const promptIds = async (dir: string): Promise<number[]> => await encodePrompt(dir, TEST_PROMPT)
 
-const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
-  let m = 0
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
-  return m
-}
 
-async function withPipeline<T> (dir: string, m: ShardManifest, f: (p: Pipeline) => Promise<T>): Promise<T> {
-  const p = await openPipeline(dir, m)
-  try { return await f(p) } finally { await p.release() }
-}
 
 describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchitecture) => {
   let modelDir: string
@@ -103,7 +93,7 @@ describe.each(TEST_ARCHITECTURES)('%s tiny fp32, ort-contrib', (arch: TestArchit
 
   it.each(['per-head', 'grouped'] as const)('right-padded batches of any mix of lengths: batched decode is bit-identical to each row alone (%s)', async (form) => {
     const [dir, manifest] = form === 'grouped' ? [groupedDir, grouped] : [contribDir, contrib]
-    const rows = [prompt.slice(0, 4), prompt.slice(0, 9), prompt, prompt.slice(0, 1)]
+    const rows = raggedRows(prompt)
     // The grouped form's packed products need no width of a multiple of 16, so it gets an odd one.
     const mismatches = await withPipeline(dir, manifest, async p => await batchedAgainstAlone(p, rows, 4, form === 'grouped' ? 19 : 16))
     expect(mismatches).toEqual([])

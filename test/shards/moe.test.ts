@@ -13,10 +13,9 @@ import { compileShards, generateTestModel, loadManifest, MOE_TEST_ARCHITECTURES,
 import { dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
 import { openWeights, writeSafetensors } from '../../shards/safetensors.ts'
 import { ReferenceModel } from '../support/reference.ts'
-import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, prefill, runStages, sameBytes, type Pipeline } from './pipeline.ts'
+import { allSplits, emptyPast, encodePrompt, greedyDecode, openPipeline, prefill, runStages, sameBytes, TEST_PROMPT, type Pipeline } from './pipeline.ts'
 
 const N = 48
-const PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
 
 let root: string
 beforeAll(async () => { root = await mkdtemp(join(tmpdir(), 'shoal-moe-')) })
@@ -69,7 +68,7 @@ describe.each(MOE_TEST_ARCHITECTURES)('%s tiny', (arch: MoeTestArchitecture) => 
   beforeAll(async () => {
     modelDir = join(root, arch)
     await generateTestModel({ architecture: arch, outDir: modelDir, seed: 4 })
-    prompt = await encodePrompt(modelDir, PROMPT)
+    prompt = await encodePrompt(modelDir, TEST_PROMPT)
     ref = new ReferenceModel(modelDir).greedy(prompt, N)
   })
 
@@ -188,7 +187,7 @@ describe('quantized experts compute exactly the dequantized weights (mixtral, un
         tensors.push({ name, shape: t.shape, data: quantized ? dequantizeMatrix(quantizeMatrix(t.data, t.shape[0]!, t.shape[1]!, quant === 'int4' ? 4 : 8, 32)) : t.data })
       }
       await writeSafetensors(join(dq, 'model.safetensors'), tensors)
-      const prompt = await encodePrompt(modelDir, PROMPT)
+      const prompt = await encodePrompt(modelDir, TEST_PROMPT)
       const mq = await compileShards({ modelDir, outDir: `${dq}-q`, quant, blockSize: 32, accuracyLevel: 0 })
       const mf = await compileShards({ modelDir: dq, outDir: `${dq}-f` })
       const pq = await openPipeline(`${dq}-q`, mq)
@@ -214,7 +213,7 @@ describe('router edge cases (qwen3-moe, one dense layer and three MoE layers)', 
   async function check (name: string, gen: Partial<GenerateOptions>): Promise<ReferenceModel> {
     const dir = join(root, `edge-${name}`)
     await generateTestModel({ architecture: 'qwen3-moe', outDir: dir, seed: 7, ...gen })
-    const prompt = await encodePrompt(dir, PROMPT)
+    const prompt = await encodePrompt(dir, TEST_PROMPT)
     const refModel = new ReferenceModel(dir)
     const ref = refModel.greedy(prompt, 32)
     // batchedGreedy left-pads its rows: the standard op table's batch layout.

@@ -5,12 +5,13 @@
 import ort from 'onnxruntime-node'
 import { nextPast } from '../kv-append.ts'
 import { alignColumns } from '../../daemon/engine/kv-block.ts'
-import { readFile } from 'node:fs/promises'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { Tokenizer } from '@huggingface/tokenizers'
 import {
   ATTENTION_MASK, HIDDEN_IN, HIDDEN_OUT, INPUT_IDS, LOGITS, NUM_LOGITS_TO_KEEP, POSITION_IDS,
-  pastKeyName, pastValueName, type ShardManifest,
+  generateTestModel, pastKeyName, pastValueName, TEST_ARCHITECTURES, type ShardManifest, type TestArchitecture,
 } from '../../shards/index.ts'
 
 export interface Pipeline {
@@ -91,6 +92,42 @@ export async function stepRows (p: Pipeline, ids: number[][], pos: number[][], m
   const r = await runStages(p, { ids: ids.flat(), pos: pos.flat(), mask: mask.flat(), B: ids.length, S: ids[0]!.length, T: mask[0]!.length, keep: 1 }, past)
   return { logits: r.logits.data as Float32Array, present: r.present }
 }
+
+/** The prompt the shard tests encode with each test model's tokenizer. */
+export const TEST_PROMPT = 'The quick brown fox jumps over the lazy dog. Once upon a time'
+
+/** The largest absolute difference between two arrays' elements. */
+export const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
+  let m = 0
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
+  return m
+}
+
+/** `f` on the shards in `dir`, opened, then released however `f` ends. */
+export async function withPipeline<T> (dir: string, m: ShardManifest, f: (p: Pipeline) => Promise<T>): Promise<T> {
+  const p = await openPipeline(dir, m)
+  try { return await f(p) } finally { await p.release() }
+}
+
+/**
+ * `f` for every test architecture's tiny model (seed 4), generated under a temporary directory
+ * (removed after), with TEST_PROMPT encoded by its tokenizer; `f` compiles its shards under `root`.
+ */
+export async function eachTestModel (prefix: string, f: (arch: TestArchitecture, modelDir: string, prompt: number[], root: string) => Promise<void>): Promise<void> {
+  const root = await mkdtemp(join(tmpdir(), prefix))
+  try {
+    for (const arch of TEST_ARCHITECTURES) {
+      const modelDir = join(root, arch)
+      await generateTestModel({ architecture: arch, outDir: modelDir, seed: 4 })
+      await f(arch, modelDir, await encodePrompt(modelDir, TEST_PROMPT), root)
+    }
+  } finally {
+    await rm(root, { recursive: true, force: true })
+  }
+}
+
+/** The rows of a mixed-length batch for batchedAgainstAlone: prefixes of 4, 9 and 1 tokens, and the whole prompt. */
+export const raggedRows = (prompt: number[]): number[][] => [prompt.slice(0, 4), prompt.slice(0, 9), prompt, prompt.slice(0, 1)]
 
 /** Whether two float arrays hold the same bits. */
 export const sameBytes = (a: Float32Array, b: Float32Array): boolean =>
