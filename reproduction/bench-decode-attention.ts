@@ -14,7 +14,7 @@
  * fused-attention.c, built with `cc -O3 -march=native -ffast-math` by lib/native-kernels.ts;
  * cells 'c-loop'): what a custom kernel would be worth bare (wave 33). The form 'native' (in
  * --forms) is such a kernel inside onnxruntime: its cells' processes get
- * reproduction/native/ort-kernels.c preloaded (lib/native-kernels.ts, wave 34).
+ * daemon/engine/native/ort-kernels.c preloaded (lib/native-kernels.ts, wave 34).
  *
  *   node reproduction/bench-decode-attention.ts [--forms grouped,per-head(,native)] [--contexts 16,192]
  *     [--batches 1,8] [--threads 1,2] [--rounds 3] [--runs 1000] [--native]

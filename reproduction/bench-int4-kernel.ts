@@ -1,13 +1,13 @@
 /**
- * The int4 products of a step by themselves, onnxruntime's MatMulNBits against the benchmark's
- * MatMulQ4 (reproduction/native/q4-matmul.h; issue 11, docs/engine-notes.md wave 35): the 60m
+ * The int4 products of a step by themselves, onnxruntime's MatMulNBits against shoal's MatMulQ4
+ * (daemon/engine/native/q4-matmul.h; issue 11, docs/engine-notes.md waves 35–36): the 60m
  * shape's 33 (8 layers' qkv, o, gate_up and down, and the 32,000-row head; `--no-head` without it)
  * or the 250m shape's 65, random int4 weights in blocks of 32, int8 activations (accuracy level 4),
  * for M rows. Two sessions in one process, the same weights and feeds, timed alternately with the
  * engine's session options (graph optimisation 'all', sequential, intra-op threads spinning only
- * within a run) and `shoal serve`'s malloc settings. The kernel comes in by `process.dlopen` of the benchmarks' library after
- * onnxruntime-node is loaded (its Node addon entry: lib/native-kernels.ts), so every session
- * made after knows MatMulQ4.
+ * within a run) and `shoal serve`'s malloc settings. The kernel comes in by `process.dlopen` of the library after
+ * onnxruntime-node is loaded (its Node addon entry, as nodes load it: daemon/engine/native), so
+ * every session made after knows MatMulQ4.
  *
  * Each product's output is reduced to one number a row in the graph, so that the run returns a
  * few bytes: what is timed is the products (and 33 small reductions, alike on both sides).

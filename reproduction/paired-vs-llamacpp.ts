@@ -38,8 +38,9 @@
  * added), or a shoal arm as ab-serve-env.ts takes it: its environment's variables, or
  * `{"env": {…}, "dir": CHECKOUT, "shard": DIR, "args": ["--draft", "none"], "native": true}` (any
  * of them; `"native"` serves the model compiled for the benchmark kernels of
- * reproduction/native/ort-kernels.c, preloaded: true or "attention" the fused one-position
- * attention (wave 34), "int4" the int4 products as MatMulQ4 (q4-matmul.h, wave 35), "both").
+ * daemon/engine/native/ort-kernels.c, preloaded: true or "attention" the fused one-position
+ * attention (wave 34), "int4" the int4 products as MatMulQ4 (q4-matmul.h, wave 35; what `shoal
+ * serve` runs by default since wave 36, where it builds the kernel), "both").
  * Ratios are the second ÷ the first.
  */
 import { mkdtemp, readFile, rm } from 'node:fs/promises'

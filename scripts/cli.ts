@@ -31,6 +31,10 @@ function logFormat (): Option {
   return new Option('--log-format <format>', 'logs on stderr: human lines, or JSON lines (default: human on a terminal, else json)').choices(['human', 'json'])
 }
 
+function kernelsOption (): Option {
+  return new Option('--kernels <which>', "int4 products on shoal's own kernel, built here with the C compiler (auto: where it builds and passes its self-check) or on onnxruntime's").choices(['auto', 'onnxruntime']).default('auto')
+}
+
 export function buildProgram (): Command {
   const program = new Command('shoal')
     .description('A private inference mesh: one daemon per machine, any OpenAI client, any node.')
@@ -68,6 +72,7 @@ export function buildProgram (): Command {
     .option('--tls-cert <file>', 'HTTPS: PEM certificate (chain) for the API')
     .option('--tls-key <file>', 'HTTPS: PEM private key of --tls-cert')
     .option('--draft <dir>', 'speculative decoding: a draft model directory with the same tokenizer, "lookup" (prompt lookup, no model) or "none" (default: prompt lookup on models with f32 activations, for greedy and unseeded requests)')
+    .addOption(kernelsOption())
     .action(async (opts) => { await (await import('./commands/serve.ts')).serve(opts) })
 
   program.command('node')
@@ -90,6 +95,7 @@ export function buildProgram (): Command {
     .option('--draft <dir>', 'speculative decoding for whole models served here: a draft model directory with the same tokenizer, "lookup" or "none" (default: prompt lookup on whole models with f32 activations, for greedy and unseeded requests)')
     .option('--hold-experts <dir>', 'be an expert holder: keep experts of this expert-parallel shard directory (shoal shard --experts) resident for stage nodes')
     .option('--expert-memory-mb <n>', 'MiB an expert holder keeps experts in (default: every expert of --hold-experts)')
+    .addOption(kernelsOption())
     .addOption(new Option('--activations <encoding>', 'how the pipeline chains coordinated here send activations between stages: f32 (exact), f16 or int8 (lossy, for slow links)').choices(['f32', 'f16', 'int8']).default('f32'))
     .action(async (opts) => { await (await import('./commands/node.ts')).node(opts) })
 

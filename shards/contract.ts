@@ -105,10 +105,11 @@ export type Quantization =
      */
     embedding?: 'int4' | 'f32'
     /**
-     * int4, block 32, int8 activations only: 'native' is a benchmark's kernel, never chosen by
-     * shoal — every product is a MatMulQ4 node (NATIVE_KERNEL_DOMAIN) in place of MatMulNBits, which
-     * only a process with reproduction/native/ort-kernels.c preloaded can run (its int4
-     * kernel, reproduction/native/q4-matmul.h). Absent: MatMulNBits.
+     * int4, block 32, int8 activations only: 'native' writes every product as a MatMulQ4 node
+     * (NATIVE_KERNEL_DOMAIN) in place of MatMulNBits, for the benchmarks and tests that compare the
+     * two — never chosen by shoal, whose nodes make the same swap when they load a graph and have
+     * the kernel (daemon/engine/native), so that the shards stay the same everywhere. Only a
+     * process with daemon/engine/native/ort-kernels.c loaded can run it. Absent: MatMulNBits.
      */
     kernel?: 'native'
   }
@@ -216,17 +217,16 @@ export interface GenerationDefaults {
  * the rows of one product, the past packed first). The same tokens either way, to float
  * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
  * 'native' is a benchmark's form, never chosen by shoal: one DecodeAttention node a layer, a
- * kernel onnxruntime does not have — only a process with reproduction/native/ort-kernels.c
- * preloaded can run it (reproduction/lib/native-kernels.ts; paired-vs-llamacpp.ts arms with
- * `"native": true`).
+ * kernel onnxruntime does not have — only a process with daemon/engine/native/ort-kernels.c
+ * loaded can run it (paired-vs-llamacpp.ts arms with `"native": true`).
  */
 export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'
 export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped', 'native']
 /**
- * The op domain of the benchmark kernels' nodes: the 'native' form's DecodeAttention and the
- * 'native' int4 kernel's MatMulQ4 (Quantization.kernel).
+ * The op domain of shoal's own kernels (daemon/engine/native/ort-kernels.c): MatMulQ4, which
+ * nodes swap in for MatMulNBits at load, and the 'native' form's DecodeAttention.
  */
-export const NATIVE_KERNEL_DOMAIN = 'ai.shoal.bench'
+export const NATIVE_KERNEL_DOMAIN = 'ai.shoal'
 
 export interface ShardManifest {
   format: typeof MANIFEST_FORMAT

@@ -66,6 +66,8 @@ export interface EngineHostOptions {
   graphs?: GraphMode
   /** The node's compiled-model cache (compiledCacheDir): OpenVINO reloads compiled graphs from it. */
   cacheDir?: string
+  /** shoal's kernel library (daemon/engine/native, loaded and checked): int4 products run on it; absent: onnxruntime's. */
+  kernels?: string
   threads?: number
 }
 
@@ -397,6 +399,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         backend: init.backend ?? 'onnxruntime',
         device,
         ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+        ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
         maxSequences,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.chunkSize === undefined ? {} : { chunkSize: init.chunkSize }),

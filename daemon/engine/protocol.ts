@@ -63,6 +63,8 @@ export interface WorkerInit {
   staticGraphs?: { prefill: string, decode: string, contextLength: number, chunk: number }
   /** The node's compiled-model cache (LoadOptions.cacheDir). */
   cacheDir?: string
+  /** shoal's kernel library (LoadOptions.kernels). */
+  kernels?: string
 }
 
 export type StepInput =

@@ -33,6 +33,8 @@ export interface StageEngineInit {
   staticGraphs?: WorkerInit['staticGraphs']
   /** The node's compiled-model cache (LoadOptions.cacheDir); absent: none. */
   cacheDir?: string
+  /** shoal's kernel library (LoadOptions.kernels); absent: onnxruntime's kernels. */
+  kernels?: string
   /** How long loading the graph may take. */
   loadTimeoutMs?: number
 }
@@ -219,6 +221,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         ...(init.decodeGraphPath === undefined ? {} : { decodeGraphPath: init.decodeGraphPath }),
         ...(init.staticGraphs === undefined ? {} : { staticGraphs: init.staticGraphs }),
         ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+        ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
       }
       const w = new Worker(new URL('./worker.ts', import.meta.url), { workerData: data })
       worker = w

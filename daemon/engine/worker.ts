@@ -43,6 +43,7 @@ async function main (init: WorkerInit): Promise<void> {
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.exclusiveCores === undefined ? {} : { exclusiveCores: init.exclusiveCores }),
     ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+    ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
   }
   let session: BackendSession
   let runner: StageRunner

@@ -104,6 +104,12 @@ export interface DaemonConfig {
    */
   activations?: 'f32' | 'f16' | 'int8'
   /**
+   * Which int4 product int4 shards run on (--kernels): 'auto' (default) shoal's own kernel where
+   * the machine builds it and it passes its self-check (daemon/engine/native), else onnxruntime's;
+   * 'onnxruntime' always onnxruntime's MatMulNBits, as shoal ran before it had one.
+   */
+  kernels?: KernelsMode
+  /**
    * Route a prompt to the peer holding its prefix when that saves more prefill than it waits
    * (default true); false: routing ignores what nodes keep (for comparison, e.g. benchmarks).
    */
@@ -117,6 +123,10 @@ export interface DaemonConfig {
    */
   warmUp?: boolean | WarmUpPlan
 }
+
+/** Which int4 product a node runs (DaemonConfig.kernels). */
+export type KernelsMode = 'auto' | 'onnxruntime'
+export const KERNELS_MODES: readonly KernelsMode[] = ['auto', 'onnxruntime']
 
 export class ConfigError extends ShoalError {
   override name = 'ConfigError'
@@ -176,6 +186,9 @@ export function validateConfig (input: DaemonConfig): Readonly<DaemonConfig> {
     if (input.identityDir === undefined) throw new ConfigError('--hold-experts', 'an expert holder serves stage nodes over the mesh: run `shoal node --identity DIR`')
     const mb = input.holdExperts.memoryMb
     if (mb !== undefined && !(Number.isFinite(mb) && mb > 0)) throw new ConfigError('--expert-memory-mb', `expected a positive number of MiB, got ${String(mb)}`)
+  }
+  if (input.kernels !== undefined && !KERNELS_MODES.includes(input.kernels)) {
+    throw new ConfigError('--kernels', `expected ${KERNELS_MODES.join(' or ')}, got ${String(input.kernels)}`)
   }
   if (input.activations !== undefined && !['f32', 'f16', 'int8'].includes(input.activations)) {
     throw new ConfigError('--activations', `expected f32, f16 or int8, got ${String(input.activations)}`)

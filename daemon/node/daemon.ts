@@ -174,7 +174,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const held = experts.held()
     publishedStepTimes = stageStepTimes(stages)
     m.setCapabilities({
-      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes, served.devicesOf), ...experts.served()],
+      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes, served.devicesOf, served.kernelsOf), ...experts.served()],
       memory: { totalBytes: totalmem(), freeBytes: freemem() },
       ...(held === undefined ? {} : { experts: held }),
       engine: served.engine.backend,

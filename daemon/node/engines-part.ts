@@ -7,11 +7,12 @@
  * their services join this part's coordinators so one model directory fronts them all.
  */
 import { freemem } from 'node:os'
+import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, loadBackend, matMulNBitsRowInvariance } from '../engine/index.ts'
-import type { LocalService } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
 import type { Mesh } from '../mesh/index.ts'
@@ -55,6 +56,8 @@ export interface Served {
   engine: EngineChoice
   /** The devices each model runs on here (a local chain: one per stage). */
   devicesOf: (m: ResolvedModel) => string[]
+  /** shoal's own kernels each model runs on here (`int4`: MatMulQ4); empty: onnxruntime's only. */
+  kernelsOf: (m: ResolvedModel) => string[]
   /** The draft model --draft names, resolved. */
   draft: ResolvedModel | undefined
   /** Whole models and the chains this node coordinates, behind one model directory. */
@@ -112,6 +115,18 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   const { logger, metrics, budgets, signer, meshed, experts } = deps
   const { models, locals, coordinators, stages, localChains } = deps.engines
   let warnedRounding = false
+  /** shoal's int4 kernel, once prepared (start): its library, or why the node runs without it. */
+  let kernels: NativeKernels | undefined
+
+  /** The models whose engines run shoal's int4 kernel (for capabilities). */
+  const onKernels = new Set<ResolvedModel>()
+
+  /** The kernel library a model's engines load (an int4 model on onnxruntime, the kernel ready), or none. */
+  function kernelsFor (model: ResolvedModel, choice: EngineChoice): { kernels?: string } {
+    if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime' || !int4KernelApplies(model.manifest)) return {}
+    onKernels.add(model)
+    return { kernels: kernels.lib }
+  }
 
   /**
    * Speculative decoding for one served model (whole, or a chain coordinated here), when --draft
@@ -148,6 +163,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         backend: choice.backend,
         device: choice.device,
         cacheDir: compiledCacheDir(config.cacheRoot),
+        ...kernelsFor(model, choice),
         signer,
         // A stage's steps meet in its batcher, with the same queue delay and metrics as whole models
         // (no wait budget: a stage queues; the coordinator admits).
@@ -163,7 +179,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     )
     await stage.start()
     stages.push(stage)
-    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await int4Batching(model, choice) }, 'stage loaded')
+    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await int4Facts(model, choice) }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
@@ -184,12 +200,20 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   }
 
   /**
-   * An int4 model on onnxruntime: whether batching keeps every sequence's batch-of-one bits on
-   * this CPU (engine/kernel-probe.ts), for its 'loaded' line; said once as a warning where it does not.
+   * An int4 model on onnxruntime, for its 'loaded' line: which kernel its products run on, and
+   * whether batching keeps every sequence's batch-of-one bits on this CPU — by construction on
+   * shoal's kernel, asked of onnxruntime's (engine/kernel-probe.ts) and said once as a warning
+   * where it does not.
    */
-  async function int4Batching (model: ResolvedModel, choice: EngineChoice): Promise<{ int4Batching?: string }> {
+  async function int4Facts (model: ResolvedModel, choice: EngineChoice): Promise<{ int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return {}
+    if (kernelsFor(model, choice).kernels !== undefined) return { int4Kernel: 'shoal', int4Batching: 'bit-exact' }
+    const kernel = kernels !== undefined && 'off' in kernels && int4KernelApplies(model.manifest) ? { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } : { int4Kernel: 'onnxruntime' }
+    return { ...kernel, ...await int4Batching(q) }
+  }
+
+  async function int4Batching (q: { activations?: 'int8' | 'f32', blockSize: number }): Promise<{ int4Batching: string }> {
     try {
       const rows = await matMulNBitsRowInvariance(q.activations === 'f32' ? 0 : 4, q.blockSize)
       const verdict = int4BatchingVerdict(rows)
@@ -221,6 +245,11 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const wholeModels = models.filter(m => m.whole)
       const stageModels = models.filter(m => !m.whole && m.localChain !== true)
       const chainModels = models.filter(m => m.localChain === true)
+      // shoal's int4 kernel, where an int4 model would run it: built once, loaded, checked.
+      if (config.kernels !== 'onnxruntime' && [...models, ...draft === undefined ? [] : [draft]].some(m => int4KernelApplies(m.manifest))) {
+        kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
+        if ('off' in kernels) logger.warn({ reason: kernels.off }, "int4 products run on onnxruntime's kernel, not shoal's (slower with several streams)")
+      }
       // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
       const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
       // KV mobility: a request routed here with a `prefixHolder` hint may pull that peer's prefix.
@@ -242,6 +271,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
           backend: engine.backend,
           device: engine.device,
           cacheDir: compiledCacheDir(config.cacheRoot),
+          ...kernelsFor(model, engine),
           manifestHash: model.manifestHash,
           // Batch size, queue delay and step time histograms on this node's /metrics.
           metrics,
@@ -256,7 +286,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
               }),
         })
         // The kernel probe (a session worker of its own) runs while the model loads; it never rejects.
-        const batching = int4Batching(model, engine)
+        const batching = int4Facts(model, engine)
         await service.start()
         locals.push(service)
         logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await batching, ...(model.manifest.decodeAttention === undefined ? {} : { decodeAttention: model.manifest.decodeAttention }), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
@@ -269,6 +299,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
           shardDir: model.shardDir,
           engines,
           cacheDir: compiledCacheDir(config.cacheRoot),
+          // Stages on OpenVINO ignore it.
+          ...kernelsFor(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!),
           signer,
           metrics,
           batchLimits: { maxQueueDelayMs: budgets.batchQueueDelayMs },
@@ -277,9 +309,9 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         await chain.start()
         localChains.push(chain)
         coordinators.push(chain.service)
-        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await int4Batching(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
+        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await int4Facts(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
       }
-      return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], local: createModelDirectory([...locals, ...coordinators]) }
+      return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], kernelsOf: m => onKernels.has(m) ? ['int4'] : [], local: createModelDirectory([...locals, ...coordinators]) }
     },
     async stop () {
       await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))

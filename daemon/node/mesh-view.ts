@@ -41,10 +41,12 @@ export function stepTimesChanged (published: ReadonlyMap<string, number>, curren
  * `drafter`: speculative decoding's drafter name (one for all, or per model: the default prompt
  * lookup skips some), declared for the models requests enter here by.
  * `stepTimes`: measured decode step times of the loaded stages (stageStepTimes), gossiped per stage.
+ * `kernelsOf`: shoal's own kernels a model runs on here (ServedModel.kernels).
  */
-export function servedModels (models: ResolvedModel[], drafterOf?: string | ((m: ResolvedModel) => string | undefined), stepTimes?: ReadonlyMap<string, number>, devicesOf?: (m: ResolvedModel) => string[] | undefined): Capabilities['models'] {
+export function servedModels (models: ResolvedModel[], drafterOf?: string | ((m: ResolvedModel) => string | undefined), stepTimes?: ReadonlyMap<string, number>, devicesOf?: (m: ResolvedModel) => string[] | undefined, kernelsOf?: (m: ResolvedModel) => string[]): Capabilities['models'] {
   return models.map(m => {
     const devices = devicesOf?.(m)
+    const kernels = kernelsOf?.(m) ?? []
     const drafter = typeof drafterOf === 'function' ? drafterOf(m) : drafterOf
     const stage = m.manifest.stages[m.stageIndex]!
     const stepMs = m.whole || m.localChain === true ? undefined : stepTimes?.get(stageKey(m.manifestHash, [stage.layers[0], stage.layers[1]]))
@@ -62,6 +64,7 @@ export function servedModels (models: ResolvedModel[], drafterOf?: string | ((m:
       // Stages receive activations; they decode every lossy encoding this build has.
       ...(m.whole || m.localChain === true || stage.layers[0] === 0 ? {} : { activations: [...ACCEPTED_ENCODINGS] }),
       ...(devices === undefined || devices.length === 0 ? {} : { devices }),
+      ...(kernels.length === 0 ? {} : { kernels }),
     }
   })
 }

@@ -40,6 +40,8 @@ export interface LocalChainInit {
   threads?: number
   /** The node's compiled-model cache, shared by every stage (compiledCacheDir). */
   cacheDir?: string
+  /** shoal's kernel library, for every stage on onnxruntime (EngineHostOptions.kernels). */
+  kernels?: string
   /** Dynamic or static graphs for every stage; 'auto' (default): static on stages whose device needs them (NPU). */
   graphs?: GraphMode
   /**
@@ -136,6 +138,7 @@ export function createLocalChain (init: LocalChainInit): LocalChain {
             ...(init.batchLimits === undefined ? {} : { batchLimits: init.batchLimits }),
             ...(init.threads === undefined ? {} : { threads: init.threads }),
             ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+            ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
             ...(init.graphs === undefined ? {} : { graphs: init.graphs }),
             ...(init.kvCacheBytes === undefined ? {} : { kvCacheBytes: Math.floor(init.kvCacheBytes * (st.layers[1] - st.layers[0] + 1) / manifest.shape.numLayers) }),
           }, componentsOf(hosts[i]!))

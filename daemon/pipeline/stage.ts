@@ -85,6 +85,7 @@ export async function createPipelineStage (init: PipelineStageInit, components: 
     backend: init.backend ?? 'onnxruntime',
     device,
     ...(init.cacheDir === undefined ? {} : { cacheDir: init.cacheDir }),
+    ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
     ...(init.threads === undefined ? {} : { threads: init.threads }),
     ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
   })

@@ -52,7 +52,7 @@ export async function ensureModel (size: TestModelSize, quant: 'none' | 'int4', 
 
 /**
  * `m`'s checkpoint compiled again for the benchmark kernels of
- * reproduction/native/ort-kernels.c, which only a process with that library preloaded can
+ * daemon/engine/native/ort-kernels.c, which only a process with that library preloaded can
  * run (lib/native-kernels.ts): 'attention' the 'native' one-position attention, 'int4' the
  * int4 products as MatMulQ4 (int4 models only), 'both' the two. Beside `m`'s shards, under the
  * same model id; its directory.

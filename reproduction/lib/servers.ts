@@ -97,7 +97,7 @@ export interface ShoalArm {
   shard?: string
   args?: string[]
   /**
-   * The benchmark kernels of reproduction/native/ort-kernels.c, preloaded, on shards
+   * The benchmark kernels of daemon/engine/native/ort-kernels.c, preloaded, on shards
    * compiled for them (lib/arms.ts startArm): true or 'attention' the 'native' one-position
    * attention, 'int4' the int4 products (MatMulQ4), 'both' the two.
    */

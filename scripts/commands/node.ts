@@ -26,6 +26,7 @@ export interface NodeOptions {
   holdExperts?: string
   expertMemoryMb?: string
   activations?: 'f32' | 'f16' | 'int8'
+  kernels?: 'auto' | 'onnxruntime'
 }
 
 export async function node (opts: NodeOptions): Promise<void> {
@@ -60,6 +61,7 @@ export async function node (opts: NodeOptions): Promise<void> {
     warmUp: true,
     ...(opts.holdExperts === undefined ? {} : { holdExperts: { dir: opts.holdExperts, ...(expertMemoryMb === undefined ? {} : { memoryMb: expertMemoryMb }) } }),
     ...(opts.activations === undefined || opts.activations === 'f32' ? {} : { activations: opts.activations }),
+    ...(opts.kernels === undefined || opts.kernels === 'auto' ? {} : { kernels: opts.kernels }),
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })
   const started = await daemon.start().catch(startFailure)

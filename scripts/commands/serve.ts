@@ -19,6 +19,7 @@ export interface ServeOptions {
   tlsKey?: string
   draft?: string
   kvCacheMb?: string
+  kernels?: 'auto' | 'onnxruntime'
 }
 
 export async function serve (opts: ServeOptions): Promise<void> {
@@ -52,6 +53,7 @@ export async function serve (opts: ServeOptions): Promise<void> {
     ...(opts.revocations === undefined ? {} : { revocationsFile: opts.revocations }),
     ...tlsOf(opts),
     ...(opts.draft === undefined ? {} : { draft: opts.draft }),
+    ...(opts.kernels === undefined || opts.kernels === 'auto' ? {} : { kernels: opts.kernels }),
     warmUp: true,
   })
   const daemon = createDaemon(config, { logger: cliLogger(resolveLogFormat(opts.logFormat, process.stderr.isTTY === true)) })

@@ -295,7 +295,7 @@ export function decodeAttentionNodes (g: GraphBuilder, shape: Pick<ModelShape, '
   const v = g.op('Reshape', `${m}/v/Reshape`, [parts.v, g.i64([0, kvH, 1, hd])])
   if (form === 'native') {
     if (d.seqlensK === undefined) throw new Error("the 'native' decode attention needs each row's seqlens_k")
-    // The benchmark's kernel (reproduction/native/ort-kernels.c): the same work in one node.
+    // The benchmark's kernel (daemon/engine/native/ort-kernels.c): the same work in one node.
     const context = g.op('DecodeAttention', `${m}/DecodeAttention`, [parts.q, parts.k, parts.v, pastK, pastV, d.seqlensK],
       { num_heads: H, kv_num_heads: kvH }, NATIVE_KERNEL_DOMAIN)
     return [context, k, v]

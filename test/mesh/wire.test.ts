@@ -146,6 +146,12 @@ describe('capability gossip message', () => {
     for (const devices of ['CPU', [1], Array.from({ length: 17 }, () => 'CPU')]) {
       expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', devices }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
     }
+    const withKernels = { ...body, models: [{ id: 'm', kernels: ['int4'] }] }
+    expect(text(encodeCapsMessage(cert, { body: withKernels, signature: 's' }))).toContain('"models":[{"id":"m","kernels":["int4"]}]')
+    expect(decodeCapsMessage(encodeCapsMessage(cert, { body: withKernels, signature: 's' })).record.body.models[0]!.kernels).toEqual(['int4'])
+    for (const kernels of ['int4', [4], Array.from({ length: 9 }, () => 'int4'), ['x'.repeat(33)]]) {
+      expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', kernels }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
+    }
     for (const stepMs of [-1, '3']) {
       expect(codeOf(() => decodeCapsMessage(bytes(JSON.stringify({ v: 1, type: 'caps', certificate: cert, record: { body: { ...body, models: [{ id: 'm', stepMs }] }, signature: 's' } }))))).toBe('SHOAL_ERR_MESH_MALFORMED')
     }

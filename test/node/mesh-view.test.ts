@@ -144,6 +144,8 @@ describe('measured stage speed in the capabilities', () => {
     const devices = new Map<unknown, string[]>([[whole, ['CPU', 'NPU']]])
     expect(servedModels([first, whole], undefined, times, m => devices.get(m) ?? ['CPU']).map(m => m.devices)).toEqual([['CPU'], ['CPU', 'NPU']])
     expect(servedModels([first], undefined, times)[0]).not.toHaveProperty('devices')
+    // shoal's own kernels, where a model runs on them; none: absent.
+    expect(servedModels([first, whole], undefined, times, undefined, m => m === whole ? ['int4'] : []).map(m => m.kernels)).toEqual([undefined, ['int4']])
     const s0 = peer('s0', [{ id: 'c', layers: [0, 3], totalLayers: 8, manifestHash: 'h', stepMs: 12.3 }])
     expect(stageHolders('c', [s0])[0]!.stepMs).toBe(12.3)
   })

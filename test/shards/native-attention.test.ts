@@ -1,6 +1,6 @@
 /**
  * The 'native' decode-attention form (shards/contract.ts DecodeAttentionForm): one DecodeAttention
- * node a layer, run by the fused kernel of reproduction/native/ort-kernels.c, which a
+ * node a layer, run by the fused kernel of daemon/engine/native/ort-kernels.c, which a
  * benchmark preloads (issue 11: what a custom kernel is worth served). It must be exact as the
  * shipped forms are: every test architecture's 64 greedy tokens equal the float64 reference's,
  * its logits stay within float rounding of the per-head form's, and right-padded batches decode

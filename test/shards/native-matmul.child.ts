@@ -1,5 +1,5 @@
 /**
- * Run by native-matmul.test.ts in a process with the benchmark kernels preloaded
+ * Run by native-matmul.test.ts in a process with shoal's kernel library preloaded
  * (reproduction/lib/native-kernels.ts): for every test architecture, int4 'ort-contrib' shards
  * with the native int4 kernel (MatMulQ4) against the same shards with onnxruntime's MatMulNBits,
  * both with int8 activations, and against MatMulNBits with f32 activations (accuracy level 0: the

@@ -1,8 +1,9 @@
 /**
- * The benchmark's native int4 kernel (shards/contract.ts Quantization.kernel 'native'): every int4
- * product a MatMulQ4 node, run by reproduction/native/q4-matmul.h inside the library that
- * benchmarks preload (reproduction/native/ort-kernels.c; issue 11: what a kernel made for
- * a few rows is worth where MLAS's int4 kernel bounds eight streams). Checked:
+ * shoal's int4 kernel (daemon/engine/native/q4-matmul.h, the MatMulQ4 op of ort-kernels.c; issue
+ * 11: a kernel made for a few rows where MLAS's int4 kernel bounds eight streams), on shards whose
+ * every int4 product is a MatMulQ4 node (shards/contract.ts Quantization.kernel 'native': what a
+ * node with the kernel makes of default shards when it loads them, test/engine/native-kernels.test.ts).
+ * Checked:
  * - the kernel against a plain reference that reads MatMulNBits' own layout, bit for bit, on each
  *   of its paths this machine can run (AVX-512 VNNI, AVX-VNNI, AVX2, plain C), all the same bits;
  * - served through onnxruntime, for every test architecture: right-padded batches decode

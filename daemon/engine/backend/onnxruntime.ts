@@ -1,10 +1,14 @@
 /**
  * onnxruntime-node backend (CPU execution provider). Always available: it is a dependency.
  */
+import { readFile } from 'node:fs/promises'
 import { availableParallelism } from 'node:os'
+import { dirname } from 'node:path'
 import * as ort from 'onnxruntime-node'
 import { EngineError } from '../errors.ts'
 import { stepMark } from '../../step-trace.ts'
+import { loadKernelLibrary } from '../native/load.ts'
+import { swapInt4Products } from '../native/swap.ts'
 import type { Backend, BackendSession, HostTensor, LoadOptions, TensorMap } from './types.ts'
 
 export function createOnnxruntimeBackend (): Backend {
@@ -17,13 +21,26 @@ export function createOnnxruntimeBackend (): Backend {
       }
       let session: ort.InferenceSession
       try {
-        session = await ort.InferenceSession.create(graphPath, sessionOptions(options))
+        session = options.kernels === undefined ? await ort.InferenceSession.create(graphPath, sessionOptions(options)) : await withKernels(graphPath, options.kernels, options)
       } catch (err) {
         throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
       }
       return wrap(session)
     },
   }
+}
+
+/**
+ * The graph at `graphPath` with its int4 products on shoal's kernel (native/swap.ts), loaded from
+ * memory: its external weights are read from the graph's own directory, as from the file.
+ */
+async function withKernels (graphPath: string, lib: string, options: LoadOptions): Promise<ort.InferenceSession> {
+  loadKernelLibrary(lib)
+  const { bytes, swapped } = swapInt4Products(await readFile(graphPath))
+  if (swapped === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
+  const base = sessionOptions(options)
+  const extra = base.extra as { session: Record<string, unknown> }
+  return await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } })
 }
 
 /** The options every engine session is made with (benchmarks and the kernel probe's sessions too, so they time what serves). */

@@ -28,6 +28,11 @@ export interface LoadOptions {
    * without recompiling (OpenVINO: CACHE_DIR). Absent: nothing is cached.
    */
   cacheDir?: string
+  /**
+   * The path of shoal's kernel library (daemon/engine/native): onnxruntime graphs are loaded with
+   * every MatMulNBits the kernel takes made its MatMulQ4 (native/swap.ts). Absent: as compiled.
+   */
+  kernels?: string
 }
 
 /** The compiled-model cache under a node's cache root (OpenVINO blobs in its openvino/ subdirectory). */

@@ -50,6 +50,13 @@ export interface ServedModel {
    * measured step times, not by these names; they say where the work runs.
    */
   devices?: string[]
+  /**
+   * shoal's own kernels this model's graphs run on here (`int4`: its int4 product in place of
+   * onnxruntime's MatMulNBits; daemon/engine/native). Absent: onnxruntime's kernels only.
+   * Replicas give a sequence the same tokens bit for bit only with the same kernels (otherwise to
+   * float rounding, a near tie apart). Optional: older readers ignore it.
+   */
+  kernels?: string[]
 }
 
 /**
@@ -145,6 +152,7 @@ function model (value: unknown, where: string): ServedModel {
   if (obj.stepMs !== undefined) out.stepMs = nonNeg(obj.stepMs, `${where}.stepMs`)
   if (obj.activations !== undefined) out.activations = arr(obj.activations, `${where}.activations`, 8).map((a, i) => str(a, `${where}.activations[${i}]`, 16))
   if (obj.devices !== undefined) out.devices = arr(obj.devices, `${where}.devices`, 16).map((d, i) => str(d, `${where}.devices[${i}]`, 32))
+  if (obj.kernels !== undefined) out.kernels = arr(obj.kernels, `${where}.kernels`, 8).map((k, i) => str(k, `${where}.kernels[${i}]`, 32))
   return out
 }
 

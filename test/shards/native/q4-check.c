@@ -1,5 +1,5 @@
 /*
- * Run by native-matmul.test.ts: the int4 kernel of reproduction/native/q4-matmul.h against a plain
+ * Run by native-matmul.test.ts: the int4 kernel of daemon/engine/native/q4-matmul.h against a plain
  * reference that reads MatMulNBits' own layout (not the kernel's tiles). Random weights, scales
  * and rows; N that are and are not multiples of 16, M from 1 to 19 (whole groups of eight rows,
  * and the rest). The reference does the kernel's documented arithmetic: per block, the exact
@@ -8,7 +8,7 @@
  * so that the test can compare a build with AVX-512 against one without.
  */
 #include <stdio.h>
-#include "../../../reproduction/native/q4-matmul.h"
+#include "../../../daemon/engine/native/q4-matmul.h"
 
 static uint32_t state = 12345;
 static uint32_t next (void) { state = state * 1664525u + 1013904223u; return state >> 8; }

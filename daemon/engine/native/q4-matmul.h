@@ -1,8 +1,8 @@
 /*
  * An int4 matrix product for onnxruntime's MatMulNBits weights (4 bits, block 32, no zero points:
- * the implicit zero point 8), the kernel of the MatMulQ4 op in ort-kernels.c. A benchmark
- * instrument (issue 11; docs/engine-notes.md, wave 35): what a kernel made for a few rows is worth
- * where MLAS's int4 kernel bounds eight streams.
+ * the implicit zero point 8), the kernel of the MatMulQ4 op in ort-kernels.c, which nodes run in
+ * place of MatMulNBits (daemon/engine/native; issue 11, docs/engine-notes.md waves 35–36): with
+ * eight streams MLAS's int4 kernel bounds the step, and this one is made for a few rows.
  *
  * The same arithmetic as MatMulNBits at accuracy level 4: each row of A quantised to int8 per block
  * of 32 (scale max|a|/127, round to nearest even), integer dot products with the 4-bit values, then

@@ -1,20 +1,21 @@
 /*
- * Two benchmark kernels inside onnxruntime, to measure what they are worth served (issue 11;
- * docs/engine-notes.md, waves 34 and 35): the fused one-position attention of fused-attention.c
- * (DecodeAttention, below) and an int4 product for MatMulNBits' weights (MatMulQ4, q4-matmul.h).
- * Benchmark instruments, not a part of shoal: onnxruntime-node gives no way to register a custom
- * op, so this library is preloaded (LD_PRELOAD) in front of onnxruntime and stands in for its one
- * exported entry, OrtGetApiBase. It hands out onnxruntime's own API table with CreateSession /
- * CreateSessionFromArray wrapped so that every session's options get one more op domain,
- * `ai.shoal.bench`, holding the two ops.
- * Nothing else changes; a process without the preload sees onnxruntime as shipped. Loaded into a
- * running process with `process.dlopen` instead (napi_register_module_v1, at the end), it makes
- * the same change there.
+ * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–36): an int4
+ * product for MatMulNBits' weights (MatMulQ4, q4-matmul.h), which `shoal serve` and `shoal node`
+ * run in place of MatMulNBits where this library builds and passes its self-check
+ * (daemon/engine/native), and the fused one-position attention of
+ * reproduction/native/fused-attention.c (DecodeAttention, below), a benchmark's so far.
+ * onnxruntime-node gives no way to register a custom op, so this library stands in for
+ * onnxruntime's one exported entry, OrtGetApiBase: it hands out onnxruntime's own API table with
+ * CreateSession / CreateSessionFromArray wrapped so that every session's options get one more op
+ * domain, `ai.shoal`, holding the two ops. Nothing else changes: a graph without those ops runs as
+ * it would without the library. The daemon loads it into the running process with
+ * `process.dlopen` (napi_register_module_v1, at the end); the benchmarks may preload it
+ * (LD_PRELOAD) instead.
  *
  *   cc -O3 -march=native -shared -fPIC -o libshoal-kernels.so ort-kernels.c -ldl -lm -lpthread
- *   (reproduction/lib/native-kernels.ts builds it so, once per source)
+ *   (daemon/engine/native/build.ts builds it so, once per source and CPU)
  *
- * DecodeAttention (domain ai.shoal.bench), attributes num_heads, kv_num_heads:
+ * DecodeAttention (domain ai.shoal), attributes num_heads, kv_num_heads:
  *   q [B, 1, H·hd] (rotated, unscaled), k, v [B, 1, kvH·hd] (the new position's, k rotated),
  *   past_k, past_v [B, kvH, W, hd], seqlens_k int32 [B] (row b's live past columns: its first
  *   seqlens_k[b]) -> context [B, 1, H·hd].
@@ -28,7 +29,7 @@
  * with a message (an op of this ABI version has no error return): the graphs it serves are the
  * compiler's own.
  *
- * MatMulQ4 (domain ai.shoal.bench), MatMulNBits' inputs and attributes (A float [..., K], B uint8
+ * MatMulQ4 (domain ai.shoal), MatMulNBits' inputs and attributes (A float [..., K], B uint8
  * [N, K/32, 16], scales float [N·K/32]; K, N, bits 4, block_size 32) -> Y [..., N]: q4-matmul.h.
  *
  * The OrtApi slots and the OrtCustomOp layout below are onnxruntime's C ABI (onnxruntime_c_api.h,
@@ -499,7 +500,7 @@ static pthread_once_t domain_once = PTHREAD_ONCE_INIT;
 
 static void make_domain (void) {
   OrtStatus *s;
-  if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal.bench", &domain)) != NULL) fail("CreateCustomOpDomain", s);
+  if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal", &domain)) != NULL) fail("CreateCustomOpDomain", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &matmul_q4)) != NULL) fail("CustomOpDomain_Add", s);
 }
@@ -530,6 +531,14 @@ static const void *table_to_patch;
 static void patch_table (void) {
   const long page = sysconf(_SC_PAGESIZE);
   void **slots = (void **)table_to_patch;
+  /* A second copy of this library in the process (another build of it, loaded from another
+   * cache) finds the table wrapped already: wrapping the wrapper would add a second domain of the
+   * same name to every session, which onnxruntime refuses. The first copy's ops serve. */
+  Dl_info ort, entry;
+  if (dladdr((void *)real_base->GetVersionString, &ort) != 0 && dladdr(slots[API_CREATE_SESSION], &entry) != 0 && entry.dli_fbase != ort.dli_fbase) {
+    api = table_to_patch;
+    return;
+  }
   uintptr_t lo = (uintptr_t)&slots[API_CREATE_SESSION] & ~(uintptr_t)(page - 1);
   uintptr_t hi = ((uintptr_t)&slots[API_CREATE_SESSION_FROM_ARRAY + 1] + page - 1) & ~(uintptr_t)(page - 1);
   if (mprotect((void *)lo, hi - lo, PROT_READ | PROT_WRITE) != 0) { perror("shoal kernels: mprotect"); abort(); }

@@ -1,0 +1,252 @@
+/**
+ * shoal's int4 kernel as nodes run it (daemon/engine/native): the graph swap, pure; and, where the
+ * machine builds the kernel (x86-64 Linux with `cc`), the kernel built, loaded and self-checked,
+ * int4 shards run on it through the engine's workers exactly as shards compiled with MatMulQ4
+ * nodes run, batched bit-exactly on every CPU, and a daemon serving on it by default, saying so in
+ * its log and capabilities, and on onnxruntime's kernel with `kernels: 'onnxruntime'`. The kernel's
+ * own arithmetic and its agreement with MatMulNBits are test/shards/native-matmul.test.ts's.
+ */
+import { execFile } from 'node:child_process'
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
+import { promisify } from 'node:util'
+import onnxProto from 'onnx-proto'
+import OpenAI from 'openai'
+import pino from 'pino'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createStageEngine, GREEDY_PICK as GREEDY, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapInt4Products } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
+import { hasCompiler } from '../../daemon/engine/native/build.ts'
+import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
+import type { ShardManifest } from '../../shards/contract.ts'
+import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
+
+const { onnx } = onnxProto
+const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
+
+/** A graph of MatMulNBits nodes: the ones the kernel takes and the ones it does not, one inside an If. */
+function productsGraph (): Uint8Array {
+  const g = new GraphBuilder('g.onnx.data')
+  const x = g.input('x', DT.FLOAT, ['m', 64])
+  const w = g.weight('w', DT.UINT8, [8, 2, 16], new Uint8Array(256))
+  const s = g.weight('s', DT.FLOAT, [16], new Uint8Array(64))
+  const attrs = { K: 64, N: 8, bits: 4, block_size: 32, accuracy_level: 4 }
+  const taken = g.op('MatMulNBits', '/taken', [x, w, s], attrs, MS_DOMAIN)
+  const f32 = g.op('MatMulNBits', '/f32-activations', [x, w, s], { ...attrs, accuracy_level: 0 }, MS_DOMAIN)
+  const block16 = g.op('MatMulNBits', '/block-16', [x, w, s], { ...attrs, block_size: 16 }, MS_DOMAIN)
+  const zeros = g.op('MatMulNBits', '/zero-points', [x, w, s, s], attrs, MS_DOMAIN)
+  const sub = new GraphBuilder('g.onnx.data')
+  sub.output('y', sub.op('MatMulNBits', '/branch', [x, w, s], attrs, MS_DOMAIN), DT.FLOAT, ['m', 8])
+  const cond = g.input('cond', DT.BOOL, [])
+  const branch = g.op('If', '/if', [cond], { then_branch: { graph: { name: 'then', node: sub.nodes, output: sub.outputs } }, else_branch: { graph: { name: 'else', node: sub.nodes, output: sub.outputs } } })
+  for (const [i, y] of [taken, f32, block16, zeros, branch].entries()) g.output(`y${i}`, y, DT.FLOAT, ['m', 8])
+  return g.encode('g', 'products')
+}
+
+describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
+  it('makes MatMulQ4 of the products the kernel takes, in If branches too, and of nothing else', () => {
+    const { bytes, swapped } = swapInt4Products(productsGraph())
+    expect(swapped).toBe(3)
+    const m = onnx.ModelProto.decode(bytes)
+    const ops = m.graph!.node!.map(n => `${n.domain}::${n.opType}`)
+    expect(ops).toContain(`${NATIVE_KERNEL_DOMAIN}::MatMulQ4`)
+    expect(ops.filter(o => o === `${MS_DOMAIN}::MatMulNBits`)).toHaveLength(3) // f32 activations, block 16, zero points
+    const iff = m.graph!.node!.find(n => n.opType === 'If')!
+    for (const a of iff.attribute!) expect(a.g!.node!.map(n => n.opType)).toEqual(['MatMulQ4'])
+    expect(m.opsetImport.filter(o => o.domain === NATIVE_KERNEL_DOMAIN)).toHaveLength(1)
+    // The inputs and attributes stay the compiler's.
+    const taken = m.graph!.node!.find(n => n.name === '/taken')!
+    expect(taken.input).toEqual(['x', 'w', 's'])
+    expect(taken.attribute!.map(a => a.name)).toEqual(['K', 'N', 'bits', 'block_size', 'accuracy_level'])
+    // Swapped twice: nothing more to swap.
+    expect(swapInt4Products(bytes)).toEqual({ bytes, swapped: 0 })
+  })
+
+  it('leaves a graph without such products byte for byte', () => {
+    const g = new GraphBuilder('g.onnx.data')
+    g.output('y', g.op('Relu', '/relu', [g.input('x', DT.FLOAT, [4])]), DT.FLOAT, [4])
+    const bytes = g.encode('g', 'no products')
+    expect(swapInt4Products(bytes)).toEqual({ bytes, swapped: 0 })
+  })
+
+  it('applies to int4 ort-contrib shards of block 32 with int8 activations, as compiled by default', () => {
+    const q = { kind: 'int4', blockSize: 32, activations: 'int8' } as const
+    const m = (over: Partial<ShardManifest>): Pick<ShardManifest, 'quantization' | 'opSet'> => ({ opSet: 'ort-contrib', quantization: q, ...over })
+    expect(int4KernelApplies(m({}))).toBe(true)
+    // Before compiler 3 int8 activations went unrecorded.
+    expect(int4KernelApplies(m({ quantization: { kind: 'int4', blockSize: 32 } }))).toBe(true)
+    for (const other of [
+      m({ opSet: 'standard' }),
+      m({ quantization: { kind: 'none' } }),
+      m({ quantization: { ...q, kind: 'int8' } }),
+      m({ quantization: { ...q, blockSize: 128 } }),
+      m({ quantization: { ...q, activations: 'f32' } }),
+      m({ quantization: { ...q, kernel: 'native' } }),
+    ]) expect(int4KernelApplies(other), JSON.stringify(other)).toBe(false)
+  })
+})
+
+const TOKENS = 48
+const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
+const tokenOf = (out: StepOutput): number => {
+  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
+  return out.id
+}
+
+describe('shoal\'s int4 kernel where it cannot be built', () => {
+  it('is off, with the reason, where there is no C compiler', async () => {
+    // A process whose PATH has node and nothing else: no `cc`.
+    const script = `import { prepareNativeKernels } from ${JSON.stringify(join(import.meta.dirname, '..', '..', 'daemon', 'engine', 'native', 'kernels.ts'))}
+console.log(JSON.stringify(await prepareNativeKernels(${JSON.stringify(join(tmpdir(), 'shoal-no-cc'))})))`
+    const { stdout } = await promisify(execFile)(process.execPath, ['--input-type=module', '-e', script], { env: { PATH: dirname(process.execPath) } })
+    const kernels = JSON.parse(stdout.trim().split('\n').at(-1)!) as { off?: string }
+    expect(kernels.off).toMatch(process.platform === 'linux' && process.arch === 'x64' ? /no C compiler/ : /x86-64 Linux only/)
+  })
+})
+
+describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
+  let root: string
+  let lib: string
+  let manifest: ShardManifest
+  let compiled: ShardManifest
+  const engines: BatchingStageEngine[] = []
+
+  const engineOf = async (dir: string, m: ShardManifest, kernels?: string): Promise<BatchingStageEngine> => {
+    const st = m.stages[0]!
+    const e = createStageEngine({
+      graphPath: join(dir, ...st.graph.split('/')),
+      ...(st.decodeGraph === undefined ? {} : { decodeGraphPath: join(dir, ...st.decodeGraph.split('/')) }),
+      stage: stageInfoOf(m),
+      threads: 1,
+      maxSequences: 8,
+      ...(kernels === undefined ? {} : { kernels }),
+    })
+    engines.push(e)
+    await e.start()
+    return e
+  }
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-native-kernels-'))
+    const kernels = await prepareNativeKernels(join(root, 'kernels'))
+    if (!('lib' in kernels)) throw new Error(`the kernel did not build here: ${kernels.off}`)
+    lib = kernels.lib
+    await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
+    compiled = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard-q4'), quant: 'int4', kernel: 'native' })
+  }, 180_000)
+  afterAll(async () => {
+    await Promise.all(engines.map(async e => { await e.stop() }))
+    if (root !== undefined) await rm(root, { recursive: true, force: true })
+  })
+
+  it('builds, loads and passes its self-check; a second preparation is the first', async () => {
+    expect(lib).toMatch(/libshoal-kernels\.so$/)
+    expect(await prepareNativeKernels(join(root, 'elsewhere'))).toEqual({ lib })
+    expect(int4KernelApplies(manifest)).toBe(true)
+  })
+
+  it('swapped at load, int4 shards give the logits of shards compiled with MatMulQ4, bit for bit', async () => {
+    const swapped = await engineOf(join(root, 'shard'), manifest, lib)
+    const written = await engineOf(join(root, 'shard-q4'), compiled)
+    const p = prompts[3]!
+    const run = async (e: BatchingStageEngine): Promise<Float32Array[]> => {
+      const seq = await e.open()
+      const out: Float32Array[] = []
+      let o = await e.step(seq, { tokenIds: p }, p.map((_, i) => i))
+      for (let t = 0; t < 12; t++) {
+        if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`)
+        out.push(o.data)
+        let best = 0
+        for (let j = 1; j < o.data.length; j++) if (o.data[j]! > o.data[best]!) best = j
+        o = await e.step(seq, { tokenIds: [best] }, [p.length + t])
+      }
+      await e.free(seq)
+      return out
+    }
+    const [a, b] = [await run(swapped), await run(written)]
+    expect(a).toHaveLength(12)
+    for (const [i, x] of a.entries()) expect(Buffer.from(x.buffer, x.byteOffset, x.byteLength).equals(Buffer.from(b[i]!.buffer, b[i]!.byteOffset, b[i]!.byteLength)), `step ${i}`).toBe(true)
+  }, 120_000)
+
+  it('a ragged batch of four gives each sequence its batch-of-one tokens bit for bit, whatever the CPU', async () => {
+    const engine = await engineOf(join(root, 'shard'), manifest, lib)
+    const alone: number[][] = []
+    for (const p of prompts) {
+      const seq = await engine.open()
+      let t = tokenOf(await engine.step(seq, { tokenIds: p }, p.map((_, i) => i), { pick: GREEDY }))
+      const ids = [t]
+      while (ids.length < TOKENS) {
+        t = tokenOf(await engine.step(seq, { tokenIds: [t] }, [p.length + ids.length - 1], { pick: GREEDY }))
+        ids.push(t)
+      }
+      alone.push(ids)
+      await engine.free(seq)
+    }
+    const seqs = await Promise.all(prompts.map(async (_, i) => await engine.open(`b-${i}`)))
+    const together: number[][] = prompts.map(() => [])
+    let items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: p }, positions: p.map((_, k) => k), pick: GREEDY }))
+    for (let step = 0; step < TOKENS; step++) {
+      const results = await engine.stepBatch(items)
+      results.forEach((r, i) => {
+        if (!('output' in r)) throw r.error
+        together[i]!.push(tokenOf(r.output))
+      })
+      items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: [together[i]!.at(-1)!] }, positions: [p.length + step], pick: GREEDY }))
+    }
+    for (const s of seqs) await engine.free(s)
+    // onnxruntime's MatMulNBits promises this only where its one-row kernel rounds as its batched
+    // one does (AVX-512 VNNI; engine/kernel-probe.ts); the kernel's integer sums make it hold everywhere.
+    expect(together).toEqual(alone)
+  }, 120_000)
+
+  it('a daemon serves int4 shards on it by default, says so, and answers as the engine does; `kernels: onnxruntime` keeps MatMulNBits', async () => {
+    const reference = await engineOf(join(root, 'shard'), manifest, lib)
+    const p = prompts[0]!
+    const seq = await reference.open()
+    let t = tokenOf(await reference.step(seq, { tokenIds: p }, p.map((_, i) => i), { pick: GREEDY }))
+    const expected = [t]
+    while (expected.length < 16) {
+      t = tokenOf(await reference.step(seq, { tokenIds: [t] }, [p.length + expected.length - 1], { pick: GREEDY }))
+      expected.push(t)
+    }
+    await reference.free(seq)
+
+    for (const kernels of [undefined, 'onnxruntime'] as const) {
+      const lines: Array<Record<string, unknown>> = []
+      const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
+      const daemon = createDaemon(validateConfig({
+        models: [{ dir: join(root, 'shard') }],
+        device: 'cpu',
+        api: { host: '127.0.0.1', port: 0 },
+        dataDir: join(root, `data-${kernels ?? 'auto'}`),
+        cacheRoot: join(root, 'cache'),
+        listen: [],
+        bootstrap: [],
+        mdns: false,
+        draft: 'none',
+        ...(kernels === undefined ? {} : { kernels }),
+      }), { logger })
+      const { apiUrl } = await daemon.start()
+      try {
+        const loaded = lines.find(l => l.msg === 'model loaded')!
+        expect(loaded.int4Kernel).toBe(kernels === undefined ? 'shoal' : 'onnxruntime')
+        const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'none', maxRetries: 0 })
+        const r = await client.completions.create({
+          model: manifest.modelId, prompt: p, max_tokens: 16, temperature: 0,
+          // @ts-expect-error vLLM-style extension
+          return_token_ids: true,
+        })
+        const ids = (r.choices[0] as unknown as { token_ids: number[] }).token_ids
+        expect(ids).toHaveLength(16)
+        // On the kernel: the engine's tokens exactly. On MatMulNBits: its own, equal to a near tie.
+        if (kernels === undefined) expect(ids).toEqual(expected)
+      } finally {
+        await daemon.stop()
+      }
+    }
+  }, 180_000)
+})
