@@ -124,11 +124,22 @@ export async function kernels (): Promise<Finding> {
     const { decodeAttentionForm, int4BatchingVerdict, matMulNBitsRowInvariance } = await import('../../daemon/engine/index.ts')
     const rows = await matMulNBitsRowInvariance(4, 32)
     const form = await decodeAttentionForm({ numHeads: 8, numKvHeads: 2, headDim: 64 })
-    const int4 = `int4 batching ${int4BatchingVerdict(rows)}${rows.rowInvariant ? '' : ` (max difference ${rows.maxDiff.toExponential(1)})`}`
+    const int4 = `onnxruntime's int4 batching ${int4BatchingVerdict(rows)}${rows.rowInvariant ? '' : ` (max difference ${rows.maxDiff.toExponential(1)})`}`
     return { level: 'ok', check: 'kernels', detail: `${int4}; one-position attention: grouped takes ${form.ratio.toFixed(2)}× per-head's time here, so shoal shard here takes ${form.form}` }
   } catch (err) {
     return { level: 'warn', check: 'kernels', detail: `kernel probes failed: ${(err as Error).message}`, fix: 'check that the temporary directory is writable (the probes write small graphs there)' }
   }
+}
+
+/**
+ * Whether shoal's int4 kernel builds here and passes its self-check (daemon/engine/native: what
+ * `shoal serve` and `shoal node` do at start, into the same cache), so that int4 shards run on it.
+ */
+export async function int4Kernel (): Promise<Finding> {
+  const { prepareNativeKernels } = await import('../../daemon/engine/index.ts')
+  const k = await prepareNativeKernels(join(cacheRoot(), 'kernels'))
+  if ('lib' in k) return { level: 'ok', check: 'int4 kernel', detail: `shoal's int4 kernel builds for this CPU and passes its self-check (${k.lib}): int4 shards run on it, bit-exact under batching` }
+  return { level: 'warn', check: 'int4 kernel', detail: `int4 shards run on onnxruntime's MatMulNBits, slower with several streams: shoal's kernel is off here (${k.off})`, fix: 'on x86-64 Linux, install a C compiler as cc (Debian: apt install gcc); the next start builds it' }
 }
 
 async function identity (dir: string): Promise<Finding> {
@@ -148,7 +159,7 @@ async function identity (dir: string): Promise<Finding> {
 }
 
 export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
-  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot()), await kernels()]
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot()), await kernels(), await int4Kernel()]
   if (opts.identity !== undefined) findings.push(await identity(opts.identity))
   return findings
 }
