@@ -25,13 +25,10 @@ import type { BackendSession, BatchingStageEngine, StepOutput } from '../../daem
 import { INPUT_IDS } from '../../shards/contract.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { matMulNBitsRowInvariance } from '../../daemon/engine/index.ts'
+import { greedyAlone, greedyTogether, tokenOf } from './greedy-batches.ts'
 
 const TOKENS = 64
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
-const tokenOf = (out: StepOutput): number => {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
 
 /**
  * Batched picks against batch-of-one tokens. The batched runs are fed the batch-of-one tokens
@@ -73,30 +70,8 @@ describe('standard-op int4 shards with f32 activations under batching', () => {
 
   it('a ragged batch of four gives each sequence its batch-of-one greedy tokens, over 64 tokens', async () => {
     const alone: number[][] = []
-    for (const p of prompts) {
-      const seq = await engine.open()
-      let t = tokenOf(await engine.step(seq, { tokenIds: p }, p.map((_, i) => i), { pick: GREEDY }))
-      const ids = [t]
-      while (ids.length < TOKENS) {
-        t = tokenOf(await engine.step(seq, { tokenIds: [t] }, [p.length + ids.length - 1], { pick: GREEDY }))
-        ids.push(t)
-      }
-      alone.push(ids)
-      await engine.free(seq)
-    }
-    const seqs = await Promise.all(prompts.map(async (_, i) => await engine.open(`b-${i}`)))
-    const together: number[][] = prompts.map(() => [])
-    let items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: p }, positions: p.map((_, k) => k), pick: GREEDY }))
-    for (let step = 0; step < TOKENS; step++) {
-      const results = await engine.stepBatch(items)
-      results.forEach((r, i) => {
-        if (!('output' in r)) throw r.error
-        together[i]!.push(tokenOf(r.output))
-      })
-      items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: [together[i]!.at(-1)!] }, positions: [p.length + step], pick: GREEDY }))
-    }
-    for (const s of seqs) await engine.free(s)
-    expect(together).toEqual(alone)
+    for (const p of prompts) alone.push(await greedyAlone(engine, p, TOKENS))
+    expect(await greedyTogether(engine, prompts, TOKENS)).toEqual(alone)
   }, 120_000)
 })
 

@@ -15,14 +15,15 @@ import onnxProto from 'onnx-proto'
 import OpenAI from 'openai'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createStageEngine, GREEDY_PICK as GREEDY, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapInt4Products } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
+import { createStageEngine, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapInt4Products } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { greedyAlone, greedyTogether } from './greedy-batches.ts'
 
 const { onnx } = onnxProto
 const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
@@ -91,10 +92,6 @@ describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
 
 const TOKENS = 48
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
-const tokenOf = (out: StepOutput): number => {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
 
 describe('shoal\'s int4 kernel where it cannot be built', () => {
   it('is off, with the reason, where there is no C compiler', async () => {
@@ -175,45 +172,15 @@ describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
   it('a ragged batch of four gives each sequence its batch-of-one tokens bit for bit, whatever the CPU', async () => {
     const engine = await engineOf(join(root, 'shard'), manifest, lib)
     const alone: number[][] = []
-    for (const p of prompts) {
-      const seq = await engine.open()
-      let t = tokenOf(await engine.step(seq, { tokenIds: p }, p.map((_, i) => i), { pick: GREEDY }))
-      const ids = [t]
-      while (ids.length < TOKENS) {
-        t = tokenOf(await engine.step(seq, { tokenIds: [t] }, [p.length + ids.length - 1], { pick: GREEDY }))
-        ids.push(t)
-      }
-      alone.push(ids)
-      await engine.free(seq)
-    }
-    const seqs = await Promise.all(prompts.map(async (_, i) => await engine.open(`b-${i}`)))
-    const together: number[][] = prompts.map(() => [])
-    let items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: p }, positions: p.map((_, k) => k), pick: GREEDY }))
-    for (let step = 0; step < TOKENS; step++) {
-      const results = await engine.stepBatch(items)
-      results.forEach((r, i) => {
-        if (!('output' in r)) throw r.error
-        together[i]!.push(tokenOf(r.output))
-      })
-      items = prompts.map((p, i) => ({ seqId: seqs[i]!, input: { tokenIds: [together[i]!.at(-1)!] }, positions: [p.length + step], pick: GREEDY }))
-    }
-    for (const s of seqs) await engine.free(s)
+    for (const p of prompts) alone.push(await greedyAlone(engine, p, TOKENS))
     // onnxruntime's MatMulNBits promises this only where its one-row kernel rounds as its batched
     // one does (AVX-512 VNNI; engine/kernel-probe.ts); the kernel's integer sums make it hold everywhere.
-    expect(together).toEqual(alone)
+    expect(await greedyTogether(engine, prompts, TOKENS)).toEqual(alone)
   }, 120_000)
 
   it('a daemon serves int4 shards on it by default, says so, and answers as the engine does; `kernels: onnxruntime` keeps MatMulNBits', async () => {
-    const reference = await engineOf(join(root, 'shard'), manifest, lib)
     const p = prompts[0]!
-    const seq = await reference.open()
-    let t = tokenOf(await reference.step(seq, { tokenIds: p }, p.map((_, i) => i), { pick: GREEDY }))
-    const expected = [t]
-    while (expected.length < 16) {
-      t = tokenOf(await reference.step(seq, { tokenIds: [t] }, [p.length + expected.length - 1], { pick: GREEDY }))
-      expected.push(t)
-    }
-    await reference.free(seq)
+    const expected = await greedyAlone(await engineOf(join(root, 'shard'), manifest, lib), p, 16)
 
     for (const kernels of [undefined, 'onnxruntime'] as const) {
       const lines: Array<Record<string, unknown>> = []
