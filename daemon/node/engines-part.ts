@@ -245,8 +245,9 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const wholeModels = models.filter(m => m.whole)
       const stageModels = models.filter(m => !m.whole && m.localChain !== true)
       const chainModels = models.filter(m => m.localChain === true)
-      // shoal's int4 kernel, where an int4 model would run it: built once, loaded, checked.
-      if (config.kernels !== 'onnxruntime' && [...models, ...draft === undefined ? [] : [draft]].some(m => int4KernelApplies(m.manifest))) {
+      // shoal's int4 kernel, where an int4 model would run it on onnxruntime: built once, loaded, checked.
+      const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
+      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest))) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
         if ('off' in kernels) logger.warn({ reason: kernels.off }, "int4 products run on onnxruntime's kernel, not shoal's (slower with several streams)")
       }
