@@ -75,22 +75,38 @@ describe('a malicious admitted peer', () => {
     return (metric?.values ?? []).filter(v => v.labels.code === code).reduce((s, v) => s + v.value, 0)
   }
 
+  /**
+   * A load stream from m to a, beside m's own poller's: `frames` written, then `replies` frames
+   * read. a takes two inbound load streams a peer; on a loaded machine the poller's previous stream
+   * can still count there for a moment after the poller reopens, and a then resets this one before
+   * it answers. That is the stream limit at work, not what these tests ask, so such a stream is
+   * opened again (three tries).
+   */
+  async function askLoad (frames: Uint8Array[], replies: number): Promise<{ stream: Awaited<ReturnType<typeof m.mesh.openStream>>, lp: ReturnType<typeof lpStream>, got: Array<ReturnType<typeof decodeLoadFrame>> }> {
+    for (let attempt = 1; ; attempt++) {
+      const stream = await m.mesh.openStream(a.mesh.peerId, LOAD_PROTOCOL, AbortSignal.timeout(5000))
+      const lp = lpStream(stream, { maxDataLength: 4096 })
+      try {
+        for (const f of frames) await lp.write(f)
+        const got = []
+        for (let i = 0; i < replies; i++) got.push(decodeLoadFrame((await lp.read({ signal: AbortSignal.timeout(5000) })).subarray()))
+        return { stream, lp, got }
+      } catch (err) {
+        stream.abort(err as Error)
+        if (attempt === 3 || (err as Error).name !== 'UnexpectedEOFError') throw err
+        await new Promise(resolve => setTimeout(resolve, 200))
+      }
+    }
+  }
+
   it('answers garbage on the load protocol with a typed error frame', async () => {
-    const stream = await m.mesh.openStream(a.mesh.peerId, LOAD_PROTOCOL, AbortSignal.timeout(5000))
-    const lp = lpStream(stream, { maxDataLength: 4096 })
-    await lp.write(new TextEncoder().encode('{"v":1,"type":"nope","id":1}'))
-    const reply = decodeLoadFrame((await lp.read({ signal: AbortSignal.timeout(5000) })).subarray())
+    const { stream, got: [reply] } = await askLoad([new TextEncoder().encode('{"v":1,"type":"nope","id":1}')], 1)
     expect(reply).toMatchObject({ type: 'error', code: 'SHOAL_ERR_MESH_MALFORMED' })
     stream.abort(new Error('done'))
   })
 
   it('rate-limits a load flood and survives an oversized frame', async () => {
-    const stream = await m.mesh.openStream(a.mesh.peerId, LOAD_PROTOCOL, AbortSignal.timeout(5000))
-    const lp = lpStream(stream, { maxDataLength: 4096 })
-    await lp.write(encodeLoadFrame({ v: 1, type: 'req', id: 1 }))
-    await lp.write(encodeLoadFrame({ v: 1, type: 'req', id: 2 }))
-    const first = decodeLoadFrame((await lp.read({ signal: AbortSignal.timeout(5000) })).subarray())
-    const second = decodeLoadFrame((await lp.read({ signal: AbortSignal.timeout(5000) })).subarray())
+    const { stream, lp, got: [first, second] } = await askLoad([encodeLoadFrame({ v: 1, type: 'req', id: 1 }), encodeLoadFrame({ v: 1, type: 'req', id: 2 })], 2)
     expect(first).toMatchObject({ type: 'load', id: 1 })
     expect(second).toMatchObject({ type: 'error', id: 2, code: 'SHOAL_ERR_MESH_RATE_LIMITED' })
     const before = await wireErrors(a, 'SHOAL_ERR_MESH_TOO_LARGE')
