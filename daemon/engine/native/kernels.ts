@@ -2,7 +2,8 @@
  * shoal's int4 kernel in a node: built, loaded into this process, checked, or off with the reason.
  *
  * Why a kernel of shoal's own: with eight streams, MLAS's int4 product (MatMulNBits) bounds the
- * step; MatMulQ4 (q4-matmul.h) does the same arithmetic 1.6–2× faster at a few rows and gives a row
+ * step; MatMulQ4 (q4-matmul.h) does the same arithmetic 1.4–2× faster at eight rows (AVX2 to
+ * AVX-512 VNNI; at one row 1.0–1.6×) and gives a row
  * the same bits whatever its batch, its threads or its CPU's vector width (docs/engine-notes.md,
  * waves 35–36). onnxruntime-node cannot register a custom op, so the library stands in for
  * onnxruntime's API entry and adds its op domain to every session made after it is loaded
