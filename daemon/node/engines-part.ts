@@ -249,7 +249,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
       if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest))) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
-        if ('off' in kernels) logger.warn({ reason: kernels.off }, "int4 products run on onnxruntime's kernel, not shoal's (slower with several streams)")
+        // A warning where the operator can act (install a compiler, report a failed check); elsewhere a fact.
+        if ('off' in kernels) logger[process.platform === 'linux' && process.arch === 'x64' ? 'warn' : 'info']({ reason: kernels.off }, "int4 products run on onnxruntime's kernel, not shoal's (slower with several streams)")
       }
       // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
       const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
