@@ -152,7 +152,11 @@ static inline float dot (const float *q, const float *k, int hd) {
     a[0] += load16(q + d) * load16(k + d); a[1] += load16(q + d + 16) * load16(k + d + 16);
     a[2] += load16(q + d + 32) * load16(k + d + 32); a[3] += load16(q + d + 48) * load16(k + d + 48);
   }
-  for (int i = 0; d < hd; d += 16, i++) a[i] += load16(q + d) * load16(k + d);
+  /* The last blocks (hd not a multiple of 64) into sums 0, 1, 2 in turn, each named: an index
+   * that varies at run time would make the compiler keep all four sums in memory. */
+  if (d < hd) { a[0] += load16(q + d) * load16(k + d); d += 16; }
+  if (d < hd) { a[1] += load16(q + d) * load16(k + d); d += 16; }
+  if (d < hd) { a[2] += load16(q + d) * load16(k + d); }
   return fold16((a[0] + a[1]) + (a[2] + a[3]));
 }
 
