@@ -2,8 +2,9 @@
  * shoal's int4 kernel as nodes run it (daemon/engine/native): the graph swap, pure; and, where the
  * machine builds the kernel (x86-64 Linux with `cc`), the kernel built, loaded and self-checked,
  * int4 shards run on it through the engine's workers exactly as shards compiled with MatMulQ4
- * nodes run, batched bit-exactly on every CPU, and a daemon serving on it by default, saying so in
- * its log and capabilities, and on onnxruntime's kernel with `kernels: 'onnxruntime'`. The kernel's
+ * nodes run, batched bit-exactly on every CPU, and a daemon serving on it by default (a whole
+ * model, and a multi-stage one as a local chain with the whole model's tokens), saying so in its
+ * log, and on onnxruntime's kernel with `kernels: 'onnxruntime'`. The kernel's
  * own arithmetic and its agreement with MatMulNBits are test/shards/native-matmul.test.ts's.
  */
 import { execFile } from 'node:child_process'
@@ -178,42 +179,56 @@ describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
     expect(await greedyTogether(engine, prompts, TOKENS)).toEqual(alone)
   }, 120_000)
 
+  /** A daemon serving `dir` (kernels as given), its log lines, and `prompt`'s first 16 greedy tokens from it. */
+  async function served (dir: string, name: string, prompt: number[], kernels?: 'onnxruntime'): Promise<{ lines: Array<Record<string, unknown>>, ids: number[] }> {
+    const lines: Array<Record<string, unknown>> = []
+    const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
+    const daemon = createDaemon(validateConfig({
+      models: [{ dir }],
+      device: 'cpu',
+      api: { host: '127.0.0.1', port: 0 },
+      dataDir: join(root, `data-${name}`),
+      cacheRoot: join(root, 'cache'),
+      listen: [],
+      bootstrap: [],
+      mdns: false,
+      draft: 'none',
+      ...(kernels === undefined ? {} : { kernels }),
+    }), { logger })
+    const { apiUrl } = await daemon.start()
+    try {
+      const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'none', maxRetries: 0 })
+      const r = await client.completions.create({
+        model: manifest.modelId, prompt, max_tokens: 16, temperature: 0,
+        // @ts-expect-error vLLM-style extension
+        return_token_ids: true,
+      })
+      return { lines, ids: (r.choices[0] as unknown as { token_ids: number[] }).token_ids }
+    } finally {
+      await daemon.stop()
+    }
+  }
+
   it('a daemon serves int4 shards on it by default, says so, and answers as the engine does; `kernels: onnxruntime` keeps MatMulNBits', async () => {
     const p = prompts[0]!
     const expected = await greedyAlone(await engineOf(join(root, 'shard'), manifest, lib), p, 16)
+    const auto = await served(join(root, 'shard'), 'auto', p)
+    expect(auto.lines.find(l => l.msg === 'model loaded')?.int4Kernel).toBe('shoal')
+    // On the kernel: the engine's tokens exactly.
+    expect(auto.ids).toEqual(expected)
+    const ort = await served(join(root, 'shard'), 'onnxruntime', p, 'onnxruntime')
+    expect(ort.lines.find(l => l.msg === 'model loaded')?.int4Kernel).toBe('onnxruntime')
+    // On MatMulNBits: its own tokens, equal but for a near tie.
+    expect(ort.ids).toHaveLength(16)
+  }, 180_000)
 
-    for (const kernels of [undefined, 'onnxruntime'] as const) {
-      const lines: Array<Record<string, unknown>> = []
-      const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
-      const daemon = createDaemon(validateConfig({
-        models: [{ dir: join(root, 'shard') }],
-        device: 'cpu',
-        api: { host: '127.0.0.1', port: 0 },
-        dataDir: join(root, `data-${kernels ?? 'auto'}`),
-        cacheRoot: join(root, 'cache'),
-        listen: [],
-        bootstrap: [],
-        mdns: false,
-        draft: 'none',
-        ...(kernels === undefined ? {} : { kernels }),
-      }), { logger })
-      const { apiUrl } = await daemon.start()
-      try {
-        const loaded = lines.find(l => l.msg === 'model loaded')!
-        expect(loaded.int4Kernel).toBe(kernels === undefined ? 'shoal' : 'onnxruntime')
-        const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'none', maxRetries: 0 })
-        const r = await client.completions.create({
-          model: manifest.modelId, prompt: p, max_tokens: 16, temperature: 0,
-          // @ts-expect-error vLLM-style extension
-          return_token_ids: true,
-        })
-        const ids = (r.choices[0] as unknown as { token_ids: number[] }).token_ids
-        expect(ids).toHaveLength(16)
-        // On the kernel: the engine's tokens exactly. On MatMulNBits: its own, equal to a near tie.
-        if (kernels === undefined) expect(ids).toEqual(expected)
-      } finally {
-        await daemon.stop()
-      }
-    }
+  it('a multi-stage int4 shard directory served as a local chain runs every stage on it, with the whole model\'s tokens', async () => {
+    const L = manifest.shape.numLayers
+    await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard-2'), quant: 'int4', layers: [[0, L / 2 - 1], [L / 2, L - 1]] })
+    const p = prompts[1]!
+    const expected = await greedyAlone(await engineOf(join(root, 'shard'), manifest, lib), p, 16)
+    const chain = await served(join(root, 'shard-2'), 'chain', p)
+    expect(chain.lines.find(l => l.msg === 'model loaded as a local chain')?.int4Kernel).toBe('shoal')
+    expect(chain.ids).toEqual(expected)
   }, 180_000)
 })
