@@ -29,6 +29,7 @@ import type { GenerateRequest } from '../daemon/service.ts'
 import { compileShards, generateTestModel } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/testmodel/generate.ts'
 import { floorRank, loadAverage } from './lib/index.ts'
+import { nodeKernels } from './lib/native-kernels.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 
 // The engine runs in this process, and in any child that inherits its environment: with `shoal
@@ -127,19 +128,22 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     // One shard directory per activation format (int8: accuracy level 4, as recorded so far).
     const shardOf = (act: string): string => join(dir, `shard-${act}`)
     let manifest: Awaited<ReturnType<typeof compileShards>> | undefined
+    const manifests = new Map<string, Awaited<ReturnType<typeof compileShards>>>()
     for (const act of ACTIVATIONS) {
       const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, accuracyLevel: act === 'int8' ? 4 : 0 })
+      manifests.set(act, m)
       manifest ??= m
     }
     if (manifest === undefined) throw new Error('no --activations given')
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
     console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadAverage()}, malloc: ${mallocSettings()}`)
     const vocab = manifest.shape.vocabSize
-    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest))
+    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest), await nodeKernels(manifests.get(ACTIVATIONS[0]!)!))
     const services = new Map<string, LocalService>()
     const modes = (args.modes ?? '').split(',')
     for (const act of ACTIVATIONS) {
-      const base = { shardDir: shardOf(act), maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }) }
+      // On the int4 kernel where `shoal serve` runs it (int8-activation shards).
+      const base = { shardDir: shardOf(act), maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }), ...await nodeKernels(manifests.get(act)!) }
       // Named by format only when there is more than one, so single-format runs read as before.
       const tag = ACTIVATIONS.length > 1 && quant !== 'none' ? ` ${act}` : ''
       for (const mb of list(args['max-batch'])) {
@@ -194,8 +198,8 @@ if (args.svg !== undefined) {
 }
 
 /** stepBatch of B decodes vs B single steps, same sequences (48-token context), median of 30. */
-async function engineSteps (graphPath: string, stage: ReturnType<typeof stageInfoOf>): Promise<void> {
-  const engine = createStageEngine({ graphPath, stage, maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }) })
+async function engineSteps (graphPath: string, stage: ReturnType<typeof stageInfoOf>, kernels: { kernels?: string }): Promise<void> {
+  const engine = createStageEngine({ graphPath, stage, maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }), ...kernels })
   await engine.start()
   const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
   const cpuMs = (c: NodeJS.CpuUsage): number => (c.user + c.system) / 1000

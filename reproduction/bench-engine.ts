@@ -28,6 +28,7 @@ import type { StageEngine } from '../daemon/engine/index.ts'
 import { compileShards, generateTestModel, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { benchDaemon, loadAverage, lowerMedian, nearestRank, promptIds, tokenOf } from './lib/index.ts'
+import { nodeKernels } from './lib/native-kernels.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 
 // The engine runs in this process, and in any child that inherits its environment: with `shoal
@@ -164,7 +165,8 @@ async function runChild (shardDir: string): Promise<ChildResult> {
     const peakRss = process.resourceUsage().maxRSS * 1024
 
     // The bare engine on the same graph, alongside (idle ORT sessions do not spin), reps alternating.
-    engine = createStageEngine({ ...resolveGraphChoice(shardDir, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU' })
+    // On the int4 kernel where `shoal serve` runs it.
+    engine = createStageEngine({ ...resolveGraphChoice(shardDir, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...await nodeKernels(manifest) })
     await engine.start()
     await rawRun(engine, promptIds(SHORT_PROMPT), 8) // warm-up
     let sameTokens = true

@@ -84,8 +84,9 @@ export interface CompileOptions {
    */
   embedding?: 'int4' | 'f32'
   /**
-   * int4 'ort-contrib' shards of block 32 at accuracy level 4 only: 'native' writes the benchmark's
-   * MatMulQ4 in place of every MatMulNBits (Quantization.kernel; never chosen by shoal). Recorded as
+   * int4 'ort-contrib' shards of block 32 at accuracy level 4 only: 'native' writes shoal's
+   * MatMulQ4 in place of every MatMulNBits on disk (Quantization.kernel; for tests and benchmarks:
+   * nodes make that swap in memory on default shards, daemon/engine/native). Recorded as
    * `quantization.kernel`.
    */
   kernel?: 'native'

@@ -6,7 +6,9 @@
  * (nativeKernelsEnv) or `process.dlopen`, as the daemon does.
  */
 import { join, resolve } from 'node:path'
+import { int4KernelApplies, prepareNativeKernels } from '../../daemon/engine/index.ts'
 import { buildC, buildKernelLibrary } from '../../daemon/engine/native/build.ts'
+import type { ShardManifest } from '../../shards/index.ts'
 
 export { hasCompiler } from '../../daemon/engine/native/build.ts'
 
@@ -27,6 +29,20 @@ export async function buildNativeKernels (cacheDir = CACHE): Promise<string> {
  */
 export async function buildFusedLoop (cacheDir = CACHE): Promise<string> {
   return await buildC({ source: join(ROOT, 'reproduction', 'native', 'fused-attention.c'), name: 'fused-attention', flags: ['-O3', '-march=native', '-ffast-math'], libs: ['-lm'] }, cacheDir)
+}
+
+/**
+ * What a node would run `manifest`'s int4 products on, as engine and service options take it
+ * (`{ kernels: lib }`, loaded into this process), so that a benchmark of the bare engine times
+ * what `shoal serve` runs; `{}` where the shards have no such products, or the kernel is off here
+ * (said on stderr).
+ */
+export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet'>): Promise<{ kernels?: string }> {
+  if (!int4KernelApplies(manifest)) return {}
+  const k = await prepareNativeKernels(CACHE)
+  if ('lib' in k) return { kernels: k.lib }
+  process.stderr.write(`shoal's int4 kernel is off here (${k.off}): the engine runs MatMulNBits, as a node without it would\n`)
+  return {}
 }
 
 /** The environment that gives a child process the library (its onnxruntime sessions know DecodeAttention and MatMulQ4). */

@@ -23,7 +23,7 @@ export function transpose (w: F32Tensor): Float32Array {
 
 /**
  * x · Wᵀ (+ b) for an HF-layout weight [out, in]: f32 MatMul, or MatMulNBits when quantized (the
- * benchmark's MatMulQ4 under `quant.kernel: 'native'`: the same inputs and attributes).
+ * MatMulQ4 of shoal's kernel under `quant.kernel: 'native'`: the same inputs and attributes).
  */
 export function makeLinear (ctx: BuildContext, name: string, weightName: string, x: string, w: F32Tensor, bias?: F32Tensor): string {
   const { g, quant } = ctx
