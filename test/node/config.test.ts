@@ -84,6 +84,12 @@ describe('daemon config', () => {
     expect(() => validateConfig({ ...base, activations: 'bf16' as 'f16' })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--activations' }))
   })
 
+  it('takes --kernels auto or onnxruntime (absent: auto) and names it otherwise', () => {
+    expect(validateConfig(base).kernels).toBeUndefined()
+    expect(validateConfig({ ...base, kernels: 'onnxruntime' }).kernels).toBe('onnxruntime')
+    expect(() => validateConfig({ ...base, kernels: 'native' as 'auto' })).toThrowError(expect.objectContaining({ code: 'SHOAL_ERR_CONFIG', key: '--kernels' }))
+  })
+
   it('names the bad key', () => {
     expect(() => validateConfig({ ...base, device: 'tpu' })).toThrowError(/--device/)
     expect(() => validateConfig({ ...base, models: [] })).toThrowError(/--model/)
