@@ -112,31 +112,69 @@ static void *domain;
 
 typedef struct { int64_t heads, kv_heads; } Kernel;
 
-/* 16 floats as one value (GCC/Clang vector extensions: one AVX-512 register, two AVX ones, four
- * SSE ones, the compiler's choice for the CPU it builds for); loads and stores through memcpy, so
- * no alignment is assumed. */
-typedef float v16 __attribute__((vector_size(64)));
-static inline v16 load16 (const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void store16 (float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-/* The 16 lanes' sum, folded in halves in a fixed order (lane i with i + 8, then with i + 4, then
- * 0 + 2 and 1 + 3): the same bits for the same lanes. With __builtin_shufflevector (GCC 12,
- * Clang) the halves stay in registers, a third faster over the whole kernel than the same sums
- * through lane subscripts, the fallback for older compilers. */
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
 #define HAVE_SHUFFLEVECTOR 1
 #endif
 #endif
+
+/* 16 floats as one value, lanes 0–15, used through the few operations below; loads and stores
+ * through memcpy, so no alignment is assumed. With AVX-512 (or without AVX2) a GCC/Clang 64-byte
+ * vector: one AVX-512 register. With AVX2 alone two 8-lane halves held apart (lanes 0–7 and 8–15):
+ * GCC keeps a 64-byte vector it cannot hold in one register on the stack, so every multiply-add
+ * loaded and stored its sum (docs/engine-notes.md, wave 36). Either way each lane's operations are
+ * the same, in the same order (multiply-adds fused alike), so the bits are too. */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+typedef float v8 __attribute__((vector_size(32)));
+typedef struct { v8 lo, hi; } v16;
+static inline v16 zero16 (void) { v16 r; r.lo = (v8){ 0 }; r.hi = (v8){ 0 }; return r; }
+static inline v16 load16 (const float *p) { v16 v; memcpy(&v.lo, p, sizeof v.lo); memcpy(&v.hi, p + 8, sizeof v.hi); return v; }
+static inline void store16 (float *p, v16 v) { memcpy(p, &v.lo, sizeof v.lo); memcpy(p + 8, &v.hi, sizeof v.hi); }
+static inline v16 add16 (v16 a, v16 b) { a.lo += b.lo; a.hi += b.hi; return a; }
+/* c + a·b and c + s·b, lane by lane. */
+static inline v16 madd16 (v16 c, v16 a, v16 b) { c.lo += a.lo * b.lo; c.hi += a.hi * b.hi; return c; }
+static inline v16 madds16 (v16 c, float s, v16 b) { c.lo += s * b.lo; c.hi += s * b.hi; return c; }
+static inline float lane16 (v16 a, int i) { return i < 8 ? a.lo[i] : a.hi[i - 8]; }
+static inline v16 max16 (v16 a, v16 b) {
+  for (int i = 0; i < 8; i++) { a.lo[i] = b.lo[i] > a.lo[i] ? b.lo[i] : a.lo[i]; a.hi[i] = b.hi[i] > a.hi[i] ? b.hi[i] : a.hi[i]; }
+  return a;
+}
+/* Lane i + lane i + 8: the first step of the fold below. */
+static inline v8 halves16 (v16 a) { return a.lo + a.hi; }
+/* weighted_values' block: query heads × 16-lane chunks held in registers (AVX2 has 16). */
+enum { WV_HEADS = 2, WV_CHUNKS = 2 };
+#else
+typedef float v16 __attribute__((vector_size(64)));
+static inline v16 zero16 (void) { return (v16){ 0 }; }
+static inline v16 load16 (const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline void store16 (float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline v16 add16 (v16 a, v16 b) { return a + b; }
+static inline v16 madd16 (v16 c, v16 a, v16 b) { return c + a * b; }
+static inline v16 madds16 (v16 c, float s, v16 b) { return c + s * b; }
+static inline float lane16 (v16 a, int i) { return a[i]; }
+static inline v16 max16 (v16 a, v16 b) {
+  for (int i = 0; i < 16; i++) a[i] = b[i] > a[i] ? b[i] : a[i];
+  return a;
+}
+#ifdef HAVE_SHUFFLEVECTOR
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 halves16 (v16 a) { return __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15); }
+#endif
+enum { WV_HEADS = 4, WV_CHUNKS = 4 };
+#endif
+
+/* The 16 lanes' sum, folded in halves in a fixed order (lane i with i + 8, then with i + 4, then
+ * 0 + 2 and 1 + 3): the same bits for the same lanes. With __builtin_shufflevector (GCC 12,
+ * Clang) the halves stay in registers, a third faster over the whole kernel than the same sums
+ * through lane subscripts, the fallback for older compilers. */
 static inline float fold16 (v16 a) {
 #ifdef HAVE_SHUFFLEVECTOR
-  typedef float v8 __attribute__((vector_size(32)));
   typedef float v4 __attribute__((vector_size(16)));
-  const v8 h = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  const v8 h = halves16(a);
   const v4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
 #else
   float h[8], q[4];
-  for (int i = 0; i < 8; i++) h[i] = a[i] + a[i + 8];
+  for (int i = 0; i < 8; i++) h[i] = lane16(a, i) + lane16(a, i + 8);
   for (int i = 0; i < 4; i++) q[i] = h[i] + h[i + 4];
 #endif
   return (q[0] + q[2]) + (q[1] + q[3]);
@@ -146,18 +184,18 @@ static inline float fold16 (v16 a) {
  * i mod 4, in order), added pairwise, then fold16 — a fixed order, and four independent chains
  * where one would wait on each multiply-add. */
 static inline float dot (const float *q, const float *k, int hd) {
-  v16 a[4] = { { 0 }, { 0 }, { 0 }, { 0 } };
+  v16 a0 = zero16(), a1 = zero16(), a2 = zero16(), a3 = zero16();
   int d = 0;
   for (; d + 64 <= hd; d += 64) {
-    a[0] += load16(q + d) * load16(k + d); a[1] += load16(q + d + 16) * load16(k + d + 16);
-    a[2] += load16(q + d + 32) * load16(k + d + 32); a[3] += load16(q + d + 48) * load16(k + d + 48);
+    a0 = madd16(a0, load16(q + d), load16(k + d)); a1 = madd16(a1, load16(q + d + 16), load16(k + d + 16));
+    a2 = madd16(a2, load16(q + d + 32), load16(k + d + 32)); a3 = madd16(a3, load16(q + d + 48), load16(k + d + 48));
   }
   /* The last blocks (hd not a multiple of 64) into sums 0, 1, 2 in turn, each named: an index
    * that varies at run time would make the compiler keep all four sums in memory. */
-  if (d < hd) { a[0] += load16(q + d) * load16(k + d); d += 16; }
-  if (d < hd) { a[1] += load16(q + d) * load16(k + d); d += 16; }
-  if (d < hd) { a[2] += load16(q + d) * load16(k + d); }
-  return fold16((a[0] + a[1]) + (a[2] + a[3]));
+  if (d < hd) { a0 = madd16(a0, load16(q + d), load16(k + d)); d += 16; }
+  if (d < hd) { a1 = madd16(a1, load16(q + d), load16(k + d)); d += 16; }
+  if (d < hd) { a2 = madd16(a2, load16(q + d), load16(k + d)); }
+  return fold16(add16(add16(a0, a1), add16(a2, a3)));
 }
 
 /* e^x for x ≤ 0, within 2.7 ulp of exp over [−87, 0]: 2^n · p(r) with x = n·ln2 + r,
@@ -181,8 +219,8 @@ static inline float max_of (const float *s, int n) {
   int t = 0;
   if (n >= 16) {
     v16 m = load16(s);
-    for (t = 16; t + 16 <= n; t += 16) { const v16 x = load16(s + t); for (int i = 0; i < 16; i++) m[i] = x[i] > m[i] ? x[i] : m[i]; }
-    for (int i = 0; i < 16; i++) top = m[i] > top ? m[i] : top;
+    for (t = 16; t + 16 <= n; t += 16) m = max16(m, load16(s + t));
+    for (int i = 0; i < 16; i++) top = lane16(m, i) > top ? lane16(m, i) : top;
   }
   for (; t < n; t++) top = s[t] > top ? s[t] : top;
   return top;
@@ -191,45 +229,47 @@ static inline float max_of (const float *s, int n) {
 /* s[t] = exp(s[t] − top) for t < n, and their sum: lane i of 16 sums t ≡ i (mod 16) in order over
  * the whole blocks, fold16, then the rest in order — a fixed order for each n. */
 static inline float exp_and_sum (float *s, int n, float top) {
-  v16 lanes = { 0 };
+  v16 lanes = zero16();
   int t = 0;
   for (; t + 16 <= n; t += 16) {
-    v16 e;
-    for (int i = 0; i < 16; i++) e[i] = exp_neg(s[t + i] - top);
-    store16(s + t, e);
-    lanes += e;
+    for (int i = 0; i < 16; i++) s[t + i] = exp_neg(s[t + i] - top);
+    lanes = add16(lanes, load16(s + t));
   }
   float sum = fold16(lanes);
   for (; t < n; t++) { s[t] = exp_neg(s[t] - top); sum += s[t]; }
   return sum;
 }
 
-/* acc[j·hd + d] = Σ_t p[j·S + t] · v[t·hd + d] for the G query heads, t < T in order. Four heads
- * and 64 lanes at a time where the shape allows (16 running sums in registers: each step's 16
- * multiply-adds are independent), else one head and 16 lanes at a time; each lane's sum runs over t
- * in order either way, so the bits are the same. */
+/* acc[j·hd + d] = Σ_t p[j·S + t] · v[t·hd + d] for the G query heads, t < T in order. WV_HEADS
+ * heads and WV_CHUNKS·16 lanes at a time where the shape allows (that many running sums in
+ * registers: each step's multiply-adds are independent), else one head and 16 lanes at a time;
+ * each lane's sum runs over t in order either way, so the bits are the same. */
 static void weighted_values (int G, int hd, int T, int S, const float *p, const float *v, float *acc) {
   int j = 0;
-  if (hd % 64 == 0) {
-    for (; j + 4 <= G; j += 4) {
-      const float *p0 = p + (size_t)j * S, *p1 = p0 + S, *p2 = p1 + S, *p3 = p2 + S;
-      for (int d = 0; d < hd; d += 64) {
-        v16 a[4][4] = { { { 0 } } };
+  const int span = 16 * WV_CHUNKS;
+  if (hd % span == 0) {
+    for (; j + WV_HEADS <= G; j += WV_HEADS) {
+      for (int d = 0; d < hd; d += span) {
+        v16 a[WV_HEADS][WV_CHUNKS];
+        for (int h = 0; h < WV_HEADS; h++) for (int b = 0; b < WV_CHUNKS; b++) a[h][b] = zero16();
         for (int t = 0; t < T; t++) {
           const float *vt = v + (size_t)t * hd + d;
-          const v16 x0 = load16(vt), x1 = load16(vt + 16), x2 = load16(vt + 32), x3 = load16(vt + 48);
-          const float w[4] = { p0[t], p1[t], p2[t], p3[t] };
-          for (int h = 0; h < 4; h++) { a[h][0] += w[h] * x0; a[h][1] += w[h] * x1; a[h][2] += w[h] * x2; a[h][3] += w[h] * x3; }
+          v16 x[WV_CHUNKS];
+          for (int b = 0; b < WV_CHUNKS; b++) x[b] = load16(vt + 16 * b);
+          for (int h = 0; h < WV_HEADS; h++) {
+            const float w = p[(size_t)(j + h) * S + t];
+            for (int b = 0; b < WV_CHUNKS; b++) a[h][b] = madds16(a[h][b], w, x[b]);
+          }
         }
-        for (int h = 0; h < 4; h++) for (int b = 0; b < 4; b++) store16(acc + (size_t)(j + h) * hd + d + 16 * b, a[h][b]);
+        for (int h = 0; h < WV_HEADS; h++) for (int b = 0; b < WV_CHUNKS; b++) store16(acc + (size_t)(j + h) * hd + d + 16 * b, a[h][b]);
       }
     }
   }
   for (; j < G; j++) {
     const float *pj = p + (size_t)j * S;
     for (int d = 0; d < hd; d += 16) {
-      v16 a0 = { 0 };
-      for (int t = 0; t < T; t++) a0 += pj[t] * load16(v + (size_t)t * hd + d);
+      v16 a0 = zero16();
+      for (int t = 0; t < T; t++) a0 = madds16(a0, pj[t], load16(v + (size_t)t * hd + d));
       store16(acc + (size_t)j * hd + d, a0);
     }
   }
