@@ -216,9 +216,10 @@ export interface GenerationDefaults {
  * MLAS's one-row kernels that read the past in place) or 'grouped' (a kv head's query heads as
  * the rows of one product, the past packed first). The same tokens either way, to float
  * rounding; which is faster depends on the CPU (daemon/engine/kernel-probe.ts times both).
- * 'native' is a benchmark's form, never chosen by shoal: one DecodeAttention node a layer, a
- * kernel onnxruntime does not have — only a process with daemon/engine/native/ort-kernels.c
- * loaded can run it (paired-vs-llamacpp.ts arms with `"native": true`).
+ * 'native': one DecodeAttention node a layer, a kernel onnxruntime does not have — only a process
+ * with daemon/engine/native/ort-kernels.c loaded can run it. The compiler writes it only when
+ * asked (tests, benchmarks); a node with shoal's kernels makes that graph of either other form
+ * in memory when it loads it (daemon/engine/native/swap.ts), so the shards stay the same.
  */
 export type DecodeAttentionForm = 'per-head' | 'grouped' | 'native'
 export const DECODE_ATTENTION_FORMS: readonly DecodeAttentionForm[] = ['per-head', 'grouped', 'native']

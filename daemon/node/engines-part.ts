@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { attentionKernelApplies, compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -118,13 +118,20 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   /** shoal's int4 kernel, once prepared (start): its library, or why the node runs without it. */
   let kernels: NativeKernels | undefined
 
-  /** The models whose engines run shoal's int4 kernel (for capabilities). */
-  const onKernels = new Set<ResolvedModel>()
+  /** shoal's kernels each model's engines run (for capabilities). */
+  const onKernels = new Map<ResolvedModel, string[]>()
 
-  /** The kernel library a model's engines load (an int4 model on onnxruntime, the kernel ready), or none. */
+  /** Which of shoal's kernels a model's graphs would run on `choice` (the library ready). */
+  function kernelsOf (model: ResolvedModel, choice: EngineChoice): string[] {
+    if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime') return []
+    return [...int4KernelApplies(model.manifest) ? ['int4'] : [], ...attentionKernelApplies(model.manifest) ? ['attention'] : []]
+  }
+
+  /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
   function kernelsFor (model: ResolvedModel, choice: EngineChoice): { kernels?: string } {
-    if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime' || !int4KernelApplies(model.manifest)) return {}
-    onKernels.add(model)
+    const which = kernelsOf(model, choice)
+    if (which.length === 0 || kernels === undefined || !('lib' in kernels)) return {}
+    onKernels.set(model, which)
     return { kernels: kernels.lib }
   }
 
@@ -205,12 +212,13 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
    * shoal's kernel, asked of onnxruntime's (engine/kernel-probe.ts) and said once as a warning
    * where it does not.
    */
-  async function int4Facts (model: ResolvedModel, choice: EngineChoice): Promise<{ int4Kernel?: string, int4Batching?: string }> {
+  async function int4Facts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
-    if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return {}
-    if (kernelsFor(model, choice).kernels !== undefined) return { int4Kernel: 'shoal', int4Batching: 'bit-exact' }
+    const attention = kernelsOf(model, choice).includes('attention') ? { attentionKernel: 'shoal' } : {}
+    if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
+    if (kernelsOf(model, choice).includes('int4')) return { ...attention, int4Kernel: 'shoal', int4Batching: 'bit-exact' }
     const kernel = kernels !== undefined && 'off' in kernels && int4KernelApplies(model.manifest) ? { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } : { int4Kernel: 'onnxruntime' }
-    return { ...kernel, ...await int4Batching(q) }
+    return { ...attention, ...kernel, ...await int4Batching(q) }
   }
 
   async function int4Batching (q: { activations?: 'int8' | 'f32', blockSize: number }): Promise<{ int4Batching: string }> {
@@ -247,10 +255,10 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const chainModels = models.filter(m => m.localChain === true)
       // shoal's int4 kernel, where an int4 model would run it on onnxruntime: built once, loaded, checked.
       const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
-      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest))) {
+      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest) || attentionKernelApplies(m.manifest))) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
         // A warning where the operator can act (install a compiler, report a failed check); elsewhere a fact.
-        if ('off' in kernels) logger[process.platform === 'linux' && process.arch === 'x64' ? 'warn' : 'info']({ reason: kernels.off }, "int4 products run on onnxruntime's kernel, not shoal's (slower with several streams)")
+        if ('off' in kernels) logger[process.platform === 'linux' && process.arch === 'x64' ? 'warn' : 'info']({ reason: kernels.off }, "int4 products and one-position attention run on onnxruntime's kernels, not shoal's (slower)")
       }
       // --kv-cache-mb is the node's budget for kept KV prefixes: whole models, served stages and local chains share it evenly.
       const kvCacheBytes = Math.floor((config.kvCacheMb === undefined ? defaultKvCacheBytes(freemem()) : config.kvCacheMb * 1024 * 1024) / Math.max(wholeModels.length + stageModels.length + chainModels.length, 1))
@@ -313,7 +321,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         coordinators.push(chain.service)
         logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await int4Facts(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
       }
-      return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], kernelsOf: m => onKernels.has(m) ? ['int4'] : [], local: createModelDirectory([...locals, ...coordinators]) }
+      return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], kernelsOf: m => onKernels.get(m) ?? [], local: createModelDirectory([...locals, ...coordinators]) }
     },
     async stop () {
       await Promise.all([...locals, ...coordinators].map(async s => { await s.stop() }))

@@ -8,7 +8,7 @@
  * own arithmetic and its agreement with MatMulNBits are test/shards/native-matmul.test.ts's.
  */
 import { execFile } from 'node:child_process'
-import { mkdtemp, rm } from 'node:fs/promises'
+import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { promisify } from 'node:util'
@@ -16,7 +16,7 @@ import onnxProto from 'onnx-proto'
 import OpenAI from 'openai'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createStageEngine, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapInt4Products } from '../../daemon/engine/index.ts'
+import { attentionKernelApplies, createStageEngine, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
@@ -50,8 +50,9 @@ function productsGraph (): Uint8Array {
 
 describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
   it('makes MatMulQ4 of the products the kernel takes, in If branches too, and of nothing else', () => {
-    const { bytes, swapped } = swapInt4Products(productsGraph())
+    const { bytes, int4: swapped, attention } = swapKernels(productsGraph())
     expect(swapped).toBe(3)
+    expect(attention).toBe(0)
     const m = onnx.ModelProto.decode(bytes)
     const ops = m.graph!.node!.map(n => `${n.domain}::${n.opType}`)
     expect(ops).toContain(`${NATIVE_KERNEL_DOMAIN}::MatMulQ4`)
@@ -64,14 +65,44 @@ describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(taken.input).toEqual(['x', 'w', 's'])
     expect(taken.attribute!.map(a => a.name)).toEqual(['K', 'N', 'bits', 'block_size', 'accuracy_level'])
     // Swapped twice: nothing more to swap.
-    expect(swapInt4Products(bytes)).toEqual({ bytes, swapped: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0 })
   })
 
   it('leaves a graph without such products byte for byte', () => {
     const g = new GraphBuilder('g.onnx.data')
     g.output('y', g.op('Relu', '/relu', [g.input('x', DT.FLOAT, [4])]), DT.FLOAT, [4])
     const bytes = g.encode('g', 'no products')
-    expect(swapInt4Products(bytes)).toEqual({ bytes, swapped: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0 })
+  })
+
+  it('makes every one-position attention block of a compiled graph one DecodeAttention node, either form, and drops what only they read', async () => {
+    const root = await mkdtemp(join(tmpdir(), 'shoal-attention-swap-'))
+    try {
+      await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'tiny' })
+      for (const form of ['per-head', 'grouped'] as const) {
+        const m = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, form), decodeAttention: form })
+        expect(attentionKernelApplies(m)).toBe(true)
+        const { bytes, int4, attention } = swapKernels(await readFile(join(root, form, ...m.stages[0]!.decodeGraph!.split('/'))))
+        expect([int4, attention]).toEqual([0, m.shape.numLayers])
+        const nodes = onnx.ModelProto.decode(bytes).graph!.node!
+        expect(nodes.filter(n => n.opType === 'DecodeAttention' && n.domain === NATIVE_KERNEL_DOMAIN)).toHaveLength(m.shape.numLayers)
+        // The new key and value still leave as outputs; the block's other nodes and the mask tables are gone.
+        expect(nodes.filter(n => /\/decode\/[kv]\/Reshape$/.test(n.name!))).toHaveLength(2 * m.shape.numLayers)
+        expect(nodes.filter(n => /\/decode\/(past|num|sum|context|top)\//.test(n.name!) || n.name!.startsWith('/model/decode/'))).toEqual([])
+        const first = nodes.find(n => n.opType === 'DecodeAttention')!
+        expect(first.attribute!.map(a => [a.name, Number(a.i)])).toEqual([['num_heads', m.shape.numHeads], ['kv_num_heads', m.shape.numKvHeads]])
+        // It reads the past buffers themselves, and every input is made before it.
+        expect(first.input!.slice(3, 5)).toEqual(['past_key_values.0.key', 'past_key_values.0.value'])
+        const made = new Set(onnx.ModelProto.decode(bytes).graph!.input!.map(i => i.name!))
+        for (const i of onnx.ModelProto.decode(bytes).graph!.initializer!) made.add(i.name!)
+        for (const n of nodes) {
+          for (const i of n.input!) if (i !== '') expect(made.has(i), `${n.name} reads ${i}`).toBe(true)
+          for (const o of n.output!) made.add(o)
+        }
+      }
+    } finally {
+      await rm(root, { recursive: true, force: true })
+    }
   })
 
   it('applies to int4 ort-contrib shards of block 32 with int8 activations, as compiled by default', () => {
@@ -88,6 +119,13 @@ describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
       m({ quantization: { ...q, activations: 'f32' } }),
       m({ quantization: { ...q, kernel: 'native' } }),
     ]) expect(int4KernelApplies(other), JSON.stringify(other)).toBe(false)
+    // The attention kernel: 'ort-contrib' shards of a head dimension of 16 lanes, in a form the swap reads.
+    const shape = { headDim: 64 } as ShardManifest['shape']
+    expect(attentionKernelApplies({ opSet: 'ort-contrib', shape })).toBe(true)
+    expect(attentionKernelApplies({ opSet: 'ort-contrib', shape, decodeAttention: 'grouped' })).toBe(true)
+    expect(attentionKernelApplies({ opSet: 'standard', shape })).toBe(false)
+    expect(attentionKernelApplies({ opSet: 'ort-contrib', shape: { headDim: 24 } as ShardManifest['shape'] })).toBe(false)
+    expect(attentionKernelApplies({ opSet: 'ort-contrib', shape, decodeAttention: 'native' })).toBe(false)
   })
 })
 
@@ -134,7 +172,7 @@ describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
     lib = kernels.lib
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small' })
     manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4' })
-    compiled = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard-q4'), quant: 'int4', kernel: 'native' })
+    compiled = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard-q4'), quant: 'int4', kernel: 'native', decodeAttention: 'native' })
   }, 180_000)
   afterAll(async () => {
     await Promise.all(engines.map(async e => { await e.stop() }))
@@ -147,7 +185,7 @@ describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
     expect(int4KernelApplies(manifest)).toBe(true)
   })
 
-  it('swapped at load, int4 shards give the logits of shards compiled with MatMulQ4, bit for bit', async () => {
+  it('swapped at load, int4 shards give the logits of shards compiled with MatMulQ4 and DecodeAttention, bit for bit', async () => {
     const swapped = await engineOf(join(root, 'shard'), manifest, lib)
     const written = await engineOf(join(root, 'shard-q4'), compiled)
     const p = prompts[3]!

@@ -8,7 +8,7 @@ import * as ort from 'onnxruntime-node'
 import { EngineError } from '../errors.ts'
 import { stepMark } from '../../step-trace.ts'
 import { loadKernelLibrary } from '../native/load.ts'
-import { swapInt4Products } from '../native/swap.ts'
+import { swapKernels } from '../native/swap.ts'
 import type { Backend, BackendSession, HostTensor, LoadOptions, TensorMap } from './types.ts'
 
 export function createOnnxruntimeBackend (): Backend {
@@ -31,13 +31,14 @@ export function createOnnxruntimeBackend (): Backend {
 }
 
 /**
- * The graph at `graphPath` with its int4 products on shoal's kernel (native/swap.ts), loaded from
- * memory: its external weights are read from the graph's own directory, as from the file.
+ * The graph at `graphPath` with its int4 products and one-position attention on shoal's kernels
+ * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
+ * directory, as from the file.
  */
 async function withKernels (graphPath: string, lib: string, options: LoadOptions): Promise<ort.InferenceSession> {
   loadKernelLibrary(lib)
-  const { bytes, swapped } = swapInt4Products(await readFile(graphPath))
-  if (swapped === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
+  const { bytes, int4, attention } = swapKernels(await readFile(graphPath))
+  if (int4 + attention === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
   return await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } })

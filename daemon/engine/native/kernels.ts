@@ -18,6 +18,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import * as ort from 'onnxruntime-node'
 import { NATIVE_KERNEL_DOMAIN } from '../../../shards/contract.ts'
+import { decodeAttentionNodes } from '../../../shards/graph/attention.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../../shards/graph/builder.ts'
 import { quantizeMatrix } from '../../../shards/quant.ts'
 import { createOffThreadSessions } from '../off-thread-sessions.ts'
@@ -34,10 +35,23 @@ export type NativeKernels = { lib: string } | { off: string }
  */
 const CHECK_TOLERANCE = 1e-4
 
+/** Largest |a − b| over the largest |b| (∞ where a is not finite). */
+function relativeDiff (a: Float32Array, b: Float32Array): number {
+  let scale = 0
+  let diff = 0
+  for (let i = 0; i < b.length; i++) {
+    scale = Math.max(scale, Math.abs(b[i]!))
+    diff = Math.max(diff, Math.abs(a[i]! - b[i]!))
+  }
+  return Number.isFinite(diff) ? diff / Math.max(scale, 1e-30) : Number.POSITIVE_INFINITY
+}
+
 /**
- * One product on random weights run by the kernel and by MatMulNBits, in one session on a session
- * worker; their largest difference relative to the largest output. Rows 1 and 9: the kernel's
- * one-row and multi-row paths.
+ * Both kernels against onnxruntime's own ops on random inputs, in one session on a session worker:
+ * one int4 product by the kernel and by MatMulNBits (rows 1 and 9: the kernel's one-row and
+ * multi-row paths), and one layer's one-position attention by DecodeAttention and by the
+ * compiler's grouped form (three rows of 20, 32 and 5 live columns in a buffer of 32). Their
+ * largest difference relative to the largest output.
  */
 async function selfCheck (): Promise<number> {
   const K = 96
@@ -55,21 +69,33 @@ async function selfCheck (): Promise<number> {
     const attrs = { K, N, bits: 4, block_size: 32, accuracy_level: 4 }
     g.output('kernel', g.op('MatMulQ4', '/kernel', [x, w, sc], attrs, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
     g.output('reference', g.op('MatMulNBits', '/reference', [x, w, sc], attrs, MS_DOMAIN), DT.FLOAT, ['m', N])
+    const shape = { numHeads: 8, numKvHeads: 2, headDim: 64 }
+    const kvWidth = shape.numKvHeads * shape.headDim
+    const parts = { q: g.input('q', DT.FLOAT, ['b', 1, shape.numHeads * shape.headDim]), k: g.input('k', DT.FLOAT, ['b', 1, kvWidth]), v: g.input('v', DT.FLOAT, ['b', 1, kvWidth]) }
+    const past = [g.input('past_key', DT.FLOAT, ['b', shape.numKvHeads, 'w', shape.headDim]), g.input('past_value', DT.FLOAT, ['b', shape.numKvHeads, 'w', shape.headDim])] as const
+    const tables = { bias: g.input('bias', DT.FLOAT, ['b', 1, 1, 'w']), ones: g.input('ones', DT.FLOAT, ['w', 1]), seqlensK: g.input('seqlens_k', DT.INT32, ['b']) }
+    for (const form of ['native', 'grouped'] as const) {
+      const [context] = decodeAttentionNodes(g, shape, form, `/${form}`, parts, past[0], past[1], tables)
+      g.output(`attention.${form}`, context!, DT.FLOAT, ['b', 1, shape.numHeads * shape.headDim])
+    }
     await writeFile(join(dir, 'check.onnx'), g.encode('check', 'shoal kernels self-check'))
     await writeFile(join(dir, 'check.onnx.data'), Buffer.concat(g.data()))
     const session = await host.create(join(dir, 'check.onnx'), { threads: 1 })
+    const f32 = (dims: number[], of: (i: number) => number = () => rand()): ort.Tensor =>
+      new ort.Tensor('float32', Float32Array.from({ length: dims.reduce((a, d) => a * d, 1) }, (_, i) => of(i)), dims)
+    const lengths = [20, 32, 5]
+    const [B, W] = [lengths.length, 32]
+    const attention = {
+      q: f32([B, 1, shape.numHeads * shape.headDim]), k: f32([B, 1, kvWidth]), v: f32([B, 1, kvWidth]),
+      past_key: f32([B, shape.numKvHeads, W, shape.headDim]), past_value: f32([B, shape.numKvHeads, W, shape.headDim]),
+      bias: f32([B, 1, 1, W], i => i % W < lengths[Math.floor(i / W)]! ? 0 : Number.NEGATIVE_INFINITY), ones: f32([W, 1], () => 1),
+      seqlens_k: new ort.Tensor('int32', Int32Array.from(lengths), [B]),
+    }
     let worst = 0
     for (const M of [1, 9]) {
-      const out = await session.run({ x: new ort.Tensor('float32', Float32Array.from({ length: M * K }, () => 4 * rand()), [M, K]) })
-      const a = out.kernel!.data as Float32Array
-      const b = out.reference!.data as Float32Array
-      let scale = 0
-      let diff = 0
-      for (let i = 0; i < b.length; i++) {
-        scale = Math.max(scale, Math.abs(b[i]!))
-        diff = Math.max(diff, Math.abs(a[i]! - b[i]!))
-      }
-      worst = Math.max(worst, Number.isFinite(diff) ? diff / Math.max(scale, 1e-30) : Number.POSITIVE_INFINITY)
+      const out = await session.run({ x: f32([M, K], () => 4 * rand()), ...attention })
+      worst = Math.max(worst, relativeDiff(out.kernel!.data as Float32Array, out.reference!.data as Float32Array),
+        relativeDiff(out['attention.native']!.data as Float32Array, out['attention.grouped']!.data as Float32Array))
     }
     return worst
   } finally {
@@ -102,7 +128,7 @@ async function prepare (cacheDir: string): Promise<NativeKernels> {
   }
   try {
     const diff = await selfCheck()
-    if (!(diff <= CHECK_TOLERANCE)) return { off: `its self-check differs from onnxruntime's MatMulNBits by ${diff.toExponential(2)} of the output (tolerance ${CHECK_TOLERANCE})` }
+    if (!(diff <= CHECK_TOLERANCE)) return { off: `its self-check differs from onnxruntime's own ops by ${diff.toExponential(2)} of the output (tolerance ${CHECK_TOLERANCE})` }
   } catch (err) {
     return { off: `its self-check failed: ${(err as Error).message}` }
   }

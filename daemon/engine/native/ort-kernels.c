@@ -1,9 +1,10 @@
 /*
- * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–36): an int4
- * product for MatMulNBits' weights (MatMulQ4, q4-matmul.h), which `shoal serve` and `shoal node`
- * run in place of MatMulNBits where this library builds and passes its self-check
- * (daemon/engine/native), and the fused one-position attention of
- * reproduction/native/fused-attention.c (DecodeAttention, below), a benchmark's so far.
+ * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–36), which `shoal
+ * serve` and `shoal node` run where this library builds and passes its self-check
+ * (daemon/engine/native): an int4 product for MatMulNBits' weights (MatMulQ4, q4-matmul.h) in
+ * place of MatMulNBits, and the fused one-position attention of
+ * reproduction/native/fused-attention.c (DecodeAttention, below) in place of the compiler's
+ * one-position attention nodes.
  * onnxruntime-node gives no way to register a custom op, so this library stands in for
  * onnxruntime's one exported entry, OrtGetApiBase: it hands out onnxruntime's own API table with
  * CreateSession / CreateSessionFromArray wrapped so that every session's options get one more op

@@ -1,9 +1,11 @@
 /**
- * The graph a node with shoal's int4 kernel runs: the compiler's graph with every MatMulNBits the
+ * The graph a node with shoal's kernels runs: the compiler's graph with every MatMulNBits the int4
  * kernel takes made a MatMulQ4 (NATIVE_KERNEL_DOMAIN) — the op type and domain only; inputs,
- * attributes and weights stay. Done in memory when a session is made, so that the shards on disk,
- * and the manifest hash that names the model to the mesh, are the compiler's on every node,
- * whether or not it has the kernel. Pure functions of the graph's bytes.
+ * attributes and weights stay — and every one-position attention block made one DecodeAttention
+ * node, the graph the compiler writes for its 'native' form. Done in memory when a session is
+ * made, so that the shards on disk, and the manifest hash that names the model to the mesh, are
+ * the compiler's on every node, whether or not it has the kernels. Pure functions of the graph's
+ * bytes and the manifest.
  */
 import onnxProto from 'onnx-proto'
 import { NATIVE_KERNEL_DOMAIN } from '../../../shards/contract.ts'
@@ -59,20 +61,133 @@ function swapGraph (graph: IGraphProto): number {
   return swapped
 }
 
-export interface Int4Swap {
+/** A graph's nodes by name, and where each sits. */
+function byName (graph: IGraphProto): Map<string, INodeProto> {
+  return new Map((graph.node ?? []).map(n => [n.name ?? '', n]))
+}
+
+/** Every graph of the model: the main one, then the If branches, depth first. */
+function allGraphs (graph: IGraphProto): IGraphProto[] {
+  const out = [graph]
+  for (const node of graph.node ?? []) {
+    for (const a of node.attribute ?? []) {
+      if (a.g !== undefined && a.g !== null) out.push(...allGraphs(a.g))
+      for (const g of a.graphs ?? []) out.push(...allGraphs(g))
+    }
+  }
+  return out
+}
+
+/** An int64 initializer's values, searched in every graph (the compiler's small constants). */
+function int64s (graphs: IGraphProto[], name: string): number[] | undefined {
+  for (const g of graphs) {
+    const t = g.initializer?.find(x => x.name === name)
+    if (t === undefined) continue
+    if (t.dataType !== onnx.TensorProto.DataType.INT64) return undefined
+    if (t.rawData !== undefined && t.rawData !== null && t.rawData.length > 0) {
+      const raw = Uint8Array.from(t.rawData)
+      return [...new BigInt64Array(raw.buffer, 0, raw.length / 8)].map(Number)
+    }
+    return (t.int64Data ?? []).map(v => typeof v === 'number' ? v : Number(v.toString()))
+  }
+  return undefined
+}
+
+/** The kernel's lanes: it takes head dimensions that are a multiple of 16 (ort-kernels.c). */
+const ATTENTION_LANES = 16
+
+/**
+ * Every one-position attention block the compiler wrote in its 'per-head' or 'grouped' form
+ * (shards/graph/attention.ts decodeAttentionNodes: nodes named `…/decode/…`, their context out of
+ * `…/decode/context/Reshape`) made one DecodeAttention node of the kernel, with the inputs the
+ * compiler gives its 'native' form: the rotated query, the new key and value, the past buffers
+ * and each row's seqlens_k. The new key's and value's Reshapes (graph outputs) stay; the block's
+ * other nodes go, and so do the shared mask tables they alone read. A block whose shape the kernel
+ * does not take, or that does not read as the compiler writes it, stays. Returns how many.
+ */
+function swapAttention (main: IGraphProto): number {
+  const graphs = allGraphs(main)
+  const lengths = graphs.map(g => byName(g).get('/model/decode/lengths/Cast')).find(n => n !== undefined)
+  const seqlensK = lengths?.input?.[0]
+  if (seqlensK === undefined || seqlensK === null) return 0
+  let swapped = 0
+  for (const graph of graphs) {
+    const nodes = byName(graph)
+    for (const ctx of [...graph.node ?? []]) {
+      const name = ctx.name ?? ''
+      if (ctx.opType !== 'Reshape' || !name.endsWith('/decode/context/Reshape')) continue
+      const m = name.slice(0, -'/context/Reshape'.length)
+      const q = nodes.get(`${m}/q/Mul`)?.input?.[0]
+      const kReshape = nodes.get(`${m}/k/Reshape`)
+      const vReshape = nodes.get(`${m}/v/Reshape`)
+      // per-head: Unsqueeze, then Transpose; grouped: Transpose of the buffer itself.
+      const pastK = (nodes.get(`${m}/past_k/Unsqueeze`) ?? nodes.get(`${m}/past_k/Transpose`))?.input?.[0]
+      const pastV = nodes.get(`${m}/past_v/Unsqueeze`)?.input?.[0] ?? nodes.get(`${m}/num/MatMul`)?.input?.[1]
+      const kShape = int64s(graphs, kReshape?.input?.[1] ?? '') // [0, kvH, 1, hd]
+      const ctxShape = int64s(graphs, ctx.input?.[1] ?? '') // [0, 1, H·hd]
+      const out = ctx.output?.[0]
+      if (q == null || kReshape === undefined || vReshape === undefined || pastK == null || pastV == null || kShape?.length !== 4 || ctxShape?.length !== 3 || out == null) continue
+      const [kvH, hd] = [kShape[1]!, kShape[3]!]
+      const H = ctxShape[2]! / hd
+      if (hd % ATTENTION_LANES !== 0 || !Number.isInteger(H) || H % kvH !== 0) continue
+      const attention = onnx.NodeProto.create({
+        name: `${m}/DecodeAttention`,
+        opType: 'DecodeAttention',
+        domain: NATIVE_KERNEL_DOMAIN,
+        input: [q, kReshape.input![0]!, vReshape.input![0]!, pastK, pastV, seqlensK],
+        output: [out],
+        attribute: [
+          onnx.AttributeProto.create({ name: 'num_heads', type: onnx.AttributeProto.AttributeType.INT, i: H }),
+          onnx.AttributeProto.create({ name: 'kv_num_heads', type: onnx.AttributeProto.AttributeType.INT, i: kvH }),
+        ],
+      })
+      // In the context Reshape's place: every input is made before it.
+      graph.node = (graph.node ?? []).flatMap(n => n === ctx ? [attention] : (n.name ?? '').startsWith(`${m}/`) && n !== kReshape && n !== vReshape ? [] : [n])
+      swapped++
+    }
+  }
+  if (swapped > 0) dropUnread(graphs, '/model/decode/')
+  return swapped
+}
+
+/** Nodes named under `prefix` whose outputs nothing reads (a node of any graph, or a graph output), until none is left. */
+function dropUnread (graphs: IGraphProto[], prefix: string): void {
+  for (;;) {
+    const read = new Set<string>()
+    for (const g of graphs) {
+      for (const n of g.node ?? []) for (const i of n.input ?? []) read.add(i)
+      for (const o of g.output ?? []) read.add(o.name ?? '')
+    }
+    let dropped = false
+    for (const g of graphs) {
+      const kept = (g.node ?? []).filter(n => !(n.name ?? '').startsWith(prefix) || (n.output ?? []).some(o => read.has(o)))
+      if (kept.length !== (g.node ?? []).length) { g.node = kept; dropped = true }
+    }
+    if (!dropped) return
+  }
+}
+
+export interface KernelSwap {
   /** The graph to load: the input itself when nothing was swapped. */
   bytes: Uint8Array
   /** MatMulNBits nodes made MatMulQ4. */
-  swapped: number
+  int4: number
+  /** One-position attention blocks made DecodeAttention. */
+  attention: number
 }
 
-/** A serialised ModelProto with the kernel's products swapped (and its op domain imported). */
-export function swapInt4Products (model: Uint8Array): Int4Swap {
+/**
+ * A serialised ModelProto with the kernels' ops swapped in (and their op domain imported): the
+ * int4 products the kernel takes, and the one-position attention blocks.
+ */
+export function swapKernels (model: Uint8Array): KernelSwap {
   const m = onnx.ModelProto.decode(model)
-  const swapped = m.graph === null || m.graph === undefined ? 0 : swapGraph(m.graph)
-  if (swapped === 0) return { bytes: model, swapped }
+  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0 }
+  const int4 = swapGraph(m.graph)
+  const attention = swapAttention(m.graph)
+  if (int4 + attention === 0) return { bytes: model, int4, attention }
   if (!m.opsetImport.some(o => o.domain === NATIVE_KERNEL_DOMAIN)) m.opsetImport.push(onnx.OperatorSetIdProto.create({ domain: NATIVE_KERNEL_DOMAIN, version: 1 }))
-  return { bytes: onnx.ModelProto.encode(m).finish(), swapped }
+  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention }
 }
 
 /**
@@ -84,4 +199,13 @@ export function swapInt4Products (model: Uint8Array): Int4Swap {
 export function int4KernelApplies (manifest: Pick<ShardManifest, 'quantization' | 'opSet'>): boolean {
   const q = manifest.quantization
   return manifest.opSet === 'ort-contrib' && q.kind === 'int4' && q.blockSize === Q4_BLOCK && (q.activations ?? 'int8') === 'int8' && q.kernel === undefined
+}
+
+/**
+ * Whether a model's one-position attention can run on the kernel, from its manifest: 'ort-contrib'
+ * shards (their one-position steps attend over the past in place, shards/graph/attention.ts) in
+ * the 'per-head' or 'grouped' form, of a head dimension the kernel takes.
+ */
+export function attentionKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
+  return manifest.opSet === 'ort-contrib' && manifest.decodeAttention !== 'native' && manifest.shape.headDim % ATTENTION_LANES === 0
 }
