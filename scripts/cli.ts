@@ -32,7 +32,7 @@ function logFormat (): Option {
 }
 
 function kernelsOption (): Option {
-  return new Option('--kernels <which>', "int4 products on shoal's own kernel, built here with the C compiler (auto: where it builds and passes its self-check) or on onnxruntime's").choices(['auto', 'onnxruntime']).default('auto')
+  return new Option('--kernels <which>', "int4 products and one-position attention on shoal's own kernels, built here with the C compiler (auto: where they build and pass their self-check) or on onnxruntime's").choices(['auto', 'onnxruntime']).default('auto')
 }
 
 export function buildProgram (): Command {

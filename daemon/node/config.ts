@@ -104,9 +104,10 @@ export interface DaemonConfig {
    */
   activations?: 'f32' | 'f16' | 'int8'
   /**
-   * Which int4 product int4 shards run on (--kernels): 'auto' (default) shoal's own kernel where
-   * the machine builds it and it passes its self-check (daemon/engine/native), else onnxruntime's;
-   * 'onnxruntime' always onnxruntime's MatMulNBits, as shoal ran before it had one.
+   * Which kernels models run on (--kernels): 'auto' (default) shoal's own for int4 products and
+   * the one-position attention where the machine builds them and they pass their self-check
+   * (daemon/engine/native), else onnxruntime's; 'onnxruntime' always onnxruntime's, as shoal ran
+   * before it had its own.
    */
   kernels?: KernelsMode
   /**
@@ -124,7 +125,7 @@ export interface DaemonConfig {
   warmUp?: boolean | WarmUpPlan
 }
 
-/** Which int4 product a node runs (DaemonConfig.kernels). */
+/** Which kernels a node runs (DaemonConfig.kernels). */
 export type KernelsMode = 'auto' | 'onnxruntime'
 export const KERNELS_MODES: readonly KernelsMode[] = ['auto', 'onnxruntime']
 

@@ -56,7 +56,7 @@ export interface Served {
   engine: EngineChoice
   /** The devices each model runs on here (a local chain: one per stage). */
   devicesOf: (m: ResolvedModel) => string[]
-  /** shoal's own kernels each model runs on here (`int4`: MatMulQ4); empty: onnxruntime's only. */
+  /** shoal's own kernels each model runs on here (`int4`: MatMulQ4, `attention`: DecodeAttention); empty: onnxruntime's only. */
   kernelsOf: (m: ResolvedModel) => string[]
   /** The draft model --draft names, resolved. */
   draft: ResolvedModel | undefined
@@ -115,7 +115,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   const { logger, metrics, budgets, signer, meshed, experts } = deps
   const { models, locals, coordinators, stages, localChains } = deps.engines
   let warnedRounding = false
-  /** shoal's int4 kernel, once prepared (start): its library, or why the node runs without it. */
+  /** shoal's kernels, once prepared (start): their library, or why the node runs without them. */
   let kernels: NativeKernels | undefined
 
   /** shoal's kernels each model's engines run (for capabilities). */
@@ -253,7 +253,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const wholeModels = models.filter(m => m.whole)
       const stageModels = models.filter(m => !m.whole && m.localChain !== true)
       const chainModels = models.filter(m => m.localChain === true)
-      // shoal's int4 kernel, where an int4 model would run it on onnxruntime: built once, loaded, checked.
+      // shoal's kernels, where a model would run them on onnxruntime: built once, loaded, checked.
       const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
       if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest) || attentionKernelApplies(m.manifest))) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))

@@ -132,14 +132,14 @@ export async function kernels (): Promise<Finding> {
 }
 
 /**
- * Whether shoal's int4 kernel builds here and passes its self-check (daemon/engine/native: what
- * `shoal serve` and `shoal node` do at start, into the same cache), so that int4 shards run on it.
+ * Whether shoal's own kernels build here and pass their self-check (daemon/engine/native: what
+ * `shoal serve` and `shoal node` do at start, into the same cache), so that models run on them.
  */
-export async function int4Kernel (): Promise<Finding> {
+export async function ownKernels (): Promise<Finding> {
   const { prepareNativeKernels } = await import('../../daemon/engine/index.ts')
   const k = await prepareNativeKernels(join(cacheRoot(), 'kernels'))
-  if ('lib' in k) return { level: 'ok', check: 'int4 kernel', detail: `shoal's int4 kernel builds for this CPU and passes its self-check (${k.lib}): int4 shards run on it, bit-exact under batching` }
-  return { level: 'warn', check: 'int4 kernel', detail: `int4 shards run on onnxruntime's MatMulNBits, slower with several streams: shoal's kernel is off here (${k.off})`, fix: 'on x86-64 Linux, install a C compiler as cc (Debian: apt install gcc); the next start builds it' }
+  if ('lib' in k) return { level: 'ok', check: 'own kernels', detail: `shoal's kernels build for this CPU and pass their self-check (${k.lib}): int4 products and one-position attention run on them, int4 batching bit-exact` }
+  return { level: 'warn', check: 'own kernels', detail: `models run on onnxruntime's kernels alone, slower: shoal's are off here (${k.off})`, fix: 'on x86-64 Linux, install a C compiler as cc (Debian: apt install gcc); the next start builds them' }
 }
 
 async function identity (dir: string): Promise<Finding> {
@@ -159,7 +159,7 @@ async function identity (dir: string): Promise<Finding> {
 }
 
 export async function runChecks (opts: { identity?: string }): Promise<Finding[]> {
-  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot()), await kernels(), await int4Kernel()]
+  const findings = [nodeVersion(), await onnxruntime(), await openvino(), await port(8080), await cache(), await compiledCache(cacheRoot()), await kernels(), await ownKernels()]
   if (opts.identity !== undefined) findings.push(await identity(opts.identity))
   return findings
 }

@@ -21,8 +21,8 @@ describe('shoal doctor', () => {
       // The kernel probes' verdicts: int4 batching and the one-position attention `shoal shard` takes here.
       expect(by.kernels!.level).toBe('ok')
       expect(by.kernels!.detail).toMatch(/int4 batching (bit-exact|exact to rounding).*shoal shard here takes (per-head|grouped)/)
-      // shoal's own int4 kernel: built and checked, or off with the reason and a fix.
-      expect(by['int4 kernel']!.detail).toMatch(/builds for this CPU and passes its self-check|kernel is off here/)
+      // shoal's own kernels: built and checked, or off with the reason and a fix.
+      expect(by['own kernels']!.detail).toMatch(/build for this CPU and pass their self-check|are off here/)
       expect(by.identity!.detail).toContain(ca.identities[0]!.peerId)
       for (const f of findings) if (f.level !== 'ok') expect(f.fix, f.check).toBeDefined()
 
