@@ -186,7 +186,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     )
     await stage.start()
     stages.push(stage)
-    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await int4Facts(model, choice) }, 'stage loaded')
+    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await kernelFacts(model, choice) }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
@@ -207,12 +207,12 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   }
 
   /**
-   * An int4 model on onnxruntime, for its 'loaded' line: which kernel its products run on, and
-   * whether batching keeps every sequence's batch-of-one bits on this CPU — by construction on
-   * shoal's kernel, asked of onnxruntime's (engine/kernel-probe.ts) and said once as a warning
-   * where it does not.
+   * A model's kernels on onnxruntime, for its 'loaded' line: shoal's attention where it runs;
+   * for an int4 model, which kernel its products run on and whether batching keeps every
+   * sequence's batch-of-one bits on this CPU — by construction on shoal's kernel, asked of
+   * onnxruntime's (engine/kernel-probe.ts) and said once as a warning where it does not.
    */
-  async function int4Facts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, int4Kernel?: string, int4Batching?: string }> {
+  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
     const attention = kernelsOf(model, choice).includes('attention') ? { attentionKernel: 'shoal' } : {}
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
@@ -296,7 +296,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
               }),
         })
         // The kernel probe (a session worker of its own) runs while the model loads; it never rejects.
-        const batching = int4Facts(model, engine)
+        const batching = kernelFacts(model, engine)
         await service.start()
         locals.push(service)
         logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await batching, ...(model.manifest.decodeAttention === undefined ? {} : { decodeAttention: model.manifest.decodeAttention }), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
@@ -319,7 +319,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         await chain.start()
         localChains.push(chain)
         coordinators.push(chain.service)
-        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await int4Facts(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
+        logger.info({ model: model.manifest.modelId, stages: model.manifest.stages.map((st, i) => ({ layers: st.layers, ...(engines[i] ?? engines[0]) })), ...await kernelFacts(model, engines.find(e => e.backend === 'onnxruntime') ?? engines[0]!) }, 'model loaded as a local chain')
       }
       return { engine, draft, devicesOf: m => chainDevices.get(m) ?? [engine.device], kernelsOf: m => onKernels.get(m) ?? [], local: createModelDirectory([...locals, ...coordinators]) }
     },
