@@ -1,11 +1,13 @@
 /**
- * shoal's int4 kernel as nodes run it (daemon/engine/native): the graph swap, pure; and, where the
- * machine builds the kernel (x86-64 Linux with `cc`), the kernel built, loaded and self-checked,
- * int4 shards run on it through the engine's workers exactly as shards compiled with MatMulQ4
- * nodes run, batched bit-exactly on every CPU, and a daemon serving on it by default (a whole
- * model, and a multi-stage one as a local chain with the whole model's tokens), saying so in its
- * log, and on onnxruntime's kernel with `kernels: 'onnxruntime'`. The kernel's
- * own arithmetic and its agreement with MatMulNBits are test/shards/native-matmul.test.ts's.
+ * shoal's kernels as nodes run them (daemon/engine/native): the graph swap, pure (the int4
+ * products, the one-position attention); and, where the machine builds the kernels (x86-64 Linux
+ * with `cc`), the library built, loaded and self-checked, int4 shards run on it through the
+ * engine's workers exactly as shards compiled with MatMulQ4 and DecodeAttention nodes run, batched
+ * bit-exactly on every CPU, and a daemon serving on it by default (a whole model, and a
+ * multi-stage one as a local chain with the whole model's tokens), saying so in its log, and on
+ * onnxruntime's kernels with `kernels: 'onnxruntime'`. The kernels' own arithmetic and their
+ * agreement with onnxruntime's ops are test/shards/native-matmul.test.ts's and
+ * native-attention.test.ts's.
  */
 import { execFile } from 'node:child_process'
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
@@ -48,7 +50,7 @@ function productsGraph (): Uint8Array {
   return g.encode('g', 'products')
 }
 
-describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
+describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
   it('makes MatMulQ4 of the products the kernel takes, in If branches too, and of nothing else', () => {
     const { bytes, int4: swapped, attention } = swapKernels(productsGraph())
     expect(swapped).toBe(3)
@@ -132,7 +134,7 @@ describe('the int4 kernel swap (daemon/engine/native/swap.ts)', () => {
 const TOKENS = 48
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
 
-describe('shoal\'s int4 kernel where it cannot be built', () => {
+describe('shoal\'s kernels where they cannot be built', () => {
   it('is off, with the reason, where there is no C compiler', async () => {
     // A process whose PATH has node and nothing else: no `cc`.
     const script = `import { prepareNativeKernels } from ${JSON.stringify(join(import.meta.dirname, '..', '..', 'daemon', 'engine', 'native', 'kernels.ts'))}
@@ -143,7 +145,7 @@ console.log(JSON.stringify(await prepareNativeKernels(${JSON.stringify(join(tmpd
   })
 })
 
-describe.skipIf(!kernelHere)('shoal\'s int4 kernel in a node', () => {
+describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
   let root: string
   let lib: string
   let manifest: ShardManifest
