@@ -127,22 +127,20 @@ for (const size of (args.sizes ?? '60m').split(',')) {
     const quant = args.quant as 'none' | 'int8' | 'int4'
     // One shard directory per activation format (int8: accuracy level 4, as recorded so far).
     const shardOf = (act: string): string => join(dir, `shard-${act}`)
-    let manifest: Awaited<ReturnType<typeof compileShards>> | undefined
     const manifests = new Map<string, Awaited<ReturnType<typeof compileShards>>>()
     for (const act of ACTIVATIONS) {
-      const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, accuracyLevel: act === 'int8' ? 4 : 0 })
-      manifests.set(act, m)
-      manifest ??= m
+      manifests.set(act, await compileShards({ modelDir: join(dir, 'ckpt'), outDir: shardOf(act), modelId: `bench-${size}`, quant, accuracyLevel: act === 'int8' ? 4 : 0 }))
     }
+    const manifest = manifests.get(ACTIVATIONS[0]!)
     if (manifest === undefined) throw new Error('no --activations given')
     await rm(join(dir, 'ckpt'), { recursive: true, force: true })
     console.log(`\n## ${size} ${quant}${quant !== 'none' ? ` (${ACTIVATIONS.join(', ')} activations)` : ''} (built in ${((performance.now() - t0) / 1000).toFixed(0)} s), ${PROMPT}${RAGGED > 0 ? `–${PROMPT + RAGGED}` : ''}-token prompts, ${TOKENS} tokens each, threads ${threads ?? 'all'}, load average ${loadAverage()}, malloc: ${mallocSettings()}`)
     const vocab = manifest.shape.vocabSize
-    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest), await nodeKernels(manifests.get(ACTIVATIONS[0]!)!))
+    if ((args.modes ?? '').split(',').includes('engine')) await engineSteps(join(shardOf(ACTIVATIONS[0]!), ...manifest.stages[0]!.graph.split('/')), stageInfoOf(manifest), await nodeKernels(manifest))
     const services = new Map<string, LocalService>()
     const modes = (args.modes ?? '').split(',')
     for (const act of ACTIVATIONS) {
-      // On the int4 kernel where `shoal serve` runs it (int8-activation shards).
+      // On shoal's kernels where `shoal serve` runs them.
       const base = { shardDir: shardOf(act), maxSequences: MAX_STREAMS, ...(threads === undefined ? {} : { threads }), ...await nodeKernels(manifests.get(act)!) }
       // Named by format only when there is more than one, so single-format runs read as before.
       const tag = ACTIVATIONS.length > 1 && quant !== 'none' ? ` ${act}` : ''

@@ -165,7 +165,7 @@ async function runChild (shardDir: string): Promise<ChildResult> {
     const peakRss = process.resourceUsage().maxRSS * 1024
 
     // The bare engine on the same graph, alongside (idle ORT sessions do not spin), reps alternating.
-    // On the int4 kernel where `shoal serve` runs it.
+    // On shoal's kernels where `shoal serve` runs them.
     engine = createStageEngine({ ...resolveGraphChoice(shardDir, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...await nodeKernels(manifest) })
     await engine.start()
     await rawRun(engine, promptIds(SHORT_PROMPT), 8) // warm-up

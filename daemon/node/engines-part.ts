@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { attentionKernelApplies, compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -124,7 +124,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   /** Which of shoal's kernels a model's graphs would run on `choice` (the library ready). */
   function kernelsOf (model: ResolvedModel, choice: EngineChoice): string[] {
     if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime') return []
-    return [...int4KernelApplies(model.manifest) ? ['int4'] : [], ...attentionKernelApplies(model.manifest) ? ['attention'] : []]
+    return kernelsApplying(model.manifest)
   }
 
   /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
@@ -255,7 +255,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const chainModels = models.filter(m => m.localChain === true)
       // shoal's kernels, where a model would run them on onnxruntime: built once, loaded, checked.
       const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
-      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => int4KernelApplies(m.manifest) || attentionKernelApplies(m.manifest))) {
+      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => kernelsApplying(m.manifest).length > 0)) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
         // A warning where the operator can act (install a compiler, report a failed check); elsewhere a fact.
         if ('off' in kernels) logger[process.platform === 'linux' && process.arch === 'x64' ? 'warn' : 'info']({ reason: kernels.off }, "int4 products and one-position attention run on onnxruntime's kernels, not shoal's (slower)")

@@ -6,7 +6,7 @@
  * (nativeKernelsEnv) or `process.dlopen`, as the daemon does.
  */
 import { join, resolve } from 'node:path'
-import { int4KernelApplies, prepareNativeKernels } from '../../daemon/engine/index.ts'
+import { kernelsApplying, prepareNativeKernels } from '../../daemon/engine/index.ts'
 import { buildC, buildKernelLibrary } from '../../daemon/engine/native/build.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 
@@ -32,16 +32,16 @@ export async function buildFusedLoop (cacheDir = CACHE): Promise<string> {
 }
 
 /**
- * What a node would run `manifest`'s int4 products on, as engine and service options take it
+ * What a node would run `manifest`'s graphs on, as engine and service options take it
  * (`{ kernels: lib }`, loaded into this process), so that a benchmark of the bare engine times
- * what `shoal serve` runs; `{}` where the shards have no such products, or the kernel is off here
- * (said on stderr).
+ * what `shoal serve` runs; `{}` where none of shoal's kernels apply, or they are off here (said on
+ * stderr).
  */
-export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet'>): Promise<{ kernels?: string }> {
-  if (!int4KernelApplies(manifest)) return {}
+export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet' | 'decodeAttention' | 'shape'>): Promise<{ kernels?: string }> {
+  if (kernelsApplying(manifest).length === 0) return {}
   const k = await prepareNativeKernels(CACHE)
   if ('lib' in k) return { kernels: k.lib }
-  process.stderr.write(`shoal's int4 kernel is off here (${k.off}): the engine runs MatMulNBits, as a node without it would\n`)
+  process.stderr.write(`shoal's kernels are off here (${k.off}): the engine runs onnxruntime's, as a node without them would\n`)
   return {}
 }
 

@@ -15,17 +15,16 @@ import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { promisify } from 'node:util'
 import onnxProto from 'onnx-proto'
-import OpenAI from 'openai'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { attentionKernelApplies, createStageEngine, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import type { BatchingStageEngine } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
-import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { startDaemon } from '../e2e/daemon.ts'
 import { greedyAlone, greedyTogether } from './greedy-batches.ts'
 
 const { onnx } = onnxProto
@@ -223,22 +222,9 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
   async function served (dir: string, name: string, prompt: number[], kernels?: 'onnxruntime'): Promise<{ lines: Array<Record<string, unknown>>, ids: number[] }> {
     const lines: Array<Record<string, unknown>> = []
     const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
-    const daemon = createDaemon(validateConfig({
-      models: [{ dir }],
-      device: 'cpu',
-      api: { host: '127.0.0.1', port: 0 },
-      dataDir: join(root, `data-${name}`),
-      cacheRoot: join(root, 'cache'),
-      listen: [],
-      bootstrap: [],
-      mdns: false,
-      draft: 'none',
-      ...(kernels === undefined ? {} : { kernels }),
-    }), { logger })
-    const { apiUrl } = await daemon.start()
+    const daemon = await startDaemon(dir, join(root, name), { draft: 'none', ...(kernels === undefined ? {} : { kernels }) }, logger)
     try {
-      const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'none', maxRetries: 0 })
-      const r = await client.completions.create({
+      const r = await daemon.client.completions.create({
         model: manifest.modelId, prompt, max_tokens: 16, temperature: 0,
         // @ts-expect-error vLLM-style extension
         return_token_ids: true,

@@ -36,8 +36,7 @@ function intAttr (node: INodeProto, name: string): number | undefined {
  */
 export function takesQ4Kernel (node: INodeProto): boolean {
   if (node.opType !== 'MatMulNBits' || node.domain !== MS_DOMAIN) return false
-  const inputs = (node.input ?? []).filter(i => i !== '')
-  if (inputs.length !== 3 || node.input?.length !== 3) return false
+  if (node.input?.length !== 3 || node.input.includes('')) return false
   const K = intAttr(node, 'K')
   const N = intAttr(node, 'N')
   return intAttr(node, 'bits') === 4 && intAttr(node, 'block_size') === Q4_BLOCK && intAttr(node, 'accuracy_level') === INT8_ACTIVATIONS &&
@@ -208,4 +207,9 @@ export function int4KernelApplies (manifest: Pick<ShardManifest, 'quantization' 
  */
 export function attentionKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
   return manifest.opSet === 'ort-contrib' && manifest.decodeAttention !== 'native' && manifest.shape.headDim % ATTENTION_LANES === 0
+}
+
+/** Which of shoal's kernels a model's graphs run where the library is loaded (as capabilities name them). */
+export function kernelsApplying (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape' | 'quantization'>): Array<'int4' | 'attention'> {
+  return [...int4KernelApplies(manifest) ? ['int4' as const] : [], ...attentionKernelApplies(manifest) ? ['attention' as const] : []]
 }
