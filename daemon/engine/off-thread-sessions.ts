@@ -20,7 +20,7 @@ export interface WireTensor {
 }
 
 export type HostMessage =
-  | { type: 'load', id: number, path: string, threads: number }
+  | { type: 'load', id: number, path: string, threads: number, kernels?: string }
   | { type: 'run', id: number, handle: number, feeds: WireTensor[] }
   | { type: 'release', id: number, handle: number }
   /** `runs` runs of the same feeds, each timed on the worker (kernel-probe.ts): no copies between them. */
@@ -45,8 +45,8 @@ export interface OffThreadSession {
 }
 
 export interface OffThreadSessions {
-  /** Loads a graph on the worker (started on first use). */
-  create (graphPath: string, options?: { threads?: number }): Promise<OffThreadSession>
+  /** Loads a graph on the worker (started on first use); `kernels` as LoadOptions.kernels. */
+  create (graphPath: string, options?: { threads?: number, kernels?: string }): Promise<OffThreadSession>
   /** Ends the worker; pending calls fail with ShuttingDownError. */
   close (): Promise<void>
 }
@@ -92,7 +92,7 @@ export function createOffThreadSessions (): OffThreadSessions {
 
   return {
     async create (graphPath, options = {}) {
-      const r = await call({ type: 'load', id: nextId++, path: graphPath, threads: options.threads ?? 1 })
+      const r = await call({ type: 'load', id: nextId++, path: graphPath, threads: options.threads ?? 1, ...(options.kernels === undefined ? {} : { kernels: options.kernels }) })
       if (!('handle' in r)) throw new EngineError(`session worker answered a load of ${graphPath} with no session`)
       const handle = r.handle
       return {

@@ -6,7 +6,7 @@
  */
 import { parentPort, threadId } from 'node:worker_threads'
 import * as ort from 'onnxruntime-node'
-import { sessionOptions } from './backend/onnxruntime.ts'
+import { createOrtSession } from './backend/onnxruntime.ts'
 import type { HostMessage, HostReply, WireTensor } from './off-thread-sessions.ts'
 
 const port = parentPort!
@@ -36,7 +36,7 @@ async function handle (m: HostMessage): Promise<void> {
       case 'load': {
         // onnxruntime's default lets intra-op threads spin between runs, taking the cores from
         // the engine's sessions in the same process; these spin only within a run, as those do.
-        const s = await ort.InferenceSession.create(m.path, sessionOptions({ threads: m.threads }))
+        const s = await createOrtSession(m.path, { threads: m.threads, ...(m.kernels === undefined ? {} : { kernels: m.kernels }) })
         const h = nextHandle++
         sessions.set(h, s)
         post({ id: m.id, handle: h, inputNames: [...s.inputNames], outputNames: [...s.outputNames], threadId })

@@ -44,7 +44,8 @@ export interface ExpertForward {
 
 const i64 = (v: number[], dims: number[]): ort.Tensor => new ort.Tensor('int64', int64Of(v), dims)
 
-export function createExpertForward (init: { dir: string, layout: ExpertShardLayout, threads?: number }): ExpertForward {
+/** `kernels`: shoal's kernel library the graphs load (LoadOptions.kernels); absent: onnxruntime's kernels. */
+export function createExpertForward (init: { dir: string, layout: ExpertShardLayout, threads?: number, kernels?: string }): ExpertForward {
   const { layout } = init
   const shape = layout.shape
   const D = shape.hiddenSize
@@ -56,7 +57,7 @@ export function createExpertForward (init: { dir: string, layout: ExpertShardLay
   return {
     async open () {
       for (const g of [layout.embed, layout.head, ...layout.layers.map(l => l.graph)]) {
-        sessions.set(g, await host.create(join(init.dir, g), { threads: init.threads ?? 1 }))
+        sessions.set(g, await host.create(join(init.dir, g), { threads: init.threads ?? 1, ...(init.kernels === undefined ? {} : { kernels: init.kernels }) }))
       }
     },
     async close () {

@@ -60,6 +60,8 @@ export interface ExpertHolderInit {
   /** Also load experts on first use, up to this many resident in all (default: only `experts`). */
   maxExperts?: number
   threads?: number
+  /** shoal's kernel library the experts' graphs load (LoadOptions.kernels); absent: onnxruntime's kernels. */
+  kernels?: string
   /** Signs a receipt part per request when the stage finishes it (none without). */
   signer?: { peerId: string, secretKey: Uint8Array }
   /** The model id parts name (default: the layout's). */
@@ -104,7 +106,7 @@ export function createExpertHolder (init: ExpertHolderInit): ExpertHolder {
   async function load (layer: number, expert: number): Promise<OffThreadSession> {
     const graph = init.layout.layers.find(l => l.layer === layer)?.experts?.[expert]
     if (graph === undefined) throw new ExpertWireError('SHOAL_ERR_EXPERTS_NOT_HELD', `the shards have no expert ${expert} of layer ${layer}`)
-    const s = await host.create(join(init.dir, graph), { threads: init.threads ?? 1 })
+    const s = await host.create(join(init.dir, graph), { threads: init.threads ?? 1, ...(init.kernels === undefined ? {} : { kernels: init.kernels }) })
     sessions.set(key(layer, expert), s)
     return s
   }

@@ -18,6 +18,8 @@ export interface ExpertParallelRunnerInit {
   model: string
   link: ExpertLink
   threads?: number
+  /** shoal's kernel library the graphs load (LoadOptions.kernels); absent: onnxruntime's kernels. */
+  kernels?: string
   /** Bound on one MoE step, holders included (default 10 s). */
   stepTimeoutMs?: number
 }
@@ -41,7 +43,7 @@ export interface ExpertParallelRunner {
 
 export function createExpertParallelRunner (init: ExpertParallelRunnerInit): ExpertParallelRunner {
   const { layout, plan } = init
-  const forward = createExpertForward({ dir: init.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
+  const forward = createExpertForward({ dir: init.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }), ...(init.kernels === undefined ? {} : { kernels: init.kernels }) })
   const exclude = new Set<string>()
   let step = 0
   let bytes = 0

@@ -78,6 +78,8 @@ export interface ExpertServiceInit {
   failedHolderMs?: number
   /** onnxruntime intra-op threads per graph (default 1). */
   threads?: number
+  /** shoal's kernel library the stage's graphs load (LoadOptions.kernels); absent: onnxruntime's kernels. */
+  kernels?: string
 }
 
 export interface ExpertServiceComponents {
@@ -176,7 +178,7 @@ export function createExpertService (init: ExpertServiceInit, components: Expert
   const budgetMs = init.budgetMs ?? DEFAULT_BUDGET_MS
   const gatherMs = init.gatherMs ?? 2
   const maxWaiting = init.maxWaiting ?? DEFAULT_MAX_WAITING
-  const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }) })
+  const forward = createExpertForward({ dir: shards.dir, layout, ...(init.threads === undefined ? {} : { threads: init.threads }), ...(init.kernels === undefined ? {} : { kernels: init.kernels }) })
   // What loadTextCodec and endConditions read, from the layout.
   const manifest = {
     shape,

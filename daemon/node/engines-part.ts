@@ -128,11 +128,21 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   }
 
   /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
-  function kernelsFor (model: ResolvedModel, choice: EngineChoice): { kernels?: string } {
-    const which = kernelsOf(model, choice)
-    if (which.length === 0 || kernels === undefined || !('lib' in kernels)) return {}
-    onKernels.set(model, which)
+  function libFor (model: ResolvedModel, choice: EngineChoice): { kernels?: string } {
+    if (kernelsOf(model, choice).length === 0 || kernels === undefined || !('lib' in kernels)) return {}
     return { kernels: kernels.lib }
+  }
+
+  /** The draft model's kernels, for its target's 'loaded' line. */
+  function draftKernels (draft: ResolvedModel | undefined, choice: EngineChoice): { draftKernels?: string[] } {
+    return draft === undefined || libFor(draft, choice).kernels === undefined ? {} : { draftKernels: kernelsOf(draft, choice) }
+  }
+
+  /** libFor for a model this node serves, recorded for its capabilities. */
+  function kernelsFor (model: ResolvedModel, choice: EngineChoice): { kernels?: string } {
+    const lib = libFor(model, choice)
+    if (lib.kernels !== undefined) onKernels.set(model, kernelsOf(model, choice))
+    return lib
   }
 
   /**
@@ -147,7 +157,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     if (byDefault && defaultLookupSkipped(modelFacts(model)) !== undefined) return undefined
     return createSpeculation({
       ...(byDefault ? { byDefault } : {}),
-      drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir },
+      // The draft model runs shoal's kernels where its graphs take them, as the models do.
+      drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir, ...libFor(draft, choice) },
       backend: choice.backend,
       device: choice.device,
       metrics,
@@ -255,7 +266,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       const chainModels = models.filter(m => m.localChain === true)
       // shoal's kernels, where a model would run them on onnxruntime: built once, loaded, checked.
       const onOnnxruntime = devices.some(d => chooseEngine(d, openvino).backend === 'onnxruntime')
-      if (config.kernels !== 'onnxruntime' && onOnnxruntime && models.some(m => kernelsApplying(m.manifest).length > 0)) {
+      if (config.kernels !== 'onnxruntime' && onOnnxruntime && [...models, ...(draft === undefined ? [] : [draft])].some(m => kernelsApplying(m.manifest).length > 0)) {
         kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
         // A warning where the operator can act (install a compiler, report a failed check); elsewhere a fact.
         if ('off' in kernels) logger[process.platform === 'linux' && process.arch === 'x64' ? 'warn' : 'info']({ reason: kernels.off }, "int4 products and one-position attention run on onnxruntime's kernels, not shoal's (slower)")
@@ -299,7 +310,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         const batching = kernelFacts(model, engine)
         await service.start()
         locals.push(service)
-        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await batching, ...(model.manifest.decodeAttention === undefined ? {} : { decodeAttention: model.manifest.decodeAttention }), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
+        logger.info({ model: model.manifest.modelId, backend: engine.backend, device: engine.device, ...await batching, ...(model.manifest.decodeAttention === undefined ? {} : { decodeAttention: model.manifest.decodeAttention }), ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName, ...draftKernels(draft, engine) }), ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }) }, 'model loaded')
       }
       for (const model of stageModels) await startStage(model, engine, draft, kvCacheBytes)
       for (const model of chainModels) {

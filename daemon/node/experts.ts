@@ -9,7 +9,9 @@
  *    plan shown in /v1/mesh.
  * Both need the mesh (`shoal node --identity`).
  */
+import { join } from 'node:path'
 import type { Logger } from 'pino'
+import { int4ProductsTakeKernel, prepareNativeKernels } from '../engine/index.ts'
 import {
   createExpertHolder, createExpertLinks, createExpertService, isExpertShardDir, openExpertShards, serveExperts,
   type ExpertHolder, type ExpertLink, type ExpertPlanView, type ExpertService, type ExpertShards,
@@ -61,6 +63,23 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
   const staged: ExpertShards[] = []
   const stops: Array<() => Promise<void> | void> = []
   let holding: { shards: ExpertShards, holder: ExpertHolder, budgetBytes: number } | undefined
+  /** The shards keys whose graphs run shoal's int4 kernel here (capabilities). */
+  const onKernel = new Set<string>()
+
+  /**
+   * shoal's kernel library for expert-parallel shards whose products it takes (int4, block 32,
+   * int8 activations; `--kernels auto`), and what their loaded line says of it: the stage's graphs
+   * and the holder's experts run the same kernel as a whole model's engine would, so a model's
+   * tokens do not depend on whether its experts are spread.
+   */
+  async function kernelsFor (shards: ExpertShards): Promise<{ lib: { kernels?: string }, facts: { int4Kernel?: string } }> {
+    if (!int4ProductsTakeKernel(shards.layout.quantization)) return { lib: {}, facts: {} }
+    if (config.kernels === 'onnxruntime') return { lib: {}, facts: { int4Kernel: 'onnxruntime' } }
+    const kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
+    if ('off' in kernels) return { lib: {}, facts: { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } }
+    onKernel.add(shards.key)
+    return { lib: { kernels: kernels.lib }, facts: { int4Kernel: 'shoal' } }
+  }
 
   function meshFor (flag: string, what: string): Mesh {
     const m = deps.mesh()
@@ -70,6 +89,7 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
 
   async function startStage (spec: ModelEntry, m: Mesh): Promise<void> {
     const shards = await openExpertShards(spec.dir)
+    const kernels = await kernelsFor(shards)
     const links = createExpertLinks({
       handle: async () => { throw new Error('a stage does not serve /shoal/experts') },
       openStream: async (peer, protocol, signal) => await m.openStream(peer, protocol, signal),
@@ -86,14 +106,14 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
       }
     }
     const service = createExpertService(
-      { shards, nodeId: m.peerId, stepTimeoutMs: Math.min(deps.budgets.networkIdleMs, 30_000), budgetMs: deps.budgets.batchBudgetMs, gatherMs: deps.budgets.batchQueueDelayMs },
+      { shards, nodeId: m.peerId, stepTimeoutMs: Math.min(deps.budgets.networkIdleMs, 30_000), budgetMs: deps.budgets.batchBudgetMs, gatherMs: deps.budgets.batchQueueDelayMs, ...kernels.lib },
       { holders: () => expertHolderNodes(shards.key, m.peers()), link },
     )
     await service.start()
     stops.push(async () => { await service.stop() })
     services.push(service)
     staged.push(shards)
-    deps.logger.info({ model: shards.modelId, key: shards.key, experts: shards.experts }, 'model loaded with its experts on holders')
+    deps.logger.info({ model: shards.modelId, key: shards.key, experts: shards.experts, ...kernels.facts }, 'model loaded with its experts on holders')
   }
 
   async function startHolder (hold: NonNullable<DaemonConfig['holdExperts']>, m: Mesh): Promise<void> {
@@ -104,8 +124,9 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
     const maxExperts = Math.floor(budgetBytes / shards.expertBytes)
     if (maxExperts < 1) throw new ConfigError('--expert-memory-mb', `one expert of ${shards.modelId} needs ${(shards.expertBytes / MIB).toFixed(3)} MiB`)
     const signer = deps.signer?.()
+    const kernels = await kernelsFor(shards)
     const holder = createExpertHolder({
-      dir: shards.dir, layout: shards.layout, model: shards.key, modelId: shards.modelId, experts: [], maxExperts,
+      dir: shards.dir, layout: shards.layout, model: shards.key, modelId: shards.modelId, experts: [], maxExperts, ...kernels.lib,
       ...(signer === undefined ? {} : { signer: { peerId: signer.peerId, secretKey: signer.secretKey } }),
     })
     await holder.start()
@@ -123,7 +144,7 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
     })
     stops.push(async () => { await server.stop() })
     holding = { shards, holder, budgetBytes: maxExperts * shards.expertBytes }
-    deps.logger.info({ model: shards.modelId, key: shards.key, maxExperts, of: shards.experts }, 'holding experts for stage nodes')
+    deps.logger.info({ model: shards.modelId, key: shards.key, maxExperts, of: shards.experts, ...kernels.facts }, 'holding experts for stage nodes')
   }
 
   return {
@@ -139,7 +160,7 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
       for (const stop of stops.splice(0).reverse()) await stop()
       holding = undefined
     },
-    served: () => staged.map(s => ({ id: s.modelId, manifestHash: s.key, totalLayers: s.layout.shape.numLayers, maxContextTokens: s.layout.shape.maxPositions })),
+    served: () => staged.map(s => ({ id: s.modelId, manifestHash: s.key, totalLayers: s.layout.shape.numLayers, maxContextTokens: s.layout.shape.maxPositions, ...(onKernel.has(s.key) ? { kernels: ['int4'] } : {}) })),
     held: () => holding === undefined ? undefined : [{ model: holding.shards.key, modelId: holding.shards.modelId, budgetBytes: holding.budgetBytes }],
     view () {
       if (services.length === 0 && holding === undefined) return undefined

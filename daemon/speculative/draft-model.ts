@@ -93,6 +93,8 @@ export interface DraftModelInit {
   /** Micro-batch the draft steps of concurrent sequences (default true). */
   batching?: boolean
   metrics?: Registry
+  /** shoal's kernel library its graphs load on onnxruntime (LoadOptions.kernels); absent: onnxruntime's kernels. */
+  kernels?: string
 }
 
 /** A draft model with its own engine worker (and micro-batcher): start, use as a Drafter, stop. */
@@ -132,6 +134,7 @@ export function createDraftModel (init: DraftModelInit): DraftModel {
         device,
         ...(init.threads === undefined ? {} : { threads: init.threads }),
         ...(init.maxSequences === undefined ? {} : { maxSequences: init.maxSequences }),
+        ...(init.kernels === undefined ? {} : { kernels: init.kernels }),
       })
       await e.start()
       if (init.batching !== false) {

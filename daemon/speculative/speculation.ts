@@ -23,8 +23,11 @@ import { createSpeculativeSource } from './source.ts'
 import type { SpeculationCounts, SpeculationOptions, SpeculativeSourceInit, Verifier } from './source.ts'
 
 export interface SpeculationInit extends SpeculationOptions {
-  /** A whole-model shard directory with the target's tokenizer, or prompt lookup. */
-  drafter: { draftDir: string } | 'prompt-lookup' | Drafter
+  /**
+   * A whole-model shard directory with the target's tokenizer (`kernels`: shoal's kernel library
+   * its graphs load, DraftModelInit.kernels), or prompt lookup.
+   */
+  drafter: { draftDir: string, kernels?: string } | 'prompt-lookup' | Drafter
   /**
    * Prompt lookup switched on by default (no `--draft`; the daemon picks the models with
    * default.ts): requests it would not keep their promise to (seeded sampled ones) run on the
@@ -78,6 +81,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
   else if ('draftDir' in init.drafter) {
     draftModel = createDraftModel({
       shardDir: init.drafter.draftDir,
+      ...(init.drafter.kernels === undefined ? {} : { kernels: init.drafter.kernels }),
       ...(init.backend === undefined ? {} : { backend: init.backend }),
       ...(init.device === undefined ? {} : { device: init.device }),
       ...(init.threads === undefined ? {} : { threads: init.threads }),

@@ -17,13 +17,17 @@ import { promisify } from 'node:util'
 import onnxProto from 'onnx-proto'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { attentionKernelApplies, createStageEngine, int4KernelApplies, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
+import { attentionKernelApplies, createStageEngine, int4KernelApplies, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
+import { createOrtSession } from '../../daemon/engine/backend/onnxruntime.ts'
 import type { BatchingStageEngine } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
-import { compileShards, generateTestModel } from '../../shards/index.ts'
+import { compileExpertShards, compileShards, generateTestModel } from '../../shards/index.ts'
+import { greedyDecode } from '../shards/pipeline.ts'
+import type { Pipeline } from '../shards/pipeline.ts'
+import { linkTo, planFor, stageFor, startHolders } from '../experts/spread-stage.ts'
 import { startDaemon } from '../e2e/daemon.ts'
 import { greedyAlone, greedyTogether } from './greedy-batches.ts'
 
@@ -218,14 +222,14 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     expect(await greedyTogether(engine, prompts, TOKENS)).toEqual(alone)
   }, 120_000)
 
-  /** A daemon serving `dir` (kernels as given), its log lines, and `prompt`'s first 16 greedy tokens from it. */
-  async function served (dir: string, name: string, prompt: number[], kernels?: 'onnxruntime'): Promise<{ lines: Array<Record<string, unknown>>, ids: number[] }> {
+  /** A daemon serving `dir` (kernels as given; no speculation unless `draft`), its log lines, and `prompt`'s first 16 greedy tokens from it. */
+  async function served (dir: string, name: string, prompt: number[], kernels?: 'onnxruntime', draft = 'none', modelId = manifest.modelId): Promise<{ lines: Array<Record<string, unknown>>, ids: number[] }> {
     const lines: Array<Record<string, unknown>> = []
     const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
-    const daemon = await startDaemon(dir, join(root, name), { draft: 'none', ...(kernels === undefined ? {} : { kernels }) }, logger)
+    const daemon = await startDaemon(dir, join(root, name), { draft, ...(kernels === undefined ? {} : { kernels }) }, logger)
     try {
       const r = await daemon.client.completions.create({
-        model: manifest.modelId, prompt, max_tokens: 16, temperature: 0,
+        model: modelId, prompt, max_tokens: 16, temperature: 0,
         // @ts-expect-error vLLM-style extension
         return_token_ids: true,
       })
@@ -256,5 +260,45 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     const chain = await served(join(root, 'shard-2'), 'chain', p)
     expect(chain.lines.find(l => l.msg === 'model loaded as a local chain')?.int4Kernel).toBe('shoal')
     expect(chain.ids).toEqual(expected)
+  }, 180_000)
+
+  it('a draft model (--draft DIR) runs on them too, and speculation keeps the target\'s tokens', async () => {
+    // The target must compute in f32 activations to speculate on (fp32 here: the attention
+    // kernel); the int4 shards draft, on both kernels.
+    const target = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard-fp32'), quant: 'none' })
+    const p = prompts[2]!
+    const expected = await greedyAlone(await engineOf(join(root, 'shard-fp32'), target, lib), p, 16)
+    const spec = await served(join(root, 'shard-fp32'), 'draft', p, undefined, join(root, 'shard'), target.modelId)
+    const loaded = spec.lines.find(l => l.msg === 'model loaded')
+    expect(loaded?.drafter).toBe(`draft:${manifest.modelId}`)
+    expect(loaded?.draftKernels).toEqual(['int4', 'attention'])
+    expect(loaded?.attentionKernel).toBe('shoal')
+    expect(spec.ids).toEqual(expected)
+  }, 180_000)
+
+  it('int4 experts spread over two holders run on it, stage and holders, with the one graph\'s tokens on it', async () => {
+    const ckpt = join(root, 'moe')
+    await generateTestModel({ architecture: 'qwen2-moe', outDir: ckpt, seed: 4 })
+    const dir = join(root, 'moe-experts')
+    const layout = await compileExpertShards({ modelDir: ckpt, outDir: dir, quant: 'int4' })
+    expect(int4ProductsTakeKernel(layout.quantization)).toBe(true)
+    // Every expert's products are ones the kernel takes (the stage's attention projections too).
+    const expert = layout.layers.flatMap(l => l.experts ?? [])[0]!
+    expect(swapKernels(await readFile(join(dir, ...expert.split('/')))).int4).toBeGreaterThan(0)
+    const whole = await compileShards({ modelDir: ckpt, outDir: join(root, 'moe-whole'), quant: 'int4' })
+    const one: Pipeline = { manifest: whole, sessions: [await createOrtSession(join(root, 'moe-whole', whole.stages[0]!.graph), { threads: 1, kernels: lib })], release: async () => {} }
+    const p = prompts[0]!
+    const expected = await greedyDecode(one, p, 24)
+    await one.sessions[0]!.release()
+    const plan = planFor(layout, 2)
+    const holders = await startHolders(dir, layout, plan, lib)
+    const stage = stageFor(dir, layout, plan, linkTo(holders, new Set()), lib)
+    await stage.open()
+    try {
+      expect((await stage.greedy([p], 24)).tokens[0]).toEqual(expected.tokens)
+    } finally {
+      await stage.close()
+      for (const h of holders.values()) await h.stop()
+    }
   }, 180_000)
 })

@@ -11,15 +11,16 @@ import type { ExpertShardLayout } from '../../shards/index.ts'
 export const MODEL = 'manifest-hash-of-the-test-model'
 
 /** The stage for tests: the reference runner over an in-process or libp2p link. */
-export function stageFor (dir: string, layout: ExpertShardLayout, plan: ExpertPlan, link: ExpertLink): ExpertParallelRunner {
-  return createExpertParallelRunner({ dir, layout, plan, model: MODEL, link })
+/** `kernels`: shoal's kernel library its graphs load (absent: onnxruntime's kernels), as in startHolders. */
+export function stageFor (dir: string, layout: ExpertShardLayout, plan: ExpertPlan, link: ExpertLink, kernels?: string): ExpertParallelRunner {
+  return createExpertParallelRunner({ dir, layout, plan, model: MODEL, link, ...(kernels === undefined ? {} : { kernels }) })
 }
 
-export async function startHolders (dir: string, layout: ExpertShardLayout, plan: ExpertPlan): Promise<Map<string, ExpertHolder>> {
+export async function startHolders (dir: string, layout: ExpertShardLayout, plan: ExpertPlan, kernels?: string): Promise<Map<string, ExpertHolder>> {
   const holders = new Map<string, ExpertHolder>()
   for (const node of plan.nodes) {
     const experts = plan.layers.flatMap(l => l.holders.flatMap((hs, expert) => hs.includes(node.peerId) ? [{ layer: l.layer, expert }] : []))
-    const h = createExpertHolder({ dir, layout, model: MODEL, experts })
+    const h = createExpertHolder({ dir, layout, model: MODEL, experts, ...(kernels === undefined ? {} : { kernels }) })
     await h.start()
     holders.set(node.peerId, h)
   }

@@ -21,7 +21,7 @@ export function createOnnxruntimeBackend (): Backend {
       }
       let session: ort.InferenceSession
       try {
-        session = options.kernels === undefined ? await ort.InferenceSession.create(graphPath, sessionOptions(options)) : await withKernels(graphPath, options.kernels, options)
+        session = await createOrtSession(graphPath, options)
       } catch (err) {
         throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
       }
@@ -31,11 +31,20 @@ export function createOnnxruntimeBackend (): Backend {
 }
 
 /**
+ * An onnxruntime session of the graph at `graphPath` made with sessionOptions: as compiled, or with
+ * `kernels` (the library's path) its int4 products and one-position attention on shoal's kernels
+ * (native/swap.ts). Engines and the session worker's graphs (MoE experts) alike.
+ */
+export async function createOrtSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>): Promise<ort.InferenceSession> {
+  return options.kernels === undefined ? await ort.InferenceSession.create(graphPath, sessionOptions(options)) : await withKernels(graphPath, options.kernels, options)
+}
+
+/**
  * The graph at `graphPath` with its int4 products and one-position attention on shoal's kernels
  * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
  * directory, as from the file.
  */
-async function withKernels (graphPath: string, lib: string, options: LoadOptions): Promise<ort.InferenceSession> {
+async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): Promise<ort.InferenceSession> {
   loadKernelLibrary(lib)
   const { bytes, int4, attention } = swapKernels(await readFile(graphPath))
   if (int4 + attention === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))

@@ -196,8 +196,16 @@ export function swapKernels (model: Uint8Array): KernelSwap {
  * the kernel's op already (`quantization.kernel`) need no swap.
  */
 export function int4KernelApplies (manifest: Pick<ShardManifest, 'quantization' | 'opSet'>): boolean {
-  const q = manifest.quantization
-  return manifest.opSet === 'ort-contrib' && q.kind === 'int4' && q.blockSize === Q4_BLOCK && (q.activations ?? 'int8') === 'int8' && q.kernel === undefined
+  return manifest.opSet === 'ort-contrib' && int4ProductsTakeKernel(manifest.quantization)
+}
+
+/**
+ * Whether graphs quantized so write their products as MatMulNBits nodes the kernel takes: int4,
+ * block 32, int8 activations, not compiled with the kernel's op already. Expert-parallel shards
+ * (standard ops, MatMulNBits for every quantized linear) are judged by this alone.
+ */
+export function int4ProductsTakeKernel (q: ShardManifest['quantization']): boolean {
+  return q.kind === 'int4' && q.blockSize === Q4_BLOCK && (q.activations ?? 'int8') === 'int8' && q.kernel === undefined
 }
 
 /**
