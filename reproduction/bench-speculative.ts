@@ -38,9 +38,10 @@ import { createLocalService } from '../daemon/engine/index.ts'
 import type { LocalService } from '../daemon/engine/index.ts'
 import { createSpeculation } from '../daemon/speculative/index.ts'
 import type { Drafter, SpeculationCounts } from '../daemon/speculative/index.ts'
-import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, successorCycle } from '../shards/index.ts'
+import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, loadManifest, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage, lowerMedian } from './lib/index.ts'
+import { nodeKernels, nodeTargetKernels } from './lib/native-kernels.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
 
 // The engine runs in this process, and in any child that inherits its environment: with `shoal
@@ -162,19 +163,24 @@ async function main (): Promise<void> {
   const { target, draft } = copyTask ? { target: await prepareCopy(), draft: '' } : await prepare()
   process.stdout.write(`# ${name}${copyTask ? ` (prompt: ${args['copy-prompt']})` : ''}, ${STREAMS} stream(s): ${cpus().length} cores (${cpus()[0]?.model}), load ${loadAverage()}, malloc: ${mallocSettings()}\n`)
   const configs: Array<{ label: string, svc: LocalService, counts: SpeculationCounts[] }> = []
-  const plain = createLocalService({ shardDir: target })
+  // The engine as a node runs it: shoal's kernels where they build here, which int4 targets need
+  // to speculate exactly (targetKernels).
+  const manifest = await loadManifest(target)
+  const lib = await nodeKernels(manifest)
+  const targetKernels = nodeTargetKernels(manifest, lib)
+  const plain = createLocalService({ shardDir: target, ...lib })
   await plain.start()
   configs.push({ label: 'plain', svc: plain, counts: [] })
   const ks = copyTask || args.k === 'none' ? [] : args.k.split(',').map(k => k === 'adaptive' ? 'adaptive' as const : Number(k))
   for (const k of ks) {
     const counts: SpeculationCounts[] = []
-    const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: { draftDir: draft }, k, onRequestEnd: (_id, c) => counts.push(c) }) })
+    const svc = createLocalService({ shardDir: target, ...lib, sourceWrapper: createSpeculation({ targetKernels, drafter: { draftDir: draft }, k, onRequestEnd: (_id, c) => counts.push(c) }) })
     await svc.start()
     configs.push({ label: `draft K=${k}`, svc, counts })
   }
   if (args.lookup === 'default') {
     const counts: SpeculationCounts[] = []
-    const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', byDefault: true, onRequestEnd: (_id, c) => counts.push(c) }) })
+    const svc = createLocalService({ shardDir: target, ...lib, sourceWrapper: createSpeculation({ targetKernels, drafter: 'prompt-lookup', byDefault: true, onRequestEnd: (_id, c) => counts.push(c) }) })
     await svc.start()
     configs.push({ label: 'lookup (default)', svc, counts })
     if (args.explicit === 'yes') {
@@ -182,7 +188,7 @@ async function main (): Promise<void> {
       // probes evenly spaced as before probe back-off.
       for (const [label, maxProbeEvery] of [['--draft lookup', undefined], ['--draft lookup, probes every 16', 16]] as const) {
         const c: SpeculationCounts[] = []
-        const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', ...(maxProbeEvery === undefined ? {} : { maxProbeEvery }), onRequestEnd: (_id, x) => c.push(x) }) })
+        const svc = createLocalService({ shardDir: target, ...lib, sourceWrapper: createSpeculation({ targetKernels, drafter: 'prompt-lookup', ...(maxProbeEvery === undefined ? {} : { maxProbeEvery }), onRequestEnd: (_id, x) => c.push(x) }) })
         await svc.start()
         configs.push({ label, svc, counts: c })
       }
@@ -190,7 +196,7 @@ async function main (): Promise<void> {
   } else if (args.lookup !== 'no') {
     for (const k of [4, 'adaptive'] as const) {
       const counts: SpeculationCounts[] = []
-      const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', k, onRequestEnd: (_id, c) => counts.push(c) }) })
+      const svc = createLocalService({ shardDir: target, ...lib, sourceWrapper: createSpeculation({ targetKernels, drafter: 'prompt-lookup', k, onRequestEnd: (_id, c) => counts.push(c) }) })
       await svc.start()
       configs.push({ label: `lookup K=${k}`, svc, counts })
     }
@@ -200,7 +206,7 @@ async function main (): Promise<void> {
   // drafter's cost where nothing repeats is about (its rounds / steps) × this row's slowdown.
   for (const k of args.reject === 'none' ? [] : args.reject.split(',').map(Number)) {
     const counts: SpeculationCounts[] = []
-    const svc = createLocalService({ shardDir: target, sourceWrapper: createSpeculation({ drafter: rejectedDrafter(), k, onRequestEnd: (_id, c) => counts.push(c) }) })
+    const svc = createLocalService({ shardDir: target, ...lib, sourceWrapper: createSpeculation({ targetKernels, drafter: rejectedDrafter(), k, onRequestEnd: (_id, c) => counts.push(c) }) })
     await svc.start()
     configs.push({ label: `always rejected K=${k}`, svc, counts })
   }

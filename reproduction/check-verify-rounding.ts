@@ -4,28 +4,33 @@
  * then feeds the same tokens back in steps of S positions (S = 2..6, at three alignments) and
  * reports every position whose argmax differs, with the one-position logits' top-2 margin. On int8-
  * activation shards the answer can be no (why speculation refuses them); prints the smallest margin
- * seen, since a run without near-ties cannot show a flip.
+ * seen, since a run without near-ties cannot show a flip. The engine runs as a node runs it:
+ * on shoal's kernels where they build here (whose verify steps give one-position bits: none should
+ * differ), or `--kernels onnxruntime` for onnxruntime's own ops.
  *
- * Run: node reproduction/check-verify-rounding.ts SHARD_DIR [--tokens 64] [--prompt TEXT]
+ * Run: node reproduction/check-verify-rounding.ts SHARD_DIR [--tokens 64] [--prompt TEXT] [--kernels auto|onnxruntime]
  */
 import { join } from 'node:path'
 import { parseArgs } from 'node:util'
 import { argmax, createStageEngine, stageInfoOf } from '../daemon/engine/index.ts'
 import { loadTextCodec } from '../daemon/text/index.ts'
 import { loadManifest } from '../shards/index.ts'
+import { nodeKernels } from './lib/native-kernels.ts'
 
 const { values: args, positionals } = parseArgs({
   allowPositionals: true,
   options: {
     tokens: { type: 'string', default: '64' },
     prompt: { type: 'string', default: 'The quick brown fox jumps over the lazy dog. Once upon a time, in a land far away, there lived' },
+    kernels: { type: 'string', default: 'auto' },
   },
 })
 const dir = positionals[0]
 if (dir === undefined) throw new Error('usage: check-verify-rounding.ts SHARD_DIR')
 const N = Number(args.tokens)
 const manifest = await loadManifest(dir)
-const engine = createStageEngine({ graphPath: join(dir, ...manifest.stages[0]!.graph.split('/')), stage: stageInfoOf(manifest), threads: 2 })
+const lib = args.kernels === 'onnxruntime' ? {} : await nodeKernels(manifest)
+const engine = createStageEngine({ graphPath: join(dir, ...manifest.stages[0]!.graph.split('/')), stage: stageInfoOf(manifest), threads: 2, ...lib })
 await engine.start()
 const prompt = (await loadTextCodec(dir, manifest)).encodePrompt({ kind: 'text', text: args.prompt })
 const margin = (d: Float32Array, off: number, V: number): number => {
@@ -53,7 +58,8 @@ for (const S of [2, 3, 4, 5, 6]) {
   for (const shift of [0, 1, 2]) {
     const v = await engine.open()
     await engine.step(v, { tokenIds: prompt }, prompt.map((_, i) => i), { logitsToKeep: 1 })
-    if (shift > 0) await engine.step(v, { tokenIds: tokens.slice(0, shift) }, tokens.slice(0, shift).map((_, j) => prompt.length + j), { logitsToKeep: 1 })
+    // The first `shift` tokens one position a step, as decoding ran them.
+    for (let j = 0; j < shift; j++) await engine.step(v, { tokenIds: [tokens[j]!] }, [prompt.length + j], { logitsToKeep: 1 })
     let mismatches = 0
     for (let i = shift; i + S <= N; i += S) {
       const ids = tokens.slice(i, i + S)
@@ -71,5 +77,5 @@ for (const S of [2, 3, 4, 5, 6]) {
     await engine.free(v)
   }
 }
-process.stdout.write(`${dir}: quantization ${JSON.stringify(manifest.quantization)}; ${total} differing positions; smallest top-2 margin ${Math.min(...margins).toExponential(2)}\n`)
+process.stdout.write(`${dir}: quantization ${JSON.stringify(manifest.quantization)}, ${lib.kernels === undefined ? "onnxruntime's kernels" : "shoal's kernels"}; ${total} differing positions; smallest top-2 margin ${Math.min(...margins).toExponential(2)}\n`)
 await engine.stop()

@@ -159,8 +159,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
    * 'draft:<model id>'), nothing with --draft none, and without --draft the default prompt lookup
    * on the models it suits (daemon/speculative default.ts).
    */
-  const drafterName = (draft: ResolvedModel | undefined) => (m: ResolvedModel): string | undefined => {
-    if (config.draft === undefined) return defaultLookupSkipped(modelFacts(m)) === undefined ? DEFAULT_LOOKUP_NAME : undefined
+  const drafterName = (draft: ResolvedModel | undefined, kernelsOf: (m: ResolvedModel) => string[]) => (m: ResolvedModel): string | undefined => {
+    if (config.draft === undefined) return defaultLookupSkipped(modelFacts(m, kernelsOf(m))) === undefined ? DEFAULT_LOOKUP_NAME : undefined
     if (config.draft === 'none') return undefined
     return config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
   }
@@ -174,7 +174,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
     const held = experts.held()
     publishedStepTimes = stageStepTimes(stages)
     m.setCapabilities({
-      models: [...servedModels(models, drafterName(served.draft), publishedStepTimes, served.devicesOf, served.kernelsOf), ...experts.served()],
+      models: [...servedModels(models, drafterName(served.draft, served.kernelsOf), publishedStepTimes, served.devicesOf, served.kernelsOf), ...experts.served()],
       memory: { totalBytes: totalmem(), freeBytes: freemem() },
       ...(held === undefined ? {} : { experts: held }),
       engine: served.engine.backend,
@@ -336,7 +336,7 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
                 ...(apiUrl === undefined ? {} : { apiUrl }),
                 software: SOFTWARE,
               }),
-              models: () => servedModels(models, drafterName(served.draft)),
+              models: () => servedModels(models, drafterName(served.draft, served.kernelsOf)),
               mesh: () => m,
               locals: () => locals,
               stages: allStages,

@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels, verifyKernelApplies } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -85,7 +85,8 @@ export interface EnginesPartDeps {
 }
 
 /** What the default prompt lookup decides by (daemon/speculative default.ts). */
-export const modelFacts = (m: ResolvedModel): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization })
+/** What the default prompt lookup decides on; `kernels`: shoal's kernels the model runs on here (Served.kernelsOf). */
+export const modelFacts = (m: ResolvedModel, kernels: readonly string[] = []): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization, kernels })
 
 const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
 
@@ -124,7 +125,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   /** Which of shoal's kernels a model's graphs would run on `choice` (the library ready). */
   function kernelsOf (model: ResolvedModel, choice: EngineChoice): string[] {
     if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime') return []
-    return kernelsApplying(model.manifest)
+    // A whole model's verify steps too (a chain's stages keep theirs: their speculation is the coordinator's).
+    return [...kernelsApplying(model.manifest), ...model.whole && verifyKernelApplies(model.manifest) ? ['verify'] : []]
   }
 
   /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
@@ -154,9 +156,11 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     // Without --draft: prompt lookup where it keeps the model's tokens exact (whole models with
     // f32 activations), for the requests it keeps their promise to; the others decode plainly.
     const byDefault = config.draft === undefined
-    if (byDefault && defaultLookupSkipped(modelFacts(model)) !== undefined) return undefined
+    const targetKernels = kernelsOf(model, choice)
+    if (byDefault && defaultLookupSkipped(modelFacts(model, targetKernels)) !== undefined) return undefined
     return createSpeculation({
       ...(byDefault ? { byDefault } : {}),
+      targetKernels,
       // The draft model runs shoal's kernels where its graphs take them, as the models do.
       drafter: draft === undefined ? 'prompt-lookup' : { draftDir: draft.shardDir, ...libFor(draft, choice) },
       backend: choice.backend,
@@ -223,9 +227,10 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
    * sequence's batch-of-one bits on this CPU — by construction on shoal's kernel, asked of
    * onnxruntime's (engine/kernel-probe.ts) and said once as a warning where it does not.
    */
-  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, int4Kernel?: string, int4Batching?: string }> {
+  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, verifyKernel?: string, int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
-    const attention = kernelsOf(model, choice).includes('attention') ? { attentionKernel: 'shoal' } : {}
+    const on = kernelsOf(model, choice)
+    const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
     if (kernelsOf(model, choice).includes('int4')) return { ...attention, int4Kernel: 'shoal', int4Batching: 'bit-exact' }
     const kernel = kernels !== undefined && 'off' in kernels && int4KernelApplies(model.manifest) ? { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } : { int4Kernel: 'onnxruntime' }
@@ -284,7 +289,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
       for (const model of wholeModels) {
         const sourceWrapper = speculation(engine, draft, model)
         // The one line saying why a model served without --draft decodes plainly (int8 activations).
-        const skipped = config.draft === undefined ? defaultLookupSkipped(modelFacts(model)) : undefined
+        const skipped = config.draft === undefined ? defaultLookupSkipped(modelFacts(model, kernelsOf(model, engine))) : undefined
         const service = createLocalService({
           ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
           shardDir: model.shardDir,

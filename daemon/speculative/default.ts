@@ -31,6 +31,8 @@ export interface ModelFacts {
   /** Served whole on this node (one engine), not a stage of a chain. */
   whole: boolean
   quantization: ShardManifest['quantization']
+  /** shoal's kernels its graphs run here (capabilities' names; inexactTarget). */
+  kernels?: readonly string[]
 }
 
 /** The drafter name a default prompt lookup reports (metrics, receipts, /v1/mesh). */
@@ -47,7 +49,7 @@ export const DEFAULT_LOOKUP_MIN_NGRAM = 2
 /** Why a model served without `--draft` gets no prompt lookup, or undefined when it gets it. */
 export function defaultLookupSkipped (model: ModelFacts): string | undefined {
   if (!model.whole) return 'a chain stage (speculation there would turn off the chain\'s prefix reuse; --draft lookup asks for it)'
-  const why = inexactTarget(model)
+  const why = inexactTarget(model, model.kernels)
   return why === undefined ? undefined : 'int8 activations (a verify step could round to a different token than plain decoding)'
 }
 

@@ -9,10 +9,15 @@ import type { ShardManifest } from '../../shards/index.ts'
  * runs K + 1 positions where plain decoding runs one; with f32 activations the two differ only in
  * the last bits (as padded batches do), but int8 activations turn those bits into whole
  * quantization steps: on a generated 250m int4 model a 2-position step chose a different token
- * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md).
+ * than one-position decoding at a margin of 6e-3 (reproduction/results/speculative.md). Unless the
+ * node runs the target on shoal's kernels for both (`kernels`, as capabilities name them): `int4`
+ * (each row's products its own bits, however many rows) and `verify` (a verify step's attention
+ * computed position by position as one-position steps compute it, daemon/engine/native), where a
+ * verify step gives every position the bits of one-position decoding.
  */
-export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>): string | undefined {
+export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>, kernels: readonly string[] = []): string | undefined {
   const q = manifest.quantization
   if (q.kind === 'none' || q.activations === 'f32') return undefined
-  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations to speculate`
+  if (kernels.includes('int4') && kernels.includes('verify')) return undefined
+  return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations (or serve it where shoal's kernels run it, --kernels) to speculate`
 }

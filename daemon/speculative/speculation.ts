@@ -36,6 +36,8 @@ export interface SpeculationInit extends SpeculationOptions {
   byDefault?: boolean
   backend?: BackendName
   device?: string
+  /** shoal's kernels the target's graphs run here (capabilities' names): with int4 and verify, int8-activation targets speculate exactly (inexactTarget). */
+  targetKernels?: readonly string[]
   threads?: number
   maxSequences?: number
   metrics?: Registry
@@ -95,7 +97,7 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     get drafterName () { return drafter.name },
     async start (target) {
       modelId = target.modelId
-      const why = inexactTarget(target.manifest)
+      const why = inexactTarget(target.manifest, init.targetKernels)
       if (why !== undefined) throw new ShoalError('SHOAL_ERR_CONFIG', `--draft: speculative decoding would not keep ${target.modelId}'s tokens exact: ${why}`)
       if (draftModel === undefined) return
       await draftModel.start()

@@ -6,7 +6,7 @@
  * (nativeKernelsEnv) or `process.dlopen`, as the daemon does.
  */
 import { join, resolve } from 'node:path'
-import { kernelsApplying, prepareNativeKernels } from '../../daemon/engine/index.ts'
+import { kernelsApplying, prepareNativeKernels, verifyKernelApplies } from '../../daemon/engine/index.ts'
 import { buildC, buildKernelLibrary } from '../../daemon/engine/native/build.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 
@@ -43,6 +43,15 @@ export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' 
   if ('lib' in k) return { kernels: k.lib }
   process.stderr.write(`shoal's kernels are off here (${k.off}): the engine runs onnxruntime's, as a node without them would\n`)
   return {}
+}
+
+/**
+ * The kernels a whole model's engine runs with `nodeKernels`' library, as capabilities name them
+ * (what speculation's exactness check reads: SpeculationInit.targetKernels); none without it.
+ */
+export function nodeTargetKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet' | 'decodeAttention' | 'shape'>, lib: { kernels?: string }): string[] {
+  if (lib.kernels === undefined) return []
+  return [...kernelsApplying(manifest), ...verifyKernelApplies(manifest) ? ['verify'] : []]
 }
 
 /** The environment that gives a child process the library (its onnxruntime sessions know DecodeAttention and MatMulQ4). */

@@ -19,7 +19,7 @@ import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { attentionKernelApplies, createStageEngine, int4KernelApplies, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import { createOrtSession } from '../../daemon/engine/backend/onnxruntime.ts'
-import type { BatchingStageEngine } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
@@ -70,17 +70,17 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(taken.input).toEqual(['x', 'w', 's'])
     expect(taken.attribute!.map(a => a.name)).toEqual(['K', 'N', 'bits', 'block_size', 'accuracy_level'])
     // Swapped twice: nothing more to swap.
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0 })
   })
 
   it('leaves a graph without such products byte for byte', () => {
     const g = new GraphBuilder('g.onnx.data')
     g.output('y', g.op('Relu', '/relu', [g.input('x', DT.FLOAT, [4])]), DT.FLOAT, [4])
     const bytes = g.encode('g', 'no products')
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0 })
   })
 
-  it('makes every one-position attention block of a compiled graph one DecodeAttention node, either form, and drops what only they read', async () => {
+  it('makes every one-position attention block of a compiled graph one DecodeAttention node, either form, and drops what only they read; verify steps VerifyAttention', async () => {
     const root = await mkdtemp(join(tmpdir(), 'shoal-attention-swap-'))
     try {
       await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'tiny' })
@@ -104,6 +104,30 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
           for (const i of n.input!) if (i !== '') expect(made.has(i), `${n.name} reads ${i}`).toBe(true)
           for (const o of n.output!) made.add(o)
         }
+        // The graph of every step length: in each layer's If, steps of several positions that keep
+        // every position's logits (verify steps) run VerifyAttention; other such steps keep
+        // GroupQueryAttention.
+        const full = swapKernels(await readFile(join(root, form, ...m.stages[0]!.graph.split('/'))))
+        expect([full.int4, full.attention, full.steps]).toEqual([0, m.shape.numLayers, m.shape.numLayers])
+        const g = onnx.ModelProto.decode(full.bytes).graph!
+        const every = (graph: typeof g): Array<typeof g> => [graph, ...graph.node!.flatMap(n => n.attribute!.flatMap(a => a.g == null ? [] : every(a.g)))]
+        const ops = every(g).flatMap(x => x.node!.map(n => n.opType))
+        for (const op of ['VerifyAttention', 'DecodeAttention', 'GroupQueryAttention']) expect(ops.filter(o => o === op), op).toHaveLength(m.shape.numLayers)
+        expect(g.node!.filter(n => n.name!.endsWith('/verify/cond/Equal')).map(n => n.input![0])).toEqual(new Array(m.shape.numLayers).fill('num_logits_to_keep'))
+        // Every value a branch reads is made before it, in it or in a graph around it, once.
+        const outputs = every(g).flatMap(x => x.node!.flatMap(n => n.output!))
+        expect(new Set(outputs).size).toBe(outputs.length)
+        const known = new Set([...g.input!.map(i => i.name!), ...g.initializer!.map(i => i.name!)])
+        const check = (graph: typeof g, scope: Set<string>): void => {
+          const here = new Set(scope)
+          for (const n of graph.node!) {
+            for (const i of n.input!) if (i !== '') expect(here.has(i), `${n.name} reads ${i}`).toBe(true)
+            for (const a of n.attribute!) if (a.g != null) check(a.g, here)
+            for (const o of n.output!) here.add(o)
+          }
+          for (const o of graph.output!) expect(here.has(o.name!), `${graph.name} outputs ${o.name}`).toBe(true)
+        }
+        check(g, known)
       }
     } finally {
       await rm(root, { recursive: true, force: true })
@@ -135,6 +159,16 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
 })
 
 const TOKENS = 48
+
+const argmax = (x: Float32Array): number => { let best = 0; for (let j = 1; j < x.length; j++) if (x[j]! > x[best]!) best = j; return best }
+const sameBits = (a: Float32Array, b: Float32Array): boolean => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
+const logitsOf = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data }
+/** A step's logits for its last `n` positions, one array each. */
+const splitLogits = (o: StepOutput, n: number): Float32Array[] => {
+  const all = logitsOf(o)
+  const V = all.length / n
+  return Array.from({ length: n }, (_, i) => all.slice(i * V, (i + 1) * V))
+}
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
 
 describe('shoal\'s kernels where they cannot be built', () => {
@@ -199,18 +233,47 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
       const out: Float32Array[] = []
       let o = await e.step(seq, { tokenIds: p }, p.map((_, i) => i))
       for (let t = 0; t < 12; t++) {
-        if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`)
-        out.push(o.data)
-        let best = 0
-        for (let j = 1; j < o.data.length; j++) if (o.data[j]! > o.data[best]!) best = j
-        o = await e.step(seq, { tokenIds: [best] }, [p.length + t])
+        out.push(logitsOf(o))
+        o = await e.step(seq, { tokenIds: [argmax(logitsOf(o))] }, [p.length + t])
       }
       await e.free(seq)
       return out
     }
     const [a, b] = [await run(swapped), await run(written)]
     expect(a).toHaveLength(12)
-    for (const [i, x] of a.entries()) expect(Buffer.from(x.buffer, x.byteOffset, x.byteLength).equals(Buffer.from(b[i]!.buffer, b[i]!.byteOffset, b[i]!.byteLength)), `step ${i}`).toBe(true)
+    for (const [i, x] of a.entries()) expect(sameBits(x, b[i]!), `step ${i}`).toBe(true)
+  }, 120_000)
+
+  it('a verify step (drafts, every position kept) gives each position the bits of one-position steps, after a prompt prefilled whole or chunked', async () => {
+    const engine = await engineOf(join(root, 'shard'), manifest, lib)
+    const p = prompts[2]!
+    const N = 14
+    const positions = (from: number, n: number): number[] => Array.from({ length: n }, (_, i) => from + i)
+    // The reference: the prompt prefilled (GroupQueryAttention), then one position a step.
+    const seq = await engine.open()
+    const single = [logitsOf(await engine.step(seq, { tokenIds: p }, positions(0, p.length)))]
+    const tokens: number[] = []
+    for (let t = 0; t < N; t++) {
+      tokens.push(argmax(single.at(-1)!))
+      single.push(logitsOf(await engine.step(seq, { tokenIds: [tokens[t]!] }, [p.length + t])))
+    }
+    await engine.free(seq)
+    // The same prompt, whole or in chunks of 7 and the rest, then its greedy continuation verified
+    // as drafts: steps of 1 + 4 drafts, every position's logits kept.
+    for (const chunks of [[p.length], [7, p.length - 7]]) {
+      const s2 = await engine.open()
+      let at = 0
+      let last: StepOutput | undefined
+      for (const n of chunks) { last = await engine.step(s2, { tokenIds: p.slice(at, at + n) }, positions(at, n)); at += n }
+      const got = [logitsOf(last!)]
+      for (let t = 0; t < N; t += 5) {
+        const ids = tokens.slice(t, t + 5)
+        got.push(...splitLogits(await engine.step(s2, { tokenIds: ids }, positions(p.length + t, ids.length), { logitsToKeep: ids.length }), ids.length))
+      }
+      await engine.free(s2)
+      expect(got).toHaveLength(N + 1)
+      for (const [i, x] of single.entries()) expect(sameBits(got[i]!, x), `chunks ${chunks.join('+')}, position ${p.length - 1 + i}`).toBe(true)
+    }
   }, 120_000)
 
   it('a ragged batch of four gives each sequence its batch-of-one tokens bit for bit, whatever the CPU', async () => {
@@ -262,6 +325,33 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     expect(chain.ids).toEqual(expected)
   }, 180_000)
 
+  it('int4 shards on them speculate by default (prompt lookup), and their tokens are plain decoding\'s', async () => {
+    // Text that repeats, so lookup drafts and the target accepts; 96 tokens of it.
+    const p = Array.from({ length: 24 }, (_, i) => 40 + (i % 6))
+    const expected = await greedyAlone(await engineOf(join(root, 'shard'), manifest, lib), p, 96)
+    const lines: Array<Record<string, unknown>> = []
+    const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
+    const daemon = await startDaemon(join(root, 'shard'), join(root, 'lookup'), {}, logger)
+    try {
+      const loaded = lines.find(l => l.msg === 'model loaded')
+      expect(loaded?.drafter).toBe('prompt-lookup (default)')
+      expect(loaded?.promptLookup).toBeUndefined()
+      expect(loaded?.verifyKernel).toBe('shoal')
+      const r = await daemon.client.completions.create({
+        model: manifest.modelId, prompt: p, max_tokens: 96, temperature: 0,
+        // @ts-expect-error vLLM-style extension
+        return_token_ids: true,
+      })
+      expect((r.choices[0] as unknown as { token_ids: number[] }).token_ids).toEqual(expected)
+      const metrics = await (await fetch(`${daemon.url}/metrics`)).text()
+      const accepted = Number(/^shoal_speculative_accepted_tokens_total\{[^}]*\} (\d+)/m.exec(metrics)?.[1] ?? 0)
+      console.log(`int4 on the kernels, default prompt lookup: ${accepted} of 96 tokens accepted drafts`)
+      expect(accepted).toBeGreaterThan(0)
+    } finally {
+      await daemon.stop()
+    }
+  }, 180_000)
+
   it('a draft model (--draft DIR) runs on them too, and speculation keeps the target\'s tokens', async () => {
     // The target must compute in f32 activations to speculate on (fp32 here: the attention
     // kernel); the int4 shards draft, on both kernels.
@@ -271,7 +361,7 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     const spec = await served(join(root, 'shard-fp32'), 'draft', p, undefined, join(root, 'shard'), target.modelId)
     const loaded = spec.lines.find(l => l.msg === 'model loaded')
     expect(loaded?.drafter).toBe(`draft:${manifest.modelId}`)
-    expect(loaded?.draftKernels).toEqual(['int4', 'attention'])
+    expect(loaded?.draftKernels).toEqual(['int4', 'attention', 'verify'])
     expect(loaded?.attentionKernel).toBe('shoal')
     expect(spec.ids).toEqual(expected)
   }, 180_000)

@@ -11,6 +11,7 @@ import OpenAI from 'openai'
 import { pino } from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createDaemon, validateConfig } from '../../daemon/node/index.ts'
+import type { DaemonConfig } from '../../daemon/node/index.ts'
 import { compileShards } from '../../shards/index.ts'
 import { referenceGreedy } from '../engine/reference-greedy.ts'
 import { buildDraftPair } from './pair.ts'
@@ -21,9 +22,10 @@ interface TokenChoice { text: string, prompt_token_ids?: number[], token_ids?: n
 describe('shoal serve with --draft', () => {
   let pair: DraftPairFixture
   const stops: Array<() => Promise<void>> = []
-  async function serve (draft: string | undefined, shardDir = pair.target.shardDir): Promise<{ url: string, client: OpenAI }> {
+  async function serve (draft: string | undefined, shardDir = pair.target.shardDir, extra: Partial<DaemonConfig> = {}): Promise<{ url: string, client: OpenAI }> {
     const root = join(pair.target.shardDir, '..', `run-${stops.length}`)
     const daemon = createDaemon(validateConfig({
+      ...extra,
       models: [{ dir: shardDir }],
       ...(draft === undefined ? {} : { draft }),
       api: { host: '127.0.0.1', port: 0 },
@@ -102,10 +104,11 @@ describe('shoal serve with --draft', () => {
     expect(await (await fetch(`${off.url}/metrics`)).text()).not.toMatch(/shoal_speculative_drafted_tokens_total\{/)
   })
 
-  it('without --draft: int8-activation shards decode plainly, without an error', async () => {
+  it('without --draft: int8-activation shards on onnxruntime\'s kernels decode plainly, without an error', async () => {
+    // (On shoal's kernels they speculate exactly: test/engine/native-kernels.test.ts.)
     const dir = join(pair.target.shardDir, '..', 'int4')
     await compileShards({ modelDir: join(pair.target.shardDir, '..', 'ckpt', 'target'), outDir: dir, quant: 'int4' })
-    const { url, client } = await serve(undefined, dir)
+    const { url, client } = await serve(undefined, dir, { kernels: 'onnxruntime' })
     const res = await complete(client, { prompt: 'one two three one two three one two', max_tokens: 16, temperature: 0 })
     expect(res.tokens.length).toBeGreaterThan(0)
     expect(await speculationOf(url, res.receiptId)).toBeUndefined()

@@ -24,6 +24,15 @@ describe('default prompt lookup', () => {
     expect(defaultLookupSkipped(stage)).toMatch(/chain/)
   })
 
+  it('is on for int8 activations where shoal\'s kernels run both the int4 products and the verify steps', () => {
+    expect(defaultLookupSkipped({ ...int4int8, kernels: ['int4', 'attention', 'verify'] })).toBeUndefined()
+    expect(defaultLookupSkipped({ ...int4unset, kernels: ['int4', 'verify'] })).toBeUndefined()
+    // One without the other is not enough: MatMulNBits' rows, or GroupQueryAttention's verify, round otherwise.
+    expect(defaultLookupSkipped({ ...int4int8, kernels: ['int4', 'attention'] })).toMatch(/int8 activations/)
+    expect(defaultLookupSkipped({ ...int4int8, kernels: ['attention', 'verify'] })).toMatch(/int8 activations/)
+    expect(defaultLookupSkipped({ ...stage, quantization: int4int8.quantization, kernels: ['int4', 'verify'] })).toMatch(/chain/)
+  })
+
   it('takes greedy requests (seeded or not) and unseeded sampled ones; seeded sampled ones keep the plain path', () => {
     expect(defaultLookupTakes({ temperature: 0 })).toBe(true)
     expect(defaultLookupTakes({ temperature: 0, seed: 7 })).toBe(true)

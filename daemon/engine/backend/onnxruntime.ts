@@ -46,8 +46,8 @@ export async function createOrtSession (graphPath: string, options: Pick<LoadOpt
  */
 async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): Promise<ort.InferenceSession> {
   loadKernelLibrary(lib)
-  const { bytes, int4, attention } = swapKernels(await readFile(graphPath))
-  if (int4 + attention === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
+  const { bytes, int4, attention, steps } = swapKernels(await readFile(graphPath))
+  if (int4 + attention + steps === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
   return await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } })

@@ -1,10 +1,11 @@
 /*
- * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–36), which `shoal
+ * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–37), which `shoal
  * serve` and `shoal node` run where this library builds and passes its self-check
  * (daemon/engine/native): an int4 product for MatMulNBits' weights (MatMulQ4, q4-matmul.h) in
  * place of MatMulNBits, and the fused one-position attention of
  * reproduction/native/fused-attention.c (DecodeAttention, below) in place of the compiler's
- * one-position attention nodes.
+ * one-position attention nodes, and the same at every position of a speculative verify step
+ * (VerifyAttention).
  * onnxruntime-node gives no way to register a custom op, so this library stands in for
  * onnxruntime's one exported entry, OrtGetApiBase: it hands out onnxruntime's own API table with
  * CreateSession / CreateSessionFromArray wrapped so that every session's options get one more op
@@ -29,6 +30,13 @@
  * not MLAS's, so its bits are not the shipped graph's. A shape it cannot take ends the process
  * with a message (an op of this ABI version has no error return): the graphs it serves are the
  * compiler's own.
+ *
+ * VerifyAttention (domain ai.shoal), DecodeAttention's attributes: q [B, S, H·hd], k, v [B, S,
+ *   kvH·hd], the past buffers, seqlens_k as GroupQueryAttention takes it (a row's past and new
+ *   positions less one) -> context [B, S, H·hd]: position i of row b attends over the live past
+ *   and the step's positions up to i with DecodeAttention's sums in DecodeAttention's order, so
+ *   each position's bits are those of a one-position step at it (a speculative verify step gives
+ *   plain decoding's tokens, int8 activations included).
  *
  * MatMulQ4 (domain ai.shoal), MatMulNBits' inputs and attributes (A float [..., K], B uint8
  * [N, K/32, 16], scales float [N·K/32]; K, N, bits 4, block_size 32) -> Y [..., N]: q4-matmul.h.
@@ -241,11 +249,22 @@ static inline float exp_and_sum (float *s, int n, float top) {
   return sum;
 }
 
-/* acc[j·hd + d] = Σ_t p[j·S + t] · v[t·hd + d] for the G query heads, t < T in order. WV_HEADS
- * heads and WV_CHUNKS·16 lanes at a time where the shape allows (that many running sums in
- * registers: each step's multiply-adds are independent), else one head and 16 lanes at a time;
- * each lane's sum runs over t in order either way, so the bits are the same. */
-static void weighted_values (int G, int hd, int T, int S, const float *p, const float *v, float *acc) {
+/* acc[j·hd + d] = Σ_t p[j·S + t] · v_t[d] for the G query heads, t < T1 + T2 in order, where v_t is
+ * row t of `v1` (rows of hd) for t < T1 and row t − T1 of `v2` (rows `stride2` apart) after: the
+ * past buffer, then a step's own earlier positions (VerifyAttention). WV_HEADS heads and
+ * WV_CHUNKS·16 lanes at a time where the shape allows (that many running sums in registers: each
+ * step's multiply-adds are independent), else one head and 16 lanes at a time; each lane's sum
+ * runs over t in order either way, whichever segment a row comes from, so the bits are the same. */
+#define WV_BLOCK_STEP(t, vt) do { \
+    v16 x[WV_CHUNKS]; \
+    for (int b = 0; b < WV_CHUNKS; b++) x[b] = load16((vt) + 16 * b); \
+    for (int h = 0; h < WV_HEADS; h++) { \
+      const float w = p[(size_t)(j + h) * S + (t)]; \
+      for (int b = 0; b < WV_CHUNKS; b++) a[h][b] = madds16(a[h][b], w, x[b]); \
+    } \
+  } while (0)
+
+static void weighted_values (int G, int hd, int T1, const float *v1, int T2, const float *v2, size_t stride2, int S, const float *p, float *acc) {
   int j = 0;
   const int span = 16 * WV_CHUNKS;
   if (hd % span == 0) {
@@ -253,15 +272,8 @@ static void weighted_values (int G, int hd, int T, int S, const float *p, const 
       for (int d = 0; d < hd; d += span) {
         v16 a[WV_HEADS][WV_CHUNKS];
         for (int h = 0; h < WV_HEADS; h++) for (int b = 0; b < WV_CHUNKS; b++) a[h][b] = zero16();
-        for (int t = 0; t < T; t++) {
-          const float *vt = v + (size_t)t * hd + d;
-          v16 x[WV_CHUNKS];
-          for (int b = 0; b < WV_CHUNKS; b++) x[b] = load16(vt + 16 * b);
-          for (int h = 0; h < WV_HEADS; h++) {
-            const float w = p[(size_t)(j + h) * S + t];
-            for (int b = 0; b < WV_CHUNKS; b++) a[h][b] = madds16(a[h][b], w, x[b]);
-          }
-        }
+        for (int t = 0; t < T1; t++) WV_BLOCK_STEP(t, v1 + (size_t)t * hd + d);
+        for (int t = 0; t < T2; t++) WV_BLOCK_STEP(T1 + t, v2 + (size_t)t * stride2 + d);
         for (int h = 0; h < WV_HEADS; h++) for (int b = 0; b < WV_CHUNKS; b++) store16(acc + (size_t)(j + h) * hd + d + 16 * b, a[h][b]);
       }
     }
@@ -270,35 +282,44 @@ static void weighted_values (int G, int hd, int T, int S, const float *p, const 
     const float *pj = p + (size_t)j * S;
     for (int d = 0; d < hd; d += 16) {
       v16 a0 = zero16();
-      for (int t = 0; t < T; t++) a0 = madds16(a0, pj[t], load16(v + (size_t)t * hd + d));
+      for (int t = 0; t < T1; t++) a0 = madds16(a0, pj[t], load16(v1 + (size_t)t * hd + d));
+      for (int t = 0; t < T2; t++) a0 = madds16(a0, pj[T1 + t], load16(v2 + (size_t)t * stride2 + d));
       store16(acc + (size_t)j * hd + d, a0);
     }
   }
 }
 
-/* One row's kv head: G query heads over T live past columns (rows of `pk`, `pv`) and the new
- * position (nk, nv). scores: G × (T + 1); qs, acc: G × hd. */
-static void attend_head (int G, int hd, int T, float scale, const float *q, const float *pk, const float *pv,
-  const float *nk, const float *nv, float *out, float *scores, float *qs, float *acc) {
-  const int S = T + 1;
+/* One row's kv head at one position: G query heads over T columns of the past buffer (rows of
+ * `pk`, `pv`), then J columns of the step's own earlier positions (rows `mstride` apart from
+ * `mk`, `mv`: VerifyAttention; 0 for DecodeAttention), and the position itself (nk, nv). A
+ * position's columns are the same whether they lie in the buffer or came in the same step, and
+ * every sum runs over them in order, so its bits are those of a one-position step at it.
+ * scores: G × (T + J + 1); qs, acc: G × hd. */
+static void attend_head (int G, int hd, int T, int J, float scale, const float *q, const float *pk, const float *pv,
+  const float *mk, const float *mv, size_t mstride, const float *nk, const float *nv, float *out, float *scores, float *qs, float *acc) {
+  const int C = T + J, S = C + 1;
   for (int i = 0; i < G * hd; i++) qs[i] = q[i] * scale;
   for (int t = 0; t < T; t++) {
     const float *kt = pk + (size_t)t * hd;
     for (int j = 0; j < G; j++) scores[j * S + t] = dot(qs + j * hd, kt, hd);
   }
+  for (int t = 0; t < J; t++) {
+    const float *kt = mk + (size_t)t * mstride;
+    for (int j = 0; j < G; j++) scores[j * S + T + t] = dot(qs + j * hd, kt, hd);
+  }
   float sums[G];
   for (int j = 0; j < G; j++) {
     float *s = scores + (size_t)j * S;
-    s[T] = dot(qs + j * hd, nk, hd);
-    /* The past's weights and sum, then the new position's: the order the graph's forms use too. */
+    s[C] = dot(qs + j * hd, nk, hd);
+    /* The earlier columns' weights and sum, then the position's own: the order the graph's forms use too. */
     const float top = max_of(s, S);
-    sums[j] = exp_and_sum(s, T, top);
-    s[T] = exp_neg(s[T] - top);
-    sums[j] += s[T];
+    sums[j] = exp_and_sum(s, C, top);
+    s[C] = exp_neg(s[C] - top);
+    sums[j] += s[C];
   }
-  weighted_values(G, hd, T, S, scores, pv, acc);
+  weighted_values(G, hd, T, pv, J, mv, mstride, S, scores, acc);
   for (int j = 0; j < G; j++) {
-    const float e = scores[(size_t)j * S + T];
+    const float e = scores[(size_t)j * S + C];
     for (int d = 0; d < hd; d++) out[j * hd + d] = (acc[j * hd + d] + e * nv[d]) / sums[j];
   }
 }
@@ -357,8 +378,8 @@ static void run_unit (void *data, size_t u) {
   const int b = (int)(u / w->KVH), h = (int)(u % w->KVH);
   const int T = w->lens[b] < 0 ? 0 : w->lens[b] > w->W ? w->W : w->lens[b];
   float *scores = w->scratch + u * w->stride, *qs = scores + w->G * (w->W + 1), *acc = qs + w->G * w->hd;
-  attend_head(w->G, w->hd, T, w->scale, w->q + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, w->pk + u * w->W * w->hd, w->pv + u * w->W * w->hd,
-    w->nk + u * w->hd, w->nv + u * w->hd, w->out + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, scores, qs, acc);
+  attend_head(w->G, w->hd, T, 0, w->scale, w->q + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, w->pk + u * w->W * w->hd, w->pv + u * w->W * w->hd,
+    NULL, NULL, 0, w->nk + u * w->hd, w->nv + u * w->hd, w->out + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, scores, qs, acc);
 }
 
 static void fail (const char *what, OrtStatus *status);
@@ -398,6 +419,62 @@ static void compute (void *kernel, void *context) {
   free(w.scratch);
 }
 
+/* ---- VerifyAttention: DecodeAttention at each of a step's S positions ---- */
+
+/* One compute's view: unit u is (row b, kv head h, position i), u = (b·KVH + h)·S + i. */
+typedef struct {
+  int G, hd, KVH, H, W, S;
+  float scale;
+  const float *q, *k, *v, *pk, *pv;
+  const int32_t *lens;
+  float *out, *scratch;
+  size_t stride;
+} VerifyWork;
+
+static void run_verify_unit (void *data, size_t u) {
+  const VerifyWork *w = data;
+  const int i = (int)(u % (size_t)w->S), bh = (int)(u / (size_t)w->S), b = bh / w->KVH, h = bh % w->KVH;
+  /* seqlens_k as GroupQueryAttention takes it: a row's past and new positions less one, so its
+   * live past columns are seqlens_k + 1 − S (every row of a step has S new positions). */
+  const int past = w->lens[b] + 1 - w->S, T = past < 0 ? 0 : past > w->W ? w->W : past;
+  const size_t kvRow = (size_t)w->KVH * w->hd, qRow = (size_t)w->H * w->hd;
+  const float *k0 = w->k + (size_t)b * w->S * kvRow + (size_t)h * w->hd, *v0 = w->v + (size_t)b * w->S * kvRow + (size_t)h * w->hd;
+  const size_t head = ((size_t)b * w->S + (size_t)i) * qRow + (size_t)h * w->G * w->hd;
+  float *scores = w->scratch + u * w->stride, *qs = scores + w->G * (w->W + w->S), *acc = qs + w->G * w->hd;
+  attend_head(w->G, w->hd, T, i, w->scale, w->q + head, w->pk + (size_t)bh * w->W * w->hd, w->pv + (size_t)bh * w->W * w->hd,
+    k0, v0, kvRow, k0 + (size_t)i * kvRow, v0 + (size_t)i * kvRow, w->out + head, scores, qs, acc);
+}
+
+/* q [B, S, H·hd] (rotated, unscaled), k, v [B, S, kvH·hd] (k rotated), past_k, past_v [B, kvH, W,
+ * hd], seqlens_k int32 [B] -> context [B, S, H·hd]: position i of row b attends over the row's live
+ * past and the step's positions up to i, with DecodeAttention's sums in DecodeAttention's order. So
+ * a step of several positions (a prefill chunk, a speculative verify) gives each position the bits a
+ * one-position step at it would: however a prompt is chunked, and whether a draft is verified or
+ * decoded. */
+static void compute_verify (void *kernel, void *context) {
+  const Kernel *k = kernel;
+  const int H = (int)k->heads, KVH = (int)k->kv_heads, G = H / KVH;
+  int64_t qd[3], kd[3], pd[4];
+  shape_of("VerifyAttention", input(context, 0), qd, 3, 3);
+  shape_of("VerifyAttention", input(context, 1), kd, 3, 3);
+  shape_of("VerifyAttention", input(context, 3), pd, 4, 4);
+  const int B = (int)qd[0], S = (int)qd[1], W = (int)pd[2], hd = (int)pd[3];
+  if (qd[2] != (int64_t)H * hd || kd[0] != B || kd[1] != S || kd[2] != (int64_t)KVH * hd || pd[0] != B || pd[1] != KVH || hd % LANES != 0) {
+    fprintf(stderr, "shoal VerifyAttention: shapes do not agree\n");
+    abort();
+  }
+  void *outv = NULL;
+  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 0, qd, 3, &outv);
+  if (B == 0 || S == 0) return;
+  VerifyWork w = { G, hd, KVH, H, W, S, 1.0f / sqrtf((float)hd), data_of(input(context, 0)), data_of(input(context, 1)), data_of(input(context, 2)),
+    data_of(input(context, 3)), data_of(input(context, 4)), data_of(input(context, 5)), data_of(outv), NULL, (size_t)G * (W + S) + 2 * (size_t)G * hd };
+  const size_t units = (size_t)B * KVH * S;
+  w.scratch = malloc(sizeof(float) * w.stride * units);
+  if (w.scratch == NULL) { fprintf(stderr, "shoal VerifyAttention: out of memory\n"); abort(); }
+  run_units(context, run_verify_unit, units, units < 64 ? units : 64, &w);
+  free(w.scratch);
+}
+
 static void destroy_kernel (void *kernel) { free(kernel); }
 static const char *op_name (const OrtCustomOp *op) { (void)op; return "DecodeAttention"; }
 static const char *op_provider (const OrtCustomOp *op) { (void)op; return NULL; }
@@ -411,6 +488,13 @@ static int one (const OrtCustomOp *op) { (void)op; return 1; }
 
 static const OrtCustomOp decode_attention = {
   14, create_kernel, op_name, op_provider, input_type, input_count, output_type, output_count, compute, destroy_kernel,
+  required, required, memory_default, one, one, one, one,
+};
+
+static const char *verify_name (const OrtCustomOp *op) { (void)op; return "VerifyAttention"; }
+
+static const OrtCustomOp verify_attention = {
+  14, create_kernel, verify_name, op_provider, input_type, input_count, output_type, output_count, compute_verify, destroy_kernel,
   required, required, memory_default, one, one, one, one,
 };
 
@@ -548,6 +632,7 @@ static void make_domain (void) {
   if ((s = ((CreateCustomOpDomainFn)SLOT(api, API_CREATE_CUSTOM_OP_DOMAIN))("ai.shoal", &domain)) != NULL) fail("CreateCustomOpDomain", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &matmul_q4)) != NULL) fail("CustomOpDomain_Add", s);
+  if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &verify_attention)) != NULL) fail("CustomOpDomain_Add", s);
 }
 
 static void add_domain (const void *options) {

@@ -1,14 +1,15 @@
 /**
  * The graph a node with shoal's kernels runs: the compiler's graph with every MatMulNBits the int4
  * kernel takes made a MatMulQ4 (NATIVE_KERNEL_DOMAIN) — the op type and domain only; inputs,
- * attributes and weights stay — and every one-position attention block made one DecodeAttention
- * node, the graph the compiler writes for its 'native' form. Done in memory when a session is
+ * attributes and weights stay — every one-position attention block made one DecodeAttention
+ * node, the graph the compiler writes for its 'native' form, and verify steps (every position's
+ * logits kept) given VerifyAttention, each position as a one-position step. Done in memory when a session is
  * made, so that the shards on disk, and the manifest hash that names the model to the mesh, are
  * the compiler's on every node, whether or not it has the kernels. Pure functions of the graph's
  * bytes and the manifest.
  */
 import onnxProto from 'onnx-proto'
-import { NATIVE_KERNEL_DOMAIN } from '../../../shards/contract.ts'
+import { NATIVE_KERNEL_DOMAIN, NUM_LOGITS_TO_KEEP } from '../../../shards/contract.ts'
 import type { ShardManifest } from '../../../shards/contract.ts'
 import { MS_DOMAIN } from '../../../shards/graph/builder.ts'
 
@@ -166,6 +167,87 @@ function dropUnread (graphs: IGraphProto[], prefix: string): void {
   }
 }
 
+/**
+ * Speculative verify steps on the kernel: in every layer's `…/decode/If` whose one-position branch
+ * runs DecodeAttention (after swapAttention, or as compiled in the 'native' form), the other
+ * branch (GroupQueryAttention, for steps of several positions) becomes an If of its own: a step
+ * that keeps every position's logits (a verify of K drafts: K + 1 positions, K + 1 kept) runs the
+ * one-position branch's nodes with VerifyAttention in DecodeAttention's place (the query, key and
+ * value split and rotated as one-position steps do; the new key and value columns [B, S, kvH·hd]
+ * as [B, kvH, S, hd]), so each position gets the bits a one-position step at it would (ort-kernels.c,
+ * VerifyAttention) and a verified draft is the token plain decoding gives. Prefill (one kept
+ * position) stays on GroupQueryAttention, whose bits do not depend on how a prompt is chunked and
+ * whose long prompts it runs faster (VerifyAttention took 1.4–1.6× its time at 2,000 tokens).
+ * Graphs without a head (no num_logits_to_keep) keep theirs. Returns how many layers.
+ */
+function swapSteps (main: IGraphProto): number {
+  const graphs = allGraphs(main)
+  const stepLength = byName(main).get('/model/decode/S/Shape')?.output?.[0]
+  const keep = main.input?.find(i => i.name === NUM_LOGITS_TO_KEEP)?.name
+  if (stepLength == null || keep == null) return 0
+  let swapped = 0
+  const initializers = main.initializer ?? []
+  main.initializer = initializers
+  main.node = (main.node ?? []).flatMap(node => {
+    const name = node.name ?? ''
+    const then = node.attribute?.find(a => a.name === 'then_branch')?.g
+    const otherwise = node.attribute?.find(a => a.name === 'else_branch')
+    if (node.opType !== 'If' || !name.endsWith('/decode/If') || then == null || otherwise?.g == null) return [node]
+    const inner = then.node ?? []
+    const attention = inner.find(n => n.opType === 'DecodeAttention' && n.domain === NATIVE_KERNEL_DOMAIN)
+    const outs = (then.output ?? []).map(o => o.name ?? '')
+    const kReshape = inner.find(n => n.opType === 'Reshape' && n.output?.[0] === outs[1])
+    const vReshape = inner.find(n => n.opType === 'Reshape' && n.output?.[0] === outs[2])
+    if (attention === undefined || outs.length !== 3 || attention.output?.[0] !== outs[0] || kReshape === undefined || vReshape === undefined) return [node]
+    const kvH = intAttr(attention, 'kv_num_heads')
+    const kShape = int64s(graphs, kReshape.input?.[1] ?? '') // [0, kvH, 1, hd]
+    if (kvH === undefined || kShape?.length !== 4) return [node]
+    const m = name.slice(0, -'/If'.length)
+    // The one-position branch's nodes again, their values renamed: names are unique model-wide.
+    const made = new Set(inner.flatMap(n => n.output ?? []))
+    const renamed = (v: string): string => made.has(v) ? `${v}/verify` : v
+    const copy = (n: INodeProto, extra: Partial<INodeProto> = {}): INodeProto =>
+      onnx.NodeProto.create({ ...n, name: `${n.name ?? ''}/verify`, input: (n.input ?? []).map(renamed), output: (n.output ?? []).map(renamed), ...extra })
+    const shapeName = `${m}/verify/kv_shape`
+    initializers.push(onnx.TensorProto.create({ name: shapeName, dataType: onnx.TensorProto.DataType.INT64, dims: [4], int64Data: [0, -1, kvH, kShape[3]!] }))
+    const columns = (kind: 'k' | 'v', of: string): INodeProto[] => [
+      onnx.NodeProto.create({ name: `${m}/verify/${kind}/Reshape`, opType: 'Reshape', input: [renamed(of), shapeName], output: [`${m}/verify/${kind}/heads`] }),
+      onnx.NodeProto.create({
+        name: `${m}/verify/${kind}/Transpose`, opType: 'Transpose', input: [`${m}/verify/${kind}/heads`], output: [`${m}/verify/${kind}/columns`],
+        attribute: [onnx.AttributeProto.create({ name: 'perm', type: onnx.AttributeProto.AttributeType.INTS, ints: [0, 2, 1, 3] })],
+      }),
+    ]
+    const verify = onnx.GraphProto.create({
+      name: `${m}/verify`,
+      node: [
+        ...inner.filter(n => n !== attention && n !== kReshape && n !== vReshape).map(n => copy(n)),
+        copy(attention, { name: `${m}/verify/VerifyAttention`, opType: 'VerifyAttention', output: [`${m}/verify/context`] }),
+        ...columns('k', kReshape.input![0]!),
+        ...columns('v', vReshape.input![0]!),
+      ],
+      output: [`${m}/verify/context`, `${m}/verify/k/columns`, `${m}/verify/v/columns`].map((o, i) => onnx.ValueInfoProto.create({ name: o, type: then.output![i]!.type })),
+    })
+    const longer = otherwise.g
+    const branchOuts = (longer.output ?? []).map((_, i) => `${m}/steps/If:${i}`)
+    const cond = onnx.NodeProto.create({ name: `${m}/verify/cond/Equal`, opType: 'Equal', input: [keep, stepLength], output: [`${m}/verify/cond`] })
+    const steps = onnx.NodeProto.create({
+      name: `${m}/steps/If`, opType: 'If', input: [`${m}/verify/cond`], output: branchOuts,
+      attribute: [
+        onnx.AttributeProto.create({ name: 'then_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: verify }),
+        onnx.AttributeProto.create({ name: 'else_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: longer }),
+      ],
+    })
+    otherwise.g = onnx.GraphProto.create({
+      name: longer.name ?? `${m}/else`,
+      node: [steps],
+      output: branchOuts.map((o, i) => onnx.ValueInfoProto.create({ name: o, type: longer.output![i]!.type })),
+    })
+    swapped++
+    return [cond, node]
+  })
+  return swapped
+}
+
 export interface KernelSwap {
   /** The graph to load: the input itself when nothing was swapped. */
   bytes: Uint8Array
@@ -173,6 +255,8 @@ export interface KernelSwap {
   int4: number
   /** One-position attention blocks made DecodeAttention. */
   attention: number
+  /** Layers whose verify steps (every position kept) run VerifyAttention (swapSteps). */
+  steps: number
 }
 
 /**
@@ -181,12 +265,13 @@ export interface KernelSwap {
  */
 export function swapKernels (model: Uint8Array): KernelSwap {
   const m = onnx.ModelProto.decode(model)
-  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0 }
+  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0, steps: 0 }
   const int4 = swapGraph(m.graph)
   const attention = swapAttention(m.graph)
-  if (int4 + attention === 0) return { bytes: model, int4, attention }
+  const steps = swapSteps(m.graph)
+  if (int4 + attention + steps === 0) return { bytes: model, int4, attention, steps }
   if (!m.opsetImport.some(o => o.domain === NATIVE_KERNEL_DOMAIN)) m.opsetImport.push(onnx.OperatorSetIdProto.create({ domain: NATIVE_KERNEL_DOMAIN, version: 1 }))
-  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention }
+  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps }
 }
 
 /**
@@ -215,6 +300,14 @@ export function int4ProductsTakeKernel (q: ShardManifest['quantization']): boole
  */
 export function attentionKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
   return manifest.opSet === 'ort-contrib' && manifest.decodeAttention !== 'native' && manifest.shape.headDim % ATTENTION_LANES === 0
+}
+
+/**
+ * Whether a whole model's verify steps run on the kernel (swapSteps): the attention kernel applies
+ * and the compiler wrote the one-position branch it replaces (a decode form in the manifest).
+ */
+export function verifyKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
+  return attentionKernelApplies(manifest) && manifest.decodeAttention !== undefined
 }
 
 /** Which of shoal's kernels a model's graphs run where the library is loaded (as capabilities name them). */

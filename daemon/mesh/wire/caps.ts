@@ -52,7 +52,8 @@ export interface ServedModel {
   devices?: string[]
   /**
    * shoal's own kernels this model's graphs run on here (`int4`: its int4 product in place of
-   * onnxruntime's MatMulNBits; `attention`: its one-position attention; daemon/engine/native).
+   * onnxruntime's MatMulNBits; `attention`: its one-position attention; `verify`: a whole
+   * model's speculative verify steps, position by position as one-position steps; daemon/engine/native).
    * Absent: onnxruntime's kernels only.
    * Replicas give a sequence the same tokens bit for bit only with the same kernels (otherwise to
    * float rounding, a near tie apart). Optional: older readers ignore it.
