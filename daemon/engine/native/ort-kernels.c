@@ -119,7 +119,8 @@ static void *domain;
 
 /* ---- the kernel ---- */
 
-typedef struct { int64_t heads, kv_heads; } Kernel;
+/* An attention kernel: its op's name (for messages) and heads. */
+typedef struct { const char *name; int64_t heads, kv_heads; } Kernel;
 
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_shufflevector)
@@ -325,13 +326,13 @@ static void attend_head (int G, int hd, int T, int J, float scale, const float *
 }
 
 static void *create_kernel (const OrtCustomOp *op, const void *ort, const void *info) {
-  (void)op;
   Kernel *k = calloc(1, sizeof(Kernel));
+  k->name = op->GetName(op);
   KernelInfoGetAttributeInt64Fn get = (KernelInfoGetAttributeInt64Fn)SLOT(ort, API_KERNEL_INFO_GET_ATTRIBUTE_INT64);
   ReleaseFn release = (ReleaseFn)SLOT(ort, API_RELEASE_STATUS);
   OrtStatus *a = get(info, "num_heads", &k->heads), *b = get(info, "kv_num_heads", &k->kv_heads);
   if (a != NULL || b != NULL || k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads != 0) {
-    fprintf(stderr, "shoal DecodeAttention: num_heads and kv_num_heads must be positive, heads a multiple of kv heads\n");
+    fprintf(stderr, "shoal %s: num_heads and kv_num_heads must be positive, heads a multiple of kv heads\n", k->name);
     abort();
   }
   release(a); release(b);
@@ -363,25 +364,6 @@ static void *data_of (const void *value) {
   return p;
 }
 
-/* One compute's shared view: unit u is row u / kvH, kv head u % kvH; its scratch at u · stride. */
-typedef struct {
-  int G, hd, KVH, H, W;
-  float scale;
-  const float *q, *nk, *nv, *pk, *pv;
-  const int32_t *lens;
-  float *out, *scratch;
-  size_t stride;
-} Work;
-
-static void run_unit (void *data, size_t u) {
-  const Work *w = data;
-  const int b = (int)(u / w->KVH), h = (int)(u % w->KVH);
-  const int T = w->lens[b] < 0 ? 0 : w->lens[b] > w->W ? w->W : w->lens[b];
-  float *scores = w->scratch + u * w->stride, *qs = scores + w->G * (w->W + 1), *acc = qs + w->G * w->hd;
-  attend_head(w->G, w->hd, T, 0, w->scale, w->q + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, w->pk + u * w->W * w->hd, w->pv + u * w->W * w->hd,
-    NULL, NULL, 0, w->nk + u * w->hd, w->nv + u * w->hd, w->out + ((size_t)b * w->H + (size_t)h * w->G) * w->hd, scores, qs, acc);
-}
-
 static void fail (const char *what, OrtStatus *status);
 
 /* fn over units [0, units): on the session's intra-op threads in `batches` runs, as onnxruntime's
@@ -394,29 +376,6 @@ static void run_units (void *context, void (*fn)(void *, size_t), size_t units, 
   }
   OrtStatus *st = ((KernelContextParallelForFn)SLOT(api, API_KERNEL_CONTEXT_PARALLEL_FOR))(context, fn, units, batches, data);
   if (st != NULL) fail("KernelContext_ParallelFor", st);
-}
-
-static void compute (void *kernel, void *context) {
-  const Kernel *k = kernel;
-  const int H = (int)k->heads, KVH = (int)k->kv_heads, G = H / KVH;
-  int64_t qd[3], pd[4];
-  shape_of("DecodeAttention", input(context, 0), qd, 3, 3);
-  shape_of("DecodeAttention", input(context, 3), pd, 4, 4);
-  const int B = (int)qd[0], W = (int)pd[2], hd = (int)pd[3];
-  if (qd[2] != (int64_t)H * hd || pd[1] != KVH || hd % LANES != 0) { fprintf(stderr, "shoal DecodeAttention: shapes do not agree\n"); abort(); }
-  const float *q = data_of(input(context, 0)), *nk = data_of(input(context, 1)), *nv = data_of(input(context, 2));
-  const float *pk = data_of(input(context, 3)), *pv = data_of(input(context, 4));
-  const int32_t *lens = data_of(input(context, 5));
-  void *outv = NULL;
-  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 0, qd, 3, &outv);
-  float *out = data_of(outv);
-  Work w = { G, hd, KVH, H, W, 1.0f / sqrtf((float)hd), q, nk, nv, pk, pv, lens, out, NULL, G * (W + 1) + 2 * G * hd };
-  const size_t units = (size_t)B * KVH;
-  w.scratch = malloc(sizeof(float) * w.stride * units);
-  if (w.scratch == NULL) { fprintf(stderr, "shoal DecodeAttention: out of memory\n"); abort(); }
-  /* One unit a (row, kv head). */
-  run_units(context, run_unit, units, units, &w);
-  free(w.scratch);
 }
 
 /* ---- VerifyAttention: DecodeAttention at each of a step's S positions ---- */
@@ -448,19 +407,19 @@ static void run_verify_unit (void *data, size_t u) {
 /* q [B, S, H·hd] (rotated, unscaled), k, v [B, S, kvH·hd] (k rotated), past_k, past_v [B, kvH, W,
  * hd], seqlens_k int32 [B] -> context [B, S, H·hd]: position i of row b attends over the row's live
  * past and the step's positions up to i, with DecodeAttention's sums in DecodeAttention's order. So
- * a step of several positions (a prefill chunk, a speculative verify) gives each position the bits a
- * one-position step at it would: however a prompt is chunked, and whether a draft is verified or
- * decoded. */
+ * a step of several positions (a speculative verify: shoal's graphs keep onnxruntime's
+ * GroupQueryAttention for prefill, faster on long prompts) gives each position the bits a
+ * one-position step at it would, and a verified draft is the token decoding would give. */
 static void compute_verify (void *kernel, void *context) {
   const Kernel *k = kernel;
   const int H = (int)k->heads, KVH = (int)k->kv_heads, G = H / KVH;
   int64_t qd[3], kd[3], pd[4];
-  shape_of("VerifyAttention", input(context, 0), qd, 3, 3);
-  shape_of("VerifyAttention", input(context, 1), kd, 3, 3);
-  shape_of("VerifyAttention", input(context, 3), pd, 4, 4);
+  shape_of(k->name, input(context, 0), qd, 3, 3);
+  shape_of(k->name, input(context, 1), kd, 3, 3);
+  shape_of(k->name, input(context, 3), pd, 4, 4);
   const int B = (int)qd[0], S = (int)qd[1], W = (int)pd[2], hd = (int)pd[3];
   if (qd[2] != (int64_t)H * hd || kd[0] != B || kd[1] != S || kd[2] != (int64_t)KVH * hd || pd[0] != B || pd[1] != KVH || hd % LANES != 0) {
-    fprintf(stderr, "shoal VerifyAttention: shapes do not agree\n");
+    fprintf(stderr, "shoal %s: shapes do not agree\n", k->name);
     abort();
   }
   void *outv = NULL;
@@ -470,7 +429,7 @@ static void compute_verify (void *kernel, void *context) {
     data_of(input(context, 3)), data_of(input(context, 4)), data_of(input(context, 5)), data_of(outv), NULL, (size_t)G * (W + S) + 2 * (size_t)G * hd };
   const size_t units = (size_t)B * KVH * S;
   w.scratch = malloc(sizeof(float) * w.stride * units);
-  if (w.scratch == NULL) { fprintf(stderr, "shoal VerifyAttention: out of memory\n"); abort(); }
+  if (w.scratch == NULL) { fprintf(stderr, "shoal %s: out of memory\n", k->name); abort(); }
   run_units(context, run_verify_unit, units, units < 64 ? units : 64, &w);
   free(w.scratch);
 }
@@ -486,8 +445,9 @@ static int required (const OrtCustomOp *op, size_t i) { (void)op; (void)i; retur
 static int memory_default (const OrtCustomOp *op, size_t i) { (void)op; (void)i; return MEM_DEFAULT; }
 static int one (const OrtCustomOp *op) { (void)op; return 1; }
 
+/* DecodeAttention is VerifyAttention of one position: seqlens_k is then the live past itself. */
 static const OrtCustomOp decode_attention = {
-  14, create_kernel, op_name, op_provider, input_type, input_count, output_type, output_count, compute, destroy_kernel,
+  14, create_kernel, op_name, op_provider, input_type, input_count, output_type, output_count, compute_verify, destroy_kernel,
   required, required, memory_default, one, one, one, one,
 };
 
