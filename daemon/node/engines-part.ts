@@ -84,8 +84,7 @@ export interface EnginesPartDeps {
   engines: Engines
 }
 
-/** What the default prompt lookup decides by (daemon/speculative default.ts). */
-/** What the default prompt lookup decides on; `kernels`: shoal's kernels the model runs on here (Served.kernelsOf). */
+/** What the default prompt lookup decides by (daemon/speculative default.ts); `kernels`: shoal's kernels the model runs on here (Served.kernelsOf). */
 export const modelFacts = (m: ResolvedModel, kernels: readonly string[] = []): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization, kernels })
 
 const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
@@ -154,7 +153,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   function speculation (choice: EngineChoice, draft: ResolvedModel | undefined, model: ResolvedModel): Speculation | undefined {
     if (config.draft === 'none') return undefined
     // Without --draft: prompt lookup where it keeps the model's tokens exact (whole models with
-    // f32 activations), for the requests it keeps their promise to; the others decode plainly.
+    // f32 activations, or int4 on shoal's kernels), for the requests it keeps their promise to; the
+    // others decode plainly.
     const byDefault = config.draft === undefined
     const targetKernels = kernelsOf(model, choice)
     if (byDefault && defaultLookupSkipped(modelFacts(model, targetKernels)) !== undefined) return undefined

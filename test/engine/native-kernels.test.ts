@@ -276,6 +276,27 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     }
   }, 120_000)
 
+  it.each(['qwen2', 'qwen3', 'phi3', 'mixtral'] as const)('%s int4: a verify step gives each position the bits of one-position steps', async (architecture) => {
+    const dir = join(root, `verify-${architecture}`)
+    await generateTestModel({ architecture, outDir: join(dir, 'ckpt'), size: 'tiny' })
+    const m = await compileShards({ modelDir: join(dir, 'ckpt'), outDir: join(dir, 'shard'), quant: 'int4' })
+    const engine = await engineOf(join(dir, 'shard'), m, lib)
+    const p = prompts[1]!.map(t => t % m.shape.vocabSize)
+    const seq = await engine.open()
+    const single = [logitsOf(await engine.step(seq, { tokenIds: p }, p.map((_, i) => i)))]
+    const tokens: number[] = []
+    for (let t = 0; t < 6; t++) {
+      tokens.push(argmax(single.at(-1)!))
+      single.push(logitsOf(await engine.step(seq, { tokenIds: [tokens[t]!] }, [p.length + t])))
+    }
+    await engine.free(seq)
+    const v = await engine.open()
+    const got = [logitsOf(await engine.step(v, { tokenIds: p }, p.map((_, i) => i)))]
+    got.push(...splitLogits(await engine.step(v, { tokenIds: tokens }, tokens.map((_, i) => p.length + i), { logitsToKeep: tokens.length }), tokens.length))
+    await engine.free(v)
+    for (const [i, x] of single.entries()) expect(sameBits(got[i]!, x), `position ${p.length - 1 + i}`).toBe(true)
+  }, 120_000)
+
   it('a ragged batch of four gives each sequence its batch-of-one tokens bit for bit, whatever the CPU', async () => {
     const engine = await engineOf(join(root, 'shard'), manifest, lib)
     const alone: number[][] = []

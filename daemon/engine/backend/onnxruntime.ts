@@ -32,15 +32,15 @@ export function createOnnxruntimeBackend (): Backend {
 
 /**
  * An onnxruntime session of the graph at `graphPath` made with sessionOptions: as compiled, or with
- * `kernels` (the library's path) its int4 products and one-position attention on shoal's kernels
- * (native/swap.ts). Engines and the session worker's graphs (MoE experts) alike.
+ * `kernels` (the library's path) its int4 products, one-position attention and verify steps on
+ * shoal's kernels (native/swap.ts). Engines and the session worker's graphs (MoE experts) alike.
  */
 export async function createOrtSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>): Promise<ort.InferenceSession> {
   return options.kernels === undefined ? await ort.InferenceSession.create(graphPath, sessionOptions(options)) : await withKernels(graphPath, options.kernels, options)
 }
 
 /**
- * The graph at `graphPath` with its int4 products and one-position attention on shoal's kernels
+ * The graph at `graphPath` with its int4 products, one-position attention and verify steps on shoal's kernels
  * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
  * directory, as from the file.
  */

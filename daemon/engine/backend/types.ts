@@ -30,8 +30,8 @@ export interface LoadOptions {
   cacheDir?: string
   /**
    * The path of shoal's kernel library (daemon/engine/native): onnxruntime graphs are loaded with
-   * every MatMulNBits the kernel takes made its MatMulQ4 and every one-position attention block
-   * its DecodeAttention (native/swap.ts). Absent: as compiled.
+   * every MatMulNBits the kernel takes made its MatMulQ4, every one-position attention block its
+   * DecodeAttention, and verify steps VerifyAttention (native/swap.ts). Absent: as compiled.
    */
   kernels?: string
 }
