@@ -1,11 +1,12 @@
 /**
  * shoal's kernels as nodes run them (daemon/engine/native): the graph swap, pure (the int4
- * products, the one-position attention); and, where the machine builds the kernels (x86-64 Linux
- * with `cc`), the library built, loaded and self-checked, int4 shards run on it through the
- * engine's workers exactly as shards compiled with MatMulQ4 and DecodeAttention nodes run, batched
- * bit-exactly on every CPU, and a daemon serving on it by default (a whole model, and a
- * multi-stage one as a local chain with the whole model's tokens), saying so in its log, and on
- * onnxruntime's kernels with `kernels: 'onnxruntime'`. The kernels' own arithmetic and their
+ * products, the one-position attention, verify steps); and, where the machine builds the kernels
+ * (x86-64 Linux with `cc`), the library built, loaded and self-checked, int4 shards run on it
+ * through the engine's workers exactly as shards compiled with MatMulQ4 and DecodeAttention nodes
+ * run, batched bit-exactly on every CPU, verify steps giving every position one-position bits
+ * (five architectures), and a daemon serving on it by default (a whole model with prompt lookup,
+ * a multi-stage one as a local chain with the whole model's tokens, a draft model, experts on
+ * holders), saying so in its log, and on onnxruntime's kernels with `kernels: 'onnxruntime'`. The kernels' own arithmetic and their
  * agreement with onnxruntime's ops are test/shards/native-matmul.test.ts's and
  * native-attention.test.ts's.
  */
