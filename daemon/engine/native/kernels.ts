@@ -52,9 +52,10 @@ function relativeDiff (a: Float32Array, b: Float32Array): number {
 /**
  * Both kernels against onnxruntime's own ops on random inputs, in one session on a session worker:
  * one int4 product by the kernel and by MatMulNBits (rows 1 and 9: the kernel's one-row and
- * multi-row paths), and one layer's one-position attention by DecodeAttention and by the
- * compiler's grouped form (three rows of 20, 32 and 5 live columns in a buffer of 32). Their
- * largest difference relative to the largest output.
+ * multi-row paths), one layer's one-position attention by DecodeAttention and by the
+ * compiler's grouped form (three rows of 20, 32 and 5 live columns in a buffer of 32), and a
+ * verify step of three positions by VerifyAttention and by GroupQueryAttention (one row, live
+ * pasts of 20 and 29 in a buffer of 32). Their largest difference relative to the largest output.
  */
 async function selfCheck (): Promise<number> {
   const K = 96
@@ -81,6 +82,15 @@ async function selfCheck (): Promise<number> {
       const [context] = decodeAttentionNodes(g, shape, form, `/${form}`, parts, past[0], past[1], tables)
       g.output(`attention.${form}`, context!, DT.FLOAT, ['b', 1, shape.numHeads * shape.headDim])
     }
+    const heads = { num_heads: shape.numHeads, kv_num_heads: shape.numKvHeads }
+    // One row: GroupQueryAttention takes a step of several positions over a past for one row only.
+    const step = [
+      g.input('vq', DT.FLOAT, [1, 's', shape.numHeads * shape.headDim]), g.input('vk', DT.FLOAT, [1, 's', kvWidth]), g.input('vv', DT.FLOAT, [1, 's', kvWidth]),
+      g.input('vpk', DT.FLOAT, [1, shape.numKvHeads, 'w', shape.headDim]), g.input('vpv', DT.FLOAT, [1, shape.numKvHeads, 'w', shape.headDim]), g.input('vseq', DT.INT32, [1]),
+    ]
+    g.output('verify.kernel', g.op('VerifyAttention', '/verify', step, heads, NATIVE_KERNEL_DOMAIN), DT.FLOAT, [1, 's', shape.numHeads * shape.headDim])
+    const [gqa] = g.node('GroupQueryAttention', '/gqa', [...step, g.input('vtotal', DT.INT32, [1])], { ...heads, scale: { float: 1 / Math.sqrt(shape.headDim) } }, 3, MS_DOMAIN)
+    g.output('verify.reference', gqa!, DT.FLOAT, [1, 's', shape.numHeads * shape.headDim])
     await writeFile(join(dir, 'check.onnx'), g.encode('check', 'shoal kernels self-check'))
     await writeFile(join(dir, 'check.onnx.data'), Buffer.concat(g.data()))
     const session = await host.create(join(dir, 'check.onnx'), { threads: 1 })
@@ -94,11 +104,19 @@ async function selfCheck (): Promise<number> {
       bias: f32([B, 1, 1, W], i => i % W < lengths[Math.floor(i / W)]! ? 0 : Number.NEGATIVE_INFINITY), ones: f32([W, 1], () => 1),
       seqlens_k: new ort.Tensor('int32', Int32Array.from(lengths), [B]),
     }
+    // A verify step of S positions after a live past of `live` columns (seqlens_k: past + S − 1).
+    const S = 3
+    const verify = (live: number): Record<string, ort.Tensor> => ({
+      vq: f32([1, S, shape.numHeads * shape.headDim]), vk: f32([1, S, kvWidth]), vv: f32([1, S, kvWidth]),
+      vpk: f32([1, shape.numKvHeads, W, shape.headDim]), vpv: f32([1, shape.numKvHeads, W, shape.headDim]),
+      vseq: new ort.Tensor('int32', Int32Array.of(live + S - 1), [1]), vtotal: new ort.Tensor('int32', Int32Array.of(live + S), [1]),
+    })
     let worst = 0
     for (const M of [1, 9]) {
-      const out = await session.run({ x: f32([M, K], () => 4 * rand()), ...attention })
+      const out = await session.run({ x: f32([M, K], () => 4 * rand()), ...attention, ...verify(M === 1 ? 20 : 29) })
       worst = Math.max(worst, relativeDiff(out.kernel!.data as Float32Array, out.reference!.data as Float32Array),
-        relativeDiff(out['attention.native']!.data as Float32Array, out['attention.grouped']!.data as Float32Array))
+        relativeDiff(out['attention.native']!.data as Float32Array, out['attention.grouped']!.data as Float32Array),
+        relativeDiff(out['verify.kernel']!.data as Float32Array, out['verify.reference']!.data as Float32Array))
     }
     return worst
   } finally {
