@@ -15,12 +15,12 @@ import type { BackendSession, PrefixKeepingRunner, StepOutput, TensorMap } from 
 import { DECODE_GRAPH_MAX_WEIGHT_BYTES, decodeGraphWanted } from '../../daemon/engine/graph-choice.ts'
 import { STAGE_DATA_FILE, STAGE_DECODE_GRAPH_FILE, validateManifest } from '../../shards/index.ts'
 import { inlineDecodeBranches } from '../../shards/graph/decode-graph.ts'
+import { logitsOf } from './greedy-batches.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
 const ids = (n: number, salt: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt((i * 37 + salt * 101 + 5) % 500))
 const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
-const logitsOf = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data }
 /** The engine's own greedy rule over the last position's logits. */
 const argmaxOf = (o: StepOutput): number => { const l = logitsOf(o); const vocab = (o as { vocab: number }).vocab; return argmax(l, l.length - vocab, vocab) }
 const bitsOf = (a: Float32Array): Uint32Array => new Uint32Array(a.buffer, a.byteOffset, a.length)

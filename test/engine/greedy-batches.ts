@@ -10,6 +10,22 @@ export const tokenOf = (out: StepOutput): number => {
   return out.id
 }
 
+/** A logits step's [count, vocab] rows as they came. */
+export const logitsOf = (out: StepOutput): Float32Array => {
+  if (out.kind !== 'logits') throw new Error(`expected logits, got ${out.kind}`)
+  return out.data
+}
+
+/** A logits step's rows, one array each (its last `count` positions). */
+export const logitRows = (out: StepOutput): Float32Array[] => {
+  if (out.kind !== 'logits') throw new Error(`expected logits, got ${out.kind}`)
+  return Array.from({ length: out.count }, (_, i) => out.data.slice(i * out.vocab, (i + 1) * out.vocab))
+}
+
+/** Whether two arrays hold the same floats bit for bit. */
+export const sameBits = (a: Float32Array, b: Float32Array): boolean =>
+  Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
+
 /** `tokens` greedy tokens after `prompt`, the sequence alone on the engine. */
 export async function greedyAlone (engine: BatchingStageEngine, prompt: number[], tokens: number): Promise<number[]> {
   const seq = await engine.open()

@@ -18,7 +18,7 @@ import { promisify } from 'node:util'
 import onnxProto from 'onnx-proto'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { attentionKernelApplies, createStageEngine, int4KernelApplies, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
+import { argmax, attentionKernelApplies, createStageEngine, int4KernelApplies, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import { createOrtSession } from '../../daemon/engine/backend/onnxruntime.ts'
 import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
@@ -30,7 +30,7 @@ import { greedyDecode } from '../shards/pipeline.ts'
 import type { Pipeline } from '../shards/pipeline.ts'
 import { linkTo, planFor, stageFor, startHolders } from '../experts/spread-stage.ts'
 import { startDaemon } from '../e2e/daemon.ts'
-import { greedyAlone, greedyTogether } from './greedy-batches.ts'
+import { greedyAlone, greedyTogether, logitRows, logitsOf, sameBits } from './greedy-batches.ts'
 
 const { onnx } = onnxProto
 const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
@@ -161,15 +161,7 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
 
 const TOKENS = 48
 
-const argmax = (x: Float32Array): number => { let best = 0; for (let j = 1; j < x.length; j++) if (x[j]! > x[best]!) best = j; return best }
-const sameBits = (a: Float32Array, b: Float32Array): boolean => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
-const logitsOf = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data }
-/** A step's logits for its last `n` positions, one array each. */
-const splitLogits = (o: StepOutput, n: number): Float32Array[] => {
-  const all = logitsOf(o)
-  const V = all.length / n
-  return Array.from({ length: n }, (_, i) => all.slice(i * V, (i + 1) * V))
-}
+
 const prompts = [16, 17, 19, 23].map((n, i) => Array.from({ length: n }, (_, j) => 1 + ((i * 131 + j * 37) % 500)))
 
 describe('shoal\'s kernels where they cannot be built', () => {
@@ -269,7 +261,7 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
       const got = [logitsOf(last!)]
       for (let t = 0; t < N; t += 5) {
         const ids = tokens.slice(t, t + 5)
-        got.push(...splitLogits(await engine.step(s2, { tokenIds: ids }, positions(p.length + t, ids.length), { logitsToKeep: ids.length }), ids.length))
+        got.push(...logitRows(await engine.step(s2, { tokenIds: ids }, positions(p.length + t, ids.length), { logitsToKeep: ids.length })))
       }
       await engine.free(s2)
       expect(got).toHaveLength(N + 1)
@@ -293,7 +285,7 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     await engine.free(seq)
     const v = await engine.open()
     const got = [logitsOf(await engine.step(v, { tokenIds: p }, p.map((_, i) => i)))]
-    got.push(...splitLogits(await engine.step(v, { tokenIds: tokens }, tokens.map((_, i) => p.length + i), { logitsToKeep: tokens.length }), tokens.length))
+    got.push(...logitRows(await engine.step(v, { tokenIds: tokens }, tokens.map((_, i) => p.length + i), { logitsToKeep: tokens.length })))
     await engine.free(v)
     for (const [i, x] of single.entries()) expect(sameBits(got[i]!, x), `position ${p.length - 1 + i}`).toBe(true)
   }, 120_000)
