@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels, verifyKernelApplies } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -124,8 +124,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   /** Which of shoal's kernels a model's graphs would run on `choice` (the library ready). */
   function kernelsOf (model: ResolvedModel, choice: EngineChoice): string[] {
     if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime') return []
-    // A whole model's verify steps too (a chain's stages keep theirs: their speculation is the coordinator's).
-    return [...kernelsApplying(model.manifest), ...model.whole && verifyKernelApplies(model.manifest) ? ['verify'] : []]
+    return kernelsApplying(model.manifest, model.whole)
   }
 
   /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
@@ -232,7 +231,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     const on = kernelsOf(model, choice)
     const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
-    if (kernelsOf(model, choice).includes('int4')) return { ...attention, int4Kernel: 'shoal', int4Batching: 'bit-exact' }
+    if (on.includes('int4')) return { ...attention, int4Kernel: 'shoal', int4Batching: 'bit-exact' }
     const kernel = kernels !== undefined && 'off' in kernels && int4KernelApplies(model.manifest) ? { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } : { int4Kernel: 'onnxruntime' }
     return { ...attention, ...kernel, ...await int4Batching(q) }
   }

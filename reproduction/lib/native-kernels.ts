@@ -6,7 +6,7 @@
  * (nativeKernelsEnv) or `process.dlopen`, as the daemon does.
  */
 import { join, resolve } from 'node:path'
-import { kernelsApplying, prepareNativeKernels, verifyKernelApplies } from '../../daemon/engine/index.ts'
+import { kernelsApplying, prepareNativeKernels } from '../../daemon/engine/index.ts'
 import { buildC, buildKernelLibrary } from '../../daemon/engine/native/build.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 
@@ -51,7 +51,7 @@ export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' 
  */
 export function nodeTargetKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet' | 'decodeAttention' | 'shape'>, lib: { kernels?: string }): string[] {
   if (lib.kernels === undefined) return []
-  return [...kernelsApplying(manifest), ...verifyKernelApplies(manifest) ? ['verify'] : []]
+  return kernelsApplying(manifest, true)
 }
 
 /** The environment that gives a child process the library (its onnxruntime sessions know DecodeAttention and MatMulQ4). */

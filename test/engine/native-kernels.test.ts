@@ -18,7 +18,7 @@ import { promisify } from 'node:util'
 import onnxProto from 'onnx-proto'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { argmax, attentionKernelApplies, createStageEngine, int4KernelApplies, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
+import { argmax, attentionKernelApplies, createStageEngine, int4KernelApplies, kernelsApplying, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import { createOrtSession } from '../../daemon/engine/backend/onnxruntime.ts'
 import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
@@ -156,6 +156,11 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(attentionKernelApplies({ opSet: 'standard', shape })).toBe(false)
     expect(attentionKernelApplies({ opSet: 'ort-contrib', shape: { headDim: 24 } as ShardManifest['shape'] })).toBe(false)
     expect(attentionKernelApplies({ opSet: 'ort-contrib', shape, decodeAttention: 'native' })).toBe(false)
+    // Verify steps: whole models whose manifest has the one-position form the swap extends.
+    const full = { ...m({}), shape, decodeAttention: 'grouped' } as const
+    expect(kernelsApplying(full)).toEqual(['int4', 'attention'])
+    expect(kernelsApplying(full, true)).toEqual(['int4', 'attention', 'verify'])
+    expect(kernelsApplying({ ...full, decodeAttention: undefined }, true)).toEqual(['int4', 'attention'])
   })
 })
 

@@ -306,11 +306,19 @@ export function attentionKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 
  * Whether a whole model's verify steps run on the kernel (swapSteps): the attention kernel applies
  * and the compiler wrote the one-position branch it replaces (a decode form in the manifest).
  */
-export function verifyKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
+function verifyKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
   return attentionKernelApplies(manifest) && manifest.decodeAttention !== undefined
 }
 
-/** Which of shoal's kernels a model's graphs run where the library is loaded (as capabilities name them). */
-export function kernelsApplying (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape' | 'quantization'>): Array<'int4' | 'attention'> {
-  return [...int4KernelApplies(manifest) ? ['int4' as const] : [], ...attentionKernelApplies(manifest) ? ['attention' as const] : []]
+/**
+ * Which of shoal's kernels a model's graphs run where the library is loaded (as capabilities name
+ * them); `whole`: served as one engine, whose verify steps run the kernel too (a chain's stages
+ * leave speculation to their coordinator).
+ */
+export function kernelsApplying (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape' | 'quantization'>, whole = false): Array<'int4' | 'attention' | 'verify'> {
+  return [
+    ...int4KernelApplies(manifest) ? ['int4' as const] : [],
+    ...attentionKernelApplies(manifest) ? ['attention' as const] : [],
+    ...whole && verifyKernelApplies(manifest) ? ['verify' as const] : [],
+  ]
 }
