@@ -7,8 +7,9 @@
  * bit-identically to each row alone. The kernel is built with the machine's C compiler; without
  * one (`cc`), or off Linux, the test is skipped, as the form is then out of reach anyway. Also
  * checked here: the library loaded into a running process (`process.dlopen`) rather than
- * preloaded gives the op to later sessions too, and a process without the kernel refuses the
- * form's graph with onnxruntime's own error.
+ * preloaded gives the op to later sessions too, a process without the kernel refuses the form's
+ * graph with onnxruntime's own error, and the kernel's exponential of 16 lanes at once (exp16)
+ * gives the bits of its one-value form (exp_neg) on this CPU's vector path and the generic one.
  */
 import { execFile } from 'node:child_process'
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -41,6 +42,21 @@ async function nativeStageGraph (): Promise<string> {
 }
 
 describe.skipIf(!compiler)('the native decode attention (fused kernel preloaded)', () => {
+  it('takes 16 exponentials at once with the bits of one at a time, on every vector path', async () => {
+    const builds = process.arch === 'x64' ? [['-march=native'], ['-march=x86-64']] : [['-march=native']]
+    const paths: string[] = []
+    for (const [i, flags] of builds.entries()) {
+      const bin = join(root, `exp-check-${i}`)
+      await promisify(execFile)('cc', ['-O3', ...flags, '-o', bin, join(import.meta.dirname, 'native', 'exp-check.c'), '-ldl', '-lm', '-lpthread'])
+      const r = JSON.parse((await promisify(execFile)(bin)).stdout) as { path: string, checked: number, differ: number }
+      console.log(`exp16 (${r.path}): ${r.checked} values, ${r.differ} differ from exp_neg`)
+      expect(r.checked).toBeGreaterThan(100_000_000)
+      expect(r.differ, r.path).toBe(0)
+      paths.push(r.path)
+    }
+    if (process.arch === 'x64') expect(paths.at(-1)).toBe('generic')
+  })
+
   it('keeps every architecture\'s reference tokens and batched decode\'s bits', async () => {
     const lib = await buildNativeKernels(join(root, 'lib'))
     const { stdout } = await promisify(execFile)(process.execPath, [join(import.meta.dirname, 'native-attention.child.ts')],

@@ -141,14 +141,15 @@ static inline v16 zero16 (void) { v16 r; r.lo = (v8){ 0 }; r.hi = (v8){ 0 }; ret
 static inline v16 load16 (const float *p) { v16 v; memcpy(&v.lo, p, sizeof v.lo); memcpy(&v.hi, p + 8, sizeof v.hi); return v; }
 static inline void store16 (float *p, v16 v) { memcpy(p, &v.lo, sizeof v.lo); memcpy(p + 8, &v.hi, sizeof v.hi); }
 static inline v16 add16 (v16 a, v16 b) { a.lo += b.lo; a.hi += b.hi; return a; }
+static inline v16 subs16 (v16 a, float s) { a.lo -= s; a.hi -= s; return a; }
 /* c + a·b and c + s·b, lane by lane. */
 static inline v16 madd16 (v16 c, v16 a, v16 b) { c.lo += a.lo * b.lo; c.hi += a.hi * b.hi; return c; }
 static inline v16 madds16 (v16 c, float s, v16 b) { c.lo += s * b.lo; c.hi += s * b.hi; return c; }
 static inline float lane16 (v16 a, int i) { return i < 8 ? a.lo[i] : a.hi[i - 8]; }
-static inline v16 max16 (v16 a, v16 b) {
-  for (int i = 0; i < 8; i++) { a.lo[i] = b.lo[i] > a.lo[i] ? b.lo[i] : a.lo[i]; a.hi[i] = b.hi[i] > a.hi[i] ? b.hi[i] : a.hi[i]; }
-  return a;
-}
+typedef int32_t v8i __attribute__((vector_size(32)));
+/* b where b > a, else a: a compare and a select per half (a loop of ?: over lanes stays scalar). */
+static inline v8 select8 (v8i m, v8 b, v8 a) { return (v8)((m & (v8i)b) | (~m & (v8i)a)); }
+static inline v16 max16 (v16 a, v16 b) { a.lo = select8(b.lo > a.lo, b.lo, a.lo); a.hi = select8(b.hi > a.hi, b.hi, a.hi); return a; }
 /* Lane i + lane i + 8: the first step of the fold below. */
 static inline v8 halves16 (v16 a) { return a.lo + a.hi; }
 /* weighted_values' block: query heads × 16-lane chunks held in registers (AVX2 has 16). */
@@ -159,13 +160,12 @@ static inline v16 zero16 (void) { return (v16){ 0 }; }
 static inline v16 load16 (const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void store16 (float *p, v16 v) { memcpy(p, &v, sizeof v); }
 static inline v16 add16 (v16 a, v16 b) { return a + b; }
+static inline v16 subs16 (v16 a, float s) { return a - s; }
 static inline v16 madd16 (v16 c, v16 a, v16 b) { return c + a * b; }
 static inline v16 madds16 (v16 c, float s, v16 b) { return c + s * b; }
 static inline float lane16 (v16 a, int i) { return a[i]; }
-static inline v16 max16 (v16 a, v16 b) {
-  for (int i = 0; i < 16; i++) a[i] = b[i] > a[i] ? b[i] : a[i];
-  return a;
-}
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 max16 (v16 a, v16 b) { const v16i m = b > a; return (v16)((m & (v16i)b) | (~m & (v16i)a)); }
 #ifdef HAVE_SHUFFLEVECTOR
 typedef float v8 __attribute__((vector_size(32)));
 static inline v8 halves16 (v16 a) { return __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15); }
@@ -209,9 +209,9 @@ static inline float dot (const float *q, const float *k, int hd) {
 }
 
 /* e^x for x ≤ 0, within 2.7 ulp of exp over [−87, 0]: 2^n · p(r) with x = n·ln2 + r,
- * |r| ≤ ln2/2, p a degree-6 Taylor polynomial. Branch-free, so a loop of it vectorises; below −87
- * (a weight under 1e-38 of the top one's) it gives 0, where expf would take its slow path into
- * denormals. */
+ * |r| ≤ ln2/2, p a degree-6 Taylor polynomial; below −87 (a weight under 1e-38 of the top
+ * one's) it gives 0, where expf would take its slow path into denormals. exp16 below is the same
+ * on 16 lanes at once. */
 static inline float exp_neg (float x) {
   const float y = x < -88.0f ? -88.0f : x; /* keeps n in range; such x give 0 below */
   const float n = (y * 1.44269504f + 12582912.0f) - 12582912.0f; /* round to nearest: 1.5·2^23 */
@@ -222,6 +222,27 @@ static inline float exp_neg (float x) {
   memcpy(&scale, &e, sizeof scale);
   return x < -87.0f ? 0.0f : p * scale;
 }
+
+/* exp_neg of every lane of a float vector VF (VI: its int32 lanes): the same operations in the
+ * same order, so the same bits lane by lane (checked against exp_neg for every float in
+ * [−100, 0]), with compares and selects where exp_neg has ?: — GCC leaves a loop of exp_neg
+ * scalar (its ?: are not if-converted), ~5× slower than this. */
+#define EXP_NEG_LANES(name, VF, VI) \
+  static inline VF name (VF x) { \
+    const VI low = x < -88.0f, under = x < -87.0f; \
+    const VF y = (VF)((low & (VI)((VF){ 0 } - 88.0f)) | (~low & (VI)x)); \
+    const VF n = (y * 1.44269504f + 12582912.0f) - 12582912.0f; \
+    const VF r = (y - n * 0.693145752f) - n * 1.42860677e-6f; \
+    const VF p = 1.0f + r * (1.0f + r * (0.5f + r * (1.66666672e-1f + r * (4.16666679e-2f + r * (8.33333377e-3f + r * 1.38888892e-3f))))); \
+    const VI e = (__builtin_convertvector(n, VI) + 127) << 23; \
+    return (VF)(~under & (VI)(p * (VF)e)); \
+  }
+#if defined(__AVX2__) && !defined(__AVX512F__)
+EXP_NEG_LANES(exp_neg8, v8, v8i)
+static inline v16 exp16 (v16 x) { x.lo = exp_neg8(x.lo); x.hi = exp_neg8(x.hi); return x; }
+#else
+EXP_NEG_LANES(exp16, v16, v16i)
+#endif
 
 /* The largest of s[0..n), n ≥ 1: max is exact in any order, so 16 lanes at a time. */
 static inline float max_of (const float *s, int n) {
@@ -242,8 +263,9 @@ static inline float exp_and_sum (float *s, int n, float top) {
   v16 lanes = zero16();
   int t = 0;
   for (; t + 16 <= n; t += 16) {
-    for (int i = 0; i < 16; i++) s[t + i] = exp_neg(s[t + i] - top);
-    lanes = add16(lanes, load16(s + t));
+    const v16 e = exp16(subs16(load16(s + t), top));
+    store16(s + t, e);
+    lanes = add16(lanes, e);
   }
   float sum = fold16(lanes);
   for (; t < n; t++) { s[t] = exp_neg(s[t] - top); sum += s[t]; }
