@@ -8,7 +8,8 @@ import { join } from 'node:path'
 import { Writable } from 'node:stream'
 import { pino } from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { settleVerdict, WARM_UP, warmUpGoesOn, warmUpRequests } from '../../daemon/node/warm-up.ts'
+import { settleVerdict, WARM_UP, warmUp, warmUpGoesOn, warmUpRequests } from '../../daemon/node/warm-up.ts'
+import type { WarmUpEngine } from '../../daemon/node/warm-up.ts'
 import { makeTinyCheckpoint, MODEL_ID, startDaemon } from '../e2e/daemon.ts'
 import type { RunningDaemon, TinyCheckpoint } from '../e2e/daemon.ts'
 
@@ -29,6 +30,25 @@ describe('warmUpRequests', () => {
     const requests = warmUpRequests({ id: 'm', contextLength: 32 })
     expect(requests.filter(r => r.url === '/v1/completions').map(r => [(r.body.prompt as number[]).length, r.body.max_tokens])).toEqual([[8, 4], [8, 8], [8, 8]])
     expect(requests[1]!.body.max_tokens).toBe(8)
+  })
+})
+
+describe('warmUp\'s report', () => {
+  it('counts a request its budget cut as cut, not failed', async () => {
+    // A stand-in engine that answers nothing until the request is aborted: what a cold 250m int4
+    // node's first request (weights still on disk) was to the 1 s budget.
+    const silent: WarmUpEngine = {
+      models: () => [{ id: 'silent', contextLength: 4096 } as ReturnType<WarmUpEngine['models']>[number]],
+      generate: (_request, signal) => (async function * () {
+        await new Promise(resolve => signal.addEventListener('abort', resolve, { once: true }))
+        throw signal.reason
+      })(),
+      decodeStepMs: () => 0,
+    }
+    const lines: Array<{ msg?: string, completed?: number, cut?: number, failed?: number }> = []
+    const report = await warmUp([silent], pino({ level: 'info' }, new Writable({ write (chunk: Buffer, _enc, done) { lines.push(JSON.parse(chunk.toString())); done() } })), { ...WARM_UP, budgetMs: 300 })
+    expect(report).toMatchObject({ completed: 0, cut: 1, failed: 0 })
+    expect(lines.filter(l => l.msg === 'warmed up')).toEqual([expect.objectContaining({ completed: 0, cut: 1, failed: 0 })])
   })
 })
 
