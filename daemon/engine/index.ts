@@ -47,7 +47,7 @@ export { admitPrompt, checkCompletionFits, requestScope } from './request-scope.
 export type { RequestScope } from './request-scope.ts'
 export { createOffThreadSessions } from './off-thread-sessions.ts'
 export type { OffThreadSession, OffThreadSessions } from './off-thread-sessions.ts'
-export { prepareNativeKernels } from './native/kernels.ts'
+export { int4KernelName, prepareNativeKernels } from './native/kernels.ts'
 export type { NativeKernels } from './native/kernels.ts'
 export { attentionKernelApplies, int4KernelApplies, int4ProductsTakeKernel, kernelsApplying, swapKernels } from './native/swap.ts'
 export { chooseDecodeAttention, decodeAttentionForm, decodeAttentionOrPerHead, int4BatchingVerdict, matMulNBitsRowInvariance } from './kernel-probe.ts'

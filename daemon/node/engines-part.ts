@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, int4KernelName, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -231,9 +231,9 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     const on = kernelsOf(model, choice)
     const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
-    if (on.includes('int4')) return { ...attention, int4Kernel: 'shoal', int4Batching: 'bit-exact' }
-    const kernel = kernels !== undefined && 'off' in kernels && int4KernelApplies(model.manifest) ? { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } : { int4Kernel: 'onnxruntime' }
-    return { ...attention, ...kernel, ...await int4Batching(q) }
+    if (on.includes('int4')) return { ...attention, int4Kernel: int4KernelName(true), int4Batching: 'bit-exact' }
+    const int4Kernel = int4KernelName(false, int4KernelApplies(model.manifest) ? kernels : undefined)
+    return { ...attention, int4Kernel, ...await int4Batching(q) }
   }
 
   async function int4Batching (q: { activations?: 'int8' | 'f32', blockSize: number }): Promise<{ int4Batching: string }> {

@@ -11,7 +11,7 @@
  */
 import { join } from 'node:path'
 import type { Logger } from 'pino'
-import { int4ProductsTakeKernel, prepareNativeKernels } from '../engine/index.ts'
+import { int4KernelName, int4ProductsTakeKernel, prepareNativeKernels } from '../engine/index.ts'
 import {
   createExpertHolder, createExpertLinks, createExpertService, isExpertShardDir, openExpertShards, serveExperts,
   type ExpertHolder, type ExpertLink, type ExpertPlanView, type ExpertService, type ExpertShards,
@@ -74,11 +74,11 @@ export function createExpertsPart (config: Readonly<DaemonConfig>, deps: Experts
    */
   async function kernelsFor (shards: ExpertShards): Promise<{ lib: { kernels?: string }, facts: { int4Kernel?: string } }> {
     if (!int4ProductsTakeKernel(shards.layout.quantization)) return { lib: {}, facts: {} }
-    if (config.kernels === 'onnxruntime') return { lib: {}, facts: { int4Kernel: 'onnxruntime' } }
+    if (config.kernels === 'onnxruntime') return { lib: {}, facts: { int4Kernel: int4KernelName(false) } }
     const kernels = await prepareNativeKernels(join(config.cacheRoot, 'kernels'))
-    if ('off' in kernels) return { lib: {}, facts: { int4Kernel: `onnxruntime (shoal's: ${kernels.off})` } }
+    if ('off' in kernels) return { lib: {}, facts: { int4Kernel: int4KernelName(false, kernels) } }
     onKernel.add(shards.key)
-    return { lib: { kernels: kernels.lib }, facts: { int4Kernel: 'shoal' } }
+    return { lib: { kernels: kernels.lib }, facts: { int4Kernel: int4KernelName(true) } }
   }
 
   function meshFor (flag: string, what: string): Mesh {

@@ -32,6 +32,16 @@ import { loadKernelLibrary } from './load.ts'
 export type NativeKernels = { lib: string } | { off: string }
 
 /**
+ * What a `model loaded` line says runs an int4 model's products (`int4Kernel`): shoal's kernel
+ * where it does, else onnxruntime's, with why shoal's is off where it was prepared and is
+ * (engines and expert-parallel stages and holders alike).
+ */
+export function int4KernelName (onShoal: boolean, kernels?: NativeKernels): string {
+  if (onShoal) return 'shoal'
+  return kernels !== undefined && 'off' in kernels ? `onnxruntime (shoal's: ${kernels.off})` : 'onnxruntime'
+}
+
+/**
  * The self-check's tolerance: the kernel and MatMulNBits quantise the activations alike and sum in
  * other orders, so they differ by float rounding (~1e-6 of the output's scale); a wrong kernel
  * (an ABI it does not match, a miscompiled path) is off by the output's own size.
