@@ -35,7 +35,10 @@ export interface RunContext {
   layers: readonly number[]
   kvH: number
   hd: number
-  /** Whether the graph takes num_logits_to_keep (older graphs return every position's logits). */
+  /**
+   * Whether the graph takes num_logits_to_keep: a head's graph (older ones return every position's
+   * logits), and a headless stage's where shoal's kernels run its verify steps (native/swap.ts).
+   */
   feedsLogitsToKeep: boolean
 }
 
@@ -97,7 +100,7 @@ export function chunkFeeds (ctx: RunContext, input: StepInput, a: number, b: num
     feeds[pastKeyName(l)] = kv?.[0] ?? emptyPast(ctx)
     feeds[pastValueName(l)] = kv?.[1] ?? emptyPast(ctx)
   })
-  if (stage.hasHead && ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+  if (ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
   return feeds
 }
 
@@ -122,7 +125,7 @@ export function groupFeeds (ctx: RunContext, group: Live[], s: number, mask: Big
   }
   if (ids !== undefined) feeds[INPUT_IDS] = { type: 'int64', data: ids, dims: [rows, s] }
   else feeds[HIDDEN_IN] = { type: 'float32', data: hidden!, dims: [rows, s, d] }
-  if (stage.hasHead && ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
+  if (ctx.feedsLogitsToKeep) feeds[NUM_LOGITS_TO_KEEP] = { type: 'int64', data: BigInt64Array.of(BigInt(keep)), dims: [] }
   return feeds
 }
 

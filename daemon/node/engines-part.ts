@@ -20,7 +20,7 @@ import { createLocalChain, createPipelineService, createPipelineStage } from '..
 import type { LocalChain, PipelineService, PipelineStage } from '../pipeline/index.ts'
 import type { InferenceService } from '../service.ts'
 import { createProgress } from '../../shards/index.ts'
-import { createSpeculation, defaultLookupSkipped } from '../speculative/index.ts'
+import { createSpeculation, defaultLookupSkipped, exactVerifyNeeds } from '../speculative/index.ts'
 import type { ModelFacts, Speculation } from '../speculative/index.ts'
 import { ConfigError } from './config.ts'
 import type { Budgets, DaemonConfig } from './config.ts'
@@ -124,7 +124,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   /** Which of shoal's kernels a model's graphs would run on `choice` (the library ready). */
   function kernelsOf (model: ResolvedModel, choice: EngineChoice): string[] {
     if (kernels === undefined || !('lib' in kernels) || choice.backend !== 'onnxruntime') return []
-    return kernelsApplying(model.manifest, model.whole)
+    return kernelsApplying(model.manifest)
   }
 
   /** The kernel library a model's engines load (its graphs run some of shoal's kernels), or none. */
@@ -205,11 +205,15 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     const modelId = model.manifest.modelId
     // Speculation for a chain runs where its requests enter: here, beside stage 0.
     const sourceWrapper = speculation(choice, draft, model)
+    // An int8-activation model speculates over chains whose every stage verifies exactly.
+    const speculationKernels = sourceWrapper === undefined ? undefined : exactVerifyNeeds(model.manifest)
     const coordinator = createPipelineService(
       {
         stage,
         shardDir: model.shardDir,
         ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
+        ...(speculationKernels === undefined ? {} : { speculationKernels }),
+        kernels: kernelsOf(model, choice),
         ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
         ...(config.activations === undefined ? {} : { activations: config.activations }),
         metrics,

@@ -199,6 +199,7 @@ export function stageHolders (model: string, peers: PeerView[]): StageHolder[] {
         ...(p.rttMs === undefined ? {} : { rttMs: p.rttMs }),
         ...(m.stepMs === undefined ? {} : { stepMs: m.stepMs }),
         ...(m.activations === undefined ? {} : { activations: [...m.activations] }),
+        ...(m.kernels === undefined ? {} : { kernels: [...m.kernels] }),
       })
     }
   }

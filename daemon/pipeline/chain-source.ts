@@ -261,7 +261,8 @@ export function createChainTokenSource (init: ChainTokenSourceInit): ChainTokenS
     held = start
     for (let a = 0; a < ids.length; a += chunk) {
       const part = ids.slice(a, a + chunk)
-      const out = await node.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), undefined, signal, drafts === undefined ? undefined : { logitsToKeep: 1 })
+      // A verify's rows all wanted: stage 0 computes them as decoding would (stage-server.ts).
+      const out = await node.step(wireId, { tokenIds: part }, part.map((_, i) => start + a + i), undefined, signal, drafts === undefined ? undefined : { logitsToKeep: part.length })
       if (out.kind !== 'hidden') throw new ShoalError('SHOAL_ERR_INTERNAL', 'stage 0 of a chain must return hidden states')
       held = start + a + part.length
       const final = a + chunk >= ids.length

@@ -71,6 +71,14 @@ export interface PipelineServiceInit {
    * plugs in here without the pipeline depending on it); started and stopped with the service.
    */
   sourceWrapper?: ChainSourceWrapper
+  /**
+   * shoal's kernels every stage of a wrapped (speculating) request's chain must run, where its
+   * verify is exact only so (an int8-activation model: int4 and verify,
+   * daemon/speculative/exact.ts). A request for which no such chain forms runs plainly.
+   */
+  speculationKernels?: readonly string[]
+  /** shoal's kernels this node's own stage runs (as its capabilities say: its place in the chains it forms). */
+  kernels?: readonly string[]
   /** The activation encoding of the chains this coordinator opens (default 'f32', exact; see ChainTokenSourceInit). */
   activations?: ActivationEncoding
   /** Where the prefix metrics go (one /metrics page). */
@@ -324,11 +332,11 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   }
 
   /** The cheapest chain whose stage 0 is this node (or the one keeping the prompt's prefix, while it is worth it). */
-  function chainFor (exclude: readonly string[], prefer?: ChainContext['prefer']): ChainHop[] {
+  function chainFor (exclude: readonly string[], prefer?: ChainContext['prefer'], kernels?: readonly string[]): ChainHop[] {
     const self = stage.served()
     const holders: StageHolder[] = components.holders()
       .filter(h => h.peerId !== node.peerId && h.layers[0] !== 0)
-      .concat({ peerId: node.peerId, modelId, manifestHash: stage.manifestHash, layers: self.layers, admitted: true, alive: true, rttMs: 0 })
+      .concat({ peerId: node.peerId, modelId, manifestHash: stage.manifestHash, layers: self.layers, admitted: true, alive: true, rttMs: 0, ...(init.kernels === undefined ? {} : { kernels: init.kernels }) })
     const d = formChain(holders, {
       now: Date.now(),
       modelId,
@@ -337,10 +345,21 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       exclude,
       ...(init.chainPolicy === undefined ? {} : { policy: init.chainPolicy }),
       ...(prefer === undefined ? {} : { prefer }),
+      ...(kernels === undefined ? {} : { kernels }),
     })
     if (d.kind === 'chain') return d.stages.map(s => ({ peerId: s.peerId, layers: [s.layers[0], s.layers[1]] }))
     if (d.kind === 'overloaded') throw new OverloadedError(d.reason)
     throw new ChainIncompleteError(d.reason)
+  }
+
+  /** Whether a chain of holders that all run `kernels` forms now. */
+  function formsWith (kernels: readonly string[]): boolean {
+    try {
+      chainFor([], undefined, kernels)
+      return true
+    } catch {
+      return false
+    }
   }
 
   /**
@@ -369,13 +388,18 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     return {
       async open (signal) {
         await slot(signal)
+        // A wrapped request speculates only over chains whose every stage runs the kernels its
+        // verify needs to be exact (init.speculationKernels), replays included; where none forms
+        // now, it decodes plainly.
+        const speculates = init.sourceWrapper !== undefined && (init.speculationKernels === undefined || formsWith(init.speculationKernels))
+        const kernels = speculates ? init.speculationKernels : undefined
         const chain = createChainTokenSource({
           node,
           requestId: request.requestId,
           sampling: request.sampling,
           deadline: request.deadline,
           // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
-          formChain: exclude => chainFor(exclude, hooks === undefined ? undefined : preferredChain(promptIds)),
+          formChain: exclude => chainFor(exclude, hooks === undefined ? undefined : preferredChain(promptIds), kernels),
           ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
           ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
           ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
@@ -388,7 +412,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         source = chain
         await chain.connect(signal)
         const began = performance.now()
-        const w = init.sourceWrapper?.wrapChain({ request, manifest, chain })
+        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain }) : undefined
         wrapped = w
         return {
           source: w ?? chain,

@@ -218,7 +218,10 @@ export function createStageServer (init: StageServerInit): StageServer {
       // generator made here first), so only the id comes back from the worker; a verify needs the
       // logits of every row instead.
       const pick = s.next === undefined && f.final && verify === undefined ? nextPick(s.open.sampling, s.rng!) : undefined
-      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: s.next === undefined ? f.rows : 1 })
+      // Every row of a verify is wanted, on every stage: the last one checks their logits; on an
+      // earlier stage (no head) it is what tells shoal's kernels a step is a verify, which they
+      // compute position by position as decoding does (engine/native/swap.ts).
+      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: f.rows })
       s.held = f.start + f.rows
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')

@@ -30,6 +30,8 @@ export interface StageHolder {
   stepMs?: number
   /** Lossy activation encodings the holder decodes (its capabilities; absent: f32 only). */
   activations?: readonly string[]
+  /** shoal's kernels its stage runs (its capabilities' names; absent: onnxruntime's only). */
+  kernels?: readonly string[]
 }
 
 export interface ChainPolicy {
@@ -67,6 +69,12 @@ export interface ChainContext {
    * is now (as preferPrefixHolder does for replicas).
    */
   prefer?: { stages: ReadonlyArray<{ peerId: string, layers: LayerRange }>, slackMs: number }
+  /**
+   * Only holders that run all of these of shoal's kernels: a request speculating on an
+   * int8-activation model verifies exactly only where every stage computes a verify as it
+   * decodes (daemon/speculative/exact.ts).
+   */
+  kernels?: readonly string[]
 }
 
 export interface ChainStage {
@@ -191,6 +199,7 @@ export function formChain (holders: readonly StageHolder[], ctx: ChainContext): 
   for (const h of holders) {
     if (h.modelId !== ctx.modelId || !h.admitted || !h.alive || exclude.has(h.peerId)) continue
     if (ctx.manifestHash !== undefined && h.manifestHash !== ctx.manifestHash) continue
+    if (ctx.kernels !== undefined && !ctx.kernels.every(k => h.kernels?.includes(k) === true)) continue
     if (!validRange(h.layers, ctx.numLayers)) continue
     groups.set(h.manifestHash, [...(groups.get(h.manifestHash) ?? []), h])
   }

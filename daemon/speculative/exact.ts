@@ -16,8 +16,17 @@ import type { ShardManifest } from '../../shards/index.ts'
  * verify step gives every position the bits of one-position decoding.
  */
 export function inexactTarget (manifest: Pick<ShardManifest, 'quantization'>, kernels: readonly string[] = []): string | undefined {
+  const needs = exactVerifyNeeds(manifest)
+  if (needs === undefined || needs.every(k => kernels.includes(k))) return undefined
   const q = manifest.quantization
-  if (q.kind === 'none' || q.activations === 'f32') return undefined
-  if (kernels.includes('int4') && kernels.includes('verify')) return undefined
   return `its ${q.kind} shards compute in int8 activations, where a verify step of several positions can round to a different token than one-position decoding; compile it with --f32-activations (or serve it where shoal's kernels run it, --kernels) to speculate`
 }
+
+/** shoal's kernels a verify needs to be exact on this target (every stage of a chain's), or undefined where any runs it exactly. */
+export function exactVerifyNeeds (manifest: Pick<ShardManifest, 'quantization'>): readonly string[] | undefined {
+  const q = manifest.quantization
+  return q.kind === 'none' || q.activations === 'f32' ? undefined : INT8_VERIFY_KERNELS
+}
+
+/** The kernels that make an int8-activation verify exact: row-invariant int4 products, and the verify attention. */
+const INT8_VERIFY_KERNELS: readonly string[] = Object.freeze(['int4', 'verify'])

@@ -156,11 +156,11 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(attentionKernelApplies({ opSet: 'standard', shape })).toBe(false)
     expect(attentionKernelApplies({ opSet: 'ort-contrib', shape: { headDim: 24 } as ShardManifest['shape'] })).toBe(false)
     expect(attentionKernelApplies({ opSet: 'ort-contrib', shape, decodeAttention: 'native' })).toBe(false)
-    // Verify steps: whole models whose manifest has the one-position form the swap extends.
+    // Verify steps: models (whole, or any stage of a chain) whose manifest has the one-position
+    // form the swap extends.
     const full = { ...m({}), shape, decodeAttention: 'grouped' } as const
-    expect(kernelsApplying(full)).toEqual(['int4', 'attention'])
-    expect(kernelsApplying(full, true)).toEqual(['int4', 'attention', 'verify'])
-    expect(kernelsApplying({ ...full, decodeAttention: undefined }, true)).toEqual(['int4', 'attention'])
+    expect(kernelsApplying(full)).toEqual(['int4', 'attention', 'verify'])
+    expect(kernelsApplying({ ...full, decodeAttention: undefined })).toEqual(['int4', 'attention'])
   })
 })
 
@@ -272,6 +272,54 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
       expect(got).toHaveLength(N + 1)
       for (const [i, x] of single.entries()) expect(sameBits(got[i]!, x), `chunks ${chunks.join('+')}, position ${p.length - 1 + i}`).toBe(true)
     }
+  }, 120_000)
+
+  it('on a chain\'s stages too: a verify step through a stage without a head, then the last, gives each position the bits of one-position steps', async () => {
+    const dir = join(root, 'split')
+    const m = await compileShards({ modelDir: join(root, 'ckpt'), outDir: dir, quant: 'int4', stages: 2 })
+    expect(m.stages.map(st => st.hasHead)).toEqual([false, true])
+    const stageEngine = async (index: number): Promise<BatchingStageEngine> => {
+      const st = m.stages[index]!
+      const e = createStageEngine({
+        graphPath: join(dir, ...st.graph.split('/')),
+        ...(st.decodeGraph === undefined ? {} : { decodeGraphPath: join(dir, ...st.decodeGraph.split('/')) }),
+        stage: stageInfoOf(m, index),
+        threads: 1,
+        maxSequences: 4,
+        kernels: lib,
+      })
+      engines.push(e)
+      await e.start()
+      return e
+    }
+    const [first, last] = [await stageEngine(0), await stageEngine(1)]
+    const hiddenOf = (out: StepOutput): Float32Array => { if (out.kind !== 'hidden') throw new Error(`stage 0 returned ${out.kind}`); return out.data }
+    const p = prompts[0]!
+    const positions = (from: number, n: number): number[] => Array.from({ length: n }, (_, i) => from + i)
+    // Through both stages: the prompt, then `steps` (each a list of ids, all positions' logits kept).
+    const run = async (steps: number[][]): Promise<{ hidden: Float32Array[], logits: Float32Array[] }> => {
+      const [a, b] = [await first.open(), await last.open()]
+      await last.step(b, { hidden: hiddenOf(await first.step(a, { tokenIds: p }, positions(0, p.length))) }, positions(0, p.length))
+      const hidden: Float32Array[] = []
+      const logits: Float32Array[] = []
+      let at = p.length
+      for (const ids of steps) {
+        const h = hiddenOf(await first.step(a, { tokenIds: ids }, positions(at, ids.length), { logitsToKeep: ids.length }))
+        // Kept before the next stage's step takes (transfers) the buffer.
+        const d = h.length / ids.length
+        for (let i = 0; i < ids.length; i++) hidden.push(h.slice(i * d, (i + 1) * d))
+        logits.push(...logitRows(await last.step(b, { hidden: h }, positions(at, ids.length), { logitsToKeep: ids.length })))
+        at += ids.length
+      }
+      await first.free(a)
+      await last.free(b)
+      return { hidden, logits }
+    }
+    const ids = [11, 222, 33, 444, 55, 6]
+    const single = await run(ids.map(t => [t]))
+    const verified = await run([ids])
+    for (const [i, h] of single.hidden.entries()) expect(sameBits(verified.hidden[i]!, h), `stage 0, position ${p.length + i}`).toBe(true)
+    for (const [i, l] of single.logits.entries()) expect(sameBits(verified.logits[i]!, l), `stage 1, position ${p.length + i}`).toBe(true)
   }, 120_000)
 
   it.each(['qwen2', 'qwen3', 'phi3', 'mixtral'] as const)('%s int4: a verify step gives each position the bits of one-position steps', async (architecture) => {

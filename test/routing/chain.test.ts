@@ -116,6 +116,17 @@ describe('formChain', () => {
     expect(formChain([], ctx())).toMatchObject({ kind: 'incomplete', missing: [[0, 23]] })
   })
 
+  it('with kernels asked for, takes only holders that run all of them (a speculating int8 chain), and says which layers none covers', () => {
+    const verifying = ['int4', 'attention', 'verify']
+    const hs = [
+      holder('a', [0, 11], { kernels: verifying }), holder('plain', [12, 23], { rttMs: 0 }),
+      holder('int4', [12, 23], { kernels: ['int4', 'attention'], rttMs: 1 }), holder('v', [12, 23], { kernels: verifying, rttMs: 50 }),
+    ]
+    expect(peers(formChain(hs, ctx()))).toEqual(['a', 'plain'])
+    expect(peers(formChain(hs, ctx({ kernels: ['int4', 'verify'] })))).toEqual(['a', 'v'])
+    expect(formChain(hs.filter(h => h.peerId !== 'v'), ctx({ kernels: ['int4', 'verify'] }))).toMatchObject({ kind: 'incomplete', missing: [[12, 23]] })
+  })
+
   it('reports overloaded when only an overloaded stage would complete the chain', () => {
     const d = formChain([holder('a', [0, 11]), holder('b', [12, 23], { load: load({ accepting: false }) })], ctx())
     expect(d).toMatchObject({ kind: 'overloaded', manifestHash: 'h1' })

@@ -178,13 +178,16 @@ function dropUnread (graphs: IGraphProto[], prefix: string): void {
  * VerifyAttention) and a verified draft is the token plain decoding gives. Prefill (one kept
  * position) stays on GroupQueryAttention, whose bits do not depend on how a prompt is chunked and
  * whose long prompts it runs faster (VerifyAttention took 1.4–1.6× its time at 2,000 tokens).
- * Graphs without a head (no num_logits_to_keep) keep theirs. Returns how many layers.
+ * A graph without a head (a chain's earlier stage) has no num_logits_to_keep of its own: it gets
+ * the input (takeLogitsToKeep), read by the condition alone, and the engine feeds it as to a last
+ * stage (the positions a step wants: all of them for a chain's verify), so every stage of a chain
+ * verifies as it decodes. Returns how many layers.
  */
 function swapSteps (main: IGraphProto): number {
   const graphs = allGraphs(main)
   const stepLength = byName(main).get('/model/decode/S/Shape')?.output?.[0]
-  const keep = main.input?.find(i => i.name === NUM_LOGITS_TO_KEEP)?.name
-  if (stepLength == null || keep == null) return 0
+  if (stepLength == null) return 0
+  const keep = NUM_LOGITS_TO_KEEP
   let swapped = 0
   const initializers = main.initializer ?? []
   main.initializer = initializers
@@ -248,6 +251,19 @@ function swapSteps (main: IGraphProto): number {
   return swapped
 }
 
+/**
+ * A headless graph (a chain's earlier stage) given num_logits_to_keep as an input, for swapSteps'
+ * condition: its one-position graph (decode.onnx) gets it too, unread, so the stage's two graphs
+ * keep the same inputs (stage-runner.ts checks) and take the same feeds.
+ */
+function takeLogitsToKeep (main: IGraphProto): void {
+  if (main.input?.some(i => i.name === NUM_LOGITS_TO_KEEP) === true) return
+  main.input = [...main.input ?? [], onnx.ValueInfoProto.create({
+    name: NUM_LOGITS_TO_KEEP,
+    type: onnx.TypeProto.create({ tensorType: onnx.TypeProto.Tensor.create({ elemType: onnx.TensorProto.DataType.INT64, shape: onnx.TensorShapeProto.create({ dim: [] }) }) }),
+  })]
+}
+
 export interface KernelSwap {
   /** The graph to load: the input itself when nothing was swapped. */
   bytes: Uint8Array
@@ -270,6 +286,7 @@ export function swapKernels (model: Uint8Array): KernelSwap {
   const attention = swapAttention(m.graph)
   const steps = swapSteps(m.graph)
   if (int4 + attention + steps === 0) return { bytes: model, int4, attention, steps }
+  if (attention + steps > 0) takeLogitsToKeep(m.graph)
   if (!m.opsetImport.some(o => o.domain === NATIVE_KERNEL_DOMAIN)) m.opsetImport.push(onnx.OperatorSetIdProto.create({ domain: NATIVE_KERNEL_DOMAIN, version: 1 }))
   return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps }
 }
@@ -303,8 +320,9 @@ export function attentionKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 
 }
 
 /**
- * Whether a whole model's verify steps run on the kernel (swapSteps): the attention kernel applies
- * and the compiler wrote the one-position branch it replaces (a decode form in the manifest).
+ * Whether a model's verify steps run on the kernel (swapSteps), a chain's stages' as a whole
+ * model's: the attention kernel applies and the compiler wrote the one-position branch it
+ * replaces (a decode form in the manifest).
  */
 function verifyKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape'>): boolean {
   return attentionKernelApplies(manifest) && manifest.decodeAttention !== undefined
@@ -312,13 +330,12 @@ function verifyKernelApplies (manifest: Pick<ShardManifest, 'opSet' | 'decodeAtt
 
 /**
  * Which of shoal's kernels a model's graphs run where the library is loaded (as capabilities name
- * them); `whole`: served as one engine, whose verify steps run the kernel too (a chain's stages
- * leave speculation to their coordinator).
+ * them): a whole model's, or any stage's of a chain.
  */
-export function kernelsApplying (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape' | 'quantization'>, whole = false): Array<'int4' | 'attention' | 'verify'> {
+export function kernelsApplying (manifest: Pick<ShardManifest, 'opSet' | 'decodeAttention' | 'shape' | 'quantization'>): Array<'int4' | 'attention' | 'verify'> {
   return [
     ...int4KernelApplies(manifest) ? ['int4' as const] : [],
     ...attentionKernelApplies(manifest) ? ['attention' as const] : [],
-    ...whole && verifyKernelApplies(manifest) ? ['verify' as const] : [],
+    ...verifyKernelApplies(manifest) ? ['verify' as const] : [],
   ]
 }

@@ -1,0 +1,110 @@
+/**
+ * Speculative decoding across a chain of int4 shards with int8 activations (the compiler's
+ * default) on shoal's kernels: every stage computes a verify position by position as it decodes
+ * (the verify attention; a stage without a head is told a step is a verify by the positions it
+ * keeps, engine/native/swap.ts), so a speculating request's greedy tokens are the chain's plain
+ * ones bit for bit. Real libp2p nodes on loopback and real onnxruntime sessions. A coordinator
+ * speculates only over chains whose every stage advertises the kernels (int4 and verify); where
+ * the only holder of a stage lacks them, the request decodes plainly, with the same tokens.
+ * Skipped where the kernels cannot be built (no `cc`, or off x86-64 Linux).
+ */
+import { mkdtemp, rm } from 'node:fs/promises'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { kernelsApplying, prepareNativeKernels } from '../../daemon/engine/index.ts'
+import { hasCompiler } from '../../daemon/engine/native/build.ts'
+import { createPipelineService } from '../../daemon/pipeline/index.ts'
+import type { PipelineService } from '../../daemon/pipeline/index.ts'
+import type { StageHolder } from '../../daemon/routing/index.ts'
+import { createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
+import type { SpeculationCounts } from '../../daemon/speculative/index.ts'
+import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { compileShards, generateTestModel } from '../../shards/index.ts'
+import type { ShardManifest } from '../../shards/index.ts'
+import { holderOf, startStage, stopHost } from '../pipeline/fixture.ts'
+import type { StageHost } from '../pipeline/fixture.ts'
+
+const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
+
+// Text that repeats, so prompt lookup has drafts to verify; and text that does not.
+const PROMPTS = ['abc abc abc abc abc abc abc abc', 'the cat sat on the mat. the cat sat on the mat. the cat', 'Once upon a time']
+const TOKENS = 40
+
+describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 shards, on shoal\'s kernels', () => {
+  let root: string
+  let manifest: ShardManifest
+  let kernels: string[]
+  const hosts: StageHost[] = []
+  let first: StageHost
+  let last: StageHost
+  let lastPlain: StageHost
+  let plain: PipelineService
+  let spec: PipelineService
+  /** Each coordinator's holders of the last stage (switched by the tests). */
+  let lastHolders: StageHolder[] = []
+  let plainHolders: StageHolder[] = []
+  const counts: SpeculationCounts[] = []
+  let n = 0
+  const request = (text: string): GenerateRequest => ({
+    requestId: `r${++n}`, model: manifest.modelId, prompt: { kind: 'text', text }, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 120_000,
+  })
+  const tokensOf = async (svc: PipelineService, text: string): Promise<number[]> => {
+    const out: number[] = []
+    for await (const e of svc.generate(request(text), new AbortController().signal) as AsyncIterable<GenerateEvent>) if (e.type === 'delta') out.push(...e.tokenIds)
+    return out
+  }
+
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-chain-int4-'))
+    const prepared = await prepareNativeKernels(join(root, 'kernels'))
+    if (!('lib' in prepared)) throw new Error(`the kernels did not build here: ${prepared.off}`)
+    await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small', seed: 7 })
+    manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', stages: 2 })
+    expect(manifest.quantization).toMatchObject({ kind: 'int4' })
+    expect(exactVerifyNeeds(manifest)).toEqual(['int4', 'verify'])
+    kernels = kernelsApplying(manifest)
+    expect(kernels).toEqual(['int4', 'attention', 'verify'])
+    const dir = join(root, 'shard')
+    const [a, b] = manifest.stages.map(st => st.layers)
+    first = await startStage(dir, a!, { kernels: prepared.lib })
+    last = await startStage(dir, b!, { kernels: prepared.lib })
+    lastPlain = await startStage(dir, b!)
+    hosts.push(first, last, lastPlain)
+    plain = createPipelineService({ stage: first.stage, shardDir: dir }, { holders: () => plainHolders })
+    spec = createPipelineService({
+      stage: first.stage,
+      shardDir: dir,
+      sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', k: 4, targetKernels: kernels, onRequestEnd: (_id, c) => counts.push(c) }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      kernels,
+    }, { holders: () => lastHolders })
+    await plain.start()
+    await spec.start()
+  }, 240_000)
+  afterAll(async () => {
+    await spec?.stop()
+    await plain?.stop()
+    for (const h of hosts) await stopHost(h)
+    if (root !== undefined) await rm(root, { recursive: true, force: true })
+  })
+
+  it('speculates over a chain whose every stage verifies on the kernels, with the plain chain\'s greedy tokens', async () => {
+    lastHolders = [{ ...holderOf(last), kernels }, { ...holderOf(lastPlain), rttMs: 0 }]
+    plainHolders = [{ ...holderOf(last), kernels }]
+    counts.length = 0
+    for (const text of PROMPTS) expect(await tokensOf(spec, text), text).toEqual(await tokensOf(plain, text))
+    expect(counts).toHaveLength(PROMPTS.length)
+    expect(counts.reduce((a, c) => a + c.accepted, 0)).toBeGreaterThan(0)
+    expect(counts.reduce((a, c) => a + c.rounds, 0)).toBeGreaterThan(0)
+  }, 240_000)
+
+  it('decodes plainly, with the same tokens, where the only holder of a stage lacks the kernels', async () => {
+    // Its tokens are onnxruntime's int4 products' there (not the kernels' bits): the reference is the plain chain over it.
+    lastHolders = [holderOf(lastPlain)]
+    plainHolders = [holderOf(lastPlain)]
+    counts.length = 0
+    for (const text of PROMPTS.slice(0, 2)) expect(await tokensOf(spec, text), text).toEqual(await tokensOf(plain, text))
+    expect(counts).toEqual([])
+  }, 240_000)
+})
