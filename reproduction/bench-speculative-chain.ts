@@ -7,7 +7,10 @@
  * (tok/s at LAN / 50 / 100 ms per hop) is printed beside it for shape, not for absolute numbers.
  *
  * Run: node reproduction/bench-speculative-chain.ts [--size small] [--layers 12] [--stages 3]
- *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48]
+ *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48] [--quant none|int4]
+ * `--quant int4`: the target's shards int4 with int8 activations (the compiler's default), every
+ * stage on shoal's kernels (the verify attention on each, so the chain verifies exactly), and the
+ * coordinator forming chains only of stages that say so, as `shoal node` does.
  * Models are generated and compiled once into .cache/bench/.
  */
 import { existsSync } from 'node:fs'
@@ -19,13 +22,14 @@ import type { Libp2p } from '@libp2p/interface'
 import { createPipelineService, createPipelineStage } from '../daemon/pipeline/index.ts'
 import type { ChainSourceWrapper, PipelineService, PipelineStage } from '../daemon/pipeline/index.ts'
 import type { StageHolder } from '../daemon/routing/index.ts'
-import { createSpeculation } from '../daemon/speculative/index.ts'
+import { createSpeculation, exactVerifyNeeds } from '../daemon/speculative/index.ts'
 import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
-import { compileShards, generateDraftPair } from '../shards/index.ts'
+import { compileShards, generateDraftPair, loadManifest } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage } from './lib/index.ts'
 import { linkComponents, loopbackNode } from './lib/loopback.ts'
 import { execWithServeMalloc } from './lib/malloc.ts'
+import { nodeKernels, nodeTargetKernels } from './lib/native-kernels.ts'
 
 // The engine runs in this process, and in any child that inherits its environment: with `shoal
 // serve`'s malloc settings, as served (reproduction/lib/malloc.ts).
@@ -40,8 +44,11 @@ const { values: args } = parseArgs({
     hops: { type: 'string', default: '0,20,50,100' },
     k: { type: 'string', default: '1,2,3,5,7,10,adaptive' },
     tokens: { type: 'string', default: '48' },
+    quant: { type: 'string', default: 'none' },
   },
 })
+if (args.quant !== 'none' && args.quant !== 'int4') throw new Error(`--quant ${args.quant}: none or int4`)
+const QUANT = args.quant as 'none' | 'int4'
 const LAYERS = Number(args.layers)
 const STAGES = Number(args.stages)
 const TOKENS = Number(args.tokens)
@@ -54,22 +61,22 @@ function ranges (): Array<[number, number]> {
 }
 
 async function prepare (epsilon: string): Promise<{ chain: string, draft: string }> {
-  const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', `spec-chain-${args.size}-${LAYERS}-e${epsilon}-s${STAGES}`)
+  const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', `spec-chain-${args.size}-${LAYERS}-e${epsilon}-s${STAGES}${QUANT === 'none' ? '' : `-${QUANT}`}`)
   const chain = join(dir, 'chain')
   const draft = join(dir, 'draft')
   if (existsSync(join(chain, 'manifest.json')) && existsSync(join(draft, 'manifest.json'))) return { chain, draft }
   const ck = await generateDraftPair({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: args.size as TestModelSize, draftLayers: 1, extraLayers: LAYERS - 1, epsilon: Number(epsilon), targetId: 'target' })
-  await compileShards({ modelDir: ck.targetDir, outDir: chain, layers: ranges() })
-  await compileShards({ modelDir: ck.draftDir, outDir: draft })
+  await compileShards({ modelDir: ck.targetDir, outDir: chain, layers: ranges(), ...(QUANT === 'none' ? {} : { quant: QUANT }) })
+  await compileShards({ modelDir: ck.draftDir, outDir: draft, ...(QUANT === 'none' ? {} : { quant: QUANT }) })
   return { chain, draft }
 }
 
 const book = new Map<string, Libp2p>()
-async function host (dir: string, layers: [number, number], delayMs: number): Promise<{ libp2p: Libp2p, stage: PipelineStage }> {
+async function host (dir: string, layers: [number, number], delayMs: number, lib: { kernels?: string }): Promise<{ libp2p: Libp2p, stage: PipelineStage }> {
   const libp2p = await loopbackNode()
   book.set(libp2p.peerId.toString(), libp2p)
   const components = linkComponents(libp2p, book)
-  const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, delayMs }, components)
+  const stage = await createPipelineStage({ shardDir: dir, layers, threads: 1, delayMs, ...lib }, components)
   await stage.start()
   return { libp2p, stage }
 }
@@ -84,27 +91,31 @@ async function decode (svc: PipelineService, config: string): Promise<{ tokS: nu
 }
 
 async function main (): Promise<void> {
-  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers, draft = 1 layer; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, draft = 1 layer; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
   const ks = args.k.split(',')
   const hops = args.hops.split(',').map(Number)
   for (const epsilon of args.epsilon.split(',')) {
     const { chain, draft } = await prepare(epsilon)
+    const manifest = await loadManifest(chain)
+    const lib = await nodeKernels(manifest)
+    const kernels = nodeTargetKernels(manifest, lib)
+    const needs = exactVerifyNeeds(manifest)
     const table = new Map<string, string[]>()
     const acceptance = new Map<string, number[]>()
     for (const hopMs of hops) {
       const hosts: Array<{ libp2p: Libp2p, stage: PipelineStage }> = []
-      for (const r of ranges()) hosts.push(await host(chain, r, hopMs))
+      for (const r of ranges()) hosts.push(await host(chain, r, hopMs, lib))
       const counts = new Map<string, SpeculationCounts[]>()
       const configs: Record<string, Speculation> = {}
-      for (const k of ks) configs[k] = createSpeculation({ drafter: { draftDir: draft }, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd: (id, c) => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) } })
+      for (const k of ks) configs[k] = createSpeculation({ drafter: { draftDir: draft, ...lib }, targetKernels: kernels, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd: (id, c) => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) } })
       const wrapper: ChainSourceWrapper = {
         async start (t) { for (const s of Object.values(configs)) await s.start!(t) },
         async stop () { for (const s of Object.values(configs)) await s.stop!() },
         wrapChain: (ctx) => configs[ctx.request.requestId.split('#')[0]!]!.wrapChain(ctx),
       }
-      const holders = (): StageHolder[] => hosts.slice(1).map(h => { const s = h.stage.served(); return { peerId: h.libp2p.peerId.toString(), modelId: s.id, manifestHash: s.manifestHash, layers: s.layers, admitted: true, alive: true, rttMs: 1 } })
+      const holders = (): StageHolder[] => hosts.slice(1).map(h => { const s = h.stage.served(); return { peerId: h.libp2p.peerId.toString(), modelId: s.id, manifestHash: s.manifestHash, layers: s.layers, admitted: true, alive: true, rttMs: 1, kernels } })
       const plain = createPipelineService({ stage: hosts[0]!.stage, shardDir: chain }, { holders })
-      const spec = createPipelineService({ stage: hosts[0]!.stage, shardDir: chain, sourceWrapper: wrapper }, { holders })
+      const spec = createPipelineService({ stage: hosts[0]!.stage, shardDir: chain, sourceWrapper: wrapper, kernels, ...(needs === undefined ? {} : { speculationKernels: needs }) }, { holders })
       await plain.start()
       await spec.start()
       await decode(plain, 'warm')

@@ -46,12 +46,12 @@ export async function nodeKernels (manifest: Pick<ShardManifest, 'quantization' 
 }
 
 /**
- * The kernels a whole model's engine runs with `nodeKernels`' library, as capabilities name them
+ * The kernels a model's engines run with `nodeKernels`' library (a whole model's, or each stage's of a chain), as capabilities name them
  * (what speculation's exactness check reads: SpeculationInit.targetKernels); none without it.
  */
 export function nodeTargetKernels (manifest: Pick<ShardManifest, 'quantization' | 'opSet' | 'decodeAttention' | 'shape'>, lib: { kernels?: string }): string[] {
   if (lib.kernels === undefined) return []
-  return kernelsApplying(manifest, true)
+  return kernelsApplying(manifest)
 }
 
 /** The environment that gives a child process the library (its onnxruntime sessions know DecodeAttention and MatMulQ4). */
