@@ -274,10 +274,10 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     }
   }, 120_000)
 
-  it('on a chain\'s stages too: a verify step through a stage without a head, then the last, gives each position the bits of one-position steps', async () => {
+  it('on a chain\'s stages too: a verify step through the stages without a head (the first, a middle one), then the last, gives each position the bits of one-position steps', async () => {
     const dir = join(root, 'split')
-    const m = await compileShards({ modelDir: join(root, 'ckpt'), outDir: dir, quant: 'int4', stages: 2 })
-    expect(m.stages.map(st => st.hasHead)).toEqual([false, true])
+    const m = await compileShards({ modelDir: join(root, 'ckpt'), outDir: dir, quant: 'int4', stages: 3 })
+    expect(m.stages.map(st => [st.hasEmbedding, st.hasHead])).toEqual([[true, false], [false, false], [false, true]])
     const stageEngine = async (index: number): Promise<BatchingStageEngine> => {
       const st = m.stages[index]!
       const e = createStageEngine({
@@ -292,34 +292,43 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
       await e.start()
       return e
     }
-    const [first, last] = [await stageEngine(0), await stageEngine(1)]
-    const hiddenOf = (out: StepOutput): Float32Array => { if (out.kind !== 'hidden') throw new Error(`stage 0 returned ${out.kind}`); return out.data }
+    const chain = [await stageEngine(0), await stageEngine(1), await stageEngine(2)]
+    const hiddenOf = (out: StepOutput): Float32Array => { if (out.kind !== 'hidden') throw new Error(`a headless stage returned ${out.kind}`); return out.data }
     const p = prompts[0]!
     const positions = (from: number, n: number): number[] => Array.from({ length: n }, (_, i) => from + i)
-    // Through both stages: the prompt, then `steps` (each a list of ids, all positions' logits kept).
-    const run = async (steps: number[][]): Promise<{ hidden: Float32Array[], logits: Float32Array[] }> => {
-      const [a, b] = [await first.open(), await last.open()]
-      await last.step(b, { hidden: hiddenOf(await first.step(a, { tokenIds: p }, positions(0, p.length))) }, positions(0, p.length))
-      const hidden: Float32Array[] = []
+    // Through the three stages: the prompt, then `steps` (each a list of ids, every position kept).
+    // Each headless stage's hidden states are kept a position at a time (copies: the next stage's
+    // step takes the buffer).
+    const run = async (steps: number[][]): Promise<{ hidden: Float32Array[][], logits: Float32Array[] }> => {
+      const seqs = await Promise.all(chain.map(async e => await e.open()))
+      let h = hiddenOf(await chain[0]!.step(seqs[0]!, { tokenIds: p }, positions(0, p.length)))
+      h = hiddenOf(await chain[1]!.step(seqs[1]!, { hidden: h }, positions(0, p.length)))
+      await chain[2]!.step(seqs[2]!, { hidden: h }, positions(0, p.length))
+      const hidden: Float32Array[][] = [[], []]
       const logits: Float32Array[] = []
       let at = p.length
       for (const ids of steps) {
-        const h = hiddenOf(await first.step(a, { tokenIds: ids }, positions(at, ids.length), { logitsToKeep: ids.length }))
-        // Kept before the next stage's step takes (transfers) the buffer.
-        const d = h.length / ids.length
-        for (let i = 0; i < ids.length; i++) hidden.push(h.slice(i * d, (i + 1) * d))
-        logits.push(...logitRows(await last.step(b, { hidden: h }, positions(at, ids.length), { logitsToKeep: ids.length })))
+        const keep = { logitsToKeep: ids.length }
+        let x: { tokenIds: number[] } | { hidden: Float32Array } = { tokenIds: ids }
+        for (const s of [0, 1]) {
+          const out = hiddenOf(await chain[s]!.step(seqs[s]!, x, positions(at, ids.length), keep))
+          const d = out.length / ids.length
+          for (let i = 0; i < ids.length; i++) hidden[s]!.push(out.slice(i * d, (i + 1) * d))
+          x = { hidden: out }
+        }
+        logits.push(...logitRows(await chain[2]!.step(seqs[2]!, x, positions(at, ids.length), keep)))
         at += ids.length
       }
-      await first.free(a)
-      await last.free(b)
+      for (const [s, e] of chain.entries()) await e.free(seqs[s]!)
       return { hidden, logits }
     }
     const ids = [11, 222, 33, 444, 55, 6]
     const single = await run(ids.map(t => [t]))
     const verified = await run([ids])
-    for (const [i, h] of single.hidden.entries()) expect(sameBits(verified.hidden[i]!, h), `stage 0, position ${p.length + i}`).toBe(true)
-    for (const [i, l] of single.logits.entries()) expect(sameBits(verified.logits[i]!, l), `stage 1, position ${p.length + i}`).toBe(true)
+    for (const s of [0, 1]) {
+      for (const [i, h] of single.hidden[s]!.entries()) expect(sameBits(verified.hidden[s]![i]!, h), `stage ${s}, position ${p.length + i}`).toBe(true)
+    }
+    for (const [i, l] of single.logits.entries()) expect(sameBits(verified.logits[i]!, l), `last stage, position ${p.length + i}`).toBe(true)
   }, 120_000)
 
   it.each(['qwen2', 'qwen3', 'phi3', 'mixtral'] as const)('%s int4: a verify step gives each position the bits of one-position steps', async (architecture) => {
