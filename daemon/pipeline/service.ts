@@ -352,13 +352,14 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     throw new ChainIncompleteError(d.reason)
   }
 
-  /** Whether a chain of holders that all run `kernels` forms now. */
+  /** Whether a chain of holders that all run `kernels` forms now (not one that is overloaded or incomplete). */
   function formsWith (kernels: readonly string[]): boolean {
     try {
       chainFor([], undefined, kernels)
       return true
-    } catch {
-      return false
+    } catch (err) {
+      if (err instanceof ChainIncompleteError || err instanceof OverloadedError) return false
+      throw err
     }
   }
 
