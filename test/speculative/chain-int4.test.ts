@@ -5,7 +5,8 @@
  * keeps, engine/native/swap.ts), so a speculating request's greedy tokens are the chain's plain
  * ones bit for bit. Real libp2p nodes on loopback and real onnxruntime sessions. A coordinator
  * speculates only over chains whose every stage advertises the kernels (int4 and verify); where
- * the only holder of a stage lacks them, the request decodes plainly, with the same tokens.
+ * the only holder of a stage lacks them, the request decodes plainly, with the same tokens; a
+ * stage killed mid-verify is replayed on another holder with the kernels, never on one without.
  * Skipped where the kernels cannot be built (no `cc`, or off x86-64 Linux).
  */
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -17,12 +18,12 @@ import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService } from '../../daemon/pipeline/index.ts'
 import type { StageHolder } from '../../daemon/routing/index.ts'
-import { createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
-import type { SpeculationCounts } from '../../daemon/speculative/index.ts'
+import { createPromptLookupDrafter, createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
+import type { Drafter, SpeculationCounts } from '../../daemon/speculative/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
-import { holderOf, startStage, stopHost } from '../pipeline/fixture.ts'
+import { holderOf, kill, startStage, stopHost } from '../pipeline/fixture.ts'
 import type { StageHost } from '../pipeline/fixture.ts'
 
 const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
@@ -39,6 +40,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
   let first: StageHost
   let last: StageHost
   let lastPlain: StageHost
+  let spare: StageHost
   let plain: PipelineService
   let spec: PipelineService
   /** Each coordinator's holders of the last stage (switched by the tests). */
@@ -70,7 +72,8 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     first = await startStage(dir, a!, { kernels: prepared.lib })
     last = await startStage(dir, b!, { kernels: prepared.lib })
     lastPlain = await startStage(dir, b!)
-    hosts.push(first, last, lastPlain)
+    spare = await startStage(dir, b!, { kernels: prepared.lib })
+    hosts.push(first, last, lastPlain, spare)
     plain = createPipelineService({ stage: first.stage, shardDir: dir }, { holders: () => plainHolders })
     spec = createPipelineService({
       stage: first.stage,
@@ -85,7 +88,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
   afterAll(async () => {
     await spec?.stop()
     await plain?.stop()
-    for (const h of hosts) await stopHost(h)
+    for (const h of hosts) await stopHost(h).catch(() => {})
     if (root !== undefined) await rm(root, { recursive: true, force: true })
   })
 
@@ -106,5 +109,50 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     counts.length = 0
     for (const text of PROMPTS.slice(0, 2)) expect(await tokensOf(spec, text), text).toEqual(await tokensOf(plain, text))
     expect(counts).toEqual([])
+  }, 240_000)
+
+  it('replays a verify whose stage was killed on another holder with the kernels, with the same tokens', async () => {
+    const text = PROMPTS[1]!
+    plainHolders = [{ ...holderOf(last), kernels }]
+    const reference = await tokensOf(plain, text)
+    // The kernel holders first by cost, then the one without them (cheapest, never chosen).
+    lastHolders = [{ ...holderOf(last), kernels, rttMs: 1 }, { ...holderOf(spare), kernels, rttMs: 40 }, { ...holderOf(lastPlain), rttMs: 0 }]
+    // Prompt lookup that kills the last stage right after its 3rd proposal: that verify meets a dead stage.
+    const inner = createPromptLookupDrafter()
+    let proposals = 0
+    const killing: Drafter = {
+      name: 'killing',
+      async open (seqId, promptIds, signal) {
+        const d = await inner.open(seqId, promptIds, signal)
+        return {
+          async propose (r) {
+            const p = await d.propose(r)
+            if (++proposals === 3) await kill(last)
+            return { tokens: p.tokens.length > 0 ? p.tokens : [r.context[r.context.length - 1]!] }
+          },
+          close: d.close,
+        }
+      },
+    }
+    const dir = join(root, 'shard')
+    const replaying = createPipelineService({
+      stage: first.stage,
+      shardDir: dir,
+      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      kernels,
+    }, { holders: () => lastHolders })
+    await replaying.start()
+    const sentBefore = [spare, lastPlain].map(h => h.stage.node.stats().bytesSent)
+    try {
+      expect(await tokensOf(replaying, text)).toEqual(reference)
+      expect(proposals).toBeGreaterThanOrEqual(3)
+      // The replay ran on the spare (it sent verdicts and tokens back), not on the holder without the kernels.
+      const sent = [spare, lastPlain].map((h, i) => h.stage.node.stats().bytesSent - sentBefore[i]!)
+      expect(sent[0]).toBeGreaterThan(0)
+      expect(sent[1]).toBe(0)
+    } finally {
+      await replaying.stop()
+    }
   }, 240_000)
 })
