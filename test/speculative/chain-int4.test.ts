@@ -18,13 +18,14 @@ import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService } from '../../daemon/pipeline/index.ts'
 import type { StageHolder } from '../../daemon/routing/index.ts'
-import { createPromptLookupDrafter, createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
-import type { Drafter, SpeculationCounts } from '../../daemon/speculative/index.ts'
+import { createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
+import type { SpeculationCounts } from '../../daemon/speculative/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { holderOf, kill, startStage, stopHost } from '../pipeline/fixture.ts'
 import type { StageHost } from '../pipeline/fixture.ts'
+import { killingDrafter } from './killing-drafter.ts'
 
 const kernelHere = process.platform === 'linux' && process.arch === 'x64' && await hasCompiler()
 
@@ -118,22 +119,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     // The kernel holders first by cost, then the one without them (cheapest, never chosen).
     lastHolders = [{ ...holderOf(last), kernels, rttMs: 1 }, { ...holderOf(spare), kernels, rttMs: 40 }, { ...holderOf(lastPlain), rttMs: 0 }]
     // Prompt lookup that kills the last stage right after its 3rd proposal: that verify meets a dead stage.
-    const inner = createPromptLookupDrafter()
-    let proposals = 0
-    const killing: Drafter = {
-      name: 'killing',
-      async open (seqId, promptIds, signal) {
-        const d = await inner.open(seqId, promptIds, signal)
-        return {
-          async propose (r) {
-            const p = await d.propose(r)
-            if (++proposals === 3) await kill(last)
-            return { tokens: p.tokens.length > 0 ? p.tokens : [r.context[r.context.length - 1]!] }
-          },
-          close: d.close,
-        }
-      },
-    }
+    const killing = killingDrafter(3, async () => { await kill(last) })
     const dir = join(root, 'shard')
     const replaying = createPipelineService({
       stage: first.stage,
@@ -146,7 +132,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     const sentBefore = [spare, lastPlain].map(h => h.stage.node.stats().bytesSent)
     try {
       expect(await tokensOf(replaying, text)).toEqual(reference)
-      expect(proposals).toBeGreaterThanOrEqual(3)
+      expect(killing.proposals()).toBeGreaterThanOrEqual(3)
       // The replay ran on the spare (it sent verdicts and tokens back), not on the holder without the kernels.
       const sent = [spare, lastPlain].map((h, i) => h.stage.node.stats().bytesSent - sentBefore[i]!)
       expect(sent[0]).toBeGreaterThan(0)

@@ -12,14 +12,15 @@ import { createLocalService } from '../../daemon/engine/index.ts'
 import type { LocalService } from '../../daemon/engine/index.ts'
 import { createChainTokenSource, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { ChainSourceWrapper, PipelineService } from '../../daemon/pipeline/index.ts'
-import { createPromptLookupDrafter, createSpeculation } from '../../daemon/speculative/index.ts'
-import type { Drafter, Speculation, SpeculationCounts, SpeculationInit } from '../../daemon/speculative/index.ts'
+import { createSpeculation } from '../../daemon/speculative/index.ts'
+import type { Speculation, SpeculationCounts, SpeculationInit } from '../../daemon/speculative/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { ChainIncompleteError, formChain } from '../../daemon/routing/index.ts'
 import { holderOf, kill, runSource, startStage, stopHost } from '../pipeline/fixture.ts'
 import type { StageHost } from '../pipeline/fixture.ts'
 import { buildDraftPair } from './pair.ts'
 import type { DraftPairFixture } from './pair.ts'
+import { killingDrafter } from './killing-drafter.ts'
 
 const PROMPTS = [
   'The quick brown fox jumps over the lazy dog',
@@ -136,22 +137,7 @@ describe('speculative decoding on pipeline chains', () => {
     const hosts = [await startStage(pair.threeStages, [0, 1]), await startStage(pair.threeStages, [2, 2]), await startStage(pair.threeStages, [3, 3]), await startStage(pair.threeStages, [3, 3])]
     const [c, d, e, spare] = hosts as [StageHost, StageHost, StageHost, StageHost]
     // Prompt lookup that kills the last stage right after its 3rd proposal: that verify meets a dead stage.
-    const inner = createPromptLookupDrafter()
-    let proposals = 0
-    const killing: Drafter = {
-      name: 'killing',
-      async open (seqId, promptIds, signal) {
-        const d0 = await inner.open(seqId, promptIds, signal)
-        return {
-          async propose (r) {
-            const p = await d0.propose(r)
-            if (++proposals === 3) await kill(e)
-            return { tokens: p.tokens.length > 0 ? p.tokens : [r.context[r.context.length - 1]!] }
-          },
-          close: d0.close,
-        }
-      },
-    }
+    const killing = killingDrafter(3, async () => { await kill(e) })
     const spec = createSpeculation({ drafter: killing, k: 3, onRequestEnd: record })
     const text = PROMPTS[2]!
     const promptIds = (await (async () => { for await (const ev of local.generate(request('plain', { prompt: { kind: 'text', text }, maxTokens: 1 }), new AbortController().signal)) if (ev.type === 'start') return ev.promptTokenIds; return [] })())
