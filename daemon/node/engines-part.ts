@@ -84,8 +84,16 @@ export interface EnginesPartDeps {
   engines: Engines
 }
 
-/** What the default prompt lookup decides by (daemon/speculative default.ts); `kernels`: shoal's kernels the model runs on here (Served.kernelsOf). */
-export const modelFacts = (m: ResolvedModel, kernels: readonly string[] = []): ModelFacts => ({ whole: m.whole, quantization: m.manifest.quantization, kernels })
+/**
+ * What the default prompt lookup decides by (daemon/speculative default.ts); `kernels`: shoal's
+ * kernels the model runs on here (Served.kernelsOf). Requests enter a whole model and a mesh
+ * chain's stage 0 (its coordinator, startStage); a local multi-device chain speculates not at all.
+ */
+export const modelFacts = (m: ResolvedModel, kernels: readonly string[] = []): ModelFacts => ({
+  entry: m.whole || (m.localChain !== true && m.manifest.stages[m.stageIndex]?.hasEmbedding === true),
+  quantization: m.manifest.quantization,
+  kernels,
+})
 
 const optionalRtt = (rttMs: number | undefined): { rttMs?: number } => rttMs === undefined ? {} : { rttMs }
 

@@ -6,7 +6,7 @@
  * error before `start` naming the missing layers; a lost stage mid-request is replayed on another
  * holder when there is one.
  *
- * Prefix reuse (when stage 0's node keeps prefixes, and not under speculative decoding): a
+ * Prefix reuse (when stage 0's node keeps prefixes; speculating requests too): a
  * finished request's KV stays on every stage of its chain under a key this coordinator indexes
  * (daemon/kv's prefix cache, scoped to the chain: chain-prefix.ts); a later prompt sharing a
  * kept prefix, on the same chain, opens every stage from it and prefills only the rest (at least
@@ -97,11 +97,15 @@ export interface ChainWrapContext {
   manifest: ShardManifest
   /** The request's chain: prefill / decode, and verify (a token and its drafts in one traversal). */
   chain: Pick<ChainTokenSource, 'prefill' | 'decode' | 'verify'>
+  /** Other requests this coordinator has open now (their steps share the stages' batches). */
+  peers: () => number
 }
 
 export interface ChainSourceWrapper {
   start? (target: { modelId: string, manifest: ShardManifest }): Promise<void>
   stop? (): Promise<void>
+  /** Whether a request is wrapped (default: every one); one that is not decodes plainly over any chain. */
+  wraps? (request: GenerateRequest): boolean
   /** A request's token source; `close` runs when the request ends, before the chain is closed. */
   wrapChain (ctx: ChainWrapContext): TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }
 }
@@ -265,7 +269,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         if (p.backoff.size > MAX_BACKOFF_CHAINS) p.backoff.delete(p.backoff.keys().next().value!)
       },
       keep (chain, encoding) {
-        const tokens = init.reuseGenerated === true ? fed : promptIds
+        // The stages' KV holds every fed id's columns but the last one's (never fed back). Under
+        // speculative decoding it may also hold a rejected draft's columns past them until the
+        // next verify would have rolled them back, so a keep never asks for more.
+        const tokens = (init.reuseGenerated === true ? fed : promptIds).slice(0, fed.length - 1)
         if (tokens.length < p.cache.blockSize) return undefined
         const scope = chainScope(stage.manifestHash, chain, encoding)
         // A stage of this chain refused its prefixes lately: keep nothing for a while (keepSkips).
@@ -381,8 +388,9 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     }
     /** Tokens fed to the chain so far: the prompt, then each generated id. */
     const fed = [...promptIds]
-    // Not under speculative decoding: its source prefills the whole prompt itself.
-    const reuse = init.sourceWrapper === undefined ? prefixHooks(promptIds, fed) : undefined
+    // Under speculative decoding too: the wrapper prefills through the chain (ChainWrapContext), so
+    // from a kept prefix like any request, and verify steps write only positions past the prompt.
+    const reuse = prefixHooks(promptIds, fed)
     const hooks = reuse?.hooks
     let source: ChainTokenSource | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
@@ -392,7 +400,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         // A wrapped request speculates only over chains whose every stage runs the kernels its
         // verify needs to be exact (init.speculationKernels), replays included; where none forms
         // now, it decodes plainly.
-        const speculates = init.sourceWrapper !== undefined && (init.speculationKernels === undefined || formsWith(init.speculationKernels))
+        const speculates = init.sourceWrapper !== undefined && init.sourceWrapper.wraps?.(request) !== false &&
+          (init.speculationKernels === undefined || formsWith(init.speculationKernels))
         const kernels = speculates ? init.speculationKernels : undefined
         const chain = createChainTokenSource({
           node,
@@ -413,7 +422,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         source = chain
         await chain.connect(signal)
         const began = performance.now()
-        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain }) : undefined
+        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain, peers: () => Math.max(0, active - 1) }) : undefined
         wrapped = w
         return {
           source: w ?? chain,
@@ -486,7 +495,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       codec = await loadTextCodec(init.shardDir, manifest)
       await init.sourceWrapper?.start?.({ modelId, manifest })
       const budget = node.stats().prefixes?.budgetBytes ?? 0
-      prefix = node.keepsPrefixes && budget > 0 && init.sourceWrapper === undefined
+      prefix = node.keepsPrefixes && budget > 0
         ? {
             cache: createPrefixCache({ budgetBytes: budget, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
             metrics: createPrefixMetrics(init.metrics),

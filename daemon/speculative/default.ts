@@ -10,8 +10,9 @@
  *    one-position decoding only in the last f32 bits (as padded batches already do) with f32
  *    activations, but by whole quantization steps with int8 activations (inexactTarget), so
  *    the compiler's default int4/int8 shards are skipped, quietly;
- *  - a whole model only: on a chain a source wrapper turns the chain's KV prefix reuse off
- *    (daemon/pipeline's service), which a default must not cost; `--draft lookup` still asks for it;
+ *  - where requests enter: a whole model, or a chain coordinated here (its stage 0), whose chains
+ *    keep their KV prefix reuse under it (daemon/pipeline's service); a later stage has no
+ *    requests of its own, and a local multi-device chain (`shoal serve` of a split shard) none yet;
  *  - greedy requests (the target's own tokens) and sampled requests without a seed (the target's
  *    distribution exactly; no draw was promised) run speculatively;
  *  - seeded sampled requests keep the plain path. Speculative sampling makes different draws than
@@ -28,8 +29,8 @@ import { inexactTarget } from './exact.ts'
 
 /** What the default needs to know of a served model. */
 export interface ModelFacts {
-  /** Served whole on this node (one engine), not a stage of a chain. */
-  whole: boolean
+  /** Requests enter here: a whole model (one engine) or a chain's stage 0 coordinating the chain; not a later stage. */
+  entry: boolean
   quantization: ShardManifest['quantization']
   /** shoal's kernels its graphs run here (capabilities' names; inexactTarget). */
   kernels?: readonly string[]
@@ -48,7 +49,7 @@ export const DEFAULT_LOOKUP_MIN_NGRAM = 2
 
 /** Why a model served without `--draft` gets no prompt lookup, or undefined when it gets it. */
 export function defaultLookupSkipped (model: ModelFacts): string | undefined {
-  if (!model.whole) return 'a chain stage (speculation there would turn off the chain\'s prefix reuse; --draft lookup asks for it)'
+  if (!model.entry) return 'a later stage of a chain (requests enter at stage 0)'
   const why = inexactTarget(model, model.kernels)
   return why === undefined ? undefined : 'int8 activations (a verify step could round to a different token than plain decoding)'
 }

@@ -56,12 +56,16 @@ export interface ChainTarget {
     decode (tokenId: number, position: number, signal: AbortSignal): Promise<number>
     verify (tokenId: number, position: number, drafts: number[], signal: AbortSignal): Promise<{ accepted: number, next: number }>
   }
+  /** Other requests the chain's coordinator has open now. */
+  peers?: () => number
 }
 
 export interface Speculation extends TokenSourceWrapper {
   /** 'prompt-lookup', DEFAULT_LOOKUP_NAME or 'draft:<model id>' (after start for a draft model). */
   readonly drafterName: string
-  /** A chain request's source (the chain checks drafts and samples at its last stage). */
+  /** Whether a chain request speculates (a default prompt lookup leaves seeded sampled ones plain, as `wrap` does). */
+  wraps (request: GenerateRequest): boolean
+  /** A chain request's source (the chain checks drafts and samples at its last stage); asked only where `wraps`. */
   wrapChain (ctx: ChainTarget): TokenSource & { close: () => Promise<void> }
 }
 
@@ -109,12 +113,17 @@ export function createSpeculation (init: SpeculationInit): Speculation {
       }
     },
     async stop () { await draftModel?.stop() },
+    wraps: request => init.byDefault !== true || defaultLookupTakes(request.sampling),
     wrap (ctx) {
       if (init.byDefault === true && !defaultLookupTakes(ctx.request.sampling)) return undefined
       return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }), soloOnly: init.byDefault === true })
     },
     wrapChain (ctx) {
-      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain) })
+      // The default, as on a whole model, only while the coordinator has no other request open: a
+      // verify runs as a step of its own on every stage, outside the batch the others' decode
+      // steps share there, and holds them back.
+      const solo = init.byDefault === true && ctx.peers !== undefined ? { peers: ctx.peers, soloOnly: true } : {}
+      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain), ...solo })
     },
   }
 

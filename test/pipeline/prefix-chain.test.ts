@@ -3,8 +3,9 @@
  * and 3 stages): greedy tokens with reuse identical to a cold run of the unsplit model over whole
  * sequences; a repeated prompt and a follow-up turn prefill only what is new (counted); with
  * reuseGenerated a follow-up turn prefills only its new message; a stage that evicted the prefix
- * within its own budget answers so and the request is prefilled whole, with the same tokens; and
- * every stage ends holding no live sequence, only kept prefixes.
+ * within its own budget answers so and the request is prefilled whole, with the same tokens; the
+ * same under speculative decoding, whose rejected drafts are never kept; and every stage ends
+ * holding no live sequence, only kept prefixes.
  */
 import { Registry } from 'prom-client'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -13,6 +14,8 @@ import type { LocalService } from '../../daemon/engine/index.ts'
 import { createLocalChain, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
+import { createSpeculation } from '../../daemon/speculative/index.ts'
+import type { Drafter } from '../../daemon/speculative/index.ts'
 import { buildModels, chainRequest, eventually, holderOf, startStage, stopHost } from './fixture.ts'
 import type { Models, StageHost } from './fixture.ts'
 
@@ -207,21 +210,43 @@ describe.each([
     await settled(hosts)
   }, 120_000)
 
-  it('stays off under a source wrapper (speculative decoding prefills the whole prompt itself)', async () => {
-    const wrapped = await startService(hosts, stages, { sourceWrapper: { wrapChain: ({ chain }) => ({ prefill: chain.prefill, decode: chain.decode }) } })
+  it('works under speculative decoding: a cold run\'s tokens, a repeated prompt reused, a kept reply without its rejected drafts', async () => {
+    // Drafts that are nearly always wrong: every verify leaves rejected columns on every stage past
+    // the accepted ones, which the next round rolls back. A request that ends on a stop string
+    // ends after such a verify, its last rejected columns still there.
+    const wrong: Drafter = { name: 'wrong', async open () { return { async propose ({ k }) { return { tokens: Array.from({ length: k }, () => 3) } }, async close () {} } } }
+    const drafted: number[] = []
+    const spec = createSpeculation({ drafter: wrong, k: 4, onRequestEnd: (_id, c) => { drafted.push(c.drafted) } })
+    const wrapped = await startService(hosts, stages, { sourceWrapper: spec, reuseGenerated: true, keptWaitMs: 5_000 })
     try {
-      const kept = async (): Promise<number[]> => await Promise.all(hosts.map(async h => (await h.stage.node.engine.stats()).keptPrefixes ?? 0))
-      const before = await kept()
       const p = tokens(40, 300 + stages)
-      const want = (await run(cold, request(p))).tokens
-      for (let i = 0; i < 2; i++) {
-        const r = await run(wrapped, request(p))
-        expect(r.start.prefix).toBeUndefined()
-        expect(r.tokens).toEqual(want)
-      }
-      expect(wrapped.stats().prefix).toBeUndefined()
+      // A stop string from the cold run's text, a few tokens in.
+      const texts: string[] = []
+      for await (const e of cold.generate(request(p), new AbortController().signal)) if (e.type === 'delta') texts.push(e.text)
+      const stop = texts.slice(8, 11).join('')
+      expect(stop.length).toBeGreaterThan(0)
+      const stopping = (ids: number[]): GenerateRequest => ({ ...request(ids), stop: [stop] })
+      const want = await run(cold, stopping(p))
+      expect(want.end.finishReason).toBe('stop')
+      const first = await counted(wrapped, () => run(wrapped, stopping(p)))
+      expect(first.value.tokens).toEqual(want.tokens)
+      expect(first.value.end.finishReason).toBe('stop')
+      expect(first.miss).toBe(p.length)
       await settled(hosts)
-      expect(await kept()).toEqual(before)
+      // The same prompt again: every stage opens from the kept prompt (and reply).
+      const again = await counted(wrapped, () => run(wrapped, stopping(p)))
+      expect(again.value.start.prefix?.reusedTokens).toBeGreaterThan(0)
+      expect(again.value.tokens).toEqual(want.tokens)
+      await settled(hosts)
+      // A follow-up turn prefills its new message and the reply's last token (never fed back), not
+      // less: the kept KV stops where the verified columns do, before any rejected draft's.
+      const user = tokens(7, 61)
+      const history = [...p, ...first.value.tokens, ...user]
+      const follow = await counted(wrapped, () => run(wrapped, request(history)))
+      expect(follow.miss).toBe(user.length + 1)
+      expect(follow.value.tokens).toEqual((await run(cold, request(history))).tokens)
+      expect(Math.min(...drafted)).toBeGreaterThan(0)
+      await settled(hosts)
     } finally {
       await wrapped.stop()
     }

@@ -4,8 +4,9 @@
  * rolled back by each stage from the next activation's start. Whole-sequence greedy identity with
  * the unsplit model for K ∈ {1, 2, 4, 8} and adaptive, good, bad and self drafts and prompt
  * lookup, on 2- and 3-stage chains, alone and as 4 concurrent streams; sampled requests speculate
- * too (drafts as point masses at the last stage) and reproduce with their seed; a stage killed
- * mid-verify is replayed with the same tokens.
+ * too (drafts as point masses at the last stage) and reproduce with their seed; the default
+ * speculates only while its coordinator has no other request open; a stage killed mid-verify is
+ * replayed with the same tokens.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService } from '../../daemon/engine/index.ts'
@@ -13,7 +14,7 @@ import type { LocalService } from '../../daemon/engine/index.ts'
 import { createChainTokenSource, createPipelineService } from '../../daemon/pipeline/index.ts'
 import type { ChainSourceWrapper, PipelineService } from '../../daemon/pipeline/index.ts'
 import { createSpeculation } from '../../daemon/speculative/index.ts'
-import type { Speculation, SpeculationCounts, SpeculationInit } from '../../daemon/speculative/index.ts'
+import type { Drafter, Speculation, SpeculationCounts, SpeculationInit } from '../../daemon/speculative/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { ChainIncompleteError, formChain } from '../../daemon/routing/index.ts'
 import { holderOf, kill, runSource, startStage, stopHost } from '../pipeline/fixture.ts'
@@ -48,6 +49,9 @@ async function tokensOf (svc: { generate: LocalService['generate'] }, req: Gener
   return out
 }
 
+/** Proposes token 3 K times on every round: drafts to verify whatever the text. */
+const alwaysDrafter: Drafter = { name: 'always', async open () { return { async propose ({ k }) { return { tokens: Array.from({ length: k }, () => 3) } }, async close () {} } } }
+
 function routed (configs: Record<string, Speculation>): ChainSourceWrapper {
   return {
     async start (t) { for (const s of Object.values(configs)) await s.start!(t) },
@@ -70,6 +74,8 @@ describe('speculative decoding on pipeline chains', () => {
       bad4: createSpeculation({ ...common, drafter: { draftDir: pair.badDraftDir }, k: 4 }),
       self4: createSpeculation({ ...common, drafter: { draftDir: pair.target.shardDir }, k: 4 }),
       lookup4: createSpeculation({ ...common, drafter: 'prompt-lookup', k: 4 }),
+      // The default's solo rule, with drafts on every round (prompt lookup drafts only where text repeats).
+      solo: createSpeculation({ ...common, drafter: alwaysDrafter, byDefault: true }),
     }
   }
 
@@ -119,6 +125,18 @@ describe('speculative decoding on pipeline chains', () => {
           runs.forEach((t, i) => { expect(t, `${config} stream ${i}`).toEqual(reference.get(PROMPTS[i]!)) })
         }
       }, 300_000)
+
+      it('the default speculates only while the coordinator has no other request open', async () => {
+        // A request held open after its start (its events not read on): the coordinator has another.
+        const held = svc.generate(request('lookup4', { prompt: { kind: 'text', text: PROMPTS[1]! } }), new AbortController().signal)[Symbol.asyncIterator]()
+        expect((await held.next()).value).toMatchObject({ type: 'start' })
+        const text = PROMPTS[0]!
+        expect(await tokensOf(svc, request('solo', { prompt: { kind: 'text', text } }))).toEqual(reference.get(text))
+        expect(counts.get('solo')!.at(-1)!.drafted).toBe(0)
+        await held.return!(undefined)
+        expect(await tokensOf(svc, request('solo', { prompt: { kind: 'text', text } }))).toEqual(reference.get(text))
+        expect(counts.get('solo')!.at(-1)!.drafted).toBeGreaterThan(0)
+      }, 120_000)
 
       it('a seeded sampled request speculates and reproduces', async () => {
         const sampling = { temperature: 0.8, topP: 0.95, seed: 99 }

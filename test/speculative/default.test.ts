@@ -1,27 +1,29 @@
 /**
- * Prompt lookup on by default: which models get it (whole models whose shards verify exactly) and
- * which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path).
+ * Prompt lookup on by default: which models get it (whole models and chains at their stage 0,
+ * whose shards verify exactly) and which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path).
  */
 import { describe, expect, it } from 'vitest'
 import { DEFAULT_LOOKUP_MIN_NGRAM, defaultLookupSkipped, defaultLookupTakes, promptLookup, useDefaultLookup } from '../../daemon/speculative/index.ts'
 import type { ModelFacts } from '../../daemon/speculative/index.ts'
 
-const fp32: ModelFacts = { whole: true, quantization: { kind: 'none' } }
-const int4f32: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 32, activations: 'f32' } }
-const int8f32: ModelFacts = { whole: true, quantization: { kind: 'int8', blockSize: 32, activations: 'f32' } }
-const int4int8: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 32, activations: 'int8' } }
+const fp32: ModelFacts = { entry: true, quantization: { kind: 'none' } }
+const int4f32: ModelFacts = { entry: true, quantization: { kind: 'int4', blockSize: 32, activations: 'f32' } }
+const int8f32: ModelFacts = { entry: true, quantization: { kind: 'int8', blockSize: 32, activations: 'f32' } }
+const int4int8: ModelFacts = { entry: true, quantization: { kind: 'int4', blockSize: 32, activations: 'int8' } }
 // Shards from before `activations` was recorded compute in int8 activations (the compiler's default).
-const int4unset: ModelFacts = { whole: true, quantization: { kind: 'int4', blockSize: 128 } }
-const stage: ModelFacts = { whole: false, quantization: { kind: 'none' } }
+const int4unset: ModelFacts = { entry: true, quantization: { kind: 'int4', blockSize: 128 } }
+const laterStage: ModelFacts = { entry: false, quantization: { kind: 'none' } }
 
 describe('default prompt lookup', () => {
-  it('is on for whole models with f32 activations, off (with a reason) for int8 activations and chain stages', () => {
+  it('is on where requests enter (whole models, chains at stage 0) with f32 activations, off (with a reason) for int8 activations and later stages', () => {
     expect(defaultLookupSkipped(fp32)).toBeUndefined()
     expect(defaultLookupSkipped(int4f32)).toBeUndefined()
     expect(defaultLookupSkipped(int8f32)).toBeUndefined()
     expect(defaultLookupSkipped(int4int8)).toMatch(/int8 activations/)
     expect(defaultLookupSkipped(int4unset)).toMatch(/int8 activations/)
-    expect(defaultLookupSkipped(stage)).toMatch(/chain/)
+    expect(defaultLookupSkipped(laterStage)).toMatch(/later stage/)
+    // A chain's stage 0 is where its requests enter: its chains keep their prefix reuse under lookup.
+    expect(defaultLookupSkipped({ ...laterStage, entry: true })).toBeUndefined()
   })
 
   it('is on for int8 activations where shoal\'s kernels run both the int4 products and the verify steps', () => {
@@ -30,7 +32,7 @@ describe('default prompt lookup', () => {
     // One without the other is not enough: MatMulNBits' rows, or GroupQueryAttention's verify, round otherwise.
     expect(defaultLookupSkipped({ ...int4int8, kernels: ['int4', 'attention'] })).toMatch(/int8 activations/)
     expect(defaultLookupSkipped({ ...int4int8, kernels: ['attention', 'verify'] })).toMatch(/int8 activations/)
-    expect(defaultLookupSkipped({ ...stage, quantization: int4int8.quantization, kernels: ['int4', 'verify'] })).toMatch(/chain/)
+    expect(defaultLookupSkipped({ ...laterStage, quantization: int4int8.quantization, kernels: ['int4', 'verify'] })).toMatch(/later stage/)
   })
 
   it('takes greedy requests (seeded or not) and unseeded sampled ones; seeded sampled ones keep the plain path', () => {
@@ -46,7 +48,7 @@ describe('default prompt lookup', () => {
     expect(requests.map(r => useDefaultLookup(fp32, r))).toEqual([true, true, false])
     expect(requests.map(r => useDefaultLookup(int4f32, r))).toEqual([true, true, false])
     expect(requests.map(r => useDefaultLookup(int4int8, r))).toEqual([false, false, false])
-    expect(requests.map(r => useDefaultLookup(stage, r))).toEqual([false, false, false])
+    expect(requests.map(r => useDefaultLookup(laterStage, r))).toEqual([false, false, false])
   })
 
   it('drafts from matches of two tokens or more (a one-token match is what text that does not repeat offers all the time)', () => {
