@@ -1,14 +1,18 @@
 /**
- * Where one engine step's time goes, op by op (issue 11; docs/engine-notes.md, wave 38): the
- * stage graph of a single-stage shard, with shoal's kernels swapped in where the manifest takes
- * them (as a node loads it), run as a one-position step of B rows at context C (past buffers as
- * wide as the engine's block for it) with onnxruntime's profiler on; prints the step's mean time
- * and each op type's total a run, largest first. An If's total includes the nodes of its
- * branches (DecodeAttention, VerifyAttention and what they read), so the two overlap.
+ * Where one engine step's time goes, op by op (issue 11; docs/engine-notes.md, waves 38–39): the
+ * one-position graph of a single-stage shard (decode.onnx, which the engine runs for decode steps;
+ * the stage graph where the shard has none), with shoal's kernels swapped in where the manifest
+ * takes them (as a node loads it), run as a one-position step of B rows at context C (past buffers
+ * as wide as the engine's block for it) with onnxruntime's profiler on; prints the step's mean time
+ * and each op type's total a run, largest first. On a stage graph an If's total includes the nodes
+ * of its branches, so the two overlap.
  *
  *   node reproduction/profile-ops.ts SHARD_DIR [--rows 8] [--context 192] [--runs 30] [--threads 2]
  * Run it as the other benchmarks (`chrt -r 10 node …`, nothing else on the machine); the profiler
- * itself adds a little to every op.
+ * itself adds a little to every op. Read shoal's kernels' rows (DecodeAttention, MatMulQ4) as upper
+ * bounds: each call's malloc of its scratch took 30–150 µs in this process (wave 39, timed inside
+ * the kernel; more with the profiler on) against ~2 µs in a serving daemon's engine worker, so at
+ * eight rows they read up to ~2 ms a step more than they cost when serving.
  */
 import { readdir, readFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -39,7 +43,8 @@ const [B, C, RUNS] = [Number(args.rows), Number(args.context), Number(args.runs)
 const m = await loadManifest(dir)
 const stage = m.stages[0]!
 if (m.stages.length !== 1 || !stage.hasEmbedding || !stage.hasHead) throw new Error(`${dir}: a single-stage shard is needed`)
-const graph = join(dir, ...stage.graph.split('/'))
+// The one-position graph where the shard has one: what the engine runs for a decode step.
+const graph = join(dir, ...(stage.decodeGraph ?? stage.graph).split('/'))
 const lib = await nodeKernels(m)
 const base = sessionOptions({ threads: Number(args.threads) })
 const extra = base.extra as { session: Record<string, unknown> }
