@@ -8,6 +8,14 @@
  *
  * Run: node reproduction/bench-speculative-chain.ts [--size small] [--layers 12] [--stages 3]
  *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48] [--quant none|int4]
+ *        [--task random|copy] [--copy-prompt copy|fresh]
+ * `--task copy` measures prompt lookup on the chain where it should pay (wave 39: a chain coordinator
+ * runs it by default): a successor model of `--layers` layers (greedy next token = a fixed cycle's
+ * next token; ε of its successor option from `--epsilon`) given bench-speculative.ts's "rewrite
+ * this text with one change" prompt, so the continuation is text the prompt holds. It runs plain,
+ * the default lookup (`lookup-default`: what a coordinator without `--draft` runs) and `--draft
+ * lookup`'s (`lookup`, adaptive K); `--k` is ignored there. `--copy-prompt fresh`: a prompt whose
+ * continuation it never holds (what lookup costs where nothing repeats).
  * `--quant int4`: the target's shards int4 with int8 activations (the compiler's default), every
  * stage on shoal's kernels (the verify attention on each, so the chain verifies exactly), and the
  * coordinator forming chains only of stages that say so, as `shoal node` does.
@@ -24,7 +32,7 @@ import type { ChainSourceWrapper, PipelineService, PipelineStage } from '../daem
 import type { StageHolder } from '../daemon/routing/index.ts'
 import { createSpeculation, exactVerifyNeeds } from '../daemon/speculative/index.ts'
 import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
-import { compileShards, generateDraftPair, loadManifest } from '../shards/index.ts'
+import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, loadManifest, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
 import { loadAverage } from './lib/index.ts'
 import { linkComponents, loopbackNode } from './lib/loopback.ts'
@@ -45,8 +53,21 @@ const { values: args } = parseArgs({
     k: { type: 'string', default: '1,2,3,5,7,10,adaptive' },
     tokens: { type: 'string', default: '48' },
     quant: { type: 'string', default: 'none' },
+    task: { type: 'string', default: 'random' },
+    'copy-prompt': { type: 'string', default: 'copy' },
   },
 })
+if (args.task !== 'random' && args.task !== 'copy') throw new Error(`--task ${args.task}: random or copy`)
+const COPY_TASK = args.task === 'copy'
+/**
+ * The copy task's prompt (bench-speculative.ts's): 24 unrelated tokens, 300 of the cycle with one
+ * changed, a separator; `--copy-prompt fresh`: 327 tokens of the cycle read backwards, then the
+ * start, so the continuation runs through tokens the prompt never holds (lookup proposes nothing).
+ */
+const CYCLE = successorCycle('llama')
+const COPY = args['copy-prompt'] === 'fresh'
+  ? { ids: [...Array.from({ length: 327 }, (_, i) => CYCLE[((-1 - i) % CYCLE.length + CYCLE.length) % CYCLE.length]!), CYCLE[0]!] }
+  : copyTaskPrompt({ cycle: CYCLE, length: 300, change: 100, prefix: 24 })
 if (args.quant !== 'none' && args.quant !== 'int4') throw new Error(`--quant ${args.quant}: none or int4`)
 const QUANT = args.quant as 'none' | 'int4'
 const LAYERS = Number(args.layers)
@@ -60,8 +81,15 @@ function ranges (): Array<[number, number]> {
   return Array.from({ length: STAGES }, (_, i) => [i * per, Math.min(LAYERS, (i + 1) * per) - 1] as [number, number])
 }
 
-async function prepare (epsilon: string): Promise<{ chain: string, draft: string }> {
-  const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', `spec-chain-${args.size}-${LAYERS}-e${epsilon}-s${STAGES}${QUANT === 'none' ? '' : `-${QUANT}`}`)
+async function prepare (epsilon: string): Promise<{ chain: string, draft?: string }> {
+  const dir = resolve(import.meta.dirname, '..', '.cache', 'bench', `spec-chain-${COPY_TASK ? 'copy-' : ''}${args.size}-${LAYERS}-e${epsilon}-s${STAGES}${QUANT === 'none' ? '' : `-${QUANT}`}`)
+  if (COPY_TASK) {
+    const chain = join(dir, 'chain')
+    if (existsSync(join(chain, 'manifest.json'))) return { chain }
+    await generateTestModel({ architecture: 'llama', outDir: join(dir, 'ckpt'), size: args.size as TestModelSize, layers: LAYERS, successor: { epsilon: Number(epsilon) } })
+    await compileShards({ modelDir: join(dir, 'ckpt'), outDir: chain, modelId: 'target', layers: ranges(), ...(QUANT === 'none' ? {} : { quant: QUANT }) })
+    return { chain }
+  }
   const chain = join(dir, 'chain')
   const draft = join(dir, 'draft')
   if (existsSync(join(chain, 'manifest.json')) && existsSync(join(draft, 'manifest.json'))) return { chain, draft }
@@ -84,15 +112,16 @@ async function host (dir: string, layers: [number, number], delayMs: number, lib
 async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[] }> {
   const tokens: number[] = []
   let first = 0
-  for await (const e of svc.generate({ requestId: `${config}#${performance.now()}`, model: 'target', prompt: { kind: 'text', text: PROMPT }, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
+  const prompt = COPY_TASK ? { kind: 'tokens' as const, ids: COPY.ids } : { kind: 'text' as const, text: PROMPT }
+  for await (const e of svc.generate({ requestId: `${config}#${performance.now()}`, model: 'target', prompt, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
     if (e.type === 'delta') { if (tokens.length === 0) first = performance.now(); tokens.push(...e.tokenIds) }
   }
   return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), tokens }
 }
 
 async function main (): Promise<void> {
-  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, draft = 1 layer; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
-  const ks = args.k.split(',')
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, ${COPY_TASK ? `copy task (successor model, ${COPY.ids.length}-token prompt), prompt lookup` : 'draft = 1 layer'}; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
+  const ks = COPY_TASK ? ['lookup-default', 'lookup'] : args.k.split(',')
   const hops = args.hops.split(',').map(Number)
   for (const epsilon of args.epsilon.split(',')) {
     const { chain, draft } = await prepare(epsilon)
@@ -107,7 +136,12 @@ async function main (): Promise<void> {
       for (const r of ranges()) hosts.push(await host(chain, r, hopMs, lib))
       const counts = new Map<string, SpeculationCounts[]>()
       const configs: Record<string, Speculation> = {}
-      for (const k of ks) configs[k] = createSpeculation({ drafter: { draftDir: draft, ...lib }, targetKernels: kernels, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd: (id, c) => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) } })
+      const onRequestEnd = (id: string, c: SpeculationCounts): void => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) }
+      for (const k of ks) {
+        configs[k] = k.startsWith('lookup')
+          ? createSpeculation({ drafter: 'prompt-lookup', ...(k === 'lookup-default' ? { byDefault: true } : {}), targetKernels: kernels, onRequestEnd })
+          : createSpeculation({ drafter: { draftDir: draft!, ...lib }, targetKernels: kernels, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd })
+      }
       const wrapper: ChainSourceWrapper = {
         async start (t) { for (const s of Object.values(configs)) await s.start!(t) },
         async stop () { for (const s of Object.values(configs)) await s.stop!() },
@@ -126,7 +160,7 @@ async function main (): Promise<void> {
         if (r.tokens.join() !== base.tokens.join()) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
         const c = counts.get(k)!.at(-1)!
         acceptance.set(k, [...(acceptance.get(k) ?? []), c.drafted === 0 ? NaN : c.accepted / c.drafted])
-        table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)} (${(r.tokS / base.tokS).toFixed(2)}×${k === 'adaptive' && c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ''})`])
+        table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)} (${(r.tokS / base.tokS).toFixed(2)}×${k !== 'adaptive' && !k.startsWith('lookup') ? '' : c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ', no round'})`])
       }
       await spec.stop()
       await plain.stop()
@@ -135,7 +169,8 @@ async function main (): Promise<void> {
     process.stdout.write(`\n## ε = ${epsilon}\n\n| K | ${hops.map(h => `${h} ms/hop tok/s (× plain)`).join(' | ')} | acceptance |\n|---|${hops.map(() => '---|').join('')}---|\n`)
     for (const [k, cells] of table) {
       const acc = acceptance.get(k)
-      process.stdout.write(`| ${k} | ${cells.join(' | ')} | ${acc === undefined ? '—' : `${(100 * acc.reduce((a, b) => a + b, 0) / acc.length).toFixed(0)} %`} |\n`)
+      const drafted = acc?.filter(a => !Number.isNaN(a)) ?? []
+      process.stdout.write(`| ${k} | ${cells.join(' | ')} | ${drafted.length === 0 ? '—' : `${(100 * drafted.reduce((a, b) => a + b, 0) / drafted.length).toFixed(0)} %`} |\n`)
     }
   }
 }
