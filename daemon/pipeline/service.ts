@@ -403,13 +403,32 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         const speculates = init.sourceWrapper !== undefined && init.sourceWrapper.wraps?.(request) !== false &&
           (init.speculationKernels === undefined || formsWith(init.speculationKernels))
         const kernels = speculates ? init.speculationKernels : undefined
+        /**
+         * No chain of kernel holders formed (all gone, or busy, at a replay): a greedy or unseeded
+         * request goes on over any chain, its verify steps plain steps there (no draft accepted:
+         * each token is then the plain step's own, which keeps greedy ids and the distribution). A
+         * seeded sampled one keeps to kernel chains or fails cleanly: plain steps draw differently.
+         */
+        let plainOnly = false
+        const fallsBack = request.sampling.temperature <= 0 || request.sampling.seed === undefined
+        const formOnce = (exclude: readonly string[]): ChainHop[] => {
+          // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
+          const prefer = hooks === undefined ? undefined : preferredChain(promptIds)
+          if (kernels === undefined || plainOnly) return chainFor(exclude, prefer)
+          try {
+            return chainFor(exclude, prefer, kernels)
+          } catch (err) {
+            if (!fallsBack || !(err instanceof ChainIncompleteError || err instanceof OverloadedError)) throw err
+            plainOnly = true
+            return chainFor(exclude, prefer)
+          }
+        }
         const chain = createChainTokenSource({
           node,
           requestId: request.requestId,
           sampling: request.sampling,
           deadline: request.deadline,
-          // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
-          formChain: exclude => chainFor(exclude, hooks === undefined ? undefined : preferredChain(promptIds), kernels),
+          formChain: formOnce,
           ...(components.peerLost === undefined ? {} : { peerLost: components.peerLost }),
           ...(init.idleTimeoutMs === undefined ? {} : { idleTimeoutMs: init.idleTimeoutMs }),
           ...(init.maxReplays === undefined ? {} : { maxReplays: init.maxReplays }),
@@ -422,7 +441,14 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         source = chain
         await chain.connect(signal)
         const began = performance.now()
-        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain, peers: () => Math.max(0, active - 1) }) : undefined
+        const target: ChainWrapContext['chain'] = {
+          prefill: async (ids, signal) => await chain.prefill(ids, signal),
+          decode: async (token, position, signal) => await chain.decode(token, position, signal),
+          verify: async (token, position, drafts, signal) => plainOnly
+            ? { accepted: 0, next: await chain.decode(token, position, signal) }
+            : await chain.verify(token, position, drafts, signal),
+        }
+        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain: target, peers: () => Math.max(0, active - 1) }) : undefined
         wrapped = w
         return {
           source: w ?? chain,

@@ -6,7 +6,8 @@
  * ones bit for bit. Real libp2p nodes on loopback and real onnxruntime sessions. A coordinator
  * speculates only over chains whose every stage advertises the kernels (int4 and verify); where
  * the only holder of a stage lacks them, the request decodes plainly, with the same tokens; a
- * stage killed mid-verify is replayed on another holder with the kernels, never on one without.
+ * stage killed mid-verify is replayed on another holder with the kernels, never on one without,
+ * unless none is left: then the request goes on plainly over one without.
  * Skipped where the kernels cannot be built (no `cc`, or off x86-64 Linux).
  */
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -137,6 +138,39 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
       const sent = [spare, lastPlain].map((h, i) => h.stage.node.stats().bytesSent - sentBefore[i]!)
       expect(sent[0]).toBeGreaterThan(0)
       expect(sent[1]).toBe(0)
+    } finally {
+      await replaying.stop()
+    }
+  }, 240_000)
+
+  it('goes on plainly over a holder without the kernels when the killed stage was the last one with them', async () => {
+    const text = PROMPTS[0]!
+    plainHolders = [{ ...holderOf(spare), kernels }]
+    const reference = await tokensOf(plain, text)
+    plainHolders = [holderOf(lastPlain)]
+    const onPlainHolder = await tokensOf(plain, text)
+    lastHolders = [{ ...holderOf(spare), kernels, rttMs: 1 }, { ...holderOf(lastPlain), rttMs: 40 }]
+    const killing = killingDrafter(3, async () => { await kill(spare) })
+    const own: SpeculationCounts[] = []
+    const replaying = createPipelineService({
+      stage: first.stage,
+      shardDir: join(root, 'shard'),
+      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels, onRequestEnd: (_id, c) => own.push(c) }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      kernels,
+    }, { holders: () => lastHolders })
+    await replaying.start()
+    const sentBefore = lastPlain.stage.node.stats().bytesSent
+    try {
+      const got = await tokensOf(replaying, text)
+      expect(killing.proposals()).toBeGreaterThanOrEqual(3)
+      expect(got).toHaveLength(TOKENS)
+      // The replay and the rest ran on the holder without the kernels.
+      expect(lastPlain.stage.node.stats().bytesSent - sentBefore).toBeGreaterThan(0)
+      expect(own).toHaveLength(1)
+      // The first tokens came from the kernels' chain, the rest from onnxruntime's products: where
+      // the two plain chains agree on this text (they differ by at most a near tie's rounding), so does it.
+      if (reference.join() === onPlainHolder.join()) expect(got).toEqual(reference)
     } finally {
       await replaying.stop()
     }
