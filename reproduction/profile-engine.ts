@@ -27,6 +27,7 @@ import { writeFile } from 'node:fs/promises'
 import OpenAI from 'openai'
 import { chooseStageGraphs, createStageEngine, GREEDY_PICK, resolveGraphChoice, stageInfoOf } from '../daemon/engine/index.ts'
 import { dumpStepTrace } from '../daemon/step-trace.ts'
+import { DEFAULT_BUDGETS } from '../daemon/node/index.ts'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
@@ -58,7 +59,9 @@ const manifest = await loadManifest(args.shard)
 const windows: Array<{ from: number, to: number, arrivals: number[] }> = []
 const root = await mkdtemp(join(tmpdir(), 'shoal-profile-'))
 if (args.mode === 'http') {
-  const daemon = benchDaemon(args.shard, root)
+  // With `shoal serve`'s budgets (scripts/commands/serve.ts): a burst of --streams prompts queues
+  // rather than being refused past the mesh's 1 s of expected wait.
+  const daemon = benchDaemon(args.shard, root, { budgets: { ...DEFAULT_BUDGETS, batchBudgetMs: DEFAULT_BUDGETS.requestTimeoutMs } })
   const { apiUrl } = await daemon.start()
   const client = new OpenAI({ baseURL: `${apiUrl}/v1`, apiKey: 'p', maxRetries: 0 })
   const one = async (salt: number, n: number, promptLength: number, arrivals: number[]): Promise<void> => {
