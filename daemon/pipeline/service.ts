@@ -359,17 +359,6 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     throw new ChainIncompleteError(d.reason)
   }
 
-  /** Whether a chain of holders that all run `kernels` forms now (not one that is overloaded or incomplete). */
-  function formsWith (kernels: readonly string[]): boolean {
-    try {
-      chainFor([], undefined, kernels)
-      return true
-    } catch (err) {
-      if (err instanceof ChainIncompleteError || err instanceof OverloadedError) return false
-      throw err
-    }
-  }
-
   /**
    * A request's chain: a coordinator slot (refused when all are busy, unless routing marked the
    * request `soleServer`: it then waits for one, see `waiters`), then its chain token source.
@@ -398,18 +387,19 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       async open (signal) {
         await slot(signal)
         // A wrapped request speculates only over chains whose every stage runs the kernels its
-        // verify needs to be exact (init.speculationKernels), replays included; where none forms
-        // now, it decodes plainly.
-        const speculates = init.sourceWrapper !== undefined && init.sourceWrapper.wraps?.(request) !== false &&
-          (init.speculationKernels === undefined || formsWith(init.speculationKernels))
+        // verify needs to be exact (init.speculationKernels), replays included.
+        const speculates = init.sourceWrapper !== undefined && init.sourceWrapper.wraps?.(request) !== false
         const kernels = speculates ? init.speculationKernels : undefined
         /**
-         * No chain of kernel holders formed (all gone, or busy, at a replay): a greedy or unseeded
-         * request goes on over any chain, its verify steps plain steps there (no draft accepted:
-         * each token is then the plain step's own, which keeps greedy ids and the distribution). A
-         * seeded sampled one keeps to kernel chains or fails cleanly: plain steps draw differently.
+         * Where no chain of such holders forms, the request decodes plainly over any chain: from the
+         * start when that is at its open (no token drawn yet: it is then not wrapped at all); from a
+         * replay on only for a greedy or unseeded request, whose verify steps then become plain
+         * steps (no draft accepted: each token is the plain step's own, which keeps greedy ids and
+         * the distribution), while a seeded sampled one keeps to kernel chains or fails cleanly
+         * (plain steps would draw differently).
          */
         let plainOnly = false
+        let connected = false
         const fallsBack = request.sampling.temperature <= 0 || request.sampling.seed === undefined
         const formOnce = (exclude: readonly string[]): ChainHop[] => {
           // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
@@ -418,7 +408,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           try {
             return chainFor(exclude, prefer, kernels)
           } catch (err) {
-            if (!fallsBack || !(err instanceof ChainIncompleteError || err instanceof OverloadedError)) throw err
+            if ((connected && !fallsBack) || !(err instanceof ChainIncompleteError || err instanceof OverloadedError)) throw err
             plainOnly = true
             return chainFor(exclude, prefer)
           }
@@ -440,6 +430,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         })
         source = chain
         await chain.connect(signal)
+        connected = true
         const began = performance.now()
         const target: ChainWrapContext['chain'] = {
           prefill: async (ids, signal) => await chain.prefill(ids, signal),
@@ -448,7 +439,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             ? { accepted: 0, next: await chain.decode(token, position, signal) }
             : await chain.verify(token, position, drafts, signal),
         }
-        const w = speculates ? init.sourceWrapper?.wrapChain({ request, manifest, chain: target, peers: () => Math.max(0, active - 1) }) : undefined
+        const w = speculates && !plainOnly ? init.sourceWrapper?.wrapChain({ request, manifest, chain: target, peers: () => Math.max(0, active - 1) }) : undefined
         wrapped = w
         return {
           source: w ?? chain,

@@ -240,7 +240,7 @@ export function formChain (holders: readonly StageHolder[], ctx: ChainContext): 
   }
   const c = closest as { hash: string, missing: LayerRange[], stuckAt: number | undefined }
   const reason = c.missing.length > 0
-    ? `no node holds layers ${c.missing.map(([a, b]) => a === b ? `${a}` : `${a}-${b}`).join(', ')} of ${ctx.modelId}`
+    ? `no node${ctx.kernels === undefined ? '' : ` running shoal's kernels ${ctx.kernels.join(', ')}`} holds layers ${c.missing.map(([a, b]) => a === b ? `${a}` : `${a}-${b}`).join(', ')} of ${ctx.modelId}`
     : `stages of ${ctx.modelId} overlap without meeting at layer ${c.stuckAt ?? 0}`
   return { kind: 'incomplete', manifestHash: c.hash, missing: c.missing, stuckAt: c.stuckAt, reason }
 }

@@ -7,7 +7,8 @@
  * speculates only over chains whose every stage advertises the kernels (int4 and verify); where
  * the only holder of a stage lacks them, the request decodes plainly, with the same tokens; a
  * stage killed mid-verify is replayed on another holder with the kernels, never on one without,
- * unless none is left: then the request goes on plainly over one without.
+ * unless none is left: then a greedy request goes on plainly over one without, and a seeded
+ * sampled one ends with a chain error.
  * Skipped where the kernels cannot be built (no `cc`, or off x86-64 Linux).
  */
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -36,6 +37,7 @@ const TOKENS = 40
 
 describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 shards, on shoal\'s kernels', () => {
   let root: string
+  let lib: string
   let manifest: ShardManifest
   let kernels: string[]
   const hosts: StageHost[] = []
@@ -50,12 +52,12 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
   let plainHolders: StageHolder[] = []
   const counts: SpeculationCounts[] = []
   let n = 0
-  const request = (text: string): GenerateRequest => ({
-    requestId: `r${++n}`, model: manifest.modelId, prompt: { kind: 'text', text }, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 120_000,
+  const request = (text: string, sampling: GenerateRequest['sampling'] = { temperature: 0, topP: 1 }): GenerateRequest => ({
+    requestId: `r${++n}`, model: manifest.modelId, prompt: { kind: 'text', text }, maxTokens: TOKENS, sampling, stop: [], deadline: Date.now() + 120_000,
   })
-  const tokensOf = async (svc: PipelineService, text: string): Promise<number[]> => {
+  const tokensOf = async (svc: PipelineService, text: string, sampling?: GenerateRequest['sampling']): Promise<number[]> => {
     const out: number[] = []
-    for await (const e of svc.generate(request(text), new AbortController().signal) as AsyncIterable<GenerateEvent>) if (e.type === 'delta') out.push(...e.tokenIds)
+    for await (const e of svc.generate(request(text, sampling), new AbortController().signal) as AsyncIterable<GenerateEvent>) if (e.type === 'delta') out.push(...e.tokenIds)
     return out
   }
 
@@ -63,6 +65,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     root = await mkdtemp(join(tmpdir(), 'shoal-chain-int4-'))
     const prepared = await prepareNativeKernels(join(root, 'kernels'))
     if (!('lib' in prepared)) throw new Error(`the kernels did not build here: ${prepared.off}`)
+    lib = prepared.lib
     await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'small', seed: 7 })
     manifest = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), quant: 'int4', stages: 2 })
     expect(manifest.quantization).toMatchObject({ kind: 'int4' })
@@ -171,6 +174,27 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
       // The first tokens came from the kernels' chain, the rest from onnxruntime's products: where
       // the two plain chains agree on this text (they differ by at most a near tie's rounding), so does it.
       if (reference.join() === onPlainHolder.join()) expect(got).toEqual(reference)
+    } finally {
+      await replaying.stop()
+    }
+  }, 240_000)
+
+  it('ends a seeded sampled request with a chain error there instead: plain steps would draw differently', async () => {
+    const extra = await startStage(join(root, 'shard'), manifest.stages[1]!.layers, { kernels: lib })
+    hosts.push(extra)
+    lastHolders = [{ ...holderOf(extra), kernels, rttMs: 1 }, { ...holderOf(lastPlain), rttMs: 40 }]
+    const killing = killingDrafter(3, async () => { await kill(extra) })
+    const replaying = createPipelineService({
+      stage: first.stage,
+      shardDir: join(root, 'shard'),
+      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      kernels,
+    }, { holders: () => lastHolders })
+    await replaying.start()
+    try {
+      await expect(tokensOf(replaying, PROMPTS[0]!, { temperature: 0.8, topP: 1, seed: 5 })).rejects.toThrow(/no node running shoal's kernels int4, verify holds layers/)
+      expect(killing.proposals()).toBeGreaterThanOrEqual(3)
     } finally {
       await replaying.stop()
     }
