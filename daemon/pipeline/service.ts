@@ -6,10 +6,10 @@
  * error before `start` naming the missing layers; a lost stage mid-request is replayed on another
  * holder when there is one.
  *
- * Prefix reuse (when stage 0's node keeps prefixes; speculating requests too): a
- * finished request's KV stays on every stage of its chain under a key this coordinator indexes
- * (daemon/kv's prefix cache, scoped to the chain: chain-prefix.ts); a later prompt sharing a
- * kept prefix, on the same chain, opens every stage from it and prefills only the rest (at least
+ * Prefix reuse (when stage 0's node keeps prefixes; speculating requests too): a finished
+ * request's KV stays on every stage of its chain under a key this coordinator indexes
+ * (prefix-index.ts, over daemon/kv's prefix cache, scoped to the chain: chain-prefix.ts); a later
+ * prompt sharing a kept prefix, on the same chain, opens every stage from it and prefills only the rest (at least
  * two positions, as for whole models). Only prompt positions are kept by default, which is
  * bit-for-bit what recomputation gives; `reuseGenerated` keeps the reply too (see local-service.ts
  * for its last-bit caveat). A stage that evicted the key answers so and the request is prefilled
@@ -20,13 +20,11 @@
  * the model's whole scope (what a router computes for a chain's entry point), so a follow-up is
  * routed to the coordinator whose chains hold its history.
  */
-import { randomUUID } from 'node:crypto'
 import type { Registry } from 'prom-client'
 import { ShoalError, ShuttingDownError } from '../errors.ts'
-import { blockHashes, createPrefixCache, createPrefixMetrics, DEFAULT_BLOCK_SIZE, prefixScope, summaryHashes } from '../kv/index.ts'
-import type { PrefixCache, PrefixCacheStats, PrefixMetrics } from '../kv/index.ts'
-import { OverloadedError, createGenerationService, updatePrefillRate, waitTurn } from '../engine/index.ts'
-import { ChainIncompleteError, DEFAULT_PREFIX_ROUTE_POLICY, formChain } from '../routing/index.ts'
+import type { PrefixCacheStats } from '../kv/index.ts'
+import { OverloadedError, createGenerationService, waitTurn } from '../engine/index.ts'
+import { ChainIncompleteError, formChain } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { PrefixSummary, RequestTicket, TokenSource, Turn } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -34,18 +32,13 @@ import type { GenerateRequest, InferenceService, ModelCard, SpeculationSummary }
 import { loadTextCodec } from '../text/index.ts'
 import type { TextCodec } from '../text/index.ts'
 import { createChainTokenSource } from './chain-source.ts'
-import type { ChainPrefix, ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
-import { chainPulls, chainScope, keepSkips } from './chain-prefix.ts'
+import type { ChainTokenSource, ChainTokenSourceInit } from './chain-source.ts'
+import { createChainPrefixIndex } from './prefix-index.ts'
+import type { ChainPrefixIndex } from './prefix-index.ts'
 import type { PipelineStage } from './stage.ts'
-import { MAX_FINISH_EVICT } from './wire.ts'
-import type { ChainHop, StagePull } from './wire.ts'
+import type { ChainHop } from './wire.ts'
 import { chainEncoding } from './activations.ts'
 import type { ActivationEncoding } from './activations.ts'
-
-/** Chains whose refusal counts and unwanted keys a coordinator remembers, most recent first. */
-const MAX_BACKOFF_CHAINS = 256
-/** Unwanted keys remembered per chain (the stages' own LRU drops any beyond). */
-const MAX_UNWANTED_KEYS = 1024
 
 /** How long the coordinator waits for the stages' signed receipt parts after the last token. */
 const PART_WAIT_MS = 2_000
@@ -165,177 +158,12 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
    */
   const waiters: Turn[] = []
   /** The index of what this coordinator's chains keep (set at start when stage 0 keeps prefixes). */
-  let prefix: {
-    cache: PrefixCache
-    metrics: PrefixMetrics
-    keyBase: string
-    keys: number
-    hitTokens: number
-    missTokens: number
-    /** Prefixes a stage refused (it no longer held them): the request was prefilled whole. */
-    refused: number
-    /** Per chain scope: refusals in a row, and finishes left that keep nothing (keepSkips). */
-    backoff: Map<string, { refusals: number, skip: number }>
-    /** The chain scope of every key the index lists. */
-    scopeOf: Map<string, string>
-    /** Per chain scope: keys the index dropped that the chain's other stages may still keep (sent with its next finish). */
-    unwanted: Map<string, string[]>
-    /** Per chain scope: the chain's hops, so a prompt whose prefix a chain keeps can ask for that chain again. */
-    chains: Map<string, ChainHop[]>
-    /** Measured prefill rate of this coordinator's chains, tokens per second (undefined: not yet). */
-    prefillTokensPerSecond: number | undefined
-    /** Per listed key: its prompt's block hashes in the model's whole scope (routeScope), for prefixSummary. */
-    routeHashes: Map<string, string[]>
-  } | undefined
-  /** The scope routing hashes prompts in for this model's entry point (daemon/node mesh-view peerPrefixes). */
-  const routeScope = prefixScope({ manifestHash: stage.manifestHash, layers: [0, stage.manifest.shape.numLayers - 1], dtype: 'float32' })
-
-  /**
-   * The index no longer lists `key` (kept in `scope`): stage 0 drops it now, the chain's other
-   * stages with its next finish (bounded: past the bound, their own LRU drops it).
-   */
-  function unlist (p: NonNullable<typeof prefix>, key: string, scope: string | undefined): void {
-    p.cache.remove(key)
-    p.scopeOf.delete(key)
-    p.routeHashes.delete(key)
-    p.metrics.bytes.set({ model: modelId }, p.cache.stats().bytes)
-    void node.evictPrefixes([key]).catch(() => {})
-    if (scope === undefined) return
-    const list = p.unwanted.get(scope) ?? []
-    list.push(key)
-    if (list.length > MAX_UNWANTED_KEYS) list.shift()
-    p.unwanted.delete(scope)
-    p.unwanted.set(scope, list)
-    if (p.unwanted.size > MAX_BACKOFF_CHAINS) p.unwanted.delete(p.unwanted.keys().next().value!)
-  }
-
-  /** A request's prefix hooks for its chain source (chain-source.ts ChainPrefix), and the scope it last opened from. */
-  function prefixHooks (promptIds: number[], fed: number[]): { hooks: ChainPrefix, scope: () => string | undefined } | undefined {
-    const p = prefix
-    if (p === undefined) return undefined
-    let opened: string | undefined
-    /**
-     * KV mobility on a rebuilt chain: a prefix of the prompt that an earlier chain kept, where that
-     * chain had the same layer split stage by stage and the same activation encoding (so each of
-     * its stages' KV is bit for bit what this chain's stage would compute), stage 0 being this node
-     * in both; the stages whose peer changed pull their layers' part from the peer that kept it.
-     * The longest such prefix wins.
-     */
-    function rebuilt (q: NonNullable<typeof prefix>, chain: readonly ChainHop[], encoding: ActivationEncoding): ReturnType<ChainPrefix['acquire']> {
-      let best: { scope: string, pullFrom: StagePull[], length: number } | undefined
-      for (const [scope, hops] of q.chains) {
-        const pullFrom = chainPulls(hops, chain)
-        // Kept with another activation encoding: not this chain's KV.
-        if (pullFrom === undefined || chainScope(stage.manifestHash, hops, encoding) !== scope) continue
-        const length = q.cache.lookup(scope, promptIds)?.length ?? 0
-        if (length > (best?.length ?? 0)) best = { scope, pullFrom, length }
-      }
-      if (best === undefined) return undefined
-      const lease = q.cache.acquire(best.scope, promptIds)
-      if (lease === undefined) return undefined
-      lease.release()
-      if (!node.holdsPrefix(lease.key)) { unlist(q, lease.key, best.scope); return undefined }
-      opened = best.scope
-      return { key: lease.key, length: lease.length, pullFrom: best.pullFrom, tokens: promptIds.slice(0, lease.length) }
-    }
-
-    const hooks: ChainPrefix = {
-      acquire (chain, encoding) {
-        const scope = chainScope(stage.manifestHash, chain, encoding)
-        opened = scope
-        // An entry whose stage-0 KV this node evicted (within its own budget) is forgotten here.
-        for (let tries = 0; tries < 4; tries++) {
-          const lease = p.cache.acquire(scope, promptIds)
-          if (lease === undefined) break
-          // Nothing is evicted while the open runs: stage 0 takes its block by reference.
-          lease.release()
-          if (node.holdsPrefix(lease.key)) return { key: lease.key, length: lease.length }
-          unlist(p, lease.key, scope)
-        }
-        return rebuilt(p, chain, encoding)
-      },
-      // A stage of the chain dropped it: the rest of the chain's copies are of no use.
-      lost (key, pulled) {
-        unlist(p, key, p.scopeOf.get(key))
-        p.refused++
-        // A pull not made or failed says nothing of whether the chains' stages keep: no backoff.
-        if (opened === undefined || pulled === true) return
-        const b = p.backoff.get(opened) ?? { refusals: 0, skip: 0 }
-        b.refusals++
-        b.skip = keepSkips(b.refusals)
-        p.backoff.delete(opened)
-        p.backoff.set(opened, b)
-        // Bounded: the oldest chains' counts go first.
-        if (p.backoff.size > MAX_BACKOFF_CHAINS) p.backoff.delete(p.backoff.keys().next().value!)
-      },
-      keep (chain, encoding) {
-        // The stages' KV holds every fed id's columns but the last one's (never fed back). Under
-        // speculative decoding it may also hold a rejected draft's columns past them until the
-        // next verify would have rolled them back, so a keep never asks for more.
-        const tokens = (init.reuseGenerated === true ? fed : promptIds).slice(0, fed.length - 1)
-        if (tokens.length < p.cache.blockSize) return undefined
-        const scope = chainScope(stage.manifestHash, chain, encoding)
-        // A stage of this chain refused its prefixes lately: keep nothing for a while (keepSkips).
-        const b = p.backoff.get(scope)
-        if (b !== undefined && b.skip > 0) { b.skip--; return undefined }
-        // Adds nothing: a kept entry already holds all of it.
-        if (p.cache.lookup(scope, tokens)?.length === tokens.length) return undefined
-        const key = `${p.keyBase}${++p.keys}`
-        return {
-          key,
-          length: tokens.length,
-          kept (r) {
-            if (prefix !== p) return
-            // Stage 0 kept nothing: the others' copies are of no use.
-            if (r.length === 0) { unlist(p, key, scope); return }
-            const before = p.cache.stats().evictions
-            const { drop } = p.cache.insert(scope, key, tokens.slice(0, r.length), r.bytes)
-            const after = p.cache.stats()
-            p.metrics.evictions.inc({ model: modelId }, after.evictions - before)
-            p.metrics.bytes.set({ model: modelId }, after.bytes)
-            p.scopeOf.set(key, scope)
-            p.routeHashes.set(key, blockHashes(routeScope, tokens.slice(0, r.length), DEFAULT_BLOCK_SIZE))
-            p.chains.delete(scope)
-            p.chains.set(scope, chain.map(h => ({ peerId: h.peerId, layers: [h.layers[0], h.layers[1]] })))
-            if (p.chains.size > MAX_BACKOFF_CHAINS) p.chains.delete(p.chains.keys().next().value!)
-            // Superseded and evicted entries (and this one when the index did not take it) go on every stage.
-            for (const d of drop) unlist(p, d, d === key ? scope : p.scopeOf.get(d))
-          },
-        }
-      },
-      evictions (chain, encoding) {
-        const scope = chainScope(stage.manifestHash, chain, encoding)
-        const list = p.unwanted.get(scope)
-        if (list === undefined) return []
-        const out = list.splice(0, MAX_FINISH_EVICT)
-        if (list.length === 0) p.unwanted.delete(scope)
-        return out
-      },
-    }
-    return { hooks, scope: () => opened }
-  }
+  let prefix: ChainPrefixIndex | undefined
 
   /** A lossy encoding only where every later stage of the chain declares it accepts it. */
   function encodingFor (chain: ChainHop[], requested: ActivationEncoding): ActivationEncoding {
     const holders = components.holders()
     return chainEncoding(requested, chain.slice(1).map(h => h.peerId), peerId => holders.find(h => h.peerId === peerId)?.activations)
-  }
-
-  /**
-   * The chain whose stages keep the longest prefix of `promptIds`, with the prefill that prefix
-   * saves as the slack it may cost over the cheapest chain (formChain's `prefer`).
-   */
-  function preferredChain (promptIds: readonly number[]): ChainContext['prefer'] {
-    const p = prefix
-    if (p === undefined) return undefined
-    let best: { hops: ChainHop[], length: number } | undefined
-    for (const [scope, hops] of p.chains) {
-      const m = p.cache.lookup(scope, promptIds)
-      if (m !== undefined && m.length > (best?.length ?? 0)) best = { hops, length: m.length }
-    }
-    if (best === undefined) return undefined
-    const rate = p.prefillTokensPerSecond ?? DEFAULT_PREFIX_ROUTE_POLICY.defaultPrefillTokensPerSecond
-    return { stages: best.hops, slackMs: best.length / rate * 1000 }
   }
 
   /** The cheapest chain whose stage 0 is this node (or the one keeping the prompt's prefix, while it is worth it). */
@@ -379,7 +207,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     const fed = [...promptIds]
     // Under speculative decoding too: the wrapper prefills through the chain (ChainWrapContext), so
     // from a kept prefix like any request, and verify steps write only positions past the prompt.
-    const reuse = prefixHooks(promptIds, fed)
+    const index = prefix
+    const reuse = index?.forRequest(promptIds, fed)
     const hooks = reuse?.hooks
     let source: ChainTokenSource | undefined
     let wrapped: (TokenSource & { close?: () => Promise<void>, summary?: () => SpeculationSummary }) | undefined
@@ -403,7 +232,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         const fallsBack = request.sampling.temperature <= 0 || request.sampling.seed === undefined
         const formOnce = (exclude: readonly string[]): ChainHop[] => {
           // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
-          const prefer = hooks === undefined ? undefined : preferredChain(promptIds)
+          const prefer = index?.preferred(promptIds)
           if (kernels === undefined || plainOnly) return chainFor(exclude, prefer)
           try {
             return chainFor(exclude, prefer, kernels)
@@ -444,18 +273,8 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
         return {
           source: w ?? chain,
           prefilled: () => {
-            const p = prefix
-            if (p === undefined || hooks === undefined) return
             const hit = chain.reused
-            // The chain kept and opened its prefix: its stages keep again.
-            const scope = reuse?.scope()
-            if (hit > 0 && scope !== undefined) p.backoff.delete(scope)
-            p.hitTokens += hit
-            p.missTokens += promptIds.length - hit
-            p.metrics.hitTokens.inc({ model: modelId }, hit)
-            p.metrics.missTokens.inc({ model: modelId }, promptIds.length - hit)
-            // The chain's prefill speed, what a kept prefix is worth (long prefills only: short ones are mostly overhead).
-            p.prefillTokensPerSecond = updatePrefillRate(p.prefillTokensPerSecond, request, promptIds.length - hit, performance.now() - began)
+            index?.prefilled({ scope: reuse?.scope(), hit, promptLength: promptIds.length, request, ms: performance.now() - began })
           },
           // `start` names the chain that answered the prefill.
           start: () => ({
@@ -501,11 +320,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       return await codec.encodePromptAsync(request.prompt, signal)
     },
     prefixSummary (max = 64) {
-      const p = prefix
-      if (p === undefined) return undefined
-      // Most recently used first; an entry superseded or evicted is no longer listed.
-      const recent = p.cache.keys().reverse().map(k => p.routeHashes.get(k)).filter((h): h is string[] => h !== undefined)
-      return { scope: routeScope, blockSize: DEFAULT_BLOCK_SIZE, hashes: summaryHashes(recent, max), prefillTokensPerSecond: p.prefillTokensPerSecond ?? 0 }
+      return prefix?.summary(max)
     },
     async start () {
       if (stage.stageIndex !== 0) throw new ShoalError('SHOAL_ERR_STAGE_CONFIG', 'only the node holding stage 0 (with the tokenizer) coordinates a chain')
@@ -513,22 +328,16 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       await init.sourceWrapper?.start?.({ modelId, manifest })
       const budget = node.stats().prefixes?.budgetBytes ?? 0
       prefix = node.keepsPrefixes && budget > 0
-        ? {
-            cache: createPrefixCache({ budgetBytes: budget, ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }) }),
-            metrics: createPrefixMetrics(init.metrics),
-            // Keys are this coordinator's own on every stage: a restarted coordinator never meets its old keys.
-            keyBase: `c${randomUUID().slice(0, 8)}-`,
-            keys: 0,
-            hitTokens: 0,
-            missTokens: 0,
-            refused: 0,
-            backoff: new Map(),
-            scopeOf: new Map(),
-            unwanted: new Map(),
-            chains: new Map(),
-            prefillTokensPerSecond: undefined,
-            routeHashes: new Map(),
-          }
+        ? createChainPrefixIndex({
+            node,
+            manifestHash: stage.manifestHash,
+            numLayers: stage.manifest.shape.numLayers,
+            modelId,
+            budgetBytes: budget,
+            ...(init.prefixBlockSize === undefined ? {} : { blockSize: init.prefixBlockSize }),
+            ...(init.metrics === undefined ? {} : { metrics: init.metrics }),
+            ...(init.reuseGenerated === undefined ? {} : { reuseGenerated: init.reuseGenerated }),
+          })
         : undefined
       created = Math.floor(Date.now() / 1000)
     },
@@ -536,6 +345,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
       const c = codec
       codec = undefined
       for (const w of waiters.splice(0)) w.fail(new ShuttingDownError('the pipeline service is stopping'))
+      prefix?.close()
       prefix = undefined
       await c?.close()
       await init.sourceWrapper?.stop?.()
@@ -547,8 +357,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     },
     generate,
     stats: () => {
-      const p = prefix
-      return { activeRequests: active, waitingRequests: waiters.length, ...(p === undefined ? {} : { prefix: { ...p.cache.stats(), hitTokens: p.hitTokens, missTokens: p.missTokens, refused: p.refused } }) }
+      return { activeRequests: active, waitingRequests: waiters.length, ...(prefix === undefined ? {} : { prefix: prefix.stats() }) }
     },
   }
 }
