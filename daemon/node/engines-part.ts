@@ -208,11 +208,19 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     )
     await stage.start()
     stages.push(stage)
-    logger.info({ model: model.manifest.modelId, layers: st.layers, ...await kernelFacts(model, choice) }, 'stage loaded')
+    // Speculation for a chain runs where its requests enter: here, beside stage 0.
+    const sourceWrapper = st.hasEmbedding ? speculation(choice, draft, model) : undefined
+    // As a whole model's `model loaded` line: the drafter, or why a model without --draft has none.
+    const skipped = st.hasEmbedding && config.draft === undefined ? defaultLookupSkipped(modelFacts(model, kernelsOf(model, choice))) : undefined
+    logger.info({
+      model: model.manifest.modelId,
+      layers: st.layers,
+      ...await kernelFacts(model, choice),
+      ...(sourceWrapper === undefined ? {} : { drafter: sourceWrapper.drafterName, ...draftKernels(draft, choice) }),
+      ...(skipped === undefined ? {} : { promptLookup: `off: ${skipped}` }),
+    }, 'stage loaded')
     if (!st.hasEmbedding) return
     const modelId = model.manifest.modelId
-    // Speculation for a chain runs where its requests enter: here, beside stage 0.
-    const sourceWrapper = speculation(choice, draft, model)
     // An int8-activation model speculates over chains whose every stage verifies exactly.
     const speculationKernels = sourceWrapper === undefined ? undefined : exactVerifyNeeds(model.manifest)
     const coordinator = createPipelineService(

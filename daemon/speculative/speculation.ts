@@ -97,6 +97,8 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     drafter = draftModel
   } else drafter = init.drafter
   let modelId = ''
+  /** A default prompt lookup leaves seeded sampled requests plain (default.ts); an explicit drafter takes every one. */
+  const wraps = (request: GenerateRequest): boolean => init.byDefault !== true || defaultLookupTakes(request.sampling)
   return {
     get drafterName () { return drafter.name },
     async start (target) {
@@ -113,9 +115,9 @@ export function createSpeculation (init: SpeculationInit): Speculation {
       }
     },
     async stop () { await draftModel?.stop() },
-    wraps: request => init.byDefault !== true || defaultLookupTakes(request.sampling),
+    wraps,
     wrap (ctx) {
-      if (init.byDefault === true && !defaultLookupTakes(ctx.request.sampling)) return undefined
+      if (!wraps(ctx.request)) return undefined
       return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }), soloOnly: init.byDefault === true })
     },
     wrapChain (ctx) {
