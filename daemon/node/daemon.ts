@@ -160,6 +160,8 @@ export function createDaemon (config: Readonly<DaemonConfig>, components: Daemon
    * on the models it suits (daemon/speculative default.ts).
    */
   const drafterName = (draft: ResolvedModel | undefined, kernelsOf: (m: ResolvedModel) => string[]) => (m: ResolvedModel): string | undefined => {
+    // A local multi-device chain runs no speculation (engines-part: its service gets no wrapper).
+    if (m.localChain === true) return undefined
     if (config.draft === undefined) return defaultLookupSkipped(modelFacts(m, kernelsOf(m))) === undefined ? DEFAULT_LOOKUP_NAME : undefined
     if (config.draft === 'none') return undefined
     return config.draft === 'lookup' ? 'prompt-lookup' : draft === undefined ? undefined : `draft:${draft.manifest.modelId}`
