@@ -47,7 +47,14 @@ describe('default prompt lookup on a chain coordinator, with prefix reuse, throu
     await waitFor('B to see A declare the default drafter', () => declared(b, a) === DEFAULT_LOOKUP_NAME, 30_000)
     expect(declared(a, b)).toBeUndefined()
 
-    const again = await complete(a.url!, MODEL_ID, PROMPT, 48)
+    // The same prompt again opens every stage from the kept prefix. An open waits at most 300 ms
+    // for the stages to acknowledge their keeps (keep-acks.ts) and otherwise prefills whole, and
+    // keeps again: on a loaded machine a later repeat is the one that reuses.
+    let again = await complete(a.url!, MODEL_ID, PROMPT, 48)
+    for (let tries = 1; again.reused === undefined && tries < 5; tries++) {
+      expect(again.tokenIds).toEqual(want)
+      again = await complete(a.url!, MODEL_ID, PROMPT, 48)
+    }
     expect(again.tokenIds).toEqual(want)
     expect(again.reused).toBeGreaterThan(0)
     expect((await speculationOf(a.url!, again.receiptId))?.drafter).toBe(DEFAULT_LOOKUP_NAME)
