@@ -229,6 +229,8 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
         shardDir: model.shardDir,
         ...(sourceWrapper === undefined ? {} : { sourceWrapper }),
         ...(speculationKernels === undefined ? {} : { speculationKernels }),
+        // The default lookup never moves a request onto a dearer chain for the kernels.
+        ...(speculationKernels !== undefined && config.draft === undefined ? { speculationSteers: false } : {}),
         kernels: kernelsOf(model, choice),
         ...(config.routing?.chain === undefined ? {} : { chainPolicy: config.routing.chain }),
         ...(config.activations === undefined ? {} : { activations: config.activations }),

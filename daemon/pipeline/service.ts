@@ -70,6 +70,13 @@ export interface PipelineServiceInit {
    * daemon/speculative/exact.ts). A request for which no such chain forms runs plainly.
    */
   speculationKernels?: readonly string[]
+  /**
+   * Whether a speculating request takes a chain of stages that run `speculationKernels` even where
+   * a cheaper chain's do not (default: yes, as `--draft` asks). false (the default prompt lookup,
+   * which must not move a request): it takes the chain it would take plainly, and speculates only
+   * while every stage of that chain runs them.
+   */
+  speculationSteers?: boolean
   /** shoal's kernels this node's own stage runs (as its capabilities say: its place in the chains it forms). */
   kernels?: readonly string[]
   /** The activation encoding of the chains this coordinator opens (default 'f32', exact; see ChainTokenSourceInit). */
@@ -187,6 +194,17 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
     throw new ChainIncompleteError(d.reason)
   }
 
+  /** Whether every stage of `chain`, this node's included, says it runs `kernels`. */
+  function runsAll (chain: readonly ChainHop[], kernels: readonly string[]): boolean {
+    const holders = components.holders()
+    return chain.every(hop => {
+      const have = hop.peerId === node.peerId
+        ? init.kernels
+        : holders.find(h => h.peerId === hop.peerId && h.layers[0] === hop.layers[0] && h.layers[1] === hop.layers[1])?.kernels
+      return kernels.every(k => have?.includes(k) === true)
+    })
+  }
+
   /**
    * A request's chain: a coordinator slot (refused when all are busy, unless routing marked the
    * request `soleServer`: it then waits for one, see `waiters`), then its chain token source.
@@ -234,6 +252,13 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
           // A chain that keeps this prompt's prefix is asked for again while it is worth its cost.
           const prefer = index?.preferred(promptIds)
           if (kernels === undefined || plainOnly) return chainFor(exclude, prefer)
+          if (init.speculationSteers === false) {
+            // Wrapped requests are then greedy or unseeded ones (the default lookup's), so a chain
+            // without the kernels, at the open or a replay, makes the rest plain.
+            const hops = chainFor(exclude, prefer)
+            if (!runsAll(hops, kernels)) plainOnly = true
+            return hops
+          }
           try {
             return chainFor(exclude, prefer, kernels)
           } catch (err) {

@@ -8,7 +8,8 @@
  * the only holder of a stage lacks them, the request decodes plainly, with the same tokens; a
  * stage killed mid-verify is replayed on another holder with the kernels, never on one without,
  * unless none is left: then a greedy request goes on plainly over one without, and a seeded
- * sampled one ends with a chain error.
+ * sampled one ends with a chain error. The default lookup never moves a request onto a dearer
+ * chain for the kernels: it speculates where the chain it takes anyway runs them.
  * Skipped where the kernels cannot be built (no `cc`, or off x86-64 Linux).
  */
 import { mkdtemp, rm } from 'node:fs/promises'
@@ -114,6 +115,47 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     counts.length = 0
     for (const text of PROMPTS.slice(0, 2)) expect(await tokensOf(spec, text), text).toEqual(await tokensOf(plain, text))
     expect(counts).toEqual([])
+  }, 240_000)
+
+  it('by default, speculates only where the chain it would take anyway runs the kernels: it never moves a request', async () => {
+    const own: SpeculationCounts[] = []
+    const byDefault = createPipelineService({
+      stage: first.stage,
+      shardDir: join(root, 'shard'),
+      sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', byDefault: true, targetKernels: kernels, onRequestEnd: (_id, c) => own.push(c) }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      speculationSteers: false,
+      kernels,
+    }, { holders: () => lastHolders })
+    await byDefault.start()
+    const routeOf = async (text: string): Promise<{ route: string[], tokens: number[] }> => {
+      const out = { route: [] as string[], tokens: [] as number[] }
+      for await (const e of byDefault.generate(request(text), new AbortController().signal) as AsyncIterable<GenerateEvent>) {
+        if (e.type === 'start') out.route = e.route
+        if (e.type === 'delta') out.tokens.push(...e.tokenIds)
+      }
+      return out
+    }
+    try {
+      const text = PROMPTS[0]!
+      // The holder without the kernels is the cheaper: the request goes there, plainly.
+      lastHolders = [{ ...holderOf(last), kernels, rttMs: 40 }, { ...holderOf(lastPlain), rttMs: 0 }]
+      plainHolders = [holderOf(lastPlain)]
+      const plainly = await routeOf(text)
+      expect(plainly.route).toEqual([first.stage.node.peerId, lastPlain.stage.node.peerId])
+      expect(plainly.tokens).toEqual(await tokensOf(plain, text))
+      expect(own).toEqual([])
+      // The kernel holder is the cheaper: it goes there, and speculates.
+      lastHolders = [{ ...holderOf(last), kernels, rttMs: 0 }, { ...holderOf(lastPlain), rttMs: 40 }]
+      plainHolders = [{ ...holderOf(last), kernels }]
+      const speculating = await routeOf(text)
+      expect(speculating.route).toEqual([first.stage.node.peerId, last.stage.node.peerId])
+      expect(speculating.tokens).toEqual(await tokensOf(plain, text))
+      expect(own).toHaveLength(1)
+      expect(own[0]!.drafted).toBeGreaterThan(0)
+    } finally {
+      await byDefault.stop()
+    }
   }, 240_000)
 
   it('replays a verify whose stage was killed on another holder with the kernels, with the same tokens', async () => {
