@@ -8,14 +8,16 @@
  *
  * Run: node reproduction/bench-speculative-chain.ts [--size small] [--layers 12] [--stages 3]
  *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48] [--quant none|int4]
- *        [--task random|copy] [--copy-prompt copy|fresh]
+ *        [--task random|copy] [--copy-prompt copy|fresh] [--streams 1]
  * `--task copy` measures prompt lookup on the chain where it should pay (wave 39: a chain coordinator
  * runs it by default): a successor model of `--layers` layers (greedy next token = a fixed cycle's
  * next token; ε of its successor option from `--epsilon`) given bench-speculative.ts's "rewrite
  * this text with one change" prompt, so the continuation is text the prompt holds. It runs plain,
  * the default lookup (`lookup-default`: what a coordinator without `--draft` runs) and `--draft
  * lookup`'s (`lookup`, adaptive K); `--k` is ignored there. `--copy-prompt fresh`: a prompt whose
- * continuation it never holds (what lookup costs where nothing repeats).
+ * continuation it never holds (what lookup costs where nothing repeats). `--streams N`: N requests
+ * at once a measurement (tok/s over all of them, first token to last), where the default lookup
+ * stands aside (it speculates only while its coordinator has no other request open).
  * `--quant int4`: the target's shards int4 with int8 activations (the compiler's default), every
  * stage on shoal's kernels (the verify attention on each, so the chain verifies exactly), and the
  * coordinator forming chains only of stages that say so, as `shoal node` does.
@@ -55,10 +57,12 @@ const { values: args } = parseArgs({
     quant: { type: 'string', default: 'none' },
     task: { type: 'string', default: 'random' },
     'copy-prompt': { type: 'string', default: 'copy' },
+    streams: { type: 'string', default: '1' },
   },
 })
 if (args.task !== 'random' && args.task !== 'copy') throw new Error(`--task ${args.task}: random or copy`)
 const COPY_TASK = args.task === 'copy'
+const STREAMS = Math.max(1, Number(args.streams))
 /**
  * The copy task's prompt (bench-speculative.ts's): 24 unrelated tokens, 300 of the cycle with one
  * changed, a separator; `--copy-prompt fresh`: 327 tokens of the cycle read backwards, then the
@@ -109,18 +113,26 @@ async function host (dir: string, layers: [number, number], delayMs: number, lib
   return { libp2p, stage }
 }
 
-async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[] }> {
-  const tokens: number[] = []
-  let first = 0
+/**
+ * STREAMS greedy requests at once (the same prompt): tok/s over all of them from the first token
+ * to the last, and each stream's tokens (`--streams 1`: one stream, first to last token).
+ */
+async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[][] }> {
   const prompt = COPY_TASK ? { kind: 'tokens' as const, ids: COPY.ids } : { kind: 'text' as const, text: PROMPT }
-  for await (const e of svc.generate({ requestId: `${config}#${performance.now()}`, model: 'target', prompt, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
-    if (e.type === 'delta') { if (tokens.length === 0) first = performance.now(); tokens.push(...e.tokenIds) }
+  let first = Infinity
+  const one = async (i: number): Promise<number[]> => {
+    const tokens: number[] = []
+    for await (const e of svc.generate({ requestId: `${config}#${performance.now()}-${i}`, model: 'target', prompt, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
+      if (e.type === 'delta') { if (tokens.length === 0) first = Math.min(first, performance.now()); tokens.push(...e.tokenIds) }
+    }
+    return tokens
   }
-  return { tokS: (tokens.length - 1) * 1000 / (performance.now() - first), tokens }
+  const tokens = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await one(i)))
+  return { tokS: (tokens.reduce((n, t) => n + t.length, 0) - 1) * 1000 / (performance.now() - first), tokens }
 }
 
 async function main (): Promise<void> {
-  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, ${COPY_TASK ? `copy task (successor model, ${COPY.ids.length}-token prompt), prompt lookup` : 'draft = 1 layer'}; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, ${COPY_TASK ? `copy task (successor model, ${COPY.ids.length}-token prompt), prompt lookup` : 'draft = 1 layer'}; ${STREAMS} stream${STREAMS === 1 ? '' : 's at once'}; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
   const ks = COPY_TASK ? ['lookup-default', 'lookup'] : args.k.split(',')
   const hops = args.hops.split(',').map(Number)
   for (const epsilon of args.epsilon.split(',')) {
@@ -157,8 +169,9 @@ async function main (): Promise<void> {
       table.set('plain', [...(table.get('plain') ?? []), `${base.tokS.toFixed(1)}`])
       for (const k of ks) {
         const r = await decode(spec, k)
-        if (r.tokens.join() !== base.tokens.join()) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
-        const c = counts.get(k)!.at(-1)!
+        if (r.tokens.some(t => t.join() !== base.tokens[0]!.join())) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
+        // This measurement's streams, summed.
+        const c = counts.get(k)!.slice(-STREAMS).reduce((a, x) => ({ rounds: a.rounds + x.rounds, drafted: a.drafted + x.drafted, accepted: a.accepted + x.accepted }), { rounds: 0, drafted: 0, accepted: 0 })
         acceptance.set(k, [...(acceptance.get(k) ?? []), c.drafted === 0 ? NaN : c.accepted / c.drafted])
         table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)} (${(r.tokS / base.tokS).toFixed(2)}×${k !== 'adaptive' && !k.startsWith('lookup') ? '' : c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ', no round'})`])
       }
