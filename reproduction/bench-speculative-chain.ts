@@ -8,16 +8,17 @@
  *
  * Run: node reproduction/bench-speculative-chain.ts [--size small] [--layers 12] [--stages 3]
  *        [--epsilon 0.02,0.1] [--hops 0,20,50,100] [--k 1,2,3,5,7,10,adaptive] [--tokens 48] [--quant none|int4]
- *        [--task random|copy] [--copy-prompt copy|fresh] [--streams 1]
+ *        [--task random|copy] [--copy-prompt copy|fresh|mixed] [--streams 1]
  * `--task copy` measures prompt lookup on the chain where it should pay (wave 39: a chain coordinator
  * runs it by default): a successor model of `--layers` layers (greedy next token = a fixed cycle's
  * next token; ε of its successor option from `--epsilon`) given bench-speculative.ts's "rewrite
  * this text with one change" prompt, so the continuation is text the prompt holds. It runs plain,
  * the default lookup (`lookup-default`: what a coordinator without `--draft` runs) and `--draft
- * lookup`'s (`lookup`, adaptive K); `--k` is ignored there. `--copy-prompt fresh`: a prompt whose
- * continuation it never holds (what lookup costs where nothing repeats). `--streams N`: N requests
- * at once a measurement (tok/s over all of them, first token to last), where the default lookup
- * stands aside (it speculates only while its coordinator has no other request open).
+ * lookup`'s (`lookup`, adaptive K), and `lookup-2`: the default's two-token matches without its
+ * rule of speculating only while alone; `--k` is ignored there. `--copy-prompt fresh`: a prompt whose
+ * continuation it never holds (what lookup costs where nothing repeats); `mixed`: streams alternate
+ * the two (copy on even streams), and each half's tok/s is printed too (its first token to its last). `--streams N`: N requests
+ * at once a measurement (tok/s over all of them, first token to last).
  * `--quant int4`: the target's shards int4 with int8 activations (the compiler's default), every
  * stage on shoal's kernels (the verify attention on each, so the chain verifies exactly), and the
  * coordinator forming chains only of stages that say so, as `shoal node` does.
@@ -32,7 +33,7 @@ import type { Libp2p } from '@libp2p/interface'
 import { createPipelineService, createPipelineStage } from '../daemon/pipeline/index.ts'
 import type { ChainSourceWrapper, PipelineService, PipelineStage } from '../daemon/pipeline/index.ts'
 import type { StageHolder } from '../daemon/routing/index.ts'
-import { createSpeculation, exactVerifyNeeds } from '../daemon/speculative/index.ts'
+import { createPromptLookupDrafter, createSpeculation, DEFAULT_LOOKUP_MIN_NGRAM, exactVerifyNeeds } from '../daemon/speculative/index.ts'
 import type { Speculation, SpeculationCounts } from '../daemon/speculative/index.ts'
 import { compileShards, copyTaskPrompt, generateDraftPair, generateTestModel, loadManifest, successorCycle } from '../shards/index.ts'
 import type { TestModelSize } from '../shards/index.ts'
@@ -63,15 +64,17 @@ const { values: args } = parseArgs({
 if (args.task !== 'random' && args.task !== 'copy') throw new Error(`--task ${args.task}: random or copy`)
 const COPY_TASK = args.task === 'copy'
 const STREAMS = Math.max(1, Number(args.streams))
+const MIXED = COPY_TASK && args['copy-prompt'] === 'mixed' && STREAMS > 1
 /**
  * The copy task's prompt (bench-speculative.ts's): 24 unrelated tokens, 300 of the cycle with one
  * changed, a separator; `--copy-prompt fresh`: 327 tokens of the cycle read backwards, then the
  * start, so the continuation runs through tokens the prompt never holds (lookup proposes nothing).
  */
 const CYCLE = successorCycle('llama')
-const COPY = args['copy-prompt'] === 'fresh'
-  ? { ids: [...Array.from({ length: 327 }, (_, i) => CYCLE[((-1 - i) % CYCLE.length + CYCLE.length) % CYCLE.length]!), CYCLE[0]!] }
-  : copyTaskPrompt({ cycle: CYCLE, length: 300, change: 100, prefix: 24 })
+const COPY_IDS = copyTaskPrompt({ cycle: CYCLE, length: 300, change: 100, prefix: 24 }).ids
+const FRESH_IDS = [...Array.from({ length: 327 }, (_, i) => CYCLE[((-1 - i) % CYCLE.length + CYCLE.length) % CYCLE.length]!), CYCLE[0]!]
+/** Stream i's prompt: `mixed` alternates copy (even streams) and fresh (odd ones). */
+const promptOf = (i: number): number[] => args['copy-prompt'] === 'fresh' || (args['copy-prompt'] === 'mixed' && i % 2 === 1) ? FRESH_IDS : COPY_IDS
 if (args.quant !== 'none' && args.quant !== 'int4') throw new Error(`--quant ${args.quant}: none or int4`)
 const QUANT = args.quant as 'none' | 'int4'
 const LAYERS = Number(args.layers)
@@ -117,23 +120,28 @@ async function host (dir: string, layers: [number, number], delayMs: number, lib
  * STREAMS greedy requests at once (the same prompt): tok/s over all of them from the first token
  * to the last, and each stream's tokens (`--streams 1`: one stream, first to last token).
  */
-async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[][] }> {
-  const prompt = COPY_TASK ? { kind: 'tokens' as const, ids: COPY.ids } : { kind: 'text' as const, text: PROMPT }
-  let first = Infinity
+async function decode (svc: PipelineService, config: string): Promise<{ tokS: number, tokens: number[][], evenTokS: number, oddTokS: number }> {
+  const spans: Array<{ first: number, last: number }> = []
   const one = async (i: number): Promise<number[]> => {
+    const prompt = COPY_TASK ? { kind: 'tokens' as const, ids: promptOf(i) } : { kind: 'text' as const, text: PROMPT }
     const tokens: number[] = []
+    const span = { first: Infinity, last: 0 }
+    spans[i] = span
     for await (const e of svc.generate({ requestId: `${config}#${performance.now()}-${i}`, model: 'target', prompt, maxTokens: TOKENS, sampling: { temperature: 0, topP: 1 }, stop: [], deadline: Date.now() + 600_000 }, new AbortController().signal)) {
-      if (e.type === 'delta') { if (tokens.length === 0) first = Math.min(first, performance.now()); tokens.push(...e.tokenIds) }
+      if (e.type === 'delta') { if (tokens.length === 0) span.first = performance.now(); tokens.push(...e.tokenIds); span.last = performance.now() }
     }
     return tokens
   }
   const tokens = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await one(i)))
-  return { tokS: (tokens.reduce((n, t) => n + t.length, 0) - 1) * 1000 / (performance.now() - first), tokens }
+  /** Tokens a second over the streams `which`, from their first token to their last. */
+  const rate = (which: number[]): number => (which.reduce((n, i) => n + tokens[i]!.length, 0) - 1) * 1000 / (Math.max(...which.map(i => spans[i]!.last)) - Math.min(...which.map(i => spans[i]!.first)))
+  const all = tokens.map((_, i) => i)
+  return { tokS: rate(all), tokens, evenTokS: STREAMS > 1 ? rate(all.filter(i => i % 2 === 0)) : NaN, oddTokS: STREAMS > 1 ? rate(all.filter(i => i % 2 === 1)) : NaN }
 }
 
 async function main (): Promise<void> {
-  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, ${COPY_TASK ? `copy task (successor model, ${COPY.ids.length}-token prompt), prompt lookup` : 'draft = 1 layer'}; ${STREAMS} stream${STREAMS === 1 ? '' : 's at once'}; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
-  const ks = COPY_TASK ? ['lookup-default', 'lookup'] : args.k.split(',')
+  process.stdout.write(`# ${STAGES}-stage chain, ${args.size} width, ${LAYERS} target layers${QUANT === 'none' ? '' : ` (${QUANT}, int8 activations, shoal's kernels)`}, ${COPY_TASK ? `copy task (successor model, ${args['copy-prompt']} prompts), prompt lookup` : 'draft = 1 layer'}; ${STREAMS} stream${STREAMS === 1 ? '' : 's at once'}; ${cpus().length} cores, load ${loadAverage()}\n# ${PAPER}\n`)
+  const ks = COPY_TASK ? ['lookup-default', 'lookup-2', 'lookup'] : args.k.split(',')
   const hops = args.hops.split(',').map(Number)
   for (const epsilon of args.epsilon.split(',')) {
     const { chain, draft } = await prepare(epsilon)
@@ -150,7 +158,9 @@ async function main (): Promise<void> {
       const configs: Record<string, Speculation> = {}
       const onRequestEnd = (id: string, c: SpeculationCounts): void => { const key = id.split('#')[0]!; counts.set(key, [...(counts.get(key) ?? []), c]) }
       for (const k of ks) {
-        configs[k] = k.startsWith('lookup')
+        configs[k] = k === 'lookup-2'
+          ? createSpeculation({ drafter: createPromptLookupDrafter({ minNgram: DEFAULT_LOOKUP_MIN_NGRAM }), targetKernels: kernels, onRequestEnd })
+          : k.startsWith('lookup')
           ? createSpeculation({ drafter: 'prompt-lookup', ...(k === 'lookup-default' ? { byDefault: true } : {}), targetKernels: kernels, onRequestEnd })
           : createSpeculation({ drafter: { draftDir: draft!, ...lib }, targetKernels: kernels, k: k === 'adaptive' ? 'adaptive' : Number(k), threads: 1, onRequestEnd })
       }
@@ -166,14 +176,15 @@ async function main (): Promise<void> {
       await spec.start()
       await decode(plain, 'warm')
       const base = await decode(plain, 'plain')
-      table.set('plain', [...(table.get('plain') ?? []), `${base.tokS.toFixed(1)}`])
+      table.set('plain', [...(table.get('plain') ?? []), `${base.tokS.toFixed(1)}${MIXED ? ` [copy streams ${base.evenTokS.toFixed(1)}; fresh ${base.oddTokS.toFixed(1)}]` : ''}`])
       for (const k of ks) {
         const r = await decode(spec, k)
-        if (r.tokens.some(t => t.join() !== base.tokens[0]!.join())) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
+        if (r.tokens.some((t, i) => t.join() !== base.tokens[i]!.join())) process.stdout.write(`  K=${k} at ${hopMs} ms: tokens differ from the plain chain!\n`)
         // This measurement's streams, summed.
         const c = counts.get(k)!.slice(-STREAMS).reduce((a, x) => ({ rounds: a.rounds + x.rounds, drafted: a.drafted + x.drafted, accepted: a.accepted + x.accepted }), { rounds: 0, drafted: 0, accepted: 0 })
         acceptance.set(k, [...(acceptance.get(k) ?? []), c.drafted === 0 ? NaN : c.accepted / c.drafted])
-        table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)} (${(r.tokS / base.tokS).toFixed(2)}×${k !== 'adaptive' && !k.startsWith('lookup') ? '' : c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ', no round'})`])
+        const odd = MIXED ? ` [copy streams ${r.evenTokS.toFixed(1)}, ${(r.evenTokS / base.evenTokS).toFixed(2)}×; fresh ${r.oddTokS.toFixed(1)}, ${(r.oddTokS / base.oddTokS).toFixed(2)}×]` : ''
+        table.set(k, [...(table.get(k) ?? []), `${r.tokS.toFixed(1)}${odd} (${(r.tokS / base.tokS).toFixed(2)}×${k !== 'adaptive' && !k.startsWith('lookup') ? '' : c.rounds > 0 ? `, K̄ ${(c.drafted / c.rounds).toFixed(1)}` : ', no round'})`])
       }
       await spec.stop()
       await plain.stop()

@@ -97,8 +97,6 @@ export interface ChainWrapContext {
   manifest: ShardManifest
   /** The request's chain: prefill / decode, and verify (a token and its drafts in one traversal). */
   chain: Pick<ChainTokenSource, 'prefill' | 'decode' | 'verify'>
-  /** Other requests this coordinator has open now (their steps share the stages' batches). */
-  peers: () => number
 }
 
 export interface ChainSourceWrapper {
@@ -293,7 +291,7 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
             ? { accepted: 0, next: await chain.decode(token, position, signal) }
             : await chain.verify(token, position, drafts, signal),
         }
-        const w = speculates && !plainOnly ? init.sourceWrapper?.wrapChain({ request, manifest, chain: target, peers: () => Math.max(0, active - 1) }) : undefined
+        const w = speculates && !plainOnly ? init.sourceWrapper?.wrapChain({ request, manifest, chain: target }) : undefined
         wrapped = w
         return {
           source: w ?? chain,

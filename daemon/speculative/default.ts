@@ -12,7 +12,9 @@
  *    the compiler's default int4/int8 shards are skipped, quietly;
  *  - where requests enter: a whole model, or a chain coordinated here (its stage 0), whose chains
  *    keep their KV prefix reuse under it (daemon/pipeline's service); a later stage has no
- *    requests of its own, and a local multi-device chain (`shoal serve` of a split shard) none yet;
+ *    requests of its own, and a local multi-device chain (`shoal serve` of a split shard) none yet.
+ *    On a whole model only while the request has the engine to itself (speculation.ts `wrap`);
+ *    on a chain beside other requests too (`wrapChain`: a round saves a traversal of every hop);
  *  - greedy requests (the target's own tokens) and sampled requests without a seed (the target's
  *    distribution exactly; no draw was promised) run speculatively;
  *  - seeded sampled requests keep the plain path. Speculative sampling makes different draws than
