@@ -19,10 +19,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { kernelsApplying, prepareNativeKernels } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { createPipelineService } from '../../daemon/pipeline/index.ts'
-import type { PipelineService } from '../../daemon/pipeline/index.ts'
+import type { PipelineService, PipelineServiceInit } from '../../daemon/pipeline/index.ts'
 import type { StageHolder } from '../../daemon/routing/index.ts'
 import { createSpeculation, exactVerifyNeeds } from '../../daemon/speculative/index.ts'
-import type { SpeculationCounts } from '../../daemon/speculative/index.ts'
+import type { SpeculationCounts, SpeculationInit } from '../../daemon/speculative/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -56,6 +56,19 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
   const request = (text: string, sampling: GenerateRequest['sampling'] = { temperature: 0, topP: 1 }): GenerateRequest => ({
     requestId: `r${++n}`, model: manifest.modelId, prompt: { kind: 'text', text }, maxTokens: TOKENS, sampling, stop: [], deadline: Date.now() + 120_000,
   })
+  /** A started coordinator on stage 0 over `lastHolders`, speculating with `speculation` over chains of stages that run the kernels. */
+  const speculating = async (speculation: SpeculationInit, over: Partial<PipelineServiceInit> = {}): Promise<PipelineService> => {
+    const svc = createPipelineService({
+      stage: first.stage,
+      shardDir: join(root, 'shard'),
+      sourceWrapper: createSpeculation({ targetKernels: kernels, ...speculation }),
+      speculationKernels: exactVerifyNeeds(manifest)!,
+      kernels,
+      ...over,
+    }, { holders: () => lastHolders })
+    await svc.start()
+    return svc
+  }
   const tokensOf = async (svc: PipelineService, text: string, sampling?: GenerateRequest['sampling']): Promise<number[]> => {
     const out: number[] = []
     for await (const e of svc.generate(request(text, sampling), new AbortController().signal) as AsyncIterable<GenerateEvent>) if (e.type === 'delta') out.push(...e.tokenIds)
@@ -81,15 +94,8 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     spare = await startStage(dir, b!, { kernels: prepared.lib })
     hosts.push(first, last, lastPlain, spare)
     plain = createPipelineService({ stage: first.stage, shardDir: dir }, { holders: () => plainHolders })
-    spec = createPipelineService({
-      stage: first.stage,
-      shardDir: dir,
-      sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', k: 4, targetKernels: kernels, onRequestEnd: (_id, c) => counts.push(c) }),
-      speculationKernels: exactVerifyNeeds(manifest)!,
-      kernels,
-    }, { holders: () => lastHolders })
     await plain.start()
-    await spec.start()
+    spec = await speculating({ drafter: 'prompt-lookup', k: 4, onRequestEnd: (_id, c) => counts.push(c) })
   }, 240_000)
   afterAll(async () => {
     await spec?.stop()
@@ -119,15 +125,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
 
   it('by default, speculates only where the chain it would take anyway runs the kernels: it never moves a request', async () => {
     const own: SpeculationCounts[] = []
-    const byDefault = createPipelineService({
-      stage: first.stage,
-      shardDir: join(root, 'shard'),
-      sourceWrapper: createSpeculation({ drafter: 'prompt-lookup', byDefault: true, targetKernels: kernels, onRequestEnd: (_id, c) => own.push(c) }),
-      speculationKernels: exactVerifyNeeds(manifest)!,
-      speculationSteers: false,
-      kernels,
-    }, { holders: () => lastHolders })
-    await byDefault.start()
+    const byDefault = await speculating({ drafter: 'prompt-lookup', byDefault: true, onRequestEnd: (_id, c) => own.push(c) }, { speculationSteers: false })
     const routeOf = async (text: string): Promise<{ route: string[], tokens: number[] }> => {
       const out = { route: [] as string[], tokens: [] as number[] }
       for await (const e of byDefault.generate(request(text), new AbortController().signal) as AsyncIterable<GenerateEvent>) {
@@ -166,15 +164,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     lastHolders = [{ ...holderOf(last), kernels, rttMs: 1 }, { ...holderOf(spare), kernels, rttMs: 40 }, { ...holderOf(lastPlain), rttMs: 0 }]
     // Prompt lookup that kills the last stage right after its 3rd proposal: that verify meets a dead stage.
     const killing = killingDrafter(3, async () => { await kill(last) })
-    const dir = join(root, 'shard')
-    const replaying = createPipelineService({
-      stage: first.stage,
-      shardDir: dir,
-      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels }),
-      speculationKernels: exactVerifyNeeds(manifest)!,
-      kernels,
-    }, { holders: () => lastHolders })
-    await replaying.start()
+    const replaying = await speculating({ drafter: killing, k: 3 })
     const sentBefore = [spare, lastPlain].map(h => h.stage.node.stats().bytesSent)
     try {
       expect(await tokensOf(replaying, text)).toEqual(reference)
@@ -197,14 +187,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     lastHolders = [{ ...holderOf(spare), kernels, rttMs: 1 }, { ...holderOf(lastPlain), rttMs: 40 }]
     const killing = killingDrafter(3, async () => { await kill(spare) })
     const own: SpeculationCounts[] = []
-    const replaying = createPipelineService({
-      stage: first.stage,
-      shardDir: join(root, 'shard'),
-      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels, onRequestEnd: (_id, c) => own.push(c) }),
-      speculationKernels: exactVerifyNeeds(manifest)!,
-      kernels,
-    }, { holders: () => lastHolders })
-    await replaying.start()
+    const replaying = await speculating({ drafter: killing, k: 3, onRequestEnd: (_id, c) => own.push(c) })
     const sentBefore = lastPlain.stage.node.stats().bytesSent
     try {
       const got = await tokensOf(replaying, text)
@@ -226,14 +209,7 @@ describe.skipIf(!kernelHere)('speculation on a chain of int8-activation int4 sha
     hosts.push(extra)
     lastHolders = [{ ...holderOf(extra), kernels, rttMs: 1 }, { ...holderOf(lastPlain), rttMs: 40 }]
     const killing = killingDrafter(3, async () => { await kill(extra) })
-    const replaying = createPipelineService({
-      stage: first.stage,
-      shardDir: join(root, 'shard'),
-      sourceWrapper: createSpeculation({ drafter: killing, k: 3, targetKernels: kernels }),
-      speculationKernels: exactVerifyNeeds(manifest)!,
-      kernels,
-    }, { holders: () => lastHolders })
-    await replaying.start()
+    const replaying = await speculating({ drafter: killing, k: 3 })
     try {
       await expect(tokensOf(replaying, PROMPTS[0]!, { temperature: 0.8, topP: 1, seed: 5 })).rejects.toThrow(/no node running shoal's kernels int4, verify holds layers/)
       expect(killing.proposals()).toBeGreaterThanOrEqual(3)
