@@ -24,7 +24,7 @@ import type { Registry } from 'prom-client'
 import { ShoalError, ShuttingDownError } from '../errors.ts'
 import type { PrefixCacheStats } from '../kv/index.ts'
 import { OverloadedError, createGenerationService, waitTurn } from '../engine/index.ts'
-import { ChainIncompleteError, formChain } from '../routing/index.ts'
+import { ChainIncompleteError, formChain, runsKernels } from '../routing/index.ts'
 import type { ChainContext, ChainPolicy, StageHolder } from '../routing/index.ts'
 import type { PrefixSummary, RequestTicket, TokenSource, Turn } from '../engine/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
@@ -196,10 +196,10 @@ export function createPipelineService (init: PipelineServiceInit, components: Pi
   function runsAll (chain: readonly ChainHop[], kernels: readonly string[]): boolean {
     const holders = components.holders()
     return chain.every(hop => {
-      const have = hop.peerId === node.peerId
-        ? init.kernels
-        : holders.find(h => h.peerId === hop.peerId && h.layers[0] === hop.layers[0] && h.layers[1] === hop.layers[1])?.kernels
-      return kernels.every(k => have?.includes(k) === true)
+      const holder = hop.peerId === node.peerId
+        ? { ...(init.kernels === undefined ? {} : { kernels: init.kernels }) }
+        : holders.find(h => h.peerId === hop.peerId && h.layers[0] === hop.layers[0] && h.layers[1] === hop.layers[1])
+      return runsKernels(holder ?? {}, kernels)
     })
   }
 

@@ -191,6 +191,11 @@ function preferredPath (holders: readonly StageHolder[], stages: ReadonlyArray<{
   return next === ctx.numLayers && out.length > 0 ? { cost, stages: out } : undefined
 }
 
+/** Whether a holder says it runs every one of `kernels` (shoal's kernels, by their capability names). */
+export function runsKernels (holder: Pick<StageHolder, 'kernels'>, kernels: readonly string[]): boolean {
+  return kernels.every(k => holder.kernels?.includes(k) === true)
+}
+
 /** Forms the cheapest complete chain for `ctx.modelId`, or says why there is none. */
 export function formChain (holders: readonly StageHolder[], ctx: ChainContext): ChainDecision {
   const p: ChainPolicy = { ...DEFAULT_CHAIN_POLICY, ...ctx.policy }
@@ -199,7 +204,7 @@ export function formChain (holders: readonly StageHolder[], ctx: ChainContext): 
   for (const h of holders) {
     if (h.modelId !== ctx.modelId || !h.admitted || !h.alive || exclude.has(h.peerId)) continue
     if (ctx.manifestHash !== undefined && h.manifestHash !== ctx.manifestHash) continue
-    if (ctx.kernels !== undefined && !ctx.kernels.every(k => h.kernels?.includes(k) === true)) continue
+    if (ctx.kernels !== undefined && !runsKernels(h, ctx.kernels)) continue
     if (!validRange(h.layers, ctx.numLayers)) continue
     groups.set(h.manifestHash, [...(groups.get(h.manifestHash) ?? []), h])
   }

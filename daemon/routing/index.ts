@@ -6,7 +6,7 @@
  */
 export { chooseReplica, isSoleServer, rankReplicas, estimateCompletionMs, estimateStartMs, DEFAULT_POLICY } from './decision.ts'
 export type { Candidate, LoadSnapshot, PrefixHoldings, RoutingContext, RoutingPolicy, RouteDecision, ChoiceReason } from './decision.ts'
-export { DEFAULT_CHAIN_POLICY, formChain, uncovered } from './chain.ts'
+export { DEFAULT_CHAIN_POLICY, formChain, runsKernels, uncovered } from './chain.ts'
 export type { StageHolder, LayerRange, ChainContext, ChainPolicy, ChainDecision, ChainStage } from './chain.ts'
 export { INFER_PROTOCOL, MAX_FRAME_BYTES, encodeFrame, decodePayload, decodeFrames } from './wire.ts'
 export type { InferFrame } from './wire.ts'
