@@ -129,11 +129,12 @@ export function alignColumns (columns: number): number {
 
 /**
  * A new left-aligned block of `capacity` columns with one row per source: row b holds the first
- * `length` columns of source b's row (nothing for an absent source). Columns past a row's length
- * stay zero until the row's steps write them.
+ * `length` columns of source b's row (nothing for an absent source); `rows` (at least one per
+ * source) leaves rows to spare for sequences that join later (kv-rows.ts). Columns past a row's
+ * length stay zero until the row's steps write them.
  */
-export function packRows (sources: ReadonlyArray<{ ref: KvRef | undefined, length: number }>, capacity: number, layerCount: number, kvH: number, hd: number): KvBlock {
-  const rows = sources.length
+export function packRows (sources: ReadonlyArray<{ ref: KvRef | undefined, length: number }>, capacity: number, layerCount: number, kvH: number, hd: number, rows = sources.length): KvBlock {
+  if (rows < sources.length) throw new RangeError(`a block of ${rows} rows cannot hold ${sources.length} sources`)
   const layers: Array<[HostTensor, HostTensor]> = []
   for (let i = 0; i < layerCount; i++) {
     const pair = [0, 1].map(kind => {
@@ -146,6 +147,25 @@ export function packRows (sources: ReadonlyArray<{ ref: KvRef | undefined, lengt
     layers.push(pair)
   }
   return { rows, total: capacity, layers }
+}
+
+/**
+ * Copies the first `length` columns of a sequence's row (`from`, in any block) into row `row` of
+ * `block`, every layer's key and value: a sequence moving to another row (kv-rows.ts). Rows of
+ * one block never overlap, so `from` may be another row of the same block.
+ */
+export function copyRowInto (block: KvBlock, row: number, from: KvRef, length: number, kvH: number, hd: number): void {
+  block.layers.forEach((pair, i) => {
+    pair.forEach((t, kind) => copyRowLeft(from.block.layers[i]![kind]!.data as Float32Array, from.row, from.block.total, t.data as Float32Array, row, block.total, length, kvH, hd))
+  })
+}
+
+/** The block's first `n` rows as [n, kvH, total, hd] views per layer (no copy): a batched run's past. */
+export function firstRows (block: KvBlock, n: number, kvH: number, hd: number): Array<[HostTensor, HostTensor]> {
+  if (n === block.rows) return block.layers
+  const size = n * kvH * block.total * hd
+  const view = (t: HostTensor): HostTensor => ({ type: 'float32', data: (t.data as Float32Array).subarray(0, size), dims: [n, kvH, block.total, hd] })
+  return block.layers.map(([k, v]) => [view(k), view(v)])
 }
 
 /**

@@ -7,11 +7,13 @@
  *
  * The caches are kept in place: a sequence's block has room to grow, the graph counts each row's
  * first `length` columns of it (a one-position step of a compiler-6 graph reads the whole buffer
- * in place and masks the rest, which is why blocks start zeroed: it must be finite), and each
- * step's new columns are written into the row after the run (from the graph's `new_key_values`
- * outputs: onnxruntime-node copies every fetched output, and a present would be the whole cache). A rollback is a shorter length; a block is copied only when its
- * rows change or it runs out of room (kv-block.ts `blockCapacity`), or to move a sequence off a kept
- * prefix's block, which is never written. A new sequence's first chunk allocates nothing: its
+ * in place and masks the rest, which is why blocks start zeroed: it must be finite; a row a
+ * sequence left keeps its finite columns), and each step's new columns are written into the row
+ * after the run (from the graph's `new_key_values` outputs: onnxruntime-node copies every fetched
+ * output, and a present would be the whole cache). A rollback is a shorter length. When a batch's
+ * members change, only the rows that must move are copied (kv-rows.ts); a block is copied whole
+ * only when it runs out of room (kv-block.ts `blockCapacity`) or rows, or to move a sequence off a
+ * kept prefix's block, which is never written. A new sequence's first chunk allocates nothing: its
  * block is that run's new_key_values as they came (kv-block.ts `adoptColumns`), exactly as wide
  * as its columns, so its next step moves it to a block with room — after the token went out.
  */
@@ -19,9 +21,10 @@ import { GREEDY_TOKEN, HIDDEN_OUT, LOGITS, NEW_KV, newKeyName, newValueName, pas
 import { EngineError } from './errors.ts'
 import { stepMark } from '../step-trace.ts'
 import type { TensorMap } from './backend/types.ts'
-import { adoptColumns, blockCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
+import { adoptColumns, blockCapacity, copyRowInto, firstRows, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
-import { chunkFeeds, groupBlock, groupFeeds, groupOutputs } from './runner-io.ts'
+import { planRows, rowCapacity } from './kv-rows.ts'
+import { chunkFeeds, groupFeeds, groupOutputs } from './runner-io.ts'
 import { isGreedy } from './sampling.ts'
 import type { KvLayout, KvSequence, Live, RunContext } from './runner-io.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
@@ -31,11 +34,13 @@ export interface InPlaceDeps {
   isKept: (block: KvBlock) => boolean
   /** Frees a replaced block unless something still refers to it. */
   release: (block: KvBlock | undefined) => void
+  /** The live sequences whose cache is a row of `block`. */
+  holders: (block: KvBlock) => KvSequence[]
 }
 
 export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayout {
   const { session, stage, layers, kvH, hd } = ctx
-  const { isKept, release } = deps
+  const { isKept, release, holders } = deps
   // Graphs that output a step's new columns alone (compiler ≥ 5) are fetched without their
   // presents: onnxruntime-node copies every fetched output, and a present is the whole cache, every step.
   const newOutputs = layers.every(l => session.outputNames.includes(newKeyName(l)) && session.outputNames.includes(newValueName(l)))
@@ -141,38 +146,86 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
     },
 
     /**
-     * Their shared block fed as is when it holds exactly these sequences in order and has room,
-     * else the rows packed into a new block with room first (one copy of the live columns, when the
-     * batch's membership changed or it outgrew its block); each row attends over its own length,
-     * and its new columns are written into its row after the run.
+     * The rows run in the block most of them already share, with only the rows that must move
+     * moved (kv-rows.ts planRows: a joiner copied into a free row, a leaver's row refilled, another
+     * sequence's row in the way set aside); else, when no such block has room for all of them and
+     * their columns, packed into a new block with room and spare rows (one copy of every live
+     * column). Each row attends over its own length, and its new columns are written into its row
+     * after the run. The rows run in block order; results come back in the group's.
      */
     async runGroup (group: Live[], s: number): Promise<BatchStepResult[]> {
-      const { block: held, longest: lmax } = groupBlock(group)
-      const shared = held !== undefined && writable({ block: held, row: 0 }, lmax + s)
-      if (!shared) {
-        stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
-        const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(lmax + s, stage.maxPositions), layers.length, kvH, hd)
-        const replaced = new Set<KvBlock>()
-        group.forEach(({ seq }, b) => {
-          if (seq.kv !== undefined) replaced.add(seq.kv.block)
-          seq.kv = { block, row: b }
-        })
-        for (const old of replaced) release(old)
-      }
-      const block = group[0]!.seq.kv!.block
-      const rows = group.length
+      let lmax = 0
+      for (const { seq } of group) lmax = Math.max(lmax, seq.length)
       const total = lmax + s
+      const ordered = placeRows(group, total) ?? packGroup(group, total)
+      const block = ordered[0]!.seq.kv!.block
+      const rows = ordered.length
       const mask = new BigInt64Array(rows * total)
-      group.forEach(({ seq }, b) => mask.fill(1n, b * total, b * total + seq.length + s))
-      const feeds = groupFeeds(ctx, group, s, mask, total)
-      layers.forEach((l, i) => {
-        feeds[pastKeyName(l)] = block.layers[i]![0]
-        feeds[pastValueName(l)] = block.layers[i]![1]
+      ordered.forEach(({ seq }, b) => mask.fill(1n, b * total, b * total + seq.length + s))
+      const feeds = groupFeeds(ctx, ordered, s, mask, total)
+      firstRows(block, rows, kvH, hd).forEach(([k, v], i) => {
+        feeds[pastKeyName(layers[i]!)] = k
+        feeds[pastValueName(layers[i]!)] = v
       })
-      const out = await sessionFor(s, block.total).run(feeds, group.every(({ item }) => isGreedy(item.pick)) ? greedyFetches : fetches)
+      const out = await sessionFor(s, block.total).run(feeds, ordered.every(({ item }) => isGreedy(item.pick)) ? greedyFetches : fetches)
       // A row dropped meanwhile (drop lets go of its KV first) is skipped; the others are written.
-      writeNew(out, group.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
-      return groupOutputs(stage, group, s, out, () => {})
+      writeNew(out, ordered.map(({ seq }) => seq.kv === undefined ? undefined : { ref: seq.kv, at: seq.length }), s)
+      const results = groupOutputs(stage, ordered, s, out, () => {})
+      return group.map(e => results[ordered.indexOf(e)]!)
     },
+  }
+
+  /**
+   * The group in the rows of the block most of its members hold, moved there as planRows says,
+   * or undefined when that block cannot take them (kept, too narrow for `need` columns, or
+   * planRows finds no way).
+   */
+  function placeRows (group: Live[], need: number): Live[] | undefined {
+    const counts = new Map<KvBlock, number>()
+    for (const { seq } of group) if (seq.kv !== undefined) counts.set(seq.kv.block, (counts.get(seq.kv.block) ?? 0) + 1)
+    let block: KvBlock | undefined
+    for (const [b, c] of counts) if (block === undefined || c > counts.get(block)!) block = b
+    if (block === undefined || block.rows < 2 || !writable({ block, row: 0 }, need)) return undefined
+    const inGroup = new Set(group.map(({ seq }) => seq))
+    const others = holders(block).filter(seq => !inGroup.has(seq))
+    const plan = planRows({
+      capacity: block.rows,
+      members: group.map(({ seq }) => seq.kv?.block === block ? seq.kv.row : undefined),
+      others: others.map(seq => ({ row: seq.kv!.row, movable: seq.running === undefined })),
+    })
+    if (plan === undefined) return undefined
+    if (plan.evict.length + plan.bring.length > 0) stepMark('k.rows') // rows moved (SHOAL_TRACE_DIR traces)
+    // Looked up before anything moves: a sequence moved out takes row 0 of a block of its own.
+    const atRow = new Map(others.map(seq => [seq.kv!.row, seq]))
+    for (const { from, to } of plan.evict) {
+      const seq = atRow.get(from)!
+      if (to === undefined) { moveToRoom(seq, seq.length + 1); continue }
+      copyRowInto(block, to, seq.kv!, seq.length, kvH, hd)
+      seq.kv = { block, row: to }
+    }
+    const replaced = new Set<KvBlock>()
+    for (const { entry, to } of plan.bring) {
+      const { seq } = group[entry]!
+      if (seq.kv !== undefined) {
+        copyRowInto(block, to, seq.kv, seq.length, kvH, hd)
+        if (seq.kv.block !== block) replaced.add(seq.kv.block)
+      }
+      seq.kv = { block, row: to }
+    }
+    for (const old of replaced) release(old)
+    return plan.order.map(entry => group[entry]!)
+  }
+
+  /** The group packed in its own order into a new block with room for `need` columns and spare rows. */
+  function packGroup (group: Live[], need: number): Live[] {
+    stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
+    const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(need, stage.maxPositions), layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
+    const replaced = new Set<KvBlock>()
+    group.forEach(({ seq }, b) => {
+      if (seq.kv !== undefined) replaced.add(seq.kv.block)
+      seq.kv = { block, row: b }
+    })
+    for (const old of replaced) release(old)
+    return group
   }
 }

@@ -35,6 +35,8 @@ export interface RunContext {
   layers: readonly number[]
   kvH: number
   hd: number
+  /** The runner's bound on live sequences: no batch has more rows. */
+  maxSequences: number
   /**
    * Whether the graph takes num_logits_to_keep: a head's graph (older ones return every position's
    * logits), and a headless stage's where shoal's kernels run its verify steps (native/swap.ts).

@@ -47,6 +47,8 @@ export interface KeptPrefixes {
    * the block it was fed until the step's result replaces it).
    */
   release: (block: KvBlock | undefined) => void
+  /** The live sequences whose cache is a row of `block` (a batched run moves rows among them). */
+  holders: (block: KvBlock) => KvSequence[]
   stats: () => { keptPrefixes: number, keptBytes: number }
 }
 
@@ -58,6 +60,12 @@ export function createKeptPrefixes (init: KeptPrefixesInit): KeptPrefixes {
   function isKept (block: KvBlock): boolean {
     for (const k of kept.values()) if (k === block) return true
     return false
+  }
+
+  function holders (block: KvBlock): KvSequence[] {
+    const found: KvSequence[] = []
+    for (const s of sequences.values()) if (s.kv?.block === block) found.push(s)
+    return found
   }
 
   function release (block: KvBlock | undefined): void {
@@ -159,6 +167,7 @@ export function createKeptPrefixes (init: KeptPrefixesInit): KeptPrefixes {
     ops,
     isKept,
     release,
+    holders,
     stats () {
       let keptBytes = 0
       for (const k of kept.values()) keptBytes += blockBytes(k)

@@ -134,7 +134,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     if (!leftAligned) throw new EngineError('a one-position graph needs a stage graph that keeps its KV in place')
     if (!same(decodeSession.inputNames, session.inputNames) || !same(decodeSession.outputNames, session.outputNames)) throw new EngineError('the one-position graph\'s inputs or outputs are not the stage graph\'s')
   }
-  const ctx: RunContext = { session, ...(decodeSession === undefined ? {} : { decodeSession }), stage, layers, kvH, hd, feedsLogitsToKeep }
+  const ctx: RunContext = { session, ...(decodeSession === undefined ? {} : { decodeSession }), stage, layers, kvH, hd, maxSequences, feedsLogitsToKeep }
   const layout = leftAligned ? createInPlaceLayout(ctx, prefixes) : createPaddedLayout(ctx, release)
 
   /** Throws what is wrong with a step for this sequence. */

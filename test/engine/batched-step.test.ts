@@ -179,6 +179,46 @@ describe.each([['standard', 'left'], ['ort-contrib', 'right']] as const)('stepBa
     expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0, kvHeldBytes: 0 })
   })
 
+  it('members that skip steps, in any order, keep the tokens (right-padded: the logits) they get alone', async () => {
+    // Each step a different subset of the five, shuffled: rows move between the shared block's
+    // rows, to a block of their own and back (kv-rows.ts), and the block is repacked only when
+    // that cannot be done.
+    // An engine bounded to the five: its blocks have no row to spare once all five share one, so
+    // a sequence that sits a step out in the run's rows moves to a block of its own.
+    const tight = await startTinyEngine({ threads: 1, maxSequences: PROMPTS.length, chunkSize: 16 }, model)
+    try {
+      for (const seed of [11, 12]) await skipping(engine, seed)
+      for (const seed of [13, 14, 15]) await skipping(tight.engine, seed)
+    } finally {
+      await tight.engine.stop() // not tight.stop(): that removes the model the describe shares
+    }
+  })
+
+  /** The five prompts decoded to TOKENS, each step a pseudo-random subset (from `seed`) in shuffled order, checked against alone. */
+  async function skipping (engine: BatchingStageEngine, seed: number): Promise<void> {
+    const rand = (n: number): number => { seed = (Math.imul(seed, 1664525) + 1013904223) >>> 0; return (seed >>> 8) % n }
+    const live = PROMPTS.map((p, i) => ({ seqId: `skip-${seed}-${i}`, prompt: p, logits: [] as Float32Array[] }))
+    for (const l of live) await engine.open(l.seqId)
+    await engine.stepBatch(live.map(l => ({ seqId: l.seqId, input: { tokenIds: l.prompt }, positions: range(l.prompt.length) }))).then(rs => rs.forEach((r, i) => {
+      if (!('output' in r)) throw r.error
+      live[i]!.logits.push(logitsOf(r.output).slice())
+    }))
+    while (live.some(l => l.logits.length < TOKENS)) {
+      const going = live.filter(l => l.logits.length < TOKENS && rand(4) > 0).sort(() => rand(3) - 1)
+      const results = await engine.stepBatch(going.map(l => ({ seqId: l.seqId, input: { tokenIds: [argmax(l.logits.at(-1)!)] }, positions: [l.prompt.length + l.logits.length - 1] })))
+      results.forEach((r, j) => {
+        if (!('output' in r)) throw r.error
+        going[j]!.logits.push(logitsOf(r.output).slice())
+      })
+    }
+    live.forEach((l, i) => {
+      expect(l.logits.map(x => argmax(x))).toEqual(want[i]!.tokens)
+      if (padding === 'right') l.logits.forEach((x, k) => { expect(maxDiff(x, want[i]!.logits[k]!)).toBe(0) })
+    })
+    for (const l of live) await engine.free(l.seqId)
+    expect(await engine.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0, kvHeldBytes: 0 })
+  }
+
   it('a bad item fails alone and ends only its own sequence', async () => {
     const [a, b] = [await engine.open('bad-a'), await engine.open('bad-b')]
     await engine.stepBatch([{ seqId: a, input: { tokenIds: PROMPTS[0]! }, positions: range(3) }, { seqId: b, input: { tokenIds: PROMPTS[0]! }, positions: range(3) }])

@@ -28,6 +28,8 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
   const fetched: Array<readonly string[] | undefined> = []
   /** The width (columns) of each run's first past tensor. */
   const widths: number[] = []
+  /** The rows of each run's first past tensor. */
+  const rowsFed: number[] = []
   /** The buffer of each run's new_key_values output, in run order. */
   const outs: Array<ArrayBuffer | undefined> = []
 
@@ -41,6 +43,7 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
         fed.push(past.length === 0 ? undefined : past.buffer as ArrayBuffer)
         fetched.push(fetches)
         widths.push(feeds[PAST]!.dims[2]!)
+        rowsFed.push(feeds[PAST]!.dims[0]!)
         const out = await real.run(feeds, fetches)
         outs.push(out[NEW_KV]?.data.buffer as ArrayBuffer | undefined)
         return out
@@ -133,6 +136,38 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     expect(detached(shared)).toBe(false) // x's row
     await runner.drop('x', 'free')
     expect(detached(shared)).toBe(true)
+  })
+
+  it('a batch whose members change keeps its block: a joiner takes a spare row, a leaver\'s row is refilled, one that skips a step moves aside', async () => {
+    const names = ['p', 'q', 'r', 's']
+    for (const [k, n] of names.entries()) { runner.open(n); await step(n, ids(6, 10 + k), 0) }
+    const at = new Map(names.map(n => [n, 6]))
+    const batch = async (who: string[]): Promise<void> => {
+      const res = await runner.stepBatch(who.map(n => ({ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.of(7n) }, positions: BigInt64Array.of(BigInt(at.get(n)!)), logitsToKeep: 1 })))
+      expect(res.every(r => 'output' in r)).toBe(true)
+      for (const n of who) at.set(n, at.get(n)! + 1)
+    }
+    await batch(['p', 'q']) // packed: a new block with a spare row (kv-rows.ts rowCapacity)
+    const shared = fed.at(-1)!
+    await batch(['p', 'q', 'r']) // r joins into the spare row
+    expect(fed.at(-1)).toBe(shared)
+    expect(rowsFed.at(-1)).toBe(3)
+    await runner.drop('q', 'free')
+    await batch(['p', 'r']) // r moves into q's row; the run is fed the first two rows
+    expect(fed.at(-1)).toBe(shared)
+    expect(rowsFed.at(-1)).toBe(2)
+    await batch(['r', 's', 'p']) // s joins, in any order
+    expect(fed.at(-1)).toBe(shared)
+    await batch(['p', 's']) // r, not stepping, is in the way and no row is spare: it moves to a block of its own
+    expect(fed.at(-1)).toBe(shared)
+    await step('r', [7], at.get('r')!); at.set('r', at.get('r')! + 1)
+    expect(fed.at(-1)).not.toBe(shared)
+    await batch(['s', 'r', 'p']) // and back
+    expect(fed.at(-1)).toBe(shared)
+    expect(detached(shared)).toBe(false)
+    for (const n of ['p', 'r', 's']) await runner.drop(n, 'free')
+    expect(detached(shared)).toBe(true)
+    expect(runner.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
   })
 
   it('feeds every block a multiple of 16 columns wide (one-position attention is bit-stable only so)', () => {
