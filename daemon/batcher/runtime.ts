@@ -152,7 +152,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           logitsToKeep: ask,
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
-          ...(e.kind === 'decode' && n === e.total && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
+          ...(final && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
           signal: e.signal,
         })
         used.push(use)

@@ -27,8 +27,9 @@ export interface StepRequest {
   /** Last stage: have the executor pick the next token from the last position (the result is {kind: 'token'}). */
   pick?: TokenPick
   /**
-   * Run-ahead (a one-position decode step with `pick`): the picks of this sequence's next steps,
-   * so the executor may compute them before they are submitted (daemon/engine/stage-engine.ts).
+   * Run-ahead (a step with `pick`: a decode step, or a prefill, whose last chunk carries them):
+   * the picks of this sequence's next decode steps, so the executor may compute them before they
+   * are submitted (daemon/engine/stage-engine.ts).
    */
   ahead?: TokenPick[]
   /**
@@ -101,7 +102,7 @@ export interface BatchItem {
   final: boolean
   /** The step's pick, on its final chunk only (earlier chunks' logits are discarded). */
   pick?: TokenPick
-  /** As StepRequest.ahead (decode steps only). */
+  /** As StepRequest.ahead (a decode step, or a prefill's final chunk). */
   ahead?: TokenPick[]
   /** The caller's signal: an executor may drop an item whose caller has gone. */
   signal: AbortSignal

@@ -20,8 +20,12 @@ import type { StepOutput } from './protocol.ts'
  * last stage), so only token ids cross into the loop.
  */
 export interface TokenSource {
-  /** Runs the whole prompt; returns the first generated token. */
-  prefill (promptIds: number[], signal: AbortSignal): Promise<number>
+  /**
+   * Runs the whole prompt; returns the first generated token. `remaining`: how many decode steps
+   * may follow it at most (bounds run-ahead: the engine may run the first of them at once, as it
+   * runs a decode step's next); absent: none ahead.
+   */
+  prefill (promptIds: number[], signal: AbortSignal, remaining?: number): Promise<number>
   /**
    * Feeds back `tokenId` at `position`; returns the next token. `remaining`: how many more decode
    * steps the loop may ask for after this one at most (bounds run-ahead); absent: unknown.
@@ -63,18 +67,23 @@ function pickingSource (step: Stepper, sampling: SamplingParams, prefilled: numb
     return out.id
   }
   return {
-    async prefill (promptIds, signal) {
+    async prefill (promptIds, signal, remaining = 0) {
       // The first `prefilled` positions are already in the sequence's KV (a reused prefix).
       const ids = promptIds.slice(prefilled)
-      return token(await step('prefill', ids, ids.map((_, i) => prefilled + i), draw(), signal))
+      return await run('prefill', ids, ids.map((_, i) => prefilled + i), signal, remaining)
     },
     async decode (tokenId, position, signal, remaining = Infinity) {
-      const pick = draw()
-      const ahead = Math.min(aheadSteps, remaining)
-      if (!(ahead > 0)) return token(await step('decode', [tokenId], [position], pick, signal))
-      while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
-      return token(await step('decode', [tokenId], [position], pick, signal, drawn.slice(0, ahead)))
+      return await run('decode', [tokenId], [position], signal, remaining)
     },
+  }
+
+  /** A step with its own pick and, for up to `remaining` steps after it, the picks the engine may run them ahead with. */
+  async function run (kind: 'prefill' | 'decode', ids: number[], positions: number[], signal: AbortSignal, remaining: number): Promise<number> {
+    const pick = draw()
+    const ahead = Math.min(aheadSteps, remaining)
+    if (!(ahead > 0)) return token(await step(kind, ids, positions, pick, signal))
+    while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
+    return token(await step(kind, ids, positions, pick, signal, drawn.slice(0, ahead)))
   }
 }
 
@@ -95,6 +104,14 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
 export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS, budgetMs?: number): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal, ahead) =>
     await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillBudget(kind, budgetMs) }, signal), sampling, prefilled, aheadSteps)
+}
+
+/**
+ * How many decode steps may follow a prefill at most: its token is the completion's first, and
+ * max_tokens and the context end bound the rest (EOS and stop strings may end it sooner).
+ */
+export function afterPrefill (maxTokens: number | undefined, maxPositions: number, promptLength: number): number {
+  return Math.max(0, Math.min(maxTokens ?? Infinity, maxPositions - promptLength) - 1)
 }
 
 /** A step's own queue budget, which only a prefill's admission reads (StepRequest.budgetMs). */
@@ -140,7 +157,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     yield { type: 'end', finishReason: 'length', usage: { promptTokens: n, completionTokens: 0 } }
     return
   }
-  let token = g.first ?? await g.source.prefill(g.promptIds, g.signal)
+  let token = g.first ?? await g.source.prefill(g.promptIds, g.signal, afterPrefill(g.maxTokens, g.maxPositions, n))
   // The next step is submitted before this token's delta is yielded: the engine computes it while
   // the consumer detokenizes, writes and signs, so a token costs max(step, consumer) instead of
   // their sum. Everything that decides whether there is a next step is known before the yield.

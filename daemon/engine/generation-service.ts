@@ -11,7 +11,7 @@ import type { GenerateEvent, GenerateRequest, SpeculationSummary } from '../serv
 import type { TextCodec } from '../text/index.ts'
 import type { ModelShape } from '../../shards/index.ts'
 import { ModelNotFoundError, ShuttingDownError } from './errors.ts'
-import { endConditions, generateSequence } from './generate.ts'
+import { afterPrefill, endConditions, generateSequence } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { admitPrompt, requestScope } from './request-scope.ts'
 import { abortReason } from './stage-engine.ts'
@@ -106,7 +106,7 @@ export function createGenerationService<M extends RunningModel> (host: Generatio
       // Prefill before `start`: an overloaded batcher or a chain that cannot be completed is then
       // an HTTP error, not a broken stream.
       const first = request.maxTokens === undefined || request.maxTokens > 0
-        ? await run.source.prefill(promptIds, scope.signal)
+        ? await run.source.prefill(promptIds, scope.signal, afterPrefill(request.maxTokens, model.manifest.shape.maxPositions, promptIds.length))
         : undefined
       run.prefilled?.()
       yield { type: 'start', promptTokenIds: promptIds, ...run.start() }

@@ -226,9 +226,9 @@ export interface LocalService extends InferenceService {
 export function createLocalService (init: LocalServiceInit): LocalService {
   const maxSequences = init.maxSequences ?? DEFAULT_MAX_SEQUENCES
   const aheadSteps = init.runAhead ?? RUN_AHEAD_STEPS
-  /** A wrapped source's run-ahead picks, as the plain source passes them (decode steps only). */
-  const aheadOf = (kind: 'prefill' | 'decode', ahead: TokenPick[] | undefined): { ahead?: TokenPick[] } =>
-    kind !== 'decode' || ahead === undefined || ahead.length === 0 || aheadSteps <= 0 ? {} : { ahead: ahead.slice(0, aheadSteps) }
+  /** A wrapped source's run-ahead picks (a decode step's, or a prefill's), as the plain source passes them. */
+  const aheadOf = (ahead: TokenPick[] | undefined): { ahead?: TokenPick[] } =>
+    ahead === undefined || ahead.length === 0 || aheadSteps <= 0 ? {} : { ahead: ahead.slice(0, aheadSteps) }
   let manifest: ShardManifest | undefined
   let codec: TextCodec | undefined
   let engine: BatchingStageEngine | undefined
@@ -312,7 +312,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(kind, options.ahead), ...prefillBudget(kind, ownBudget()) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillBudget(kind, ownBudget()) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
             peers: () => Math.max(0, slots.active - 1),

@@ -12,9 +12,10 @@ import type { TokenPick } from './sampling.ts'
  * 4: kept prefixes: retain, open-from, evict. 5: kept prefixes move between nodes: export-prefix,
  * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0). 6: run-ahead: a batch item's
  * `ahead` picks, ahead-picks, and the worker's 'ahead' results. 7: the worker's turn (WorkerTurn) on
- * 'stepped-batch' replies and 'ahead' results.
+ * 'stepped-batch' replies and 'ahead' results. 8: a prefill (a step of several positions) may carry
+ * `ahead` picks too, continued from its last position.
  */
-export const ENGINE_PROTOCOL_VERSION = 7
+export const ENGINE_PROTOCOL_VERSION = 8
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -105,8 +106,9 @@ export interface BatchStepItem {
   /** Last stage: pick the next token in the worker and return only its id (32k-wide logits stay there). */
   pick?: TokenPick
   /**
-   * Run-ahead (a one-position step with `pick` only): the picks of the steps after this one. The
-   * worker feeds each picked token back at the next position at once, without waiting for the
+   * Run-ahead (a step with `pick` only: a decode step, or a prefill's last chunk): the picks of
+   * the one-position steps after this one. The worker feeds each picked token back at the position
+   * after the step's last at once, without waiting for the
    * main thread, one step per pick, and posts each token in an 'ahead' message; 'ahead-picks'
    * extends the list. It stops when the picks run out, and on free, cancel, retain or rollback of
    * the sequence, or a new step for it (which first rolls its KV back to that step's position).
@@ -246,7 +248,7 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
   if (!ok) return `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
   const bad = m.pick === undefined ? undefined : checkPick(m.pick, what)
   if (bad !== undefined || m.ahead === undefined) return bad
-  if (m.pick === undefined || (m.positions as BigInt64Array).length !== 1) return `${what}: ahead needs a one-position step with a pick`
+  if (m.pick === undefined) return `${what}: ahead needs a step with a pick`
   return checkPicks(m.ahead, `${what} ahead`)
 }
 

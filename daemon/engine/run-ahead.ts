@@ -120,8 +120,9 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
     has: seqId => aheads.has(seqId),
     start (item) {
       aheads.delete(item.seqId)
-      if (item.ahead === undefined || item.pick === undefined || item.positions.length !== 1 || !('tokenIds' in item.input)) return undefined
-      const position = item.positions[0]!
+      if (item.ahead === undefined || item.pick === undefined || item.positions.length === 0 || !('tokenIds' in item.input)) return undefined
+      // A decode step's one position, or a prefill's last: the worker's first step ahead feeds the next.
+      const position = item.positions[item.positions.length - 1]!
       const picks = item.ahead.slice(0, Math.max(0, maxPositions - position - 1))
       if (picks.length === 0) return undefined
       aheads.set(item.seqId, { tokens: new Map(), pickedTo: position + picks.length, fedTo: position + 1, failed: undefined, wake: undefined })

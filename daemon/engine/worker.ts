@@ -160,7 +160,7 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
           b.items.forEach((item, i) => {
             const r = mine[i]!
             if (item.ahead !== undefined && 'output' in r && r.output.kind === 'token') {
-              continuations.set(item.seqId, { token: r.output.id, position: Number(item.positions[0]) + 1, picks: [...item.ahead] })
+              continuations.set(item.seqId, { token: r.output.id, position: Number(item.positions[item.positions.length - 1]) + 1, picks: [...item.ahead] })
             }
           })
           at += b.items.length

@@ -33,7 +33,8 @@ export interface TargetSequence {
 
 /** Checks a round's drafts against the target. */
 export interface Verifier {
-  prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal): Promise<number>
+  /** `ahead`: the picks of the plain steps that may follow, for a target that can run them ahead (a verifier may ignore them). */
+  prefill (promptIds: number[], pick: TokenPick, signal: AbortSignal, ahead?: TokenPick[]): Promise<number>
   /**
    * One plain step: `token` at `position`, the next token out. `ahead`: the picks of the plain
    * steps that may follow, for a target that can run them ahead (a verifier may ignore them).
@@ -53,8 +54,8 @@ export function wholeModelVerifier (target: TargetSequence): Verifier {
     return out.id
   }
   return {
-    async prefill (promptIds, pick, signal) {
-      return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick }, signal))
+    async prefill (promptIds, pick, signal, ahead) {
+      return tokenOf(await target.step('prefill', [...promptIds], promptIds.map((_, i) => i), { logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal))
     },
     async plain (token, position, pick, signal, ahead) {
       return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal))
@@ -230,6 +231,9 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     return next
   }
 
+  /** Under the solo rule, other sequences decode beside this one now: it takes plain steps only. */
+  const besidePeers = (): boolean => init.soloOnly === true && (init.peers?.() ?? 0) > 0
+
   function pickK (position: number): number {
     const generated = history.length - promptLength
     const wanted = init.maxTokens === undefined ? Infinity : init.maxTokens - generated
@@ -239,7 +243,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     // Adaptive: measure a plain step first (the cost model's base), run a few rounds at the
     // initial K, then let the measurements decide; a K of 0 is re-probed now and then.
     if (counts.plainSteps === 0) return 0
-    if (init.soloOnly === true && (init.peers?.() ?? 0) > 0) return 0
+    if (besidePeers()) return 0
     if (tracker.rounds < 2) return Math.min(initialK, cap)
     const k = chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0, init.peers?.() ?? 0), cap)
     if (k === 0 && plainSinceRound >= probeGap) { probing = true; return Math.min(2, cap) }
@@ -251,7 +255,8 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     const k = pickK(position)
     // An adaptive source's first plain step measures a step (the cost model's base), and rounds at
     // the initial K follow it: picks handed to the worker there would only be drained (below).
-    const measuring = fixedK === undefined && counts.plainSteps === 0
+    // Not beside peers under the solo rule: no round follows there, so its picks are all used.
+    const measuring = fixedK === undefined && counts.plainSteps === 0 && !besidePeers()
     if (k === 0 || drafter === undefined) return await plainStep(token, position, signal, remaining, !measuring)
     let proposal: Proposal
     const t0 = now()
@@ -307,7 +312,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
   }
 
   return {
-    async prefill (promptIds, signal) {
+    async prefill (promptIds, signal, remaining = 0) {
       history = [...promptIds]
       promptLength = promptIds.length
       // The draft model prefills beside the target (its own worker); a drafter that fails to
@@ -316,7 +321,14 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
         if (!signal.aborted) { counts.drafterFailures = 1; init.onDrafterFailure?.(err) }
         return undefined
       })
-      const [first, d] = await Promise.all([verifier.prefill([...promptIds], nextPick(sampling, rng), signal), drafterOpening])
+      // Beside peers under the solo rule the next steps are plain ones, so the prefill hands the
+      // target their picks, as a plain step does: the engine runs the first at once, in its next
+      // turn with the others' steps, rather than after a round trip to this thread (a burst of
+      // eight requests otherwise split into cohorts that took turns: docs/engine-notes.md, wave 40).
+      const pick = nextPick(sampling, rng)
+      const ahead = besidePeers() ? Math.min(runAhead, remaining) : 0
+      while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
+      const [first, d] = await Promise.all([verifier.prefill([...promptIds], pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined), drafterOpening])
       if (closed) await d?.close().catch(() => {})
       else drafter = d
       history.push(first)

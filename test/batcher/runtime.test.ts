@@ -278,16 +278,17 @@ describe('batcher runtime', () => {
     // The 12-position prefill ran as chunks, asking each for the logits rows it contributes.
     expect(calls.filter(c => c.seqId === 'long').map(c => [c.positions.length, c.logitsToKeep])).toEqual([[8, 2], [4, 4]])
   })
-  it('passes a decode step\'s ahead picks to the executor, and its step-time model learns nothing from results computed ahead', async () => {
+  it('passes a step\'s ahead picks to the executor (a prefill\'s on its final chunk), and its step-time model learns nothing from results computed ahead', async () => {
     const pick = GREEDY_PICK
-    const seen: Array<{ kind: string, ahead: number | undefined }> = []
+    const seen: Array<{ kind: string, ahead: number | undefined, positions?: number }> = []
     // A stand-in executor: prefills "run" (wall time passes), decodes come back computed ahead.
     const executor: BatchExecutor = {
       async run (items) {
         for (const it of items) seen.push({ kind: it.kind, ahead: it.ahead?.length })
         if (items.every(it => it.kind === 'decode')) return items.map(() => ({ output: { kind: 'token', id: 7 }, ranAhead: true }))
         await new Promise(resolve => setTimeout(resolve, 20))
-        return items.map(() => ({ output: { kind: 'token', id: 5 } }))
+        // A chunk that more chunks follow has no pick: its logits, which the batcher drops.
+        return items.map(it => ({ output: it.pick === undefined ? { kind: 'logits', data: new Float32Array(it.logitsToKeep), count: it.logitsToKeep, vocab: 1 } : { kind: 'token', id: 5 } }))
       },
     }
     const b = createBatcher({ limits: { maxBatch: 4, maxPositions: 16, maxQueueDelayMs: 0, prefillAgingMs: 20 } }, { executor })
@@ -300,9 +301,12 @@ describe('batcher runtime', () => {
     // Twenty instant results taught it nothing: without the check its estimate would fall towards 0.
     expect(b.estimateStepMs(1, 1)).toBe(afterPrefill)
     expect(b.load().decodeTokensPerSecond).toBeGreaterThan(0)
-    // Ahead picks ride on decode steps only.
-    expect(seen[0]).toEqual({ kind: 'prefill', ahead: undefined })
+    // Ahead picks ride on decode steps, and on a prefill: on its final chunk alone, the one with the pick.
+    expect(seen[0]).toEqual({ kind: 'prefill', ahead: 1 })
     expect(seen.slice(1).every(x => x.kind === 'decode' && x.ahead === 2)).toBe(true)
+    seen.length = 0
+    await b.submit({ seqId: 't', kind: 'prefill', input: { tokenIds: Array.from({ length: 20 }, (_, i) => i + 1) }, positions: Array.from({ length: 20 }, (_, i) => i), pick, ahead: [pick, pick, pick] })
+    expect(seen).toEqual([{ kind: 'prefill', ahead: undefined }, { kind: 'prefill', ahead: 3 }])
   })
 
   it('estimates a decode run from decode runs alone, however many prefills ran since', async () => {

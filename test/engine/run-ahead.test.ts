@@ -124,6 +124,33 @@ describe('run-ahead in the engine worker', () => {
     expect((await engine.stats()).liveSequences).toBe(0)
   })
 
+  it('a prefill handed ahead picks runs on into the decode steps after it: the first is taken as computed ahead, with the plain tokens', async () => {
+    const prompt = tokens(40, 3, vocab)
+    const draws = Array.from({ length: 64 }, (_, i) => ((i * 4099 + 7) % 1000) / 1000)
+    for (const pick of [() => GREEDY, (i: number): TokenPick => ({ temperature: 0.8, topP: 0.9, u: draws[i]! })]) {
+      const plainSeq = await engine.open()
+      const plain = await decode(plainSeq, prompt, 16, pick, 0)
+      const seq = await engine.open()
+      const picks = (from: number): TokenPick[] => Array.from({ length: AHEAD }, (_, k) => pick(from + k))
+      let token = (await step(seq, prompt, 0, pick(0), picks(1))).id
+      // The worker ran past the prompt without being asked.
+      expect(await ranPast(seq, prompt.length)).toBeGreaterThan(prompt.length)
+      const ids = [token]
+      const ranAhead: boolean[] = []
+      for (let i = 1; i <= 16; i++) {
+        const r = await step(seq, [token], prompt.length + i - 1, pick(i), picks(i + 1))
+        ranAhead.push(r.ranAhead)
+        token = r.id
+        ids.push(token)
+      }
+      expect(ids).toEqual(plain.ids)
+      expect(ranAhead[0]).toBe(true)
+      await engine.free(plainSeq)
+      await engine.free(seq)
+    }
+    expect((await engine.stats()).liveSequences).toBe(0)
+  })
+
   it('gives seeded sampling\'s tokens with the draws handed over in advance', async () => {
     const prompt = tokens(16, 2, vocab)
     // One draw per step, by step index: what a sequence's generator yields in order.

@@ -60,7 +60,12 @@ function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositi
     async rollback (id, length) { await draftSeqs.get(id)!.rollback(length) },
     async free (id) { draftSeqs.delete(id) },
   }
-  const t: TargetSequence = { step: async (_kind, ids, pos, opts) => await target.step(ids, pos, opts), rollback: target.rollback }
+  /** Each target step's kind and how many run-ahead picks it was handed. */
+  const calls: Array<{ kind: string, ahead: number | undefined }> = []
+  const t: TargetSequence = {
+    step: async (kind, ids, pos, opts) => { calls.push({ kind, ahead: opts.ahead?.length }); return await target.step(ids, pos, opts) },
+    rollback: target.rollback,
+  }
   const source = createSpeculativeSource({
     seqId: 's',
     target: t,
@@ -73,7 +78,7 @@ function setup (options: { k: number | 'adaptive', maxTokens?: number, maxPositi
     ...(options.soloOnly === undefined ? {} : { soloOnly: options.soloOnly }),
     ...(options.peers === undefined ? {} : { peers: options.peers }),
   })
-  return { source, target, targetRows, draftSeqs }
+  return { source, target, targetRows, draftSeqs, calls }
 }
 
 /** A table model's greedy next token after `t` (lowest id on ties). */
@@ -125,6 +130,25 @@ describe('speculative token source', () => {
     const alone = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => peers })
     expect(await run(alone.source, [0, 1], 30)).toEqual(tokens)
     expect(alone.source.counts().rounds).toBeGreaterThan(0)
+  })
+
+  it('beside peers under the solo rule the prefill and the first plain step hand the target run-ahead picks; alone they hand none', async () => {
+    const decodeAll = async (s: ReturnType<typeof setup>): Promise<number[]> => {
+      const out = [await s.source.prefill([0, 1], signal, 11)]
+      while (out.length < 12) out.push(await s.source.decode(out.at(-1)!, 1 + out.length, signal, 12 - out.length - 1))
+      return out
+    }
+    const beside = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => 2 })
+    const tokens = await decodeAll(beside)
+    expect(beside.calls.slice(0, 2)).toEqual([{ kind: 'prefill', ahead: 4 }, { kind: 'decode', ahead: 4 }])
+    const alone = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => 0 })
+    expect(await decodeAll(alone)).toEqual(tokens)
+    // Alone, a round may follow at once: the prefill hands nothing, and the first plain step measures a step.
+    expect(alone.calls.slice(0, 2)).toEqual([{ kind: 'prefill', ahead: undefined }, { kind: 'decode', ahead: undefined }])
+    // Never more picks than steps may follow.
+    const short = setup({ k: 'adaptive', draftSeed: 1, soloOnly: true, peers: () => 2 })
+    await short.source.prefill([0, 1], signal, 2)
+    expect(short.calls[0]).toEqual({ kind: 'prefill', ahead: 2 })
   })
 
   it('never verifies past max_tokens or the context end', async () => {
