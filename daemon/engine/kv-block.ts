@@ -115,6 +115,19 @@ export function blockCapacity (need: number, limit: number): number {
 }
 
 /**
+ * Columns for a batch's shared block where one-position steps attend over live columns only
+ * (BackendSession.liveColumnsOnly): half as many again as it must hold, at most 256 more. Why:
+ * spare columns then cost memory alone, while outgrowing the block copies every row's columns
+ * into a new one with every stream waiting — a 250m fp32 block of eight rows moving past 224
+ * columns took 60–100 ms, and blockCapacity's room (for a past that is read whole) outgrew it
+ * three or four times in a round of 128 tokens after 128-token prompts; with this room, once
+ * (docs/engine-notes.md, wave 40).
+ */
+export function groupCapacity (need: number, limit: number): number {
+  return blockCapacity(need + Math.min(256, Math.ceil(need / 2)), limit)
+}
+
+/**
  * Blocks are a multiple of 16 columns wide: the one-position attention's products (shards/graph/
  * attention.ts, decodeAttention) run on MLAS kernels that take columns four at a time and the last
  * one to three otherwise, and split work between threads at multiples of 16, so a live column's

@@ -21,7 +21,7 @@ import { GREEDY_TOKEN, HIDDEN_OUT, LOGITS, NEW_KV, newKeyName, newValueName, pas
 import { EngineError } from './errors.ts'
 import { stepMark } from '../step-trace.ts'
 import type { TensorMap } from './backend/types.ts'
-import { adoptColumns, blockCapacity, copyRowInto, firstRows, packRows, rowView, writeColumns } from './kv-block.ts'
+import { adoptColumns, blockCapacity, copyRowInto, firstRows, groupCapacity, packRows, rowView, writeColumns } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import { planRows, rowCapacity } from './kv-rows.ts'
 import { chunkFeeds, groupFeeds, groupOutputs } from './runner-io.ts'
@@ -216,10 +216,14 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
     return plan.order.map(entry => group[entry]!)
   }
 
-  /** The group packed in its own order into a new block with room for `need` columns and spare rows. */
+  /**
+   * The group packed in its own order into a new block with room for `need` columns (more where
+   * spare columns cost a one-position step nothing: kv-block.ts groupCapacity) and spare rows.
+   */
   function packGroup (group: Live[], need: number): Live[] {
     stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
-    const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), blockCapacity(need, stage.maxPositions), layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
+    const columns = sessionFor(1, 1).liveColumnsOnly === true ? groupCapacity(need, stage.maxPositions) : blockCapacity(need, stage.maxPositions)
+    const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
     const replaced = new Set<KvBlock>()
     group.forEach(({ seq }, b) => {
       if (seq.kv !== undefined) replaced.add(seq.kv.block)

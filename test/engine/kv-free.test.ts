@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
-import { alignColumns, blockCapacity, freeBlock } from '../../daemon/engine/kv-block.ts'
+import { alignColumns, blockCapacity, freeBlock, groupCapacity } from '../../daemon/engine/kv-block.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { LOGITS, NEW_KV, newKeyName } from '../../shards/contract.ts'
 import { buildTinyModel } from './tiny-model.ts'
@@ -22,6 +22,8 @@ const PAST = 'past_key_values.0.key'
 describe('KV blocks are kept in place and freed when nothing refers to them', () => {
   let model: TinyModel
   let runner: PrefixKeepingRunner
+  /** The real session, its runs recorded. */
+  let session: BackendSession
   /** The buffer behind each run's first past tensor, in run order (undefined: empty past). */
   const fed: Array<ArrayBuffer | undefined> = []
   /** What each run fetched. */
@@ -36,7 +38,7 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
   beforeAll(async () => {
     model = await buildTinyModel('llama')
     const real = await createOnnxruntimeBackend().load(model.graphPath, { device: 'CPU', threads: 1 })
-    const session: BackendSession = {
+    session = {
       ...real,
       async run (feeds, fetches): Promise<TensorMap> {
         const past = feeds[PAST]!.data
@@ -168,6 +170,20 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     for (const n of ['p', 'r', 's']) await runner.drop(n, 'free')
     expect(detached(shared)).toBe(true)
     expect(runner.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
+  })
+
+  it('a batch\'s block gets more room where one-position steps read live columns only (shoal\'s attention kernel)', async () => {
+    const limit = model.manifest.shape.maxPositions
+    expect(groupCapacity(129, limit)).toBe(224)
+    expect(groupCapacity(1000, limit)).toBeLessThanOrEqual(alignColumns(1000 + 256 + Math.ceil(2 * Math.sqrt(1256))))
+    expect(groupCapacity(limit, limit)).toBe(alignColumns(limit))
+    for (const live of [false, true]) {
+      const other = createStageRunner({ session: { ...session, liveColumnsOnly: live }, stage: stageInfoOf(model.manifest), chunkSize: 8 })
+      for (const n of ['g1', 'g2']) { other.open(n); await other.step(n, { kind: 'tokens', ids: BigInt64Array.from(ids(6, 3), BigInt) }, BigInt64Array.from([0, 1, 2, 3, 4, 5], BigInt), 1) }
+      await other.stepBatch(['g1', 'g2'].map(n => ({ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.of(7n) }, positions: BigInt64Array.of(6n), logitsToKeep: 1 })))
+      expect(widths.at(-1)).toBe(live ? groupCapacity(7, limit) : blockCapacity(7, limit))
+      for (const n of ['g1', 'g2']) await other.drop(n, 'free')
+    }
   })
 
   it('feeds every block a multiple of 16 columns wide (one-position attention is bit-stable only so)', () => {

@@ -19,13 +19,13 @@ export function createOnnxruntimeBackend (): Backend {
       if (options.device !== 'CPU') {
         throw new EngineError(`onnxruntime backend has no device "${options.device}" (devices: CPU)`)
       }
-      let session: ort.InferenceSession
+      let loaded: { session: ort.InferenceSession, attention: number }
       try {
-        session = await createOrtSession(graphPath, options)
+        loaded = await loadSession(graphPath, options)
       } catch (err) {
         throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
       }
-      return wrap(session)
+      return wrap(loaded.session, loaded.attention > 0)
     },
   }
 }
@@ -36,7 +36,12 @@ export function createOnnxruntimeBackend (): Backend {
  * shoal's kernels (native/swap.ts). Engines and the session worker's graphs (MoE experts) alike.
  */
 export async function createOrtSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>): Promise<ort.InferenceSession> {
-  return options.kernels === undefined ? await ort.InferenceSession.create(graphPath, sessionOptions(options)) : await withKernels(graphPath, options.kernels, options)
+  return (await loadSession(graphPath, options)).session
+}
+
+/** createOrtSession's session, and how many attention nodes it runs on shoal's kernel. */
+async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>): Promise<{ session: ort.InferenceSession, attention: number }> {
+  return options.kernels === undefined ? { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention: 0 } : await withKernels(graphPath, options.kernels, options)
 }
 
 /**
@@ -44,13 +49,13 @@ export async function createOrtSession (graphPath: string, options: Pick<LoadOpt
  * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
  * directory, as from the file.
  */
-async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): Promise<ort.InferenceSession> {
+async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): Promise<{ session: ort.InferenceSession, attention: number }> {
   loadKernelLibrary(lib)
   const { bytes, int4, attention, steps } = swapKernels(await readFile(graphPath))
-  if (int4 + attention + steps === 0) return await ort.InferenceSession.create(graphPath, sessionOptions(options))
+  if (int4 + attention + steps === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention }
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
-  return await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } })
+  return { session: await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } }), attention }
 }
 
 /** The options every engine session is made with (benchmarks and the kernel probe's sessions too, so they time what serves). */
@@ -80,11 +85,12 @@ export function spinning (exclusiveCores: boolean): Record<string, unknown> {
   return { session: { intra_op: { allow_spinning: '1' }, force_spinning_stop: exclusiveCores ? '0' : '1' } }
 }
 
-function wrap (session: ort.InferenceSession): BackendSession {
+function wrap (session: ort.InferenceSession, liveColumnsOnly: boolean): BackendSession {
   let closed = false
   return {
     inputNames: session.inputNames,
     outputNames: session.outputNames,
+    liveColumnsOnly,
     async run (feeds, fetches) {
       if (closed) throw new EngineError('session is closed')
       stepMark('ort.feeds')

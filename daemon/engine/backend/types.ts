@@ -50,6 +50,12 @@ export interface BackendSession {
   readonly inputNames: readonly string[]
   readonly outputNames: readonly string[]
   /**
+   * Its one-position steps attend over each row's live past columns only (shoal's attention
+   * kernel, native/swap.ts): a past buffer's spare columns then cost memory, not time. Absent: they
+   * may cost time (onnxruntime's attention reads the whole buffer).
+   */
+  readonly liveColumnsOnly?: boolean
+  /**
    * Runs the graph; returns every output, or with `fetches` at least those (owned by the caller,
    * safe to keep across runs). Fetching fewer saves copying outputs nobody reads.
    */
