@@ -62,6 +62,7 @@ const { values: args } = parseArgs({
   },
 })
 if (args.task !== 'random' && args.task !== 'copy') throw new Error(`--task ${args.task}: random or copy`)
+if (!['copy', 'fresh', 'mixed'].includes(args['copy-prompt'])) throw new Error(`--copy-prompt ${args['copy-prompt']}: copy, fresh or mixed`)
 const COPY_TASK = args.task === 'copy'
 const STREAMS = Math.max(1, Number(args.streams))
 const MIXED = COPY_TASK && args['copy-prompt'] === 'mixed' && STREAMS > 1
