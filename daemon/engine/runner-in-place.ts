@@ -176,16 +176,19 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
   }
 
   /**
-   * The group in the rows of the block most of its members hold, moved there as planRows says,
-   * or undefined when that block cannot take them (kept, too narrow for `need` columns, or
-   * planRows finds no way).
+   * The group in the rows of the block most of its members hold (of the shared blocks it may
+   * write, `need` columns wide), moved there as planRows says; undefined when there is no such
+   * block or planRows finds no way.
    */
   function placeRows (group: Live[], need: number): Live[] | undefined {
     const counts = new Map<KvBlock, number>()
-    for (const { seq } of group) if (seq.kv !== undefined) counts.set(seq.kv.block, (counts.get(seq.kv.block) ?? 0) + 1)
+    for (const { seq } of group) {
+      const b = seq.kv?.block
+      if (b !== undefined && b.rows >= 2 && b.rows >= group.length && writable({ block: b, row: 0 }, need)) counts.set(b, (counts.get(b) ?? 0) + 1)
+    }
     let block: KvBlock | undefined
     for (const [b, c] of counts) if (block === undefined || c > counts.get(block)!) block = b
-    if (block === undefined || block.rows < 2 || !writable({ block, row: 0 }, need)) return undefined
+    if (block === undefined) return undefined
     const inGroup = new Set(group.map(({ seq }) => seq))
     const others = holders(block).filter(seq => !inGroup.has(seq))
     const plan = planRows({

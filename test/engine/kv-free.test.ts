@@ -166,8 +166,12 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     expect(fed.at(-1)).not.toBe(shared)
     await batch(['s', 'r', 'p']) // and back
     expect(fed.at(-1)).toBe(shared)
+    // A new sequence first in the group: its own one-row block ties with the shared one, which takes the run.
+    runner.open('z'); await step('z', ids(6, 20), 0); at.set('z', 6)
+    await batch(['z', 'p'])
+    expect(fed.at(-1)).toBe(shared)
     expect(detached(shared)).toBe(false)
-    for (const n of ['p', 'r', 's']) await runner.drop(n, 'free')
+    for (const n of ['p', 'r', 's', 'z']) await runner.drop(n, 'free')
     expect(detached(shared)).toBe(true)
     expect(runner.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
   })
