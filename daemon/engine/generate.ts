@@ -157,7 +157,9 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
     yield { type: 'end', finishReason: 'length', usage: { promptTokens: n, completionTokens: 0 } }
     return
   }
-  let token = g.first ?? await g.source.prefill(g.promptIds, g.signal, afterPrefill(g.maxTokens, g.maxPositions, n))
+  // Decode steps that may follow the prefill; `completion` of them have run before each next one.
+  const after = afterPrefill(g.maxTokens, g.maxPositions, n)
+  let token = g.first ?? await g.source.prefill(g.promptIds, g.signal, after)
   // The next step is submitted before this token's delta is yielded: the engine computes it while
   // the consumer detokenizes, writes and signs, so a token costs max(step, consumer) instead of
   // their sum. Everything that decides whether there is a next step is known before the yield.
@@ -173,8 +175,7 @@ export async function * generateSequence (g: GenerationInput): AsyncGenerator<Ex
       if (more) {
         g.signal.throwIfAborted()
         // At most this many steps may follow this one (max_tokens, the context end; EOS and stop strings may end it sooner).
-        const remaining = Math.min(limit - completion, g.maxPositions - n - completion) - 1
-        next = g.source.decode(token, n + completion - 1, g.signal, remaining)
+        next = g.source.decode(token, n + completion - 1, g.signal, after - completion)
         // Observed now, awaited after the yield: a failure while the consumer holds the delta is
         // not an unhandled rejection.
         next.catch(() => {})

@@ -148,18 +148,10 @@ export function alignColumns (columns: number): number {
  */
 export function packRows (sources: ReadonlyArray<{ ref: KvRef | undefined, length: number }>, capacity: number, layerCount: number, kvH: number, hd: number, rows = sources.length): KvBlock {
   if (rows < sources.length) throw new RangeError(`a block of ${rows} rows cannot hold ${sources.length} sources`)
-  const layers: Array<[HostTensor, HostTensor]> = []
-  for (let i = 0; i < layerCount; i++) {
-    const pair = [0, 1].map(kind => {
-      const data = new Float32Array(rows * kvH * capacity * hd)
-      sources.forEach(({ ref, length }, b) => {
-        if (ref !== undefined) copyRowLeft(ref.block.layers[i]![kind]!.data as Float32Array, ref.row, ref.block.total, data, b, capacity, length, kvH, hd)
-      })
-      return { type: 'float32', data, dims: [rows, kvH, capacity, hd] } satisfies HostTensor
-    }) as [HostTensor, HostTensor]
-    layers.push(pair)
-  }
-  return { rows, total: capacity, layers }
+  const tensor = (): HostTensor => ({ type: 'float32', data: new Float32Array(rows * kvH * capacity * hd), dims: [rows, kvH, capacity, hd] })
+  const block: KvBlock = { rows, total: capacity, layers: Array.from({ length: layerCount }, () => [tensor(), tensor()]) }
+  sources.forEach(({ ref, length }, b) => { if (ref !== undefined) copyRowInto(block, b, ref, length, kvH, hd) })
+  return block
 }
 
 /**

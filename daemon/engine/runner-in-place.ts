@@ -101,6 +101,8 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
    * then-branch (their condition: S = 1 and a non-empty past; shards/graph/attention.ts).
    */
   const sessionFor = (s: number, width: number): typeof session => s === 1 && width > 0 ? ctx.decodeSession ?? session : session
+  /** A batch runs one-position steps on a session whose attention reads live columns only: its block may have more room (packGroup). */
+  const roomyGroups = sessionFor(1, 1).liveColumnsOnly === true
 
   /** Whether a sequence may write `need` columns into its block as it is (its own row, room, not a kept prefix). */
   const writable = (ref: KvRef, need: number): boolean => ref.block.total >= need && !isKept(ref.block)
@@ -225,7 +227,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
    */
   function packGroup (group: Live[], need: number): Live[] {
     stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
-    const columns = sessionFor(1, 1).liveColumnsOnly === true ? groupCapacity(need, stage.maxPositions) : blockCapacity(need, stage.maxPositions)
+    const columns = roomyGroups ? groupCapacity(need, stage.maxPositions) : blockCapacity(need, stage.maxPositions)
     const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
     const replaced = new Set<KvBlock>()
     group.forEach(({ seq }, b) => {

@@ -210,6 +210,12 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     void d?.close().catch(() => {})
   }
 
+  /** The picks of the next `n` plain steps, drawn now where not drawn yet, for the target to run ahead; undefined for none. */
+  function picksAhead (n: number): TokenPick[] | undefined {
+    while (drawn.length < n) drawn.push(nextPick(sampling, rng))
+    return n > 0 ? drawn.slice(0, n) : undefined
+  }
+
   /** `handAhead` false: the worker gets no picks past those it holds (see round). */
   async function plainStep (token: number, position: number, signal: AbortSignal, remaining: number, handAhead = true): Promise<number> {
     const t0 = now()
@@ -217,9 +223,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     const ran = drawn.length === 0
     const pick = drawn.shift() ?? nextPick(sampling, rng)
     if (drawn.length === 0) draining = false
-    const ahead = handAhead ? Math.min(runAhead, remaining) : 0
-    while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
-    const next = await verifier!.plain(token, position, pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined)
+    const next = await verifier!.plain(token, position, pick, signal, picksAhead(handAhead ? Math.min(runAhead, remaining) : 0))
     // Every plain step tells what plain decoding costs as it runs (one taken from the run-ahead may
     // have been ready at once: that is its real cost), but one run without run-ahead only because a
     // round was expected: plain decoding would have run it ahead, and counting it would make rounds
@@ -326,9 +330,7 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
       // turn with the others' steps, rather than after a round trip to this thread (a burst of
       // eight requests otherwise split into cohorts that took turns: docs/engine-notes.md, wave 40).
       const pick = nextPick(sampling, rng)
-      const ahead = besidePeers() ? Math.min(runAhead, remaining) : 0
-      while (drawn.length < ahead) drawn.push(nextPick(sampling, rng))
-      const [first, d] = await Promise.all([verifier.prefill([...promptIds], pick, signal, ahead > 0 ? drawn.slice(0, ahead) : undefined), drafterOpening])
+      const [first, d] = await Promise.all([verifier.prefill([...promptIds], pick, signal, picksAhead(besidePeers() ? Math.min(runAhead, remaining) : 0)), drafterOpening])
       if (closed) await d?.close().catch(() => {})
       else drafter = d
       history.push(first)
