@@ -22,8 +22,9 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { blockCapacity } from '../daemon/engine/kv-block.ts'
+import { greedyHeadExact } from '../daemon/engine/native/head-check.ts'
 import { loadKernelLibrary } from '../daemon/engine/native/load.ts'
-import { swapKernels } from '../daemon/engine/native/swap.ts'
+import { LOGITS_WANTED, swapKernels } from '../daemon/engine/native/swap.ts'
 import { ATTENTION_MASK, GREEDY_TOKEN, INPUT_IDS, NEW_KV, NUM_LOGITS_TO_KEEP, POSITION_IDS, pastKeyName, pastValueName } from '../shards/contract.ts'
 import { loadManifest } from '../shards/index.ts'
 import { gitDescribe, loadAverage, lscpuModel } from './lib/index.ts'
@@ -50,9 +51,13 @@ const base = sessionOptions({ threads: Number(args.threads) })
 const extra = base.extra as { session: Record<string, unknown> }
 const prefix = join(tmpdir(), `shoal-profile-ops-${process.pid}`)
 let bytes: Uint8Array | undefined
+let head = 0
 if (lib.kernels !== undefined) {
   loadKernelLibrary(lib.kernels)
-  bytes = swapKernels(await readFile(graph)).bytes
+  // The head as a node serves it (the backend swaps it where its self-check passes): a greedy step's token on GreedyHead.
+  const swapped = swapKernels(await readFile(graph), { head: await greedyHeadExact(lib.kernels) })
+  bytes = swapped.bytes
+  head = swapped.head
 }
 const options = { ...base, enableProfiling: true, profileFilePrefix: prefix, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graph) } } }
 const session = bytes === undefined ? await ort.InferenceSession.create(graph, options) : await ort.InferenceSession.create(bytes, options)
@@ -65,6 +70,8 @@ const feeds: Record<string, ort.Tensor> = {
   [ATTENTION_MASK]: new ort.Tensor('int64', new BigInt64Array(B * (C + 1)).fill(1n), [B, C + 1]),
 }
 if (session.inputNames.includes(NUM_LOGITS_TO_KEEP)) feeds[NUM_LOGITS_TO_KEEP] = new ort.Tensor('int64', BigInt64Array.of(1n), [])
+// The step fetches the greedy token alone, as a greedy step of the engine does: no head product.
+if (head > 0) feeds[LOGITS_WANTED] = new ort.Tensor('bool', [false], [])
 let seed = 12345
 const next = (): number => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return ((seed >>> 8) / 16777216 - 0.5) * 0.2 }
 for (let l = 0; l < numLayers; l++) {

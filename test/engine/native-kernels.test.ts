@@ -71,14 +71,14 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(taken.input).toEqual(['x', 'w', 's'])
     expect(taken.attribute!.map(a => a.name)).toEqual(['K', 'N', 'bits', 'block_size', 'accuracy_level'])
     // Swapped twice: nothing more to swap.
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0 })
   })
 
   it('leaves a graph without such products byte for byte', () => {
     const g = new GraphBuilder('g.onnx.data')
     g.output('y', g.op('Relu', '/relu', [g.input('x', DT.FLOAT, [4])]), DT.FLOAT, [4])
     const bytes = g.encode('g', 'no products')
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0 })
   })
 
   it('makes every one-position attention block of a compiled graph one DecodeAttention node, either form, and drops what only they read; verify steps VerifyAttention', async () => {

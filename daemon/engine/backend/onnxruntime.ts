@@ -8,7 +8,9 @@ import * as ort from 'onnxruntime-node'
 import { EngineError } from '../errors.ts'
 import { stepMark } from '../../step-trace.ts'
 import { loadKernelLibrary } from '../native/load.ts'
-import { swapKernels } from '../native/swap.ts'
+import { greedyHeadExact } from '../native/head-check.ts'
+import { LOGITS_WANTED, swapKernels } from '../native/swap.ts'
+import { LOGITS } from '../../../shards/contract.ts'
 import type { Backend, BackendSession, HostTensor, LoadOptions, TensorMap } from './types.ts'
 
 export function createOnnxruntimeBackend (): Backend {
@@ -19,13 +21,13 @@ export function createOnnxruntimeBackend (): Backend {
       if (options.device !== 'CPU') {
         throw new EngineError(`onnxruntime backend has no device "${options.device}" (devices: CPU)`)
       }
-      let loaded: { session: ort.InferenceSession, attention: number }
+      let loaded: Loaded
       try {
-        loaded = await loadSession(graphPath, options)
+        loaded = await loadSession(graphPath, options, { head: true })
       } catch (err) {
         throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
       }
-      return wrap(loaded.session, loaded.attention > 0)
+      return wrap(loaded)
     },
   }
 }
@@ -39,9 +41,15 @@ export async function createOrtSession (graphPath: string, options: Pick<LoadOpt
   return (await loadSession(graphPath, options)).session
 }
 
-/** createOrtSession's session, and how many attention nodes it runs on shoal's kernel. */
-async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>): Promise<{ session: ort.InferenceSession, attention: number }> {
-  return options.kernels === undefined ? { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention: 0 } : await withKernels(graphPath, options.kernels, options)
+/** A loaded session, how many attention nodes it runs on shoal's kernel, and whether its head's greedy token does (swapHead). */
+interface Loaded { session: ort.InferenceSession, attention: number, head: boolean }
+
+/**
+ * createOrtSession's session, with what it runs on shoal's kernels; `swap.head` only where the
+ * session is wrapped (wrap feeds the head's flag, swapKernels).
+ */
+async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>, swap: { head?: boolean } = {}): Promise<Loaded> {
+  return options.kernels === undefined ? { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention: 0, head: false } : await withKernels(graphPath, options.kernels, options, swap)
 }
 
 /**
@@ -49,13 +57,14 @@ async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threa
  * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
  * directory, as from the file.
  */
-async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>): Promise<{ session: ort.InferenceSession, attention: number }> {
+async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>, swap: { head?: boolean }): Promise<Loaded> {
   loadKernelLibrary(lib)
-  const { bytes, int4, attention, steps } = swapKernels(await readFile(graphPath))
-  if (int4 + attention + steps === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention }
+  // The head only where GreedyHead gives onnxruntime's bits here (head-check.ts).
+  const { bytes, int4, attention, steps, head } = swapKernels(await readFile(graphPath), { head: swap.head === true && await greedyHeadExact(lib) })
+  if (int4 + attention + steps + head === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention, head: false }
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
-  return { session: await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } }), attention }
+  return { session: await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } }), attention, head: head > 0 }
 }
 
 /** The options every engine session is made with (benchmarks and the kernel probe's sessions too, so they time what serves). */
@@ -85,10 +94,16 @@ export function spinning (exclusiveCores: boolean): Record<string, unknown> {
   return { session: { intra_op: { allow_spinning: '1' }, force_spinning_stop: exclusiveCores ? '0' : '1' } }
 }
 
-function wrap (session: ort.InferenceSession, liveColumnsOnly: boolean): BackendSession {
+/** A swapped head's flag (native/swap.ts swapHead): a run that fetches no logits skips the head's product. */
+const NO_LOGITS = new ort.Tensor('bool', [false], [])
+const WITH_LOGITS = new ort.Tensor('bool', [true], [])
+
+function wrap ({ session, attention, head }: Loaded): BackendSession {
   let closed = false
+  const liveColumnsOnly = attention > 0
   return {
-    inputNames: session.inputNames,
+    // The head's flag is this wrapper's to feed, not the runners'.
+    inputNames: head ? session.inputNames.filter(n => n !== LOGITS_WANTED) : session.inputNames,
     outputNames: session.outputNames,
     liveColumnsOnly,
     async run (feeds, fetches) {
@@ -96,6 +111,8 @@ function wrap (session: ort.InferenceSession, liveColumnsOnly: boolean): Backend
       stepMark('ort.feeds')
       const ortFeeds: Record<string, ort.Tensor> = {}
       for (const [name, t] of Object.entries(feeds)) ortFeeds[name] = new ort.Tensor(t.type, t.data, t.dims)
+      // A run that names its fetches without the logits (a greedy step's token) skips the head's product.
+      if (head) ortFeeds[LOGITS_WANTED] = fetches !== undefined && !fetches.includes(LOGITS) ? NO_LOGITS : WITH_LOGITS
       let out: ort.InferenceSession.ReturnType
       try {
         stepMark('ort.run0')

@@ -9,7 +9,7 @@
  * onnxruntime-node gives no way to register a custom op, so this library stands in for
  * onnxruntime's one exported entry, OrtGetApiBase: it hands out onnxruntime's own API table with
  * CreateSession / CreateSessionFromArray wrapped so that every session's options get one more op
- * domain, `ai.shoal`, holding the two ops. Nothing else changes: a graph without those ops runs as
+ * domain, `ai.shoal`, holding the ops. Nothing else changes: a graph without those ops runs as
  * it would without the library. The daemon loads it into the running process with
  * `process.dlopen` (napi_register_module_v1, at the end); the benchmarks may preload it
  * (LD_PRELOAD) instead.
@@ -41,6 +41,12 @@
  * MatMulQ4 (domain ai.shoal), MatMulNBits' inputs and attributes (A float [..., K], B uint8
  * [N, K/32, 16], scales float [N·K/32]; K, N, bits 4, block_size 32) -> Y [..., N]: q4-matmul.h.
  *
+ * GreedyHead (domain ai.shoal), attribute exact_logits (0 when absent): x float [..., K] (the
+ *   normed rows an f32 head reads), W float [V, K] (the head, as the Gemm with transB reads it)
+ *   -> logits float [..., 0] (with exact_logits 1, [..., V]: every row's exact sums, for the
+ *   self-check), token int64 [..., 1]: the token the Gemm and TopK k = 1 give, bit for bit,
+ *   without the product (greedy-head.h).
+ *
  * The OrtApi slots and the OrtCustomOp layout below are onnxruntime's C ABI (onnxruntime_c_api.h,
  * append-only across versions); the header itself is not in this repository.
  */
@@ -55,6 +61,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "greedy-head.h"
 #include "q4-matmul.h"
 
 typedef void OrtStatus;
@@ -108,7 +115,7 @@ typedef struct OrtCustomOp {
   int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp *op);
 } OrtCustomOp;
 
-enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, INPUT_REQUIRED = 0, MEM_DEFAULT = 0, LANES = 16 };
+enum { TYPE_FLOAT = 1, TYPE_UINT8 = 2, TYPE_INT32 = 6, TYPE_INT64 = 7, INPUT_REQUIRED = 0, MEM_DEFAULT = 0, LANES = 16 };
 
 static const OrtApiBase *real_base;
 static OrtApiBase shim_base;
@@ -598,6 +605,161 @@ static const OrtCustomOp matmul_q4 = {
   destroy_matmul, required, required, memory_default, one, one, one, one,
 };
 
+/* ---- GreedyHead: the greedy token of an f32 head (greedy-head.h) ---- */
+
+/* The 7-bit copy is made on the first run (the head is an initializer: the same bytes every run)
+ * and kept by the node's kernel beside the f32 head, which the exact sums read; the lock covers
+ * two runs of one session at once (held for the run: they share the scratch). */
+/* The scratch of a run (the rows screened, each row's bounds) is kept too, grown as needed: 1 MB
+ * for eight rows of a 32,000 vocabulary, which malloc would map and fault in afresh every step. */
+typedef struct {
+  pthread_mutex_t lock;
+  const float *source;
+  GhHead head;
+  int64_t exact_logits;
+  size_t rows_room, hi_room, lo_room, u_room;
+  GhRow *rows;
+  float *hi;
+  double *lo_max;
+  uint8_t *u;
+} GreedyKernel;
+
+/* *p with room for n bytes (grown, never shrunk). */
+static void *room (void *p, size_t *have, size_t n) {
+  if (n <= *have) return p;
+  free(p);
+  p = malloc(n);
+  if (p == NULL) { fprintf(stderr, "shoal GreedyHead: out of memory\n"); abort(); }
+  *have = n;
+  return p;
+}
+
+/* Attribute exact_logits = 1 (the self-check's, native/head-check.ts): output 0 is every row's
+ * exact logits [..., V] as the token's candidates are summed, to compare bit for bit with the
+ * Gemm's; absent or 0, it is empty. */
+static void *create_greedy (const OrtCustomOp *op, const void *ort, const void *info) {
+  (void)op;
+  GreedyKernel *k = calloc(1, sizeof(GreedyKernel));
+  OrtStatus *st = ((KernelInfoGetAttributeInt64Fn)SLOT(ort, API_KERNEL_INFO_GET_ATTRIBUTE_INT64))(info, "exact_logits", &k->exact_logits);
+  if (st != NULL) { k->exact_logits = 0; ((ReleaseFn)SLOT(ort, API_RELEASE_STATUS))(st); }
+  pthread_mutex_init(&k->lock, NULL);
+  return k;
+}
+
+static void free_head (GhHead *h) {
+  free(h->q); free(h->qsum); free(h->s); free(h->cw); free(h->cq);
+  memset(h, 0, sizeof *h);
+}
+
+/* Unit u prepares rows [u·per, (u + 1)·per) of the head, or screens them against every row of x. */
+typedef struct { GhHead *h; const GhRow *rows; int M, per; float *hi; double *lo_max; const float *x; int64_t *idx; float *logits; } GreedyWork;
+
+static void prepare_unit (void *data, size_t u) {
+  const GreedyWork *w = data;
+  const int j0 = (int)u * w->per, j1 = j0 + w->per < w->h->V ? j0 + w->per : w->h->V;
+  if (j0 < j1) gh_prepare_rows(w->h, j0, j1);
+}
+
+static void screen_unit (void *data, size_t u) {
+  const GreedyWork *w = data;
+  const int j0 = (int)u * w->per, j1 = j0 + w->per < w->h->V ? j0 + w->per : w->h->V;
+  double *lo = w->lo_max + u * (size_t)w->M;
+  if (j0 >= j1) { for (int r = 0; r < w->M; r++) lo[r] = -INFINITY; return; }
+  gh_screen(w->h, w->rows, w->M, j0, j1, w->hi, lo);
+}
+
+static size_t screen_units (const GhHead *h) { return h->V < 64 ? 1 : 64; }
+
+static void pick_unit (void *data, size_t r) {
+  const GreedyWork *w = data;
+  const size_t units = screen_units(w->h);
+  double floor = -INFINITY;
+  for (size_t u = 0; u < units; u++) if (w->lo_max[u * (size_t)w->M + r] > floor) floor = w->lo_max[u * (size_t)w->M + r];
+  int n;
+  w->idx[r] = gh_pick(w->h, w->x + r * (size_t)w->h->K, &w->rows[r], w->hi + r * (size_t)w->h->V, floor, &n);
+}
+
+/* The self-check's row: every vocabulary row summed as a candidate is. */
+static void exact_unit (void *data, size_t r) {
+  const GreedyWork *w = data;
+  const GhHead *h = w->h;
+  int js[8];
+  for (int j0 = 0; j0 < h->V; j0 += 8) {
+    float v[8];
+    for (int i = 0; i < 8; i++) js[i] = j0 + i < h->V ? j0 + i : h->V - 1;
+    gh_exact8(h, w->x + r * (size_t)h->K, js, v);
+    for (int i = 0; i < 8 && j0 + i < h->V; i++) w->logits[r * (size_t)h->V + j0 + i] = v[i];
+  }
+}
+
+static void compute_greedy (void *kernel, void *context) {
+  GreedyKernel *k = kernel;
+  const void *xv = input(context, 0), *wv = input(context, 1);
+  int64_t dims[8], wd[2];
+  const size_t rank = shape_of("GreedyHead", xv, dims, 1, 8);
+  shape_of("GreedyHead", wv, wd, 2, 2);
+  if (dims[rank - 1] != wd[1] || wd[0] <= 0 || wd[1] <= 0 || wd[0] > INT32_MAX || wd[1] > (1 << 20)) {
+    fprintf(stderr, "shoal GreedyHead: x's last dimension %lld is not the head's %lld columns\n", (long long)dims[rank - 1], (long long)wd[1]);
+    abort();
+  }
+  const float *W = data_of(wv);
+  GhHead *h = &k->head;
+  pthread_mutex_lock(&k->lock);
+  if (k->source != W) {
+    free_head(h);
+    h->V = (int)wd[0]; h->K = (int)wd[1]; h->Kp = (h->K + 63) / 64 * 64; h->W = W;
+    h->q = malloc((size_t)h->V * h->Kp); h->qsum = malloc(sizeof(int32_t) * h->V); h->s = malloc(sizeof(float) * h->V);
+    h->cw = malloc(sizeof(double) * h->V); h->cq = malloc(sizeof(double) * h->V);
+    if (h->q == NULL || h->qsum == NULL || h->s == NULL || h->cw == NULL || h->cq == NULL) { fprintf(stderr, "shoal GreedyHead: out of memory\n"); abort(); }
+    GreedyWork pw = { h, NULL, 0, (h->V + 63) / 64, NULL, NULL, NULL, NULL, NULL };
+    run_units(context, prepare_unit, 64, 64, &pw);
+    k->source = W;
+    /* The screen reads its own copy; the f32 head is read again only at the few rows a token's
+     * candidates are (~100 a row of x), a page each. Where onnxruntime maps the head from the
+     * weights file, its pages go until those rows fault them back (the Gemm beside this op keeps
+     * its own packed copy, so without this the head is resident twice: +131 MB for 250m f32). */
+    page_out(W, sizeof(float) * (size_t)h->V * (size_t)h->K);
+  }
+  int64_t M = 1;
+  for (size_t i = 0; i + 1 < rank; i++) M *= dims[i];
+  void *logits = NULL, *idxv = NULL;
+  dims[rank - 1] = k->exact_logits == 1 ? h->V : 0;
+  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 0, dims, rank, &logits);
+  dims[rank - 1] = 1;
+  ((KernelContextGetOutputFn)SLOT(api, API_KERNEL_CONTEXT_GET_OUTPUT))(context, 1, dims, rank, &idxv);
+  if (M > 0) {
+    const float *x = data_of(xv);
+    const size_t units = screen_units(h);
+    k->rows = room(k->rows, &k->rows_room, sizeof(GhRow) * (size_t)M);
+    k->u = room(k->u, &k->u_room, (size_t)M * h->Kp);
+    k->hi = room(k->hi, &k->hi_room, sizeof(float) * (size_t)M * h->V);
+    k->lo_max = room(k->lo_max, &k->lo_room, sizeof(double) * (size_t)M * units);
+    for (int64_t r = 0; r < M; r++) { k->rows[r].u = k->u + r * h->Kp; gh_screen_row(h, x + r * h->K, &k->rows[r]); }
+    GreedyWork w = { h, k->rows, (int)M, (int)((h->V + units - 1) / units), k->hi, k->lo_max, x, data_of(idxv), data_of(logits) };
+    if (k->exact_logits == 1) run_units(context, exact_unit, (size_t)M, (size_t)M, &w);
+    run_units(context, screen_unit, units, units, &w);
+    run_units(context, pick_unit, (size_t)M, (size_t)M, &w);
+  }
+  pthread_mutex_unlock(&k->lock);
+}
+
+static void destroy_greedy (void *kernel) {
+  GreedyKernel *k = kernel;
+  free_head(&k->head);
+  free(k->rows); free(k->u); free(k->hi); free(k->lo_max);
+  pthread_mutex_destroy(&k->lock);
+  free(k);
+}
+static const char *greedy_name (const OrtCustomOp *op) { (void)op; return "GreedyHead"; }
+static size_t greedy_input_count (const OrtCustomOp *op) { (void)op; return 2; }
+static int greedy_output_type (const OrtCustomOp *op, size_t i) { (void)op; return i == 0 ? TYPE_FLOAT : TYPE_INT64; }
+static size_t greedy_output_count (const OrtCustomOp *op) { (void)op; return 2; }
+
+static const OrtCustomOp greedy_head = {
+  14, create_greedy, greedy_name, op_provider, input_type, greedy_input_count, greedy_output_type, greedy_output_count, compute_greedy,
+  destroy_greedy, required, required, memory_default, one, one, one, one,
+};
+
 /* ---- the stand-in entry ---- */
 
 static void fail (const char *what, OrtStatus *status) {
@@ -615,6 +777,7 @@ static void make_domain (void) {
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &decode_attention)) != NULL) fail("CustomOpDomain_Add", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &matmul_q4)) != NULL) fail("CustomOpDomain_Add", s);
   if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &verify_attention)) != NULL) fail("CustomOpDomain_Add", s);
+  if ((s = ((CustomOpDomainAddFn)SLOT(api, API_CUSTOM_OP_DOMAIN_ADD))(domain, &greedy_head)) != NULL) fail("CustomOpDomain_Add", s);
 }
 
 static void add_domain (const void *options) {

@@ -264,6 +264,75 @@ function takeLogitsToKeep (main: IGraphProto): void {
   })]
 }
 
+/**
+ * The input a head swapped by swapHead reads (a bool scalar): false, a run gives the greedy token
+ * alone (its logits output empty) without the head's product; true, what the compiler's graph
+ * gives. onnxruntime-node feeds only a graph's inputs proper (an initializer's default cannot be
+ * overridden through it), so it is an input, and the backend that loads the graph feeds it on
+ * every run (onnxruntime.ts).
+ */
+export const LOGITS_WANTED = 'shoal_logits_wanted'
+
+/**
+ * An f32 head's greedy token on the kernel (GreedyHead, greedy-head.h): where the compiler wrote
+ * the head as a Gemm (transB, an initializer's weights) whose logits feed the in-graph greedy TopK
+ * (shards/graph/blocks.ts makeLmHead, stage.ts), the Gemm, the logits' Reshape and the TopK become
+ * the then-branch of an If on LOGITS_WANTED, and the else-branch is one GreedyHead over the normed rows and
+ * the same weights: the token TopK gives, bit for bit (the exact sums MLAS's), with logits
+ * [B, K, 0]. A run that fetches the greedy token alone feeds false (onnxruntime.ts): ~4 of a 250m
+ * f32 step's ~42 ms at eight rows are the head's product, which the screen replaces with ~1.5.
+ * Returns 1 when swapped.
+ */
+function swapHead (main: IGraphProto): number {
+  const nodes = byName(main)
+  const gemm = nodes.get('/lm_head/Gemm')
+  const reshape = nodes.get('/lm_head/Reshape')
+  const topk = nodes.get('/model/greedy/TopK')
+  const flat = nodes.get('/lm_head/flat/Reshape')
+  const weight = gemm?.input?.[1]
+  const kept = flat?.input?.[0]
+  if (gemm === undefined || reshape === undefined || topk === undefined || flat === undefined || weight == null || kept == null) return 0
+  if (gemm.input?.length !== 2 || intAttr(gemm, 'transB') !== 1 || (intAttr(gemm, 'transA') ?? 0) !== 0) return 0
+  if (gemm.attribute?.some(a => (a.name === 'alpha' || a.name === 'beta') && a.f !== 1) === true) return 0
+  const w = main.initializer?.find(t => t.name === weight)
+  if (w?.dataType !== onnx.TensorProto.DataType.FLOAT || w.dims?.length !== 2) return 0
+  if (reshape.input?.[0] !== gemm.output?.[0] || topk.input?.[0] !== reshape.output?.[0]) return 0
+  const logits = reshape.output?.[0]
+  const token = topk.output?.[1]
+  if (logits == null || token == null) return 0
+  const type = (elemType: number): onnxProto.onnx.ITypeProto => onnx.TypeProto.create({ tensorType: onnx.TypeProto.Tensor.create({ elemType }) })
+  const F32 = onnx.TensorProto.DataType.FLOAT
+  const I64 = onnx.TensorProto.DataType.INT64
+  // The branch's values renamed: names are unique model-wide, and the If's outputs take the old ones.
+  const inner = new Set([gemm, reshape, topk].flatMap(n => n.output ?? []))
+  const renamed = (v: string): string => inner.has(v) ? `${v}/full` : v
+  const full = onnx.GraphProto.create({
+    name: '/lm_head/full',
+    node: [gemm, reshape, topk].map(n => onnx.NodeProto.create({ ...n, input: (n.input ?? []).map(renamed), output: (n.output ?? []).map(renamed) })),
+    output: [onnx.ValueInfoProto.create({ name: renamed(logits), type: type(F32) }), onnx.ValueInfoProto.create({ name: renamed(token), type: type(I64) })],
+  })
+  const greedy = onnx.GraphProto.create({
+    name: '/lm_head/greedy',
+    node: [onnx.NodeProto.create({ name: '/lm_head/GreedyHead', opType: 'GreedyHead', domain: NATIVE_KERNEL_DOMAIN, input: [kept, weight], output: ['/lm_head/greedy/logits', '/lm_head/greedy/token'] })],
+    output: [onnx.ValueInfoProto.create({ name: '/lm_head/greedy/logits', type: type(F32) }), onnx.ValueInfoProto.create({ name: '/lm_head/greedy/token', type: type(I64) })],
+  })
+  const branch = onnx.NodeProto.create({
+    name: '/lm_head/If', opType: 'If', input: [LOGITS_WANTED], output: [logits, token],
+    attribute: [
+      onnx.AttributeProto.create({ name: 'then_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: full }),
+      onnx.AttributeProto.create({ name: 'else_branch', type: onnx.AttributeProto.AttributeType.GRAPH, g: greedy }),
+    ],
+  })
+  // In the TopK's place: every input (the normed rows, the logits' shape) is made before it.
+  main.node = (main.node ?? []).flatMap(n => n === topk ? [branch] : n === gemm || n === reshape ? [] : [n])
+  // The logits' declared shape ends in the vocabulary; a greedy run's are empty.
+  for (const o of main.output ?? []) {
+    if (o.name === logits) o.type = type(F32)
+  }
+  main.input = [...main.input ?? [], onnx.ValueInfoProto.create({ name: LOGITS_WANTED, type: onnx.TypeProto.create({ tensorType: onnx.TypeProto.Tensor.create({ elemType: onnx.TensorProto.DataType.BOOL, shape: onnx.TensorShapeProto.create({ dim: [] }) }) }) })]
+  return 1
+}
+
 export interface KernelSwap {
   /** The graph to load: the input itself when nothing was swapped. */
   bytes: Uint8Array
@@ -273,22 +342,26 @@ export interface KernelSwap {
   attention: number
   /** Layers whose verify steps (every position kept) run VerifyAttention (swapSteps). */
   steps: number
+  /** Heads whose greedy token runs on GreedyHead when the logits are not fetched (swapHead): 0 or 1. */
+  head: number
 }
 
 /**
  * A serialised ModelProto with the kernels' ops swapped in (and their op domain imported): the
- * int4 products the kernel takes, and the one-position attention blocks.
+ * int4 products the kernel takes, and the one-position attention blocks; with `head`, an f32
+ * head's greedy token too (swapHead), for a loader that feeds LOGITS_WANTED on every run.
  */
-export function swapKernels (model: Uint8Array): KernelSwap {
+export function swapKernels (model: Uint8Array, options: { head?: boolean } = {}): KernelSwap {
   const m = onnx.ModelProto.decode(model)
-  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0, steps: 0 }
+  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0, steps: 0, head: 0 }
   const int4 = swapGraph(m.graph)
   const attention = swapAttention(m.graph)
   const steps = swapSteps(m.graph)
-  if (int4 + attention + steps === 0) return { bytes: model, int4, attention, steps }
+  const head = options.head === true ? swapHead(m.graph) : 0
+  if (int4 + attention + steps + head === 0) return { bytes: model, int4, attention, steps, head }
   if (attention + steps > 0) takeLogitsToKeep(m.graph)
   if (!m.opsetImport.some(o => o.domain === NATIVE_KERNEL_DOMAIN)) m.opsetImport.push(onnx.OperatorSetIdProto.create({ domain: NATIVE_KERNEL_DOMAIN, version: 1 }))
-  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps }
+  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps, head }
 }
 
 /**
