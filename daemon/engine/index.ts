@@ -50,5 +50,6 @@ export type { OffThreadSession, OffThreadSessions } from './off-thread-sessions.
 export { int4KernelName, prepareNativeKernels } from './native/kernels.ts'
 export type { NativeKernels } from './native/kernels.ts'
 export { attentionKernelApplies, int4KernelApplies, int4ProductsTakeKernel, kernelsApplying, swapKernels } from './native/swap.ts'
+export { greedyHeadExact } from './native/head-check.ts'
 export { chooseDecodeAttention, decodeAttentionForm, decodeAttentionOrPerHead, int4BatchingVerdict, matMulNBitsRowInvariance } from './kernel-probe.ts'
 export type { DecodeAttentionChoice, RowInvariance } from './kernel-probe.ts'

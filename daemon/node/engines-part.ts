@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, int4BatchingVerdict, int4KernelApplies, int4KernelName, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, greedyHeadExact, int4BatchingVerdict, int4KernelApplies, int4KernelName, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -243,15 +243,20 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
   }
 
   /**
-   * A model's kernels on onnxruntime, for its 'loaded' line: shoal's attention where it runs;
+   * A model's kernels on onnxruntime, for its 'loaded' line: shoal's attention where it runs; for
+   * an f32 model, whether its greedy tokens skip the head's product (GreedyHead);
    * for an int4 model, which kernel its products run on and whether batching keeps every
    * sequence's batch-of-one bits on this CPU — by construction on shoal's kernel, asked of
    * onnxruntime's (engine/kernel-probe.ts) and said once as a warning where it does not.
    */
-  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, verifyKernel?: string, int4Kernel?: string, int4Batching?: string }> {
+  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, verifyKernel?: string, greedyHead?: string, int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
     const on = kernelsOf(model, choice)
     const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
+    // An f32 head's greedy token (native/swap.ts swapHead), where its sums are MLAS's here.
+    if (q.kind === 'none' && on.includes('attention') && kernels !== undefined && 'lib' in kernels) {
+      return { ...attention, greedyHead: await greedyHeadExact(kernels.lib) ? 'shoal' : "onnxruntime (shoal's sums are not MLAS's on this CPU)" }
+    }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
     if (on.includes('int4')) return { ...attention, int4Kernel: int4KernelName(true), int4Batching: 'bit-exact' }
     const int4Kernel = int4KernelName(false, int4KernelApplies(model.manifest) ? kernels : undefined)

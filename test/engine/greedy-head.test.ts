@@ -5,7 +5,8 @@
  * be hard (exact ties, rows one ulp apart, outliers in a row or in x, zero and constant rows, rows
  * that are not finite, x that is not finite, all-equal logits) and on random ones; the swap, pure;
  * the self-check; and through the engine's backend, a greedy run skipping the head's product while
- * its tokens stay the logits' argmax, alone and batched.
+ * its tokens stay the logits' argmax, alone and batched; and a daemon saying so on its 'model
+ * loaded' line, its greedy completions the tokens its logits give.
  */
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
@@ -20,6 +21,8 @@ import { greedyHeadExact } from '../../daemon/engine/native/head-check.ts'
 import { LOGITS_WANTED } from '../../daemon/engine/native/swap.ts'
 import { GREEDY_TOKEN, LOGITS, NATIVE_KERNEL_DOMAIN, NEW_KV } from '../../shards/contract.ts'
 import { DT, GraphBuilder } from '../../shards/graph/builder.ts'
+import pino from 'pino'
+import { startDaemon } from '../e2e/daemon.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -278,4 +281,41 @@ describe.skipIf(!kernelHere)('a greedy run on the swapped head', () => {
     expect(fetched.slice(from).every(f => f?.[0] === GREEDY_TOKEN && !f.includes(LOGITS))).toBe(true)
     expect(fetched.slice(from).some(f => f?.includes(NEW_KV))).toBe(true)
   }, 60_000)
+})
+
+describe.skipIf(!kernelHere)('a daemon serving an f32 model', () => {
+  let model: TinyModel
+  let root: string
+  beforeAll(async () => {
+    root = await mkdtemp(join(tmpdir(), 'shoal-greedy-head-daemon-'))
+    model = await buildTinyModel('llama')
+  }, 60_000)
+  afterAll(async () => {
+    await model?.cleanup()
+    if (root !== undefined) await rm(root, { recursive: true, force: true })
+  })
+
+  it('says its greedy tokens run on GreedyHead, and they are the tokens its logits give (a nucleus of the top token alone)', async () => {
+    const lines: Array<Record<string, unknown>> = []
+    const logger = pino({ level: 'info' }, { write: (s: string) => { lines.push(JSON.parse(s) as Record<string, unknown>) } })
+    const daemon = await startDaemon(model.shardDir, root, { draft: 'none' }, logger)
+    try {
+      expect(lines.find(l => l.msg === 'model loaded')?.greedyHead).toBe('shoal')
+      const ask = async (prompt: number[], sampled: boolean): Promise<number[]> => {
+        const r = await daemon.client.completions.create({
+          model: model.manifest.modelId, prompt, max_tokens: 24, ...sampled ? { temperature: 1, top_p: 1e-9, seed: 7 } : { temperature: 0 },
+          // @ts-expect-error vLLM-style extension
+          return_token_ids: true, ignore_eos: true,
+        })
+        return (r.choices[0] as unknown as { token_ids: number[] }).token_ids
+      }
+      for (const prompt of [[5, 6, 7], [11, 300, 42, 9, 17, 250, 3]]) {
+        const greedy = await ask(prompt, false)
+        expect(greedy).toHaveLength(24)
+        expect(greedy).toEqual(await ask(prompt, true))
+      }
+    } finally {
+      await daemon.stop()
+    }
+  }, 120_000)
 })

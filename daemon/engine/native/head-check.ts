@@ -5,13 +5,15 @@
  * (swap.ts swapHead), one graph asks: a Gemm (transB) and its TopK beside GreedyHead with
  * `exact_logits`, on two head shapes (a whole block and a remainder; a vocabulary that is not a
  * multiple of 16), every logit compared bit for bit and every token. Where they differ the head
- * stays onnxruntime's and the other kernels serve as before. Memoized per thread and library (an
- * engine worker asks once, ~20 ms).
+ * stays onnxruntime's and the other kernels serve as before. Run on a session worker
+ * (off-thread-sessions.ts), never on the caller's event loop; memoized per thread and library (an
+ * engine worker asks once before its first session, the daemon once for its 'model loaded' line).
  */
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import * as ort from 'onnxruntime-node'
+import { createOffThreadSessions } from '../off-thread-sessions.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../../shards/contract.ts'
 import { DT, GraphBuilder } from '../../../shards/graph/builder.ts'
 import { loadKernelLibrary } from './load.ts'
@@ -37,6 +39,7 @@ async function ask (lib: string): Promise<boolean> {
   let s = 12345
   const rand = (): number => { s = (Math.imul(s, 1103515245) + 12345) >>> 0; return (s >>> 8) / 16777216 - 0.5 }
   const dir = await mkdtemp(join(tmpdir(), 'shoal-head-check-'))
+  const host = createOffThreadSessions()
   try {
     const g = new GraphBuilder('check.onnx.data')
     SHAPES.forEach(([V, K], i) => {
@@ -53,17 +56,15 @@ async function ask (lib: string): Promise<boolean> {
     })
     await writeFile(join(dir, 'check.onnx'), g.encode('head-check', 'shoal GreedyHead self-check'))
     await writeFile(join(dir, 'check.onnx.data'), Buffer.concat(g.data()))
-    const session = await ort.InferenceSession.create(join(dir, 'check.onnx'), { executionProviders: ['cpu'], graphOptimizationLevel: 'all', intraOpNumThreads: 2, interOpNumThreads: 1, logSeverityLevel: 3 })
-    try {
-      const feeds: Record<string, ort.Tensor> = {}
-      SHAPES.forEach(([, K], i) => { feeds[`x${i}`] = new ort.Tensor('float32', Float32Array.from({ length: ROWS * K }, (_, j) => rand() * (j < K ? 8 : 2)), [ROWS, 1, K]) })
-      const out = await session.run(feeds)
-      return SHAPES.every((_, i) => sameBits(out[`logits${i}`]!.data as Float32Array, out[`exact${i}`]!.data as Float32Array) &&
-        (out[`token${i}`]!.data as BigInt64Array).every((t, r) => t === (out[`greedy${i}`]!.data as BigInt64Array)[r]))
-    } finally {
-      await session.release()
-    }
+    // Two threads, as engines run: the Gemm's columns shared between them.
+    const session = await host.create(join(dir, 'check.onnx'), { threads: 2, kernels: lib })
+    const feeds: Record<string, ort.Tensor> = {}
+    SHAPES.forEach(([, K], i) => { feeds[`x${i}`] = new ort.Tensor('float32', Float32Array.from({ length: ROWS * K }, (_, j) => rand() * (j < K ? 8 : 2)), [ROWS, 1, K]) })
+    const out = await session.run(feeds)
+    return SHAPES.every((_, i) => sameBits(out[`logits${i}`]!.data as Float32Array, out[`exact${i}`]!.data as Float32Array) &&
+      (out[`token${i}`]!.data as BigInt64Array).every((t, r) => t === (out[`greedy${i}`]!.data as BigInt64Array)[r]))
   } finally {
+    await host.close()
     await rm(dir, { recursive: true, force: true })
   }
 }
