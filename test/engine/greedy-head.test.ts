@@ -178,6 +178,13 @@ describe('the head swap (swap.ts swapHead)', () => {
     expect(g.node!.some(n => n.opType === 'Gemm' || n.opType === 'TopK')).toBe(false)
   })
 
+  it('leaves the head where something else reads the TopK\'s values (the branch would hide them)', async () => {
+    const m = onnx.ModelProto.decode(await readFile(model.graphPath))
+    const topk = m.graph!.node!.find(n => n.name === '/model/greedy/TopK')!
+    m.graph!.output!.push(onnx.ValueInfoProto.create({ name: topk.output![0]!, type: onnx.TypeProto.create({ tensorType: onnx.TypeProto.Tensor.create({ elemType: onnx.TensorProto.DataType.FLOAT }) }) }))
+    expect(swapKernels(onnx.ModelProto.encode(m).finish(), { head: true }).head).toBe(0)
+  })
+
   it('leaves a graph without a greedy f32 head as it is (a standard-ops shard: its logits only)', async () => {
     const standard = await buildTinyModel('llama', 'standard')
     try {

@@ -273,6 +273,9 @@ function takeLogitsToKeep (main: IGraphProto): void {
  */
 export const LOGITS_WANTED = 'shoal_logits_wanted'
 
+/** The widest head GreedyHead takes: its exact int32 sums of K·63·127 (ort-kernels.c checks it too). */
+const GREEDY_HEAD_MAX_K = 65536
+
 /**
  * An f32 head's greedy token on the kernel (GreedyHead, greedy-head.h): where the compiler wrote
  * the head as a Gemm (transB, an initializer's weights) whose logits feed the in-graph greedy TopK
@@ -295,11 +298,16 @@ function swapHead (main: IGraphProto): number {
   if (gemm.input?.length !== 2 || intAttr(gemm, 'transB') !== 1 || (intAttr(gemm, 'transA') ?? 0) !== 0) return 0
   if (gemm.attribute?.some(a => (a.name === 'alpha' || a.name === 'beta') && a.f !== 1) === true) return 0
   const w = main.initializer?.find(t => t.name === weight)
-  if (w?.dataType !== onnx.TensorProto.DataType.FLOAT || w.dims?.length !== 2) return 0
+  // The kernel's 32-bit sums hold K up to 65,536 columns (greedy-head.h).
+  if (w?.dataType !== onnx.TensorProto.DataType.FLOAT || w.dims?.length !== 2 || Number(w.dims[1]) > GREEDY_HEAD_MAX_K) return 0
   if (reshape.input?.[0] !== gemm.output?.[0] || topk.input?.[0] !== reshape.output?.[0]) return 0
   const logits = reshape.output?.[0]
   const token = topk.output?.[1]
   if (logits == null || token == null) return 0
+  // Only the logits and the token leave the branch: nothing else may read the Gemm's or TopK's values.
+  const inside = new Set<string>([gemm.output?.[0] ?? '', topk.output?.[0] ?? ''])
+  const readers = allGraphs(main).flatMap(g => [...(g.node ?? []).filter(n => n !== reshape && n !== topk).flatMap(n => n.input ?? []), ...(g.output ?? []).map(o => o.name ?? '')])
+  if (readers.some(v => v !== '' && inside.has(v))) return 0
   const type = (elemType: number): onnxProto.onnx.ITypeProto => onnx.TypeProto.create({ tensorType: onnx.TypeProto.Tensor.create({ elemType }) })
   const F32 = onnx.TensorProto.DataType.FLOAT
   const I64 = onnx.TensorProto.DataType.INT64
