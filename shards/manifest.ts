@@ -76,7 +76,7 @@ export function validateManifest (m: unknown): ShardManifest {
   let next = 0
   o.stages.forEach((st, i) => {
     if (!isObj(st)) fail(`stage ${i}: not an object`)
-    if (st.index !== i) fail(`stage ${i}: index ${st.index}`)
+    if (st.index !== i) fail(`stage ${i}: index ${JSON.stringify(st.index)}`)
     if (!Array.isArray(st.layers) || !isInt(st.layers[0]) || !isInt(st.layers[1]) || st.layers[0] !== next || st.layers[1] < st.layers[0]) {
       fail(`stage ${i}: layers ${JSON.stringify(st.layers)} do not continue from layer ${next}`)
     }

@@ -176,6 +176,11 @@ describe('shard manifests (a model directory\'s manifest.json)', () => {
       else if (typeof v === 'object' && v !== null) for (const [k, x] of Object.entries(v)) walk(x, [...p, k])
     }
     walk(manifest, [])
+    // A counterexample a run found: an object whose toString is not a function, where the message
+    // interpolated the value (a TypeError, not a ManifestError).
+    const found = JSON.parse(JSON.stringify(manifest)) as { stages: Array<Record<string, unknown>> }
+    found.stages[0]!.index = { toString: '' }
+    expectTyped(() => validateManifest(found), MANIFEST, found)
     fc.assert(fc.property(fc.constantFrom(...paths.filter(p => p.length > 0)), anyJson, (p, value) => {
       const doc = JSON.parse(JSON.stringify(manifest)) as Record<string | number, any>
       let parent = doc
