@@ -20,7 +20,8 @@ import { loadKernelLibrary } from './load.ts'
 
 /** The shapes asked: [vocabulary rows, columns]. 1,000 columns: three whole blocks and a partial one. */
 const SHAPES: ReadonlyArray<readonly [number, number]> = [[300, 1000], [70, 200]]
-const ROWS = 3
+// Rows enough that a screen summing wrong (its candidates then the wrong rows) gives a wrong token somewhere.
+const ROWS = 16
 
 const memo = new Map<string, Promise<boolean>>()
 
