@@ -2,8 +2,8 @@
  * Greedy decoding through a batching stage engine (its worker), a sequence alone and several in
  * one batch a step: what the batch-invariance tests compare.
  */
-import { GREEDY_PICK as GREEDY } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
+import { argmax, GREEDY_PICK as GREEDY } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, PrefixKeepingRunner, StepOutput } from '../../daemon/engine/index.ts'
 
 export const tokenOf = (out: StepOutput): number => {
   if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
@@ -54,4 +54,23 @@ export async function greedyTogether (engine: BatchingStageEngine, prompts: numb
   }
   for (const s of seqs) await engine.free(s)
   return together
+}
+
+/** Positions from, from + 1, … (n of them). */
+export const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
+
+/** A logits step's last row. */
+const lastLogits = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data.subarray((o.count - 1) * o.vocab) }
+
+/** `steps` greedy tokens after `prompt` from a stage runner's logits (argmax in JS), the sequence alone: the reference of the greedy-token tests. */
+export async function greedyByLogits (runner: PrefixKeepingRunner, seqId: string, prompt: bigint[], steps: number): Promise<number[]> {
+  runner.open(seqId)
+  let o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(prompt) }, positions(0, prompt.length), 1)
+  const out: number[] = []
+  for (let k = 0; k < steps; k++) {
+    out.push(argmax(lastLogits(o)))
+    o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.of(BigInt(out.at(-1)!)) }, positions(prompt.length + k, 1), 1)
+  }
+  await runner.drop(seqId, 'free')
+  return out
 }

@@ -15,7 +15,7 @@ import * as ort from 'onnxruntime-node'
 import onnxProto from 'onnx-proto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { argmax, createOnnxruntimeBackend, createStageRunner, GREEDY_PICK as GREEDY, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
-import type { BackendSession, PrefixKeepingRunner, StepOutput, TensorMap } from '../../daemon/engine/index.ts'
+import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
 import { greedyHeadExact } from '../../daemon/engine/native/head-check.ts'
 import { LOGITS_WANTED } from '../../daemon/engine/native/swap.ts'
@@ -23,6 +23,7 @@ import { GREEDY_TOKEN, LOGITS, NATIVE_KERNEL_DOMAIN, NEW_KV } from '../../shards
 import { DT, GraphBuilder } from '../../shards/graph/builder.ts'
 import pino from 'pino'
 import { startDaemon } from '../e2e/daemon.ts'
+import { greedyByLogits, positions, tokenOf } from './greedy-batches.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
@@ -243,22 +244,8 @@ describe.skipIf(!kernelHere)('a greedy run on the swapped head', () => {
   })
 
   const ids = (n: number, salt: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt((i * 37 + salt * 101 + 5) % 500))
-  const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
-  const tokenOf = (o: StepOutput): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }
-  const lastLogits = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data.subarray((o.count - 1) * o.vocab) }
-
-  /** Greedy tokens from the logits (argmax in JS), fetched through the head's Gemm: the reference. */
-  async function byLogits (seqId: string, prompt: bigint[], steps: number): Promise<number[]> {
-    runner.open(seqId)
-    let o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(prompt) }, positions(0, prompt.length), 1)
-    const out: number[] = []
-    for (let k = 0; k < steps; k++) {
-      out.push(argmax(lastLogits(o)))
-      o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.of(BigInt(out.at(-1)!)) }, positions(prompt.length + k, 1), 1)
-    }
-    await runner.drop(seqId, 'free')
-    return out
-  }
+      
+  const byLogits = async (seqId: string, prompt: bigint[], steps: number): Promise<number[]> => await greedyByLogits(runner, seqId, prompt, steps)
 
   it('alone and batched, greedy steps on GreedyHead give the logits\' argmax for every token', async () => {
     const prompts = [ids(30, 1), ids(3, 2), ids(17, 4), ids(5, 5)]

@@ -10,16 +10,14 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { argmax, createOnnxruntimeBackend, createStageRunner, GREEDY_PICK as GREEDY, pickToken, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { BackendSession, PrefixKeepingRunner, StepOutput, TensorMap } from '../../daemon/engine/index.ts'
+import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
 import { GREEDY_TOKEN, LOGITS, NEW_KV } from '../../shards/contract.ts'
 import { DT, GraphBuilder } from '../../shards/graph/builder.ts'
+import { greedyByLogits, positions, tokenOf } from './greedy-batches.ts'
 import { buildTinyModel } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
 const ids = (n: number, salt: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt((i * 37 + salt * 101 + 5) % 500))
-const positions = (from: number, n: number): BigInt64Array => BigInt64Array.from({ length: n }, (_, i) => BigInt(from + i))
-const tokenOf = (o: StepOutput): number => { if (o.kind !== 'token') throw new Error(`expected a token, got ${o.kind}`); return o.id }
-const lastLogits = (o: StepOutput): Float32Array => { if (o.kind !== 'logits') throw new Error(`expected logits, got ${o.kind}`); return o.data.subarray((o.count - 1) * o.vocab) }
 
 describe('greedy steps fetch the graph\'s greedy token', () => {
   let model: TinyModel
@@ -35,18 +33,7 @@ describe('greedy steps fetch the graph\'s greedy token', () => {
   })
   afterAll(async () => { await model?.cleanup() })
 
-  /** Greedy tokens from the logits (argmax in JS): the reference. */
-  async function byLogits (seqId: string, prompt: bigint[], steps: number): Promise<number[]> {
-    runner.open(seqId)
-    let o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(prompt) }, positions(0, prompt.length), 1)
-    const out: number[] = []
-    for (let k = 0; k < steps; k++) {
-      out.push(argmax(lastLogits(o)))
-      o = await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.of(BigInt(out.at(-1)!)) }, positions(prompt.length + k, 1), 1)
-    }
-    await runner.drop(seqId, 'free')
-    return out
-  }
+  const byLogits = async (seqId: string, prompt: bigint[], steps: number): Promise<number[]> => await greedyByLogits(runner, seqId, prompt, steps)
 
   it('alone: a chunked prefill and 40 decode steps give the logits\' argmax, fetching no logits', async () => {
     const prompt = ids(30, 1) // chunks of 8, 8, 8, 6
