@@ -3,7 +3,7 @@
  * swap.ts swapHead; head-check.ts): the token onnxruntime's Gemm and TopK give, bit for bit, from
  * an int8 screen and the exact sums of the rows it cannot rule out. Op against op on heads made to
  * be hard (exact ties, rows one ulp apart, outliers in a row or in x, zero and constant rows, rows
- * that are not finite, x that is not finite, all-equal logits) and on random ones; the swap, pure;
+ * that are not finite or whose sums overflow, x that is not finite, all-equal logits) and on random ones; the swap, pure;
  * the self-check; and through the engine's backend, a greedy run skipping the head's product while
  * its tokens stay the logits' argmax, alone and batched; and a daemon saying so on its 'model
  * loaded' line, its greedy completions the tokens its logits give.
@@ -76,6 +76,14 @@ function heads (V: number, K: number): Array<{ name: string, w: Float32Array }> 
   inf[9 * K + 1] = Number.POSITIVE_INFINITY
   inf[20 * K + 2] = Number.NaN
   out.push({ name: 'rows with ∞ and NaN', w: inf })
+  // Row 0's logit NaN: TopK never takes a NaN (the JS argmax's rule), so not the first row either.
+  const nan0 = Float32Array.from(random)
+  nan0[3] = Number.NaN
+  out.push({ name: 'row 0 NaN (∞ path)', w: nan0 })
+  // Rows near the float range: some of their f32 sums overflow to ±∞, as the Gemm's do.
+  const huge = Float32Array.from(random)
+  for (let j = 0; j < V; j += 9) for (let k = 0; k < K; k++) huge[j * K + k]! *= 5e37
+  out.push({ name: 'rows whose sums overflow (∞)', w: huge })
   return out
 }
 
@@ -140,6 +148,36 @@ describe.skipIf(!kernelHere)('GreedyHead against onnxruntime\'s Gemm and TopK', 
       }
     }, 60_000)
   }
+
+  it('keeps a row whose f32 sum overflows on the way (∞ though its real sum is 0) among the candidates, as TopK picks it', async () => {
+    const [V, K] = [4, 8]
+    const w = new Float32Array(V * K)
+    w.set([2e38, 2e38, -2e38, -2e38], 0) // row 0: the Gemm's chain reaches ∞ at its second column and stays there
+    w[K] = 1e35 // row 1: a finite logit far above any bound the screen puts on row 0
+    w.fill(1, 3 * K, 4 * K)
+    const x = Float32Array.from([1, 1, 1, 1, 0, 0, 0, 0])
+    const r = await compare(w, V, K, x, 1)
+    expect(r.logits[0]).toBe(Number.POSITIVE_INFINITY)
+    expect(r.tokens).toEqual([0n])
+    expect(r.greedy).toEqual(r.tokens)
+  })
+
+  it('scans as TopK does when a sum is NaN (∞ − ∞ across blocks): row 0 first, a later NaN never taken', async () => {
+    const [V, K] = [3, 512]
+    const w = new Float32Array(V * K)
+    w[0] = 0.5 // row 0: a small finite logit, which the screen alone would rule out
+    w.set([2e38, 2e38], K) // row 1: +∞ over the first 256 columns …
+    w.set([-2e38, -2e38], K + 256) // … −∞ over the next: NaN
+    w[2 * K + 300] = 1e35 // row 2: the largest
+    const x = new Float32Array(K)
+    x.fill(1, 0, 2)
+    x.fill(1, 256, 258)
+    x[300] = 1
+    const r = await compare(w, V, K, x, 1)
+    expect(Number.isNaN(r.logits[1])).toBe(true)
+    expect(r.tokens).toEqual([2n])
+    expect(r.greedy).toEqual(r.tokens)
+  })
 
   it('gives TopK\'s token on 2,000 random rows, where the screen rules out all but a few', async () => {
     const [V, K] = [4000, 512]

@@ -40,6 +40,8 @@
 #endif
 #define GH_P_MAX 63
 #define GH_U_OFFSET 64
+/* A logit bound past this (FLT_MAX is 3.4e38) may be an f32 sum that overflowed. */
+#define GH_HUGE 1e37
 #define GH_Q_MAX 63
 
 typedef struct {
@@ -84,7 +86,7 @@ static void gh_prepare_rows (GhHead *h, int j0, int j1) {
       if (v < -GH_Q_MAX) v = -GH_Q_MAX;
       q[k] = (int8_t)v;
       sum += (int32_t)v;
-      const double d = (double)w[k] - (double)s * (double)v; /* exact: a float times a small int */
+      const double d = (double)w[k] - (double)s * (double)v; /* the product exact; the difference to a double's rounding */
       err += d * d;
       qq += (double)v * (double)v;
       ww += (double)w[k] * (double)w[k];
@@ -213,8 +215,12 @@ static void gh_screen (const GhHead *h, const GhRow *rows, int M, int j0, int j1
       const int64_t off = (int64_t)GH_U_OFFSET * h->qsum[j];
       for (int i = 0; i < R; i++) {
         const GhRow *row = &rows[r0 + i];
+        /* ‖W_j‖·‖x‖ (‖W_j‖ ≤ cq + cw) near the float range: the f32 sum may overflow to ±∞, which
+         * the bound does not see, so the row is always a candidate, summed as the Gemm sums it. */
+        if (!((cq + cw) * row->xn < GH_HUGE)) { hi[(size_t)(r0 + i) * h->V + j] = INFINITY; continue; }
         const double a = s * (double)row->t * (double)((int64_t)dots[i] - off);
-        /* The bound's own rounding (a few ulps of doubles) is covered by the margin. */
+        /* The bound's own rounding (a few ulps of doubles) is covered by the margin; the f32
+         * sum's underflow (absolute, ≤ K·2^−150) by the 1e−30. */
         const double e = (cw * row->xn + cq * row->en) * (1.0 + 1e-9) + fabs(a) * 1e-12 + 1e-30;
         hi[(size_t)(r0 + i) * h->V + j] = gh_float_up(a + e);
         if (a - e > lo_max[r0 + i]) lo_max[r0 + i] = a - e;
@@ -248,10 +254,11 @@ static void gh_exact8 (const GhHead *h, const float *x, const int *js, float *ou
 }
 
 /*
- * The greedy token of x: the first largest exact logit among the rows whose hi reaches `floor`
- * (every row when x is not finite, or the head is not: h->whole). Rows are taken in ascending
- * order, the first one as TopK starts, so ties go to the lower index as TopK's do. `candidates`
- * counts the rows summed exactly.
+ * The greedy token of x, as TopK k = 1 picks it: its scan from row 0 (`v > top`: ties to the
+ * lower index, a NaN never taking over, and a NaN at row 0 kept), over row 0 and the rows whose
+ * hi reaches `floor` (every row when x is not finite, or the head is not: h->whole). A row left
+ * out is below the largest logit, so TopK's scan would never have kept it. `candidates` counts
+ * the rows summed exactly.
  */
 static int64_t gh_pick (const GhHead *h, const float *x, const GhRow *row, const float *hi, double floor, int *candidates) {
   const int whole = !row->finite || h->whole;
@@ -259,7 +266,8 @@ static int64_t gh_pick (const GhHead *h, const float *x, const GhRow *row, const
   float top = 0.0f, v[8];
   int js[8], n = 0, count = 0;
   for (int j = 0; j <= h->V; j++) {
-    if (j < h->V && (whole || (double)hi[j] >= floor)) js[n++] = j;
+    /* Row 0 always: TopK's scan starts from it (a NaN there is TopK's answer; later NaNs never win). */
+    if (j < h->V && (j == 0 || whole || (double)hi[j] >= floor)) js[n++] = j;
     if (n == 8 || (j == h->V && n > 0)) {
       for (int i = n; i < 8; i++) js[i] = js[n - 1];
       gh_exact8(h, x, js, v);
