@@ -59,8 +59,12 @@ async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threa
  */
 async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>, swap: { head?: boolean }): Promise<Loaded> {
   loadKernelLibrary(lib)
-  // The head only where GreedyHead gives onnxruntime's bits here (head-check.ts).
-  const { bytes, int4, attention, steps, head } = swapKernels(await readFile(graphPath), { head: swap.head === true && await greedyHeadExact(lib) })
+  const graph = await readFile(graphPath)
+  let swapped = swapKernels(graph, swap)
+  // The head only where GreedyHead gives onnxruntime's bits here (head-check.ts), asked only of
+  // graphs that have one (an int4 model's never does).
+  if (swapped.head > 0 && !await greedyHeadExact(lib)) swapped = swapKernels(graph)
+  const { bytes, int4, attention, steps, head } = swapped
   if (int4 + attention + steps + head === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention, head: false }
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
