@@ -12,9 +12,10 @@
  * lies in [lo_j, hi_j]; the largest lo is at most the top logit, so every row that could be the
  * top (or tie it) has hi ≥ max lo. Those rows are summed exactly as MLAS's packed SGEMM sums them
  * (each 256 columns one fused multiply-add chain from zero, the chains added in order: checked bit
- * for bit against onnxruntime where the kernel is built, see the self-check), and the first
- * largest is taken — TopK's answer, ties to the lower index. A row of x that is not finite is
- * summed whole, every vocabulary row exactly.
+ * for bit against onnxruntime where the kernel is built, see the self-check), with row 0, and
+ * picked as TopK's scan picks (gh_pick) — its answer, ties to the lower index. A row of x that is
+ * not finite, or a head with a row that is not, is summed whole, every vocabulary row exactly;
+ * a row whose f32 sum could overflow on the way is always a candidate (gh_screen).
  *
  * The screen: W_j as 7-bit values with one f32 scale a row (q ∈ [−63, 63], s_j = max|W_j| / 63),
  * x as 7-bit values offset to unsigned (p ∈ [−63, 63], u = p + 64 ∈ [1, 127], t = max|x| / 63).
