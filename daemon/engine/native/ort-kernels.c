@@ -610,7 +610,7 @@ static const OrtCustomOp matmul_q4 = {
 /* The 7-bit copy is made on the first run (the head is an initializer: the same bytes every run)
  * and kept by the node's kernel beside the f32 head, which the exact sums read; the lock covers
  * two runs of one session at once (held for the run: they share the scratch). */
-/* The scratch of a run (the rows screened, each row's bounds) is kept too, grown as needed: 1 MB
+/* The scratch of a run (the rows screened, each row's bounds) is kept too, grown as needed: 2 MB
  * for eight rows of a 32,000 vocabulary, which malloc would map and fault in afresh every step. */
 typedef struct {
   pthread_mutex_t lock;
@@ -619,8 +619,7 @@ typedef struct {
   int64_t exact_logits;
   size_t rows_room, hi_room, lo_room, u_room;
   GhRow *rows;
-  float *hi;
-  double *lo_max;
+  double *hi, *lo_max;
   uint8_t *u;
 } GreedyKernel;
 
@@ -652,7 +651,7 @@ static void free_head (GhHead *h) {
 }
 
 /* Unit u prepares rows [u·per, (u + 1)·per) of the head, or screens them against every row of x. */
-typedef struct { GhHead *h; const GhRow *rows; int M, per; float *hi; double *lo_max; const float *x; int64_t *idx; float *logits; } GreedyWork;
+typedef struct { GhHead *h; const GhRow *rows; int M, per; double *hi, *lo_max; const float *x; int64_t *idx; float *logits; } GreedyWork;
 
 static void prepare_unit (void *data, size_t u) {
   const GreedyWork *w = data;
@@ -733,7 +732,7 @@ static void compute_greedy (void *kernel, void *context) {
     const size_t units = screen_units(h);
     k->rows = room(k->rows, &k->rows_room, sizeof(GhRow) * (size_t)M);
     k->u = room(k->u, &k->u_room, (size_t)M * h->Kp);
-    k->hi = room(k->hi, &k->hi_room, sizeof(float) * (size_t)M * h->V);
+    k->hi = room(k->hi, &k->hi_room, sizeof(double) * (size_t)M * h->V);
     k->lo_max = room(k->lo_max, &k->lo_room, sizeof(double) * (size_t)M * units);
     for (int64_t r = 0; r < M; r++) { k->rows[r].u = k->u + r * h->Kp; gh_screen_row(h, x + r * h->K, &k->rows[r]); }
     GreedyWork w = { h, k->rows, (int)M, (int)((h->V + units - 1) / units), k->hi, k->lo_max, x, data_of(idxv), data_of(logits) };
