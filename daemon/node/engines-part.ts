@@ -255,7 +255,7 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
     const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
     // An f32 head's greedy token (native/swap.ts swapHead), where its sums are MLAS's here.
     if (q.kind === 'none' && on.includes('attention') && kernels !== undefined && 'lib' in kernels) {
-      return { ...attention, greedyHead: await greedyHeadExact(kernels.lib) ? 'shoal' : "onnxruntime (shoal's sums are not MLAS's on this CPU)" }
+      return { ...attention, greedyHead: await greedyHeadExact(kernels.lib) ? 'shoal' : 'onnxruntime (its self-check did not pass here: native/head-check.ts)' }
     }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
     if (on.includes('int4')) return { ...attention, int4Kernel: int4KernelName(true), int4Batching: 'bit-exact' }
