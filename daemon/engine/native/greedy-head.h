@@ -124,6 +124,15 @@ static void gh_screen_row (const GhHead *h, const float *x, GhRow *r) {
   r->en = sqrt(ee);
 }
 
+#if defined(__AVX2__)
+/* The eight int32 lanes' sum. */
+static inline int32_t gh_hsum (__m256i v) {
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i s2 = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
+}
+#endif
+
 /* Σ_k q_jk u_k for R ≤ 8 rows at once (exact int32: |Σ| ≤ K·127·63). Inlined with R a constant
  * (gh_dots), so the R running sums stay in registers. */
 static inline __attribute__((always_inline)) void gh_dots_r (const GhHead *h, const int8_t *q, const GhRow *rows, const int R, int32_t *out) {
@@ -142,11 +151,7 @@ static inline __attribute__((always_inline)) void gh_dots_r (const GhHead *h, co
 #endif
     }
   }
-  for (int r = 0; r < R; r++) {
-    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
-    const __m128i s2 = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    out[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
-  }
+  for (int r = 0; r < R; r++) out[r] = gh_hsum(acc[r]);
 #elif defined(__AVX2__)
   __m256i acc[8];
   const __m256i ones = _mm256_set1_epi16(1);
@@ -159,11 +164,7 @@ static inline __attribute__((always_inline)) void gh_dots_r (const GhHead *h, co
       acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(pairs, ones));
     }
   }
-  for (int r = 0; r < R; r++) {
-    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(acc[r]), _mm256_extracti128_si256(acc[r], 1));
-    const __m128i s2 = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    out[r] = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xb1)));
-  }
+  for (int r = 0; r < R; r++) out[r] = gh_hsum(acc[r]);
 #else
   for (int r = 0; r < R; r++) {
     int32_t a = 0;
@@ -220,7 +221,7 @@ static void gh_screen (const GhHead *h, const GhRow *rows, int M, int j0, int j1
  * Rows js[0..8) of the head's logits for x as MLAS's packed SGEMM computes each: blocks of 256
  * columns, each a fused multiply-add chain from zero, the blocks' sums added in order. The eight
  * chains advance together (a constant count, so they stay in registers), overlapping their
- * latencies; a caller with fewer rows repeats one.
+ * latencies; fewer rows go through gh_exact, which repeats one.
  */
 static void gh_exact8 (const GhHead *h, const float *x, const int *js, float *out) {
   const float *w0 = h->W + (size_t)js[0] * h->K, *w1 = h->W + (size_t)js[1] * h->K, *w2 = h->W + (size_t)js[2] * h->K, *w3 = h->W + (size_t)js[3] * h->K;
@@ -240,32 +241,37 @@ static void gh_exact8 (const GhHead *h, const float *x, const int *js, float *ou
   out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3; out[4] = c4; out[5] = c5; out[6] = c6; out[7] = c7;
 }
 
+/* Rows js[0..n) (n ≤ 8) as gh_exact8 sums them, into out[0..n). */
+static void gh_exact (const GhHead *h, const float *x, const int *js, int n, float *out) {
+  int all[8];
+  float v[8];
+  for (int i = 0; i < 8; i++) all[i] = js[i < n ? i : n - 1];
+  gh_exact8(h, x, all, v);
+  memcpy(out, v, sizeof(float) * (size_t)n);
+}
+
 /*
  * The greedy token of x, as TopK k = 1 picks it: its scan from row 0 (`v > top`: ties to the
  * lower index, a NaN never taking over, and a NaN at row 0 kept), over row 0 and the rows whose
  * hi reaches `floor` (every row when x is not finite, or the head is not: h->whole). A row left
- * out is below the largest logit, so TopK's scan would never have kept it. `candidates` counts
- * the rows summed exactly.
+ * out is below the largest logit, so TopK's scan would never have kept it.
  */
-static int64_t gh_pick (const GhHead *h, const float *x, const GhRow *row, const double *hi, double floor, int *candidates) {
+static int64_t gh_pick (const GhHead *h, const float *x, const GhRow *row, const double *hi, double floor) {
   const int whole = !row->finite || h->whole;
   int64_t best = -1;
   float top = 0.0f, v[8];
-  int js[8], n = 0, count = 0;
+  int js[8], n = 0;
   for (int j = 0; j <= h->V; j++) {
     /* Row 0 always: TopK's scan starts from it (a NaN there is TopK's answer; later NaNs never win). */
     if (j < h->V && (j == 0 || whole || hi[j] >= floor)) js[n++] = j;
     if (n == 8 || (j == h->V && n > 0)) {
-      for (int i = n; i < 8; i++) js[i] = js[n - 1];
-      gh_exact8(h, x, js, v);
+      gh_exact(h, x, js, n, v);
       for (int i = 0; i < n; i++) {
         if (best < 0 || v[i] > top) { best = js[i]; top = v[i]; }
       }
-      count += n;
       n = 0;
     }
   }
-  *candidates = count;
   return best < 0 ? 0 : best;
 }
 

@@ -674,8 +674,7 @@ static void pick_unit (void *data, size_t r) {
   const size_t units = screen_units(w->h);
   double floor = -INFINITY;
   for (size_t u = 0; u < units; u++) if (w->lo_max[u * (size_t)w->M + r] > floor) floor = w->lo_max[u * (size_t)w->M + r];
-  int n;
-  w->idx[r] = gh_pick(w->h, w->x + r * (size_t)w->h->K, &w->rows[r], w->hi + r * (size_t)w->h->V, floor, &n);
+  w->idx[r] = gh_pick(w->h, w->x + r * (size_t)w->h->K, &w->rows[r], w->hi + r * (size_t)w->h->V, floor);
 }
 
 /* The self-check's row: every vocabulary row summed as a candidate is. */
@@ -684,10 +683,9 @@ static void exact_unit (void *data, size_t r) {
   const GhHead *h = w->h;
   int js[8];
   for (int j0 = 0; j0 < h->V; j0 += 8) {
-    float v[8];
-    for (int i = 0; i < 8; i++) js[i] = j0 + i < h->V ? j0 + i : h->V - 1;
-    gh_exact8(h, w->x + r * (size_t)h->K, js, v);
-    for (int i = 0; i < 8 && j0 + i < h->V; i++) w->logits[r * (size_t)h->V + j0 + i] = v[i];
+    const int n = h->V - j0 < 8 ? h->V - j0 : 8;
+    for (int i = 0; i < n; i++) js[i] = j0 + i;
+    gh_exact(h, w->x + r * (size_t)h->K, js, n, w->logits + r * (size_t)h->V + j0);
   }
 }
 
