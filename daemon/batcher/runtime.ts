@@ -153,6 +153,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
           ...(final && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
+          ...(e.request.reach === undefined ? {} : { reach: e.request.reach }),
           signal: e.signal,
         })
         used.push(use)

@@ -14,6 +14,7 @@ export function checkStep (step: StepRequest): void {
   if (n === 0) throw new BadStepError('step.positions must be a non-empty array')
   if (!step.positions.every(p => Number.isSafeInteger(p) && p >= 0)) throw new BadStepError('step.positions must be non-negative integers')
   if (step.budgetMs !== undefined && !(step.budgetMs >= 0)) throw new BadStepError('step.budgetMs must be ≥ 0')
+  if (step.reach !== undefined && !(Number.isSafeInteger(step.reach) && step.reach >= 0)) throw new BadStepError('step.reach must be a non-negative integer')
   const input = step.input as Partial<{ tokenIds: unknown, hidden: unknown }> | undefined
   if (input !== undefined && Array.isArray(input.tokenIds)) {
     if (input.tokenIds.length !== n) throw new BadStepError(`step.input.tokenIds has ${input.tokenIds.length} ids for ${n} positions`)

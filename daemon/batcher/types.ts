@@ -37,6 +37,11 @@ export interface StepRequest {
    * that could take it (GenerateRequest.soleServer) waits until its deadline rather than be refused.
    */
   budgetMs?: number
+  /**
+   * The most positions the sequence may reach (a prefill's: its prompt and max_tokens, within the
+   * context): a hint for the room the engine gives its cache, never a limit.
+   */
+  reach?: number
 }
 
 /** Sampling settings with the random draw already made (the engine's TokenPick, structurally). */
@@ -104,6 +109,8 @@ export interface BatchItem {
   pick?: TokenPick
   /** As StepRequest.ahead (a decode step, or a prefill's final chunk). */
   ahead?: TokenPick[]
+  /** As StepRequest.reach (every chunk of a step that has it). */
+  reach?: number
   /** The caller's signal: an executor may drop an item whose caller has gone. */
   signal: AbortSignal
 }

@@ -101,9 +101,9 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
  * with other sequences' steps). The caller releases the sequence. `budgetMs`: its prefill's own
  * queue budget (StepRequest.budgetMs), the batcher's when undefined.
  */
-export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS, budgetMs?: number): TokenSource {
+export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS, budgetMs?: number, reach?: number): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal, ahead) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillBudget(kind, budgetMs) }, signal), sampling, prefilled, aheadSteps)
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillBudget(kind, budgetMs), ...prefillReach(kind, reach) }, signal), sampling, prefilled, aheadSteps)
 }
 
 /**
@@ -117,6 +117,11 @@ export function afterPrefill (maxTokens: number | undefined, maxPositions: numbe
 /** A step's own queue budget, which only a prefill's admission reads (StepRequest.budgetMs). */
 export function prefillBudget (kind: 'prefill' | 'decode', budgetMs: number | undefined): { budgetMs?: number } {
   return kind === 'prefill' && budgetMs !== undefined ? { budgetMs } : {}
+}
+
+/** What a prefill tells the engine its sequence may reach (StepRequest.reach): decode steps need not repeat it. */
+export function prefillReach (kind: 'prefill' | 'decode', reach: number | undefined): { reach?: number } {
+  return kind === 'prefill' && reach !== undefined ? { reach } : {}
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */

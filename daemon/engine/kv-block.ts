@@ -121,10 +121,18 @@ export function blockCapacity (need: number, limit: number): number {
  * into a new one with every stream waiting — a 250m fp32 block of eight rows moving past 224
  * columns took 60–100 ms, and blockCapacity's room (for a past that is read whole) outgrew it
  * three or four times in a round of 128 tokens after 128-token prompts; with this room, once
- * (docs/engine-notes.md, wave 40).
+ * (docs/engine-notes.md, wave 40), and with `reach`, the most positions any of its rows may
+ * reach, not at all.
  */
-export function groupCapacity (need: number, limit: number): number {
-  return blockCapacity(need + Math.min(256, Math.ceil(need / 2)), limit)
+export function groupCapacity (need: number, limit: number, reach = 0): number {
+  const roomy = need + Math.min(256, Math.ceil(need / 2))
+  // Room to the positions the rows may reach (their prompts and max_tokens: StepRequest.reach),
+  // so that a round of requests never outgrows its block (each growth a 48–101 ms stall on 250m
+  // fp32, once a round of 128-token prompts and 128 tokens: engine-notes, wave 42). Never more
+  // than twice what the block must hold and 256 columns: a request without max_tokens reaches the
+  // context, and those columns would be memory held for a length it may never write.
+  const reachable = Math.min(reach, 2 * need + 256)
+  return reachable > roomy ? alignColumns(Math.min(limit, reachable)) : blockCapacity(roomy, limit)
 }
 
 /**

@@ -43,7 +43,7 @@ import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
 import { expectedSlotWaitMs, ownWaitBudget } from './admission.ts'
 import { createSlots } from './slots.ts'
-import { batchedTokenSource, engineTokenSource, prefillBudget, RUN_AHEAD_STEPS } from './generate.ts'
+import { batchedTokenSource, engineTokenSource, prefillBudget, prefillReach, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { createGenerationService } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
@@ -264,6 +264,8 @@ export function createLocalService (init: LocalServiceInit): LocalService {
     if (stopping) throw new ShuttingDownError('local engine is stopping')
     /** What this sequence may still generate: max_tokens, or up to the context's end. */
     const progress = { left: Math.min(request.maxTokens ?? Infinity, m.shape.maxPositions - promptIds.length) }
+    /** The most positions its sequence may hold: the room a batch's cache block is given (kv-block.ts groupCapacity). */
+    const reach = promptIds.length + progress.left
     let seqId: string | undefined
     /** A lease on a kept prefix of this prompt, taken once a sequence slot is ours. */
     let lease: PrefixLease | undefined
@@ -312,7 +314,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillBudget(kind, ownBudget()) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillBudget(kind, ownBudget()), ...prefillReach(kind, reach) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
             peers: () => Math.max(0, slots.active - 1),
@@ -321,7 +323,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
         const w = wrapped
         const began = performance.now()
         return {
-          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused, init.runAhead, ownBudget())),
+          source: w ?? (b === undefined ? engineTokenSource(e, id, request.sampling, reused) : batchedTokenSource(b, id, request.sampling, reused, init.runAhead, ownBudget(), reach)),
           // The prefix is in this sequence's own KV now: it may be evicted or superseded.
           prefilled: () => {
             lease?.release()

@@ -13,9 +13,9 @@ import type { TokenPick } from './sampling.ts'
  * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0). 6: run-ahead: a batch item's
  * `ahead` picks, ahead-picks, and the worker's 'ahead' results. 7: the worker's turn (WorkerTurn) on
  * 'stepped-batch' replies and 'ahead' results. 8: a prefill (a step of several positions) may carry
- * `ahead` picks too, continued from its last position.
+ * `ahead` picks too, continued from its last position. 9: a batch item's `reach`.
  */
-export const ENGINE_PROTOCOL_VERSION = 8
+export const ENGINE_PROTOCOL_VERSION = 9
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -114,6 +114,12 @@ export interface BatchStepItem {
    * the sequence, or a new step for it (which first rolls its KV back to that step's position).
    */
   ahead?: TokenPick[]
+  /**
+   * The most positions the sequence may hold when its request ends (its prompt and max_tokens,
+   * within the context): how much room a block it shares is given (kv-block.ts groupCapacity).
+   * A hint, never a limit; the sequence keeps the latest it was given.
+   */
+  reach?: number
 }
 
 /**
@@ -246,6 +252,7 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
   const ok = input?.kind === 'tokens' ? input.ids instanceof BigInt64Array
     : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
   if (!ok) return `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
+  if (m.reach !== undefined && (!Number.isSafeInteger(m.reach) || (m.reach as number) < 0)) return `${what}: reach must be a non-negative integer`
   const bad = m.pick === undefined ? undefined : checkPick(m.pick, what)
   if (bad !== undefined || m.ahead === undefined) return bad
   if (m.pick === undefined) return `${what}: ahead needs a step with a pick`

@@ -223,11 +223,14 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
 
   /**
    * The group packed in its own order into a new block with room for `need` columns (more where
-   * spare columns cost a one-position step nothing: kv-block.ts groupCapacity) and spare rows.
+   * spare columns cost a one-position step nothing: kv-block.ts groupCapacity, up to what its rows
+   * may reach) and spare rows.
    */
   function packGroup (group: Live[], need: number): Live[] {
     stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
-    const columns = roomyGroups ? groupCapacity(need, stage.maxPositions) : blockCapacity(need, stage.maxPositions)
+    let reach = 0
+    for (const { seq } of group) reach = Math.max(reach, seq.reach ?? 0)
+    const columns = roomyGroups ? groupCapacity(need, stage.maxPositions, reach) : blockCapacity(need, stage.maxPositions)
     const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
     const replaced = new Set<KvBlock>()
     group.forEach(({ seq }, b) => {

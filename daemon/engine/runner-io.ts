@@ -20,6 +20,8 @@ import type { BatchStepResult, RunnerSequence } from './runner-sequences.ts'
 export interface KvSequence extends RunnerSequence {
   /** Undefined until the first step. */
   kv: KvRef | undefined
+  /** The most positions it may reach (BatchStepItem.reach, its latest): room for a block it shares. */
+  reach?: number
 }
 
 /** A batch item that may run, with its index in the batch. */

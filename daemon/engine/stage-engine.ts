@@ -79,6 +79,8 @@ export interface StageBatchItem {
    * up to the positions the caller fed) or a step other than the expected one end it.
    */
   ahead?: TokenPick[]
+  /** As BatchStepItem.reach: the most positions the sequence may reach (a hint for its cache's room). */
+  reach?: number
   /** This item's caller: on abort its sequence is cancelled (KV dropped) and it alone fails. */
   signal?: AbortSignal
 }
@@ -306,7 +308,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
             ? { kind: 'tokens', ids: int64Of(item.input.tokenIds) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
           const positions = int64Of(item.positions)
-          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(ahead === undefined ? {} : { ahead }) })
+          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
           const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
           if (!transfer.includes(buf)) transfer.push(buf)
           transfer.push(positions.buffer as ArrayBuffer)

@@ -246,6 +246,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     },
     async stepBatch (items) {
       const { results, live } = takeBatch(sequences, items)
+      for (const e of live) if (e.item.reach !== undefined) e.seq.reach = e.item.reach
       const work = runBatch(live, results)
       const running = work.then(() => {}, () => {})
       for (const e of live) e.seq.running = running

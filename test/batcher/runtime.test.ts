@@ -218,6 +218,8 @@ describe('batcher runtime', () => {
       { seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [-1] },
       { seqId: 'a', kind: 'prefill', input: { tokenIds: [1] }, positions: [0], logitsToKeep: 2 },
       { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], logitsToKeep: 2, pick: GREEDY_PICK },
+      { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], reach: -1 },
+      { seqId: 'a', kind: 'prefill', input: { tokenIds: [1, 2] }, positions: [0, 1], reach: 2.5 },
     ]
     for (const step of bad) expect(await codeOf(b.submit(step as StepRequest))).toBe('SHOAL_ERR_BAD_REQUEST')
     const ok = b.submit({ seqId: 'a', kind: 'decode', input: { tokenIds: [1] }, positions: [0] })

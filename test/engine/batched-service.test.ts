@@ -118,4 +118,26 @@ describe('local service with continuous batching', () => {
     expect(await a).toEqual(want[5]!.slice(0, 8))
     expect(await strict.stats()).toMatchObject({ activeRequests: 0, engine: { liveSequences: 0, kvBytes: 0 } })
   })
+
+  it('a prefill tells the engine how far its sequence may reach (prompt and max_tokens, within the context); decode steps do not repeat it', async () => {
+    const engine = batched.engine!
+    const stepBatch = engine.stepBatch.bind(engine)
+    const seen: Array<{ positions: number, reach: number | undefined }> = []
+    engine.stepBatch = async (items, signal) => {
+      for (const it of items) seen.push({ positions: it.positions.length, reach: it.reach })
+      return await stepBatch(items, signal)
+    }
+    try {
+      expect(await tokensOf(batched, request(model, PROMPTS[2]!, 20))).toEqual(want[2]!.slice(0, 20))
+      expect(seen.filter(s => s.positions > 1)).toEqual([{ positions: 13, reach: 13 + 20 }])
+      expect(seen.filter(s => s.positions === 1 && s.reach !== undefined)).toEqual([])
+      seen.length = 0
+      // Without max_tokens it may reach the context's end (a request aborted after a few tokens).
+      const ac = new AbortController()
+      await tokensOf(batched, { ...request(model, PROMPTS[1]!), maxTokens: undefined }, ac.signal, n => { if (n >= 3) ac.abort() }).catch(() => {})
+      expect(seen.filter(s => s.positions > 1)).toEqual([{ positions: 6, reach: model.manifest.shape.maxPositions }])
+    } finally {
+      engine.stepBatch = stepBatch
+    }
+  })
 })

@@ -12,6 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createOnnxruntimeBackend, createStageRunner, stageInfoOf } from '../../daemon/engine/index.ts'
 import type { BackendSession, PrefixKeepingRunner, TensorMap } from '../../daemon/engine/index.ts'
 import { alignColumns, blockCapacity, freeBlock, groupCapacity } from '../../daemon/engine/kv-block.ts'
+import { GREEDY_PICK } from '../../daemon/engine/sampling.ts'
+import type { BatchStepResult } from '../../daemon/engine/runner-sequences.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import { LOGITS, NEW_KV, newKeyName } from '../../shards/contract.ts'
 import { buildTinyModel } from './tiny-model.ts'
@@ -60,6 +62,10 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     await runner.step(seqId, { kind: 'tokens', ids: BigInt64Array.from(tokens, BigInt) }, BigInt64Array.from(tokens.map((_, i) => BigInt(from + i))), 1)
   }
   const detached = (t: ArrayBuffer | undefined): boolean => t!.detached
+  const tokenOf = (r: BatchStepResult): number => {
+    if (!('output' in r) || r.output.kind !== 'token') throw new Error(`expected a token, got ${JSON.stringify(r)}`)
+    return r.output.id
+  }
 
   it('writes each step into the same block until it outgrows it, fetches no present, and frees what it replaced', async () => {
     runner.open('a')
@@ -188,6 +194,43 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
       expect(widths.at(-1)).toBe(live ? groupCapacity(7, limit) : blockCapacity(7, limit))
       for (const n of ['g1', 'g2']) await other.drop(n, 'free')
     }
+  })
+
+  it('a batch\'s block has room for what its rows may reach (prompt and max_tokens), so it is not outgrown, and the tokens are the same', async () => {
+    expect(groupCapacity(129, 4096, 256)).toBe(256) // a round of 128-token prompts and 128 tokens: no growth at 224
+    expect(groupCapacity(129, 4096, 150)).toBe(groupCapacity(129, 4096)) // less than the default room: the default
+    expect(groupCapacity(129, 4096, 100_000)).toBe(alignColumns(2 * 129 + 256)) // no max_tokens: at most twice and 256 more
+    expect(groupCapacity(129, 200, 256)).toBe(alignColumns(200)) // never past the context
+    const limit = model.manifest.shape.maxPositions
+    const reach = 60
+    expect(limit).toBeGreaterThanOrEqual(reach)
+    expect(groupCapacity(7, limit)).toBeLessThan(reach) // without the hint this block would grow
+    const tokens: number[][] = []
+    for (const hinted of [false, true]) {
+      const other = createStageRunner({ session: { ...session, liveColumnsOnly: true }, stage: stageInfoOf(model.manifest), chunkSize: 8 })
+      const names = ['h1', 'h2']
+      const picked = names.map(() => [] as number[])
+      for (const [i, n] of names.entries()) {
+        other.open(n)
+        const out = await other.stepBatch([{ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.from(ids(6, 3 + i), BigInt) }, positions: BigInt64Array.from([0, 1, 2, 3, 4, 5], BigInt), logitsToKeep: 1, pick: GREEDY_PICK, ...(hinted ? { reach } : {}) }])
+        picked[i]!.push(tokenOf(out[0]!))
+      }
+      const before = fed.length
+      for (let at = 6; at < reach; at++) {
+        const out = await other.stepBatch(names.map((n, i) => ({ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.of(BigInt(picked[i]!.at(-1)!)) }, positions: BigInt64Array.of(BigInt(at)), logitsToKeep: 1, pick: GREEDY_PICK })))
+        out.forEach((r, i) => picked[i]!.push(tokenOf(r)))
+      }
+      const blocks = new Set(fed.slice(before))
+      if (hinted) {
+        expect(widths.slice(before)).toEqual(new Array(reach - 6).fill(alignColumns(reach)))
+        expect(blocks.size).toBe(1) // packed once, never outgrown
+      } else {
+        expect(blocks.size).toBeGreaterThan(1)
+      }
+      tokens.push(picked.flat())
+      for (const n of names) await other.drop(n, 'free')
+    }
+    expect(tokens[1]).toEqual(tokens[0])
   })
 
   it('feeds every block a multiple of 16 columns wide (one-position attention is bit-stable only so)', () => {

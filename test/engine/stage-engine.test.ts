@@ -27,6 +27,8 @@ describe('engine worker protocol (pure)', () => {
     expect(parseToWorker({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: [1, 2] }, positions: new BigInt64Array(2), logitsToKeep: 1 })).toMatch(/input must be/)
     expect(parseToWorker({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(2) }, positions: [0, 1], logitsToKeep: 1 })).toMatch(/positions/)
     expect(parseToWorker({ type: 'step', id: 1, seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(2) }, positions: new BigInt64Array(2), logitsToKeep: 0 })).toMatch(/logitsToKeep/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(1) }, positions: new BigInt64Array(1), logitsToKeep: 1, reach: -2 }] })).toMatch(/reach/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ seqId: 's', input: { kind: 'tokens', ids: new BigInt64Array(1) }, positions: new BigInt64Array(1), logitsToKeep: 1, reach: 40 }] })).toMatchObject({ type: 'step-batch' })
     expect(parseToWorker({ type: 'stats', id: 3 })).toEqual({ type: 'stats', id: 3 })
   })
 
