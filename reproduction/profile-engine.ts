@@ -11,6 +11,7 @@
  *        [--streams N]   (http mode: N concurrent requests a window, so decode runs batch up to N rows)
  *        [--temperature T]   (http mode: the requests sample at T over the whole vocabulary, seeded, so no prompt
  *        lookup; the step then fetches the logits and draws in the worker: 0, greedy, by default)
+ *        [--top-p P]   (with --temperature: the requests' top_p, default 1: the whole vocabulary)
  *        [--threads N]   (raw mode: onnxruntime's intra-op threads; default one per core)
  *        [--warmup 16] [--warmup-prompt N]   (the untimed first request: its tokens and prompt length, default --prompt;
  *        a fresh session runs its first few hundred steps slower, so a short warm-up times that too)
@@ -38,7 +39,7 @@ execWithServeMalloc()
 const { values: args } = parseArgs({ options: {
   shard: { type: 'string' }, mode: { type: 'string', default: 'http' }, prompt: { type: 'string', default: '128' },
   tokens: { type: 'string', default: '160' }, reps: { type: 'string', default: '3' }, warmup: { type: 'string', default: '16' }, 'warmup-prompt': { type: 'string' },
-  'main-prof': { type: 'string' }, threads: { type: 'string' }, streams: { type: 'string', default: '1' }, temperature: { type: 'string', default: '0' },
+  'main-prof': { type: 'string' }, threads: { type: 'string' }, streams: { type: 'string', default: '1' }, temperature: { type: 'string', default: '0' }, 'top-p': { type: 'string', default: '1' },
 } })
 const dir = process.env.SHOAL_TRACE_DIR
 if (dir === undefined || args.shard === undefined) throw new Error('SHOAL_TRACE_DIR and --shard are needed')
@@ -49,7 +50,9 @@ if (!(STREAMS >= 1) || (STREAMS > 1 && args.mode !== 'http')) throw new Error('-
 const TEMPERATURE = Number(args.temperature)
 if (!(TEMPERATURE >= 0) || (TEMPERATURE > 0 && args.mode !== 'http')) throw new Error('--temperature T (≥ 0) is for --mode http')
 /** A sampled request's fields: the whole vocabulary, and a seed (a seeded request decodes plainly, without prompt lookup). */
-const sampling = (salt: number): object => TEMPERATURE > 0 ? { temperature: TEMPERATURE, top_p: 1, seed: salt } : { temperature: 0 }
+const TOP_P = Number(args['top-p'])
+if (!(TOP_P > 0 && TOP_P <= 1)) throw new Error('--top-p P must be in (0, 1]')
+const sampling = (salt: number): object => TEMPERATURE > 0 ? { temperature: TEMPERATURE, top_p: TOP_P, seed: salt } : { temperature: 0 }
 const WARMUP = Number(args.warmup)
 const WARMUP_PROMPT = args['warmup-prompt'] === undefined ? PROMPT : Number(args['warmup-prompt'])
 const wall = (): number => performance.timeOrigin + performance.now()
@@ -158,7 +161,7 @@ for (const w of windows) {
   ;(seg['client: gap between tokens'] ??= []).push(...gaps)
 }
 const f3 = (x: number | undefined): string => x === undefined || Number.isNaN(x) ? '—' : x.toFixed(3)
-console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} temperature=${TEMPERATURE} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)} malloc: ${mallocSettings()}`)
+console.log(`${manifest.modelId} mode=${args.mode} streams=${STREAMS} temperature=${TEMPERATURE} top_p=${TOP_P} prompt=${PROMPT} tokens=${TOKENS} reps=${args.reps} load=${loadAverage(2)} malloc: ${mallocSettings()}`)
 // The mean is what sets tokens per second (the tail of slow steps counts); the median, a typical step.
 console.log(`| segment | median ms | mean | p10 | p90 | n |`)
 console.log('|---|---|---|---|---|---|')

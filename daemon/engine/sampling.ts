@@ -237,14 +237,14 @@ export const isGreedy = (pick: TokenPick | undefined): boolean => pick !== undef
 
 /**
  * Picks the next token from one row of logits with a draw made beforehand: greedy; over the whole
- * vocabulary (top-p 1, the OpenAI default) by drawFromCells; with top-p < 1 the first kept token in
- * id order whose cumulative weight exceeds u · (kept total). Each is an exact draw from the
- * distribution, and a function of (logits, params, u) alone, so a seed reproduces.
+ * vocabulary (top-p 1, the OpenAI default) by drawFromCells; with top-p < 1 by drawNucleus. Each is
+ * an exact draw from the distribution, and a function of (logits, params, u) alone, so a seed
+ * reproduces.
  */
 export function pickToken (logits: Float32Array, pick: TokenPick, offset = 0, length = logits.length - offset): number {
   if (isGreedy(pick)) return argmax(logits, offset, length)
   if (pick.topP >= 1) return drawFromCells(logits, 1 / pick.temperature, offset, length, pick.u)
-  return drawByWalk(logits, pick, offset, length, pick.u)
+  return drawNucleus(logits, pick, offset, length, pick.u)
 }
 
 /** The inverse-CDF walk in id order over what keptWeights keeps (top-p < 1: over the plan, one pass). */
@@ -341,6 +341,148 @@ function drawFromCells (logits: Float32Array, inv: number, offset: number, lengt
     if (rng() * CELL_BOUND[c]! < Math.exp((logits[i]! - top) * inv)) return i - offset
   }
   return drawByWalk(logits, { temperature: 1 / inv, topP: 1 }, offset, length, u)
+}
+
+/*
+ * Top-p < 1 (drawNucleus): cells of 1/64 nat of the nucleus's own gaps (max − z, as nucleusPlan
+ * computes them), 32 nats deep, the last holding the rest. FINE_HIGH[c] = e^(−c/64): no weight in
+ * cell c is larger; FINE_LOW[c] = e^(−(c+1)/64): none is smaller (0 for the last cell).
+ */
+const FINE_PER_NAT = 64
+const FINE = 2048
+const FINE_HIGH = Float64Array.from({ length: FINE }, (_, c) => Math.exp(-c / FINE_PER_NAT))
+const FINE_LOW = Float64Array.from({ length: FINE }, (_, c) => c === FINE - 1 ? 0 : Math.exp(-(c + 1) / FINE_PER_NAT))
+/**
+ * Relative room a decision by bounds keeps for rounding: exp's and the bounds' own (ulps), and
+ * the float sums nucleusPlan compares, in other orders (≤ n·2⁻⁵³ of the total, ~4·10⁻¹² at 32k).
+ */
+const SLACK = 1e-9
+/** Below this top-p a draw could take more than four proposals on average: the walk decides. */
+const NUCLEUS_TOP_P_MIN = 0.25
+const NUCLEUS_TRIES = 256
+const fineLow = new Float64Array(FINE + 1)
+const fineHigh = new Float64Array(FINE + 1)
+
+/**
+ * An exact draw from the nucleus (top-p < 1) without a weight for every token (nucleusPlan's exp
+ * for each of 32k tokens, its cells and cut took ~0.5–1 ms a row, per sampled row per step):
+ * draws from the whole softmax by rejection (as drawFromCells, over the fine cells), each kept
+ * only if it is in the nucleus, which gives the nucleus's own distribution (renormalised), exactly.
+ * A token is in the nucleus when the weight ranked above it is short of p · total (nucleusPlan's
+ * definition). From the cells' counts alone both are intervals: every token two cells or more
+ * above the proposed one's ranks above it, and none two or more below, and each cell's mass lies
+ * within its count times its bounds (1/64 nat apart: ~1.6 %). Decided by them when clear of p ·
+ * total by more than rounding; otherwise (a few % of proposals) by nucleusPlan itself, made once
+ * for the row. So the kept set is nucleusPlan's, token for token. Proposals are accepted with
+ * probability ≥ p, so it needs p ≥ NUCLEUS_TOP_P_MIN; a row with NaN, or without a finite
+ * maximum, goes to the walk, which decides such rows (argmax). The uniforms after `u` come from a
+ * generator seeded by u's bits: the draw is a function of u.
+ */
+function drawNucleus (logits: Float32Array, params: SamplerParams, offset: number, length: number, u: number): number {
+  const inv = 1 / params.temperature
+  const top = maxOf(logits, offset, length)
+  const max = top * inv
+  if (!(params.topP >= NUCLEUS_TOP_P_MIN) || !Number.isFinite(max)) return drawByWalk(logits, params, offset, length, u)
+  const counts = fineCounts(logits, max, inv, offset, length)
+  if (counts === undefined) return drawByWalk(logits, params, offset, length, u)
+  let low = 0
+  let high = 0
+  for (let c = 0; c < FINE; c++) {
+    low += counts[c]! * FINE_LOW[c]!
+    high += counts[c]! * FINE_HIGH[c]!
+    fineLow[c + 1] = low
+    fineHigh[c + 1] = high
+  }
+  // The weight ranked above a kept token is below p · total, at least p · low; a dropped one's at
+  // least p · total, at most p · high.
+  const surelyIn = params.topP * low * (1 - SLACK)
+  const surelyOut = params.topP * high * (1 + SLACK)
+  const rng = createRng(Math.floor(u * 2 ** 32))
+  let plan: NucleusPlan | undefined
+  for (let t = 0; t < NUCLEUS_TRIES; t++) {
+    const i = proposeFine(logits, max, inv, offset, length, counts, rng)
+    if (i < 0) continue
+    const c = fineCell(logits[offset + i]!, max, inv)
+    // Above it: at most the cells down to the one below its own, less its own bound.
+    if ((fineHigh[Math.min(FINE, c + 2)]! - FINE_HIGH[c]!) * (1 + SLACK) < surelyIn) return i
+    if (fineLow[Math.max(0, c - 1)]! * (1 - SLACK) > surelyOut) continue
+    plan ??= nucleusPlan(logits, params, offset, length)
+    if (plan.w[i]! > 0 && (plan.cell[i]! < plan.cross || (plan.cell[i] === plan.cross && plan.cut[i] === 1))) return i
+  }
+  return drawByWalk(logits, params, offset, length, u)
+}
+
+/** A token's fine cell: its gap max − logit · inv (nucleusPlan's, bit for bit) in 64ths of a nat; NaN and past 32 nats: the last. */
+function fineCell (logit: number, max: number, inv: number): number {
+  const d = (max - logit * inv) * FINE_PER_NAT
+  return d < FINE - 1 ? d | 0 : FINE - 1
+}
+
+/**
+ * One proposal from the whole softmax over the fine cells (the same scheme as drawFromCells): a
+ * cell by its bound mass, a member uniformly (counted from the highest id down), accepted with
+ * probability w / bound. The token (relative to offset), or −1 when rejected.
+ */
+function proposeFine (logits: Float32Array, max: number, inv: number, offset: number, length: number, counts: Int32Array, rng: Rng): number {
+  const target = rng() * fineHigh[FINE]!
+  // The cell: the first whose cumulative bound mass passes the target.
+  let lo = 0
+  let hi = FINE - 1
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1
+    if (fineHigh[mid + 1]! > target) hi = mid
+    else lo = mid + 1
+  }
+  const c = lo
+  const n = counts[c]!
+  if (n === 0) return -1
+  let k = Math.min(n - 1, Math.floor((target - fineHigh[c]!) / FINE_HIGH[c]!))
+  let i = offset + length - 1
+  for (; i > offset; i--) if (fineCell(logits[i]!, max, inv) === c && k-- === 0) break
+  // The weight as nucleusPlan computes it: exp(z − max).
+  return rng() * FINE_HIGH[c]! < Math.exp(logits[i]! * inv - max) ? i - offset : -1
+}
+
+const fine0 = new Int32Array(FINE)
+const fine1 = new Int32Array(FINE)
+const fine2 = new Int32Array(FINE)
+const fine3 = new Int32Array(FINE)
+
+/**
+ * How many tokens of the row fall in each fine cell (four histograms, as cellCounts), or undefined
+ * when the row holds a NaN (with a finite maximum, the only way the logits' sum is NaN). Returns
+ * fine0, valid until the next call.
+ */
+function fineCounts (logits: Float32Array, max: number, inv: number, offset: number, length: number): Int32Array | undefined {
+  fine0.fill(0)
+  fine1.fill(0)
+  fine2.fill(0)
+  fine3.fill(0)
+  const last = FINE - 1
+  const end = offset + length
+  const end4 = end - (length & 3)
+  let s0 = 0
+  let s1 = 0
+  for (let i = offset; i < end4; i += 4) {
+    const la = logits[i]!
+    const lb = logits[i + 1]!
+    const lc = logits[i + 2]!
+    const ld = logits[i + 3]!
+    s0 += la + lb
+    s1 += lc + ld
+    const a = (max - la * inv) * FINE_PER_NAT
+    const b = (max - lb * inv) * FINE_PER_NAT
+    const c = (max - lc * inv) * FINE_PER_NAT
+    const d = (max - ld * inv) * FINE_PER_NAT
+    fine0[a < last ? a | 0 : last]!++
+    fine1[b < last ? b | 0 : last]!++
+    fine2[c < last ? c | 0 : last]!++
+    fine3[d < last ? d | 0 : last]!++
+  }
+  for (let i = end4; i < end; i++) { s0 += logits[i]!; fine0[fineCell(logits[i]!, max, inv)]!++ }
+  if (Number.isNaN(s0 + s1)) return undefined
+  for (let c = 0; c < FINE; c++) fine0[c] = fine0[c]! + fine1[c]! + fine2[c]! + fine3[c]!
+  return fine0
 }
 
 const lane0 = new Int32Array(CELLS)

@@ -150,10 +150,76 @@ describe('sampling', () => {
     expect(nucleus(peaked, { temperature: 1, topP: 1 }).ids.length).toBe(32000)
   })
 
-  it('with top-p < 1, a draw u lands on the kept token whose cumulative probability (in id order) first exceeds it', () => {
+  it('with top-p < 1, a draw is a function of u and always a kept token', () => {
     const logits = Float32Array.from([0.1, 0.6, 0.05, 0.25].map(Math.log))
-    // top-p 0.8 keeps 0.6 + 0.25 (ids 1 and 3), renormalised: id 1 below 0.6 / 0.85.
-    expect([0, 0.7, 0.71, 0.99].map(u => pickToken(logits, { temperature: 1, topP: 0.8, u }))).toEqual([1, 1, 3, 3])
+    // top-p 0.8 keeps 0.6 + 0.25 (ids 1 and 3).
+    const u = createRng(4)
+    const seen = new Set<number>()
+    for (let d = 0; d < 500; d++) {
+      const x = u()
+      const id = pickToken(logits, { temperature: 1, topP: 0.8, u: x })
+      expect(pickToken(logits, { temperature: 1, topP: 0.8, u: x })).toBe(id)
+      seen.add(id)
+    }
+    expect([...seen].sort()).toEqual([1, 3])
+    // Below the rejection draw's top-p floor (0.25) the walk decides: still the nucleus (id 1 alone).
+    expect(pickToken(logits, { temperature: 1, topP: 0.1, u: 0.99 })).toBe(1)
+  })
+
+  it('with top-p < 1 the draws follow the renormalised nucleus exactly (chi-square over 2,000 tokens, cuts through many cells)', () => {
+    const rng = createRng(23)
+    const logits = Float32Array.from({ length: 2000 }, (_, i) => i === 5 ? 4 : (rng() * 2 - 1) * 8)
+    logits[17] = -Infinity
+    for (const [temperature, topP] of [[1, 0.9], [0.6, 0.5], [1.5, 0.3]] as const) {
+      const { ids, probs } = nucleus(logits, { temperature, topP })
+      const prob = new Float64Array(2000)
+      ids.forEach((id, k) => { prob[id] = probs[k]! })
+      // Ten bins of about equal probability, by id order.
+      const bin = new Int32Array(2000).fill(-1)
+      let acc = 0
+      prob.forEach((q, i) => { if (q > 0) { bin[i] = Math.min(9, Math.floor(acc * 10)); acc += q } })
+      const expected = new Float64Array(10)
+      prob.forEach((q, i) => { if (q > 0) expected[bin[i]!] = expected[bin[i]!]! + q })
+      const draws = 20000
+      const seen = new Float64Array(10)
+      const u = createRng(6)
+      for (let d = 0; d < draws; d++) {
+        const id = pickToken(logits, { temperature, topP, u: u() })
+        expect(prob[id]).toBeGreaterThan(0) // a kept token, every time
+        seen[bin[id]!]!++
+      }
+      let chi = 0
+      for (let b = 0; b < 10; b++) if (expected[b]! > 0) chi += (seen[b]! - expected[b]! * draws) ** 2 / (expected[b]! * draws)
+      expect(chi).toBeLessThan(30) // 9 degrees of freedom: p ≈ 0.0004
+    }
+  })
+
+  it('with top-p < 1 on a 32k vocabulary, the draws stay in the nucleus, equal weights included', () => {
+    const rng = createRng(7)
+    const peaked = Float32Array.from({ length: 32000 }, () => (rng() * 2 - 1) * 12)
+    const same = new Float32Array(32000).fill(0.25)
+    const u = createRng(8)
+    for (const [logits, temperature, topP] of [[peaked, 0.7, 0.9], [peaked, 1, 0.5], [same, 1, 0.5], [same, 0.8, 0.95]] as const) {
+      const kept = new Set(nucleus(logits, { temperature, topP }).ids)
+      for (let d = 0; d < 200; d++) expect(kept.has(pickToken(logits, { temperature, topP, u: u() }))).toBe(true)
+    }
+  })
+
+  it('property: with top-p < 1 a row read at an offset draws what its copy at 0 draws, a kept token (NaN: the argmax, as the walk decides)', () => {
+    fc.assert(fc.property(
+      fc.array(fc.oneof(fc.double({ min: -6, max: 6, noNaN: true }), fc.constant(-Infinity), fc.constant(Number.NaN)), { minLength: 2, maxLength: 300 }),
+      fc.nat(), fc.nat(), fc.double({ min: 0, max: 0.999999, noNaN: true }), fc.double({ min: 0.2, max: 3, noNaN: true }), fc.double({ min: 0.05, max: 0.999, noNaN: true }),
+      (values, a, b, u, temperature, topP) => {
+        const logits = Float32Array.from(values)
+        const offset = a % logits.length
+        const length = 1 + (b % (logits.length - offset))
+        const row = logits.slice(offset, offset + length)
+        const pick = { temperature, topP, u }
+        const got = pickToken(logits, pick, offset, length)
+        expect(got).toBe(pickToken(row, pick))
+        if (row.some(Number.isNaN) || !row.some(x => x > -Infinity)) expect(got).toBe(argmax(row))
+        else expect([...nucleus(row, { temperature, topP }).ids]).toContain(got)
+      }), { numRuns: 500 })
   })
 
   it('over the whole vocabulary a draw is a function of u, and the draws follow softmax exactly (chi-square over 2,000 tokens)', () => {
