@@ -27,6 +27,7 @@
  *   node reproduction/paired-vs-llamacpp.ts [--sizes 60m,250m] [--quants int4 (or none,int4; none = fp32)] [--pairs 40]
  *     [--decode-pairs 12] [--long-pairs 6] [--stream-pairs 0] [--prompt 128] [--long 2000] [--tokens 128] [--warm-tokens 0] [--llama-dir DIR]
  *     [--temperature 0]   (every request samples at T over the whole vocabulary, seeded; 0: greedy)
+ *     [--top-p 1]   (with --temperature: every request's top_p, the nucleus both servers cut to)
  *     [--streams 8]   (llama-server's slots: bench-vs-llamacpp.ts's server, sized for its concurrent streams)
  *     [--arms '{"llama-server":"llama","shoal":{}}']
  * Run it as bench-vs-llamacpp.ts is run (`chrt -r 10 node …` with nothing else on the machine):
@@ -83,6 +84,8 @@ const { values: args } = parseArgs({
     // Every request (warm-ups included) samples at this temperature over the whole vocabulary, as
     // bench-vs-llamacpp.ts's --temperature (lib/completions.ts: both servers' filters off); 0: greedy.
     temperature: { type: 'string', default: '0' },
+    // With --temperature: the requests' top_p (both servers cut to the nucleus); 1: the whole vocabulary.
+    'top-p': { type: 'string', default: '1' },
   },
 })
 const ARMS = parseArms(args.arms)
@@ -97,6 +100,8 @@ const LONG = Number(args.long)
 const TOKENS = Number(args.tokens)
 const TEMPERATURE = Number(args.temperature)
 if (!(TEMPERATURE >= 0)) throw new Error(`--temperature must be a number ≥ 0, not ${args.temperature}`)
+const TOP_P = Number(args['top-p'])
+if (!(TOP_P > 0 && TOP_P <= 1)) throw new Error(`--top-p must be in (0, 1], not ${args['top-p']}`)
 const REPO = resolve(import.meta.dirname, '..')
 const SHAPE = { threads: Number(args.threads), streams: STREAMS, prompt: PROMPT, tokens: TOKENS, long: LONG }
 const log = (s: string): void => { process.stderr.write(`${s}\n`) }
@@ -138,7 +143,7 @@ async function pair<T> (a: Server, b: Server, aFirst: boolean, ask: (s: Server) 
  */
 async function streams (s: Server, salt: number): Promise<{ tokS: number, itlP99: number }> {
   const t0 = performance.now()
-  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, TEMPERATURE)))
+  const all = await Promise.all(Array.from({ length: STREAMS }, async (_, i) => await complete(s, promptIds(PROMPT, salt + i), TOKENS, TEMPERATURE, TOP_P)))
   const gaps = all.flatMap(c => c.gaps)
   return { tokS: all.reduce((n, c) => n + c.count, 0) / ((Math.max(...all.map(c => c.end)) - t0) / 1000), itlP99: floorRank(gaps, 0.99) }
 }
@@ -153,11 +158,11 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     // A fresh shoal decodes while idle after it listens (its settle, up to 3 s); its first request
     // here ends that, so nothing timed runs beside it.
     for (const s of servers) {
-      await complete(s, promptIds(16, 999), 8, TEMPERATURE)
-      await complete(s, promptIds(PROMPT, 998), TOKENS, TEMPERATURE)
-      if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, TEMPERATURE)
+      await complete(s, promptIds(16, 999), 8, TEMPERATURE, TOP_P)
+      await complete(s, promptIds(PROMPT, 998), TOKENS, TEMPERATURE, TOP_P)
+      if (LONG > 0 && LONG_PAIRS > 0) await complete(s, promptIds(LONG, 997), 1, TEMPERATURE, TOP_P)
       if (STREAM_PAIRS > 0) await streams(s, 980)
-      for (let left = WARM_TOKENS, i = 0; left > 0; left -= 512, i++) await complete(s, promptIds(PROMPT, 960 - i), Math.min(512, left), TEMPERATURE)
+      for (let left = WARM_TOKENS, i = 0; left > 0; left -= 512, i++) await complete(s, promptIds(PROMPT, 960 - i), Math.min(512, left), TEMPERATURE, TOP_P)
     }
     const idle = await idleCpu(servers)
     // Two readings of each max_tokens-1 request: its whole time (what every earlier wave reported),
@@ -179,7 +184,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     const add = <T>(p: Paired, [x, y]: [T, T], f: (c: T) => number): void => { p.a.push(f(x)); p.b.push(f(y)) }
     /** One max_tokens-1 pair on a fresh `length`-token prompt, read both ways. */
     const ttftPair = async (toEnd: Paired, toToken: Paired, length: number, salt: number, aFirst: boolean): Promise<void> => {
-      const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(length, salt), 1, TEMPERATURE))
+      const p = await pair(a, b, aFirst, async s => await complete(s, promptIds(length, salt), 1, TEMPERATURE, TOP_P))
       add(toEnd, p, ms)
       add(toToken, p, firstMs)
     }
@@ -188,7 +193,7 @@ async function measure (m: ModelFiles, bin: string, cache: string): Promise<{ id
     for (let i = 0; i < rounds; i++) {
       const aFirst = i % 2 === 0
       if (i < PAIRS) await ttftPair(ttft, ttftFirst, PROMPT, 1000 + i, aFirst)
-      if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, TEMPERATURE)), tokS)
+      if (i < DECODE_PAIRS) add(decode, await pair(a, b, !aFirst, async s => await complete(s, promptIds(PROMPT, 3000 + i), TOKENS, TEMPERATURE, TOP_P)), tokS)
       if (LONG > 0 && i < LONG_PAIRS) await ttftPair(long, longFirst, LONG, 5000 + i, aFirst)
       if (i < STREAM_PAIRS) {
         const p = await pair(a, b, !aFirst, async s => await streams(s, 7000 + i * STREAMS))
@@ -237,7 +242,7 @@ async function main (): Promise<void> {
     `arms: ${ARMS.map(([name, arm]) => `${name} = ${JSON.stringify(arm)}`).join('; ')} (ratios: ${ARMS[1]![0]} ÷ ${ARMS[0]![0]})`,
     ...(bin === '' ? [] : [`llama.cpp: ${gitDescribe(resolve(bin, '..', '..'))}; llama-server ${llamaServerArgs('<gguf>', 0, SHAPE).join(' ')}`]),
     `shoal: \`shoal serve --model <shards> --device cpu --kv-cache-mb 0\`; git ${gitDescribe(REPO)}`,
-    `requests: ${TEMPERATURE > 0 ? `sampled at temperature ${TEMPERATURE} over the whole vocabulary (top_p 1, seeded; llama-server also top_k 0, min_p 0, typical_p 1)` : 'greedy (temperature 0)'}, streamed, token-id prompts`,
+    `requests: ${TEMPERATURE > 0 ? `sampled at temperature ${TEMPERATURE}, top_p ${TOP_P}${TOP_P < 1 ? '' : ' (the whole vocabulary)'}, seeded (llama-server also top_k 0, min_p 0, typical_p 1)` : 'greedy (temperature 0)'}, streamed, token-id prompts`,
     `pairs: the same fresh prompt to each server, one after the other, order alternating; ${PAIRS} TTFT pairs (${PROMPT}-token prompt, max_tokens 1), ${LONG_PAIRS} at ${LONG} tokens, ${DECODE_PAIRS} decode pairs (${PROMPT}-token prompt, ${TOKENS} tokens, first to last token chunk)${STREAM_PAIRS > 0 ? `, ${STREAM_PAIRS} pairs of ${STREAMS} concurrent streams (${TOKENS} tokens each, after an untimed round)` : ''}${WARM_TOKENS > 0 ? `; each server decoded ${WARM_TOKENS} more tokens before (--warm-tokens)` : ''}`,
     `idle CPU of each server over one second before the pairs: ${idles.join('; ')}`,
     `load average (1/5/15 min): at start ${loadStart}; at end ${loadAverage(2)}; total ${((Date.now() - began) / 1000).toFixed(0)} s`,

@@ -59,11 +59,11 @@ async function post (s: Endpoint, path: string, body: unknown): Promise<Response
  * the ids are compared by `greedyIds` below. A completion whose only token is held arrives with
  * the final chunk: that chunk's time is its first token's. llama-server gets `ignore_eos` and
  * `cache_prompt: false` (both sides prefill cold), and when sampling its top-k, min-p and
- * typical-p filters off (both sides draw from the whole vocabulary).
+ * typical-p filters off (both sides draw from the whole vocabulary, or its top `topP` nucleus).
  */
-export async function complete (s: Endpoint, prompt: number[], maxTokens: number, temperature: number): Promise<Completion> {
+export async function complete (s: Endpoint, prompt: number[], maxTokens: number, temperature: number, topP = 1): Promise<Completion> {
   const body: Record<string, unknown> = { model: s.model, prompt, max_tokens: maxTokens, temperature, stream: true }
-  if (temperature > 0) Object.assign(body, { top_p: 1, seed: prompt.length + maxTokens })
+  if (temperature > 0) Object.assign(body, { top_p: topP, seed: prompt.length + maxTokens })
   if (s.kind === 'shoal') body.return_token_ids = true
   else Object.assign(body, { ignore_eos: true, cache_prompt: false, verbose: true })
   // Greedy requests keep llama-server's own filters: with top-k off its greedy path softmaxes and
