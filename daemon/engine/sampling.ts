@@ -31,11 +31,16 @@ export function createRng (seed?: number): Rng {
 }
 
 /**
- * Index of the largest value; the lowest index wins ties. NaN never wins (a row of nothing but NaN
- * and −∞ gives 0). Four running maxima first, then the first index holding the maximum: about twice
+ * Index of the largest value; the lowest index wins ties. The token onnxruntime's TopK (k = 1)
+ * gives, which a greedy step whose rows are all greedy takes from the graph (and GreedyHead from
+ * its kernel): a scan from index 0 that moves only to a larger value, so a NaN after index 0 never
+ * wins and a NaN at index 0 is never left (a row of nothing but NaN and −∞ gives 0). So a greedy
+ * row's token does not depend on whether its batch fetched the logits (a sampled row beside it, a
+ * verify step). Four running maxima first, then the first index holding the maximum: about twice
  * as fast as one compare-and-remember loop over a 32k vocabulary (it runs once per token per row).
  */
 export function argmax (logits: Float32Array, offset = 0, length = logits.length - offset): number {
+  if (Number.isNaN(logits[offset])) return 0
   const m = maxOf(logits, offset, length)
   if (m === -Infinity) return 0
   const end = offset + length

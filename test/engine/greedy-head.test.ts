@@ -76,7 +76,7 @@ function heads (V: number, K: number): Array<{ name: string, w: Float32Array }> 
   inf[9 * K + 1] = Number.POSITIVE_INFINITY
   inf[20 * K + 2] = Number.NaN
   out.push({ name: 'rows with ∞ and NaN', w: inf })
-  // Row 0's logit NaN: TopK never takes a NaN (the JS argmax's rule), so not the first row either.
+  // Row 0's logit NaN: TopK's scan starts there and never leaves it (a later NaN never takes over).
   const nan0 = Float32Array.from(random)
   nan0[3] = Number.NaN
   out.push({ name: 'row 0 NaN (∞ path)', w: nan0 })
@@ -141,6 +141,8 @@ describe.skipIf(!kernelHere)('GreedyHead against onnxruntime\'s Gemm and TopK', 
         const x = states(K, rows, V + K)
         const r = await compare(w, V, K, x, rows)
         expect(r.greedy, name).toEqual(r.tokens)
+        // The JS argmax a step that fetches the logits takes: TopK's token too, NaN rows included.
+        expect(Array.from({ length: rows }, (_, b) => BigInt(argmax(r.logits, b * V, V))), name).toEqual(r.tokens)
         const finite = !name.includes('∞')
         if (finite) expect(new Uint32Array(r.exact.buffer)).toEqual(new Uint32Array(r.logits.buffer))
         // The tied head has a tie in every row: the lowest index of the best of its 7 rows.

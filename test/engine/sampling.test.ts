@@ -3,10 +3,11 @@ import fc from 'fast-check'
 import { argmax, createRng, nucleus, pickToken, sampleToken } from '../../daemon/engine/index.ts'
 
 /** The plain definitions the fast sampler must agree with: one compare-and-remember loop, and a full sort. */
+/** TopK k = 1's scan: from index 0, moving only to a larger value. */
 function referenceArgmax (logits: Float32Array, offset = 0, length = logits.length - offset): number {
   let best = 0
-  let bestValue = -Infinity
-  for (let i = 0; i < length; i++) {
+  let bestValue = logits[offset]!
+  for (let i = 1; i < length; i++) {
     const v = logits[offset + i]!
     if (v > bestValue) { bestValue = v; best = i }
   }
@@ -42,13 +43,16 @@ describe('sampling', () => {
   it('greedy picks the argmax; ties go to the lowest id', () => {
     expect(argmax(Float32Array.of(1, 3, 2, 3))).toBe(1)
     expect(argmax(Float32Array.of(-5, -5, -5))).toBe(0)
-    expect(argmax(Float32Array.of(NaN, 1, NaN))).toBe(1)
+    expect(argmax(Float32Array.of(2, NaN, 1, NaN))).toBe(0) // a NaN never takes over…
+    expect(argmax(Float32Array.of(-Infinity, NaN, 1))).toBe(2)
+    expect(argmax(Float32Array.of(NaN, 1, NaN))).toBe(0) // …and one at index 0 is kept, as TopK keeps it
+    expect(argmax(Float32Array.of(7, NaN, 1, 9), 1, 3)).toBe(0) // index 0 of the row, not of the array
     // over a row of a [K, V] block
     expect(argmax(Float32Array.of(9, 9, 0, 1, 1), 2, 3)).toBe(1)
     expect(sampleToken(Float32Array.of(0, 7, 7), { temperature: 0, topP: 0.1 }, () => 0.99)).toBe(1)
   })
 
-  it('property: argmax is the first index of the largest value, whatever the row and its offset', () => {
+  it('property: argmax is TopK\'s pick (the first index of the largest value; a NaN at index 0 kept), whatever the row and its offset', () => {
     fc.assert(fc.property(
       fc.array(fc.oneof(fc.float({ noNaN: false }), fc.constantFrom(1, 1, -Infinity, NaN)), { minLength: 1, maxLength: 70 }),
       fc.nat(), fc.nat(),
