@@ -85,8 +85,8 @@ describe('greedy steps fetch the graph\'s greedy token', () => {
   })
 })
 
-describe('TopK k = 1 takes a tie\'s lowest index and never NaN, as argmax does', () => {
-  it('agrees with argmax on ties, NaN, −∞ and all-equal rows', async () => {
+describe('TopK k = 1 takes a tie\'s lowest index, and a NaN only at index 0, as argmax does', () => {
+  it('agrees with argmax on ties, NaN (at index 0 too), −∞ and all-equal rows', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'shoal-topk-'))
     try {
       const V = 64
@@ -102,6 +102,7 @@ describe('TopK k = 1 takes a tie\'s lowest index and never NaN, as argmax does',
         Array.from({ length: V }, (_, i) => (i < 3 ? NaN : -Infinity)), // NaN and −∞ only
         Array.from({ length: V }, () => 0.5), // all equal
         Array.from({ length: V }, (_, i) => Math.sin(i * 1.7)),
+        Array.from({ length: V }, (_, i) => (i === 0 ? NaN : i)), // NaN at index 0: the scan never leaves it
       ]
       const session = await createOnnxruntimeBackend().load(join(dir, 't.onnx'), { device: 'CPU', threads: 1 })
       const out = await session.run({ x: { type: 'float32', data: Float32Array.from(rows.flat()), dims: [rows.length, V] } })
@@ -109,6 +110,7 @@ describe('TopK k = 1 takes a tie\'s lowest index and never NaN, as argmax does',
       const want = rows.map(r => argmax(Float32Array.from(r)))
       expect(Array.from(out.y!.data as BigInt64Array, Number)).toEqual(want)
       expect(want.slice(0, 4)).toEqual([5, 10, 0, 0])
+      expect(want[5]).toBe(0)
       expect(pickToken(Float32Array.from(rows[0]!), GREEDY)).toBe(5)
     } finally {
       await rm(dir, { recursive: true, force: true })
