@@ -456,7 +456,9 @@ const fine3 = new Int32Array(FINE)
 /**
  * How many tokens of the row fall in each fine cell (four histograms, as cellCounts), or undefined
  * when the row holds a NaN (with a finite maximum, the only way the logits' sum is NaN). Returns
- * fine0, valid until the next call.
+ * fine0, valid until the next call. Written apart from cellCounts on purpose: one histogram for
+ * both (the gap's formula and the lanes as arguments, the NaN test a pass of its own) made the
+ * top-p 1 draw 10–28 % slower and this one 5–40 % (one process, the two alternating, wave 42).
  */
 function fineCounts (logits: Float32Array, max: number, inv: number, offset: number, length: number): Int32Array | undefined {
   fine0.fill(0)
