@@ -125,14 +125,14 @@ export function blockCapacity (need: number, limit: number): number {
  * reach, not at all.
  */
 export function groupCapacity (need: number, limit: number, reach = 0): number {
-  const roomy = need + Math.min(256, Math.ceil(need / 2))
+  const roomy = blockCapacity(need + Math.min(256, Math.ceil(need / 2)), limit)
   // Room to the positions the rows may reach (their prompts and max_tokens: StepRequest.reach),
   // so that a round of requests never outgrows its block (each growth a 48–101 ms stall on 250m
   // fp32, once a round of 128-token prompts and 128 tokens: engine-notes, wave 42). Never more
   // than twice what the block must hold and 256 columns: a request without max_tokens reaches the
-  // context, and those columns would be memory held for a length it may never write.
-  const reachable = Math.min(reach, 2 * need + 256)
-  return reachable > roomy ? alignColumns(Math.min(limit, reachable)) : blockCapacity(roomy, limit)
+  // context, and those columns would be memory held for a length it may never write. Never less
+  // than the room it has without a reach: the reach is a hint, and a row may step past it.
+  return Math.max(roomy, alignColumns(Math.min(limit, reach, 2 * need + 256)))
 }
 
 /**

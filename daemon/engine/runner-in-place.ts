@@ -228,8 +228,12 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
    */
   function packGroup (group: Live[], need: number): Live[] {
     stepMark('k.pack') // a repack (SHOAL_TRACE_DIR traces): how engine-notes, wave 8, timed them
+    // The rows' reach, when every row has one (a row without one may need any room).
     let reach = 0
-    for (const { seq } of group) reach = Math.max(reach, seq.reach ?? 0)
+    for (const { seq } of group) {
+      if (seq.reach === undefined) { reach = 0; break }
+      reach = Math.max(reach, seq.reach)
+    }
     const columns = roomyGroups ? groupCapacity(need, stage.maxPositions, reach) : blockCapacity(need, stage.maxPositions)
     const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
     const replaced = new Set<KvBlock>()

@@ -201,18 +201,21 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     expect(groupCapacity(129, 4096, 150)).toBe(groupCapacity(129, 4096)) // less than the default room: the default
     expect(groupCapacity(129, 4096, 100_000)).toBe(alignColumns(2 * 129 + 256)) // no max_tokens: at most twice and 256 more
     expect(groupCapacity(129, 200, 256)).toBe(alignColumns(200)) // never past the context
+    expect(groupCapacity(1000, 4096, 1001)).toBe(groupCapacity(1000, 4096)) // never less than without it
     const limit = model.manifest.shape.maxPositions
     const reach = 60
     expect(limit).toBeGreaterThanOrEqual(reach)
     expect(groupCapacity(7, limit)).toBeLessThan(reach) // without the hint this block would grow
     const tokens: number[][] = []
-    for (const hinted of [false, true]) {
+    // Both rows hinted; neither; one only (a row without a reach may need any room: no hint then).
+    for (const mode of ['none', 'both', 'one'] as const) {
+      const hinted = mode === 'both'
       const other = createStageRunner({ session: { ...session, liveColumnsOnly: true }, stage: stageInfoOf(model.manifest), chunkSize: 8 })
       const names = ['h1', 'h2']
       const picked = names.map(() => [] as number[])
       for (const [i, n] of names.entries()) {
         other.open(n)
-        const out = await other.stepBatch([{ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.from(ids(6, 3 + i), BigInt) }, positions: BigInt64Array.from([0, 1, 2, 3, 4, 5], BigInt), logitsToKeep: 1, pick: GREEDY_PICK, ...(hinted ? { reach } : {}) }])
+        const out = await other.stepBatch([{ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.from(ids(6, 3 + i), BigInt) }, positions: BigInt64Array.from([0, 1, 2, 3, 4, 5], BigInt), logitsToKeep: 1, pick: GREEDY_PICK, ...(hinted || (mode === 'one' && i === 0) ? { reach } : {}) }])
         picked[i]!.push(tokenOf(out[0]!))
       }
       const before = fed.length
@@ -231,6 +234,7 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
       for (const n of names) await other.drop(n, 'free')
     }
     expect(tokens[1]).toEqual(tokens[0])
+    expect(tokens[2]).toEqual(tokens[0])
   })
 
   it('feeds every block a multiple of 16 columns wide (one-position attention is bit-stable only so)', () => {
