@@ -74,11 +74,13 @@ export function planRows (now: RowsNow): RowPlan | undefined {
 }
 
 /**
- * Rows to give a new block for a group of n: room for half as many again, at most `max` (the
- * runner's sequence bound), so streams joining one at a time (a burst's prefills finishing) find a
- * free row most of the time; a burst of eight joining one by one packs three times instead of
- * seven. The price is memory: a block is allocated zeroed, so up to half again the group's KV.
+ * Rows to give a new block for a group of n: room for half as many again, and for every sequence
+ * the runner has open (`open`: a burst's others, still prefilling, join next), at most `max` (the
+ * runner's sequence bound). So streams joining one at a time find a free row: a burst of eight
+ * joining one by one packs once (half as many again alone: three times, each a copy of every row
+ * and a zeroed block, ~1 % of a 250m fp32 round; wave 42). The price is memory: a block is
+ * allocated zeroed, so rows for sequences that have not joined yet.
  */
-export function rowCapacity (n: number, max: number): number {
-  return Math.max(n, Math.min(max, n + Math.ceil(n / 2)))
+export function rowCapacity (n: number, max: number, open = n): number {
+  return Math.max(n, Math.min(max, Math.max(n + Math.ceil(n / 2), open)))
 }

@@ -36,11 +36,13 @@ export interface InPlaceDeps {
   release: (block: KvBlock | undefined) => void
   /** The live sequences whose cache is a row of `block`. */
   holders: (block: KvBlock) => KvSequence[]
+  /** How many sequences the runner has open (kv-rows.ts rowCapacity: rows for those that join next). */
+  open: () => number
 }
 
 export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayout {
   const { session, stage, layers, kvH, hd } = ctx
-  const { isKept, release, holders } = deps
+  const { isKept, release, holders, open } = deps
   // Graphs that output a step's new columns alone (compiler ≥ 5) are fetched without their
   // presents: onnxruntime-node copies every fetched output, and a present is the whole cache, every step.
   const newOutputs = layers.every(l => session.outputNames.includes(newKeyName(l)) && session.outputNames.includes(newValueName(l)))
@@ -235,7 +237,7 @@ export function createInPlaceLayout (ctx: RunContext, deps: InPlaceDeps): KvLayo
       reach = Math.max(reach, seq.reach)
     }
     const columns = roomyGroups ? groupCapacity(need, stage.maxPositions, reach) : blockCapacity(need, stage.maxPositions)
-    const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences))
+    const block = packRows(group.map(({ seq }) => ({ ref: seq.kv, length: seq.length })), columns, layers.length, kvH, hd, rowCapacity(group.length, ctx.maxSequences, open()))
     const replaced = new Set<KvBlock>()
     group.forEach(({ seq }, b) => {
       if (seq.kv !== undefined) replaced.add(seq.kv.block)

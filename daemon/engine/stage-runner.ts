@@ -135,7 +135,9 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     if (!same(decodeSession.inputNames, session.inputNames) || !same(decodeSession.outputNames, session.outputNames)) throw new EngineError('the one-position graph\'s inputs or outputs are not the stage graph\'s')
   }
   const ctx: RunContext = { session, ...(decodeSession === undefined ? {} : { decodeSession }), stage, layers, kvH, hd, maxSequences, feedsLogitsToKeep }
-  const layout = leftAligned ? createInPlaceLayout(ctx, prefixes) : createPaddedLayout(ctx, release)
+  const layout = leftAligned
+    ? createInPlaceLayout(ctx, { isKept: prefixes.isKept, release, holders: prefixes.holders, open: () => sequences.size })
+    : createPaddedLayout(ctx, release)
 
   /** Throws what is wrong with a step for this sequence. */
   function check (seqId: string, seq: KvSequence, input: StepInput, positions: BigInt64Array, pick: TokenPick | undefined): void {

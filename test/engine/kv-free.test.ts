@@ -147,8 +147,10 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
   })
 
   it('a batch whose members change keeps its block: a joiner takes a spare row, a leaver\'s row is refilled, one that skips a step moves aside', async () => {
+    // Three open when the pair first batches: a block of three rows (kv-rows.ts rowCapacity); s opens later.
     const names = ['p', 'q', 'r', 's']
-    for (const [k, n] of names.entries()) { runner.open(n); await step(n, ids(6, 10 + k), 0) }
+    const prefill = async (n: string): Promise<void> => { runner.open(n); await step(n, ids(6, 10 + names.indexOf(n)), 0) }
+    for (const n of names.slice(0, 3)) await prefill(n)
     const at = new Map(names.map(n => [n, 6]))
     const batch = async (who: string[]): Promise<void> => {
       const res = await runner.stepBatch(who.map(n => ({ seqId: n, input: { kind: 'tokens', ids: BigInt64Array.of(7n) }, positions: BigInt64Array.of(BigInt(at.get(n)!)), logitsToKeep: 1 })))
@@ -164,6 +166,7 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     await batch(['p', 'r']) // r moves into q's row; the run is fed the first two rows
     expect(fed.at(-1)).toBe(shared)
     expect(rowsFed.at(-1)).toBe(2)
+    await prefill('s')
     await batch(['r', 's', 'p']) // s joins, in any order
     expect(fed.at(-1)).toBe(shared)
     await batch(['p', 's']) // r, not stepping, is in the way and no row is spare: it moves to a block of its own
@@ -180,6 +183,22 @@ describe('KV blocks are kept in place and freed when nothing refers to them', ()
     for (const n of ['p', 'r', 's', 'z']) await runner.drop(n, 'free')
     expect(detached(shared)).toBe(true)
     expect(runner.stats()).toMatchObject({ liveSequences: 0, kvBytes: 0 })
+  })
+
+  it('a burst\'s first batch gets a row for every open sequence, so the others join without a repack', async () => {
+    const names = ['b1', 'b2', 'b3', 'b4', 'b5']
+    for (const [k, n] of names.entries()) { runner.open(n); await step(n, ids(6, 30 + k), 0) }
+    const before = fed.length
+    // They join one at a time, as a burst's prefills finish: two, then three, four, five.
+    for (let n = 2, at = 6; n <= names.length; n++, at++) {
+      const res = await runner.stepBatch(names.slice(0, n).map(s => ({ seqId: s, input: { kind: 'tokens', ids: BigInt64Array.of(7n) }, positions: BigInt64Array.of(BigInt(at)), logitsToKeep: 1 })))
+      expect(res.every(r => 'output' in r)).toBe(true)
+      // Those left out fall a step behind; feed them up to the same position.
+      for (const s of names.slice(n)) await step(s, [7], at)
+    }
+    const groupRuns = fed.slice(before).filter((_, i) => rowsFed[before + i]! > 1)
+    expect(new Set(groupRuns).size).toBe(1) // packed once, five rows (half as many again alone: 3, then 5)
+    for (const n of names) await runner.drop(n, 'free')
   })
 
   it('a batch\'s block gets more room where one-position steps read live columns only (shoal\'s attention kernel)', async () => {

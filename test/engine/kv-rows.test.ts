@@ -111,4 +111,11 @@ describe('rowCapacity', () => {
     expect(rowCapacity(2, 2)).toBe(2)
     expect(rowCapacity(9, 8)).toBe(9)
   })
+
+  it('a row for every sequence the runner has open (a burst\'s others join next), within its bound', () => {
+    expect(rowCapacity(2, 8, 8)).toBe(8)
+    expect(rowCapacity(2, 8, 4)).toBe(4)
+    expect(rowCapacity(2, 8, 2)).toBe(3) // half as many again still
+    expect(rowCapacity(2, 4, 9)).toBe(4)
+  })
 })
