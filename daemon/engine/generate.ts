@@ -103,7 +103,7 @@ export function engineTokenSource (engine: StageEngine, seqId: string, sampling:
  */
 export function batchedTokenSource (batcher: Batcher, seqId: string, sampling: SamplingParams, prefilled = 0, aheadSteps = RUN_AHEAD_STEPS, budgetMs?: number, reach?: number): TokenSource {
   return pickingSource(async (kind, tokenIds, positions, pick, signal, ahead) =>
-    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillBudget(kind, budgetMs), ...prefillReach(kind, reach) }, signal), sampling, prefilled, aheadSteps)
+    await batcher.submit({ seqId, kind, input: { tokenIds }, positions, logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }), ...prefillFields(kind, budgetMs, reach) }, signal), sampling, prefilled, aheadSteps)
 }
 
 /**
@@ -114,14 +114,14 @@ export function afterPrefill (maxTokens: number | undefined, maxPositions: numbe
   return Math.max(0, Math.min(maxTokens ?? Infinity, maxPositions - promptLength) - 1)
 }
 
-/** A step's own queue budget, which only a prefill's admission reads (StepRequest.budgetMs). */
-export function prefillBudget (kind: 'prefill' | 'decode', budgetMs: number | undefined): { budgetMs?: number } {
-  return kind === 'prefill' && budgetMs !== undefined ? { budgetMs } : {}
-}
-
-/** What a prefill tells the engine its sequence may reach (StepRequest.reach): decode steps need not repeat it. */
-export function prefillReach (kind: 'prefill' | 'decode', reach: number | undefined): { reach?: number } {
-  return kind === 'prefill' && reach !== undefined ? { reach } : {}
+/**
+ * What only a prefill's step carries, those given: its own queue budget, which only a prefill's
+ * admission reads (StepRequest.budgetMs), and how far its sequence may reach (StepRequest.reach),
+ * which decode steps need not repeat.
+ */
+export function prefillFields (kind: 'prefill' | 'decode', budgetMs: number | undefined, reach: number | undefined): { budgetMs?: number, reach?: number } {
+  if (kind !== 'prefill') return {}
+  return { ...(budgetMs === undefined ? {} : { budgetMs }), ...(reach === undefined ? {} : { reach }) }
 }
 
 /** A request's end conditions on a model: its max_tokens and stop strings, the model's EOS ids and context limit. */

@@ -43,7 +43,7 @@ import { EngineError, OverloadedError, ShuttingDownError } from './errors.ts'
 import { createBatchedExecutor } from './batched-executor.ts'
 import { expectedSlotWaitMs, ownWaitBudget } from './admission.ts'
 import { createSlots } from './slots.ts'
-import { batchedTokenSource, engineTokenSource, prefillBudget, prefillReach, RUN_AHEAD_STEPS } from './generate.ts'
+import { batchedTokenSource, engineTokenSource, prefillFields, RUN_AHEAD_STEPS } from './generate.ts'
 import type { TokenSource } from './generate.ts'
 import { createGenerationService } from './generation-service.ts'
 import type { RequestTicket, RunningModel } from './generation-service.ts'
@@ -314,7 +314,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillBudget(kind, ownBudget()), ...prefillReach(kind, reach) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillFields(kind, ownBudget(), reach) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
             peers: () => Math.max(0, slots.active - 1),
