@@ -11,7 +11,7 @@ import { join } from 'node:path'
 import type { Registry } from 'prom-client'
 import type { Logger } from 'pino'
 import type { NodeIdentity } from '../../certs/index.ts'
-import { compiledCacheDir, createLocalService, greedyHeadExact, int4BatchingVerdict, int4KernelApplies, int4KernelName, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
+import { compiledCacheDir, createLocalService, f32KernelFits, f32ProductsExact, greedyHeadExact, int4BatchingVerdict, int4KernelApplies, int4KernelName, kernelsApplying, loadBackend, matMulNBitsRowInvariance, prepareNativeKernels } from '../engine/index.ts'
 import type { LocalService, NativeKernels } from '../engine/index.ts'
 import { createKvPuller, defaultKvCacheBytes } from '../kv/index.ts'
 import type { LedgerSigner } from '../ledger/index.ts'
@@ -249,13 +249,17 @@ export function createEnginesPart (config: Readonly<DaemonConfig>, deps: Engines
    * sequence's batch-of-one bits on this CPU — by construction on shoal's kernel, asked of
    * onnxruntime's (engine/kernel-probe.ts) and said once as a warning where it does not.
    */
-  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, verifyKernel?: string, greedyHead?: string, int4Kernel?: string, int4Batching?: string }> {
+  async function kernelFacts (model: ResolvedModel, choice: EngineChoice): Promise<{ attentionKernel?: string, verifyKernel?: string, greedyHead?: string, f32Products?: string, int4Kernel?: string, int4Batching?: string }> {
     const q = model.manifest.quantization
     const on = kernelsOf(model, choice)
     const attention = { ...on.includes('attention') ? { attentionKernel: 'shoal' } : {}, ...on.includes('verify') ? { verifyKernel: 'shoal' } : {} }
-    // An f32 head's greedy token (native/swap.ts swapHead), where its sums are MLAS's here.
+    // An f32 head's greedy token (native/swap.ts swapHead) and its layer products (swapF32Products),
+    // where their sums are MLAS's here and, for the products, the CPU is one MatMulF32 was measured on.
     if (q.kind === 'none' && on.includes('attention') && kernels !== undefined && 'lib' in kernels) {
-      return { ...attention, greedyHead: await greedyHeadExact(kernels.lib) ? 'shoal' : 'onnxruntime (its self-check did not pass here: native/head-check.ts)' }
+      const f32Products = !await f32KernelFits()
+        ? 'onnxruntime (this CPU is not one shoal\'s was measured faster on: native/build.ts f32KernelFits)'
+        : await f32ProductsExact(kernels.lib) ? 'shoal' : 'onnxruntime (its self-check did not pass here: native/f32-check.ts)'
+      return { ...attention, greedyHead: await greedyHeadExact(kernels.lib) ? 'shoal' : 'onnxruntime (its self-check did not pass here: native/head-check.ts)', f32Products }
     }
     if (q.kind !== 'int4' || choice.backend !== 'onnxruntime') return attention
     if (on.includes('int4')) return { ...attention, int4Kernel: int4KernelName(true), int4Batching: 'bit-exact' }

@@ -11,17 +11,19 @@
  * native-attention.test.ts's.
  */
 import { execFile } from 'node:child_process'
-import { mkdtemp, readFile, rm } from 'node:fs/promises'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { dirname, join } from 'node:path'
 import { promisify } from 'node:util'
 import onnxProto from 'onnx-proto'
+import ort from 'onnxruntime-node'
 import pino from 'pino'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { argmax, attentionKernelApplies, createStageEngine, int4KernelApplies, kernelsApplying, int4ProductsTakeKernel, prepareNativeKernels, stageInfoOf, swapKernels } from '../../daemon/engine/index.ts'
 import { createOrtSession } from '../../daemon/engine/backend/onnxruntime.ts'
 import type { BatchingStageEngine, StepOutput } from '../../daemon/engine/index.ts'
 import { hasCompiler } from '../../daemon/engine/native/build.ts'
+import { f32ProductsExact } from '../../daemon/engine/native/f32-check.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../shards/contract.ts'
 import type { ShardManifest } from '../../shards/contract.ts'
 import { DT, GraphBuilder, MS_DOMAIN } from '../../shards/graph/builder.ts'
@@ -71,14 +73,14 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
     expect(taken.input).toEqual(['x', 'w', 's'])
     expect(taken.attribute!.map(a => a.name)).toEqual(['K', 'N', 'bits', 'block_size', 'accuracy_level'])
     // Swapped twice: nothing more to swap.
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0, f32: 0 })
   })
 
   it('leaves a graph without such products byte for byte', () => {
     const g = new GraphBuilder('g.onnx.data')
     g.output('y', g.op('Relu', '/relu', [g.input('x', DT.FLOAT, [4])]), DT.FLOAT, [4])
     const bytes = g.encode('g', 'no products')
-    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0 })
+    expect(swapKernels(bytes)).toEqual({ bytes, int4: 0, attention: 0, steps: 0, head: 0, f32: 0 })
   })
 
   it('makes every one-position attention block of a compiled graph one DecodeAttention node, either form, and drops what only they read; verify steps VerifyAttention', async () => {
@@ -130,6 +132,32 @@ describe('the kernel swap (daemon/engine/native/swap.ts)', () => {
         }
         check(g, known)
       }
+    } finally {
+      await rm(root, { recursive: true, force: true })
+    }
+  })
+
+  it('makes MatMulF32 of an f32 shard\'s layer products when asked, of nothing else', async () => {
+    const root = await mkdtemp(join(tmpdir(), 'shoal-f32-swap-'))
+    try {
+      await generateTestModel({ architecture: 'llama', outDir: join(root, 'ckpt'), size: 'tiny' })
+      const m = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'shard'), decodeAttention: 'grouped' })
+      const graph = await readFile(join(root, 'shard', ...m.stages[0]!.graph.split('/')))
+      expect(swapKernels(graph).f32).toBe(0)
+      const { bytes, f32 } = swapKernels(graph, { f32: true })
+      // q/k/v, o, gate/up and down of every layer.
+      expect(f32).toBe(4 * m.shape.numLayers)
+      const g = onnx.ModelProto.decode(bytes).graph!
+      const weights = new Set(g.initializer!.map(t => t.name!))
+      const swapped = g.node!.filter(n => n.opType === 'MatMulF32')
+      expect(swapped.every(n => n.domain === NATIVE_KERNEL_DOMAIN && weights.has(n.input![1]!) && /\/(qkv_proj|o_proj|gate_up_proj|down_proj)\/MatMul$/.test(n.name!))).toBe(true)
+      // Beside the other swaps, only the products' op type and domain change: the same nodes, in the same order, on the same inputs.
+      const before = onnx.ModelProto.decode(swapKernels(graph).bytes).graph!.node!
+      expect(g.node!.map(n => [n.name, n.input])).toEqual(before.map(n => [n.name, n.input]))
+      expect(before.filter(n => swapped.some(x => x.name === n.name)).every(n => n.opType === 'MatMul' && (n.domain ?? '') === '')).toBe(true)
+      // An int4 shard has no f32 layer products to take.
+      const q = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, 'int4'), quant: 'int4' })
+      expect(swapKernels(await readFile(join(root, 'int4', ...q.stages[0]!.graph.split('/'))), { f32: true }).f32).toBe(0)
     } finally {
       await rm(root, { recursive: true, force: true })
     }
@@ -220,6 +248,35 @@ describe.skipIf(!kernelHere)('shoal\'s kernels in a node', () => {
     expect(lib).toMatch(/libshoal-kernels\.so$/)
     expect(await prepareNativeKernels(join(root, 'elsewhere'))).toEqual({ lib })
     expect(int4KernelApplies(manifest)).toBe(true)
+  })
+
+  it('MatMulF32 gives onnxruntime\'s MatMul\'s bits at any row count and shape (so f32 shards decode the same tokens on it)', async () => {
+    expect(await f32ProductsExact(lib)).toBe(true)
+    const dir = await mkdtemp(join(tmpdir(), 'shoal-f32-bits-'))
+    let s = 11
+    const rand = (): number => { s = (Math.imul(s, 1103515245) + 12345) >>> 0; return (s >>> 8) / 16777216 - 0.5 }
+    try {
+      // K: under one block of 256, one and a part, two and a part; N: a partial tile, a partial block of 16, whole blocks.
+      const shapes = [[64, 20], [300, 40], [513, 96]] as const
+      const g = new GraphBuilder('m.onnx.data')
+      shapes.forEach(([K, N], i) => {
+        const x = g.input(`x${i}`, DT.FLOAT, ['m', K])
+        const w = g.f32Weight(`w${i}`, [K, N], Float32Array.from({ length: K * N }, rand))
+        g.output(`kernel${i}`, g.op('MatMulF32', `/kernel${i}`, [x, w], {}, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
+        g.output(`mlas${i}`, g.op('MatMul', `/mlas${i}`, [x, w]), DT.FLOAT, ['m', N])
+      })
+      await writeFile(join(dir, 'm.onnx'), g.encode('m', 'f32 products'))
+      await writeFile(join(dir, 'm.onnx.data'), Buffer.concat(g.data()))
+      const session = await createOrtSession(join(dir, 'm.onnx'), { threads: 2, kernels: lib })
+      for (const M of [1, 2, 3, 5, 8, 9, 13, 40, 130]) {
+        const feeds = Object.fromEntries(shapes.map(([K], i) => [`x${i}`, new ort.Tensor('float32', Float32Array.from({ length: M * K }, () => 4 * rand()), [M, K])]))
+        const out = await session.run(feeds)
+        for (const [i] of shapes.entries()) expect(sameBits(out[`kernel${i}`]!.data as Float32Array, out[`mlas${i}`]!.data as Float32Array), `shape ${i}, ${M} rows`).toBe(true)
+      }
+      await session.release()
+    } finally {
+      await rm(dir, { recursive: true, force: true })
+    }
   })
 
   it('swapped at load, int4 shards give the logits of shards compiled with MatMulQ4 and DecodeAttention, bit for bit', async () => {

@@ -8,6 +8,8 @@ import * as ort from 'onnxruntime-node'
 import { EngineError } from '../errors.ts'
 import { stepMark } from '../../step-trace.ts'
 import { loadKernelLibrary } from '../native/load.ts'
+import { f32KernelFits } from '../native/build.ts'
+import { f32ProductsExact } from '../native/f32-check.ts'
 import { greedyHeadExact } from '../native/head-check.ts'
 import { LOGITS_WANTED, swapKernels } from '../native/swap.ts'
 import { LOGITS } from '../../../shards/contract.ts'
@@ -23,7 +25,7 @@ export function createOnnxruntimeBackend (): Backend {
       }
       let loaded: Loaded
       try {
-        loaded = await loadSession(graphPath, options, { head: true })
+        loaded = await loadSession(graphPath, options, { head: true, f32: await f32KernelFits() })
       } catch (err) {
         throw new EngineError(`onnxruntime could not load ${graphPath}: ${(err as Error).message}`, { cause: err })
       }
@@ -48,24 +50,27 @@ interface Loaded { session: ort.InferenceSession, attention: number, head: boole
  * createOrtSession's session, with what it runs on shoal's kernels; `swap.head` only where the
  * session is wrapped (wrap feeds the head's flag, swapKernels).
  */
-async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>, swap: { head?: boolean } = {}): Promise<Loaded> {
+async function loadSession (graphPath: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores' | 'kernels'>, swap: { head?: boolean, f32?: boolean } = {}): Promise<Loaded> {
   return options.kernels === undefined ? { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention: 0, head: false } : await withKernels(graphPath, options.kernels, options, swap)
 }
 
 /**
  * The graph at `graphPath` with its int4 products, one-position attention and verify steps on shoal's kernels
- * (native/swap.ts), loaded from memory: its external weights are read from the graph's own
+ * (native/swap.ts), and with `swap` an f32 head's greedy token and f32 layer products, where their
+ * self-checks pass; loaded from memory: its external weights are read from the graph's own
  * directory, as from the file.
  */
-async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>, swap: { head?: boolean }): Promise<Loaded> {
+async function withKernels (graphPath: string, lib: string, options: Pick<LoadOptions, 'threads' | 'exclusiveCores'>, swap: { head?: boolean, f32?: boolean }): Promise<Loaded> {
   loadKernelLibrary(lib)
   const graph = await readFile(graphPath)
   let swapped = swapKernels(graph, swap)
   // The head only where GreedyHead gives onnxruntime's bits here (head-check.ts), asked only of
   // graphs that have one (an int4 model's never does).
-  if (swapped.head > 0 && !await greedyHeadExact(lib)) swapped = swapKernels(graph)
-  const { bytes, int4, attention, steps, head } = swapped
-  if (int4 + attention + steps + head === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention, head: false }
+  if (swapped.head > 0 && !await greedyHeadExact(lib)) swapped = swapKernels(graph, { ...swap, head: false })
+  // The f32 products only where MatMulF32 gives MatMul's bits here (f32-check.ts).
+  if (swapped.f32 > 0 && !await f32ProductsExact(lib)) swapped = swapKernels(graph, { ...swap, head: swapped.head > 0, f32: false })
+  const { bytes, int4, attention, steps, head, f32 } = swapped
+  if (int4 + attention + steps + head + f32 === 0) return { session: await ort.InferenceSession.create(graphPath, sessionOptions(options)), attention, head: false }
   const base = sessionOptions(options)
   const extra = base.extra as { session: Record<string, unknown> }
   return { session: await ort.InferenceSession.create(bytes, { ...base, extra: { ...extra, session: { ...extra.session, model_external_initializers_file_folder_path: dirname(graphPath) } } }), attention, head: head > 0 }

@@ -1,5 +1,5 @@
 /**
- * Builds shoal's kernel library (ort-kernels.c, with q4-matmul.h) with the machine's C compiler
+ * Builds shoal's kernel library (ort-kernels.c, with its headers) with the machine's C compiler
  * (`cc`), for this CPU (-march=native), once: under a cache directory, in a directory named by the
  * hash of the sources, the flags and the CPU's identity (a cache shared by machines with other
  * CPUs must not hand one machine another's instructions). The benchmarks build their C the same
@@ -16,7 +16,7 @@ const run = promisify(execFile)
 
 export const KERNELS_SOURCE = join(import.meta.dirname, 'ort-kernels.c')
 /** The headers the library's source includes: part of its hash. */
-export const KERNELS_HEADERS: readonly string[] = [join(import.meta.dirname, 'q4-matmul.h'), join(import.meta.dirname, 'greedy-head.h')]
+export const KERNELS_HEADERS: readonly string[] = [join(import.meta.dirname, 'q4-matmul.h'), join(import.meta.dirname, 'greedy-head.h'), join(import.meta.dirname, 'f32-matmul.h')]
 /** Optimised for this CPU, with no fast-math (the kernels' sums keep their written order). */
 export const KERNELS_CFLAGS: readonly string[] = ['-O3', '-march=native', '-shared', '-fPIC']
 export const KERNELS_LIBRARY = 'libshoal-kernels.so'
@@ -41,6 +41,17 @@ async function cpuIdentity (): Promise<string> {
   const info = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
   const line = (key: string): string => info.split('\n').find(l => l.startsWith(key))?.split(':')[1]?.trim() ?? ''
   return `${line('model name')}\n${line('flags')}`
+}
+
+/**
+ * Whether MatMulF32 (f32-matmul.h) should run this CPU's f32 products: AVX2 and FMA without
+ * AVX-512 — where it was measured faster than MLAS at a few rows and level with it at many (docs/engine-notes.md,
+ * wave 43). Without FMA its path is scalar; with AVX-512 MLAS's sixteen-lane kernels are untimed
+ * against its eight lanes, so onnxruntime's stay.
+ */
+export async function f32KernelFits (): Promise<boolean> {
+  const flags = new Set(((await cpuIdentity()).split('\n')[1] ?? '').split(/\s+/))
+  return flags.has('avx2') && flags.has('fma') && !flags.has('avx512f')
 }
 
 export interface BuildSpec {

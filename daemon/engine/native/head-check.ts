@@ -70,7 +70,8 @@ async function ask (lib: string): Promise<boolean> {
   }
 }
 
-function sameBits (a: Float32Array, b: Float32Array): boolean {
+/** Whether two outputs hold the same floats bit for bit. */
+export function sameBits (a: Float32Array, b: Float32Array): boolean {
   if (a.length !== b.length) return false
   const x = new Uint32Array(a.buffer, a.byteOffset, a.length)
   const y = new Uint32Array(b.buffer, b.byteOffset, b.length)

@@ -60,9 +60,9 @@ function relativeDiff (a: Float32Array, b: Float32Array): number {
 }
 
 /**
- * Both kernels against onnxruntime's own ops on random inputs, in one session on a session worker:
- * one int4 product by the kernel and by MatMulNBits (rows 1 and 9: the kernel's one-row and
- * multi-row paths), one layer's one-position attention by DecodeAttention and by the
+ * The kernels against onnxruntime's own ops on random inputs, in one session on a session worker:
+ * one int4 product by the kernel and by MatMulNBits, one f32 product by MatMulF32 and by MatMul
+ * (rows 1 and 9: each kernel's few-row and many-row paths), one layer's one-position attention by DecodeAttention and by the
  * compiler's grouped form (three rows of 20, 32 and 5 live columns in a buffer of 32), and a
  * verify step of three positions by VerifyAttention and by GroupQueryAttention (one row, live
  * pasts of 20 and 29 in a buffer of 32). Their largest difference relative to the largest output.
@@ -83,6 +83,10 @@ async function selfCheck (): Promise<number> {
     const attrs = { K, N, bits: 4, block_size: 32, accuracy_level: 4 }
     g.output('kernel', g.op('MatMulQ4', '/kernel', [x, w, sc], attrs, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
     g.output('reference', g.op('MatMulNBits', '/reference', [x, w, sc], attrs, MS_DOMAIN), DT.FLOAT, ['m', N])
+    // N = 40: five tiles of 8, so the many-row path's last block is one tile, past a whole block.
+    const wf = g.f32Weight('w.f32', [K, N], Float32Array.from({ length: K * N }, rand))
+    g.output('f32.kernel', g.op('MatMulF32', '/f32/kernel', [x, wf], {}, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
+    g.output('f32.reference', g.op('MatMul', '/f32/reference', [x, wf]), DT.FLOAT, ['m', N])
     const shape = { numHeads: 8, numKvHeads: 2, headDim: 64 }
     const kvWidth = shape.numKvHeads * shape.headDim
     const parts = { q: g.input('q', DT.FLOAT, ['b', 1, shape.numHeads * shape.headDim]), k: g.input('k', DT.FLOAT, ['b', 1, kvWidth]), v: g.input('v', DT.FLOAT, ['b', 1, kvWidth]) }
@@ -125,6 +129,7 @@ async function selfCheck (): Promise<number> {
     for (const M of [1, 9]) {
       const out = await session.run({ x: f32([M, K], () => 4 * rand()), ...attention, ...verify(M === 1 ? 20 : 29) })
       worst = Math.max(worst, relativeDiff(out.kernel!.data as Float32Array, out.reference!.data as Float32Array),
+        relativeDiff(out['f32.kernel']!.data as Float32Array, out['f32.reference']!.data as Float32Array),
         relativeDiff(out['attention.native']!.data as Float32Array, out['attention.grouped']!.data as Float32Array),
         relativeDiff(out['verify.kernel']!.data as Float32Array, out['verify.reference']!.data as Float32Array))
     }

@@ -61,6 +61,29 @@ function swapGraph (graph: IGraphProto): number {
   return swapped
 }
 
+/** The compiler's dense layer products (shards/graph/blocks.ts makeLinear): the ones MatMulF32 takes. */
+const LAYER_PRODUCT = /^\/model\/layers\.\d+\/(attn\/(qkv_proj|o_proj)|mlp\/(gate_up_proj|down_proj))\/MatMul$/
+
+/**
+ * Every f32 layer product the compiler writes (a MatMul of the layer's activations and an f32
+ * [K, N] weight of the main graph's initializers) made a MatMulF32 (ort-kernels.c, f32-matmul.h):
+ * the op type and domain only. Other MatMuls (the attention's, a router's, an expert's) stay.
+ * Returns how many.
+ */
+function swapF32Products (main: IGraphProto): number {
+  const weights = new Map((main.initializer ?? []).map(t => [t.name ?? '', t]))
+  let swapped = 0
+  for (const node of main.node ?? []) {
+    if (node.opType !== 'MatMul' || (node.domain ?? '') !== '' || !LAYER_PRODUCT.test(node.name ?? '') || node.input?.length !== 2) continue
+    const w = weights.get(node.input[1] ?? '')
+    if (w?.dataType !== onnx.TensorProto.DataType.FLOAT || w.dims?.length !== 2) continue
+    node.opType = 'MatMulF32'
+    node.domain = NATIVE_KERNEL_DOMAIN
+    swapped++
+  }
+  return swapped
+}
+
 /** A graph's nodes by name, and where each sits. */
 function byName (graph: IGraphProto): Map<string, INodeProto> {
   return new Map((graph.node ?? []).map(n => [n.name ?? '', n]))
@@ -352,24 +375,29 @@ export interface KernelSwap {
   steps: number
   /** Heads whose greedy token runs on GreedyHead when the logits are not fetched (swapHead): 0 or 1. */
   head: number
+  /** f32 layer products made MatMulF32 (swapF32Products). */
+  f32: number
 }
 
 /**
  * A serialised ModelProto with the kernels' ops swapped in (and their op domain imported): the
  * int4 products the kernel takes, and the one-position attention blocks; with `head`, an f32
- * head's greedy token too (swapHead), for a loader that feeds LOGITS_WANTED on every run.
+ * head's greedy token too (swapHead), for a loader that feeds LOGITS_WANTED on every run; with
+ * `f32`, the f32 layer products (swapF32Products), where the CPU has the kernel's vector path
+ * (f32ProductsOnKernel).
  */
-export function swapKernels (model: Uint8Array, options: { head?: boolean } = {}): KernelSwap {
+export function swapKernels (model: Uint8Array, options: { head?: boolean, f32?: boolean } = {}): KernelSwap {
   const m = onnx.ModelProto.decode(model)
-  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0, steps: 0, head: 0 }
+  if (m.graph === null || m.graph === undefined) return { bytes: model, int4: 0, attention: 0, steps: 0, head: 0, f32: 0 }
   const int4 = swapGraph(m.graph)
   const attention = swapAttention(m.graph)
   const steps = swapSteps(m.graph)
   const head = options.head === true ? swapHead(m.graph) : 0
-  if (int4 + attention + steps + head === 0) return { bytes: model, int4, attention, steps, head }
+  const f32 = options.f32 === true ? swapF32Products(m.graph) : 0
+  if (int4 + attention + steps + head + f32 === 0) return { bytes: model, int4, attention, steps, head, f32 }
   if (attention + steps > 0) takeLogitsToKeep(m.graph)
   if (!m.opsetImport.some(o => o.domain === NATIVE_KERNEL_DOMAIN)) m.opsetImport.push(onnx.OperatorSetIdProto.create({ domain: NATIVE_KERNEL_DOMAIN, version: 1 }))
-  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps, head }
+  return { bytes: onnx.ModelProto.encode(m).finish(), int4, attention, steps, head, f32 }
 }
 
 /**
