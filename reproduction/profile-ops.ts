@@ -22,6 +22,8 @@ import { parseArgs } from 'node:util'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { blockCapacity } from '../daemon/engine/kv-block.ts'
+import { f32KernelFits } from '../daemon/engine/native/build.ts'
+import { f32ProductsExact } from '../daemon/engine/native/f32-check.ts'
 import { greedyHeadExact } from '../daemon/engine/native/head-check.ts'
 import { loadKernelLibrary } from '../daemon/engine/native/load.ts'
 import { LOGITS_WANTED, swapKernels } from '../daemon/engine/native/swap.ts'
@@ -55,7 +57,7 @@ let head = 0
 if (lib.kernels !== undefined) {
   loadKernelLibrary(lib.kernels)
   // The head as a node serves it (the backend swaps it where its self-check passes): a greedy step's token on GreedyHead.
-  const swapped = swapKernels(await readFile(graph), { head: await greedyHeadExact(lib.kernels) })
+  const swapped = swapKernels(await readFile(graph), { head: await greedyHeadExact(lib.kernels), f32: await f32KernelFits() && await f32ProductsExact(lib.kernels) })
   bytes = swapped.bytes
   head = swapped.head
 }
