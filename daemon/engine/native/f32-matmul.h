@@ -48,13 +48,18 @@ static void f32_free (F32Packed *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* B [K, N] row-major into tiles; 0 when out of memory. */
-static int f32_pack (F32Packed *p, const float *B, int K, int N) {
+/* Room for B [K, N] as tiles; 0 when out of memory. */
+static int f32_alloc (F32Packed *p, int K, int N) {
   p->K = K; p->N = N; p->tiles = (N + F32_TILE - 1) / F32_TILE;
   const size_t bytes = sizeof(float) * (size_t)p->tiles * (size_t)K * F32_TILE;
   p->t = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
-  if (p->t == NULL) return 0;
-  for (int t = 0; t < p->tiles; t++) {
+  return p->t != NULL;
+}
+
+/* Tiles [t0, t1) of B [K, N] row-major (the columns of a tile past N zero). */
+static void f32_pack_tiles (F32Packed *p, const float *B, int t0, int t1) {
+  const int K = p->K, N = p->N;
+  for (int t = t0; t < t1; t++) {
     float *dst = p->t + (size_t)t * K * F32_TILE;
     const int n0 = t * F32_TILE, w = N - n0 < F32_TILE ? N - n0 : F32_TILE;
     for (int k = 0; k < K; k++) {
@@ -62,7 +67,6 @@ static int f32_pack (F32Packed *p, const float *B, int K, int N) {
       for (int c = w; c < F32_TILE; c++) dst[(size_t)k * F32_TILE + c] = 0.0f;
     }
   }
-  return 1;
 }
 
 static inline const float *f32_tile (const F32Packed *p, int t) { return p->t + (size_t)t * p->K * F32_TILE; }
