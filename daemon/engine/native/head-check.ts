@@ -9,40 +9,20 @@
  * (off-thread-sessions.ts), never on the caller's event loop; memoized per thread and library (an
  * engine worker asks once before its first session, the daemon once for its 'model loaded' line).
  */
-import { mkdtemp, rm, writeFile } from 'node:fs/promises'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import * as ort from 'onnxruntime-node'
-import { createOffThreadSessions } from '../off-thread-sessions.ts'
 import { NATIVE_KERNEL_DOMAIN } from '../../../shards/contract.ts'
-import { DT, GraphBuilder } from '../../../shards/graph/builder.ts'
-import { loadKernelLibrary } from './load.ts'
+import { DT } from '../../../shards/graph/builder.ts'
+import { askKernelGraph, checkRandom, sameBits } from './bit-check.ts'
 
 /** The shapes asked: [vocabulary rows, columns]. 1,000 columns: three whole blocks and a partial one. */
 const SHAPES: ReadonlyArray<readonly [number, number]> = [[300, 1000], [70, 200]]
 // Rows enough that a screen summing wrong (its candidates then the wrong rows) gives a wrong token somewhere.
 const ROWS = 16
 
-const memo = new Map<string, Promise<boolean>>()
-
 /** Whether the library's GreedyHead gives the Gemm's logits and TopK's tokens bit for bit here. */
 export async function greedyHeadExact (lib: string): Promise<boolean> {
-  let p = memo.get(lib)
-  if (p === undefined) {
-    memo.set(lib, p = ask(lib).catch(() => false))
-  }
-  return await p
-}
-
-async function ask (lib: string): Promise<boolean> {
-  loadKernelLibrary(lib)
-  // A fixed pseudo-random sequence (Math.imul: a double product would lose the low bits).
-  let s = 12345
-  const rand = (): number => { s = (Math.imul(s, 1103515245) + 12345) >>> 0; return (s >>> 8) / 16777216 - 0.5 }
-  const dir = await mkdtemp(join(tmpdir(), 'shoal-head-check-'))
-  const host = createOffThreadSessions()
-  try {
-    const g = new GraphBuilder('check.onnx.data')
+  const rand = checkRandom(12345)
+  return await askKernelGraph('head-check', lib, g => {
     SHAPES.forEach(([V, K], i) => {
       const x = g.input(`x${i}`, DT.FLOAT, [ROWS, 1, K])
       const w = g.f32Weight(`w${i}`, [V, K], Float32Array.from({ length: V * K }, () => rand() * 0.1))
@@ -55,25 +35,11 @@ async function ask (lib: string): Promise<boolean> {
       g.output(`exact${i}`, exact!, DT.FLOAT, [ROWS, 1, V])
       g.output(`greedy${i}`, token!, DT.INT64, [ROWS, 1, 1])
     })
-    await writeFile(join(dir, 'check.onnx'), g.encode('head-check', 'shoal GreedyHead self-check'))
-    await writeFile(join(dir, 'check.onnx.data'), Buffer.concat(g.data()))
-    // Two threads, as engines run: the Gemm's columns shared between them.
-    const session = await host.create(join(dir, 'check.onnx'), { threads: 2, kernels: lib })
+  }, async session => {
     const feeds: Record<string, ort.Tensor> = {}
     SHAPES.forEach(([, K], i) => { feeds[`x${i}`] = new ort.Tensor('float32', Float32Array.from({ length: ROWS * K }, (_, j) => rand() * (j < K ? 8 : 2)), [ROWS, 1, K]) })
     const out = await session.run(feeds)
     return SHAPES.every((_, i) => sameBits(out[`logits${i}`]!.data as Float32Array, out[`exact${i}`]!.data as Float32Array) &&
       (out[`token${i}`]!.data as BigInt64Array).every((t, r) => t === (out[`greedy${i}`]!.data as BigInt64Array)[r]))
-  } finally {
-    await host.close()
-    await rm(dir, { recursive: true, force: true })
-  }
-}
-
-/** Whether two outputs hold the same floats bit for bit. */
-export function sameBits (a: Float32Array, b: Float32Array): boolean {
-  if (a.length !== b.length) return false
-  const x = new Uint32Array(a.buffer, a.byteOffset, a.length)
-  const y = new Uint32Array(b.buffer, b.byteOffset, b.length)
-  return x.every((v, i) => v === y[i])
+  })
 }
