@@ -1,6 +1,7 @@
 /**
  * shoal's kernels as nodes run them (daemon/engine/native): the graph swap, pure (the int4
- * products, the one-position attention, verify steps); and, where the machine builds the kernels
+ * products, the one-position attention, verify steps, the f32 layer products); MatMulF32's bits,
+ * onnxruntime's MatMul's at any row count; and, where the machine builds the kernels
  * (x86-64 Linux with `cc`), the library built, loaded and self-checked, int4 shards run on it
  * through the engine's workers exactly as shards compiled with MatMulQ4 and DecodeAttention nodes
  * run, batched bit-exactly on every CPU, verify steps giving every position one-position bits

@@ -1,11 +1,12 @@
 /*
- * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–37), which `shoal
+ * shoal's kernels inside onnxruntime (issue 11; docs/engine-notes.md, waves 34–43), which `shoal
  * serve` and `shoal node` run where this library builds and passes its self-check
  * (daemon/engine/native): an int4 product for MatMulNBits' weights (MatMulQ4, q4-matmul.h) in
  * place of MatMulNBits, and the fused one-position attention of
  * reproduction/native/fused-attention.c (DecodeAttention, below) in place of the compiler's
  * one-position attention nodes, and the same at every position of a speculative verify step
- * (VerifyAttention).
+ * (VerifyAttention); an f32 head's greedy token (GreedyHead, greedy-head.h) and an f32 model's
+ * layer products (MatMulF32, f32-matmul.h), each where it gives onnxruntime's own bits.
  * onnxruntime-node gives no way to register a custom op, so this library stands in for
  * onnxruntime's one exported entry, OrtGetApiBase: it hands out onnxruntime's own API table with
  * CreateSession / CreateSessionFromArray wrapped so that every session's options get one more op
@@ -42,7 +43,8 @@
  * [N, K/32, 16], scales float [N·K/32]; K, N, bits 4, block_size 32) -> Y [..., N]: q4-matmul.h.
  *
  * MatMulF32 (domain ai.shoal), MatMul's inputs with B an initializer: A float [..., K], B float
- * [K, N] -> Y [..., N]: f32-matmul.h (every output one fused multiply-add chain over k in order).
+ * [K, N] -> Y [..., N]: f32-matmul.h (MLAS's sums in MLAS's order: per 256 k a fused multiply-add
+ * chain from zero, the chains added in order).
  *
  * GreedyHead (domain ai.shoal), attribute exact_logits (0 when absent): x float [..., K] (the
  *   normed rows an f32 head reads), W float [V, K] (the head, as the Gemm with transB reads it)

@@ -3,8 +3,9 @@
  * kernel takes made a MatMulQ4 (NATIVE_KERNEL_DOMAIN) — the op type and domain only; inputs,
  * attributes and weights stay — every one-position attention block made one DecodeAttention
  * node, the graph the compiler writes for its 'native' form, and verify steps (every position's
- * logits kept) given VerifyAttention, each position as a one-position step. Done in memory when a session is
- * made, so that the shards on disk, and the manifest hash that names the model to the mesh, are
+ * logits kept) given VerifyAttention, each position as a one-position step; where the loader
+ * asks, an f32 head's greedy token made GreedyHead and the f32 layer products MatMulF32 (the same
+ * bits as onnxruntime's). Done in memory when a session is made, so that the shards on disk, and the manifest hash that names the model to the mesh, are
  * the compiler's on every node, whether or not it has the kernels. Pure functions of the graph's
  * bytes and the manifest.
  */
@@ -383,8 +384,8 @@ export interface KernelSwap {
  * A serialised ModelProto with the kernels' ops swapped in (and their op domain imported): the
  * int4 products the kernel takes, and the one-position attention blocks; with `head`, an f32
  * head's greedy token too (swapHead), for a loader that feeds LOGITS_WANTED on every run; with
- * `f32`, the f32 layer products (swapF32Products), where the CPU has the kernel's vector path
- * (f32ProductsOnKernel).
+ * `f32`, the f32 layer products (swapF32Products), for a loader whose CPU and library the kernel
+ * suits (native/build.ts f32KernelFits, f32-check.ts).
  */
 export function swapKernels (model: Uint8Array, options: { head?: boolean, f32?: boolean } = {}): KernelSwap {
   const m = onnx.ModelProto.decode(model)
