@@ -33,14 +33,19 @@ export async function hasCompiler (): Promise<boolean> {
   }
 }
 
+let identity: Promise<string> | undefined
+
 /**
  * What -march=native compiles for: the CPU's model name and its flags (Linux's /proc/cpuinfo);
- * empty where there is no such file.
+ * empty where there is no such file. Read once a process: every engine session's load asks
+ * (f32KernelFits), and the CPU does not change under it.
  */
 async function cpuIdentity (): Promise<string> {
-  const info = await readFile('/proc/cpuinfo', 'utf8').catch(() => '')
-  const line = (key: string): string => info.split('\n').find(l => l.startsWith(key))?.split(':')[1]?.trim() ?? ''
-  return `${line('model name')}\n${line('flags')}`
+  identity ??= readFile('/proc/cpuinfo', 'utf8').catch(() => '').then(info => {
+    const line = (key: string): string => info.split('\n').find(l => l.startsWith(key))?.split(':')[1]?.trim() ?? ''
+    return `${line('model name')}\n${line('flags')}`
+  })
+  return await identity
 }
 
 /**

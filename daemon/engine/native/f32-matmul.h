@@ -105,9 +105,7 @@ static inline __attribute__((always_inline)) void f32_few_tile (const float *b, 
 static inline __attribute__((always_inline)) void f32_few_tiles4 (const float *b, size_t stride, int K, int rows, const float *A, float *sums) {
   for (int k0 = 0; k0 < K; k0 += F32_KC) {
     const int k1 = K - k0 < F32_KC ? K : k0 + F32_KC;
-    __m256 c[2][4];
-    for (int r = 0; r < 2; r++) for (int i = 0; i < 4; i++) c[r][i] = _mm256_setzero_ps();
-    __m256 a00 = c[0][0], a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int k = k0; k < k1; k++) {
       const float *p = b + (size_t)k * F32_TILE;
       if ((k & 1) == 0) {

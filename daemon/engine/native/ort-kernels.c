@@ -506,16 +506,19 @@ typedef struct { int64_t K, N; pthread_mutex_t lock; const void *source; Q4Packe
 #define MADV_PAGEOUT 21
 #endif
 
+/* madvise over the whole pages inside [p, p + n) (none where the range holds no whole page). */
+static void advise_pages (const void *p, size_t n, int advice) {
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
+  if (hi > lo) madvise((void *)lo, hi - lo, advice);
+}
+
 /* The whole pages inside [p, p + n), paged out: after packing, nothing reads the initializer
  * again, and where onnxruntime maps it from the weights file its pages would otherwise stay
  * resident beside the packed copy (MatMulNBits' prepacking releases them; a custom op cannot).
  * A hint that keeps the contents (an anonymous page without swap simply stays), so it is safe
  * whatever memory onnxruntime gave. */
-static void page_out (const void *p, size_t n) {
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
-  if (hi > lo) madvise((void *)lo, hi - lo, MADV_PAGEOUT);
-}
+static void page_out (const void *p, size_t n) { advise_pages(p, n, MADV_PAGEOUT); }
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -524,11 +527,7 @@ static void page_out (const void *p, size_t n) {
 
 /* The whole pages inside [p, p + n) mapped now, for reading or writing (a hint: a kernel without
  * MADV_POPULATE_* refuses it, and the pages then fault in as they are touched). */
-static void populate (const void *p, size_t n, int write) {
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + n) & ~(page - 1);
-  if (hi > lo) madvise((void *)lo, hi - lo, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ);
-}
+static void populate (const void *p, size_t n, int write) { advise_pages(p, n, write ? MADV_POPULATE_WRITE : MADV_POPULATE_READ); }
 
 static void *create_matmul (const OrtCustomOp *op, const void *ort, const void *info) {
   (void)op;
