@@ -22,6 +22,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { join, resolve } from 'node:path'
 import { performance } from 'node:perf_hooks'
 import { parseArgs, promisify } from 'node:util'
+import onnxProto from 'onnx-proto'
 import ort from 'onnxruntime-node'
 import { sessionOptions } from '../daemon/engine/backend/onnxruntime.ts'
 import { buildC, f32KernelFits } from '../daemon/engine/native/build.ts'
@@ -72,29 +73,36 @@ async function ceilings (): Promise<{ fma: Map<number, number>, stream: Map<numb
 /**
  * A graph of the layers' products chained as the model chains them (q/k/v's first H·hd columns
  * feed o, gate/up's first I columns feed down: two Slices a layer, the rest of each output
- * unread), x [M, D] in and out, its weights in an external file as shards keep them.
+ * unread), x [M, D] in and out, its weights in an external file as shards keep them; with
+ * `kernel`, the same graph on MatMulF32 beside it (derived at encoding: the same weights and data
+ * file, drawn once). The graphs' paths by arm.
  */
-async function productGraph (dir: string, kernel: boolean): Promise<string> {
+async function productGraphs (dir: string, kernel: boolean): Promise<Map<string, string>> {
   const g = new GraphBuilder('products.onnx.data')
   let seed = 1
   const rand = (): number => { seed = (Math.imul(seed, 1103515245) + 12345) >>> 0; return ((seed >>> 8) / 16777216 - 0.5) * 0.1 }
   let x = g.input('x', DT.FLOAT, ['M', D])
   for (let l = 0; l < L; l++) {
     const w = (name: string, [k, n]: [number, number]): string => g.f32Weight(`l${l}.${name}`, [k, n], Float32Array.from({ length: k * n }, rand))
-    const mm = (name: string, a: string, b: string): string => kernel ? g.op('MatMulF32', `/l${l}/${name}`, [a, b], {}, NATIVE_KERNEL_DOMAIN) : g.op('MatMul', `/l${l}/${name}`, [a, b])
-    const qkv = mm('qkv', x, w('qkv', products[0]!))
+    const qkv = g.op('MatMul', `/l${l}/qkv`, [x, w('qkv', products[0]!)])
     const ctx = g.op('Slice', `/l${l}/ctx`, [qkv, g.i64([0]), g.i64([H * hd]), g.i64([1])])
-    const o = mm('o', ctx, w('o', products[1]!))
-    const gu = mm('gate_up', o, w('gate_up', products[2]!))
+    const o = g.op('MatMul', `/l${l}/o`, [ctx, w('o', products[1]!)])
+    const gu = g.op('MatMul', `/l${l}/gate_up`, [o, w('gate_up', products[2]!)])
     const h = g.op('Slice', `/l${l}/h`, [gu, g.i64([0]), g.i64([I]), g.i64([1])])
-    x = mm('down', h, w('down', products[3]!))
+    x = g.op('MatMul', `/l${l}/down`, [h, w('down', products[3]!)])
   }
   g.output('y', x, DT.FLOAT, ['M', D])
-  const file = join(dir, kernel ? 'products-kernel.onnx' : 'products.onnx')
-  await writeFile(file, g.encode('roofline', 'the layers\' products of one shape'))
-  // Both graphs name the same weights, drawn from the same sequence: one data file serves both.
-  if (!kernel) await writeFile(join(dir, 'products.onnx.data'), Buffer.concat(g.data()))
-  return file
+  const paths = new Map([['MLAS', join(dir, 'products.onnx')]])
+  await writeFile(paths.get('MLAS')!, g.encode('roofline', 'the layers\' products of one shape'))
+  await writeFile(join(dir, 'products.onnx.data'), Buffer.concat(g.data()))
+  if (kernel) {
+    paths.set('MatMulF32', join(dir, 'products-kernel.onnx'))
+    g.otherDomains.add(NATIVE_KERNEL_DOMAIN)
+    const onKernel = (graph: onnxProto.onnx.IGraphProto): onnxProto.onnx.IGraphProto =>
+      ({ ...graph, node: (graph.node ?? []).map(n => n.opType === 'MatMul' ? { ...n, opType: 'MatMulF32', domain: NATIVE_KERNEL_DOMAIN } : n) })
+    await writeFile(paths.get('MatMulF32')!, g.encode('roofline', 'the layers\' products of one shape, on MatMulF32', onKernel))
+  }
+  return paths
 }
 
 const loadBefore = loadAverage()
@@ -107,8 +115,8 @@ const dir = await mkdtemp(join(tmpdir(), 'shoal-roofline-'))
 const times = new Map<string, number[]>(arms.flatMap(a => ROWS.map(m => [`${a} ${m}`, []])))
 try {
   const sessions = new Map<string, ort.InferenceSession>()
-  await productGraph(dir, false)
-  for (const arm of arms) sessions.set(arm, await ort.InferenceSession.create(await productGraph(dir, arm !== 'MLAS'), sessionOptions({ threads: THREADS })))
+  const graphs = await productGraphs(dir, arms.length > 1)
+  for (const arm of arms) sessions.set(arm, await ort.InferenceSession.create(graphs.get(arm)!, sessionOptions({ threads: THREADS })))
   const feeds = new Map(ROWS.map(m => [m, { x: new ort.Tensor('float32', new Float32Array(m * D).fill(0.01), [m, D]) }]))
   // Two untimed runs of each: MLAS's prepacking, the kernel's repacking, the first pages.
   for (const [, session] of sessions) for (const m of ROWS) for (let i = 0; i < 2; i++) await session.run(feeds.get(m)!)
