@@ -16,7 +16,7 @@ const run = promisify(execFile)
 
 export const KERNELS_SOURCE = join(import.meta.dirname, 'ort-kernels.c')
 /** The headers the library's source includes: part of its hash. */
-export const KERNELS_HEADERS: readonly string[] = [join(import.meta.dirname, 'q4-matmul.h'), join(import.meta.dirname, 'greedy-head.h'), join(import.meta.dirname, 'f32-matmul.h')]
+export const KERNELS_HEADERS: readonly string[] = [join(import.meta.dirname, 'decode-attention.h'), join(import.meta.dirname, 'q4-matmul.h'), join(import.meta.dirname, 'greedy-head.h'), join(import.meta.dirname, 'f32-matmul.h')]
 /** Optimised for this CPU, with no fast-math (the kernels' sums keep their written order). */
 export const KERNELS_CFLAGS: readonly string[] = ['-O3', '-march=native', '-shared', '-fPIC']
 export const KERNELS_LIBRARY = 'libshoal-kernels.so'

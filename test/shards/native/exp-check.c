@@ -1,11 +1,12 @@
 /*
- * exp16 (16 lanes at once) against exp_neg (one value) of daemon/engine/native/ort-kernels.c, bit
+ * exp16 (16 lanes at once) against exp_neg (one value) of daemon/engine/native/decode-attention.h, bit
  * for bit: every 17th float in [−100, 0] and in [0, 1] (scores less their maximum are ≤ 0; +0 is the
  * maximum's own), each of the 16 lanes in turn. Prints {"path", "checked", "differ"} as JSON. Built
  * by test/shards/native-attention.test.ts once for this CPU (-march=native) and once for baseline
  * x86-64 (no AVX2: the generic vector path).
  */
-#include "../../../daemon/engine/native/ort-kernels.c"
+#include <stdio.h>
+#include "../../../daemon/engine/native/decode-attention.h"
 
 int main (void) {
   const uint32_t ranges[2][2] = { { 0x80000000u, 0xC2C80000u }, { 0x00000000u, 0x3F800000u } };
