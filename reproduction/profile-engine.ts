@@ -1,7 +1,7 @@
 /**
  * Where one decoded token's time goes, end to end: one streamed request (greedy unless
  * --temperature) through the daemon (createDaemon + the openai client, as bench-engine.ts) or the
- * bare engine loop (rawRun), with
+ * bare engine loop (rawRun; on shoal's kernels where a node would run them, as the daemon's are), with
  * timestamps on the per-step path (SHOAL_TRACE_DIR: daemon/step-trace.ts) — main thread posts the
  * step, the worker receives it, builds feeds, onnxruntime runs, outputs are taken, the worker posts,
  * the main thread receives — and the client's arrival time of each token.
@@ -32,6 +32,7 @@ import { DEFAULT_BUDGETS } from '../daemon/node/index.ts'
 import { loadManifest } from '../shards/index.ts'
 import { benchDaemon, floorRank, loadAverage, lowerMedian, mean, promptIds } from './lib/index.ts'
 import { execWithServeMalloc, mallocSettings } from './lib/malloc.ts'
+import { nodeKernels } from './lib/native-kernels.ts'
 
 // The daemon and engine run in this process: with `shoal serve`'s malloc settings, as served.
 execWithServeMalloc()
@@ -90,7 +91,8 @@ if (args.mode === 'http') {
   if (inspector !== undefined) { const { profile } = await inspector.post('Profiler.stop'); await writeFile(args['main-prof']!, JSON.stringify(profile)) }
   await daemon.stop()
 } else {
-  const engine = createStageEngine({ ...resolveGraphChoice(args.shard, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }) })
+  // shoal's kernels where a node would run them (as bench-engine.ts): without them the bare loop timed onnxruntime's int4 products and attention.
+  const engine = createStageEngine({ ...resolveGraphChoice(args.shard, chooseStageGraphs(manifest, 0, 'CPU')), stage: stageInfoOf(manifest), backend: 'onnxruntime', device: 'CPU', ...(args.threads === undefined ? {} : { threads: Number(args.threads) }), ...await nodeKernels(manifest) })
   await engine.start()
   const run = async (salt: number, n: number, promptLength = PROMPT): Promise<{ from: number, to: number, arrivals: number[] }> => {
     const from = wall()
