@@ -193,8 +193,9 @@ Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q
   }
 }
 
-/* How far ahead q4_tile_pass prefetches: 16 blocks, 4 KB of the tile's stream. Without it one row
- * read the weights at ~60 % of the streaming rate: the loads of a block wait on its lines. */
+/* How far ahead q4_tile_pass prefetches: 16 blocks, 4 KB of the tile's stream, so that a block's
+ * loads find their lines there. The halves, without a prefetch, read one row's weights at ~60 % of
+ * the streaming rate; this pass at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). */
 enum { Q4_AHEAD = 16 };
 
 /* Rows [0, MR) (MR ≤ 2) of one tile, both halves in one pass: a block's 256 bytes unpacked once for
@@ -252,8 +253,9 @@ Q4_INLINE void q4_tile_pass (const int MR, const Q4Packed *p, int t, Q4Rows a, f
 }
 
 /* Rows [0, MR) of one tile. Up to three rows (AVX2 without AVX-VNNI): in passes of two and one;
- * measured 20–35 % faster than the halves at one and two rows, level at three (wave 44). More
- * rows: each half, four rows at a time, which unpacks a half once for four rows. */
+ * measured 20–35 % faster than the halves at one and two rows, 10–25 % at three (wave 44). More
+ * rows: each half, four rows at a time, which unpacks a half once for four rows (passes of two
+ * were level or slower there). */
 Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
 #ifndef __AVXVNNI__
