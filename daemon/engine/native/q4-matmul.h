@@ -194,7 +194,7 @@ Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q
 }
 
 /* How far ahead q4_tile_pass prefetches: 16 blocks, 4 KB of the tile's stream, so that a block's
- * loads find their lines there. The halves, without a prefetch, read one row's weights at ~60 % of
+ * loads find their lines there. The halves, without a prefetch, read one row's weights at 60–70 % of
  * the streaming rate; this pass at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). */
 enum { Q4_AHEAD = 16 };
 
