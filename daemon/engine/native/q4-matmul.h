@@ -14,12 +14,11 @@
  * Why it is faster at a few rows: the weights are repacked once into tiles of 16 columns, so that
  * one AVX-512 VNNI instruction (vpdpbusd) takes four k of sixteen columns against one row's four
  * int8 activations, broadcast; a block's 4-bit values are unpacked once per tile and used by up to
- * eight rows. Without AVX-512, the same in 256-bit halves of a tile (AVX-VNNI's vpdpbusd, or
- * AVX2's vpmaddubsw summed in 16 bits and widened once a block: exact, see q4_block_dot); on AVX2
- * without AVX-VNNI, up to three rows take both halves of a tile in one pass instead, with the tile's
- * next blocks prefetched (q4_tile_pass); without AVX2 and FMA, the same sums in plain C. Every path
- * gives the same bits: the integer sums are exact and each output's floating-point steps are the
- * same three in the same order.
+ * eight rows. With AVX-VNNI but not AVX-512, the same in 256-bit halves of a tile. With AVX2 alone,
+ * passes over both halves of a tile, a few rows at a time, with the tile's next blocks prefetched:
+ * vpmaddubsw's products summed in 16 bits and widened once a block (exact, see q4_tile_pass).
+ * Without AVX2 and FMA, the same sums in plain C. Every path gives the same bits: the integer sums
+ * are exact and each output's floating-point steps are the same three in the same order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -136,31 +135,10 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
   const __mmask16 mask = (__mmask16)((1u << cols) - 1);
   for (int m = 0; m < MR; m++) _mm512_mask_storeu_ps(y + (size_t)m * ldy + (size_t)t * Q4_TILE, mask, acc[m]);
 }
-#elif defined(Q4_AVX2)
-/* One block's integer dot products of eight columns (w, its eight groups of four k unpacked)
- * against one row (g4, its 32 int8 as eight int32), added to s. With AVX-VNNI one vpdpbusd a
- * group. With AVX2 alone, vpmaddubsw gives each 16-bit lane two products, and the block's eight
- * are summed in 16 bits before one vpmaddwd widens them: a lane then holds 16 products of at most
- * 15·127 each, 30,480 at most, inside int16, so the sum is exact (a vpmaddwd a group, as before
- * wave 44, took twice the multiplies for the same bits). */
-Q4_INLINE __m256i q4_block_dot (const __m256i *w, const q4_i32 *g4, __m256i s) {
-#ifdef __AVXVNNI__
-  for (int g = 0; g < 8; g++) s = _mm256_dpbusd_avx_epi32(s, w[g], _mm256_set1_epi32(g4[g]));
-  return s;
-#else
-  /* Two chains, so that each addition need not wait for the one before. */
-  __m256i p0 = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(g4[0]));
-  __m256i p1 = _mm256_maddubs_epi16(w[1], _mm256_set1_epi32(g4[1]));
-  for (int g = 2; g < 8; g += 2) {
-    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(g4[g])));
-    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(w[g + 1], _mm256_set1_epi32(g4[g + 1])));
-  }
-  return _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1)));
-#endif
-}
-
-/* Rows [0, MR) (MR ≤ 4: sixteen 256-bit registers) of one half of a tile: columns
- * 16t + 8·half .. + 8, the bytes 32·half .. + 32 of each 64-byte chunk. */
+#elif defined(Q4_AVX2) && defined(__AVXVNNI__)
+/* With AVX-VNNI (no such CPU here to time it): rows [0, MR) (MR ≤ 4) of one half of a tile, columns
+ * 16t + 8·half .. + 8, the bytes 32·half .. + 32 of each 64-byte chunk; a block's eight groups of
+ * four k unpacked once for the rows, one vpdpbusd a group and row. */
 Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   const int cols = p->N - t * Q4_TILE - 8 * half;
@@ -180,7 +158,8 @@ Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q
     const __m256 sw = _mm256_load_ps(ps + (size_t)b * Q4_TILE);
     for (int m = 0; m < MR; m++) {
       const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)m * K + (size_t)b * Q4_BLOCK);
-      const __m256i s0 = q4_block_dot(w, g4, _mm256_set1_epi32(a.z[(size_t)m * nb + b]));
+      __m256i s0 = _mm256_set1_epi32(a.z[(size_t)m * nb + b]);
+      for (int g = 0; g < 8; g++) s0 = _mm256_dpbusd_avx_epi32(s0, w[g], _mm256_set1_epi32(g4[g]));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(sw, _mm256_set1_ps(a.s[(size_t)m * nb + b])), acc[m]);
     }
   }
@@ -193,16 +172,33 @@ Q4_INLINE void q4_half_rows (const int MR, const Q4Packed *p, int t, int half, Q
   }
 }
 
-/* How far ahead q4_tile_pass prefetches: 16 blocks, 4 KB of the tile's stream, so that a block's
- * loads find their lines there. The halves, without a prefetch, read one row's weights at 60–70 % of
- * the streaming rate; this pass at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). */
+/* Rows [0, MR) of one tile: each half, four rows at a time. */
+Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  for (int m = 0; m < MR; m += 4) {
+    const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
+    float *o = y + (size_t)m * ldy;
+    for (int half = 0; half < 2; half++) {
+      if (MR - m >= 4) q4_half_rows(4, p, t, half, r, o, ldy);
+      else if (MR - m == 3) q4_half_rows(3, p, t, half, r, o, ldy);
+      else if (MR - m == 2) q4_half_rows(2, p, t, half, r, o, ldy);
+      else q4_half_rows(1, p, t, half, r, o, ldy);
+    }
+  }
+}
+#elif defined(Q4_AVX2)
+/* How far ahead the passes prefetch: 16 blocks, 4 KB of the tile's stream, so that a block's loads
+ * find their lines there. The halves (as AVX-VNNI's above), without a prefetch, read one row's
+ * weights at 60–70 % of the streaming rate; this pass at 75–90 % (wave 44; 8 blocks ahead the same,
+ * 32 no better). */
 enum { Q4_AHEAD = 16 };
 
 /* Rows [0, MR) (MR ≤ 2) of one tile, both halves in one pass: a block's 256 bytes unpacked once for
- * sixteen columns and each row's activations broadcast once, where the halves read a block twice.
- * The same integer sums as q4_block_dot's (16-bit, a lane's 16 products inside int16), then the
- * same three floating-point steps. Two rows fill the sixteen registers (four sums, four partials,
- * the unpacked block). */
+ * sixteen columns and each row's activations broadcast once, where halves would read a block twice.
+ * vpmaddubsw gives each 16-bit lane two products; a block's are summed in 16 bits and one vpmaddwd
+ * widens them: a lane then holds 16 products of at most 15·127 each, 30,480 at most, inside int16,
+ * so the sum is exact (a vpmaddwd a group of four k, before wave 44, took twice the multiplies for
+ * the same bits). Two rows fill the sixteen registers (four sums, four partials, the unpacked block). */
 Q4_INLINE void q4_tile_pass (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
@@ -252,32 +248,65 @@ Q4_INLINE void q4_tile_pass (const int MR, const Q4Packed *p, int t, Q4Rows a, f
   }
 }
 
-/* Rows [0, MR) of one tile. Up to three rows (AVX2 without AVX-VNNI): in passes of two and one;
- * measured 20–35 % faster than the halves at one and two rows, 10–25 % at three (wave 44). More
- * rows: each half, four rows at a time, which unpacks a half once for four rows (passes of two
- * were level or slower there). */
+/* Rows [0, MR) (MR 3–4) of one tile, both halves in one pass, as q4_tile_pass: the tile's sums kept
+ * in L1 (a row's sixteen, 64 bytes) and updated once a block, where four rows' 16-bit partial sums
+ * alone fill eight registers. Against the halves (each row's activations broadcast twice, a block
+ * unpacked twice, and gcc's spills of the sums), 20–25 % less time a product at four to eight rows
+ * (wave 45). */
+Q4_INLINE void q4_tile_pass_l1 (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
+  const int nb = p->blocks, K = p->K;
+  const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
+  const float *ps = p->s + (size_t)t * nb * Q4_TILE;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  float acc[4][Q4_TILE] __attribute__((aligned(32)));
+  memset(acc, 0, sizeof acc);
+  for (int b = 0; b < nb; b++) {
+    const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
+    for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
+    const uint8_t *blk = pw + (size_t)b * Q4_TILE_BLOCK_BYTES;
+    const int8_t *q = a.q + (size_t)b * Q4_BLOCK;
+    /* Named, not an array (gcc kept arrays of vectors on the stack); row m's two halves. */
+    __m256i p00 = _mm256_setzero_si256(), p01 = p00, p10 = p00, p11 = p00, p20 = p00, p21 = p00, p30 = p00, p31 = p00;
+    /* Not unrolled: unrolled, gcc computed a block's products ahead of their sums and spilled them. */
+#pragma GCC unroll 1
+    for (int h = 0; h < 4; h++) {
+      const __m256i v0 = _mm256_load_si256((const __m256i *)(blk + h * 64)), v1 = _mm256_load_si256((const __m256i *)(blk + h * 64 + 32));
+      const __m256i l0 = _mm256_and_si256(v0, low), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
+      const __m256i l1 = _mm256_and_si256(v1, low), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
+#define Q4_L1_ROW(m, x0, x1) if (MR > m) { \
+        const q4_i32 *g4 = (const q4_i32 *)(q + (size_t)m * K); \
+        const __m256i lo = _mm256_set1_epi32(g4[2 * h]), hi = _mm256_set1_epi32(g4[2 * h + 1]); \
+        x0 = _mm256_add_epi16(x0, _mm256_add_epi16(_mm256_maddubs_epi16(l0, lo), _mm256_maddubs_epi16(h0, hi))); \
+        x1 = _mm256_add_epi16(x1, _mm256_add_epi16(_mm256_maddubs_epi16(l1, lo), _mm256_maddubs_epi16(h1, hi))); }
+      Q4_L1_ROW(0, p00, p01) Q4_L1_ROW(1, p10, p11) Q4_L1_ROW(2, p20, p21) Q4_L1_ROW(3, p30, p31)
+#undef Q4_L1_ROW
+    }
+    const __m256 sw0 = _mm256_load_ps(ps + (size_t)b * Q4_TILE), sw1 = _mm256_load_ps(ps + (size_t)b * Q4_TILE + 8);
+#define Q4_L1_SUM(m, x0, x1) if (MR > m) { \
+      const __m256i z = _mm256_set1_epi32(a.z[(size_t)m * nb + b]); \
+      const __m256 sa = _mm256_set1_ps(a.s[(size_t)m * nb + b]); \
+      _mm256_store_ps(acc[m], _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(x0, ones))), _mm256_mul_ps(sw0, sa), _mm256_load_ps(acc[m]))); \
+      _mm256_store_ps(acc[m] + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(x1, ones))), _mm256_mul_ps(sw1, sa), _mm256_load_ps(acc[m] + 8))); }
+    Q4_L1_SUM(0, p00, p01) Q4_L1_SUM(1, p10, p11) Q4_L1_SUM(2, p20, p21) Q4_L1_SUM(3, p30, p31)
+#undef Q4_L1_SUM
+  }
+  const int cols = p->N - t * Q4_TILE < Q4_TILE ? p->N - t * Q4_TILE : Q4_TILE;
+  for (int m = 0; m < MR; m++) memcpy(y + (size_t)m * ldy + (size_t)t * Q4_TILE, acc[m], sizeof(float) * (size_t)cols);
+}
+
+/* Rows [0, MR) of one tile in passes over both halves: four rows at a time (q4_tile_pass_l1), the
+ * last one or two in q4_tile_pass (their sums in registers; at one and two rows, level with the L1
+ * pass or faster). */
 Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
-#ifndef __AVXVNNI__
-  if (MR <= 3) {
-    if (MR >= 2) q4_tile_pass(2, p, t, a, y, ldy);
-    if (MR != 2) {
-      const int m = MR - 1;
-      const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
-      q4_tile_pass(1, p, t, r, y + (size_t)m * ldy, ldy);
-    }
-    return;
-  }
-#endif
-  for (int half = 0; half < 2; half++) {
-    for (int m = 0; m < MR; m += 4) {
-      const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
-      float *o = y + (size_t)m * ldy;
-      if (MR - m >= 4) q4_half_rows(4, p, t, half, r, o, ldy);
-      else if (MR - m == 3) q4_half_rows(3, p, t, half, r, o, ldy);
-      else if (MR - m == 2) q4_half_rows(2, p, t, half, r, o, ldy);
-      else q4_half_rows(1, p, t, half, r, o, ldy);
-    }
+  for (int m = 0; m < MR; m += 4) {
+    const Q4Rows r = { a.q + (size_t)m * K, a.s + (size_t)m * nb, a.z + (size_t)m * nb };
+    float *o = y + (size_t)m * ldy;
+    if (MR - m >= 4) q4_tile_pass_l1(4, p, t, r, o, ldy);
+    else if (MR - m == 3) q4_tile_pass_l1(3, p, t, r, o, ldy);
+    else if (MR - m == 2) q4_tile_pass(2, p, t, r, o, ldy);
+    else q4_tile_pass(1, p, t, r, o, ldy);
   }
 }
 #else
