@@ -193,66 +193,58 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
  * 32 no better). */
 enum { Q4_AHEAD = 16 };
 
-/* Rows [0, MR) (MR ≤ 2) of one tile, both halves in one pass: a block's 256 bytes unpacked once for
- * sixteen columns and each row's activations broadcast once, where halves would read a block twice.
+/* One row of one tile, both halves in one pass: a block's 256 bytes unpacked once for sixteen
+ * columns and the row's activations broadcast once, where halves would read a block twice.
  * vpmaddubsw gives each 16-bit lane two products; a block's are summed in 16 bits and one vpmaddwd
  * widens them: a lane then holds 16 products of at most 15·127 each, 30,480 at most, inside int16,
  * so the sum is exact (a vpmaddwd a group of four k, before wave 44, took twice the multiplies for
- * the same bits). Two rows fill the sixteen registers (four sums, four partials, the unpacked block). */
-Q4_INLINE void q4_tile_pass (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
-  const int nb = p->blocks, K = p->K;
+ * the same bits). The sums stay in registers (q4_tile_pass_l1 keeps them in L1: 5–15 % slower at
+ * one row, faster from two). */
+Q4_INLINE void q4_tile_pass (const Q4Packed *p, int t, Q4Rows a, float *y) {
+  const int nb = p->blocks;
   const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
   const float *ps = p->s + (size_t)t * nb * Q4_TILE;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc0[2], acc1[2];
-  for (int m = 0; m < MR; m++) { acc0[m] = _mm256_setzero_ps(); acc1[m] = _mm256_setzero_ps(); }
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int b = 0; b < nb; b++) {
     /* Past the tile's end this is the next tile's stream (or nothing: a prefetch never faults). */
     const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
     for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
     _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
     const uint8_t *blk = pw + (size_t)b * Q4_TILE_BLOCK_BYTES;
-    __m256i p0[2], p1[2];
-    for (int m = 0; m < MR; m++) { p0[m] = _mm256_setzero_si256(); p1[m] = _mm256_setzero_si256(); }
+    const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)b * Q4_BLOCK);
+    __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
     for (int h = 0; h < 4; h++) {
       const __m256i v0 = _mm256_load_si256((const __m256i *)(blk + h * 64)), v1 = _mm256_load_si256((const __m256i *)(blk + h * 64 + 32));
       const __m256i l0 = _mm256_and_si256(v0, low), h0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), low);
       const __m256i l1 = _mm256_and_si256(v1, low), h1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), low);
-      for (int m = 0; m < MR; m++) {
-        const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)m * K + (size_t)b * Q4_BLOCK);
-        const __m256i lo = _mm256_set1_epi32(g4[2 * h]), hi = _mm256_set1_epi32(g4[2 * h + 1]);
-        p0[m] = _mm256_add_epi16(p0[m], _mm256_add_epi16(_mm256_maddubs_epi16(l0, lo), _mm256_maddubs_epi16(h0, hi)));
-        p1[m] = _mm256_add_epi16(p1[m], _mm256_add_epi16(_mm256_maddubs_epi16(l1, lo), _mm256_maddubs_epi16(h1, hi)));
-      }
+      const __m256i lo = _mm256_set1_epi32(g4[2 * h]), hi = _mm256_set1_epi32(g4[2 * h + 1]);
+      p0 = _mm256_add_epi16(p0, _mm256_add_epi16(_mm256_maddubs_epi16(l0, lo), _mm256_maddubs_epi16(h0, hi)));
+      p1 = _mm256_add_epi16(p1, _mm256_add_epi16(_mm256_maddubs_epi16(l1, lo), _mm256_maddubs_epi16(h1, hi)));
     }
     const __m256 sw0 = _mm256_load_ps(ps + (size_t)b * Q4_TILE), sw1 = _mm256_load_ps(ps + (size_t)b * Q4_TILE + 8);
-    for (int m = 0; m < MR; m++) {
-      const __m256i z = _mm256_set1_epi32(a.z[(size_t)m * nb + b]);
-      const __m256 sa = _mm256_set1_ps(a.s[(size_t)m * nb + b]);
-      acc0[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(p0[m], ones))), _mm256_mul_ps(sw0, sa), acc0[m]);
-      acc1[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(p1[m], ones))), _mm256_mul_ps(sw1, sa), acc1[m]);
-    }
+    const __m256i z = _mm256_set1_epi32(a.z[b]);
+    const __m256 sa = _mm256_set1_ps(a.s[b]);
+    acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(p0, ones))), _mm256_mul_ps(sw0, sa), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(z, _mm256_madd_epi16(p1, ones))), _mm256_mul_ps(sw1, sa), acc1);
   }
   const int cols = p->N - t * Q4_TILE;
   float *out = y + (size_t)t * Q4_TILE;
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane), mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane);
-  for (int m = 0; m < MR; m++) {
-    if (cols >= Q4_TILE) {
-      _mm256_storeu_ps(out + (size_t)m * ldy, acc0[m]);
-      _mm256_storeu_ps(out + (size_t)m * ldy + 8, acc1[m]);
-    } else {
-      _mm256_maskstore_ps(out + (size_t)m * ldy, mask0, acc0[m]);
-      _mm256_maskstore_ps(out + (size_t)m * ldy + 8, mask1, acc1[m]);
-    }
+  if (cols >= Q4_TILE) {
+    _mm256_storeu_ps(out, acc0);
+    _mm256_storeu_ps(out + 8, acc1);
+  } else {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane), acc0);
+    _mm256_maskstore_ps(out + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(cols - 8), lane), acc1);
   }
 }
 
-/* Rows [0, MR) (MR 3–4) of one tile, both halves in one pass, as q4_tile_pass: the tile's sums kept
+/* Rows [0, MR) (MR 2–4) of one tile, both halves in one pass, as q4_tile_pass: the tile's sums kept
  * in L1 (a row's sixteen, 64 bytes) and updated once a block, where four rows' 16-bit partial sums
  * alone fill eight registers. Against the halves (each row's activations broadcast twice, a block
- * unpacked twice, and gcc's spills of the sums), 20–25 % less time a product at four to eight rows
- * (wave 45). */
+ * unpacked twice, and gcc's spills of the sums), 12–31 % less time a product at three to eight rows;
+ * against two rows' sums in registers, 5–9 % less at two (wave 45). */
 Q4_INLINE void q4_tile_pass_l1 (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
@@ -295,9 +287,8 @@ Q4_INLINE void q4_tile_pass_l1 (const int MR, const Q4Packed *p, int t, Q4Rows a
   for (int m = 0; m < MR; m++) memcpy(y + (size_t)m * ldy + (size_t)t * Q4_TILE, acc[m], sizeof(float) * (size_t)cols);
 }
 
-/* Rows [0, MR) of one tile in passes over both halves: four rows at a time (q4_tile_pass_l1), the
- * last one or two in q4_tile_pass (their sums in registers; at one and two rows, level with the L1
- * pass or faster). */
+/* Rows [0, MR) of one tile in passes over both halves: four rows at a time (q4_tile_pass_l1), a last
+ * single row in q4_tile_pass. */
 Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   for (int m = 0; m < MR; m += 4) {
@@ -305,8 +296,8 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
     float *o = y + (size_t)m * ldy;
     if (MR - m >= 4) q4_tile_pass_l1(4, p, t, r, o, ldy);
     else if (MR - m == 3) q4_tile_pass_l1(3, p, t, r, o, ldy);
-    else if (MR - m == 2) q4_tile_pass(2, p, t, r, o, ldy);
-    else q4_tile_pass(1, p, t, r, o, ldy);
+    else if (MR - m == 2) q4_tile_pass_l1(2, p, t, r, o, ldy);
+    else q4_tile_pass(p, t, r, o);
   }
 }
 #else
