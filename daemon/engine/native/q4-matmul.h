@@ -198,7 +198,7 @@ enum { Q4_AHEAD = 16 };
  * vpmaddubsw gives each 16-bit lane two products; a block's are summed in 16 bits and one vpmaddwd
  * widens them: a lane then holds 16 products of at most 15·127 each, 30,480 at most, inside int16,
  * so the sum is exact (a vpmaddwd a group of four k, before wave 44, took twice the multiplies for
- * the same bits). The sums stay in registers (q4_tile_pass_l1 keeps them in L1: 5–15 % slower at
+ * the same bits). The sums stay in registers (q4_tile_pass_l1 keeps them in L1: 7–13 % slower at
  * one row, faster from two). */
 Q4_INLINE void q4_tile_pass (const Q4Packed *p, int t, Q4Rows a, float *y) {
   const int nb = p->blocks;
