@@ -242,9 +242,10 @@ Q4_INLINE void q4_tile_pass (const Q4Packed *p, int t, Q4Rows a, float *y) {
 
 /* Rows [0, MR) (MR 2–4) of one tile, both halves in one pass, as q4_tile_pass: the tile's sums kept
  * in L1 (a row's sixteen, 64 bytes) and updated once a block, where four rows' 16-bit partial sums
- * alone fill eight registers. Against the halves (each row's activations broadcast twice, a block
- * unpacked twice, and gcc's spills of the sums), 12–31 % less time a product at three to eight rows;
- * against two rows' sums in registers, 5–9 % less at two (wave 45). */
+ * alone fill eight registers. 12–31 % less time a product at three to eight rows than what came
+ * before (three rows in passes of two and one; four and more in halves of a tile, each row's
+ * activations broadcast twice, a block unpacked twice, and gcc's spills of the sums); 5–9 % less at
+ * two rows than their sums in registers (wave 45). */
 Q4_INLINE void q4_tile_pass_l1 (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
