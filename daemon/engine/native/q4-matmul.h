@@ -188,9 +188,9 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
 }
 #elif defined(Q4_AVX2)
 /* How far ahead the passes prefetch: 16 blocks, 4 KB of the tile's stream, so that a block's loads
- * find their lines there. The halves (as AVX-VNNI's above), without a prefetch, read one row's
- * weights at 60–70 % of the streaming rate; this pass at 75–90 % (wave 44; 8 blocks ahead the same,
- * 32 no better). */
+ * find their lines there. This path's halves before wave 44 (AVX-VNNI's above keep their shape), with
+ * no prefetch, read one row's weights at 60–70 % of the streaming rate; the one-row pass reads them
+ * at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). */
 enum { Q4_AHEAD = 16 };
 
 /* One row of one tile, both halves in one pass: a block's 256 bytes unpacked once for sixteen
