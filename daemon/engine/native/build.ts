@@ -49,14 +49,14 @@ async function cpuIdentity (): Promise<string> {
 }
 
 /**
- * Whether MatMulF32 (f32-matmul.h) should run this CPU's f32 products: AVX2 and FMA without
- * AVX-512 — where it was measured faster than MLAS at a few rows and level with it at many (docs/engine-notes.md,
- * wave 43). Without FMA its path is scalar; with AVX-512 MLAS's sixteen-lane kernels are untimed
- * against its eight lanes, so onnxruntime's stay.
+ * Whether MatMulF32 (f32-matmul.h) should run this CPU's f32 products: AVX2 and FMA, where it was
+ * measured faster than MLAS at a few rows and level with it at many — eight-column tiles on AVX2
+ * (docs/engine-notes.md, wave 43), sixteen-column ones on AVX-512 (wave 46: 0.79–0.95× MLAS's time
+ * at one to eight rows, 0.85–1.01× at 128). Without FMA its path is scalar, so onnxruntime's stay.
  */
 export async function f32KernelFits (): Promise<boolean> {
   const flags = new Set(((await cpuIdentity()).split('\n')[1] ?? '').split(/\s+/))
-  return flags.has('avx2') && flags.has('fma') && !flags.has('avx512f')
+  return flags.has('avx2') && flags.has('fma')
 }
 
 export interface BuildSpec {

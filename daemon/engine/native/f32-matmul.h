@@ -1,13 +1,13 @@
 /*
  * An f32 product Y [M, N] = A [M, K] · B [K, N] (MatMulF32 in ort-kernels.c; issue 11,
- * docs/engine-notes.md wave 43), B an initializer repacked once into tiles of 8 columns: tile t
- * holds B[k][8t .. 8t + 7] for every k in order, 32 bytes a k, so one tile is one stream of lines
- * (columns past N are zero).
+ * docs/engine-notes.md wave 43), B an initializer repacked once into tiles of F32_TILE columns (8 with
+ * AVX2, 16 with AVX-512: one register): tile t holds B[k][8t .. 8t + 7] (or 16t .. 16t + 15) for
+ * every k in order, one register a k, so one tile is one stream of lines (columns past N are zero).
  *
  * Why not MLAS's product at a few rows: at eight rows MLAS takes about the weights' streaming time
  * plus the FMA time (250m f32, every layer's products: 32–38 ms where streaming the 721 MB alone
  * takes ~19–22 ms and the FMAs ~14; reproduction/roofline.ts). Here up to eight rows take one pass
- * over each tile, eight running sums of 8 lanes, the tile's lines asked for 2 KB ahead (without
+ * over each tile, eight running sums of a register each, the tile's lines asked for 2 KB ahead (without
  * that hint the pass took as long as MLAS): 25–30 ms in the same minutes. At one or two rows four
  * tiles run side by side (one chain a tile would wait on the multiply-add's latency). Many rows (a
  * prompt's chunk) run blocked as MLAS's kernel does, six rows by two tiles over 256 k held in L1:
@@ -32,11 +32,40 @@
 #define F32_VECTOR 1
 #endif
 
+/* A tile's width: one vector register of columns. With AVX-512 sixteen (one zmm a k, and the
+ * row's value a broadcast memory operand of the multiply-add), where eight-column tiles on an
+ * AVX-512 CPU took 1.12× MLAS's time at eight rows and 1.26× at 128 (wave 46); each lane's
+ * operations are the same at either width, so the bits are too. */
+#if defined(F32_VECTOR) && defined(__AVX512F__)
+#define F32_TILE 16
+typedef __m512 f32v;
+#define f32v_zero() _mm512_setzero_ps()
+#define f32v_load(p) _mm512_load_ps(p)
+#define f32v_loadu(p) _mm512_loadu_ps(p)
+#define f32v_storeu(p, x) _mm512_storeu_ps(p, x)
+#define f32v_add(x, y) _mm512_add_ps(x, y)
+#define f32v_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define f32v_bcast(p) _mm512_set1_ps(*(p))
+#elif defined(F32_VECTOR)
 #define F32_TILE 8
+typedef __m256 f32v;
+#define f32v_zero() _mm256_setzero_ps()
+#define f32v_load(p) _mm256_load_ps(p)
+#define f32v_loadu(p) _mm256_loadu_ps(p)
+#define f32v_storeu(p, x) _mm256_storeu_ps(p, x)
+#define f32v_add(x, y) _mm256_add_ps(x, y)
+#define f32v_fmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define f32v_bcast(p) _mm256_broadcast_ss(p)
+#else
+#define F32_TILE 8
+#endif
+/* A tile's k a cache line holds: its lines are asked for once each. */
+#define F32_K_LINE (64 / (int)(sizeof(float) * F32_TILE))
 /* How far ahead of a tile's stream its lines are asked for (bytes): 2 KB took the eight-row pass
  * from MLAS's time to ~0.75 of it; 0.5–1 KB gained less, 4 KB the same. */
 #define F32_PREFETCH 2048
-/* The blocked path's k per pass (two tiles' 256 k: 16 KB, in L1 while every row group uses it). */
+/* The blocked path's k per pass (two tiles' 256 k: 16 KB with AVX2, in L1 while every row group
+ * uses it; 32 KB with AVX-512, L1's size here, and still 0.85–1.0× MLAS's time at 128 rows). */
 #define F32_KC 256
 /* Rows a pass of the few-rows path takes: the eight running sums of AVX2's sixteen registers. */
 #define F32_FEW 8
@@ -71,7 +100,7 @@ static void f32_pack_tiles (F32Packed *p, const float *B, int t0, int t1) {
 
 static inline const float *f32_tile (const F32Packed *p, int t) { return p->t + (size_t)t * p->K * F32_TILE; }
 
-/* Columns [8t, 8t + w) of `rows` rows from sums laid 8 to a row. */
+/* Columns [F32_TILE·t, F32_TILE·t + w) of `rows` rows from sums laid F32_TILE to a row. */
 static inline void f32_put (float *Y, int N, int t, int rows, const float *sums) {
   const int n0 = t * F32_TILE, w = N - n0 < F32_TILE ? N - n0 : F32_TILE;
   for (int r = 0; r < rows; r++) memcpy(Y + (size_t)r * N + n0, sums + r * F32_TILE, sizeof(float) * (size_t)w);
@@ -80,22 +109,22 @@ static inline void f32_put (float *Y, int N, int t, int rows, const float *sums)
 #ifdef F32_VECTOR
 /* The sums are named variables, not arrays: GCC keeps an array of vectors on the stack (a load and
  * a store around every multiply-add), which took the blocked path to 2.3× MLAS's time. */
-#define F32_FMA_ROW(r, c) if (rows > r) c = _mm256_fmadd_ps(_mm256_broadcast_ss(A + (size_t)(r) * K + k), w, c)
+#define F32_FMA_ROW(r, c) if (rows > r) c = f32v_fmadd(f32v_bcast(A + (size_t)(r) * K + k), w, c)
 
 /* One tile for `rows` ≤ 8 rows in one pass: sums[r·8 + c], each 256 k a chain from zero added to
  * the sum so far (MLAS's order). */
 static inline __attribute__((always_inline)) void f32_few_tile (const float *b, int K, int rows, const float *A, float *sums) {
   for (int k0 = 0; k0 < K; k0 += F32_KC) {
     const int k1 = K - k0 < F32_KC ? K : k0 + F32_KC;
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    f32v c0 = f32v_zero(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
     for (int k = k0; k < k1; k++) {
-      if ((k & 1) == 0) _mm_prefetch((const char *)(b + (size_t)k * F32_TILE) + F32_PREFETCH, _MM_HINT_T0);
-      const __m256 w = _mm256_load_ps(b + (size_t)k * F32_TILE);
+      if (k % F32_K_LINE == 0) _mm_prefetch((const char *)(b + (size_t)k * F32_TILE) + F32_PREFETCH, _MM_HINT_T0);
+      const f32v w = f32v_load(b + (size_t)k * F32_TILE);
       F32_FMA_ROW(0, c0); F32_FMA_ROW(1, c1); F32_FMA_ROW(2, c2); F32_FMA_ROW(3, c3);
       F32_FMA_ROW(4, c4); F32_FMA_ROW(5, c5); F32_FMA_ROW(6, c6); F32_FMA_ROW(7, c7);
     }
-    const __m256 c[F32_FEW] = { c0, c1, c2, c3, c4, c5, c6, c7 };
-    for (int r = 0; r < rows; r++) _mm256_storeu_ps(sums + r * F32_TILE, k0 == 0 ? c[r] : _mm256_add_ps(_mm256_loadu_ps(sums + r * F32_TILE), c[r]));
+    const f32v c[F32_FEW] = { c0, c1, c2, c3, c4, c5, c6, c7 };
+    for (int r = 0; r < rows; r++) f32v_storeu(sums + r * F32_TILE, k0 == 0 ? c[r] : f32v_add(f32v_loadu(sums + r * F32_TILE), c[r]));
   }
 }
 
@@ -105,47 +134,47 @@ static inline __attribute__((always_inline)) void f32_few_tile (const float *b, 
 static inline __attribute__((always_inline)) void f32_few_tiles4 (const float *b, size_t stride, int K, int rows, const float *A, float *sums) {
   for (int k0 = 0; k0 < K; k0 += F32_KC) {
     const int k1 = K - k0 < F32_KC ? K : k0 + F32_KC;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    f32v a00 = f32v_zero(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int k = k0; k < k1; k++) {
       const float *p = b + (size_t)k * F32_TILE;
-      if ((k & 1) == 0) {
+      if (k % F32_K_LINE == 0) {
         _mm_prefetch((const char *)p + F32_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(p + stride) + F32_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 2 * stride) + F32_PREFETCH, _MM_HINT_T0);
         _mm_prefetch((const char *)(p + 3 * stride) + F32_PREFETCH, _MM_HINT_T0);
       }
-      const __m256 w0 = _mm256_load_ps(p), w1 = _mm256_load_ps(p + stride), w2 = _mm256_load_ps(p + 2 * stride), w3 = _mm256_load_ps(p + 3 * stride);
-      const __m256 x0 = _mm256_broadcast_ss(A + k);
-      a00 = _mm256_fmadd_ps(x0, w0, a00); a01 = _mm256_fmadd_ps(x0, w1, a01); a02 = _mm256_fmadd_ps(x0, w2, a02); a03 = _mm256_fmadd_ps(x0, w3, a03);
+      const f32v w0 = f32v_load(p), w1 = f32v_load(p + stride), w2 = f32v_load(p + 2 * stride), w3 = f32v_load(p + 3 * stride);
+      const f32v x0 = f32v_bcast(A + k);
+      a00 = f32v_fmadd(x0, w0, a00); a01 = f32v_fmadd(x0, w1, a01); a02 = f32v_fmadd(x0, w2, a02); a03 = f32v_fmadd(x0, w3, a03);
       if (rows > 1) {
-        const __m256 x1 = _mm256_broadcast_ss(A + (size_t)K + k);
-        a10 = _mm256_fmadd_ps(x1, w0, a10); a11 = _mm256_fmadd_ps(x1, w1, a11); a12 = _mm256_fmadd_ps(x1, w2, a12); a13 = _mm256_fmadd_ps(x1, w3, a13);
+        const f32v x1 = f32v_bcast(A + (size_t)K + k);
+        a10 = f32v_fmadd(x1, w0, a10); a11 = f32v_fmadd(x1, w1, a11); a12 = f32v_fmadd(x1, w2, a12); a13 = f32v_fmadd(x1, w3, a13);
       }
     }
-    const __m256 got[2][4] = { { a00, a01, a02, a03 }, { a10, a11, a12, a13 } };
+    const f32v got[2][4] = { { a00, a01, a02, a03 }, { a10, a11, a12, a13 } };
     for (int i = 0; i < 4; i++) {
       for (int r = 0; r < rows; r++) {
         float *o = sums + (i * rows + r) * F32_TILE;
-        _mm256_storeu_ps(o, k0 == 0 ? got[r][i] : _mm256_add_ps(_mm256_loadu_ps(o), got[r][i]));
+        f32v_storeu(o, k0 == 0 ? got[r][i] : f32v_add(f32v_loadu(o), got[r][i]));
       }
     }
   }
 }
 
 /* Row r of the blocked path: its sums of the first tile (and the second's where `two`). */
-#define F32_STEP_ROW(r, x, y) if (rows > r) { const __m256 a = _mm256_broadcast_ss(A + (size_t)(r) * K + k); x = _mm256_fmadd_ps(a, w0, x); if (two) y = _mm256_fmadd_ps(a, w1, y); }
-#define F32_PUT(p, x) _mm256_storeu_ps(p, first ? x : _mm256_add_ps(_mm256_loadu_ps(p), x))
+#define F32_STEP_ROW(r, x, y) if (rows > r) { const f32v a = f32v_bcast(A + (size_t)(r) * K + k); x = f32v_fmadd(a, w0, x); if (two) y = f32v_fmadd(a, w1, y); }
+#define F32_PUT(p, x) f32v_storeu(p, first ? x : f32v_add(f32v_loadu(p), x))
 #define F32_STORE_ROW(r, x, y) if (rows > r) { F32_PUT(c + (size_t)(r) * ldc, x); if (two) F32_PUT(c + (size_t)(r) * ldc + F32_TILE, y); }
 
 /* Rows [0, rows ≤ 6) of one or two tiles (`two`: b1 too) over k in [k0, k0 + kn): chains from
  * zero, stored at c (row stride ldc, 16 columns: the second tile's at c + 8) when `first`, else
  * added to what is there (MLAS's order). */
 static inline __attribute__((always_inline)) void f32_micro (int rows, const float *A, int K, int k0, int kn, const float *b0, const float *b1, int two, float *c, int ldc, int first) {
-  __m256 x0 = _mm256_setzero_ps(), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
-  __m256 y0 = x0, y1 = x0, y2 = x0, y3 = x0, y4 = x0, y5 = x0;
+  f32v x0 = f32v_zero(), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
+  f32v y0 = x0, y1 = x0, y2 = x0, y3 = x0, y4 = x0, y5 = x0;
   for (int k = k0; k < k0 + kn; k++) {
-    const __m256 w0 = _mm256_load_ps(b0 + (size_t)k * F32_TILE);
-    const __m256 w1 = two ? _mm256_load_ps(b1 + (size_t)k * F32_TILE) : w0;
+    const f32v w0 = f32v_load(b0 + (size_t)k * F32_TILE);
+    const f32v w1 = two ? f32v_load(b1 + (size_t)k * F32_TILE) : w0;
     F32_STEP_ROW(0, x0, y0); F32_STEP_ROW(1, x1, y1); F32_STEP_ROW(2, x2, y2); F32_STEP_ROW(3, x3, y3); F32_STEP_ROW(4, x4, y4); F32_STEP_ROW(5, x5, y5);
   }
   F32_STORE_ROW(0, x0, y0); F32_STORE_ROW(1, x1, y1); F32_STORE_ROW(2, x2, y2); F32_STORE_ROW(3, x3, y3); F32_STORE_ROW(4, x4, y4); F32_STORE_ROW(5, x5, y5);
