@@ -10,8 +10,8 @@
  * over each tile, eight running sums of a register each, the tile's lines asked for 2 KB ahead (without
  * that hint the pass took as long as MLAS): 25–30 ms in the same minutes. At one or two rows four
  * tiles run side by side (one chain a tile would wait on the multiply-add's latency). Many rows (a
- * prompt's chunk) run blocked as MLAS's kernel does, six rows by two tiles over 256 k held in L1:
- * level with MLAS at 128 and 256 rows within this VM's noise (0.86–1.09×).
+ * prompt's chunk) run blocked as MLAS's kernel does, six rows (twelve with AVX-512) by two tiles
+ * over 256 k held in L1: level with MLAS at 128 and 256 rows within this VM's noise (0.86–1.09×).
  *
  * The bits are MLAS's: every output is, for each 256 k in order, a fused multiply-add chain from
  * zero, those chains' sums added in order (MLAS_SGEMM_PACKED_STRIDEK: what GreedyHead reads off
@@ -64,11 +64,20 @@ typedef __m256 f32v;
 /* How far ahead of a tile's stream its lines are asked for (bytes): 2 KB took the eight-row pass
  * from MLAS's time to ~0.75 of it; 0.5–1 KB gained less, 4 KB the same. */
 #define F32_PREFETCH 2048
-/* The blocked path's k per pass (two tiles' 256 k: 16 KB with AVX2, in L1 while every row group
- * uses it; 32 KB with AVX-512, L1's size here, and still 0.85–1.0× MLAS's time at 128 rows). */
+/* The blocked path's k per pass: MLAS's block of k, which its order of sums follows. */
 #define F32_KC 256
 /* Rows a pass of the few-rows path takes: the eight running sums of AVX2's sixteen registers. */
 #define F32_FEW 8
+/* The blocked path's row group, over a block of two tiles. AVX2: six rows, twelve running sums in
+ * its sixteen registers, two tiles' 256 k (16 KB) held in L1. AVX-512: twelve rows, 24 sums of its
+ * 32 registers, so that each load of the tiles' 32 KB (all of L1 here) serves twice the rows: six
+ * rows took 1.09–1.11× MLAS's time at 256–512 rows of 60m, eight 1.13–1.24×, twelve rows of one
+ * tile 1.4×; twelve of two 1.01–1.06× there and 0.91–0.95× on 250m at 8–512 rows (wave 46). */
+#if F32_TILE == 16
+#define F32_MR 12
+#else
+#define F32_MR 6
+#endif
 
 typedef struct { int K, N, tiles; float *t; } F32Packed;
 
@@ -166,18 +175,20 @@ static inline __attribute__((always_inline)) void f32_few_tiles4 (const float *b
 #define F32_PUT(p, x) f32v_storeu(p, first ? x : f32v_add(f32v_loadu(p), x))
 #define F32_STORE_ROW(r, x, y) if (rows > r) { F32_PUT(c + (size_t)(r) * ldc, x); if (two) F32_PUT(c + (size_t)(r) * ldc + F32_TILE, y); }
 
-/* Rows [0, rows ≤ 6) of one or two tiles (`two`: b1 too) over k in [k0, k0 + kn): chains from
- * zero, stored at c (row stride ldc, 16 columns: the second tile's at c + 8) when `first`, else
- * added to what is there (MLAS's order). */
+/* Rows [0, rows ≤ F32_MR) of one or two tiles (`two`: b1 too) over k in [k0, k0 + kn): chains from
+ * zero, stored at c (row stride ldc; the second tile's columns at c + F32_TILE) when `first`, else
+ * added to what is there (MLAS's order). Rows past six with AVX-512 only (F32_MR). */
 static inline __attribute__((always_inline)) void f32_micro (int rows, const float *A, int K, int k0, int kn, const float *b0, const float *b1, int two, float *c, int ldc, int first) {
-  f32v x0 = f32v_zero(), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0;
-  f32v y0 = x0, y1 = x0, y2 = x0, y3 = x0, y4 = x0, y5 = x0;
+  f32v x0 = f32v_zero(), x1 = x0, x2 = x0, x3 = x0, x4 = x0, x5 = x0, x6 = x0, x7 = x0, x8 = x0, x9 = x0, x10 = x0, x11 = x0;
+  f32v y0 = x0, y1 = x0, y2 = x0, y3 = x0, y4 = x0, y5 = x0, y6 = x0, y7 = x0, y8 = x0, y9 = x0, y10 = x0, y11 = x0;
   for (int k = k0; k < k0 + kn; k++) {
     const f32v w0 = f32v_load(b0 + (size_t)k * F32_TILE);
     const f32v w1 = two ? f32v_load(b1 + (size_t)k * F32_TILE) : w0;
     F32_STEP_ROW(0, x0, y0); F32_STEP_ROW(1, x1, y1); F32_STEP_ROW(2, x2, y2); F32_STEP_ROW(3, x3, y3); F32_STEP_ROW(4, x4, y4); F32_STEP_ROW(5, x5, y5);
+    F32_STEP_ROW(6, x6, y6); F32_STEP_ROW(7, x7, y7); F32_STEP_ROW(8, x8, y8); F32_STEP_ROW(9, x9, y9); F32_STEP_ROW(10, x10, y10); F32_STEP_ROW(11, x11, y11);
   }
   F32_STORE_ROW(0, x0, y0); F32_STORE_ROW(1, x1, y1); F32_STORE_ROW(2, x2, y2); F32_STORE_ROW(3, x3, y3); F32_STORE_ROW(4, x4, y4); F32_STORE_ROW(5, x5, y5);
+  F32_STORE_ROW(6, x6, y6); F32_STORE_ROW(7, x7, y7); F32_STORE_ROW(8, x8, y8); F32_STORE_ROW(9, x9, y9); F32_STORE_ROW(10, x10, y10); F32_STORE_ROW(11, x11, y11);
 }
 #else
 /* The same sums one lane at a time (fmaf: the fused, once-rounded multiply-add). */
@@ -245,16 +256,28 @@ static void f32_few (const F32Packed *p, int t0, int t1, int M, const float *A, 
     case 3: f32_micro(3, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
     case 4: f32_micro(4, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
     case 5: f32_micro(5, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
-    default: f32_micro(6, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    F32_MICRO_WIDE(TWO) \
+    default: f32_micro(F32_MR, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
   }
+#if F32_MR > 6
+#define F32_MICRO_WIDE(TWO) \
+    case 6: f32_micro(6, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    case 7: f32_micro(7, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    case 8: f32_micro(8, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    case 9: f32_micro(9, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    case 10: f32_micro(10, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break; \
+    case 11: f32_micro(11, A, K, k0, kn, b0, b1, TWO, c, ldc, first); break;
+#else
+#define F32_MICRO_WIDE(TWO)
+#endif
 
 static void f32_micro_rows (int rows, const float *A, int K, int k0, int kn, const float *b0, const float *b1, float *c, int ldc, int first) {
   if (b1 == NULL) { F32_MICRO_CASES(0) } else { F32_MICRO_CASES(1) }
 }
 
 /* Column blocks [j0, j1) (block j: tiles 2j and 2j + 1, or 2j alone at the end) of M rows, blocked:
- * each 256 k of the block's tiles held while every six rows use them. A block wholly inside N
- * sums in Y itself; the last, partial one in `scratch` (M × 16 floats), then copied. */
+ * each 256 k of the block's tiles held while every F32_MR rows use them. A block wholly inside N
+ * sums in Y itself; the last, partial one in `scratch` (M × 2·F32_TILE floats), then copied. */
 static void f32_many (const F32Packed *p, int j0, int j1, int M, const float *A, float *Y, float *scratch) {
   const int K = p->K, N = p->N;
   for (int j = j0; j < j1; j++) {
@@ -266,8 +289,8 @@ static void f32_many (const F32Packed *p, int j0, int j1, int M, const float *A,
     const int ldc = inside ? N : 2 * F32_TILE;
     for (int k0 = 0; k0 < K; k0 += F32_KC) {
       const int kn = K - k0 < F32_KC ? K - k0 : F32_KC;
-      for (int r = 0; r < M; r += 6) {
-        const int rows = M - r < 6 ? M - r : 6;
+      for (int r = 0; r < M; r += F32_MR) {
+        const int rows = M - r < F32_MR ? M - r : F32_MR;
         f32_micro_rows(rows, A + (size_t)r * K, K, k0, kn, b0, b1, c + (size_t)r * ldc, ldc, k0 == 0);
       }
     }

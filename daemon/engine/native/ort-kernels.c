@@ -468,7 +468,7 @@ static void f32_many_unit (void *data, size_t u) {
   const F32Work *w = data;
   const int j0 = (int)u * w->per, j1 = j0 + w->per < w->blocks ? j0 + w->per : w->blocks;
   if (j0 >= j1) return;
-  /* The last block's sums, where it is partial: M rows of 16. */
+  /* The last block's sums, where it is partial: M rows of two tiles. */
   float *scratch = j1 == w->blocks && w->p->N % (2 * F32_TILE) != 0 ? malloc(sizeof(float) * (size_t)w->M * 2 * F32_TILE) : NULL;
   if (j1 == w->blocks && w->p->N % (2 * F32_TILE) != 0 && scratch == NULL) { fprintf(stderr, "shoal MatMulF32: out of memory\n"); abort(); }
   f32_many(w->p, j0, j1, w->M, w->A, w->Y, scratch);
