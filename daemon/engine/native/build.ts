@@ -52,7 +52,8 @@ async function cpuIdentity (): Promise<string> {
  * Whether MatMulF32 (f32-matmul.h) should run this CPU's f32 products: AVX2 and FMA, where it was
  * measured faster than MLAS at a few rows and level with it at many — eight-column tiles on AVX2
  * (docs/engine-notes.md, wave 43), sixteen-column ones on AVX-512 (wave 46: 0.79–0.95× MLAS's time
- * at one to eight rows, 0.85–1.01× at 128). Without FMA its path is scalar, so onnxruntime's stay.
+ * at one to eight rows, 0.91–1.06× at a prompt's 64–512). Without FMA its path is scalar, so
+ * onnxruntime's stay.
  */
 export async function f32KernelFits (): Promise<boolean> {
   const flags = new Set(((await cpuIdentity()).split('\n')[1] ?? '').split(/\s+/))

@@ -72,7 +72,7 @@ typedef __m256 f32v;
  * its sixteen registers, two tiles' 256 k (16 KB) held in L1. AVX-512: twelve rows, 24 sums of its
  * 32 registers, so that each load of the tiles' 32 KB (all of L1 here) serves twice the rows: six
  * rows took 1.09–1.11× MLAS's time at 256–512 rows of 60m, eight 1.13–1.24×, twelve rows of one
- * tile 1.4×; twelve of two 1.01–1.06× there and 0.91–0.95× on 250m at 8–512 rows (wave 46). */
+ * tile 1.4×; twelve of two 1.01–1.06× there and 0.92–0.95× on 250m at 128–512 rows (wave 46). */
 #if F32_TILE == 16
 #define F32_MR 12
 #else

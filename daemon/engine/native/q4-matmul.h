@@ -105,7 +105,7 @@ enum { Q4_AHEAD = 16 };
  * the rows' chains interleave, so that from three rows no multiply-add waits on the one before
  * (one or two rows: two chains a row, the chunk's low and high groups). Sums, partial sums and
  * chunks in named registers: with arrays, gcc kept the sums on the stack (84 stack references
- * before wave 46, none since); 19–26 % less time at one to eight rows than that (wave 46). */
+ * before wave 46, none since); 12–30 % less time at one to sixteen rows than that (wave 46). */
 Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, float *y, size_t ldy) {
   const int nb = p->blocks, K = p->K;
   const uint8_t *pw = p->w + (size_t)t * nb * Q4_TILE_BLOCK_BYTES;
