@@ -94,11 +94,25 @@ typedef struct { const int8_t *q; const float *s; const int32_t *z; } Q4Rows;
  * made it broadcast each one from a general register, an extra instruction per multiply-add. */
 typedef int32_t q4_i32 __attribute__((aligned(1), may_alias));
 
-#ifdef Q4_VNNI
-/* How far ahead the tile's stream is asked for: 16 blocks (4 KB), as the AVX2 path's passes below;
- * 8, 32 and 64 measured the same here (wave 46). */
+#if defined(Q4_VNNI) || defined(Q4_AVX2)
+/* How far ahead the AVX-512 VNNI and AVX2 paths ask for a tile's stream: 16 blocks, 4 KB, so that a
+ * block's loads find their lines there. The AVX2 path's halves before wave 44 (AVX-VNNI's below keep
+ * their shape), with no prefetch, read one row's weights at 60–70 % of the streaming rate; its
+ * one-row pass reads them at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). On AVX-512
+ * VNNI 8, 32 and 64 measured the same (wave 46). */
 enum { Q4_AHEAD = 16 };
 
+/* Block b + Q4_AHEAD of the tile whose stream starts at pw (its four lines) and that block's scales
+ * (ps) asked for now. Past the tile's end this is the next tile's stream (or nothing: a prefetch
+ * never faults). */
+Q4_INLINE void q4_prefetch_ahead (const uint8_t *pw, const float *ps, int b) {
+  const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
+  for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
+}
+#endif
+
+#ifdef Q4_VNNI
 /* Rows [0, MR) of one tile (MR ≤ 8, a constant where it is inlined): each row's 16 columns in one
  * register of f32 sums, each block's integer dot products in one of int32. A block is unpacked a
  * chunk (eight k) at a time and each chunk's two groups of four k go to every row before the next:
@@ -114,10 +128,7 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
   const __m512 zf = _mm512_setzero_ps();
   __m512 c0 = zf, c1 = zf, c2 = zf, c3 = zf, c4 = zf, c5 = zf, c6 = zf, c7 = zf;
   for (int b = 0; b < nb; b++) {
-    /* Past the tile's end this is the next tile's stream (or nothing: a prefetch never faults). */
-    const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
-    for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
+    q4_prefetch_ahead(pw, ps, b);
     const uint8_t *blk = pw + (size_t)b * Q4_TILE_BLOCK_BYTES;
     const int8_t *q = a.q + (size_t)b * Q4_BLOCK;
     /* Each sum starts at the zero point's share: a broadcast load, where a subtraction after would
@@ -205,12 +216,6 @@ Q4_INLINE void q4_tile_rows (const int MR, const Q4Packed *p, int t, Q4Rows a, f
   }
 }
 #elif defined(Q4_AVX2)
-/* How far ahead the passes prefetch: 16 blocks, 4 KB of the tile's stream, so that a block's loads
- * find their lines there. This path's halves before wave 44 (AVX-VNNI's above keep their shape), with
- * no prefetch, read one row's weights at 60–70 % of the streaming rate; the one-row pass reads them
- * at 75–90 % (wave 44; 8 blocks ahead the same, 32 no better). */
-enum { Q4_AHEAD = 16 };
-
 /* One row of one tile, both halves in one pass: a block's 256 bytes unpacked once for sixteen
  * columns and the row's activations broadcast once, where halves would read a block twice.
  * vpmaddubsw gives each 16-bit lane two products; a block's are summed in 16 bits and one vpmaddwd
@@ -225,10 +230,7 @@ Q4_INLINE void q4_tile_pass (const Q4Packed *p, int t, Q4Rows a, float *y) {
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   for (int b = 0; b < nb; b++) {
-    /* Past the tile's end this is the next tile's stream (or nothing: a prefetch never faults). */
-    const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
-    for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
+    q4_prefetch_ahead(pw, ps, b);
     const uint8_t *blk = pw + (size_t)b * Q4_TILE_BLOCK_BYTES;
     const q4_i32 *g4 = (const q4_i32 *)(a.q + (size_t)b * Q4_BLOCK);
     __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
@@ -272,9 +274,7 @@ Q4_INLINE void q4_tile_pass_l1 (const int MR, const Q4Packed *p, int t, Q4Rows a
   float acc[4][Q4_TILE] __attribute__((aligned(32)));
   memset(acc, 0, sizeof acc);
   for (int b = 0; b < nb; b++) {
-    const char *ahead = (const char *)(pw + (size_t)(b + Q4_AHEAD) * Q4_TILE_BLOCK_BYTES);
-    for (int line = 0; line < Q4_TILE_BLOCK_BYTES; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _mm_prefetch((const char *)(ps + (size_t)(b + Q4_AHEAD) * Q4_TILE), _MM_HINT_T0);
+    q4_prefetch_ahead(pw, ps, b);
     const uint8_t *blk = pw + (size_t)b * Q4_TILE_BLOCK_BYTES;
     const int8_t *q = a.q + (size_t)b * Q4_BLOCK;
     /* Named, not an array (gcc kept arrays of vectors on the stack); row m's two halves. */
