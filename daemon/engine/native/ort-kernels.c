@@ -380,9 +380,14 @@ static void compute_matmul (void *kernel, void *context) {
   run_units(context, quantize_unit, row_units, row_units < 16 ? row_units : 16, &qw);
   MatMulWork w = { &k->packed, (int)M, 0, { q, s, z }, data_of(outv) };
   /* Tiles in up to 16 contiguous runs on the session's intra-op threads; a product too small to
-   * share (under ~1,000 tile-blocks of rows) runs on the calling thread. */
+   * share (under 256 tile-blocks of rows, ~131k multiply-adds) runs on the calling thread. It was
+   * 1,024 until timed inside a served step (60m int4, docs/engine-notes.md, wave 47): there the
+   * weights stream from memory, not cache (~40 GB/s), so a one-row 512 × 512 product took 7.0–8.4 µs
+   * on one thread against 4.5–5.1 on two, and the step ran faster as a whole (session.run
+   * 1.12–1.41 → 1.06–1.18 ms, median, four alternations): a second thread that sits out the small
+   * products is slower to join the next shared one. */
   const int tiles = k->packed.tiles;
-  const int units = (int64_t)tiles * M * nb < 1024 ? 1 : tiles < 16 ? tiles : 16;
+  const int units = (int64_t)tiles * M * nb < 256 ? 1 : tiles < 16 ? tiles : 16;
   w.per_unit = (tiles + units - 1) / units;
   run_units(context, matmul_unit, (size_t)units, (size_t)units, &w);
   free(q); free(s); free(z);
