@@ -39,8 +39,9 @@ import { planStages } from './split.ts'
  * `decodeAttention`; `shoal shard` takes the one this CPU runs faster, the daemon's cache per-head.
  * 13: 'ort-contrib' stages also get a one-position graph, the stage graph with its one-position
  * Ifs inline (`decodeGraph`, shards/graph/decode-graph.ts), reading the same weights file.
+ * 14: 4-bit scales are IEEE halves (shards/quant.ts), which shoal's int4 kernel packs in two bytes.
  */
-export const COMPILER_VERSION = 13
+export const COMPILER_VERSION = 14
 
 /** The op table shards are compiled with unless told otherwise. */
 export const DEFAULT_OP_SET: OpTable['name'] = 'ort-contrib'

@@ -3,7 +3,9 @@
  * `blockSize` input elements, each with one f32 scale; symmetric, so no zero_points input (the
  * op's default zero point, 2^(bits-1), applies). 4-bit values pack two per byte, low nibble first.
  * Dequantised weight = (q - 2^(bits-1)) · scale. Symmetric-without-zero-points is the form every
- * OpenVINO ONNX-frontend version we checked reads (see DESIGN.md).
+ * OpenVINO ONNX-frontend version we checked reads (see DESIGN.md). 4-bit scales are IEEE halves
+ * (stored as f32, as the op wants them): what llama.cpp's Q4_0 keeps too, so shoal's int4 kernel
+ * packs them in half the bytes (q4-matmul.h; compiler 14).
  */
 import type { Quantization } from './contract.ts'
 
@@ -38,7 +40,7 @@ export function quantizeMatrix (w: Float32Array, n: number, k: number, bits: 4 |
       const end = Math.min(k, start + blockSize)
       let absMax = 0
       for (let i = start; i < end; i++) absMax = Math.max(absMax, Math.abs(w[r * k + i]!))
-      const scale = Math.fround(absMax > 0 ? absMax / qmax : 1)
+      const scale = bits === 4 ? halfScale(absMax > 0 ? absMax / qmax : 1) : Math.fround(absMax > 0 ? absMax / qmax : 1)
       for (let i = 0; i < blockSize; i++) {
         const v = start + i < end ? w[r * k + start + i]! : 0
         q[i] = Math.min(qmax, Math.max(-zp, Math.round(v / scale))) + zp
@@ -50,6 +52,40 @@ export function quantizeMatrix (w: Float32Array, n: number, k: number, bits: 4 |
     }
   }
   return { bits, blockSize, n, k, data, scales }
+}
+
+/**
+ * A 4-bit block's scale: the nearest IEEE half to `raw` (a block's largest magnitude over 7), so that
+ * shoal's int4 kernel may keep it in two bytes and turn it back into the same float. Rounding
+ * moves a weight's dequantised value by at most 2^-11 of it (a block's largest value may then
+ * round to 7 steps and a fraction, clamped to 7). Never 0 for a block that is not all zeros: below
+ * the smallest half it is that half, 2^-24.
+ */
+function halfScale (raw: number): number {
+  const h = roundToHalf(raw)
+  return h === 0 ? 2 ** -24 : h
+}
+
+/**
+ * x rounded to the nearest IEEE half-precision value (ties to even), as a number; past the largest
+ * finite half (65,504), that half. The same as Math.f16round where the runtime has it (Node ≥ 24),
+ * infinities apart.
+ */
+export function roundToHalf (x: number): number {
+  if (Number.isNaN(x) || x === 0) return x
+  const a = Math.abs(x)
+  // 65,520 and above would round to infinity.
+  if (a >= 65520) return Math.sign(x) * 65504
+  let e = Math.floor(Math.log2(a))
+  if (2 ** e > a) e--
+  else if (2 ** (e + 1) <= a) e++
+  // A half's unit in the last place at a's binade (ten significand bits; subnormals below 2^-14).
+  const ulp = 2 ** (Math.max(e, -14) - 10)
+  const units = a / ulp
+  const whole = Math.floor(units)
+  const rest = units - whole
+  const rounded = rest > 0.5 || (rest === 0.5 && whole % 2 === 1) ? whole + 1 : whole
+  return Math.sign(x) * rounded * ulp
 }
 
 /** Inverse of quantizeMatrix (for tests and error reports): [n, k] f32. */

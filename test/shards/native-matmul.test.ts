@@ -5,7 +5,8 @@
  * node with the kernel makes of default shards when it loads them, test/engine/native-kernels.test.ts).
  * Checked:
  * - the kernel against a plain reference that reads MatMulNBits' own layout, bit for bit, on each
- *   of its paths this machine can run (AVX-512 VNNI, AVX-VNNI, AVX2, plain C), all the same bits;
+ *   of its paths this machine can run (AVX-512 VNNI, AVX-VNNI, AVX2, plain C), all the same bits,
+ *   with scales kept as floats and (the vector paths, where every scale is an IEEE half) as halves;
  * - served through onnxruntime, for every test architecture: right-padded batches decode
  *   bit-identically to each row alone; greedy tokens follow MatMulNBits' until a step where
  *   MatMulNBits' own best two logits are closer than the two kernels' logits differ; and the
@@ -34,7 +35,7 @@ afterAll(async () => { await rm(root, { recursive: true, force: true }) })
 describe.skipIf(!compiler)('the native int4 kernel (q4-matmul.h)', () => {
   it('computes the reference\'s bits on every path: AVX-512 VNNI, AVX-VNNI, AVX2, plain C', async () => {
     const source = join(import.meta.dirname, 'native', 'q4-check.c')
-    const results: Array<{ path: string, outputs: number, differ: number, hash: string }> = []
+    const results: Array<{ path: string, outputs: number, differ: number, hash: string, halves: number }> = []
     // -march=native takes the widest path this CPU has; on x86 the -mno-… builds take the narrower
     // ones where it has them (an older compiler that lacks a flag skips that build), and baseline
     // x86-64 (no AVX2, no FMA) the plain C one.
@@ -54,13 +55,15 @@ describe.skipIf(!compiler)('the native int4 kernel (q4-matmul.h)', () => {
         if (optional === true) { console.log(`q4-matmul: no build with ${flags.join(' ')}: ${(err as Error).message.split('\n')[0]}`); continue }
         throw err
       }
-      results.push(JSON.parse((await run(bin)).stdout) as { path: string, outputs: number, differ: number, hash: string })
+      results.push(JSON.parse((await run(bin)).stdout) as { path: string, outputs: number, differ: number, hash: string, halves: number })
     }
     console.log(`q4-matmul: ${results.map(r => `${r.path} ${r.outputs} outputs, ${r.differ} differ, hash ${r.hash}`).join('; ')}`)
     for (const r of results) {
       expect(r.outputs).toBeGreaterThan(50_000)
       expect(r.differ, r.path).toBe(0)
       expect(r.hash, r.path).toBe(results[0]!.hash)
+      // Half the products have scales that are all IEEE halves: the vector paths keep them so.
+      expect(r.halves, r.path).toBe(r.path === 'plain-c' ? 0 : 5)
     }
     if (process.arch === 'x64') expect(results.at(-1)!.path).toBe('plain-c')
   })

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import fc from 'fast-check'
 import * as ort from 'onnxruntime-node'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
-import { embeddingStorage, dequantizeMatrix, quantizeMatrix } from '../../shards/quant.ts'
+import { embeddingStorage, dequantizeMatrix, quantizeMatrix, roundToHalf } from '../../shards/quant.ts'
 import { GraphBuilder, DT } from '../../shards/graph/builder.ts'
 import { makeEmbedding } from '../../shards/graph/blocks.ts'
 import type { BuildContext } from '../../shards/graph/types.ts'
@@ -132,6 +132,43 @@ describe('quantizeMatrix', () => {
         }
         return true
       }), { numRuns: 60 })
+  })
+})
+
+describe('4-bit scales are IEEE halves (compiler 14)', () => {
+  /** The half nearest x (ties to even) by Math.f16round, where this Node has it (24 and later). */
+  const f16round = (Math as { f16round?: (x: number) => number }).f16round
+
+  it('roundToHalf is the nearest half, ties to even, subnormals included', () => {
+    expect(roundToHalf(1)).toBe(1)
+    expect(roundToHalf(1 + 2 ** -11)).toBe(1) // a tie: to the even significand
+    expect(roundToHalf(1 + 3 * 2 ** -11)).toBe(1 + 2 ** -9)
+    expect(roundToHalf(65504)).toBe(65504)
+    expect(roundToHalf(1e6)).toBe(65504) // past the largest half: that half
+    expect(roundToHalf(2 ** -24)).toBe(2 ** -24)
+    expect(roundToHalf(2 ** -26)).toBe(0)
+    expect(roundToHalf(-0.1)).toBe(-roundToHalf(0.1))
+    fc.assert(fc.property(fc.double({ min: -65504, max: 65504, noNaN: true }), x => {
+      const h = roundToHalf(x)
+      // A half: a whole number of its binade's units, ten significand bits.
+      const a = Math.abs(h)
+      if (a !== 0) {
+        const ulp = 2 ** (Math.max(Math.floor(Math.log2(a)), -14) - 10)
+        if (a / ulp !== Math.floor(a / ulp) || a / ulp >= 2048) return false
+      }
+      return f16round === undefined || Object.is(f16round(x), h)
+    }), { numRuns: 2000 })
+  })
+
+  it('quantizeMatrix gives 4-bit blocks half scales (8-bit ones keep f32), never 0 where a weight is not', () => {
+    fc.assert(fc.property(fc.integer(), fc.double({ min: 1e-9, max: 100, noNaN: true }), (seed, spread) => {
+      let s = seed >>> 0
+      const w = Float32Array.from({ length: 4 * 96 }, () => { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; return (s / 2 ** 32 - 0.5) * spread })
+      const q4 = quantizeMatrix(w, 4, 96, 4, 32)
+      if (!Array.from(q4.scales).every(x => roundToHalf(x) === x && x > 0)) return false
+      const q8 = quantizeMatrix(w, 4, 96, 8, 32)
+      return Array.from(q8.scales).every(x => x === Math.fround(x) && x > 0)
+    }), { numRuns: 200 })
   })
 })
 

@@ -61,7 +61,9 @@ function relativeDiff (a: Float32Array, b: Float32Array): number {
 
 /**
  * The kernels against onnxruntime's own ops on random inputs, in one session on a session worker:
- * one int4 product by the kernel and by MatMulNBits, one f32 product by MatMulF32 and by MatMul
+ * one int4 product by the kernel and by MatMulNBits, twice (scales that are IEEE halves, as the
+ * compiler writes them since version 14 and the kernel then packs, and scales that are not, as
+ * older shards' are), one f32 product by MatMulF32 and by MatMul
  * (rows 1 and 9: each kernel's few-row and many-row paths), one layer's one-position attention by DecodeAttention and by the
  * compiler's grouped form (three rows of 20, 32 and 5 live columns in a buffer of 32), and a
  * verify step of three positions by VerifyAttention and by GroupQueryAttention (one row, live
@@ -83,6 +85,10 @@ async function selfCheck (): Promise<number> {
     const attrs = { K, N, bits: 4, block_size: 32, accuracy_level: 4 }
     g.output('kernel', g.op('MatMulQ4', '/kernel', [x, w, sc], attrs, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
     g.output('reference', g.op('MatMulNBits', '/reference', [x, w, sc], attrs, MS_DOMAIN), DT.FLOAT, ['m', N])
+    // The same weights with scales no half equals (each a few float steps off one).
+    const scf = g.weight('w.s32', DT.FLOAT, [N * K / 32], new Uint8Array(q.scales.map(v => Math.fround(v * (1 + 2 ** -20))).buffer))
+    g.output('kernel.f32scales', g.op('MatMulQ4', '/kernel/f32scales', [x, w, scf], attrs, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
+    g.output('reference.f32scales', g.op('MatMulNBits', '/reference/f32scales', [x, w, scf], attrs, MS_DOMAIN), DT.FLOAT, ['m', N])
     // N = 40: five tiles of 8, so the many-row path's last block is one tile, past a whole block.
     const wf = g.f32Weight('w.f32', [K, N], Float32Array.from({ length: K * N }, rand))
     g.output('f32.kernel', g.op('MatMulF32', '/f32/kernel', [x, wf], {}, NATIVE_KERNEL_DOMAIN), DT.FLOAT, ['m', N])
@@ -129,6 +135,7 @@ async function selfCheck (): Promise<number> {
     for (const M of [1, 9]) {
       const out = await session.run({ x: f32([M, K], () => 4 * rand()), ...attention, ...verify(M === 1 ? 20 : 29) })
       worst = Math.max(worst, relativeDiff(out.kernel!.data as Float32Array, out.reference!.data as Float32Array),
+        relativeDiff(out['kernel.f32scales']!.data as Float32Array, out['reference.f32scales']!.data as Float32Array),
         relativeDiff(out['f32.kernel']!.data as Float32Array, out['f32.reference']!.data as Float32Array),
         relativeDiff(out['attention.native']!.data as Float32Array, out['attention.grouped']!.data as Float32Array),
         relativeDiff(out['verify.kernel']!.data as Float32Array, out['verify.reference']!.data as Float32Array))

@@ -4,8 +4,10 @@
  * and rows; N that are and are not multiples of 16, M from 1 to 19 (whole groups of eight rows,
  * and the rest). The reference does the kernel's documented arithmetic: per block, the exact
  * integer dot product less 8·Σq, times (scale_w · scale_a), summed over the blocks in order by
- * fused multiply-adds. Prints the number of outputs whose bits differ, and a hash of all outputs,
- * so that the test can compare a build with AVX-512 against one without.
+ * fused multiply-adds. Each shape twice: with scales that are not IEEE halves, and with scales that
+ * all are (the compiler's since version 14), which the paths with Q4_HALF_SCALES pack as halves.
+ * Prints the number of outputs whose bits differ, a hash of all outputs (so that the test can
+ * compare a build with AVX-512 against one without) and how many products were packed with halves.
  */
 #include <stdio.h>
 #include "../../../daemon/engine/native/q4-matmul.h"
@@ -14,18 +16,36 @@ static uint32_t state = 12345;
 static uint32_t next (void) { state = state * 1664525u + 1013904223u; return state >> 8; }
 static float uniform (void) { return (float)next() / (float)(1u << 24) - 0.5f; }
 
+/* x made an IEEE half exactly, by truncation: a whole number of 2^-24 below 2^-14, else the low 13
+ * significand bits cleared (every scale here is far below the largest half). */
+static float half_exact (float x) {
+  if (fabsf(x) < 0x1p-14f) return truncf(x * 0x1p24f) * 0x1p-24f;
+  uint32_t f;
+  memcpy(&f, &x, sizeof f);
+  f &= ~0x1FFFu;
+  memcpy(&x, &f, sizeof x);
+  return x;
+}
+
 int main (void) {
   const int shapes[][2] = { { 64, 16 }, { 96, 40 }, { 512, 768 }, { 160, 33 }, { 1536, 512 } };
-  size_t differ = 0, total = 0;
+  size_t differ = 0, total = 0, halves = 0;
   uint64_t hash = 1469598103934665603ull;
-  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+  for (size_t pass = 0; pass < 2 * (sizeof shapes / sizeof shapes[0]); pass++) {
+    const size_t si = pass / 2;
     const int K = shapes[si][0], N = shapes[si][1], nb = K / Q4_BLOCK;
     uint8_t *B = malloc((size_t)N * K / 2);
     float *scales = malloc(sizeof(float) * N * nb);
     for (size_t i = 0; i < (size_t)N * K / 2; i++) B[i] = (uint8_t)next();
     for (int i = 0; i < N * nb; i++) scales[i] = uniform() * 0.02f;
+    if (pass % 2 == 1) {
+      for (int i = 0; i < N * nb; i++) scales[i] = half_exact(scales[i]);
+      scales[0] = 0.0f;
+      scales[N * nb - 1] = 0x1p-24f; /* the smallest half */
+    }
     Q4Packed p;
     if (!q4_pack(&p, B, scales, N, K)) return 2;
+    halves += (size_t)p.half;
     for (int M = 1; M <= 19; M += 3) {
       float *a = malloc(sizeof(float) * M * K), *y = malloc(sizeof(float) * M * N);
       int8_t *q = malloc((size_t)M * K);
@@ -71,6 +91,6 @@ int main (void) {
 #else
   const char *path = "plain-c";
 #endif
-  printf("{\"path\":\"%s\",\"outputs\":%zu,\"differ\":%zu,\"hash\":\"%016llx\"}\n", path, total, differ, (unsigned long long)hash);
+  printf("{\"path\":\"%s\",\"outputs\":%zu,\"differ\":%zu,\"hash\":\"%016llx\",\"halves\":%zu}\n", path, total, differ, (unsigned long long)hash, halves);
   return 0;
 }
