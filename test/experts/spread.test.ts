@@ -12,7 +12,7 @@ import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { compileExpertShards, compileShards, generateTestModel, type ExpertShardLayout, type MoeTestArchitecture } from '../../shards/index.ts'
 import { encodePrompt, greedyDecode, openPipeline } from '../shards/pipeline.ts'
-import { ReferenceModel } from '../support/reference.ts'
+import { ReferenceModel, top2 } from '../support/reference.ts'
 import { linkTo, planFor, stageFor, startHolders } from './spread-stage.ts'
 
 const N = 32
@@ -54,7 +54,7 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     }
   }, 120_000)
 
-  it.each(['int8', 'int4'] as const)('%s experts on 2 holders give the tokens of the same quantization in one graph', async (quant) => {
+  it.each(['int8', 'int4'] as const)('%s experts on 2 holders give the tokens of the same quantization in one graph, up to a near tie', async (quant) => {
     const qdir = join(root, `experts-${quant}`)
     const qlayout = await compileExpertShards({ modelDir: join(root, 'ckpt'), outDir: qdir, quant })
     const whole = await compileShards({ modelDir: join(root, 'ckpt'), outDir: join(root, `whole-${quant}`), quant })
@@ -67,11 +67,18 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
     await stage.open()
     try {
       const got = await stage.greedy([prompts[0]!], N)
+      // The holders' products see other row counts than the one graph's (and sum the experts in
+      // another order), so their bits differ; the tokens may part only at a near tie: where the one
+      // graph's best two logits are closer than the two computations' logits differ.
+      const tokens = got.tokens[0]!
+      const splitAt = tokens.findIndex((t, i) => t !== one.tokens[i])
+      const shared = splitAt < 0 ? N : splitAt + 1
       let err = 0
-      got.logits.forEach((l, i) => l.forEach((v, j) => { err = Math.max(err, Math.abs(v - one.logits[i]![j]!)) }))
-      const agree = got.tokens[0]!.filter((t, i) => t === want[0]![i]).length
-      console.log(`${arch} ${quant} (int8 activations) on 2 holders: max |logit − one-graph ${quant}| ${err.toExponential(2)}; greedy agreement with the fp32 reference ${agree}/${N}`)
-      expect(got.tokens[0]).toEqual(one.tokens)
+      got.logits.slice(0, shared).forEach((l, i) => l.forEach((v, j) => { err = Math.max(err, Math.abs(v - one.logits[i]![j]!)) }))
+      const agree = tokens.filter((t, i) => t === want[0]![i]).length
+      const margin = splitAt < 0 ? undefined : top2(one.logits[splitAt]!).margin
+      console.log(`${arch} ${quant} (int8 activations) on 2 holders: ${splitAt < 0 ? N : splitAt}/${N} tokens as the one graph${margin === undefined ? '' : ` (its margin there ${margin.toExponential(2)})`}, max |logit − one-graph ${quant}| ${err.toExponential(2)} until then; greedy agreement with the fp32 reference ${agree}/${N}`)
+      if (margin !== undefined) expect(margin).toBeLessThanOrEqual(2 * err)
     } finally {
       await stage.close()
       for (const h of holders.values()) await h.stop()
