@@ -151,8 +151,13 @@ Q4_INLINE void q4_prefetch_ahead (const uint8_t *pw, const char *ps, size_t sb, 
   _mm_prefetch(ps + (size_t)(b + Q4_AHEAD) * sb, _MM_HINT_T0);
 }
 
-/* Eight of a tile-block's scales as floats, from halves or floats (F16C converts halves exactly). */
+/* Eight of a tile-block's scales as floats, from halves or floats (F16C converts halves exactly;
+ * without it no product is packed with halves, and the conversion is not compiled). */
+#if Q4_HALF_SCALES
 #define Q4_SCALES8(HALF, at) ((HALF) ? _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(at))) : _mm256_load_ps((const float *)(at)))
+#else
+#define Q4_SCALES8(HALF, at) _mm256_load_ps((const float *)(at))
+#endif
 #endif
 
 #ifdef Q4_VNNI

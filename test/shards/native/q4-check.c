@@ -91,6 +91,6 @@ int main (void) {
 #else
   const char *path = "plain-c";
 #endif
-  printf("{\"path\":\"%s\",\"outputs\":%zu,\"differ\":%zu,\"hash\":\"%016llx\",\"halves\":%zu}\n", path, total, differ, (unsigned long long)hash, halves);
+  printf("{\"path\":\"%s\",\"outputs\":%zu,\"differ\":%zu,\"hash\":\"%016llx\",\"halves\":%zu,\"halfScales\":%d}\n", path, total, differ, (unsigned long long)hash, halves, Q4_HALF_SCALES);
   return 0;
 }
