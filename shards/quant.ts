@@ -56,10 +56,10 @@ export function quantizeMatrix (w: Float32Array, n: number, k: number, bits: 4 |
 
 /**
  * A 4-bit block's scale: the nearest IEEE half to `raw` (a block's largest magnitude over 7), so that
- * shoal's int4 kernel may keep it in two bytes and turn it back into the same float. Rounding
- * moves a weight's dequantised value by at most 2^-11 of it (a block's largest value may then
- * round to 7 steps and a fraction, clamped to 7). Never 0 for a block that is not all zeros: below
- * the smallest half it is that half, 2^-24.
+ * shoal's int4 kernel may keep it in two bytes and turn it back into the same float. The scale moves
+ * by at most 2^-11 of itself, and every weight still dequantises to within half a step of itself (a
+ * block's largest may then sit 7 steps and a sliver from zero, clamped to 7). Never 0 for a block
+ * that is not all zeros: below the smallest half it is that half, 2^-24.
  */
 function halfScale (raw: number): number {
   const h = roundToHalf(raw)
@@ -69,7 +69,8 @@ function halfScale (raw: number): number {
 /**
  * x rounded to the nearest IEEE half-precision value (ties to even), as a number; past the largest
  * finite half (65,504), that half. The same as Math.f16round where the runtime has it (Node ≥ 24),
- * infinities apart.
+ * infinities apart. (daemon/pipeline/activations.ts toF16Bits rounds an f32 to a half's bits for
+ * the wire; the compiler sits below the daemon and rounds the quotient itself, once.)
  */
 export function roundToHalf (x: number): number {
   if (Number.isNaN(x) || x === 0) return x
