@@ -40,7 +40,8 @@ export function quantizeMatrix (w: Float32Array, n: number, k: number, bits: 4 |
       const end = Math.min(k, start + blockSize)
       let absMax = 0
       for (let i = start; i < end; i++) absMax = Math.max(absMax, Math.abs(w[r * k + i]!))
-      const scale = bits === 4 ? halfScale(absMax > 0 ? absMax / qmax : 1) : Math.fround(absMax > 0 ? absMax / qmax : 1)
+      const raw = absMax > 0 ? absMax / qmax : 1
+      const scale = bits === 4 ? halfScale(raw) : Math.fround(raw)
       for (let i = 0; i < blockSize; i++) {
         const v = start + i < end ? w[r * k + start + i]! : 0
         q[i] = Math.min(qmax, Math.max(-zp, Math.round(v / scale))) + zp
