@@ -11,8 +11,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { compileExpertShards, compileShards, generateTestModel, type ExpertShardLayout, type MoeTestArchitecture } from '../../shards/index.ts'
-import { encodePrompt, greedyDecode, openPipeline } from '../shards/pipeline.ts'
-import { ReferenceModel, top2 } from '../support/reference.ts'
+import { encodePrompt, greedyDecode, greedySplit, openPipeline } from '../shards/pipeline.ts'
+import { ReferenceModel } from '../support/reference.ts'
 import { linkTo, planFor, stageFor, startHolders } from './spread-stage.ts'
 
 const N = 32
@@ -71,14 +71,10 @@ describe.each(['qwen2-moe', 'mixtral'] as MoeTestArchitecture[])('%s with expert
       // another order), so their bits differ; the tokens may part only at a near tie: where the one
       // graph's best two logits are closer than the two computations' logits differ.
       const tokens = got.tokens[0]!
-      const splitAt = tokens.findIndex((t, i) => t !== one.tokens[i])
-      const shared = splitAt < 0 ? N : splitAt + 1
-      let err = 0
-      got.logits.slice(0, shared).forEach((l, i) => l.forEach((v, j) => { err = Math.max(err, Math.abs(v - one.logits[i]![j]!)) }))
+      const { at, diff, margin } = greedySplit({ tokens, logits: got.logits }, one)
       const agree = tokens.filter((t, i) => t === want[0]![i]).length
-      const margin = splitAt < 0 ? undefined : top2(one.logits[splitAt]!).margin
-      console.log(`${arch} ${quant} (int8 activations) on 2 holders: ${splitAt < 0 ? N : splitAt}/${N} tokens as the one graph${margin === undefined ? '' : ` (its margin there ${margin.toExponential(2)})`}, max |logit − one-graph ${quant}| ${err.toExponential(2)} until then; greedy agreement with the fp32 reference ${agree}/${N}`)
-      if (margin !== undefined) expect(margin).toBeLessThanOrEqual(2 * err)
+      console.log(`${arch} ${quant} (int8 activations) on 2 holders: ${at}/${N} tokens as the one graph${margin === undefined ? '' : ` (its margin there ${margin.toExponential(2)})`}, max |logit − one-graph ${quant}| ${diff.toExponential(2)} until then; greedy agreement with the fp32 reference ${agree}/${N}`)
+      if (margin !== undefined) expect(margin).toBeLessThanOrEqual(2 * diff)
     } finally {
       await stage.close()
       for (const h of holders.values()) await h.stop()

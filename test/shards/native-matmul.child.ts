@@ -9,30 +9,11 @@
  */
 import { join } from 'node:path'
 import { compileShards } from '../../shards/index.ts'
-import { batchedAgainstAlone, eachTestModel, greedyDecode, maxDiff, raggedRows, withPipeline } from './pipeline.ts'
+import { batchedAgainstAlone, eachTestModel, greedyDecode, greedySplit, raggedRows, withPipeline } from './pipeline.ts'
 
 const N = 48
-type Run = { tokens: number[], logits: Float32Array[] }
-
-/** The best logit less the second best. */
-const margin = (l: Float32Array): number => {
-  let a = -Infinity
-  let b = -Infinity
-  for (const v of l) {
-    if (v > a) { b = a; a = v } else if (v > b) b = v
-  }
-  return a - b
-}
-/** The first step whose tokens differ (N when none): up to it both decoded the same sequence. */
-const split = (a: Run, b: Run): number => {
-  const i = a.tokens.findIndex((t, j) => t !== b.tokens[j])
-  return i < 0 ? N : i
-}
-/** The largest logit difference over the steps both saw the same sequence (the split's included). */
-const logitDiff = (a: Run, b: Run): number => Math.max(...a.logits.slice(0, Math.min(split(a, b) + 1, N)).map((l, i) => maxDiff(l, b.logits[i]!)))
-
 await eachTestModel('shoal-native-matmul-', async (arch, modelDir, prompt, root) => {
-  const run = async (kernel: 'native' | undefined, accuracyLevel: 0 | 4): Promise<Run & { batched: string[], kernel: string | undefined }> => {
+  const run = async (kernel: 'native' | undefined, accuracyLevel: 0 | 4): Promise<{ tokens: number[], logits: Float32Array[], batched: string[], kernel: string | undefined }> => {
     const dir = join(root, `${arch}-${kernel ?? 'ort'}-${accuracyLevel}`)
     const m = await compileShards({ modelDir, outDir: dir, opSet: 'ort-contrib', quant: 'int4', accuracyLevel, decodeAttention: 'per-head', ...(kernel === undefined ? {} : { kernel }) })
     return await withPipeline(dir, m, async p => ({
@@ -44,17 +25,17 @@ await eachTestModel('shoal-native-matmul-', async (arch, modelDir, prompt, root)
   const ort = await run(undefined, 4)
   const native = await run('native', 4)
   const f32 = await run(undefined, 0)
-  const at = split(native, ort)
+  const vsOrt = greedySplit(native, ort)
   process.stdout.write(`${JSON.stringify({
     arch,
     kernel: native.kernel,
     tokens: N,
-    agree: at,
-    marginAtSplit: at < N ? margin(ort.logits[at]!) : null,
-    vsMatMulNBits: logitDiff(native, ort),
+    agree: vsOrt.at,
+    marginAtSplit: vsOrt.margin ?? null,
+    vsMatMulNBits: vsOrt.diff,
     // What int8 activations cost MatMulNBits itself, against f32 activations.
-    matMulNBitsVsF32: logitDiff(ort, f32),
-    nativeVsF32: logitDiff(native, f32),
+    matMulNBitsVsF32: greedySplit(ort, f32).diff,
+    nativeVsF32: greedySplit(native, f32).diff,
     batchedMismatches: native.batched,
   })}\n`)
 })

@@ -5,6 +5,7 @@
 import ort from 'onnxruntime-node'
 import { nextPast } from '../kv-append.ts'
 import { alignColumns } from '../../daemon/engine/kv-block.ts'
+import { top2 } from '../support/reference.ts'
 import { mkdtemp, readFile, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -101,6 +102,25 @@ export const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
   let m = 0
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i]! - b[i]!))
   return m
+}
+
+/** A greedy decode's tokens and each step's logits. */
+export interface GreedyRun { tokens: number[], logits: ArrayLike<number>[] }
+
+/**
+ * Where a greedy decode `got` parts from a reference decode `want` of the same prompt: `at`, the
+ * first step whose tokens differ (the steps decoded when none); `diff`, the largest logit difference
+ * over the steps both saw the same sequence (the split's included); `margin`, the reference's best
+ * two logits' gap at the split (undefined without one). Two computations whose bits differ may part
+ * only at a near tie: a margin no larger than about the difference.
+ */
+export function greedySplit (got: GreedyRun, want: GreedyRun): { at: number, diff: number, margin: number | undefined } {
+  const n = got.tokens.length
+  const first = got.tokens.findIndex((t, i) => t !== want.tokens[i])
+  const at = first < 0 ? n : first
+  let diff = 0
+  for (let i = 0; i < Math.min(at + 1, n); i++) diff = Math.max(diff, maxDiff(got.logits[i]!, want.logits[i]!))
+  return { at, diff, margin: at < n ? top2(want.logits[at]!).margin : undefined }
 }
 
 /** `f` on the shards in `dir`, opened, then released however `f` ends. */
