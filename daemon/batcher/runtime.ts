@@ -144,6 +144,9 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
         e.state = 'running'
         const { ask, use } = logitsWindow(e.total, e.keep, e.offset, n)
         const final = e.offset + n === e.total
+        // A verify is checked whole (its drafts against every row); one the planner cut into
+        // chunks runs as plain rows and returns its logits (the caller checks those).
+        const verify = n === e.total ? e.request.verify : undefined
         items.push({
           seqId: e.seqId,
           kind: e.kind,
@@ -152,7 +155,8 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           logitsToKeep: ask,
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
-          ...(final && e.request.ahead !== undefined ? { ahead: e.request.ahead } : {}),
+          ...(verify === undefined ? {} : { verify }),
+          ...(final && e.request.ahead !== undefined && (e.request.pick !== undefined || verify !== undefined) ? { ahead: e.request.ahead } : {}),
           ...(e.request.reach === undefined ? {} : { reach: e.request.reach }),
           signal: e.signal,
         })

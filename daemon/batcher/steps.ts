@@ -59,6 +59,14 @@ export class StepAssembly {
       this.parts.push(output)
       return
     }
+    if (output.kind === 'verdict') {
+      // Only a verify that ran whole (one chunk, every row kept) gets one.
+      if (!Number.isSafeInteger(output.id) || output.id < 0 || !Number.isSafeInteger(output.accepted) || output.accepted < 0 || output.accepted >= rows || use !== rows || this.parts.length > 0) {
+        throw new BatchFailedError('executor returned a malformed or unasked-for verdict')
+      }
+      this.parts.push(output)
+      return
+    }
     const width = output.kind === 'logits' ? output.vocab : output.hidden
     if (!(output.data instanceof Float32Array) || !Number.isSafeInteger(width) || width < 1 || output.data.length !== output.count * width) {
       throw new BatchFailedError(`executor returned a malformed ${String(output.kind)} output`)
@@ -81,8 +89,8 @@ export class StepAssembly {
     const first = this.parts[0]
     if (first === undefined) throw new BatchFailedError('no output for step')
     if (this.parts.length === 1) return first
-    const rows = this.parts.filter(p => p.kind !== 'token')
-    if (rows.length !== this.parts.length || first.kind === 'token') throw new BatchFailedError('executor returned a token beside other outputs for one step')
+    const rows = this.parts.filter(p => p.kind === 'logits' || p.kind === 'hidden')
+    if (rows.length !== this.parts.length || first.kind === 'token' || first.kind === 'verdict') throw new BatchFailedError('executor returned a token beside other outputs for one step')
     const count = rows.reduce((sum, p) => sum + p.count, 0)
     const data = new Float32Array(rows.reduce((sum, p) => sum + p.data.length, 0))
     let at = 0

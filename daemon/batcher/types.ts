@@ -33,6 +33,12 @@ export interface StepRequest {
    */
   ahead?: TokenPick[]
   /**
+   * Last stage: a greedy speculative verify (the engine's BatchStepItem.verify: the input is a token
+   * and its drafts, every position's logits kept); the result is {kind: 'verdict'}, or the logits
+   * where the step ran in chunks (the engine checks a verify whole). `ahead` goes with it.
+   */
+  verify?: 'greedy'
+  /**
    * A prefill's own queue budget (ms), in place of the batcher's: a request sent to the last node
    * that could take it (GenerateRequest.soleServer) waits until its deadline rather than be refused.
    */
@@ -59,6 +65,8 @@ export type StepResult =
   | { kind: 'hidden', data: Float32Array, count: number, hidden: number }
   /** The token picked from the last position's logits (a step submitted with `pick`). */
   | { kind: 'token', id: number }
+  /** A verify's outcome (a step submitted with `verify`): drafts accepted, and the token after them. */
+  | { kind: 'verdict', accepted: number, id: number }
 
 /** What the planner sees of a queued step: plain data, no inputs. */
 export interface PendingStep {
@@ -109,6 +117,8 @@ export interface BatchItem {
   pick?: TokenPick
   /** As StepRequest.ahead (a decode step, or a prefill's final chunk). */
   ahead?: TokenPick[]
+  /** As StepRequest.verify, on a step that runs whole only. */
+  verify?: 'greedy'
   /** As StepRequest.reach (every chunk of a step that has it). */
   reach?: number
   /** The caller's signal: an executor may drop an item whose caller has gone. */

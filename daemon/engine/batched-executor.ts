@@ -15,6 +15,7 @@ export function createBatchedExecutor (engine: Pick<BatchingStageEngine, 'stepBa
         logitsToKeep: item.logitsToKeep,
         ...(item.pick === undefined ? {} : { pick: item.pick }),
         ...(item.ahead === undefined ? {} : { ahead: item.ahead }),
+        ...(item.verify === undefined ? {} : { verify: item.verify }),
         ...(item.reach === undefined ? {} : { reach: item.reach }),
         signal: item.signal,
       })), signal)

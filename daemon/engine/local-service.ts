@@ -141,7 +141,8 @@ export interface WrapContext {
   manifest: ShardManifest
   /**
    * One step of the request's sequence (through the micro-batcher when batching). `options.ahead`:
-   * a plain decode step's run-ahead picks (used when batching, as the plain token source does).
+   * a plain decode step's run-ahead picks, or a greedy verify's (`options.verify`), used when
+   * batching, as the plain token source does.
    */
   step (kind: 'prefill' | 'decode', tokenIds: number[], positions: number[], options: StepOptions & { ahead?: TokenPick[] }, signal: AbortSignal): Promise<StepOutput>
   /** Sets the sequence's KV back to its first `length` positions. */
@@ -314,7 +315,7 @@ export function createLocalService (init: LocalServiceInit): LocalService {
               }
               return b === undefined
                 ? await e.step(id, { tokenIds }, positions, options, signal)
-                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...aheadOf(options.ahead), ...prefillFields(kind, ownBudget(), reach) }, signal)
+                : await b.submit({ seqId: id, kind, input: { tokenIds }, positions, logitsToKeep: options.logitsToKeep ?? 1, ...(options.pick === undefined ? {} : { pick: options.pick }), ...(options.verify === undefined ? {} : { verify: options.verify }), ...aheadOf(options.ahead), ...prefillFields(kind, ownBudget(), reach) }, signal)
             },
             rollback: async (length, signal) => { await e.rollback(id, length, signal) },
             peers: () => Math.max(0, slots.active - 1),

@@ -13,9 +13,10 @@ import type { TokenPick } from './sampling.ts'
  * import-prefix (daemon/kv/transport.ts carries them over /shoal/kv/1.0.0). 6: run-ahead: a batch item's
  * `ahead` picks, ahead-picks, and the worker's 'ahead' results. 7: the worker's turn (WorkerTurn) on
  * 'stepped-batch' replies and 'ahead' results. 8: a prefill (a step of several positions) may carry
- * `ahead` picks too, continued from its last position. 9: a batch item's `reach`.
+ * `ahead` picks too, continued from its last position. 9: a batch item's `reach`. 10: greedy verify
+ * steps checked in the worker (`verify`, the 'verdict' output), run-ahead after one.
  */
-export const ENGINE_PROTOCOL_VERSION = 9
+export const ENGINE_PROTOCOL_VERSION = 10
 
 /** What a stage graph looks like from the engine's side (from the shard manifest). */
 export interface StageInfo {
@@ -79,6 +80,12 @@ export type StepOutput =
   | { kind: 'hidden', data: Float32Array, count: number, hidden: number }
   /** The token picked from the last position's logits (a last-stage step that carried a TokenPick). */
   | { kind: 'token', id: number }
+  /**
+   * A greedy verify step's outcome (a last-stage step with `verify`): `accepted` drafts stood and
+   * `id` is the target's own token after them. The sequence holds the step's first position and
+   * the accepted drafts' (the rest rolled back).
+   */
+  | { kind: 'verdict', accepted: number, id: number }
 
 export interface EngineStats {
   liveSequences: number
@@ -106,14 +113,23 @@ export interface BatchStepItem {
   /** Last stage: pick the next token in the worker and return only its id (32k-wide logits stay there). */
   pick?: TokenPick
   /**
-   * Run-ahead (a step with `pick` only: a decode step, or a prefill's last chunk): the picks of
-   * the one-position steps after this one. The worker feeds each picked token back at the position
-   * after the step's last at once, without waiting for the
+   * Run-ahead (a step with `pick` only: a decode step, or a prefill's last chunk; or a verify,
+   * see `verify`): the picks of the one-position steps after this one. The worker feeds each
+   * picked token back at the position after the step's last at once, without waiting for the
    * main thread, one step per pick, and posts each token in an 'ahead' message; 'ahead-picks'
    * extends the list. It stops when the picks run out, and on free, cancel, retain or rollback of
    * the sequence, or a new step for it (which first rolls its KV back to that step's position).
    */
   ahead?: TokenPick[]
+  /**
+   * A greedy speculative verify (last stage, token input): the input is a token and the drafts
+   * after it, every position's logits kept (logitsToKeep = positions). The worker accepts the
+   * drafts that equal its argmax (sampling.ts greedyVerdict), rolls the sequence back past the
+   * rest and returns a 'verdict' — ids only, no rows of logits and no rollback round trip. With
+   * `ahead`, and no draft accepted (runsAheadAfter), it runs ahead from its own token as after a
+   * decode step: picks[0] is for the step that feeds that token at positions[0] + 1.
+   */
+  verify?: 'greedy'
   /**
    * The most positions the sequence may hold when its request ends (its prompt and max_tokens,
    * within the context): how much room a block it shares is given (kv-block.ts groupCapacity).
@@ -135,7 +151,7 @@ export type AheadResult = { seqId: string, position: number, fed: number, token:
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
-  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick }
+  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: 'greedy' }
   /** Several sequences' steps in as few runs as exactness allows; one result per item, in order. */
   | { type: 'step-batch', id: number, items: BatchStepItem[] }
   /** Drops a sequence's KV; if a step on it is running, that step ends at its next chunk boundary. */
@@ -253,9 +269,14 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
     : input?.kind === 'hidden' ? input.data instanceof Float32Array : false
   if (!ok) return `${what}: input must be {kind:"tokens", ids: BigInt64Array} or {kind:"hidden", data: Float32Array}`
   if (m.reach !== undefined && (!Number.isSafeInteger(m.reach) || (m.reach as number) < 0)) return `${what}: reach must be a non-negative integer`
+  if (m.verify !== undefined) {
+    if (m.verify !== 'greedy') return `${what}: verify must be "greedy"`
+    if (input?.kind !== 'tokens' || m.pick !== undefined) return `${what}: a verify step takes token ids and no pick`
+    if (m.positions.length < 2 || m.logitsToKeep !== m.positions.length) return `${what}: a verify step keeps the logits of each of its (two or more) positions`
+  }
   const bad = m.pick === undefined ? undefined : checkPick(m.pick, what)
   if (bad !== undefined || m.ahead === undefined) return bad
-  if (m.pick === undefined) return `${what}: ahead needs a step with a pick`
+  if (m.pick === undefined && m.verify === undefined) return `${what}: ahead needs a step with a pick, or a verify`
   return checkPicks(m.ahead, `${what} ahead`)
 }
 

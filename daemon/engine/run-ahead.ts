@@ -32,6 +32,8 @@ export interface RunAheadItem {
   positions: number[]
   pick?: TokenPick
   ahead?: TokenPick[]
+  /** A greedy verify (protocol.ts BatchStepItem.verify): it runs ahead from its first position's successor, and only when its verdict accepts nothing. */
+  verify?: 'greedy'
 }
 
 /** One ahead-picks entry: `picks[0]` is for the step that feeds position `from`. */
@@ -84,6 +86,17 @@ export function aheadPostDue ({ turnMs, heldTurns, waiting }: { turnMs: number, 
   return waiting || heldTurns >= 2 || !(turnMs < AHEAD_HOLD_MS)
 }
 
+/**
+ * Whether the worker runs a greedy verify's sequence ahead after it (given `ahead` picks): only
+ * when no draft stood, the step then yielding one token as a decode step does. Drafts that stood
+ * are text repeating, and the speculative source verifies again next rather than stepping plainly
+ * (its pause after a round that stood): picks held by a run-ahead would hold that round back until
+ * they drained. Both threads decide by this, so the main thread knows without asking.
+ */
+export function runsAheadAfter (accepted: number): boolean {
+  return accepted === 0
+}
+
 export interface RunAheadOptions {
   /** The stage's context length: no pick is handed the worker for a position at or past it. */
   maxPositions: number
@@ -120,9 +133,11 @@ export function createRunAheadTracker ({ maxPositions, post }: RunAheadOptions):
     has: seqId => aheads.has(seqId),
     start (item) {
       aheads.delete(item.seqId)
-      if (item.ahead === undefined || item.pick === undefined || item.positions.length === 0 || !('tokenIds' in item.input)) return undefined
-      // A decode step's one position, or a prefill's last: the worker's first step ahead feeds the next.
-      const position = item.positions[item.positions.length - 1]!
+      if (item.ahead === undefined || (item.pick === undefined && item.verify === undefined) || item.positions.length === 0 || !('tokenIds' in item.input)) return undefined
+      // A decode step's one position, or a prefill's last: the worker's first step ahead feeds the
+      // next. A verify's first: it runs ahead only where no draft stood (runsAheadAfter; the
+      // caller drops the state on any other verdict).
+      const position = item.verify === undefined ? item.positions[item.positions.length - 1]! : item.positions[0]!
       const picks = item.ahead.slice(0, Math.max(0, maxPositions - position - 1))
       if (picks.length === 0) return undefined
       aheads.set(item.seqId, { tokens: new Map(), pickedTo: position + picks.length, fedTo: position + 1, failed: undefined, wake: undefined })

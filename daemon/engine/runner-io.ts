@@ -63,11 +63,16 @@ export interface KvLayout {
  * and no logits; undefined when it returned logits (the caller picks from those).
  */
 export function greedyTokenOf (out: TensorMap, b: number): number | undefined {
+  return greedyTokensOf(out, b)?.at(-1)
+}
+
+/** Every kept position's greedy token of row b, as greedyTokenOf (a verify checks each). */
+export function greedyTokensOf (out: TensorMap, b: number): number[] | undefined {
   if (out[LOGITS] !== undefined) return undefined
   const t = out[GREEDY_TOKEN]
   if (t?.type !== 'int64' || t.dims.length !== 3 || t.dims[2] !== 1) throw new EngineError(`stage graph returned neither float32 logits nor an int64 ${GREEDY_TOKEN} of [B, K, 1]`)
   const have = t.dims[1]!
-  return Number(t.data[(b + 1) * have - 1]!)
+  return Array.from(t.data.subarray(b * have, (b + 1) * have), Number)
 }
 
 /**

@@ -13,7 +13,7 @@ import { AbortedError, EngineError, ShuttingDownError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, int64Of, ownBuffer } from './protocol.ts'
 import type { BatchStepItem, EngineStats, FromWorker, StageInfo, StepInput, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
 import type { TokenPick } from './sampling.ts'
-import { createRunAheadTracker } from './run-ahead.ts'
+import { createRunAheadTracker, runsAheadAfter } from './run-ahead.ts'
 import { DEFAULT_CHUNK_SIZE, DEFAULT_MAX_SEQUENCES } from './stage-runner.ts'
 import { codedAbortReason, firstAborted } from '../abort.ts'
 import { stepMark } from '../step-trace.ts'
@@ -46,6 +46,12 @@ export interface StepOptions {
   logitsToKeep?: number
   /** Last stage: the worker picks the next token and returns only its id ({kind: 'token'}). */
   pick?: TokenPick
+  /**
+   * Last stage: a greedy speculative verify — the token ids are a token and its drafts, every
+   * position's logits kept; the worker accepts the drafts, rolls back the rest and returns
+   * {kind: 'verdict'} (protocol.ts BatchStepItem.verify).
+   */
+  verify?: 'greedy'
 }
 
 export interface StageEngine {
@@ -71,8 +77,11 @@ export interface StageBatchItem {
   logitsToKeep?: number
   /** As StepOptions.pick. */
   pick?: TokenPick
+  /** As StepOptions.verify. */
+  verify?: 'greedy'
   /**
-   * Run-ahead (a one-position decode step with `pick`): the picks of the next steps, in order. The
+   * Run-ahead (a one-position decode step with `pick`, or a verify whose verdict accepts nothing:
+   * run-ahead.ts runsAheadAfter): the picks of the next steps, in order. The
    * worker runs them as soon as it has the token to feed; the next stepBatch item of this sequence
    * that feeds that token at the next position takes the result computed ahead ({ranAhead: true})
    * instead of a new run. Positions the caller never asks for are not emitted: free, retain (only
@@ -277,6 +286,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         positions: int64Of(positions),
         logitsToKeep: options.logitsToKeep ?? 1,
         ...(options.pick === undefined ? {} : { pick: options.pick }),
+        ...(options.verify === undefined ? {} : { verify: options.verify }),
       }
       const transfer = [(stepInput.kind === 'tokens' ? stepInput.ids : stepInput.data).buffer as ArrayBuffer, msg.positions.buffer as ArrayBuffer]
       const reply = await withSignal(call(msg, transfer), signal, async () => {
@@ -308,7 +318,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
             ? { kind: 'tokens', ids: int64Of(item.input.tokenIds) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
           const positions = int64Of(item.positions)
-          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
+          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(item.verify === undefined ? {} : { verify: item.verify }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
           const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
           if (!transfer.includes(buf)) transfer.push(buf)
           transfer.push(positions.buffer as ArrayBuffer)
@@ -333,7 +343,9 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
           const r = reply.results[j]!
           const s = firstAborted(signals)
           results[index] = s !== undefined ? { error: abortReason(s) } : 'error' in r ? { error: stepError(item.seqId, deserializeError(r.error)) } : reply.turn === undefined ? r : { ...r, run: reply.turn }
-          if ('error' in results[index]) runAhead.drop(item.seqId)
+          const got = results[index]
+          // A verify whose drafts stood does not run ahead (runsAheadAfter): nothing will come.
+          if ('error' in got || (got.output.kind === 'verdict' && !runsAheadAfter(got.output.accepted))) runAhead.drop(item.seqId)
         })
       }
 

@@ -26,12 +26,12 @@ import type { BackendSession } from './backend/types.ts'
 import { blockBytes, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
-import { isGreedy, pickToken } from './sampling.ts'
+import { greedyVerdictOfTokens, isGreedy, pickToken } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
 import { checkStepInput, droppedError, rollbackTarget, stepSequence, takeBatch } from './runner-sequences.ts'
 import type { BatchStepResult } from './runner-sequences.ts'
 import type { KvSequence, Live, RunContext } from './runner-io.ts'
-import { greedyTokenOf } from './runner-io.ts'
+import { greedyTokenOf, greedyTokensOf } from './runner-io.ts'
 import { createInPlaceLayout } from './runner-in-place.ts'
 import { createPaddedLayout } from './runner-padded.ts'
 import { createKeptPrefixes } from './runner-prefixes.ts'
@@ -59,7 +59,7 @@ export interface StageRunner {
    * Runs new positions of one sequence. Callers run one step at a time per runner. With `pick`
    * (last stage only) the output is the token picked from the last position's logits.
    */
-  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick): Promise<StepOutput>
+  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: 'greedy'): Promise<StepOutput>
   /**
    * Runs one step for each item (distinct sequences); one result per item, in order. A failed item
    * ends its own sequence only, like a failed step.
@@ -148,16 +148,20 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
   }
 
-  async function run (seqId: string, seq: KvSequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined): Promise<StepOutput> {
+  async function run (seqId: string, seq: KvSequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined, verify?: 'greedy'): Promise<StepOutput> {
     check(seqId, seq, input, positions, pick)
     const s = positions.length
     const keepTotal = Math.min(logitsToKeep, s)
     const parts: Float32Array[] = []
     let rows = 0
     let width = 0
-    // A greedy pick needs only the last position's largest logit, which a graph may give itself.
-    const greedy = isGreedy(pick)
+    // A greedy pick needs only the last position's largest logit, which a graph may give itself;
+    // a greedy verify (one chunk: it keeps every position) each position's, and gives its verdict
+    // from those (no rows of logits; the caller rolls back what did not stand).
+    const checks = verify !== undefined && input.kind === 'tokens' && s <= chunkSize && keepTotal === s
+    const greedy = isGreedy(pick) || checks
     let greedyToken: number | undefined
+    let verdict: StepOutput | undefined
     for (let a = 0, b = 0; a < s; a = b) {
       if (seq.dropped !== undefined) break
       b = Math.min(s, a + chunkSize)
@@ -169,6 +173,14 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       const keep = from < b ? b - from : 1
       const out = await layout.runChunk(seq, input, a, b, positions, keep, greedy)
       if (stage.hasHead) {
+        if (checks) {
+          const best = greedyTokensOf(out, 0)
+          if (best !== undefined) {
+            const { accepted, next } = greedyVerdictOfTokens(Array.from(input.ids.subarray(1), Number), best)
+            verdict = { kind: 'verdict', accepted, id: next }
+            continue
+          }
+        }
         greedyToken = greedy ? greedyTokenOf(out, 0) : undefined
         if (greedyToken !== undefined) continue
         const logits = out[LOGITS]
@@ -188,6 +200,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       }
     }
     if (seq.dropped !== undefined) throw droppedError(seqId, seq)
+    if (verdict !== undefined) return verdict
     if (pick !== undefined) {
       if (greedyToken !== undefined) return { kind: 'token', id: greedyToken }
       const last = parts[parts.length - 1]!
@@ -232,7 +245,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
     for (const e of solo) {
       try {
-        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep, e.item.pick) }
+        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep, e.item.pick, e.item.verify) }
       } catch (err) { fail(e, err) }
     }
   }
@@ -243,8 +256,8 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
       checkOpen(seqId)
       sequences.set(seqId, { kv: undefined, length: 0, running: undefined, dropped: undefined })
     },
-    async step (seqId, input, positions, logitsToKeep, pick) {
-      return await stepSequence(sequences, seqId, async seq => await run(seqId, seq, input, positions, logitsToKeep, pick))
+    async step (seqId, input, positions, logitsToKeep, pick, verify) {
+      return await stepSequence(sequences, seqId, async seq => await run(seqId, seq, input, positions, logitsToKeep, pick, verify))
     },
     async stepBatch (items) {
       const { results, live } = takeBatch(sequences, items)

@@ -23,8 +23,9 @@ import type { BackendSession } from './backend/types.ts'
 import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
 import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
+import { greedyVerdict } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
-import { aheadPostDue } from './run-ahead.ts'
+import { aheadPostDue, runsAheadAfter } from './run-ahead.ts'
 import { createStageRunner } from './stage-runner.ts'
 import { dumpStepTrace, stepMark } from '../step-trace.ts'
 import { createStaticStageRunner } from './static-runner.ts'
@@ -158,9 +159,13 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
         for (const b of batches) {
           const mine = results.slice(at, at + b.items.length)
           b.items.forEach((item, i) => {
-            const r = mine[i]!
-            if (item.ahead !== undefined && 'output' in r && r.output.kind === 'token') {
+            let r = mine[i]!
+            if (item.verify !== undefined && 'output' in r) r = mine[i] = verdictResult(runner, item, r.output)
+            if (item.ahead === undefined || !('output' in r)) return
+            if (r.output.kind === 'token') {
               continuations.set(item.seqId, { token: r.output.id, position: Number(item.positions[item.positions.length - 1]) + 1, picks: [...item.ahead] })
+            } else if (r.output.kind === 'verdict' && runsAheadAfter(r.output.accepted)) {
+              continuations.set(item.seqId, { token: r.output.id, position: Number(item.positions[0]) + 1, picks: [...item.ahead] })
             }
           })
           at += b.items.length
@@ -228,12 +233,41 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
   }
 }
 
+/**
+ * A greedy verify's verdict (protocol.ts BatchStepItem.verify): the runner's, from each position's
+ * greedy token, or taken here from the step's logits (a runner or run that gave those); the drafts
+ * are the step's tokens after the first. The sequence is rolled back past those that did not
+ * stand, here between runs, before any other step of it.
+ */
+function verdictOf (runner: StageRunner, item: Pick<BatchStepItem, 'seqId' | 'input' | 'positions'>, output: StepOutput): StepOutput {
+  const n = item.positions.length
+  if (item.input.kind !== 'tokens') throw new EngineError('a verify step takes token ids')
+  let verdict: Extract<StepOutput, { kind: 'verdict' }>
+  if (output.kind === 'verdict') {
+    verdict = output
+  } else {
+    if (output.kind !== 'logits' || output.count !== n) throw new EngineError(`a verify step must return logits for each of its ${n} positions`)
+    const { accepted, next } = greedyVerdict(Array.from(item.input.ids.subarray(1), Number), output.data, output.vocab)
+    verdict = { kind: 'verdict', accepted, id: next }
+  }
+  if (verdict.accepted < n - 1) runner.rollback(item.seqId, Number(item.positions[0]) + 1 + verdict.accepted)
+  return verdict
+}
+
+function verdictResult (runner: StageRunner, item: BatchStepItem, output: StepOutput): { output: StepOutput } | { error: Error } {
+  try {
+    return { output: verdictOf(runner, item, output) }
+  } catch (err) {
+    return { error: err instanceof Error ? err : new EngineError(String(err)) }
+  }
+}
+
 /** Posts a batch's results (logits and hidden rows transferred, each buffer once). */
 function postBatch (id: number, results: Awaited<ReturnType<StageRunner['stepBatch']>>, turn?: WorkerTurn): void {
   const transfer = new Set<ArrayBuffer>()
   const wire = results.map(r => {
     if ('error' in r) return { error: serializeError(r.error) }
-    if (r.output.kind === 'token') return { output: r.output as StepOutput }
+    if (r.output.kind === 'token' || r.output.kind === 'verdict') return { output: r.output as StepOutput }
     const data = ownBuffer(r.output.data)
     if (transfer.has(data.buffer as ArrayBuffer)) return { output: { ...r.output, data: data.slice() } }
     transfer.add(data.buffer as ArrayBuffer)
@@ -251,8 +285,9 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'done', id: msg.id })
         return
       case 'step': {
-        const output = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick)
-        if (output.kind === 'token') {
+        const run = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick, msg.verify)
+        const output = msg.verify === undefined ? run : verdictOf(runner, msg, run)
+        if (output.kind === 'token' || output.kind === 'verdict') {
           stepMark('w.post')
           post({ type: 'stepped', id: msg.id, output })
           return

@@ -10,7 +10,7 @@
  * Pure functions over full-vocabulary probability rows; every random draw comes from the caller's
  * seeded generator, in a fixed order, so a seeded request reproduces.
  */
-import { argmax, inverseCdf, nucleus } from '../engine/index.ts'
+import { greedyVerdict, inverseCdf, nucleus } from '../engine/index.ts'
 import type { Rng, SamplerParams } from '../engine/index.ts'
 
 export interface Acceptance {
@@ -22,12 +22,11 @@ export interface Acceptance {
 
 /**
  * Greedy acceptance by id. `logits` holds rows [draft.length + 1, vocab]: row i is the target's
- * prediction after the context plus draft[0..i).
+ * prediction after the context plus draft[0..i). The engine's (its worker checks a greedy verify
+ * step the same way).
  */
 export function acceptGreedy (draft: readonly number[], logits: Float32Array, vocab: number): Acceptance {
-  let n = 0
-  while (n < draft.length && argmax(logits, n * vocab, vocab) === draft[n]) n++
-  return { accepted: n, next: argmax(logits, n * vocab, vocab) }
+  return greedyVerdict(draft, logits, vocab)
 }
 
 /** The sampling distribution of one logits row over the whole vocabulary (temperature and top-p applied). */

@@ -106,7 +106,11 @@ export interface CostTracker {
    * next (source.ts), which plain decoding would not pay.
    */
   plain (stepMs: number, ran?: boolean, asPlain?: boolean): void
-  costs (hopMs: number, hops: number, batchPeers?: number): SpeculationCosts
+  /**
+   * `missed`: the costs as if a round of `missed` drafts had just been recorded with none accepted
+   * (nothing is recorded): what the next K would be chosen from should this round fail.
+   */
+  costs (hopMs: number, hops: number, batchPeers?: number, missed?: number): SpeculationCosts
   /** Rounds recorded so far. */
   readonly rounds: number
 }
@@ -147,11 +151,13 @@ export function createCostTracker (priors: CostPriors = {}): CostTracker {
       plainSteps.push(stepMs)
       if (plainSteps.length > PLAIN_WINDOW) plainSteps.shift()
     },
-    costs (hopMs, hops, batchPeers = 0) {
+    costs (hopMs, hops, batchPeers = 0, missed = 0) {
       const b = base ?? 1
+      const h = missed > 0 ? decay * hits : hits
+      const t = missed > 0 ? decay * trials + 1 : trials
       return {
         batchPeers,
-        acceptance: trials > 0 ? hits / trials : 0,
+        acceptance: t > 0 ? h / t : 0,
         draftStepMs: draftPerToken ?? 0,
         verifyBaseMs: b,
         ...(plainSteps.length === 0 ? {} : { plainTokenMs: plainTokenMs(plainSteps) }),

@@ -13,7 +13,7 @@
  * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
  * stage, which sends back only the accepted count and the next token.
  */
-import { EngineError, nextPick, RUN_AHEAD_STEPS } from '../engine/index.ts'
+import { EngineError, nextPick, RUN_AHEAD_STEPS, runsAheadAfter } from '../engine/index.ts'
 import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
 import { createRng } from '../engine/index.ts'
 import type { SamplingParams } from '../service.ts'
@@ -43,8 +43,10 @@ export interface Verifier {
   /**
    * `token` at `position` and `drafts` after it, in one target step; the target's cache then
    * holds the accepted prefix (rejected positions rolled back, now or before the next step).
+   * `ahead`: the picks of the plain steps that may follow where no draft stands, for a target that
+   * can run them ahead (`ranAhead` in the result: it took them; a verifier may ignore them).
    */
-  verify (token: number, position: number, drafts: number[], check: { sampling: SamplerParams, q: Float64Array[] | undefined, rng: Rng }, signal: AbortSignal): Promise<Acceptance>
+  verify (token: number, position: number, drafts: number[], check: { sampling: SamplerParams, q: Float64Array[] | undefined, rng: Rng }, signal: AbortSignal, ahead?: TokenPick[]): Promise<Acceptance & { ranAhead?: boolean }>
 }
 
 /** A whole model's verifier: logits of every verified position, acceptance here, rollback by KV length. */
@@ -60,10 +62,19 @@ export function wholeModelVerifier (target: TargetSequence): Verifier {
     async plain (token, position, pick, signal, ahead) {
       return tokenOf(await target.step('decode', [token], [position], { logitsToKeep: 1, pick, ...(ahead === undefined ? {} : { ahead }) }, signal))
     },
-    async verify (token, position, drafts, { sampling, q, rng }, signal) {
+    async verify (token, position, drafts, { sampling, q, rng }, signal, ahead) {
       const n = drafts.length
       const positions = Array.from({ length: n + 1 }, (_, i) => position + i)
-      const out = await target.step('decode', [token, ...drafts], positions, { logitsToKeep: n + 1 }, signal)
+      const greedy = sampling.temperature <= 0
+      // Greedy: the engine's worker checks the drafts itself and rolls back the rest (a verdict:
+      // ids, not n + 1 rows of logits, and no rollback round trip), and where none stood it runs
+      // the plain steps after it ahead, as after a decode step (run-ahead.ts runsAheadAfter).
+      const out = await target.step('decode', [token, ...drafts], positions, { logitsToKeep: n + 1, ...(greedy ? { verify: 'greedy' as const, ...(ahead === undefined ? {} : { ahead }) } : {}) }, signal)
+      if (out.kind === 'verdict') {
+        if (!greedy || !Number.isSafeInteger(out.accepted) || out.accepted < 0 || out.accepted > n) throw new EngineError(`a verify step accepted ${out.accepted} of ${n} drafts`)
+        return { accepted: out.accepted, next: out.id, ranAhead: ahead !== undefined && ahead.length > 0 && runsAheadAfter(out.accepted) }
+      }
+      // Logits: the target checks nothing itself (a verify it ran in chunks, or one that knows no verdicts).
       if (out.kind !== 'logits' || out.count !== n + 1) throw new EngineError(`a verify step must return ${n + 1} logits rows`)
       let result: Acceptance
       if (sampling.temperature <= 0) {
@@ -254,6 +265,17 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     return k
   }
 
+  /**
+   * Whether the step after this round of `n` drafts would be a plain one should none of them
+   * stand: an adaptive K past its first rounds that would then choose 0 (a fixed K verifies at
+   * every step). Only such a round hands the worker picks to run on with (see round): with
+   * another round next they would only be drained first.
+   */
+  function plainAfterMiss (n: number): boolean {
+    if (fixedK !== undefined || tracker.rounds + 1 < 2) return false
+    return chooseK(tracker.costs(init.hopMs ?? 0, init.hops ?? 0, init.peers?.() ?? 0, n), maxK) === 0
+  }
+
   async function round (token: number, position: number, signal: AbortSignal, remaining: number): Promise<number> {
     probing = false
     const k = pickK(position)
@@ -300,7 +322,13 @@ export function createSpeculativeSource (init: SpeculativeSourceInit): Speculati
     }
     const t1 = now()
     const n = drafts.length
-    const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal)
+    // A greedy round whose miss would be followed by plain steps hands the target their picks:
+    // where no draft stands, the round yields one token as a plain step does, and the worker runs
+    // on from it rather than idling until this thread asks (the verdict says whether it did).
+    // Greedy picks draw nothing, so those left unused are dropped.
+    const ahead = greedy && plainAfterMiss(n) ? picksAhead(Math.min(runAhead, remaining)) : undefined
+    const result = await verifier!.verify(token, position, drafts, { sampling, q: proposal.q?.slice(0, n), rng }, signal, ahead)
+    if (result.ranAhead !== true) drawn.length = 0
     if (!Number.isSafeInteger(result.accepted) || result.accepted < 0 || result.accepted > n) throw new EngineError(`the verifier accepted ${result.accepted} of ${n} drafts`)
     const t2 = now()
     tracker.round(n, result.accepted, t1 - t0, t2 - t1)

@@ -134,6 +134,23 @@ describe('batcher runtime', () => {
     expect(chunks.map(c => c.picks)).toEqual(chunks.map(c => c.final))
   })
 
+  it('passes a greedy verify (and its ahead picks) only to a step that runs whole: one cut into chunks gives back its logits', async () => {
+    const sim = new SimulatedExecutor()
+    const b = await make(sim)
+    const ahead = [GREEDY_PICK, GREEDY_PICK]
+    const short = range(30, 5)
+    expect(await b.submit({ seqId: 'v', kind: 'decode', input: { tokenIds: tokensOf(1, short) }, positions: short, logitsToKeep: 5, verify: 'greedy', ahead })).toEqual({ kind: 'verdict', accepted: 3, id: seqHash('v') + 34 })
+    expect(sim.batches.flat().filter(i => i.seqId === 'v').map(i => [i.verify, i.ahead])).toEqual([[true, 2]])
+    // Past maxPositions (16) the planner cuts it: no chunk is a verify, and the rows come back whole.
+    const long = range(30, 20)
+    const r = rowsOf(await b.submit({ seqId: 'w', kind: 'decode', input: { tokenIds: tokensOf(2, long) }, positions: long, logitsToKeep: 20, verify: 'greedy', ahead }))
+    expect(r.count).toBe(20)
+    expect(Array.from(r.data.filter((_, i) => i % SIM_VOCAB === 1))).toEqual(long)
+    const chunks = sim.batches.flat().filter(i => i.seqId === 'w')
+    expect(chunks.length).toBeGreaterThan(1)
+    expect(chunks.every(c => !c.verify && c.ahead === undefined)).toBe(true)
+  })
+
   it('chunks hidden-state rows and joins them back', async () => {
     const sim = new SimulatedExecutor()
     const b = await make(sim)

@@ -6,6 +6,7 @@
  *   token input  → logits rows [hash(seqId), position, tokenId, 0] for the last `logitsToKeep` positions
  *   hidden input → the same rows, each value + 1
  *   with a pick  → the token hash(seqId) + last position
+ *   a verify     → a verdict: every draft but the last stood, the token hash(seqId) + last position
  */
 import { AbortedError } from '../../daemon/errors.ts'
 import type { BatchExecutor, BatchItem, BatchItemResult, StepResult } from '../../daemon/batcher/index.ts'
@@ -28,6 +29,9 @@ export interface RecordedItem {
   logitsToKeep: number
   final: boolean
   picks: boolean
+  /** A greedy verify (BatchItem.verify), and the run-ahead picks it carried. */
+  verify: boolean
+  ahead: number | undefined
 }
 
 export function seqHash (seqId: string): number {
@@ -62,7 +66,7 @@ export class SimulatedExecutor implements BatchExecutor {
     this.active++
     this.maxConcurrentRuns = Math.max(this.maxConcurrentRuns, this.active)
     try {
-      this.batches.push(items.map(i => ({ seqId: i.seqId, kind: i.kind, positions: [...i.positions], logitsToKeep: i.logitsToKeep, final: i.final, picks: i.pick !== undefined })))
+      this.batches.push(items.map(i => ({ seqId: i.seqId, kind: i.kind, positions: [...i.positions], logitsToKeep: i.logitsToKeep, final: i.final, picks: i.pick !== undefined, verify: i.verify !== undefined, ahead: i.ahead?.length })))
       const tokens = items.reduce((sum, i) => sum + i.positions.length, 0)
       await this.gate
       await sleep((this.options.fixedMs ?? 1) + (this.options.perTokenMs ?? 0.02) * tokens, signal)
@@ -82,6 +86,7 @@ export class SimulatedExecutor implements BatchExecutor {
 export function simulate (item: BatchItem): StepResult {
   const n = item.positions.length
   if (item.pick !== undefined) return { kind: 'token', id: seqHash(item.seqId) + item.positions[n - 1]! }
+  if (item.verify !== undefined) return { kind: 'verdict', accepted: n - 2, id: seqHash(item.seqId) + item.positions[n - 1]! }
   const rows = (from: number, count: number): Float32Array => {
     const data = new Float32Array(count * SIM_VOCAB)
     for (let r = 0; r < count; r++) {
@@ -108,7 +113,7 @@ function sleep (ms: number, signal: AbortSignal): Promise<void> {
 }
 
 /** A result with rows (logits or hidden), failing the test on a token. */
-export function rowsOf (r: StepResult): Exclude<StepResult, { kind: 'token' }> {
-  if (r.kind === 'token') throw new Error('expected rows, got a token')
+export function rowsOf (r: StepResult): Extract<StepResult, { kind: 'logits' | 'hidden' }> {
+  if (r.kind === 'token' || r.kind === 'verdict') throw new Error(`expected rows, got a ${r.kind}`)
   return r
 }

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import fc from 'fast-check'
-import { argmax, createRng, nucleus, pickToken, sampleToken } from '../../daemon/engine/index.ts'
+import { argmax, createRng, greedyVerdict, nucleus, pickToken, sampleToken } from '../../daemon/engine/index.ts'
+import { greedyVerdictOfTokens } from '../../daemon/engine/sampling.ts'
 
 /** The plain definitions the fast sampler must agree with: one compare-and-remember loop, and a full sort. */
 /** TopK k = 1's scan: from index 0, moving only to a larger value. */
@@ -50,6 +51,24 @@ describe('sampling', () => {
     // over a row of a [K, V] block
     expect(argmax(Float32Array.of(9, 9, 0, 1, 1), 2, 3)).toBe(1)
     expect(sampleToken(Float32Array.of(0, 7, 7), { temperature: 0, topP: 0.1 }, () => 0.99)).toBe(1)
+  })
+
+  it('a greedy verdict from each row\'s argmax equals the one from the rows\' logits', () => {
+    const V = 7
+    const rng = createRng(11)
+    for (let trial = 0; trial < 200; trial++) {
+      const n = 1 + Math.floor(rng() * 6)
+      const logits = Float32Array.from({ length: (n + 1) * V }, () => Math.floor(rng() * 4)) // ties often
+      const best = Array.from({ length: n + 1 }, (_, i) => argmax(logits, i * V, V))
+      // Drafts right for a random prefix, then (mostly) wrong.
+      const good = Math.floor(rng() * (n + 1))
+      const drafts = best.slice(0, n).map((t, i) => i < good ? t : (t + 1 + Math.floor(rng() * 2)) % V)
+      const want = greedyVerdict(drafts, logits, V)
+      expect(greedyVerdictOfTokens(drafts, best)).toEqual(want)
+      expect(want.accepted).toBeGreaterThanOrEqual(good)
+      expect(want.next).toBe(best[want.accepted])
+    }
+    expect(() => greedyVerdictOfTokens([1, 2], [1])).toThrow(RangeError)
   })
 
   it('property: argmax is TopK\'s pick (the first index of the largest value; a NaN at index 0 kept), whatever the row and its offset', () => {

@@ -194,6 +194,24 @@ describe('adaptive K', () => {
     expect(c.hops).toBe(3)
     expect(t.rounds).toBe(2)
   })
+
+  it('tells the costs a round that misses would leave, recording nothing', () => {
+    const t = createCostTracker({ acceptance: 0.5 })
+    t.plain(10)
+    t.round(4, 3, 8, 14)
+    const before = t.costs(0, 0)
+    const ifMissed = t.costs(0, 0, 0, 4)
+    // As if a round of 4 drafts had accepted none: one failed trial, every count decayed once.
+    const u = createCostTracker({ acceptance: 0.5 })
+    u.plain(10)
+    u.round(4, 3, 8, 14)
+    u.round(4, 0, 8, 14)
+    expect(ifMissed.acceptance).toBeCloseTo(u.costs(0, 0).acceptance)
+    expect(ifMissed.acceptance).toBeLessThan(before.acceptance)
+    expect({ ...ifMissed, acceptance: 0 }).toEqual({ ...before, acceptance: 0 })
+    expect(t.costs(0, 0)).toEqual(before)
+    expect(t.rounds).toBe(1)
+  })
 })
 
 describe('plain decoding\'s cost with the engine running ahead', () => {

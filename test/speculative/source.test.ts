@@ -7,7 +7,7 @@
  * verify step, acceptance, residual; with the residual left unnormalised the statistic is ~450).
  */
 import { describe, expect, it } from 'vitest'
-import { createRng, pickToken } from '../../daemon/engine/index.ts'
+import { createRng, greedyVerdict, pickToken } from '../../daemon/engine/index.ts'
 import type { StepOptions, StepOutput } from '../../daemon/engine/index.ts'
 import { createPromptLookupDrafter, createSpeculativeSource, distribution, draftModelDrafter } from '../../daemon/speculative/index.ts'
 import type { DraftSteps, TargetSequence } from '../../daemon/speculative/index.ts'
@@ -24,8 +24,13 @@ function table (seed: number, peaked: Record<number, number> = {}): Float32Array
   })
 }
 
-/** A sequence of a table model with a checked KV: steps must continue it, rollbacks shorten it. */
-function fakeSequence (rows: Float32Array[], maxPositions: number) {
+/**
+ * A sequence of a table model with a checked KV: steps must continue it, rollbacks shorten it.
+ * `verdicts`: it checks a greedy verify itself, as the engine's worker does (a verdict, the
+ * rejected positions dropped here); otherwise it returns a verify's logits as a target that knows
+ * no verdicts does.
+ */
+function fakeSequence (rows: Float32Array[], maxPositions: number, verdicts = false) {
   const kv: number[] = []
   const log = { maxLength: 0, rollbacks: 0 }
   const step = async (tokenIds: number[], positions: number[], options: StepOptions): Promise<StepOutput> => {
@@ -38,6 +43,11 @@ function fakeSequence (rows: Float32Array[], maxPositions: number) {
     const keep = options.logitsToKeep ?? 1
     const data = new Float32Array(keep * V)
     tokenIds.slice(-keep).forEach((t, i) => data.set(rows[t]!, i * V))
+    if (verdicts && options.verify === 'greedy') {
+      const { accepted, next } = greedyVerdict(tokenIds.slice(1), data, V)
+      kv.length = positions[0]! + 1 + accepted
+      return { kind: 'verdict', accepted, id: next }
+    }
     return { kind: 'logits', data, count: keep, vocab: V }
   }
   const rollback = async (length: number): Promise<void> => {
@@ -118,6 +128,51 @@ describe('speculative token source', () => {
         if (draftSeed === 2 && k === 4) expect(target.log.rollbacks).toBeGreaterThan(0)
         await source.close()
       }
+    }
+  })
+
+  it('over a target that checks greedy verifies itself: the same tokens, no rollback from the source, and a round hands picks on only where a miss leaves plain steps', async () => {
+    const rows = table(1, { 1: 2 })
+    const best = (t: number): number => argmaxAfter(rows, t)
+    const plain = argmaxChain(rows, 1, 120)
+    for (const [k, right] of [[4, true], [4, false], ['adaptive', true], ['adaptive', false]] as const) {
+      const target = fakeSequence(rows, 10_000, true)
+      const verifies: Array<number | undefined> = []
+      let clock = 0
+      // A step costs 10 ms plus 1 ms a position: a round that fails costs more than it yields.
+      const t: TargetSequence = {
+        step: async (_kind, ids, pos, opts) => {
+          clock += 10 + ids.length
+          if (opts.verify !== undefined) verifies.push(opts.ahead?.length)
+          return await target.step(ids, pos, opts)
+        },
+        rollback: target.rollback,
+      }
+      // Drafts the target's own next tokens, or always a wrong one.
+      const drafter = { name: 'fixed', open: async () => ({ propose: async ({ context, k: n }: { context: readonly number[], k: number }) => {
+        const out: number[] = []
+        let last = context[context.length - 1]!
+        for (let i = 0; i < n; i++) { last = right ? best(last) : (best(last) + 1) % V; out.push(last) }
+        return { tokens: out }
+      }, close: async () => {} }) }
+      const source = createSpeculativeSource({ seqId: 's', target: t, drafter, sampling: { temperature: 0, topP: 1 }, maxTokens: undefined, maxPositions: 10_000, vocabSize: V, k, now: () => clock })
+      const out = [await source.prefill([0, 1], signal)]
+      while (out.length < 120) out.push(await source.decode(out.at(-1)!, 1 + out.length, signal, 120 - out.length - 1))
+      expect(out, `K ${k}, drafts ${right ? 'right' : 'wrong'}`).toEqual(plain)
+      expect(target.log.rollbacks).toBe(0)
+      expect(verifies.length).toBeGreaterThan(0)
+      if (k === 4 || right) {
+        // A fixed K verifies every step; drafts that stand keep adaptive K speculating.
+        expect(verifies.every(a => a === undefined)).toBe(true)
+      } else {
+        // Adaptive K's first two rounds come before it decides (and its cost model may try a
+        // short K once more); once it stays at 0 every round is a probe that, missing, leaves
+        // plain steps, and the worker may run on with their picks.
+        expect(verifies.slice(0, 2)).toEqual([undefined, undefined])
+        expect(verifies.length).toBeGreaterThanOrEqual(5)
+        expect(verifies.slice(-3)).toEqual([4, 4, 4])
+      }
+      await source.close()
     }
   })
 
