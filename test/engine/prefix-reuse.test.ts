@@ -13,7 +13,7 @@ import type { LocalService, LocalServiceInit, PrefixKeepingRunner, StepOutput } 
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { blockHashes, cachedTokensFor } from '../../daemon/kv/index.ts'
-import { buildTinyModel } from './tiny-model.ts'
+import { buildTinyModel, randomTokenIds } from './tiny-model.ts'
 import type { TinyModel } from './tiny-model.ts'
 
 let counter = 0
@@ -39,12 +39,6 @@ async function run (svc: LocalService, req: GenerateRequest): Promise<Run> {
     if (ev.type === 'end') end = ev
   }
   return { tokens, end: end! }
-}
-
-/** Deterministic pseudo-random token ids in [3, vocab). */
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
 }
 
 describe('kept-prefix messages at the worker boundary', () => {
@@ -79,7 +73,7 @@ describe('kept prefixes in the stage runner', () => {
 
   it('a sequence opened from a kept prefix computes bit for bit what a full prefill does, even after the prefix is evicted', async () => {
     const vocab = model.manifest.shape.vocabSize
-    const prompt = tokens(40, 1, vocab)
+    const prompt = randomTokenIds(40, 1, vocab)
     runner.open('full')
     const want = await step('full', prompt, 0)
     await runner.drop('full', 'free')
@@ -142,7 +136,7 @@ describe('prefix reuse in the local service', () => {
   })
 
   it('whole-sequence greedy tokens are identical with and without reuse: same prompt, and a continuation', async () => {
-    const prompt = tokens(37, 2, vocab)
+    const prompt = randomTokenIds(37, 2, vocab)
     const want = await run(plain, request(model, prompt, 20))
     const first = await run(reusing, request(model, prompt, 20))
     expect(first.tokens).toEqual(want.tokens)
@@ -154,7 +148,7 @@ describe('prefix reuse in the local service', () => {
     expect(s1.hitTokens - s0.hitTokens).toBe(35)
     expect(s1.missTokens - s0.missTokens).toBe(2)
 
-    const next = [...prompt, ...want.tokens.slice(0, 7), ...tokens(9, 3, vocab)]
+    const next = [...prompt, ...want.tokens.slice(0, 7), ...randomTokenIds(9, 3, vocab)]
     const wantNext = await run(plain, request(model, next, 20))
     const gotNext = await run(reusing, request(model, next, 20))
     expect(gotNext.tokens).toEqual(wantNext.tokens)
@@ -164,7 +158,7 @@ describe('prefix reuse in the local service', () => {
 
   it('without the micro-batcher too (each request steps the engine alone)', async () => {
     const solo = await service({ prefixBlockSize: 8, batching: false })
-    const prompt = tokens(33, 7, vocab)
+    const prompt = randomTokenIds(33, 7, vocab)
     const want = await run(plain, request(model, prompt, 12))
     expect((await run(solo, request(model, prompt, 12))).tokens).toEqual(want.tokens)
     expect((await run(solo, request(model, prompt, 12))).tokens).toEqual(want.tokens)
@@ -172,8 +166,8 @@ describe('prefix reuse in the local service', () => {
   })
 
   it('with batching: concurrent requests sharing a system prefix give each its tokens alone', async () => {
-    const system = tokens(29, 4, vocab)
-    const prompts = [0, 1, 2, 3].map(i => [...system, ...tokens(5 + 3 * i, 10 + i, vocab)])
+    const system = randomTokenIds(29, 4, vocab)
+    const prompts = [0, 1, 2, 3].map(i => [...system, ...randomTokenIds(5 + 3 * i, 10 + i, vocab)])
     const want: number[][] = []
     for (const p of prompts) want.push((await run(plain, request(model, p, 16))).tokens)
     // Warm the cache with the system prompt alone, then all four at once.
@@ -185,7 +179,7 @@ describe('prefix reuse in the local service', () => {
   })
 
   it('multi-turn: each follow-up turn prefills only what is new since the last prompt (bit-exact mode)', async () => {
-    let history = tokens(21, 20, vocab)
+    let history = randomTokenIds(21, 20, vocab)
     const entries0 = (await prefixStats(reusing)).entries
     let newTokens = 0
     for (let turn = 0; turn < 4; turn++) {
@@ -197,7 +191,7 @@ describe('prefix reuse in the local service', () => {
       // This turn's prompt = the last turn's prompt + its reply + a new user message.
       expect(after.missTokens - before.missTokens).toBe(turn === 0 ? history.length : newTokens)
       expect(after.hitTokens - before.hitTokens).toBe(turn === 0 ? 0 : history.length - newTokens)
-      const user = tokens(6 + turn, 30 + turn, vocab)
+      const user = randomTokenIds(6 + turn, 30 + turn, vocab)
       newTokens = r.tokens.length + user.length
       history = [...history, ...r.tokens, ...user]
     }
@@ -209,7 +203,7 @@ describe('prefix reuse in the local service', () => {
     expect(summary.hashes.length).toBeLessThanOrEqual(64)
     const held = cachedTokensFor(blockHashes(summary.scope, history, summary.blockSize), new Set(summary.hashes), summary.blockSize)
     expect(held).toBeGreaterThanOrEqual(history.length / 2 - summary.blockSize)
-    expect(cachedTokensFor(blockHashes(summary.scope, tokens(40, 999, vocab), summary.blockSize), new Set(summary.hashes), summary.blockSize)).toBe(0)
+    expect(cachedTokensFor(blockHashes(summary.scope, randomTokenIds(40, 999, vocab), summary.blockSize), new Set(summary.hashes), summary.blockSize)).toBe(0)
     expect(plain.prefixSummary()).toBeUndefined()
     // The same counts on /metrics.
     const s = await prefixStats(reusing)
@@ -222,14 +216,14 @@ describe('prefix reuse in the local service', () => {
 
   it('multi-turn with reuseGenerated: each follow-up turn prefills only its new message (and the unfed last reply token)', async () => {
     const generative = await service({ prefixBlockSize: 8, reuseGenerated: true })
-    let history = tokens(21, 40, vocab)
+    let history = randomTokenIds(21, 40, vocab)
     let newTokens = 0
     for (let turn = 0; turn < 4; turn++) {
       const before = (await generative.stats()).prefix!
       const r = await run(generative, request(model, history, 10))
       const after = (await generative.stats()).prefix!
       expect(after.missTokens - before.missTokens).toBe(turn === 0 ? history.length : newTokens)
-      const user = tokens(6 + turn, 50 + turn, vocab)
+      const user = randomTokenIds(6 + turn, 50 + turn, vocab)
       // The reply's last token was never fed back (unless it ended at EOS, which is not in the history).
       newTokens = user.length + (r.end.finishReason === 'length' ? 1 : 0)
       history = [...history, ...r.tokens, ...user]
@@ -244,7 +238,7 @@ describe('prefix reuse in the local service', () => {
     const smallMetrics = new Registry()
     const small = await service({ prefixBlockSize: 8, kvCacheBytes: budget, metrics: smallMetrics })
     for (let i = 0; i < 8; i++) {
-      await run(small, request(model, tokens(24, 100 + i, vocab), 8))
+      await run(small, request(model, randomTokenIds(24, 100 + i, vocab), 8))
       const s = await small.stats()
       expect(s.prefix!.bytes).toBeLessThanOrEqual(budget)
       expect(s.engine!.keptBytes).toBe(s.prefix!.bytes)

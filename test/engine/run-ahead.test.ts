@@ -11,49 +11,27 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { createLocalService, GREEDY_PICK as GREEDY } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, LocalService, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
+import type { LocalService, StageBatchItem } from '../../daemon/engine/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import type { WorkerTurn } from '../../daemon/engine/protocol.ts'
 import { AHEAD_HOLD_MS, aheadPostDue, createRunAheadTracker } from '../../daemon/engine/run-ahead.ts'
 import type { TokenPick } from '../../daemon/engine/sampling.ts'
-import { buildTinyModel, startTinyEngine } from './tiny-model.ts'
-import type { TinyEngine, TinyModel } from './tiny-model.ts'
+import { buildTinyModel, randomTokenIds, tinyEngineForSuite, tokenIdOf } from './tiny-model.ts'
+import type { TinyModel } from './tiny-model.ts'
 
 const AHEAD = 4
 
-/** Deterministic pseudo-random token ids in [3, vocab). */
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
-}
-
-function idOf (out: StepOutput): number {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
-
 describe('run-ahead in the engine worker', () => {
-  let tiny: TinyEngine | undefined
-  let engine: BatchingStageEngine
-  let vocab: number
-
-  beforeAll(async () => {
-    tiny = await startTinyEngine({ threads: 1, maxSequences: 8 })
-    engine = tiny.engine
-    vocab = tiny.model.manifest.shape.vocabSize
-  }, 120_000)
-  afterAll(async () => {
-    await tiny?.stop()
-  })
+  const suite = tinyEngineForSuite({ threads: 1, maxSequences: 8 })
 
   /** One step of one sequence through stepBatch; `ranAhead` says whether the worker had it already. */
   async function step (seqId: string, fed: number[], at: number, pick: TokenPick, ahead?: TokenPick[]): Promise<{ id: number, ranAhead: boolean }> {
     const item: StageBatchItem = { seqId, input: { tokenIds: fed }, positions: fed.map((_, i) => at + i), pick, ...(ahead === undefined ? {} : { ahead }) }
-    const [r] = await engine.stepBatch([item])
+    const [r] = await suite.engine.stepBatch([item])
     if (r === undefined || 'error' in r) throw r?.error ?? new Error('no result')
     runs.push(r.run)
-    return { id: idOf(r.output), ranAhead: r.ranAhead === true }
+    return { id: tokenIdOf(r.output), ranAhead: r.ranAhead === true }
   }
   /** Every step's worker turn, in order (`run` on its result). */
   const runs: Array<WorkerTurn | undefined> = []
@@ -76,17 +54,17 @@ describe('run-ahead in the engine worker', () => {
   /** Waits until the worker holds more than `length` positions of `seqId` (it has run ahead). */
   async function ranPast (seqId: string, length: number): Promise<number> {
     for (;;) {
-      const held = (await engine.stats()).sequences[seqId] ?? 0
+      const held = (await suite.engine.stats()).sequences[seqId] ?? 0
       if (held > length) return held
       await new Promise(resolve => setTimeout(resolve, 2))
     }
   }
 
   it('gives the plain steps\' greedy tokens, most of them computed ahead', async () => {
-    const prompt = tokens(20, 1, vocab)
-    const plainSeq = await engine.open()
+    const prompt = randomTokenIds(20, 1, suite.vocab)
+    const plainSeq = await suite.engine.open()
     const plain = await decode(plainSeq, prompt, 40, () => GREEDY, 0)
-    const aheadSeq = await engine.open()
+    const aheadSeq = await suite.engine.open()
     const ahead = await decode(aheadSeq, prompt, 40, () => GREEDY, AHEAD)
     expect(ahead.ids).toEqual(plain.ids)
     expect(plain.ranAhead).toBe(0)
@@ -99,38 +77,38 @@ describe('run-ahead in the engine worker', () => {
     expect(mine.every(t => t !== undefined && t.ms > 0)).toBe(true)
     expect(mine.map(t => [t!.rows, t!.positions])).toEqual([[1, 20], ...Array.from({ length: 40 }, () => [1, 1])])
     expect(mine.every((t, i) => i === 0 || t!.id > mine[i - 1]!.id)).toBe(true)
-    await engine.free(plainSeq)
-    await engine.free(aheadSeq)
-    expect((await engine.stats()).liveSequences).toBe(0)
+    await suite.engine.free(plainSeq)
+    await suite.engine.free(aheadSeq)
+    expect((await suite.engine.stats()).liveSequences).toBe(0)
   })
 
   it('several sequences running ahead together, one joining late, each get their plain tokens', async () => {
-    const prompts = [tokens(20, 11, vocab), tokens(9, 12, vocab), tokens(33, 13, vocab)]
+    const prompts = [randomTokenIds(20, 11, suite.vocab), randomTokenIds(9, 12, suite.vocab), randomTokenIds(33, 13, suite.vocab)]
     const plain: number[][] = []
     for (const prompt of prompts) {
-      const seq = await engine.open()
+      const seq = await suite.engine.open()
       plain.push((await decode(seq, prompt, 24, () => GREEDY, 0)).ids)
-      await engine.free(seq)
+      await suite.engine.free(seq)
     }
     // The worker merges the sequences' ahead steps (and the late one's prefill) into shared runs.
-    const seqs = await Promise.all(prompts.map(async () => await engine.open()))
+    const seqs = await Promise.all(prompts.map(async () => await suite.engine.open()))
     const late = new Promise(resolve => setTimeout(resolve, 5))
     const ahead = await Promise.all(prompts.map(async (prompt, i) => {
       if (i === 2) await late
       return (await decode(seqs[i]!, prompt, 24, () => GREEDY, AHEAD)).ids
     }))
     expect(ahead).toEqual(plain)
-    for (const seq of seqs) await engine.free(seq)
-    expect((await engine.stats()).liveSequences).toBe(0)
+    for (const seq of seqs) await suite.engine.free(seq)
+    expect((await suite.engine.stats()).liveSequences).toBe(0)
   })
 
   it('a prefill handed ahead picks runs on into the decode steps after it: the first is taken as computed ahead, with the plain tokens', async () => {
-    const prompt = tokens(40, 3, vocab)
+    const prompt = randomTokenIds(40, 3, suite.vocab)
     const draws = Array.from({ length: 64 }, (_, i) => ((i * 4099 + 7) % 1000) / 1000)
     for (const pick of [() => GREEDY, (i: number): TokenPick => ({ temperature: 0.8, topP: 0.9, u: draws[i]! })]) {
-      const plainSeq = await engine.open()
+      const plainSeq = await suite.engine.open()
       const plain = await decode(plainSeq, prompt, 16, pick, 0)
-      const seq = await engine.open()
+      const seq = await suite.engine.open()
       const picks = (from: number): TokenPick[] => Array.from({ length: AHEAD }, (_, k) => pick(from + k))
       let token = (await step(seq, prompt, 0, pick(0), picks(1))).id
       // The worker ran past the prompt without being asked.
@@ -145,71 +123,71 @@ describe('run-ahead in the engine worker', () => {
       }
       expect(ids).toEqual(plain.ids)
       expect(ranAhead[0]).toBe(true)
-      await engine.free(plainSeq)
-      await engine.free(seq)
+      await suite.engine.free(plainSeq)
+      await suite.engine.free(seq)
     }
-    expect((await engine.stats()).liveSequences).toBe(0)
+    expect((await suite.engine.stats()).liveSequences).toBe(0)
   })
 
   it('gives seeded sampling\'s tokens with the draws handed over in advance', async () => {
-    const prompt = tokens(16, 2, vocab)
+    const prompt = randomTokenIds(16, 2, suite.vocab)
     // One draw per step, by step index: what a sequence's generator yields in order.
     const draws = Array.from({ length: 64 }, (_, i) => ((i * 7919 + 13) % 1000) / 1000)
     const pick = (i: number): TokenPick => ({ temperature: 0.9, topP: 0.95, u: draws[i]! })
-    const a = await engine.open()
-    const b = await engine.open()
+    const a = await suite.engine.open()
+    const b = await suite.engine.open()
     const plain = await decode(a, prompt, 30, pick, 0)
     const ahead = await decode(b, prompt, 30, pick, AHEAD)
     expect(ahead.ids).toEqual(plain.ids)
     expect(new Set(plain.ids).size).toBeGreaterThan(5) // sampling, not a greedy cycle
-    await engine.free(a)
-    await engine.free(b)
+    await suite.engine.free(a)
+    await suite.engine.free(b)
   })
 
   it('a stop while the worker is ahead: retain keeps only the positions the caller fed, and a sequence opened from that prefix continues as without run-ahead', async () => {
-    const prompt = tokens(24, 3, vocab)
-    const plainSeq = await engine.open()
+    const prompt = randomTokenIds(24, 3, suite.vocab)
+    const plainSeq = await suite.engine.open()
     const plain = await decode(plainSeq, prompt, 10, () => GREEDY, 0)
-    const aheadSeq = await engine.open()
+    const aheadSeq = await suite.engine.open()
     const ahead = await decode(aheadSeq, prompt, 10, () => GREEDY, AHEAD)
     expect(ahead.ids).toEqual(plain.ids)
     const fed = prompt.length + 10
     // The worker has computed steps nobody asked for yet.
     expect(await ranPast(aheadSeq, fed)).toBeLessThanOrEqual(fed + AHEAD)
-    const keptPlain = await engine.retain(plainSeq, 'plain', 10_000)
-    const keptAhead = await engine.retain(aheadSeq, 'ahead', 10_000)
+    const keptPlain = await suite.engine.retain(plainSeq, 'plain', 10_000)
+    const keptAhead = await suite.engine.retain(aheadSeq, 'ahead', 10_000)
     expect(keptPlain.length).toBe(fed)
     expect(keptAhead).toEqual(keptPlain)
 
     // Continue both prefixes with plain steps: the same tokens.
     const last = plain.ids.at(-1)!
     const cont = async (key: string): Promise<number[]> => {
-      const seq = await engine.openFrom(`${key}-next`, key, fed)
+      const seq = await suite.engine.openFrom(`${key}-next`, key, fed)
       let token = last
       const ids: number[] = []
       for (let i = 0; i < 12; i++) {
         token = (await step(seq, [token], fed + i, GREEDY)).id
         ids.push(token)
       }
-      await engine.free(seq)
+      await suite.engine.free(seq)
       return ids
     }
     expect(await cont('ahead')).toEqual(await cont('plain'))
-    await engine.evict(['plain', 'ahead'])
-    expect((await engine.stats()).keptPrefixes).toBe(0)
+    await suite.engine.evict(['plain', 'ahead'])
+    expect((await suite.engine.stats()).keptPrefixes).toBe(0)
   })
 
   it('a step other than the one the worker ran ahead rolls its positions back first', async () => {
-    const prompt = tokens(18, 4, vocab)
-    const plainSeq = await engine.open()
-    const aheadSeq = await engine.open()
+    const prompt = randomTokenIds(18, 4, suite.vocab)
+    const plainSeq = await suite.engine.open()
+    const aheadSeq = await suite.engine.open()
     const plain = await decode(plainSeq, prompt, 6, () => GREEDY, 0)
     const ahead = await decode(aheadSeq, prompt, 6, () => GREEDY, AHEAD)
     expect(ahead.ids).toEqual(plain.ids)
     const at = prompt.length + 6
     await ranPast(aheadSeq, at)
     // Feed a token other than the one picked (the worker fed the picked one at `at`), then go on plainly.
-    const forced = (plain.ids.at(-1)! + 1) % vocab
+    const forced = (plain.ids.at(-1)! + 1) % suite.vocab
     const go = async (seqId: string): Promise<number[]> => {
       const first = await step(seqId, [forced], at, GREEDY)
       expect(first.ranAhead).toBe(false)
@@ -218,22 +196,22 @@ describe('run-ahead in the engine worker', () => {
       return ids
     }
     expect(await go(aheadSeq)).toEqual(await go(plainSeq))
-    const held = (await engine.stats()).sequences
+    const held = (await suite.engine.stats()).sequences
     expect(held[aheadSeq]).toBe(at + 10)
     expect(held[plainSeq]).toBe(at + 10)
-    await engine.free(plainSeq)
-    await engine.free(aheadSeq)
+    await suite.engine.free(plainSeq)
+    await suite.engine.free(aheadSeq)
   })
 
   it('a cancelled wait for a step run ahead drops the sequence', async () => {
-    const prompt = tokens(12, 5, vocab)
-    const seq = await engine.open()
+    const prompt = randomTokenIds(12, 5, suite.vocab)
+    const seq = await suite.engine.open()
     const { ids } = await decode(seq, prompt, 3, () => GREEDY, AHEAD)
     const controller = new AbortController()
     controller.abort()
-    const [r] = await engine.stepBatch([{ seqId: seq, input: { tokenIds: [ids.at(-1)!] }, positions: [prompt.length + 3], pick: GREEDY, signal: controller.signal }])
+    const [r] = await suite.engine.stepBatch([{ seqId: seq, input: { tokenIds: [ids.at(-1)!] }, positions: [prompt.length + 3], pick: GREEDY, signal: controller.signal }])
     expect(r !== undefined && 'error' in r && (r.error as { code?: string }).code).toBe('SHOAL_ERR_ABORTED')
-    expect((await engine.stats()).sequences[seq]).toBeUndefined()
+    expect((await suite.engine.stats()).sequences[seq]).toBeUndefined()
   })
 
   it('a wait for a step run ahead ends when either of its signals aborts (the batch\'s or the request\'s), and takes the token otherwise', async () => {
@@ -325,7 +303,7 @@ describe('run-ahead through the local service', () => {
 
   it('a stop string landing while the worker is ahead: the same completion, and the next turn reuses the same prefix and gives the same tokens', async () => {
     const vocab = model.manifest.shape.vocabSize
-    const prompt = tokens(20, 7, vocab)
+    const prompt = randomTokenIds(20, 7, vocab)
     const free = await collect(ref, request(prompt))
     expect(free.text.length).toBeGreaterThan(24)
     // A stop string mid-completion: the worker has run up to four steps past it by then.
@@ -334,7 +312,7 @@ describe('run-ahead through the local service', () => {
     for (const svc of [off, on]) {
       const stopped = await collect(svc, request(prompt, { stop: [stop] }))
       const before = (await svc.stats()).prefix!
-      const next = await collect(svc, request([...prompt, ...stopped.tokens, ...tokens(5, 8, vocab)], { maxTokens: 16 }))
+      const next = await collect(svc, request([...prompt, ...stopped.tokens, ...randomTokenIds(5, 8, vocab)], { maxTokens: 16 }))
       const after = (await svc.stats()).prefix!
       results.push({ stopped, next: next.tokens, missed: after.missTokens - before.missTokens, hit: after.hitTokens - before.hitTokens })
       expect((await svc.stats()).engine).toMatchObject({ liveSequences: 0 })
@@ -348,7 +326,7 @@ describe('run-ahead through the local service', () => {
   })
 
   it('seeded sampling gives the same tokens with and without run-ahead', async () => {
-    const prompt = tokens(16, 9, model.manifest.shape.vocabSize)
+    const prompt = randomTokenIds(16, 9, model.manifest.shape.vocabSize)
     const sampling = { temperature: 0.9, topP: 0.9, seed: 4321 }
     const a = await collect(off, request(prompt, { sampling }))
     const b = await collect(on, request(prompt, { sampling }))

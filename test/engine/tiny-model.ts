@@ -4,10 +4,11 @@
  * worker over it.
  */
 import { mkdtemp, rm } from 'node:fs/promises'
+import { afterAll, beforeAll } from 'vitest'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { chooseStageGraphs, createStageEngine, resolveGraphChoice, stageInfoOf } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StageEngineInit, StageInfo } from '../../daemon/engine/index.ts'
+import type { BatchingStageEngine, StageEngineInit, StageInfo, StepOutput } from '../../daemon/engine/index.ts'
 import { compileShards, generateTestModel } from '../../shards/index.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 
@@ -61,4 +62,34 @@ export async function startTinyEngine (init: Omit<StageEngineInit, 'graphPath' |
     throw err
   }
   return { model: m, stage, engine, stop }
+}
+
+/** Deterministic pseudo-random token ids in [3, vocab) (the specials below 3 left out). */
+export function randomTokenIds (n: number, seed: number, vocab: number): number[] {
+  let x = seed * 2654435761 >>> 0
+  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
+}
+
+/** The token of a step that carried a pick, failing the test on any other output. */
+export function tokenIdOf (out: StepOutput): number {
+  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
+  return out.id
+}
+
+/**
+ * A tiny engine for the describe block this is called in: started before its tests and stopped
+ * after them; read `engine` and `vocab` inside the tests.
+ */
+export function tinyEngineForSuite (init: Omit<StageEngineInit, 'graphPath' | 'stage'>): { readonly engine: BatchingStageEngine, readonly vocab: number } {
+  let tiny: TinyEngine | undefined
+  beforeAll(async () => { tiny = await startTinyEngine(init) }, 120_000)
+  afterAll(async () => { await tiny?.stop() })
+  const started = (): TinyEngine => {
+    if (tiny === undefined) throw new Error('the tiny engine has not started')
+    return tiny
+  }
+  return {
+    get engine () { return started().engine },
+    get vocab () { return started().model.manifest.shape.vocabSize },
+  }
 }

@@ -7,50 +7,27 @@
  * are taken as computed ahead), one that accepts any does not (runsAheadAfter). The boundary
  * checks what a verify may carry. No timings.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { GREEDY_PICK as GREEDY, greedyVerdict } from '../../daemon/engine/index.ts'
-import type { BatchingStageEngine, StageBatchItem, StepOutput } from '../../daemon/engine/index.ts'
+import type { StageBatchItem } from '../../daemon/engine/index.ts'
 import { parseToWorker } from '../../daemon/engine/protocol.ts'
 import { runsAheadAfter } from '../../daemon/engine/run-ahead.ts'
-import { startTinyEngine } from './tiny-model.ts'
-import type { TinyEngine } from './tiny-model.ts'
-
-/** Deterministic pseudo-random token ids in [3, vocab). */
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
-}
-
-function idOf (out: StepOutput): number {
-  if (out.kind !== 'token') throw new Error(`expected a token, got ${out.kind}`)
-  return out.id
-}
+import { randomTokenIds, tinyEngineForSuite, tokenIdOf } from './tiny-model.ts'
 
 describe('greedy verify steps checked in the engine worker', () => {
-  let tiny: TinyEngine | undefined
-  let engine: BatchingStageEngine
-  let vocab: number
-
-  beforeAll(async () => {
-    tiny = await startTinyEngine({ threads: 1, maxSequences: 8 })
-    engine = tiny.engine
-    vocab = tiny.model.manifest.shape.vocabSize
-  }, 120_000)
-  afterAll(async () => {
-    await tiny?.stop()
-  })
+  const suite = tinyEngineForSuite({ threads: 1, maxSequences: 8 })
 
   /** A sequence prefilled with `prompt`; its first token. */
   async function prefilled (prompt: number[]): Promise<{ seq: string, first: number }> {
-    const seq = await engine.open()
-    return { seq, first: idOf(await engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i), { pick: GREEDY })) }
+    const seq = await suite.engine.open()
+    return { seq, first: tokenIdOf(await suite.engine.step(seq, { tokenIds: prompt }, prompt.map((_, i) => i), { pick: GREEDY })) }
   }
 
   /** `count` plain greedy steps from `token` at `at`; the tokens out. */
   async function plain (seq: string, token: number, at: number, count: number): Promise<number[]> {
     const out: number[] = []
     for (let i = 0; i < count; i++) {
-      token = idOf(await engine.step(seq, { tokenIds: [token] }, [at + i], { pick: GREEDY }))
+      token = tokenIdOf(await suite.engine.step(seq, { tokenIds: [token] }, [at + i], { pick: GREEDY }))
       out.push(token)
     }
     return out
@@ -58,10 +35,10 @@ describe('greedy verify steps checked in the engine worker', () => {
 
   /** Drafts after a token whose plain continuation is `truth`: the first `good` right, then wrong ones (n in all). */
   const draftsOf = (truth: number[], good: number, n: number): number[] =>
-    Array.from({ length: n }, (_, i) => i < good ? truth[i]! : (truth[i]! + 1) % vocab)
+    Array.from({ length: n }, (_, i) => i < good ? truth[i]! : (truth[i]! + 1) % suite.vocab)
 
   it('a verdict is greedyVerdict of the same step\'s logits, by step and by stepBatch, and the sequence keeps the accepted positions', async () => {
-    const prompt = tokens(17, 1, vocab)
+    const prompt = randomTokenIds(17, 1, suite.vocab)
     const ref = await prefilled(prompt)
     const truth = await plain(ref.seq, ref.first, prompt.length, 12)
     const at = prompt.length
@@ -71,33 +48,33 @@ describe('greedy verify steps checked in the engine worker', () => {
       const positions = ids.map((_, i) => at + i)
       // The logits a verify step gives, checked on the main thread as before.
       const byLogits = await prefilled(prompt)
-      const logits = await engine.step(byLogits.seq, { tokenIds: ids }, positions, { logitsToKeep: n + 1 })
+      const logits = await suite.engine.step(byLogits.seq, { tokenIds: ids }, positions, { logitsToKeep: n + 1 })
       if (logits.kind !== 'logits') throw new Error('expected logits')
       const want = greedyVerdict(drafts, logits.data, logits.vocab)
       expect(want).toEqual({ accepted: good, next: truth[good]! })
-      await engine.free(byLogits.seq)
+      await suite.engine.free(byLogits.seq)
 
       const solo = await prefilled(prompt)
-      expect(await engine.step(solo.seq, { tokenIds: ids }, positions, { logitsToKeep: n + 1, verify: 'greedy' })).toEqual({ kind: 'verdict', accepted: want.accepted, id: want.next })
+      expect(await suite.engine.step(solo.seq, { tokenIds: ids }, positions, { logitsToKeep: n + 1, verify: 'greedy' })).toEqual({ kind: 'verdict', accepted: want.accepted, id: want.next })
       const batched = await prefilled(prompt)
-      const [r] = await engine.stepBatch([{ seqId: batched.seq, input: { tokenIds: ids }, positions, logitsToKeep: n + 1, verify: 'greedy' }])
+      const [r] = await suite.engine.stepBatch([{ seqId: batched.seq, input: { tokenIds: ids }, positions, logitsToKeep: n + 1, verify: 'greedy' }])
       expect(r !== undefined && 'output' in r && r.output).toEqual({ kind: 'verdict', accepted: want.accepted, id: want.next })
       for (const seq of [solo.seq, batched.seq]) {
         // The rejected positions are gone: the sequence holds the verified token and the accepted drafts.
-        expect((await engine.stats()).sequences[seq]).toBe(at + 1 + good)
+        expect((await suite.engine.stats()).sequences[seq]).toBe(at + 1 + good)
         // And decodes on as plain decoding did.
         expect(await plain(seq, want.next, at + 1 + good, 12 - good - 1)).toEqual(truth.slice(good + 1))
-        await engine.free(seq)
+        await suite.engine.free(seq)
       }
     }
-    await engine.free(ref.seq)
+    await suite.engine.free(ref.seq)
   })
 
   it('with ahead picks, a verdict that accepts nothing runs on ahead from its token; one that accepts any does not', async () => {
-    const prompt = tokens(23, 2, vocab)
+    const prompt = randomTokenIds(23, 2, suite.vocab)
     const ref = await prefilled(prompt)
     const truth = await plain(ref.seq, ref.first, prompt.length, 10)
-    await engine.free(ref.seq)
+    await suite.engine.free(ref.seq)
     const at = prompt.length
     for (const good of [0, 2]) {
       expect(runsAheadAfter(good)).toBe(good === 0)
@@ -105,25 +82,25 @@ describe('greedy verify steps checked in the engine worker', () => {
       const drafts = draftsOf(truth, good, 3)
       const ids = [first, ...drafts]
       const item: StageBatchItem = { seqId: seq, input: { tokenIds: ids }, positions: ids.map((_, i) => at + i), logitsToKeep: 4, verify: 'greedy', ahead: [GREEDY, GREEDY, GREEDY] }
-      const [v] = await engine.stepBatch([item])
+      const [v] = await suite.engine.stepBatch([item])
       expect(v !== undefined && 'output' in v && v.output).toEqual({ kind: 'verdict', accepted: good, id: truth[good] })
       // The steps after it, each handing the next picks on as a plain decode loop does.
       let token = truth[good]!
       const got: number[] = []
       const ranAhead: boolean[] = []
       for (let p = at + 1 + good; got.length < 10 - good - 1; p++) {
-        const [r] = await engine.stepBatch([{ seqId: seq, input: { tokenIds: [token] }, positions: [p], pick: GREEDY, ahead: [GREEDY, GREEDY, GREEDY] }])
+        const [r] = await suite.engine.stepBatch([{ seqId: seq, input: { tokenIds: [token] }, positions: [p], pick: GREEDY, ahead: [GREEDY, GREEDY, GREEDY] }])
         if (r === undefined || 'error' in r) throw r?.error ?? new Error('no result')
-        token = idOf(r.output)
+        token = tokenIdOf(r.output)
         got.push(token)
         ranAhead.push(r.ranAhead === true)
       }
       expect(got).toEqual(truth.slice(good + 1))
       // The first step after the verify was computed ahead only where nothing stood.
       expect(ranAhead[0]).toBe(good === 0)
-      await engine.free(seq)
+      await suite.engine.free(seq)
     }
-    expect((await engine.stats()).liveSequences).toBe(0)
+    expect((await suite.engine.stats()).liveSequences).toBe(0)
   })
 
   it('checks what a verify carries at the worker boundary', () => {

@@ -18,7 +18,7 @@ import {
 } from '../../daemon/kv/index.ts'
 import type { KvPuller, KvStore, KvTransportComponents } from '../../daemon/kv/index.ts'
 import type { GenerateEvent, GenerateRequest } from '../../daemon/service.ts'
-import { buildTinyModel } from '../engine/tiny-model.ts'
+import { buildTinyModel, randomTokenIds } from '../engine/tiny-model.ts'
 import type { TinyModel } from '../engine/tiny-model.ts'
 import { createTestNode } from '../routing/nodes.ts'
 import { linkComponents } from '../../reproduction/lib/loopback.ts'
@@ -47,12 +47,6 @@ async function run (svc: LocalService, req: GenerateRequest): Promise<Run> {
     if (ev.type === 'delta') tokens.push(...ev.tokenIds)
   }
   return { tokens, start: start! }
-}
-
-/** Deterministic pseudo-random token ids in [3, vocab). */
-function tokens (n: number, seed: number, vocab: number): number[] {
-  let x = seed * 2654435761 >>> 0
-  return Array.from({ length: n }, () => { x = (x * 1103515245 + 12345) >>> 0; return 3 + (x >>> 8) % (vocab - 3) })
 }
 
 /** Nodes by peer id, so any test node can dial any other by id (no discovery here). */
@@ -118,10 +112,10 @@ describe('KV mobility between two nodes', () => {
   }
 
   it('B pulls the prefix A kept and generates turn 2 exactly as a cold run, prefilling only the new tokens', async () => {
-    const turn1 = tokens(45, 1, vocab)
+    const turn1 = randomTokenIds(45, 1, vocab)
     const first = await run(a.service, request(model, turn1))
     expect(first.tokens).toEqual((await run(cold, request(model, turn1))).tokens)
-    const turn2 = [...turn1, ...first.tokens, ...tokens(9, 2, vocab)]
+    const turn2 = [...turn1, ...first.tokens, ...randomTokenIds(9, 2, vocab)]
     const want = await run(cold, request(model, turn2))
 
     const before = (await b.service.stats()).prefix!
@@ -138,7 +132,7 @@ describe('KV mobility between two nodes', () => {
     expect(await metric(a, 'shoal_kv_transfer_bytes_total', 'direction="out"')).toBe(bytes)
 
     // Turn 3 on B is a plain local hit now, not another pull.
-    const turn3 = [...turn2, ...got.tokens, ...tokens(5, 3, vocab)]
+    const turn3 = [...turn2, ...got.tokens, ...randomTokenIds(5, 3, vocab)]
     const third = await run(b.service, request(model, turn3, { prefixHolder: { peerId: a.peerId, cachedTokens: turn1.length } }))
     expect(third.tokens).toEqual((await run(cold, request(model, turn3))).tokens)
     // Its own kept turn 2 prompt (not moved: no movedFrom).
@@ -179,9 +173,9 @@ describe('KV mobility between two nodes', () => {
       await stream.close().catch(() => {})
     })
 
-    const turn1 = tokens(40, 11, vocab)
+    const turn1 = randomTokenIds(40, 11, vocab)
     const first = await run(a.service, request(model, turn1))
-    const turn2 = [...turn1, ...first.tokens, ...tokens(7, 12, vocab)]
+    const turn2 = [...turn1, ...first.tokens, ...randomTokenIds(7, 12, vocab)]
     const want = await run(cold, request(model, turn2))
     const direct = await b.puller.pull({ peerId: evilId, model: model.manifest.modelId, tokens: turn2, signal: AbortSignal.timeout(10_000) })
     expect(direct).toMatchObject({ ok: false, code: 'SHOAL_ERR_KV_CHECKSUM' })
@@ -200,9 +194,9 @@ describe('KV mobility between two nodes', () => {
   }, 120_000)
 
   it('refuses a peer that is not admitted, and a pull for another model; the request still runs, recomputed', async () => {
-    const turn1 = tokens(32, 21, vocab)
+    const turn1 = randomTokenIds(32, 21, vocab)
     await run(a.service, request(model, turn1))
-    const turn2 = [...turn1, ...tokens(6, 22, vocab)]
+    const turn2 = [...turn1, ...randomTokenIds(6, 22, vocab)]
     const want = await run(cold, request(model, turn2))
 
     // C is not in A's admitted set.
@@ -221,7 +215,7 @@ describe('KV mobility between two nodes', () => {
     // A model this node does not serve is refused before any stream opens.
     expect(await d.puller.pull({ peerId: a.peerId, model: 'nope', tokens: turn2, signal: AbortSignal.timeout(10_000) })).toMatchObject({ ok: false })
     // And a prompt A keeps nothing of.
-    const none = await b.puller.pull({ peerId: a.peerId, model: model.manifest.modelId, tokens: tokens(30, 99, vocab), signal: AbortSignal.timeout(10_000) })
+    const none = await b.puller.pull({ peerId: a.peerId, model: model.manifest.modelId, tokens: randomTokenIds(30, 99, vocab), signal: AbortSignal.timeout(10_000) })
     expect(none).toMatchObject({ ok: false, code: 'SHOAL_ERR_KV_NOT_HELD' })
     expect(new KvRefusedError('SHOAL_ERR_KV_NOT_HELD', 'x').name).toBe('KvRefusedError')
     // Whatever fails on the way to a pull (here the policy itself), the request runs, recomputed.
