@@ -155,7 +155,7 @@ export function createBatcher (init: BatcherInit, components: BatcherComponents)
           logitsToKeep: ask,
           final,
           ...(final && e.request.pick !== undefined ? { pick: e.request.pick } : {}),
-          ...(verify === undefined ? {} : { verify }),
+          ...(verify === undefined ? {} : { verify, ...(e.request.drafts === undefined ? {} : { drafts: e.request.drafts }) }),
           ...(final && e.request.ahead !== undefined && (e.request.pick !== undefined || verify !== undefined) ? { ahead: e.request.ahead } : {}),
           ...(e.request.reach === undefined ? {} : { reach: e.request.reach }),
           signal: e.signal,

@@ -38,6 +38,8 @@ export interface StepRequest {
    * where the step ran in chunks (the engine checks a verify whole). `ahead` goes with it.
    */
   verify?: 'greedy'
+  /** A hidden-state verify's drafts (a chain's last stage; token input carries them after its first id). */
+  drafts?: number[]
   /**
    * A prefill's own queue budget (ms), in place of the batcher's: a request sent to the last node
    * that could take it (GenerateRequest.soleServer) waits until its deadline rather than be refused.
@@ -117,8 +119,9 @@ export interface BatchItem {
   pick?: TokenPick
   /** As StepRequest.ahead (a decode step, or a prefill's final chunk). */
   ahead?: TokenPick[]
-  /** As StepRequest.verify, on a step that runs whole only. */
+  /** As StepRequest.verify and .drafts, on a step that runs whole only. */
   verify?: 'greedy'
+  drafts?: number[]
   /** As StepRequest.reach (every chunk of a step that has it). */
   reach?: number
   /** The caller's signal: an executor may drop an item whose caller has gone. */

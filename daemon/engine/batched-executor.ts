@@ -16,6 +16,7 @@ export function createBatchedExecutor (engine: Pick<BatchingStageEngine, 'stepBa
         ...(item.pick === undefined ? {} : { pick: item.pick }),
         ...(item.ahead === undefined ? {} : { ahead: item.ahead }),
         ...(item.verify === undefined ? {} : { verify: item.verify }),
+        ...(item.drafts === undefined ? {} : { drafts: item.drafts }),
         ...(item.reach === undefined ? {} : { reach: item.reach }),
         signal: item.signal,
       })), signal)

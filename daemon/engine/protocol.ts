@@ -122,14 +122,17 @@ export interface BatchStepItem {
    */
   ahead?: TokenPick[]
   /**
-   * A greedy speculative verify (last stage, token input): the input is a token and the drafts
-   * after it, every position's logits kept (logitsToKeep = positions). The worker accepts the
-   * drafts that equal its argmax (sampling.ts greedyVerdict), rolls the sequence back past the
-   * rest and returns a 'verdict' — ids only, no rows of logits and no rollback round trip. With
-   * `ahead`, and no draft accepted (runsAheadAfter), it runs ahead from its own token as after a
-   * decode step: picks[0] is for the step that feeds that token at positions[0] + 1.
+   * A greedy speculative verify (last stage): a token and the drafts after it, every position's
+   * logits kept (logitsToKeep = positions). The worker accepts the drafts that equal its argmax
+   * (sampling.ts greedyVerdict), rolls the sequence back past the rest and returns a 'verdict' —
+   * ids only, no rows of logits and no rollback round trip. The drafts are the token ids after
+   * the first, or, for hidden-state input (a chain's last stage), `drafts`. With `ahead`, and no
+   * draft accepted (runsAheadAfter), it runs ahead from its own token as after a decode step:
+   * picks[0] is for the step that feeds that token at positions[0] + 1 (token input only).
    */
   verify?: 'greedy'
+  /** A hidden-state verify's drafts (see `verify`): one fewer than its positions. */
+  drafts?: number[]
   /**
    * The most positions the sequence may hold when its request ends (its prompt and max_tokens,
    * within the context): how much room a block it shares is given (kv-block.ts groupCapacity).
@@ -151,7 +154,7 @@ export type AheadResult = { seqId: string, position: number, fed: number, token:
 
 export type ToWorker =
   | { type: 'open', id: number, seqId: string }
-  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: 'greedy' }
+  | { type: 'step', id: number, seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: 'greedy', drafts?: number[] }
   /** Several sequences' steps in as few runs as exactness allows; one result per item, in order. */
   | { type: 'step-batch', id: number, items: BatchStepItem[] }
   /** Drops a sequence's KV; if a step on it is running, that step ends at its next chunk boundary. */
@@ -271,9 +274,14 @@ function checkStepFields (m: Record<string, unknown>, what: string): string | un
   if (m.reach !== undefined && (!Number.isSafeInteger(m.reach) || (m.reach as number) < 0)) return `${what}: reach must be a non-negative integer`
   if (m.verify !== undefined) {
     if (m.verify !== 'greedy') return `${what}: verify must be "greedy"`
-    if (input?.kind !== 'tokens' || m.pick !== undefined) return `${what}: a verify step takes token ids and no pick`
+    if (m.pick !== undefined) return `${what}: a verify step takes no pick`
     if (m.positions.length < 2 || m.logitsToKeep !== m.positions.length) return `${what}: a verify step keeps the logits of each of its (two or more) positions`
-  }
+    const drafts = m.drafts
+    if (input?.kind === 'tokens' ? drafts !== undefined : !Array.isArray(drafts) || drafts.length !== m.positions.length - 1 || !drafts.every(t => Number.isSafeInteger(t) && (t as number) >= 0)) {
+      return `${what}: a verify's drafts are its token ids after the first, or, for hidden states, \`drafts\` (one fewer than its positions, token ids)`
+    }
+    if (input?.kind !== 'tokens' && m.ahead !== undefined) return `${what}: a hidden-state verify runs nothing ahead`
+  } else if (m.drafts !== undefined) return `${what}: drafts go with a verify`
   const bad = m.pick === undefined ? undefined : checkPick(m.pick, what)
   if (bad !== undefined || m.ahead === undefined) return bad
   if (m.pick === undefined && m.verify === undefined) return `${what}: ahead needs a step with a pick, or a verify`
@@ -295,6 +303,13 @@ function checkPick (pick: unknown, what: string): string | undefined {
   if (p === null || typeof p !== 'object' || !num(p.temperature) || !num(p.topP) || !num(p.u)) return `${what}: pick must be {temperature, topP, u} numbers`
   if (p.temperature < 0 || p.topP <= 0 || p.topP > 1 || p.u < 0 || p.u >= 1) return `${what}: pick needs temperature ≥ 0, topP in (0, 1], u in [0, 1)`
   return undefined
+}
+
+/** The drafts a verify step checks (BatchStepItem.verify): its token ids after the first, or its `drafts`. */
+export function verifyDrafts (item: Pick<BatchStepItem, 'input' | 'drafts'>): number[] {
+  if (item.input.kind === 'tokens') return Array.from(item.input.ids.subarray(1), Number)
+  if (item.drafts === undefined) throw new TypeError('a hidden-state verify carries its drafts')
+  return item.drafts
 }
 
 /**

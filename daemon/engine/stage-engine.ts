@@ -47,11 +47,13 @@ export interface StepOptions {
   /** Last stage: the worker picks the next token and returns only its id ({kind: 'token'}). */
   pick?: TokenPick
   /**
-   * Last stage: a greedy speculative verify — the token ids are a token and its drafts, every
-   * position's logits kept; the worker accepts the drafts, rolls back the rest and returns
-   * {kind: 'verdict'} (protocol.ts BatchStepItem.verify).
+   * Last stage: a greedy speculative verify — a token and its drafts, every position's logits
+   * kept; the worker accepts the drafts, rolls back the rest and returns {kind: 'verdict'}
+   * (protocol.ts BatchStepItem.verify). The drafts are the token ids after the first, or, for
+   * hidden-state input (a chain's last stage), `drafts`.
    */
   verify?: 'greedy'
+  drafts?: number[]
 }
 
 export interface StageEngine {
@@ -77,8 +79,9 @@ export interface StageBatchItem {
   logitsToKeep?: number
   /** As StepOptions.pick. */
   pick?: TokenPick
-  /** As StepOptions.verify. */
+  /** As StepOptions.verify and .drafts. */
   verify?: 'greedy'
+  drafts?: number[]
   /**
    * Run-ahead (a one-position decode step with `pick`, or a verify whose verdict accepts nothing:
    * run-ahead.ts runsAheadAfter): the picks of the next steps, in order. The
@@ -287,6 +290,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         logitsToKeep: options.logitsToKeep ?? 1,
         ...(options.pick === undefined ? {} : { pick: options.pick }),
         ...(options.verify === undefined ? {} : { verify: options.verify }),
+        ...(options.drafts === undefined ? {} : { drafts: [...options.drafts] }),
       }
       const transfer = [(stepInput.kind === 'tokens' ? stepInput.ids : stepInput.data).buffer as ArrayBuffer, msg.positions.buffer as ArrayBuffer]
       const reply = await withSignal(call(msg, transfer), signal, async () => {
@@ -318,7 +322,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
             ? { kind: 'tokens', ids: int64Of(item.input.tokenIds) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
           const positions = int64Of(item.positions)
-          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(item.verify === undefined ? {} : { verify: item.verify }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
+          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(item.verify === undefined ? {} : { verify: item.verify }), ...(item.drafts === undefined ? {} : { drafts: [...item.drafts] }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
           const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
           if (!transfer.includes(buf)) transfer.push(buf)
           transfer.push(positions.buffer as ArrayBuffer)

@@ -25,6 +25,7 @@ import { ContextLengthError, EngineError, OverloadedError } from './errors.ts'
 import type { BackendSession } from './backend/types.ts'
 import { blockBytes, truncateRow } from './kv-block.ts'
 import type { KvBlock, KvRef } from './kv-block.ts'
+import { verifyDrafts } from './protocol.ts'
 import type { BatchStepItem, EngineStats, StageInfo, StepInput, StepOutput } from './protocol.ts'
 import { greedyVerdictOfTokens, isGreedy, pickToken } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
@@ -59,7 +60,7 @@ export interface StageRunner {
    * Runs new positions of one sequence. Callers run one step at a time per runner. With `pick`
    * (last stage only) the output is the token picked from the last position's logits.
    */
-  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: 'greedy'): Promise<StepOutput>
+  step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: { drafts: readonly number[] }): Promise<StepOutput>
   /**
    * Runs one step for each item (distinct sequences); one result per item, in order. A failed item
    * ends its own sequence only, like a failed step.
@@ -148,7 +149,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
   }
 
-  async function run (seqId: string, seq: KvSequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined, verify?: 'greedy'): Promise<StepOutput> {
+  async function run (seqId: string, seq: KvSequence, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick: TokenPick | undefined, verify?: { drafts: readonly number[] }): Promise<StepOutput> {
     check(seqId, seq, input, positions, pick)
     const s = positions.length
     const keepTotal = Math.min(logitsToKeep, s)
@@ -158,7 +159,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     // A greedy pick needs only the last position's largest logit, which a graph may give itself;
     // a greedy verify (one chunk: it keeps every position) each position's, and gives its verdict
     // from those (no rows of logits; the caller rolls back what did not stand).
-    const checks = verify !== undefined && input.kind === 'tokens' && s <= chunkSize && keepTotal === s
+    const checks = verify !== undefined && verify.drafts.length === s - 1 && s <= chunkSize && keepTotal === s
     const greedy = isGreedy(pick) || checks
     let greedyToken: number | undefined
     let verdict: StepOutput | undefined
@@ -176,7 +177,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
         if (checks) {
           const best = greedyTokensOf(out, 0)
           if (best !== undefined) {
-            const { accepted, next } = greedyVerdictOfTokens(Array.from(input.ids.subarray(1), Number), best)
+            const { accepted, next } = greedyVerdictOfTokens(verify.drafts, best)
             verdict = { kind: 'verdict', accepted, id: next }
             continue
           }
@@ -245,7 +246,7 @@ export function createStageRunner (init: StageRunnerInit): PrefixKeepingRunner {
     }
     for (const e of solo) {
       try {
-        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep, e.item.pick, e.item.verify) }
+        results[e.index] = { output: await run(e.seqId, e.seq, e.item.input, e.item.positions, e.item.logitsToKeep, e.item.pick, e.item.verify === undefined ? undefined : { drafts: verifyDrafts(e.item) }) }
       } catch (err) { fail(e, err) }
     }
   }

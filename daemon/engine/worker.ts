@@ -21,7 +21,7 @@ import { serializeError } from '../errors.ts'
 import { loadBackend } from './backend/index.ts'
 import type { BackendSession } from './backend/types.ts'
 import { EngineError } from './errors.ts'
-import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker } from './protocol.ts'
+import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker, verifyDrafts } from './protocol.ts'
 import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
 import { greedyVerdict } from './sampling.ts'
 import type { TokenPick } from './sampling.ts'
@@ -239,15 +239,14 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
  * are the step's tokens after the first. The sequence is rolled back past those that did not
  * stand, here between runs, before any other step of it.
  */
-function verdictOf (runner: StageRunner, item: Pick<BatchStepItem, 'seqId' | 'input' | 'positions'>, output: StepOutput): StepOutput {
+function verdictOf (runner: StageRunner, item: Pick<BatchStepItem, 'seqId' | 'input' | 'positions' | 'drafts'>, output: StepOutput): StepOutput {
   const n = item.positions.length
-  if (item.input.kind !== 'tokens') throw new EngineError('a verify step takes token ids')
   let verdict: Extract<StepOutput, { kind: 'verdict' }>
   if (output.kind === 'verdict') {
     verdict = output
   } else {
     if (output.kind !== 'logits' || output.count !== n) throw new EngineError(`a verify step must return logits for each of its ${n} positions`)
-    const { accepted, next } = greedyVerdict(Array.from(item.input.ids.subarray(1), Number), output.data, output.vocab)
+    const { accepted, next } = greedyVerdict(verifyDrafts(item), output.data, output.vocab)
     verdict = { kind: 'verdict', accepted, id: next }
   }
   if (verdict.accepted < n - 1) runner.rollback(item.seqId, Number(item.positions[0]) + 1 + verdict.accepted)
@@ -285,7 +284,7 @@ async function handle (msg: ToWorker, runner: StageRunner, session: BackendSessi
         post({ type: 'done', id: msg.id })
         return
       case 'step': {
-        const run = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick, msg.verify)
+        const run = await runner.step(msg.seqId, msg.input, msg.positions, msg.logitsToKeep, msg.pick, msg.verify === undefined ? undefined : { drafts: verifyDrafts(msg) })
         const output = msg.verify === undefined ? run : verdictOf(runner, msg, run)
         if (output.kind === 'token' || output.kind === 'verdict') {
           stepMark('w.post')

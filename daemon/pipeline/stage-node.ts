@@ -85,6 +85,12 @@ export interface StageNodeStats {
   prefixes?: KeptPrefixesStats
 }
 
+/** A verify step on a stage (StageNode.step): every row's logits, and on the last stage of a greedy request the drafts its engine checks. */
+export interface StageVerify {
+  logitsToKeep: number
+  greedyDrafts?: number[]
+}
+
 export interface StageNode {
   readonly peerId: string
   readonly engine: StageEngine
@@ -96,9 +102,11 @@ export interface StageNode {
   /**
    * One step of one sequence on this node's stage (through the batcher when there is one); logits
    * of the last position, or its picked token. `verify`: the positions are a token and its drafts
-   * (scheduled as a decode), with logits of the last `logitsToKeep` rows.
+   * (scheduled as a decode), with logits of the last `logitsToKeep` rows; with `greedyDrafts` (the
+   * last stage, a greedy request) the engine checks those drafts itself and returns a verdict,
+   * the sequence rolled back past the rejected ones (protocol.ts BatchStepItem.verify).
    */
-  step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput>
+  step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: StageVerify): Promise<StepOutput>
   /** The sequence is done here: its batcher company is not waited for and its KV is freed. */
   free (seqId: string): Promise<void>
   /** Sets a sequence's KV back to its first `length` positions (speculative drafts rejected). */
@@ -160,7 +168,7 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
   /** Moving average of prefill speed, positions per second (what a pull is weighed against). */
   let prefillRate: number | undefined
 
-  async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
+  async function step (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: StageVerify): Promise<StepOutput> {
     const started = performance.now()
     const out = await runStep(seqId, input, positions, pick, signal, verify)
     const ms = performance.now() - started
@@ -173,13 +181,14 @@ export function createStageNode (init: StageNodeInit, components: LinkComponents
     return out
   }
 
-  async function runStep (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: { logitsToKeep: number }): Promise<StepOutput> {
+  async function runStep (seqId: string, input: StageStepInput, positions: number[], pick: TokenPick | undefined, signal: AbortSignal, verify?: StageVerify): Promise<StepOutput> {
     const picking = pick === undefined ? {} : { pick }
+    const checking = verify?.greedyDrafts === undefined ? {} : { verify: 'greedy' as const, drafts: verify.greedyDrafts }
     const batcher = init.batcher
     const logitsToKeep = verify?.logitsToKeep ?? 1
-    if (batcher === undefined) return await engine.step(seqId, input, positions, { logitsToKeep, ...picking }, signal)
+    if (batcher === undefined) return await engine.step(seqId, input, positions, { logitsToKeep, ...picking, ...checking }, signal)
     // A verify (several positions) is a decode: it holds a live stream's next tokens.
-    return await batcher.submit({ seqId, kind: positions.length > 1 && verify === undefined ? 'prefill' : 'decode', input, positions, logitsToKeep, ...picking }, signal)
+    return await batcher.submit({ seqId, kind: positions.length > 1 && verify === undefined ? 'prefill' : 'decode', input, positions, logitsToKeep, ...picking, ...checking }, signal)
   }
 
   async function rollback (seqId: string, length: number, signal: AbortSignal): Promise<void> {

@@ -220,9 +220,12 @@ export function createStageServer (init: StageServerInit): StageServer {
       const pick = s.next === undefined && f.final && verify === undefined ? nextPick(s.open.sampling, s.rng!) : undefined
       // Every row of a verify is wanted, on every stage: the last one checks their logits; on an
       // earlier stage (no head) it is what tells shoal's kernels a step is a verify, which they
-      // compute position by position as decoding does (engine/native/swap.ts).
-      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: f.rows })
-      s.held = f.start + f.rows
+      // compute position by position as decoding does (engine/native/swap.ts). A greedy request's
+      // drafts the last stage's engine checks itself (ids back, not rows of logits; the rejected
+      // positions rolled back there).
+      const greedyDrafts = s.next === undefined && verify !== undefined && s.open.sampling.temperature <= 0 ? [...verify] : undefined
+      const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: f.rows, ...(greedyDrafts === undefined ? {} : { greedyDrafts }) })
+      s.held = out.kind === 'verdict' ? f.start + 1 + out.accepted : f.start + f.rows
       if (s.next !== undefined) {
         if (out.kind !== 'hidden') throw new StageConfigError('a middle stage must return hidden states')
         // The chain's encoding (its open frame's); the part hashes what the next stage receives.
@@ -231,9 +234,17 @@ export function createStageServer (init: StageServerInit): StageServer {
         s.rowsOut += out.count
         await links.send(s.next, { kind: 'activation', requestId: s.id, start: f.start, final: f.final, rows: out.count, width: out.hidden, data: out.data, ...(verify === undefined ? {} : { drafts: verify }), ...(encoding === undefined ? {} : { encoding }) }, s.ctl.signal)
       } else if (verify !== undefined) {
-        if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
-        // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
-        const { accepted, tokenId } = checkDrafts(out.data, out.vocab, verify, s.open.sampling, s.rng!)
+        let accepted: number
+        let tokenId: number
+        if (out.kind === 'verdict' && greedyDrafts !== undefined) {
+          if (!Number.isSafeInteger(out.accepted) || out.accepted < 0 || out.accepted > verify.length) throw new StageConfigError(`the engine accepted ${out.accepted} of ${verify.length} drafts`)
+          accepted = out.accepted
+          tokenId = out.id
+        } else {
+          if (out.kind !== 'logits' || out.count !== f.rows) throw new StageConfigError('the last stage must return logits for every verified row')
+          // Greedy by id, or speculative sampling with the drafts as point masses (verify.ts).
+          ;({ accepted, tokenId } = checkDrafts(out.data, out.vocab, verify, s.open.sampling, s.rng!))
+        }
         const position = f.start + accepted + 1
         s.produced.update(new Uint8Array(Uint32Array.of(position, tokenId).buffer))
         s.rowsOut += accepted + 1

@@ -8,7 +8,7 @@
  *    P(y) = (1 − p(x)) · p(y) / (1 − p(x)) for y ≠ x). Draws come from the request's seeded
  *    generator on this stage: one per draft examined, one for the token after them.
  */
-import { argmax, nucleus, pickToken } from '../engine/index.ts'
+import { greedyVerdict, nucleus, pickToken } from '../engine/index.ts'
 import type { Rng, SamplerParams } from '../engine/index.ts'
 
 export interface Verdict {
@@ -21,9 +21,9 @@ export interface Verdict {
 /** `logits`: rows [drafts.length + 1, vocab]; row i predicts the token after the token and drafts[0..i). */
 export function checkDrafts (logits: Float32Array, vocab: number, drafts: readonly number[], sampling: SamplerParams, rng: Rng): Verdict {
   if (sampling.temperature <= 0) {
-    let accepted = 0
-    while (accepted < drafts.length && argmax(logits, accepted * vocab, vocab) === drafts[accepted]) accepted++
-    return { accepted, tokenId: argmax(logits, accepted * vocab, vocab), draws: 0 }
+    // The engine's own rule (its worker checks a whole model's greedy verify the same way).
+    const { accepted, next } = greedyVerdict(drafts, logits, vocab)
+    return { accepted, tokenId: next, draws: 0 }
   }
   for (let i = 0; i < drafts.length; i++) {
     const { ids, probs } = nucleus(logits, sampling, i * vocab, vocab)

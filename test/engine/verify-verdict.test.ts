@@ -5,7 +5,8 @@
  * rolled back there, no rollback message), and what follows decodes as plain decoding does. With
  * `ahead` picks, a verdict that accepts nothing runs on ahead from its own token (the next steps
  * are taken as computed ahead), one that accepts any does not (runsAheadAfter). The boundary
- * checks what a verify may carry. No timings.
+ * checks what a verify may carry (token ids, or hidden states with their drafts). A chain's last
+ * stage checks a greedy verify the same way: test/speculative/chain*.test.ts. No timings.
  */
 import { describe, expect, it } from 'vitest'
 import { GREEDY_PICK as GREEDY, greedyVerdict } from '../../daemon/engine/index.ts'
@@ -111,7 +112,15 @@ describe('greedy verify steps checked in the engine worker', () => {
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, verify: 'sampled' }] })).toMatch(/verify must be/)
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, pick: GREEDY }] })).toMatch(/no pick/)
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, logitsToKeep: 1 }] })).toMatch(/each of its/)
-    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, input: { kind: 'hidden', data: new Float32Array(3) } }] })).toMatch(/token ids/)
+    // Hidden states (a chain's last stage) carry their drafts, one fewer than the positions, and run nothing ahead.
+    const hidden = { ...item, input: { kind: 'hidden', data: new Float32Array(6) } }
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...hidden, drafts: [4, 9] }] })).toMatchObject({ type: 'step-batch' })
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [hidden] })).toMatch(/drafts/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...hidden, drafts: [4] }] })).toMatch(/drafts/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...hidden, drafts: [4, -1] }] })).toMatch(/drafts/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...hidden, drafts: [4, 9], ahead: [GREEDY] }] })).toMatch(/runs nothing ahead/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, drafts: [6, 7] }] })).toMatch(/drafts/)
+    expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, verify: undefined, drafts: [6, 7] }] })).toMatch(/drafts go with a verify/)
     expect(parseToWorker({ type: 'step-batch', id: 1, items: [{ ...item, ids: undefined, positions: BigInt64Array.of(7n), logitsToKeep: 1, input: { kind: 'tokens', ids: BigInt64Array.of(5n) } }] })).toMatch(/two or more/)
   })
 })
