@@ -27,7 +27,7 @@
  */
 import type { ShardManifest } from '../../shards/index.ts'
 import type { SamplingParams } from '../service.ts'
-import { inexactTarget } from './exact.ts'
+import { exactVerifyNeeds, inexactTarget } from './exact.ts'
 
 /** What the default needs to know of a served model. */
 export interface ModelFacts {
@@ -48,6 +48,21 @@ export const DEFAULT_LOOKUP_NAME = 'prompt-lookup (default)'
  * others. Text that does repeat matches two tokens a step later. (`--draft lookup` keeps 1.)
  */
 export const DEFAULT_LOOKUP_MIN_NGRAM = 2
+
+/**
+ * Where a verified position is dear, the default drafts only from three-token matches: a whole
+ * model whose verify is exact only on shoal's kernels (int8 activations: each position's attention
+ * computed as a one-position step computes it, its products in int8 row by row), where a round of
+ * K + 1 ≤ 5 positions costs 2–3 steps. Two-token matches there come mostly from stray repeats
+ * whose rounds fail: on the paired benchmark's random prompts (results/speculative.md, wave 48) a
+ * three-token minimum decoded 1.10× (60m int4) and 1.09× (250m int4) what two gave, and the copy
+ * task kept its speed-up. With f32 activations a verify's positions ride on one pass over the
+ * weights, and two-token matches pay (250m fp32: 0.96× with three); on a chain a round saves a
+ * traversal of every hop, so two stay there too.
+ */
+export function defaultLookupMinNgram (model: Pick<ShardManifest, 'quantization'>, onChain: boolean): number {
+  return !onChain && exactVerifyNeeds(model) !== undefined ? 3 : DEFAULT_LOOKUP_MIN_NGRAM
+}
 
 /** Why a model served without `--draft` gets no prompt lookup, or undefined when it gets it. */
 export function defaultLookupSkipped (model: ModelFacts): string | undefined {

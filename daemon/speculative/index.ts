@@ -21,7 +21,7 @@ export type { SpeculationCounts, SpeculationEvents, SpeculationOptions, Speculat
 export { draftModelDrafter } from './draft-model.ts'
 export type { DraftModel, DraftModelInit, DraftSteps } from './draft-model.ts'
 export { createSpeculation } from './speculation.ts'
-export { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupSkipped, defaultLookupTakes, useDefaultLookup } from './default.ts'
+export { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupMinNgram, defaultLookupSkipped, defaultLookupTakes, useDefaultLookup } from './default.ts'
 export type { ModelFacts } from './default.ts'
 export { exactVerifyNeeds, inexactTarget } from './exact.ts'
 export type { ChainTarget, Speculation, SpeculationInit } from './speculation.ts'

@@ -13,7 +13,7 @@ import { EngineError } from '../engine/index.ts'
 import { ShoalError } from '../errors.ts'
 import type { ShardManifest } from '../../shards/index.ts'
 import { createDraftModel } from './draft-model.ts'
-import { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupTakes } from './default.ts'
+import { DEFAULT_LOOKUP_MIN_NGRAM, DEFAULT_LOOKUP_NAME, defaultLookupMinNgram, defaultLookupTakes } from './default.ts'
 import { inexactTarget } from './exact.ts'
 import type { DraftModel } from './draft-model.ts'
 import { createPromptLookupDrafter } from './drafter.ts'
@@ -81,7 +81,15 @@ export function createSpeculation (init: SpeculationInit): Speculation {
   const metrics = createSpeculationMetrics(init.metrics)
   let draftModel: DraftModel | undefined
   let drafter: Drafter
-  if (init.drafter === 'prompt-lookup') drafter = createPromptLookupDrafter(init.byDefault === true ? { name: DEFAULT_LOOKUP_NAME, minNgram: DEFAULT_LOOKUP_MIN_NGRAM } : {})
+  /** The default lookup's drafter by its shortest match (defaultLookupMinNgram: per target and mode). */
+  const defaultLookups = new Map<number, Drafter>()
+  const defaultLookup = (minNgram: number): Drafter => {
+    let d = defaultLookups.get(minNgram)
+    if (d === undefined) defaultLookups.set(minNgram, d = createPromptLookupDrafter({ name: DEFAULT_LOOKUP_NAME, minNgram }))
+    return d
+  }
+  const byDefault = init.drafter === 'prompt-lookup' && init.byDefault === true
+  if (init.drafter === 'prompt-lookup') drafter = byDefault ? defaultLookup(DEFAULT_LOOKUP_MIN_NGRAM) : createPromptLookupDrafter({})
   else if ('draftDir' in init.drafter) {
     draftModel = createDraftModel({
       shardDir: init.drafter.draftDir,
@@ -116,18 +124,20 @@ export function createSpeculation (init: SpeculationInit): Speculation {
     wraps,
     wrap (ctx) {
       if (!wraps(ctx.request)) return undefined
-      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }), soloOnly: init.byDefault === true })
+      const d = byDefault ? defaultLookup(defaultLookupMinNgram(ctx.manifest, false)) : drafter
+      return sourceFor(ctx.seqId, ctx.request, ctx.manifest, d, { target: { step: ctx.step, rollback: ctx.rollback }, ...(ctx.peers === undefined ? {} : { peers: ctx.peers }), soloOnly: init.byDefault === true })
     },
     wrapChain (ctx) {
       // The default speculates beside other requests on a chain, unlike on a whole model (`wrap`'s
       // soloOnly): a round saves a traversal of every hop, and measured on a 3-stage chain with
       // two repeating and two non-repeating streams at once, the repeating ones went 3.9–8.4× and
       // the others 0.97–1.30× (results/speculative.md, wave 39).
-      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, { verifier: chainVerifier(ctx.chain) })
+      const d = byDefault ? defaultLookup(defaultLookupMinNgram(ctx.manifest, true)) : drafter
+      return sourceFor(ctx.request.requestId, ctx.request, ctx.manifest, d, { verifier: chainVerifier(ctx.chain) })
     },
   }
 
-  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, target: Pick<SpeculativeSourceInit, 'target' | 'verifier' | 'peers' | 'soloOnly'>): TokenSource & { close: () => Promise<void>, summary: () => SpeculationSummary } {
+  function sourceFor (seqId: string, request: GenerateRequest, manifest: ShardManifest, drafter: Drafter, target: Pick<SpeculativeSourceInit, 'target' | 'verifier' | 'peers' | 'soloOnly'>): TokenSource & { close: () => Promise<void>, summary: () => SpeculationSummary } {
     const labels = { model: modelId, drafter: drafter.name }
     const source = createSpeculativeSource({
       ...init,

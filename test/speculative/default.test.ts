@@ -1,9 +1,10 @@
 /**
  * Prompt lookup on by default: which models get it (whole models and chains at their stage 0,
- * whose shards verify exactly) and which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path).
+ * whose shards verify exactly) and which requests run it (greedy, and sampled without a seed; seeded ones keep the plain path),
+ * and the shortest match it drafts from (three tokens where a verified position is dear).
  */
 import { describe, expect, it } from 'vitest'
-import { DEFAULT_LOOKUP_MIN_NGRAM, defaultLookupSkipped, defaultLookupTakes, promptLookup, useDefaultLookup } from '../../daemon/speculative/index.ts'
+import { DEFAULT_LOOKUP_MIN_NGRAM, defaultLookupMinNgram, defaultLookupSkipped, defaultLookupTakes, promptLookup, useDefaultLookup } from '../../daemon/speculative/index.ts'
 import type { ModelFacts } from '../../daemon/speculative/index.ts'
 
 const fp32: ModelFacts = { entry: true, quantization: { kind: 'none' } }
@@ -58,5 +59,17 @@ describe('default prompt lookup', () => {
     expect(promptLookup([1, 7, 5, 8, 9, 5], 3)).toEqual([8, 9, 5])
     // ... 9 5 ... 9 5: two tokens match, what followed them is drafted.
     expect(promptLookup([9, 5, 8, 4, 9, 5], 3, opts)).toEqual([8, 4, 9])
+  })
+
+  it('drafts from three-token matches on a whole model whose verified positions are dear (int8 activations), from two elsewhere', () => {
+    expect(defaultLookupMinNgram(int4int8, false)).toBe(3)
+    expect(defaultLookupMinNgram(int4unset, false)).toBe(3)
+    // f32 activations: a verify's positions ride on one pass over the weights.
+    for (const m of [fp32, int4f32, int8f32]) expect(defaultLookupMinNgram(m, false)).toBe(DEFAULT_LOOKUP_MIN_NGRAM)
+    // On a chain a round saves a traversal of every hop.
+    for (const m of [fp32, int4int8, int4unset]) expect(defaultLookupMinNgram(m, true)).toBe(DEFAULT_LOOKUP_MIN_NGRAM)
+    // ... 9 5 ... 9 5: a two-token match drafts only where two are enough; ... 3 9 5 ... 3 9 5 everywhere.
+    expect(promptLookup([9, 5, 8, 4, 9, 5], 3, { minNgram: defaultLookupMinNgram(int4int8, false) })).toEqual([])
+    expect(promptLookup([3, 9, 5, 8, 4, 3, 9, 5], 3, { minNgram: defaultLookupMinNgram(int4int8, false) })).toEqual([8, 4, 3])
   })
 })
