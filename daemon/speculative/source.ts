@@ -9,9 +9,11 @@
  * A drafter that fails is dropped for the rest of the sequence and decoding goes on plainly: a
  * draft can cost speed, never a token.
  *
- * Where acceptance happens is the verifier's business: on a whole model here, from the verify
- * step's logits (greedy or speculative sampling), then a rollback; on a pipeline chain at its last
- * stage, which sends back only the accepted count and the next token.
+ * Where acceptance happens is the verifier's business: on a whole model, for greedy requests in
+ * the engine's worker (a verdict: the accepted count and the next token, the rejected positions
+ * rolled back there), for sampled ones here from the verify step's logits (speculative sampling),
+ * then a rollback; on a pipeline chain at its last stage, which sends back only the accepted count
+ * and the next token.
  */
 import { EngineError, nextPick, RUN_AHEAD_STEPS, runsAheadAfter } from '../engine/index.ts'
 import type { Rng, SamplerParams, StepOptions, StepOutput, TokenPick, TokenSource } from '../engine/index.ts'
@@ -49,7 +51,11 @@ export interface Verifier {
   verify (token: number, position: number, drafts: number[], check: { sampling: SamplerParams, q: Float64Array[] | undefined, rng: Rng }, signal: AbortSignal, ahead?: TokenPick[]): Promise<Acceptance & { ranAhead?: boolean }>
 }
 
-/** A whole model's verifier: logits of every verified position, acceptance here, rollback by KV length. */
+/**
+ * A whole model's verifier: a greedy verify checked by the target (a verdict; run-ahead after one
+ * where no draft stood), else the logits of every verified position, acceptance here and a
+ * rollback by KV length (sampled requests, and a target that returns logits).
+ */
 export function wholeModelVerifier (target: TargetSequence): Verifier {
   const tokenOf = (out: StepOutput): number => {
     if (out.kind !== 'token') throw new EngineError(`a target step with a pick must return a token, not ${out.kind}`)
