@@ -33,9 +33,9 @@ export interface StepRequest {
    */
   ahead?: TokenPick[]
   /**
-   * Last stage: a greedy speculative verify (the engine's BatchStepItem.verify: the input is a token
-   * and its drafts, every position's logits kept); the result is {kind: 'verdict'}, or the logits
-   * where the step ran in chunks (the engine checks a verify whole). `ahead` goes with it.
+   * Last stage: a greedy speculative verify (the engine's BatchStepItem.verify: a token and its
+   * drafts, every position's logits kept); the result is {kind: 'verdict'}, or the logits where the
+   * step ran in chunks (the engine checks a verify whole). `ahead` goes with it.
    */
   verify?: 'greedy'
   /** A hidden-state verify's drafts (a chain's last stage; token input carries them after its first id). */

@@ -63,16 +63,26 @@ export interface KvLayout {
  * and no logits; undefined when it returned logits (the caller picks from those).
  */
 export function greedyTokenOf (out: TensorMap, b: number): number | undefined {
-  return greedyTokensOf(out, b)?.at(-1)
+  const t = greedyTokens(out)
+  if (t === undefined) return undefined
+  const have = t.dims[1]!
+  return Number(t.data[(b + 1) * have - 1]!)
 }
 
 /** Every kept position's greedy token of row b, as greedyTokenOf (a verify checks each). */
 export function greedyTokensOf (out: TensorMap, b: number): number[] | undefined {
+  const t = greedyTokens(out)
+  if (t === undefined) return undefined
+  const have = t.dims[1]!
+  return Array.from(t.data.subarray(b * have, (b + 1) * have), Number)
+}
+
+/** A run's greedy_token [B, K, 1], or undefined where it returned logits. */
+function greedyTokens (out: TensorMap): Extract<HostTensor, { type: 'int64' }> | undefined {
   if (out[LOGITS] !== undefined) return undefined
   const t = out[GREEDY_TOKEN]
   if (t?.type !== 'int64' || t.dims.length !== 3 || t.dims[2] !== 1) throw new EngineError(`stage graph returned neither float32 logits nor an int64 ${GREEDY_TOKEN} of [B, K, 1]`)
-  const have = t.dims[1]!
-  return Array.from(t.data.subarray(b * have, (b + 1) * have), Number)
+  return t
 }
 
 /**

@@ -58,7 +58,9 @@ export interface StageRunner {
   open (seqId: string): void
   /**
    * Runs new positions of one sequence. Callers run one step at a time per runner. With `pick`
-   * (last stage only) the output is the token picked from the last position's logits.
+   * (last stage only) the output is the token picked from the last position's logits. With
+   * `verify` (a greedy verify, protocol.ts BatchStepItem.verify) it may be a verdict on `drafts`
+   * from each position's greedy token (else the logits); the caller rolls back what did not stand.
    */
   step (seqId: string, input: StepInput, positions: BigInt64Array, logitsToKeep: number, pick?: TokenPick, verify?: { drafts: readonly number[] }): Promise<StepOutput>
   /**
