@@ -55,7 +55,7 @@ export const DEFAULT_LOOKUP_MIN_NGRAM = 2
  * computed as a one-position step computes it, its products in int8 row by row), where a round of
  * K + 1 ≤ 5 positions costs 2–3 steps. Two-token matches there come mostly from stray repeats
  * whose rounds fail: on the paired benchmark's random prompts (results/speculative.md, wave 48) a
- * three-token minimum decoded 1.10× (60m int4) and 1.09× (250m int4) what two gave, and the copy
+ * three-token minimum decoded 1.04–1.10× what two gave (60m and 250m int4, two runs), and the copy
  * task kept its speed-up. With f32 activations a verify's positions ride on one pass over the
  * weights, and two-token matches pay (250m fp32: 0.96× with three); on a chain a round saves a
  * traversal of every hop, so two stay there too.
