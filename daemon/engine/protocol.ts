@@ -124,7 +124,7 @@ export interface BatchStepItem {
   /**
    * A greedy speculative verify (last stage): a token and the drafts after it, every position's
    * logits kept (logitsToKeep = positions). The worker accepts the drafts that equal its argmax
-   * (sampling.ts greedyVerdict), rolls the sequence back past the rest and returns a 'verdict' —
+   * (verdict.ts greedyVerdict), rolls the sequence back past the rest and returns a 'verdict' —
    * ids only, no rows of logits and no rollback round trip. The drafts are the token ids after
    * the first, or, for hidden-state input (a chain's last stage), `drafts`. With `ahead`, and no
    * draft accepted (runsAheadAfter), it runs ahead from its own token as after a decode step:

@@ -290,7 +290,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
         logitsToKeep: options.logitsToKeep ?? 1,
         ...(options.pick === undefined ? {} : { pick: options.pick }),
         ...(options.verify === undefined ? {} : { verify: options.verify }),
-        ...(options.drafts === undefined ? {} : { drafts: [...options.drafts] }),
+        ...(options.drafts === undefined ? {} : { drafts: options.drafts }),
       }
       const transfer = [(stepInput.kind === 'tokens' ? stepInput.ids : stepInput.data).buffer as ArrayBuffer, msg.positions.buffer as ArrayBuffer]
       const reply = await withSignal(call(msg, transfer), signal, async () => {
@@ -322,7 +322,7 @@ export function createStageEngine (init: StageEngineInit): BatchingStageEngine {
             ? { kind: 'tokens', ids: int64Of(item.input.tokenIds) }
             : { kind: 'hidden', data: ownBuffer(item.input.hidden) }
           const positions = int64Of(item.positions)
-          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(item.verify === undefined ? {} : { verify: item.verify }), ...(item.drafts === undefined ? {} : { drafts: [...item.drafts] }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
+          wire.push({ seqId: item.seqId, input, positions, logitsToKeep: item.logitsToKeep ?? 1, ...(item.pick === undefined ? {} : { pick: item.pick }), ...(item.verify === undefined ? {} : { verify: item.verify }), ...(item.drafts === undefined ? {} : { drafts: item.drafts }), ...(ahead === undefined ? {} : { ahead }), ...(item.reach === undefined ? {} : { reach: item.reach }) })
           const buf = (input.kind === 'tokens' ? input.ids : input.data).buffer as ArrayBuffer
           if (!transfer.includes(buf)) transfer.push(buf)
           transfer.push(positions.buffer as ArrayBuffer)

@@ -23,7 +23,7 @@ import type { BackendSession } from './backend/types.ts'
 import { EngineError } from './errors.ts'
 import { ENGINE_PROTOCOL_VERSION, ownBuffer, parseToWorker, verifyDrafts } from './protocol.ts'
 import type { AheadResult, BatchStepItem, FromWorker, StepOutput, ToWorker, WorkerInit, WorkerTurn } from './protocol.ts'
-import { greedyVerdict } from './sampling.ts'
+import { greedyVerdict } from './verdict.ts'
 import type { TokenPick } from './sampling.ts'
 import { aheadPostDue, runsAheadAfter } from './run-ahead.ts'
 import { createStageRunner } from './stage-runner.ts'
@@ -235,9 +235,9 @@ function createScheduler (runner: StageRunner, session: BackendSession): { enque
 
 /**
  * A greedy verify's verdict (protocol.ts BatchStepItem.verify): the runner's, from each position's
- * greedy token, or taken here from the step's logits (a runner or run that gave those); the drafts
- * are the step's tokens after the first. The sequence is rolled back past those that did not
- * stand, here between runs, before any other step of it.
+ * greedy token, or taken here from the step's logits (a runner or run that gave those) against its
+ * drafts (verifyDrafts). The sequence is rolled back past those that did not stand, here between
+ * runs, before any other step of it.
  */
 function verdictOf (runner: StageRunner, item: Pick<BatchStepItem, 'seqId' | 'input' | 'positions' | 'drafts'>, output: StepOutput): StepOutput {
   const n = item.positions.length

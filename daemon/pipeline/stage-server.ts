@@ -223,7 +223,7 @@ export function createStageServer (init: StageServerInit): StageServer {
       // compute position by position as decoding does (engine/native/swap.ts). A greedy request's
       // drafts the last stage's engine checks itself (ids back, not rows of logits; the rejected
       // positions rolled back there).
-      const greedyDrafts = s.next === undefined && verify !== undefined && s.open.sampling.temperature <= 0 ? [...verify] : undefined
+      const greedyDrafts = s.next === undefined && verify !== undefined && s.open.sampling.temperature <= 0 ? verify : undefined
       const out = await step(s.id, { hidden: f.data }, positions, pick, s.ctl.signal, verify === undefined ? undefined : { logitsToKeep: f.rows, ...(greedyDrafts === undefined ? {} : { greedyDrafts }) })
       s.held = out.kind === 'verdict' ? f.start + 1 + out.accepted : f.start + f.rows
       if (s.next !== undefined) {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import fc from 'fast-check'
 import { argmax, createRng, greedyVerdict, nucleus, pickToken, sampleToken } from '../../daemon/engine/index.ts'
-import { greedyVerdictOfTokens } from '../../daemon/engine/sampling.ts'
+import { greedyVerdictOfTokens } from '../../daemon/engine/verdict.ts'
 
 /** The plain definitions the fast sampler must agree with: one compare-and-remember loop, and a full sort. */
 /** TopK k = 1's scan: from index 0, moving only to a larger value. */
